@@ -1,0 +1,39 @@
+-- preload.lua — publish one voucher's gate state in a single atomic step.
+--
+-- Called by `seckill preload` after it has read MySQL and staged the buyers
+-- set; not meant for application servers.
+--
+-- KEYS[1]  seckill:{V}:meta            hash   written: total, begin_ms, end_ms, pay_timeout_ms
+-- KEYS[2]  seckill:{V}:stock           string set to ARGV[5]
+-- KEYS[3]  seckill:{V}:buyers          set    replaced by KEYS[4] (or emptied when KEYS[4] is absent)
+-- KEYS[4]  seckill:{V}:buyers:staging  set    the rebuilt buyers, consumed
+-- KEYS[5]  seckill:{V}:orders          stream only read: its last entry id
+--
+-- ARGV[1..4]  total, begin_ms, end_ms, pay_timeout_ms
+-- ARGV[5]     stock to publish
+-- ARGV[6]     the orders stream's last entry id seen before MySQL was read ('' if none)
+-- ARGV[7]     the gate stock seen then ('' if none)
+-- ARGV[8]     the buyers count seen then
+--
+-- Returns 1 when published, 0 when the voucher moved since it was read
+-- (an admission ran): nothing is written then and the staging set is dropped.
+
+local last = redis.call('XREVRANGE', KEYS[5], '+', '-', 'COUNT', 1)
+local last_id = ''
+if last[1] then last_id = last[1][1] end
+local stock = redis.call('GET', KEYS[2]) or ''
+local buyers = tostring(redis.call('SCARD', KEYS[3]))
+if last_id ~= ARGV[6] or stock ~= ARGV[7] or buyers ~= ARGV[8] then
+  redis.call('DEL', KEYS[4])
+  return 0
+end
+
+redis.call('HSET', KEYS[1], 'total', ARGV[1], 'begin_ms', ARGV[2], 'end_ms', ARGV[3],
+  'pay_timeout_ms', ARGV[4])
+redis.call('SET', KEYS[2], ARGV[5])
+if redis.call('EXISTS', KEYS[4]) == 1 then
+  redis.call('RENAME', KEYS[4], KEYS[3])
+else
+  redis.call('DEL', KEYS[3])
+end
+return 1

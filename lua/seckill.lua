@@ -1,0 +1,81 @@
+-- seckill.lua — layer 1 admission: one attempt by one user to buy one unit.
+--
+-- Public contract: application servers in any language call this script with
+-- EVALSHA (load it once with SCRIPT LOAD; on NOSCRIPT, SCRIPT LOAD again).
+-- All keys carry the voucher's hash tag, so the script runs on one Redis
+-- Cluster slot. With the default prefix `seckill` and voucher V:
+--
+-- KEYS[1]  seckill:{V}:meta      hash   total, begin_ms, end_ms, pay_timeout_ms
+-- KEYS[2]  seckill:{V}:stock     string remaining units at the gate
+-- KEYS[3]  seckill:{V}:buyers    set    user ids that hold a unit
+-- KEYS[4]  seckill:{V}:waitlist  zset   user id -> first queued time (microseconds)
+-- KEYS[5]  seckill:{V}:orders    stream the hand-off to `seckill worker`
+--
+-- ARGV[1]  user id     decimal integer, 1 .. 9223372036854775807
+-- ARGV[2]  order id    decimal integer, 1 .. 9223372036854775807, a snowflake id
+--                      made by the caller (unique per attempt)
+-- ARGV[3]  voucher id  decimal integer, the V of the keys (written into the stream entry)
+--
+-- Returns a 3-element array {code, reason, value}:
+--   {0, "ok", order id}            admitted: unit taken, user recorded as buyer,
+--                                  order entry appended to the stream
+--   {1, "already bought", 0}       the user already holds a unit of this voucher
+--   {2, "sold out", position}      no unit left; the user is on the waitlist at
+--                                  this 1-based position (queued once, ever)
+--   {3, "not started", begin_ms}   the sale window opens at begin_ms (Unix ms)
+--   {4, "ended", end_ms}           the sale window closed at end_ms (Unix ms)
+--   {5, "unknown voucher", 0}      the voucher was never preloaded (`seckill preload`)
+-- Bad arguments are an error reply starting with "ERR seckill:".
+--
+-- Guarantees: checks run in this order — voucher loaded, sale window (Redis
+-- server clock, never the caller's), already a buyer, stock — and the writes
+-- (DECR, SADD, XADD) come only after every check passed, inside this one
+-- atomic script, so no unit is sold twice and no user holds two. A user who
+-- bought is never waitlisted. Nothing is written for codes 1, 3, 4 and 5.
+
+local function valid_id(s)
+  return type(s) == 'string' and string.match(s, '^[1-9][0-9]*$') ~= nil
+    and (#s < 19 or (#s == 19 and s <= '9223372036854775807'))
+end
+
+local user, order, voucher = ARGV[1], ARGV[2], ARGV[3]
+if not valid_id(user) then return redis.error_reply('ERR seckill: bad user id') end
+if not valid_id(order) then return redis.error_reply('ERR seckill: bad order id') end
+if not valid_id(voucher) then return redis.error_reply('ERR seckill: bad voucher id') end
+if not string.find(KEYS[1], '{' .. voucher .. '}', 1, true) then
+  return redis.error_reply('ERR seckill: voucher id does not match the keys')
+end
+
+local meta = redis.call('HMGET', KEYS[1], 'begin_ms', 'end_ms')
+local stock = redis.call('GET', KEYS[2])
+if not meta[1] or not meta[2] or not stock then
+  return {5, 'unknown voucher', 0}
+end
+
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+if now_ms < tonumber(meta[1]) then return {3, 'not started', tonumber(meta[1])} end
+if now_ms >= tonumber(meta[2]) then return {4, 'ended', tonumber(meta[2])} end
+
+if redis.call('SISMEMBER', KEYS[3], user) == 1 then
+  return {1, 'already bought', 0}
+end
+
+if tonumber(stock) <= 0 then
+  -- Scores strictly increase, so the queue is first come, first served even
+  -- when two users arrive within the same microsecond.
+  local queued_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  if not redis.call('ZSCORE', KEYS[4], user) then
+    local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+    if last[2] and tonumber(last[2]) >= queued_us then queued_us = tonumber(last[2]) + 1 end
+    redis.call('ZADD', KEYS[4], 'NX', queued_us, user)
+  end
+  return {2, 'sold out', redis.call('ZRANK', KEYS[4], user) + 1}
+end
+
+redis.call('DECR', KEYS[2])
+redis.call('SADD', KEYS[3], user)
+-- A user admitted after a unit came back must not also be promoted later.
+redis.call('ZREM', KEYS[4], user)
+redis.call('XADD', KEYS[5], '*', 'user', user, 'order', order, 'voucher', voucher, 'kind', 'admit')
+return {0, 'ok', order}

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# Starts (or stops) the project's own Redis 7 and MariaDB on 127.0.0.1, with
+# data under .services/ in the checkout, never the system services.
+#
+#   scripts/services.sh up       install if missing, start, wait, print URLs (idempotent)
+#   scripts/services.sh down     stop both (idempotent)
+#   scripts/services.sh status   say what runs where
+#   scripts/services.sh env      print `export ...` lines for the URLs
+#
+# Ports: SECKILL_REDIS_PORT (default 16379), SECKILL_MYSQL_PORT (default 13306).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+data=${SECKILL_SERVICES_DIR:-$root/.services}
+redis_port=${SECKILL_REDIS_PORT:-16379}
+mysql_port=${SECKILL_MYSQL_PORT:-13306}
+mysql_user=seckill
+mysql_pass=seckill
+
+redis_url="redis://127.0.0.1:${redis_port}/"
+mysql_url="mysql://${mysql_user}:${mysql_pass}@127.0.0.1:${mysql_port}/seckill"
+mysql_url_masked="mysql://${mysql_user}:***@127.0.0.1:${mysql_port}/seckill"
+
+say() { printf 'services: %s\n' "$*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+need_packages() {
+  local missing=()
+  command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+  command -v mariadbd >/dev/null 2>&1 || missing+=(mariadb-server)
+  command -v mariadb >/dev/null 2>&1 || missing+=(mariadb-client)
+  if ((${#missing[@]})); then
+    say "installing ${missing[*]} with apt-get"
+    local sudo=
+    [ "$(id -u)" -eq 0 ] || sudo=sudo
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    # policy-rc.d keeps the package from starting the system-wide services.
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  local v
+  v=$(redis-server --version | sed -n 's/.*v=\([0-9]*\)\..*/\1/p')
+  [ "${v:-0}" -ge 7 ] || die "redis-server ${v:-?} found; Redis 7 or newer is needed"
+}
+
+redis_up() {
+  if redis-cli -p "$redis_port" ping >/dev/null 2>&1; then return 0; fi
+  mkdir -p "$data/redis"
+  # AOF on (fsync every second), no RDB snapshots: the durability the README documents.
+  redis-server --bind 127.0.0.1 --port "$redis_port" --dir "$data/redis" \
+    --appendonly yes --appendfsync everysec --save "" \
+    --daemonize yes --pidfile "$data/redis/redis.pid" --logfile "$data/redis/redis.log" \
+    --maxclients 10000 >/dev/null
+  for _ in $(seq 1 100); do
+    redis-cli -p "$redis_port" ping >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  die "Redis did not answer on port $redis_port; see $data/redis/redis.log"
+}
+
+mysql_cnf() {
+  cat >"$data/mysql/my.cnf" <<EOF
+[mysqld]
+datadir=$data/mysql/data
+socket=$data/mysql/mysqld.sock
+pid-file=$data/mysql/mysqld.pid
+log-error=$data/mysql/mysqld.log
+port=$mysql_port
+bind-address=127.0.0.1
+skip-name-resolve
+innodb_flush_log_at_trx_commit=1
+innodb_buffer_pool_size=256M
+innodb_log_file_size=256M
+max_connections=1000
+character-set-server=utf8mb4
+collation-server=utf8mb4_unicode_ci
+EOF
+}
+
+mysql_ping() { mariadb-admin --no-defaults --protocol=socket --socket="$data/mysql/mysqld.sock" -uroot ping >/dev/null 2>&1; }
+
+mysql_up() {
+  if mysql_ping; then return 0; fi
+  mkdir -p "$data/mysql"
+  mysql_cnf
+  local fresh=0
+  if [ ! -d "$data/mysql/data/mysql" ]; then
+    fresh=1
+    mariadb-install-db --defaults-file="$data/mysql/my.cnf" --user="$(id -un)" \
+      --auth-root-authentication-method=normal --skip-test-db >"$data/mysql/install.log" 2>&1 ||
+      die "mariadb-install-db failed; see $data/mysql/install.log"
+  fi
+  # setsid detaches the server from this shell so it outlives the caller.
+  setsid mariadbd --defaults-file="$data/mysql/my.cnf" --user="$(id -un)" </dev/null >/dev/null 2>&1 &
+  for _ in $(seq 1 300); do
+    mysql_ping && break
+    sleep 0.1
+  done
+  mysql_ping || die "MariaDB did not answer on port $mysql_port; see $data/mysql/mysqld.log"
+  if [ "$fresh" = 1 ]; then
+    mariadb --no-defaults --protocol=socket --socket="$data/mysql/mysqld.sock" -uroot <<SQL
+CREATE USER IF NOT EXISTS '${mysql_user}'@'%' IDENTIFIED BY '${mysql_pass}';
+GRANT ALL PRIVILEGES ON *.* TO '${mysql_user}'@'%';
+FLUSH PRIVILEGES;
+SQL
+  fi
+}
+
+redis_down() {
+  if redis-cli -p "$redis_port" ping >/dev/null 2>&1; then
+    redis-cli -p "$redis_port" shutdown >/dev/null 2>&1 || true
+  fi
+}
+
+mysql_down() {
+  local pidfile="$data/mysql/mysqld.pid"
+  if mysql_ping; then
+    mariadb-admin --no-defaults --protocol=socket --socket="$data/mysql/mysqld.sock" -uroot shutdown >/dev/null 2>&1 || true
+  fi
+  for _ in $(seq 1 100); do
+    [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null || return 0
+    sleep 0.1
+  done
+}
+
+print_env() {
+  echo "export SECKILL_REDIS_URL=$redis_url"
+  echo "export SECKILL_MYSQL_URL=$mysql_url"
+}
+
+case "${1:-up}" in
+up)
+  need_packages
+  redis_up
+  mysql_up
+  say "Redis   $redis_url (AOF everysec, data in $data/redis)"
+  say "MariaDB $mysql_url_masked (innodb_flush_log_at_trx_commit=1, data in $data/mysql)"
+  ;;
+down)
+  redis_down
+  mysql_down
+  say "stopped"
+  ;;
+status)
+  if redis-cli -p "$redis_port" ping >/dev/null 2>&1; then say "Redis   up   $redis_url"; else say "Redis   down"; fi
+  if mysql_ping; then say "MariaDB up   $mysql_url_masked"; else say "MariaDB down"; fi
+  ;;
+env) print_env ;;
+*) die "unknown command '$1' (use up, down, status or env)" ;;
+esac

@@ -1,0 +1,132 @@
+//! Layer 1: one admission attempt through `lua/seckill.lua`.
+
+use crate::redis_store::RedisConn;
+use redis::Value;
+
+use crate::error::{Error, Result};
+use crate::keys::VoucherKeys;
+use crate::scripts::ADMISSION;
+
+/// What the gate answered. The numeric codes are the script's return codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Admission {
+    /// Code 0: a unit is taken and the order is on its way to MySQL.
+    Admitted { order_id: u64 },
+    /// Code 1.
+    AlreadyBought,
+    /// Code 2: the user waits at this 1-based position of the waitlist.
+    SoldOut { waitlist_position: u64 },
+    /// Code 3: the sale opens at `begin_ms` (Unix ms).
+    NotStarted { begin_ms: i64 },
+    /// Code 4: the sale closed at `end_ms` (Unix ms).
+    Ended { end_ms: i64 },
+    /// Code 5: the voucher is not preloaded.
+    UnknownVoucher,
+}
+
+/// The outcome kinds, in the script's code order, as shown to people and JSON.
+pub const OUTCOME_NAMES: [&str; 6] = [
+    "success",
+    "already_bought",
+    "sold_out",
+    "not_started",
+    "ended",
+    "unknown_voucher",
+];
+
+impl Admission {
+    /// The script's return code (0..=5).
+    pub fn code(&self) -> usize {
+        match self {
+            Admission::Admitted { .. } => 0,
+            Admission::AlreadyBought => 1,
+            Admission::SoldOut { .. } => 2,
+            Admission::NotStarted { .. } => 3,
+            Admission::Ended { .. } => 4,
+            Admission::UnknownVoucher => 5,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        OUTCOME_NAMES[self.code()]
+    }
+}
+
+/// Runs the admission script once for `user` with a fresh `order_id`.
+pub async fn admit(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    voucher: u64,
+    user: u64,
+    order_id: u64,
+) -> Result<Admission> {
+    let reply: (i64, String, Value) = ADMISSION
+        .key(keys.meta())
+        .key(keys.stock())
+        .key(keys.buyers())
+        .key(keys.waitlist())
+        .key(keys.orders())
+        .arg(user)
+        .arg(order_id)
+        .arg(voucher)
+        .invoke_async(conn)
+        .await?;
+    decode(reply)
+}
+
+fn decode((code, reason, value): (i64, String, Value)) -> Result<Admission> {
+    let number = |v: &Value| -> Option<i64> {
+        match v {
+            Value::Int(n) => Some(*n),
+            Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+            Value::SimpleString(s) => s.parse().ok(),
+            _ => None,
+        }
+    };
+    let bad = || {
+        Error::Redis(format!(
+            "admission script answered {code} {reason:?} {value:?}"
+        ))
+    };
+    let n = number(&value).ok_or_else(bad)?;
+    Ok(match code {
+        0 => Admission::Admitted {
+            order_id: u64::try_from(n).map_err(|_| bad())?,
+        },
+        1 => Admission::AlreadyBought,
+        2 => Admission::SoldOut {
+            waitlist_position: u64::try_from(n).map_err(|_| bad())?,
+        },
+        3 => Admission::NotStarted { begin_ms: n },
+        4 => Admission::Ended { end_ms: n },
+        5 => Admission::UnknownVoucher,
+        _ => return Err(bad()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_every_code() {
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        assert_eq!(
+            decode((0, "ok".into(), bulk("9223372036854775807"))).unwrap(),
+            Admission::Admitted {
+                order_id: 9_223_372_036_854_775_807
+            }
+        );
+        assert_eq!(
+            decode((2, "sold out".into(), Value::Int(3))).unwrap(),
+            Admission::SoldOut {
+                waitlist_position: 3
+            }
+        );
+        assert_eq!(
+            decode((5, "unknown voucher".into(), Value::Int(0))).unwrap(),
+            Admission::UnknownVoucher
+        );
+        assert!(decode((9, "?".into(), Value::Int(0))).is_err());
+    }
+}

@@ -1,0 +1,69 @@
+//! How much of a voucher's order stream is not yet in MySQL: entries never
+//! delivered to the worker group, plus entries delivered but not acked.
+
+use crate::redis_store::RedisConn;
+use redis::streams::StreamInfoGroupsReply;
+use redis::AsyncCommands;
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::keys::{VoucherKeys, WORKER_GROUP};
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Backlog {
+    /// Entries in the stream (acked ones included until trimmed).
+    pub length: u64,
+    /// Entries the worker group has not read yet (all of them without a group).
+    pub undelivered: u64,
+    /// Entries read but not acked.
+    pub pending: u64,
+}
+
+impl Backlog {
+    /// Orders admitted in Redis that may not be in MySQL yet.
+    pub fn in_flight(&self) -> u64 {
+        self.undelivered + self.pending
+    }
+}
+
+pub async fn backlog<C: RedisConn>(conn: &mut C, keys: &VoucherKeys) -> Result<Backlog> {
+    let stream = keys.orders();
+    let length: u64 = conn.xlen(&stream).await?;
+    if length == 0 {
+        return Ok(Backlog::default());
+    }
+    let groups: StreamInfoGroupsReply = conn.xinfo_groups(&stream).await?;
+    let Some(group) = groups.groups.into_iter().find(|g| g.name == WORKER_GROUP) else {
+        return Ok(Backlog {
+            length,
+            undelivered: length,
+            pending: 0,
+        });
+    };
+    let undelivered = match group.lag {
+        Some(lag) => lag as u64,
+        // Redis cannot tell the lag after some deletions: count what lies
+        // after the group's last delivered id.
+        None => count_after(conn, &stream, &group.last_delivered_id).await?,
+    };
+    Ok(Backlog {
+        length,
+        undelivered,
+        pending: group.pending as u64,
+    })
+}
+
+async fn count_after<C: RedisConn>(conn: &mut C, stream: &str, after: &str) -> Result<u64> {
+    const PAGE: usize = 1_000;
+    let mut from = format!("({after}");
+    let mut total = 0u64;
+    loop {
+        let page: redis::streams::StreamRangeReply =
+            conn.xrange_count(stream, &from, "+", PAGE).await?;
+        total += page.ids.len() as u64;
+        match page.ids.last() {
+            Some(last) if page.ids.len() == PAGE => from = format!("({}", last.id),
+            _ => return Ok(total),
+        }
+    }
+}

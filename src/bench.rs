@@ -1,0 +1,227 @@
+//! `seckill bench`: a load generator for the admission script.
+//!
+//! `concurrency` tasks share `connections` multiplexed connections (each one
+//! pipelines the requests in flight on it) and pull attempt numbers from one
+//! counter. Attempt `i` is made by user `user_offset + i % users + 1`, so with
+//! `attempts = 2 * users` every user tries exactly twice.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::admission::{admit, OUTCOME_NAMES};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::keys::VoucherKeys;
+use crate::redis_store;
+use crate::snowflake::Snowflake;
+use crate::voucher::{validate_id, MAX_ID};
+
+#[derive(Debug, Clone)]
+pub struct BenchPlan {
+    pub voucher: u64,
+    pub users: u64,
+    pub user_offset: u64,
+    pub attempts: u64,
+    pub concurrency: usize,
+    pub connections: usize,
+    pub node_id: u16,
+}
+
+impl BenchPlan {
+    pub fn validate(&self) -> Result<()> {
+        validate_id("voucher id", self.voucher)?;
+        let bad = |m: &str| Err(Error::InvalidInput(m.to_string()));
+        if self.users == 0 {
+            return bad("--users must be at least 1");
+        }
+        if self.user_offset.saturating_add(self.users) > MAX_ID {
+            return bad("--user-offset plus --users exceeds the largest user id");
+        }
+        if self.attempts == 0 {
+            return bad("--attempts must be at least 1");
+        }
+        if !(1..=10_000).contains(&self.concurrency) {
+            return bad("--concurrency must be between 1 and 10000");
+        }
+        if !(1..=256).contains(&self.connections) {
+            return bad("--connections must be between 1 and 256");
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    pub p50_us: u64,
+    pub p90_us: u64,
+    pub p99_us: u64,
+    pub p999_us: u64,
+    pub max_us: u64,
+    pub mean_us: f64,
+}
+
+/// How many attempts ended in each outcome.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct OutcomeCounts {
+    pub success: u64,
+    pub already_bought: u64,
+    pub sold_out: u64,
+    pub not_started: u64,
+    pub ended: u64,
+    pub unknown_voucher: u64,
+}
+
+impl From<[u64; 6]> for OutcomeCounts {
+    /// From counts indexed by the script's return code.
+    fn from(c: [u64; 6]) -> Self {
+        OutcomeCounts {
+            success: c[0],
+            already_bought: c[1],
+            sold_out: c[2],
+            not_started: c[3],
+            ended: c[4],
+            unknown_voucher: c[5],
+        }
+    }
+}
+
+impl OutcomeCounts {
+    /// (name, count) in the script's code order, for tables.
+    pub fn pairs(&self) -> [(&'static str, u64); 6] {
+        let c = [
+            self.success,
+            self.already_bought,
+            self.sold_out,
+            self.not_started,
+            self.ended,
+            self.unknown_voucher,
+        ];
+        std::array::from_fn(|i| (OUTCOME_NAMES[i], c[i]))
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    pub voucher: u64,
+    pub attempts: u64,
+    pub errors: u64,
+    pub first_error: Option<String>,
+    pub elapsed_ms: u64,
+    pub attempts_per_sec: f64,
+    pub concurrency: usize,
+    pub connections: usize,
+    pub outcomes: OutcomeCounts,
+    pub latency: Latency,
+}
+
+struct TaskResult {
+    counts: [u64; 6],
+    errors: u64,
+    first_error: Option<String>,
+    hist: Histogram<u64>,
+}
+
+/// Runs the plan; `progress` counts finished attempts for a progress bar.
+pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Result<BenchReport> {
+    plan.validate()?;
+    let keys = Arc::new(VoucherKeys::new(&cfg.prefix, plan.voucher)?);
+    let ids = Arc::new(Snowflake::new(plan.node_id)?);
+    let mut conns = Vec::with_capacity(plan.connections);
+    for _ in 0..plan.connections {
+        conns.push(redis_store::connect(cfg).await?);
+    }
+    // Load the script once up front so no attempt pays for NOSCRIPT.
+    crate::scripts::ADMISSION.load_async(&mut conns[0]).await?;
+
+    let next = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(plan.concurrency);
+    for t in 0..plan.concurrency {
+        let mut conn = conns[t % conns.len()].clone();
+        let (keys, ids, next, progress, plan) = (
+            keys.clone(),
+            ids.clone(),
+            next.clone(),
+            progress.clone(),
+            plan.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut r = TaskResult {
+                counts: [0; 6],
+                errors: 0,
+                first_error: None,
+                hist: new_histogram(),
+            };
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= plan.attempts {
+                    break;
+                }
+                let user = plan.user_offset + i % plan.users + 1;
+                let t0 = Instant::now();
+                match admit(&mut conn, &keys, plan.voucher, user, ids.next_id()).await {
+                    Ok(outcome) => r.counts[outcome.code()] += 1,
+                    Err(e) => {
+                        r.errors += 1;
+                        r.first_error.get_or_insert_with(|| e.to_string());
+                    }
+                }
+                r.hist.saturating_record(t0.elapsed().as_micros() as u64);
+                progress.fetch_add(1, Ordering::Relaxed);
+            }
+            r
+        }));
+    }
+    let mut counts = [0u64; 6];
+    let mut errors = 0;
+    let mut first_error = None;
+    let mut hist = new_histogram();
+    for task in tasks {
+        let r = task
+            .await
+            .map_err(|e| Error::Redis(format!("a bench task failed: {e}")))?;
+        for (sum, c) in counts.iter_mut().zip(r.counts) {
+            *sum += c;
+        }
+        errors += r.errors;
+        first_error = first_error.or(r.first_error);
+        hist.add(&r.hist).ok();
+    }
+    let elapsed = started.elapsed();
+    if errors == plan.attempts {
+        return Err(Error::Redis(format!(
+            "every attempt failed; the first with: {}",
+            first_error.unwrap_or_default()
+        )));
+    }
+    Ok(BenchReport {
+        voucher: plan.voucher,
+        attempts: plan.attempts,
+        errors,
+        first_error,
+        elapsed_ms: elapsed.as_millis() as u64,
+        attempts_per_sec: plan.attempts as f64
+            / elapsed.max(Duration::from_micros(1)).as_secs_f64(),
+        concurrency: plan.concurrency,
+        connections: plan.connections,
+        outcomes: OutcomeCounts::from(counts),
+        latency: Latency {
+            p50_us: hist.value_at_quantile(0.50),
+            p90_us: hist.value_at_quantile(0.90),
+            p99_us: hist.value_at_quantile(0.99),
+            p999_us: hist.value_at_quantile(0.999),
+            max_us: hist.max(),
+            mean_us: hist.mean(),
+        },
+    })
+}
+
+fn new_histogram() -> Histogram<u64> {
+    // 1 µs .. 60 s at 3 significant digits; the bounds are constants, so
+    // this cannot fail.
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("constant histogram bounds are valid")
+}

@@ -1,0 +1,114 @@
+//! `seckill bench`
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use super::common::{parse_id, Format, FormatOpt};
+use super::render::{print_json, table};
+use crate::bench::{self, BenchPlan, BenchReport};
+use crate::config::Config;
+use crate::exit_code;
+use crate::snowflake::MAX_NODE_ID;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Voucher id (preloaded)
+    #[arg(long, value_parser = parse_id, allow_hyphen_values = true)]
+    pub voucher: u64,
+    /// Distinct users; attempt i is made by user (user-offset + i mod users + 1)
+    #[arg(long, default_value_t = 1000)]
+    pub users: u64,
+    /// First user id is user-offset + 1
+    #[arg(long, default_value_t = 0)]
+    pub user_offset: u64,
+    /// Admission attempts in all
+    #[arg(long, default_value_t = 2000)]
+    pub attempts: u64,
+    /// Attempts in flight at once
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// Redis connections the attempts are spread over
+    #[arg(long, default_value_t = 4)]
+    pub connections: usize,
+    /// Snowflake node id for the order ids (0..=1023)
+    #[arg(long, env = "SECKILL_NODE_ID", default_value_t = 0,
+          value_parser = clap::value_parser!(u16).range(0..=i64::from(MAX_NODE_ID)))]
+    pub node_id: u16,
+    #[command(flatten)]
+    pub format: FormatOpt,
+}
+
+pub async fn run(cfg: &Config, args: BenchArgs) -> anyhow::Result<u8> {
+    let plan = BenchPlan {
+        voucher: args.voucher,
+        users: args.users,
+        user_offset: args.user_offset,
+        attempts: args.attempts,
+        concurrency: args.concurrency,
+        connections: args.connections,
+        node_id: args.node_id,
+    };
+    plan.validate()?;
+    let done = Arc::new(AtomicU64::new(0));
+    // indicatif draws nothing when stderr is not a terminal.
+    let bar = ProgressBar::with_draw_target(Some(plan.attempts), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template("{bar:40} {pos}/{len} attempts {per_sec} {eta}")
+    {
+        bar.set_style(style);
+    }
+    let ticker = {
+        let (bar, done) = (bar.clone(), done.clone());
+        tokio::spawn(async move {
+            loop {
+                bar.set_position(done.load(Ordering::Relaxed));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let result = bench::run(cfg, &plan, done).await;
+    ticker.abort();
+    bar.finish_and_clear();
+    let report = result?;
+    if let Some(e) = &report.first_error {
+        tracing::warn!("{} attempt(s) failed; the first with: {e}", report.errors);
+    }
+    match args.format.format {
+        Format::Json => print_json(&report)?,
+        Format::Table => println!("{}", bench_table(&report)),
+    }
+    Ok(exit_code::OK)
+}
+
+fn bench_table(r: &BenchReport) -> comfy_table::Table {
+    let mut t = table(&["measure", "value"]);
+    let rows: Vec<(String, String)> = vec![
+        ("voucher".into(), r.voucher.to_string()),
+        ("attempts".into(), r.attempts.to_string()),
+        (
+            "elapsed".into(),
+            format!("{:.3} s", r.elapsed_ms as f64 / 1000.0),
+        ),
+        ("attempts/s".into(), format!("{:.0}", r.attempts_per_sec)),
+        (
+            "concurrency / connections".into(),
+            format!("{} / {}", r.concurrency, r.connections),
+        ),
+        ("latency p50".into(), format!("{} µs", r.latency.p50_us)),
+        ("latency p90".into(), format!("{} µs", r.latency.p90_us)),
+        ("latency p99".into(), format!("{} µs", r.latency.p99_us)),
+        ("latency p99.9".into(), format!("{} µs", r.latency.p999_us)),
+        ("latency max".into(), format!("{} µs", r.latency.max_us)),
+    ];
+    for (k, v) in rows {
+        t.add_row(vec![k, v]);
+    }
+    for (name, count) in r.outcomes.pairs() {
+        t.add_row(vec![format!("outcome {name}"), count.to_string()]);
+    }
+    t.add_row(vec!["errors".to_string(), r.errors.to_string()]);
+    t
+}

@@ -1,0 +1,99 @@
+//! `seckill buy`
+
+use clap::Args;
+use serde_json::json;
+
+use super::common::{parse_id, Format, FormatOpt};
+use super::render::print_json;
+use crate::admission::{admit, Admission};
+use crate::config::Config;
+use crate::exit_code;
+use crate::keys::VoucherKeys;
+use crate::redis_store;
+use crate::snowflake::{Snowflake, MAX_NODE_ID};
+use crate::timespec::format_ms;
+
+#[derive(Args, Debug)]
+pub struct BuyArgs {
+    /// Voucher id
+    #[arg(long, value_parser = parse_id, allow_hyphen_values = true)]
+    pub voucher: u64,
+    /// User id
+    #[arg(long, value_parser = parse_id, allow_hyphen_values = true)]
+    pub user: u64,
+    /// Snowflake node id of this caller (0..=1023); distinct per app server
+    #[arg(long, env = "SECKILL_NODE_ID", default_value_t = 0,
+          value_parser = clap::value_parser!(u16).range(0..=i64::from(MAX_NODE_ID)))]
+    pub node_id: u16,
+    #[command(flatten)]
+    pub format: FormatOpt,
+}
+
+pub async fn run(cfg: &Config, args: BuyArgs) -> anyhow::Result<u8> {
+    let keys = VoucherKeys::new(&cfg.prefix, args.voucher)?;
+    let order_id = Snowflake::new(args.node_id)?.next_id();
+    let mut redis = redis_store::connect(cfg).await?;
+    let outcome = admit(&mut redis, &keys, args.voucher, args.user, order_id).await?;
+    match args.format.format {
+        Format::Json => print_json(&outcome_json(args.voucher, args.user, &outcome))?,
+        Format::Table => println!("{}", outcome_line(args.voucher, args.user, &outcome)),
+    }
+    Ok(exit_code_of(&outcome))
+}
+
+pub fn exit_code_of(outcome: &Admission) -> u8 {
+    match outcome {
+        Admission::Admitted { .. } => exit_code::OK,
+        Admission::AlreadyBought => exit_code::ALREADY_BOUGHT,
+        Admission::SoldOut { .. } => exit_code::SOLD_OUT,
+        Admission::NotStarted { .. } => exit_code::NOT_STARTED,
+        Admission::Ended { .. } => exit_code::ENDED,
+        Admission::UnknownVoucher => exit_code::UNKNOWN_VOUCHER,
+    }
+}
+
+fn outcome_line(voucher: u64, user: u64, outcome: &Admission) -> String {
+    match outcome {
+        Admission::Admitted { order_id } => {
+            format!("success: user {user} holds a unit of voucher {voucher}, order {order_id}")
+        }
+        Admission::AlreadyBought => {
+            format!("already bought: user {user} already holds a unit of voucher {voucher}")
+        }
+        Admission::SoldOut { waitlist_position } => format!(
+            "sold out: voucher {voucher} has no unit left; user {user} is number {waitlist_position} on the waitlist"
+        ),
+        Admission::NotStarted { begin_ms } => format!(
+            "not started: the sale of voucher {voucher} opens at {}",
+            format_ms(*begin_ms)
+        ),
+        Admission::Ended { end_ms } => format!(
+            "ended: the sale of voucher {voucher} closed at {}",
+            format_ms(*end_ms)
+        ),
+        Admission::UnknownVoucher => format!(
+            "unknown voucher: voucher {voucher} is not loaded at the gate (seckill preload --voucher {voucher})"
+        ),
+    }
+}
+
+/// Order ids are strings in JSON: a 64-bit id does not survive a JavaScript number.
+fn outcome_json(voucher: u64, user: u64, outcome: &Admission) -> serde_json::Value {
+    let mut v = json!({ "outcome": outcome.name(), "voucher": voucher, "user": user });
+    match outcome {
+        Admission::Admitted { order_id } => v["order_id"] = json!(order_id.to_string()),
+        Admission::SoldOut { waitlist_position } => {
+            v["waitlist_position"] = json!(waitlist_position)
+        }
+        Admission::NotStarted { begin_ms } => {
+            v["begin"] = json!(format_ms(*begin_ms));
+            v["begin_ms"] = json!(begin_ms);
+        }
+        Admission::Ended { end_ms } => {
+            v["end"] = json!(format_ms(*end_ms));
+            v["end_ms"] = json!(end_ms);
+        }
+        Admission::AlreadyBought | Admission::UnknownVoucher => {}
+    }
+    v
+}

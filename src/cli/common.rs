@@ -1,0 +1,131 @@
+//! Options and parsers shared by every command.
+
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use crate::config::{self, Config};
+use crate::voucher::MAX_ID;
+
+/// Where the stores are. Flattened into every command, each flag with its
+/// environment variable.
+#[derive(Args, Debug, Clone)]
+pub struct ConnectOpts {
+    /// Redis URL (redis://[:password@]host:port/[db])
+    #[arg(
+        long,
+        env = "SECKILL_REDIS_URL",
+        default_value = config::DEFAULT_REDIS_URL,
+        hide_env_values = true,
+        global = true
+    )]
+    pub redis_url: String,
+
+    /// MySQL URL (mysql://user:password@host:port/database)
+    /// [default: mysql://seckill:***@127.0.0.1:13306/seckill]
+    #[arg(
+        long,
+        env = "SECKILL_MYSQL_URL",
+        default_value = config::DEFAULT_MYSQL_URL,
+        hide_default_value = true,
+        hide_env_values = true,
+        global = true
+    )]
+    pub mysql_url: String,
+
+    /// Key prefix of every Redis key
+    #[arg(long, env = "SECKILL_PREFIX", default_value = config::DEFAULT_PREFIX, global = true)]
+    pub prefix: String,
+
+    /// How long to wait for a server to accept a connection
+    #[arg(long, env = "SECKILL_CONNECT_TIMEOUT", default_value = "5s", value_parser = parse_duration, global = true)]
+    pub connect_timeout: Duration,
+}
+
+impl ConnectOpts {
+    pub fn config(&self) -> Config {
+        Config {
+            redis_url: self.redis_url.clone(),
+            mysql_url: self.mysql_url.clone(),
+            prefix: self.prefix.clone(),
+            connect_timeout: self.connect_timeout,
+        }
+    }
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Format {
+    /// A table for people
+    #[default]
+    Table,
+    /// JSON for scripts
+    Json,
+}
+
+/// `--format table|json`, for every command that prints data.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct FormatOpt {
+    /// Output format
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+/// An id of a voucher, user or order: 1 ..= 9223372036854775807.
+pub fn parse_id(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    if t.starts_with('-') && t[1..].chars().all(|c| c.is_ascii_digit()) && t.len() > 1 {
+        return Err(format!("must be a positive integer, got {t}"));
+    }
+    let n: u64 =
+        t.parse().map_err(
+            |_| match t.chars().all(|c| c.is_ascii_digit()) && !t.is_empty() {
+                true => format!("{t} is too large (the largest id is {MAX_ID})"),
+                false => format!("'{t}' is not a number"),
+            },
+        )?;
+    if n == 0 {
+        return Err("must be at least 1".into());
+    }
+    if n > MAX_ID {
+        return Err(format!("{n} is too large (the largest id is {MAX_ID})"));
+    }
+    Ok(n)
+}
+
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    crate::timespec::parse_duration(s).map_err(|e| strip_prefix(e.to_string()))
+}
+
+/// Stock and counts: a whole number, where a minus sign gets a clear error
+/// instead of being taken for a flag.
+pub fn parse_count(s: &str) -> Result<i64, String> {
+    s.trim()
+        .parse::<i64>()
+        .map_err(|_| format!("'{s}' is not a whole number"))
+}
+
+fn strip_prefix(msg: String) -> String {
+    msg.strip_prefix("invalid input: ")
+        .map(str::to_string)
+        .unwrap_or(msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_name_what_is_wrong() {
+        assert_eq!(parse_id("42"), Ok(42));
+        assert!(parse_id("0").unwrap_err().contains("at least 1"));
+        assert!(parse_id("-3").unwrap_err().contains("positive"));
+        assert!(parse_id("abc").unwrap_err().contains("not a number"));
+        assert!(parse_id("99999999999999999999")
+            .unwrap_err()
+            .contains("too large"));
+        assert!(parse_id("9223372036854775808")
+            .unwrap_err()
+            .contains("too large"));
+        assert_eq!(parse_id("9223372036854775807"), Ok(MAX_ID));
+    }
+}

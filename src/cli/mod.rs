@@ -1,0 +1,128 @@
+//! The command line: parsing and rendering only; the work is in the library.
+
+mod bench;
+mod buy;
+mod common;
+mod init;
+mod preload;
+mod render;
+mod voucher;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::exit_code;
+use common::ConnectOpts;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "seckill",
+    version,
+    about = "Flash-sale operations tool: admit buyers at Redis speed, never oversell",
+    long_about = "Flash-sale operations tool: admit buyers at Redis speed, never oversell.\n\n\
+        A voucher has N units. `seckill preload` opens it at the Redis gate, where \
+        lua/seckill.lua admits each buyer atomically (sale window, one unit per user, \
+        stock, or the waitlist) and hands the order to a stream for the worker.",
+    after_long_help = exit_code::HELP,
+    propagate_version = true
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub connect: ConnectOpts,
+
+    /// More log output on stderr (-v debug, -vv trace); RUST_LOG overrides
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+
+    /// Only errors on stderr
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create or upgrade the MySQL schema and check both servers' versions
+    Init(init::InitArgs),
+    /// Add and list vouchers (MySQL, the source of truth)
+    #[command(subcommand)]
+    Voucher(voucher::VoucherCommand),
+    /// Load vouchers from MySQL into the Redis gate and register them for workers
+    Preload(preload::PreloadArgs),
+    /// One admission attempt through lua/seckill.lua (exit code tells the outcome)
+    Buy(buy::BuyArgs),
+    /// Load-test the admission script and report attempts/s and latency
+    Bench(bench::BenchArgs),
+}
+
+/// Parses the command line, runs the command and maps the result to an exit code.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return ExitCode::from(render::clap_error(e)),
+    };
+    init_logging(cli.verbose, cli.quiet);
+    let secrets = cli.connect.config().secrets();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            render::error_line(
+                &anyhow::anyhow!("cannot start the async runtime: {e}"),
+                &secrets,
+            );
+            return ExitCode::from(exit_code::ERROR);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            render::error_line(&e, &secrets);
+            ExitCode::from(exit_code::ERROR)
+        }
+    }
+}
+
+/// Runs one parsed command; the `u8` is the exit code.
+pub async fn run(cli: Cli) -> anyhow::Result<u8> {
+    let cfg = cli.connect.config();
+    crate::config::validate_prefix(&cfg.prefix)?;
+    match cli.command {
+        Command::Init(args) => init::run(&cfg, args).await,
+        Command::Voucher(cmd) => voucher::run(&cfg, cmd).await,
+        Command::Preload(args) => preload::run(&cfg, args).await,
+        Command::Buy(args) => buy::run(&cfg, args).await,
+        Command::Bench(args) => bench::run(&cfg, args).await,
+    }
+}
+
+fn init_logging(verbose: u8, quiet: bool) {
+    use tracing_subscriber::EnvFilter;
+    let level = match (quiet, verbose) {
+        (true, _) => "error",
+        (false, 0) => "info",
+        (false, 1) => "debug",
+        (false, _) => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(format!("seckill={level},warn")));
+    let ansi = render::colour_on_stderr();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .with_target(false)
+        .try_init()
+        .ok();
+}
+
+/// Whether stdout is a terminal (tables may use the terminal's width).
+pub(crate) fn stdout_is_terminal() -> bool {
+    std::io::stdout().is_terminal()
+}

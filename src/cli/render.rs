@@ -1,0 +1,73 @@
+//! Shared rendering: error lines, tables, JSON, colour decisions.
+
+use std::io::IsTerminal;
+
+use comfy_table::{presets, ContentArrangement, Table};
+use serde::Serialize;
+
+use crate::exit_code;
+use crate::mask::redact;
+
+/// Colour only on a terminal and only when NO_COLOR is unset.
+pub fn colour_on_stderr() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// `error: <what went wrong>` on one line of stderr, secrets scrubbed.
+pub fn error_line(e: &anyhow::Error, secrets: &[String]) {
+    let text = format!("{e:#}").replace('\n', " ");
+    let text = redact(&text, secrets);
+    if colour_on_stderr() {
+        eprintln!("\x1b[1;31merror:\x1b[0m {text}");
+    } else {
+        eprintln!("error: {text}");
+    }
+}
+
+/// clap's own error, folded to one line (help and version print as usual).
+pub fn clap_error(e: clap::Error) -> u8 {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                exit_code::USAGE
+            } else {
+                exit_code::OK
+            }
+        }
+        _ => {
+            let rendered = e.render().to_string();
+            // The first paragraph names the problem; usage and tips follow it.
+            let first: Vec<&str> = rendered
+                .lines()
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .collect();
+            let line = first.join(" ");
+            let line = line.strip_prefix("error: ").unwrap_or(&line);
+            eprintln!("error: {line} (see --help)");
+            exit_code::USAGE
+        }
+    }
+}
+
+/// A table in the house style, fitted to the terminal when there is one.
+pub fn table(header: &[&str]) -> Table {
+    let mut t = Table::new();
+    t.load_preset(presets::UTF8_FULL_CONDENSED)
+        .set_content_arrangement(if super::stdout_is_terminal() {
+            ContentArrangement::Dynamic
+        } else {
+            ContentArrangement::Disabled
+        })
+        .set_header(header.iter().copied());
+    t
+}
+
+pub fn print_json<T: Serialize + ?Sized>(value: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}

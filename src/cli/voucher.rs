@@ -1,0 +1,223 @@
+//! `seckill voucher add|list`
+
+use clap::{Args, Subcommand};
+use serde::Serialize;
+
+use super::common::{parse_count, parse_duration, parse_id, Format, FormatOpt};
+use super::render::{print_json, table};
+use crate::config::Config;
+use crate::db::Db;
+use crate::exit_code;
+use crate::gate::{self, GateState};
+use crate::keys::VoucherKeys;
+use crate::redis_store;
+use crate::timespec::{format_duration_ms, format_ms, now_ms, parse_time};
+use crate::voucher::{self, NewVoucher, Voucher};
+
+#[derive(Subcommand, Debug)]
+pub enum VoucherCommand {
+    /// Add a voucher to MySQL (then `seckill preload` opens it at the gate)
+    Add(AddArgs),
+    /// List vouchers: MySQL stock and orders beside the Redis gate's state
+    List(ListArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct AddArgs {
+    /// Voucher id (1..=9223372036854775807)
+    #[arg(long, value_parser = parse_id, allow_hyphen_values = true)]
+    pub id: u64,
+    /// Units for sale
+    #[arg(long, value_parser = parse_count, allow_hyphen_values = true)]
+    pub stock: i64,
+    /// Sale opens: RFC 3339, `now`, or relative like `+10m`
+    #[arg(long, default_value = "now", allow_hyphen_values = true)]
+    pub begin: String,
+    /// Sale closes: RFC 3339, `now`, or relative like `+2h` [default: begin + 24h]
+    #[arg(long, allow_hyphen_values = true)]
+    pub end: Option<String>,
+    /// Time a buyer has to pay before the unit is released
+    #[arg(long, default_value = "15m", value_parser = parse_duration)]
+    pub pay_timeout: std::time::Duration,
+    /// Title shown in listings
+    #[arg(long, default_value = "")]
+    pub title: String,
+    #[command(flatten)]
+    pub format: FormatOpt,
+}
+
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub format: FormatOpt,
+}
+
+pub async fn run(cfg: &Config, cmd: VoucherCommand) -> anyhow::Result<u8> {
+    match cmd {
+        VoucherCommand::Add(args) => add(cfg, args).await,
+        VoucherCommand::List(args) => list(cfg, args).await,
+    }
+}
+
+async fn add(cfg: &Config, args: AddArgs) -> anyhow::Result<u8> {
+    let now = now_ms();
+    let begin_ms = parse_time(&args.begin, now)?;
+    let end_ms = match &args.end {
+        Some(end) => parse_time(end, now)?,
+        None => begin_ms.saturating_add(24 * 3_600_000),
+    };
+    let new = NewVoucher {
+        id: args.id,
+        title: args.title,
+        stock: args.stock,
+        begin_ms,
+        end_ms,
+        pay_timeout_ms: i64::try_from(args.pay_timeout.as_millis()).unwrap_or(i64::MAX),
+    };
+    // Validate before connecting: bad input is reported even with no server.
+    new.validate()?;
+    let db = Db::connect(cfg).await?;
+    voucher::add(&db, &new).await?;
+    let added = voucher::get(&db, new.id).await?;
+    db.close().await;
+    match args.format.format {
+        Format::Json => print_json(&VoucherView::new(&added, None, now))?,
+        Format::Table => {
+            println!(
+                "voucher {} added: {} units, sale {} -> {}, pay within {}",
+                added.id,
+                added.total_stock,
+                format_ms(added.begin_ms),
+                format_ms(added.end_ms),
+                format_duration_ms(added.pay_timeout_ms)
+            );
+            println!("next: seckill preload --voucher {}", added.id);
+        }
+    }
+    Ok(exit_code::OK)
+}
+
+async fn list(cfg: &Config, args: ListArgs) -> anyhow::Result<u8> {
+    let db = Db::connect(cfg).await?;
+    let vouchers = voucher::list(&db).await?;
+    db.close().await;
+    let mut redis = redis_store::connect(cfg).await?;
+    let mut gates = Vec::with_capacity(vouchers.len());
+    for v in &vouchers {
+        let keys = VoucherKeys::new(&cfg.prefix, v.id)?;
+        gates.push(gate::read(&mut redis, &keys).await?);
+    }
+    let now = now_ms();
+    let views: Vec<VoucherView> = vouchers
+        .iter()
+        .zip(&gates)
+        .map(|(v, g)| VoucherView::new(v, Some(g), now))
+        .collect();
+    match args.format.format {
+        Format::Json => print_json(&views)?,
+        Format::Table => println!("{}", list_table(&views)),
+    }
+    Ok(exit_code::OK)
+}
+
+/// A voucher as shown to people and scripts.
+#[derive(Serialize)]
+pub struct VoucherView<'a> {
+    id: u64,
+    title: &'a str,
+    state: &'static str,
+    total_stock: i64,
+    mysql_stock: i64,
+    begin: String,
+    end: String,
+    begin_ms: i64,
+    end_ms: i64,
+    pay_timeout_ms: i64,
+    orders: Orders,
+    gate: Option<&'a GateState>,
+}
+
+#[derive(Serialize)]
+struct Orders {
+    pending: i64,
+    paid: i64,
+    cancelled: i64,
+}
+
+impl<'a> VoucherView<'a> {
+    fn new(v: &'a Voucher, gate: Option<&'a GateState>, now: i64) -> Self {
+        VoucherView {
+            id: v.id,
+            title: &v.title,
+            state: sale_state(v.begin_ms, v.end_ms, now),
+            total_stock: v.total_stock,
+            mysql_stock: v.stock,
+            begin: format_ms(v.begin_ms),
+            end: format_ms(v.end_ms),
+            begin_ms: v.begin_ms,
+            end_ms: v.end_ms,
+            pay_timeout_ms: v.pay_timeout_ms,
+            orders: Orders {
+                pending: v.orders_pending,
+                paid: v.orders_paid,
+                cancelled: v.orders_cancelled,
+            },
+            gate,
+        }
+    }
+}
+
+fn sale_state(begin_ms: i64, end_ms: i64, now: i64) -> &'static str {
+    if now < begin_ms {
+        "upcoming"
+    } else if now < end_ms {
+        "live"
+    } else {
+        "ended"
+    }
+}
+
+fn list_table(views: &[VoucherView]) -> comfy_table::Table {
+    let mut t = table(&[
+        "voucher",
+        "title",
+        "state",
+        "total",
+        "mysql stock",
+        "pending",
+        "paid",
+        "cancelled",
+        "gate stock",
+        "buyers",
+        "waitlist",
+        "stream",
+        "sale window (UTC)",
+    ]);
+    for v in views {
+        let (gate_stock, buyers, waitlist, stream) = match v.gate {
+            Some(g) if g.loaded => (
+                g.stock.map_or("-".into(), |s| s.to_string()),
+                g.buyers.to_string(),
+                g.waitlist.to_string(),
+                g.stream_length.to_string(),
+            ),
+            _ => ("not loaded".into(), "-".into(), "-".into(), "-".into()),
+        };
+        t.add_row(vec![
+            v.id.to_string(),
+            v.title.to_string(),
+            v.state.to_string(),
+            v.total_stock.to_string(),
+            v.mysql_stock.to_string(),
+            v.orders.pending.to_string(),
+            v.orders.paid.to_string(),
+            v.orders.cancelled.to_string(),
+            gate_stock,
+            buyers,
+            waitlist,
+            stream,
+            format!("{} -> {}", v.begin, v.end),
+        ]);
+    }
+    t
+}

@@ -1,0 +1,133 @@
+//! Connecting to MySQL (or MariaDB) and making sure the schema is the one
+//! this binary expects before any command touches a table.
+
+use mysql_async::prelude::*;
+use mysql_async::{Conn, Opts, OptsBuilder, Pool};
+
+use crate::config::Config;
+use crate::error::{describe_mysql, mysql_code, Error, Result};
+use crate::mask::mask_url;
+use crate::redis_store::parse_major_minor;
+use crate::schema;
+
+const ER_ACCESS_DENIED: u16 = 1045;
+const ER_BAD_DB: u16 = 1049;
+
+pub struct Db {
+    pool: Pool,
+    name: String,
+}
+
+impl Db {
+    /// Connects and checks that `seckill init` has brought the schema to the
+    /// version this binary knows.
+    pub async fn connect(cfg: &Config) -> Result<Db> {
+        let db = Self::open(cfg, true).await?;
+        let mut conn = db.conn().await?;
+        schema::ensure_current(&mut conn, &db.name).await?;
+        drop(conn);
+        Ok(db)
+    }
+
+    /// Connects without the schema check, creating the database if it is
+    /// missing (for `seckill init`).
+    pub async fn connect_for_init(cfg: &Config) -> Result<Db> {
+        let db = Self::open(cfg, false).await?;
+        let mut conn = db.conn().await?;
+        conn.query_drop(format!("CREATE DATABASE IF NOT EXISTS `{}`", db.name))
+            .await?;
+        drop(conn);
+        db.pool.clone().disconnect().await.ok();
+        Self::open(cfg, true).await
+    }
+
+    async fn open(cfg: &Config, with_db: bool) -> Result<Db> {
+        let url = mask_url(&cfg.mysql_url);
+        let fail = |reason: String| Error::MysqlConnect {
+            url: url.clone(),
+            reason,
+        };
+        let opts = Opts::from_url(&cfg.mysql_url).map_err(|e| fail(e.to_string()))?;
+        let name = opts
+            .db_name()
+            .map(str::to_string)
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| {
+                fail("the URL names no database (mysql://user:pass@host:port/DATABASE)".into())
+            })?;
+        validate_db_name(&name)?;
+        let builder = OptsBuilder::from_opts(opts)
+            .db_name(with_db.then(|| name.clone()))
+            // Times are written and read as Unix milliseconds through
+            // FROM_UNIXTIME / UNIX_TIMESTAMP, which are exact only in UTC.
+            .init(vec!["SET time_zone = '+00:00'"]);
+        let db = Db {
+            pool: Pool::new(builder),
+            name,
+        };
+        // Probe now so a wrong URL fails here with one clear line.
+        let probe = tokio::time::timeout(cfg.connect_timeout, db.pool.get_conn()).await;
+        match probe {
+            Ok(Ok(_conn)) => Ok(db),
+            Ok(Err(e)) => Err(match mysql_code(&e) {
+                Some(ER_BAD_DB) => Error::NotInitialised(db.name.clone()),
+                Some(ER_ACCESS_DENIED) => fail(format!(
+                    "access denied (wrong user or password): {}",
+                    describe_mysql(&e)
+                )),
+                _ => fail(describe_mysql(&e)),
+            }),
+            Err(_) => Err(fail(format!(
+                "no answer within {}",
+                humantime::format_duration(cfg.connect_timeout)
+            ))),
+        }
+    }
+
+    pub async fn conn(&self) -> Result<Conn> {
+        Ok(self.pool.get_conn().await?)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Closes the pool's connections cleanly (the server logs no aborts).
+    pub async fn close(self) {
+        self.pool.disconnect().await.ok();
+    }
+}
+
+fn validate_db_name(name: &str) -> Result<()> {
+    let ok = name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$');
+    if !ok {
+        return Err(Error::InvalidInput(format!(
+            "database name '{name}' must be at most 64 letters, digits, '_' or '$'"
+        )));
+    }
+    Ok(())
+}
+
+/// MySQL 8.0 or MariaDB 10.11 at least: the SQL here is the subset both run.
+pub async fn check_version(conn: &mut Conn) -> Result<String> {
+    let version: String = conn
+        .query_first("SELECT VERSION()")
+        .await?
+        .unwrap_or_default();
+    let (needed, min) = if version.to_ascii_lowercase().contains("mariadb") {
+        ("MariaDB 10.11", (10, 11))
+    } else {
+        ("MySQL 8.0", (8, 0))
+    };
+    if parse_major_minor(&version) < min {
+        return Err(Error::ServerTooOld {
+            server: if min.0 == 10 { "MariaDB" } else { "MySQL" },
+            found: version,
+            needed,
+        });
+    }
+    Ok(version)
+}

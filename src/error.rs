@@ -1,0 +1,101 @@
+//! Errors the library reports. Callers branch on the variants (exit codes,
+//! retries); every message is one line that names the problem.
+
+use std::time::Duration;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+
+    #[error("cannot connect to Redis at {url}: {reason}")]
+    RedisConnect { url: String, reason: String },
+
+    #[error("cannot connect to MySQL at {url}: {reason}")]
+    MysqlConnect { url: String, reason: String },
+
+    #[error("{what} did not answer within {}", humantime::format_duration(*.after))]
+    Timeout { what: String, after: Duration },
+
+    #[error("{server} {found} is too old: {needed} or newer is needed")]
+    ServerTooOld {
+        server: &'static str,
+        found: String,
+        needed: &'static str,
+    },
+
+    #[error("database `{0}` is not initialised: run `seckill init` first")]
+    NotInitialised(String),
+
+    #[error("database `{db}` has schema version {found}, this seckill needs {needed}: run `seckill init`")]
+    SchemaOutdated { db: String, found: u32, needed: u32 },
+
+    #[error("database `{db}` has schema version {found}, newer than this seckill knows ({known}): upgrade seckill")]
+    SchemaTooNew { db: String, found: u32, known: u32 },
+
+    #[error("voucher {0} does not exist")]
+    VoucherNotFound(u64),
+
+    #[error("voucher {0} already exists")]
+    VoucherExists(u64),
+
+    #[error(
+        "voucher {voucher} has {in_flight} order(s) in flight (admitted in Redis, not yet in MySQL); \
+         preloading now would re-admit sold units. Let `seckill worker` drain them, or run \
+         `seckill reconcile`; `--force` overrides"
+    )]
+    OrdersInFlight { voucher: u64, in_flight: u64 },
+
+    #[error(
+        "voucher {0} changed in Redis while it was being preloaded (a sale is running?); try again"
+    )]
+    Busy(u64),
+
+    #[error("Redis: {0}")]
+    Redis(String),
+
+    #[error("MySQL: {0}")]
+    Mysql(String),
+}
+
+impl From<redis::RedisError> for Error {
+    fn from(e: redis::RedisError) -> Self {
+        Error::Redis(describe_redis(&e))
+    }
+}
+
+impl From<mysql_async::Error> for Error {
+    fn from(e: mysql_async::Error) -> Self {
+        Error::Mysql(describe_mysql(&e))
+    }
+}
+
+/// The MySQL error code of a server error, for callers that branch on it.
+pub fn mysql_code(e: &mysql_async::Error) -> Option<u16> {
+    match e {
+        mysql_async::Error::Server(s) => Some(s.code),
+        _ => None,
+    }
+}
+
+/// One line for a MySQL error, without the driver's nested repetitions.
+pub fn describe_mysql(e: &mysql_async::Error) -> String {
+    match e {
+        mysql_async::Error::Server(s) => format!("{} (error {})", s.message, s.code),
+        mysql_async::Error::Io(io) => match io {
+            mysql_async::IoError::Io(e) => e.to_string(),
+            #[allow(unreachable_patterns)]
+            other => other.to_string(),
+        },
+        mysql_async::Error::Driver(d) => d.to_string(),
+        mysql_async::Error::Url(u) => u.to_string(),
+        mysql_async::Error::Other(o) => o.to_string(),
+    }
+}
+
+/// One line for a Redis error.
+pub fn describe_redis(e: &redis::RedisError) -> String {
+    e.to_string().replace('\n', " ")
+}

@@ -1,0 +1,31 @@
+//! Exit codes: one place, documented in `seckill --help`, the man page and
+//! the README. Scripts and cron jobs depend on these numbers.
+
+/// Everything went as asked (`buy`: the user was admitted).
+pub const OK: u8 = 0;
+/// An error: bad input, a server unreachable or refusing, a refused operation.
+pub const ERROR: u8 = 1;
+/// The command line could not be parsed (clap's convention).
+pub const USAGE: u8 = 2;
+/// `buy`: the user already holds a unit of this voucher.
+pub const ALREADY_BOUGHT: u8 = 10;
+/// `buy`: sold out; the user is on the waitlist.
+pub const SOLD_OUT: u8 = 11;
+/// `buy`: the sale window has not opened yet.
+pub const NOT_STARTED: u8 = 12;
+/// `buy`: the sale window has closed.
+pub const ENDED: u8 = 13;
+/// `buy`: the voucher is not loaded into Redis (`seckill preload`).
+pub const UNKNOWN_VOUCHER: u8 = 14;
+
+/// The table shown in `seckill --help` and the README.
+pub const HELP: &str = "\
+Exit codes:
+   0  success (buy: admitted)
+   1  error (bad input, server unreachable or refusing, operation refused)
+   2  usage error (the command line could not be parsed)
+  10  buy: already bought
+  11  buy: sold out, waitlisted
+  12  buy: sale not started
+  13  buy: sale ended
+  14  buy: unknown voucher (not preloaded)";

@@ -1,0 +1,90 @@
+//! The Redis key layout (DESIGN.md §3), a public contract. Every key of one
+//! voucher carries the hash tag `{V}` so scripts touch a single cluster slot.
+
+use crate::config::validate_prefix;
+use crate::error::Result;
+
+/// The keys of one voucher.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VoucherKeys {
+    base: String,
+}
+
+impl VoucherKeys {
+    pub fn new(prefix: &str, voucher: u64) -> Result<Self> {
+        validate_prefix(prefix)?;
+        Ok(VoucherKeys {
+            base: format!("{prefix}:{{{voucher}}}"),
+        })
+    }
+
+    fn key(&self, name: &str) -> String {
+        format!("{}:{name}", self.base)
+    }
+
+    pub fn meta(&self) -> String {
+        self.key("meta")
+    }
+    pub fn stock(&self) -> String {
+        self.key("stock")
+    }
+    pub fn buyers(&self) -> String {
+        self.key("buyers")
+    }
+    pub fn waitlist(&self) -> String {
+        self.key("waitlist")
+    }
+    pub fn orders(&self) -> String {
+        self.key("orders")
+    }
+    pub fn dead(&self) -> String {
+        self.key("dead")
+    }
+    pub fn timeouts(&self) -> String {
+        self.key("timeouts")
+    }
+    pub fn released(&self) -> String {
+        self.key("released")
+    }
+    pub fn events(&self) -> String {
+        self.key("events")
+    }
+    pub fn lock(&self, user: u64) -> String {
+        self.key(&format!("lock:{user}"))
+    }
+    /// Scratch key for rebuilding the buyers set before swapping it in.
+    pub fn buyers_staging(&self) -> String {
+        self.key("buyers:staging")
+    }
+}
+
+/// The registry of preloaded vouchers, where workers discover streams.
+pub fn registry(prefix: &str) -> Result<String> {
+    validate_prefix(prefix)?;
+    Ok(format!("{prefix}:vouchers"))
+}
+
+/// The consumer group of `seckill worker` on every order stream.
+pub const WORKER_GROUP: &str = "seckill-worker";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_matches_the_contract() {
+        let k = VoucherKeys::new("seckill", 42).unwrap();
+        assert_eq!(k.meta(), "seckill:{42}:meta");
+        assert_eq!(k.stock(), "seckill:{42}:stock");
+        assert_eq!(k.orders(), "seckill:{42}:orders");
+        assert_eq!(k.lock(7), "seckill:{42}:lock:7");
+        assert_eq!(registry("seckill").unwrap(), "seckill:vouchers");
+    }
+
+    #[test]
+    fn rejects_prefixes_that_break_the_layout() {
+        for bad in ["", "a{b", "a b", ":x", "x:"] {
+            assert!(VoucherKeys::new(bad, 1).is_err(), "{bad:?}");
+        }
+    }
+}

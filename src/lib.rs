@@ -1,0 +1,25 @@
+//! `seckill`: a flash-sale system in five layers (see DESIGN.md and the README).
+//!
+//! The library holds all logic; `src/cli` only parses arguments and renders
+//! results, and `src/main.rs` maps the outcome to an exit code.
+
+pub mod admission;
+pub mod backlog;
+pub mod bench;
+pub mod cli;
+pub mod config;
+pub mod db;
+pub mod error;
+pub mod exit_code;
+pub mod gate;
+pub mod keys;
+pub mod mask;
+pub mod preload;
+pub mod redis_store;
+pub mod schema;
+pub mod scripts;
+pub mod snowflake;
+pub mod timespec;
+pub mod voucher;
+
+pub use error::{Error, Result};

@@ -1,0 +1,229 @@
+//! Vouchers in MySQL, the source of truth: creating and reading them.
+
+use mysql_async::prelude::*;
+use serde::Serialize;
+
+use crate::db::Db;
+use crate::error::{mysql_code, Error, Result};
+
+/// Ids are positive and fit a signed 64-bit integer (a Java `long`, a MySQL `BIGINT`).
+pub const MAX_ID: u64 = i64::MAX as u64;
+pub const MAX_STOCK: i64 = i32::MAX as i64;
+pub const DEFAULT_PAY_TIMEOUT_MS: i64 = 15 * 60 * 1000;
+/// 2038-01-19T03:14:07Z: FROM_UNIXTIME's limit on MariaDB 10.11.
+pub const MAX_TIME_MS: i64 = i32::MAX as i64 * 1000;
+const ER_DUP_ENTRY: u16 = 1062;
+
+#[derive(Debug, Clone)]
+pub struct NewVoucher {
+    pub id: u64,
+    pub title: String,
+    pub stock: i64,
+    pub begin_ms: i64,
+    pub end_ms: i64,
+    pub pay_timeout_ms: i64,
+}
+
+impl NewVoucher {
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidInput(m));
+        validate_id("voucher id", self.id)?;
+        if !(0..=MAX_STOCK).contains(&self.stock) {
+            return bad(format!(
+                "stock {} is out of range: it must be between 0 and {MAX_STOCK}",
+                self.stock
+            ));
+        }
+        if self.begin_ms >= self.end_ms {
+            return bad(format!(
+                "the sale begins ({}) at or after it ends ({}): begin must be before end",
+                crate::timespec::format_ms(self.begin_ms),
+                crate::timespec::format_ms(self.end_ms)
+            ));
+        }
+        if self.begin_ms < 0 {
+            return bad("the sale cannot begin before 1970".into());
+        }
+        if self.end_ms > MAX_TIME_MS {
+            return bad(format!(
+                "the sale ends after {}, the last time MySQL's FROM_UNIXTIME can store",
+                crate::timespec::format_ms(MAX_TIME_MS)
+            ));
+        }
+        if !(1_000..=7 * 24 * 3_600_000).contains(&self.pay_timeout_ms) {
+            return bad(format!(
+                "pay timeout {} is out of range: it must be between 1s and 7days",
+                crate::timespec::format_duration_ms(self.pay_timeout_ms)
+            ));
+        }
+        if self.title.chars().count() > 255 {
+            return bad("title is longer than 255 characters".into());
+        }
+        Ok(())
+    }
+}
+
+/// Ids of vouchers, users and orders: 1 ..= 9223372036854775807.
+pub fn validate_id(what: &str, id: u64) -> Result<()> {
+    if id == 0 || id > MAX_ID {
+        return Err(Error::InvalidInput(format!(
+            "{what} {id} is out of range: it must be between 1 and {MAX_ID}"
+        )));
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Voucher {
+    pub id: u64,
+    pub title: String,
+    pub total_stock: i64,
+    pub stock: i64,
+    pub begin_ms: i64,
+    pub end_ms: i64,
+    pub pay_timeout_ms: i64,
+    pub orders_pending: i64,
+    pub orders_paid: i64,
+    pub orders_cancelled: i64,
+}
+
+pub async fn add(db: &Db, v: &NewVoucher) -> Result<()> {
+    v.validate()?;
+    let mut conn = db.conn().await?;
+    let result = conn
+        .exec_drop(
+            "INSERT INTO seckill_voucher
+                (voucher_id, title, total_stock, stock, begin_time, end_time, pay_timeout_ms)
+             VALUES (?, ?, ?, ?, FROM_UNIXTIME(? / 1000), FROM_UNIXTIME(? / 1000), ?)",
+            (
+                v.id,
+                &v.title,
+                v.stock,
+                v.stock,
+                v.begin_ms,
+                v.end_ms,
+                v.pay_timeout_ms,
+            ),
+        )
+        .await;
+    match result {
+        Err(e) if mysql_code(&e) == Some(ER_DUP_ENTRY) => Err(Error::VoucherExists(v.id)),
+        other => Ok(other?),
+    }
+}
+
+const SELECT_VOUCHERS: &str = "SELECT v.voucher_id, v.title, v.total_stock, v.stock,
+        CAST(ROUND(UNIX_TIMESTAMP(v.begin_time) * 1000) AS SIGNED),
+        CAST(ROUND(UNIX_TIMESTAMP(v.end_time) * 1000) AS SIGNED),
+        v.pay_timeout_ms,
+        (SELECT COUNT(*) FROM seckill_order o WHERE o.voucher_id = v.voucher_id AND o.status = 0),
+        (SELECT COUNT(*) FROM seckill_order o WHERE o.voucher_id = v.voucher_id AND o.status = 1),
+        (SELECT COUNT(*) FROM seckill_order o WHERE o.voucher_id = v.voucher_id AND o.status = -1)
+     FROM seckill_voucher v";
+
+type VoucherRow = (u64, String, i64, i64, i64, i64, i64, i64, i64, i64);
+
+fn from_row(r: VoucherRow) -> Voucher {
+    Voucher {
+        id: r.0,
+        title: r.1,
+        total_stock: r.2,
+        stock: r.3,
+        begin_ms: r.4,
+        end_ms: r.5,
+        pay_timeout_ms: r.6,
+        orders_pending: r.7,
+        orders_paid: r.8,
+        orders_cancelled: r.9,
+    }
+}
+
+pub async fn list(db: &Db) -> Result<Vec<Voucher>> {
+    let mut conn = db.conn().await?;
+    let rows: Vec<VoucherRow> = conn
+        .query(format!("{SELECT_VOUCHERS} ORDER BY v.voucher_id"))
+        .await?;
+    Ok(rows.into_iter().map(from_row).collect())
+}
+
+pub async fn get(db: &Db, id: u64) -> Result<Voucher> {
+    let mut conn = db.conn().await?;
+    let row: Option<VoucherRow> = conn
+        .exec_first(format!("{SELECT_VOUCHERS} WHERE v.voucher_id = ?"), (id,))
+        .await?;
+    row.map(from_row).ok_or(Error::VoucherNotFound(id))
+}
+
+/// Users holding an order of this voucher in any status: one order per user
+/// ever (the UNIQUE key), so each of them stays a buyer at the gate.
+pub async fn order_users(db: &Db, id: u64) -> Result<Vec<u64>> {
+    let mut conn = db.conn().await?;
+    Ok(conn
+        .exec(
+            "SELECT user_id FROM seckill_order WHERE voucher_id = ?",
+            (id,),
+        )
+        .await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok_voucher() -> NewVoucher {
+        NewVoucher {
+            id: 1,
+            title: "t".into(),
+            stock: 100,
+            begin_ms: 1_000,
+            end_ms: 2_000,
+            pay_timeout_ms: DEFAULT_PAY_TIMEOUT_MS,
+        }
+    }
+
+    #[test]
+    fn validation_names_the_problem() {
+        assert!(ok_voucher().validate().is_ok());
+        let cases: Vec<(NewVoucher, &str)> = vec![
+            (
+                NewVoucher {
+                    id: 0,
+                    ..ok_voucher()
+                },
+                "voucher id 0",
+            ),
+            (
+                NewVoucher {
+                    stock: -1,
+                    ..ok_voucher()
+                },
+                "stock -1",
+            ),
+            (
+                NewVoucher {
+                    begin_ms: 2_000,
+                    ..ok_voucher()
+                },
+                "begin must be before end",
+            ),
+            (
+                NewVoucher {
+                    pay_timeout_ms: 10,
+                    ..ok_voucher()
+                },
+                "pay timeout",
+            ),
+            (
+                NewVoucher {
+                    id: MAX_ID + 1,
+                    ..ok_voucher()
+                },
+                "out of range",
+            ),
+        ];
+        for (v, needle) in cases {
+            let e = v.validate().unwrap_err().to_string();
+            assert!(e.contains(needle), "{e:?} lacks {needle:?}");
+        }
+    }
+}
