@@ -41,12 +41,27 @@ pub fn secrets_of(raw: &str) -> Vec<String> {
     out
 }
 
-/// Replaces every occurrence of each secret in `text` with `***`.
+/// Scrubs `text` before it is shown: every URL in it gets its password
+/// masked, and every known secret of 8 or more characters is replaced.
+/// (Shorter secrets are left to the URL masking: replacing a short word such
+/// as the dev default `seckill` everywhere would garble the message itself.)
 pub fn redact(text: &str, secrets: &[String]) -> String {
+    let urls_masked: Vec<String> = text
+        .split(' ')
+        .map(|word| match (word.find("://"), word.rfind('@')) {
+            (Some(_), Some(_)) => {
+                let trimmed = word.trim_matches(|c: char| "`'\"()[]<>,;:.".contains(c));
+                word.replace(trimmed, &mask_url(trimmed))
+            }
+            _ => word.to_string(),
+        })
+        .collect();
     secrets
         .iter()
-        .filter(|s| s.len() >= 2)
-        .fold(text.to_string(), |acc, s| acc.replace(s.as_str(), MASK))
+        .filter(|s| s.chars().count() >= 8)
+        .fold(urls_masked.join(" "), |acc, s| {
+            acc.replace(s.as_str(), MASK)
+        })
 }
 
 #[cfg(test)]
@@ -78,10 +93,22 @@ mod tests {
 
     #[test]
     fn redacts_raw_and_decoded_secrets() {
-        let secrets = secrets_of("mysql://app:p%40ss@db/x");
+        let secrets = secrets_of("mysql://app:p%40ssw0rd!@db/x");
         assert_eq!(
-            redact("login p@ss failed, p%40ss", &secrets),
+            redact("login p@ssw0rd! failed, p%40ssw0rd!", &secrets),
             "login *** failed, ***"
+        );
+    }
+
+    #[test]
+    fn redacts_urls_inside_messages_but_not_short_words() {
+        let secrets = secrets_of("mysql://seckill:seckill@db/seckill");
+        assert_eq!(
+            redact(
+                "cannot reach `mysql://seckill:seckill@db/seckill`: run seckill init",
+                &secrets
+            ),
+            "cannot reach `mysql://seckill:***@db/seckill`: run seckill init"
         );
     }
 }

@@ -1,0 +1,179 @@
+//! The invariants of DESIGN.md §2, checked after every scenario. Each check
+//! reads both stores and fails with the numbers that disagree.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use mysql_async::prelude::*;
+use redis::streams::{StreamInfoGroupsReply, StreamRangeReply};
+use redis::AsyncCommands;
+use seckill::keys::{VoucherKeys, WORKER_GROUP};
+
+use super::TestEnv;
+
+/// What the stores hold for one voucher.
+#[derive(Debug)]
+pub struct VoucherState {
+    pub total: i64,
+    pub mysql_stock: i64,
+    /// user → status of the MySQL orders.
+    pub orders: BTreeMap<u64, i8>,
+    pub redis_stock: Option<i64>,
+    pub buyers: BTreeSet<u64>,
+    pub waitlist: Vec<u64>,
+    /// Users of the stream entries not yet persisted (undelivered or pending).
+    pub in_flight_users: Vec<u64>,
+}
+
+pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
+    let db = env.db().await;
+    let mut conn = db.conn().await.expect("mysql");
+    let (total, mysql_stock): (i64, i64) = conn
+        .exec_first(
+            "SELECT total_stock, stock FROM seckill_voucher WHERE voucher_id = ?",
+            (voucher,),
+        )
+        .await
+        .expect("read voucher")
+        .expect("voucher exists in MySQL");
+    let rows: Vec<(u64, i8)> = conn
+        .exec(
+            "SELECT user_id, status FROM seckill_order WHERE voucher_id = ?",
+            (voucher,),
+        )
+        .await
+        .expect("read orders");
+    let orders_len = rows.len();
+    let orders: BTreeMap<u64, i8> = rows.into_iter().collect();
+    assert_eq!(
+        orders.len(),
+        orders_len,
+        "I4: a user has two orders of voucher {voucher}"
+    );
+    drop(conn);
+    db.close().await;
+
+    let keys = VoucherKeys::new(&env.prefix, voucher).expect("keys");
+    let mut redis = env.redis().await;
+    let redis_stock: Option<i64> = redis.get(keys.stock()).await.expect("stock");
+    let buyers: Vec<u64> = redis.smembers(keys.buyers()).await.expect("buyers");
+    let waitlist: Vec<u64> = redis
+        .zrange(keys.waitlist(), 0, -1)
+        .await
+        .expect("waitlist");
+    VoucherState {
+        total,
+        mysql_stock,
+        orders,
+        redis_stock,
+        buyers: buyers.into_iter().collect(),
+        waitlist,
+        in_flight_users: in_flight_users(&mut redis, &keys).await,
+    }
+}
+
+async fn in_flight_users(
+    redis: &mut redis::aio::MultiplexedConnection,
+    keys: &VoucherKeys,
+) -> Vec<u64> {
+    let all: StreamRangeReply = redis.xrange_all(keys.orders()).await.expect("xrange");
+    let groups: Option<StreamInfoGroupsReply> = if all.ids.is_empty() {
+        None
+    } else {
+        Some(
+            redis
+                .xinfo_groups(keys.orders())
+                .await
+                .expect("xinfo groups"),
+        )
+    };
+    let group = groups.and_then(|g| g.groups.into_iter().find(|g| g.name == WORKER_GROUP));
+    let pending: BTreeSet<String> = match &group {
+        Some(_) => {
+            let reply: redis::streams::StreamPendingCountReply = redis
+                .xpending_count(keys.orders(), WORKER_GROUP, "-", "+", 1_000_000)
+                .await
+                .expect("xpending");
+            reply.ids.into_iter().map(|p| p.id).collect()
+        }
+        None => BTreeSet::new(),
+    };
+    all.ids
+        .iter()
+        .filter(|e| match &group {
+            None => true,
+            Some(g) => pending.contains(&e.id) || id_after(&e.id, &g.last_delivered_id),
+        })
+        .map(|e| {
+            e.get::<u64>("user")
+                .unwrap_or_else(|| panic!("stream entry {} has no numeric user", e.id))
+        })
+        .collect()
+}
+
+fn id_after(a: &str, b: &str) -> bool {
+    let parse = |s: &str| {
+        let (ms, seq) = s.split_once('-').unwrap_or((s, "0"));
+        (
+            ms.parse::<u64>().unwrap_or(0),
+            seq.parse::<u64>().unwrap_or(0),
+        )
+    };
+    parse(a) > parse(b)
+}
+
+/// I1–I5 at a quiet moment of the gate (no worker racing this check).
+pub async fn assert_invariants(env: &TestEnv, voucher: u64) -> VoucherState {
+    let s = read_state(env, voucher).await;
+    let active = s
+        .orders
+        .values()
+        .filter(|st| **st == 0 || **st == 1)
+        .count() as i64;
+    // I1: MySQL accounts for every unit.
+    assert_eq!(
+        s.mysql_stock + active,
+        s.total,
+        "I1: mysql stock {} + active orders {active} != total {}",
+        s.mysql_stock,
+        s.total
+    );
+    // I3: no negative stock anywhere.
+    assert!(s.mysql_stock >= 0, "I3: mysql stock {} < 0", s.mysql_stock);
+    if let Some(rs) = s.redis_stock {
+        assert!(rs >= 0, "I3: redis stock {rs} < 0");
+        // I2: Redis stock equals MySQL stock less the units admitted but not yet persisted.
+        let in_flight = s.in_flight_users.len() as i64;
+        assert_eq!(
+            rs + in_flight,
+            s.mysql_stock,
+            "I2: redis stock {rs} + in flight {in_flight} != mysql stock {}",
+            s.mysql_stock
+        );
+    }
+    // I4 (also asserted while reading): no user twice among orders and in-flight entries.
+    let mut seen = BTreeSet::new();
+    for u in s.orders.keys().chain(s.in_flight_users.iter()) {
+        assert!(
+            seen.insert(*u),
+            "I4: user {u} holds two units (order or in-flight entry)"
+        );
+    }
+    // I5: the buyers at the gate are exactly the users with an order or an entry in flight.
+    assert_eq!(
+        s.buyers, seen,
+        "I5: buyers at the gate differ from users with an order or an entry in flight"
+    );
+    // A buyer is never waitlisted; each waitlisted user appears once.
+    let waitlisted: BTreeSet<u64> = s.waitlist.iter().copied().collect();
+    assert_eq!(
+        waitlisted.len(),
+        s.waitlist.len(),
+        "a user is on the waitlist twice"
+    );
+    assert!(
+        waitlisted.is_disjoint(&s.buyers),
+        "a buyer is on the waitlist: {:?}",
+        waitlisted.intersection(&s.buyers).collect::<Vec<_>>()
+    );
+    s
+}

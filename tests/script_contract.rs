@@ -1,0 +1,138 @@
+//! `lua/seckill.lua` is a public contract: an application server in another
+//! language calls it with the documented KEYS and ARGV. Here that other
+//! client is `redis-cli`, with EVALSHA of the file's SHA and with --eval.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::invariants::assert_invariants;
+use common::TestEnv;
+use redis::AsyncCommands;
+use seckill::keys::VoucherKeys;
+
+fn redis_cli(args: &[&str]) -> (bool, String) {
+    let out = Command::new("redis-cli")
+        .arg("-u")
+        .arg(common::redis_url())
+        .args(args)
+        .output()
+        .expect("redis-cli is installed (scripts/services.sh up installs it)");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text.trim().to_string())
+}
+
+fn script_path() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("lua/seckill.lua")
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn keys_of(env: &TestEnv, voucher: u64) -> [String; 5] {
+    let k = VoucherKeys::new(&env.prefix, voucher).unwrap();
+    [k.meta(), k.stock(), k.buyers(), k.waitlist(), k.orders()]
+}
+
+/// EVALSHA the way an app server does it: SCRIPT LOAD once, then by SHA.
+fn evalsha(sha: &str, keys: &[String; 5], argv: &[&str]) -> (bool, String) {
+    let mut args: Vec<&str> = vec!["EVALSHA", sha, "5"];
+    args.extend(keys.iter().map(String::as_str));
+    args.extend_from_slice(argv);
+    redis_cli(&args)
+}
+
+#[tokio::test]
+async fn another_client_gets_the_documented_replies() {
+    let env = TestEnv::new().await;
+    env.live_voucher(7, 1).await;
+    let keys = keys_of(&env, 7);
+    let source = std::fs::read_to_string(script_path()).unwrap();
+    let (ok, sha) = redis_cli(&["SCRIPT", "LOAD", &source]);
+    assert!(ok, "{sha}");
+    assert_eq!(
+        sha,
+        seckill::scripts::ADMISSION.get_hash(),
+        "the binary embeds the file as it is"
+    );
+
+    assert_eq!(
+        evalsha(&sha, &keys, &["11", "1001", "7"]),
+        (true, "0\nok\n1001".into())
+    );
+    assert_eq!(
+        evalsha(&sha, &keys, &["11", "1002", "7"]),
+        (true, "1\nalready bought\n0".into())
+    );
+    assert_eq!(
+        evalsha(&sha, &keys, &["12", "1003", "7"]),
+        (true, "2\nsold out\n1".into())
+    );
+    assert_eq!(
+        evalsha(&sha, &keys, &["13", "1004", "7"]),
+        (true, "2\nsold out\n2".into())
+    );
+    assert_eq!(
+        evalsha(&sha, &keys, &["12", "1005", "7"]),
+        (true, "2\nsold out\n1".into())
+    );
+    let unknown = keys_of(&env, 8);
+    assert_eq!(
+        evalsha(&sha, &unknown, &["11", "1006", "8"]),
+        (true, "5\nunknown voucher\n0".into())
+    );
+
+    let mut redis = env.redis().await;
+    let entries: redis::streams::StreamRangeReply = redis.xrange_all(&keys[4]).await.unwrap();
+    assert_eq!(entries.ids.len(), 1);
+    let e = &entries.ids[0];
+    assert_eq!(e.get::<String>("user").as_deref(), Some("11"));
+    assert_eq!(e.get::<String>("order").as_deref(), Some("1001"));
+    assert_eq!(e.get::<String>("voucher").as_deref(), Some("7"));
+    assert_eq!(e.get::<String>("kind").as_deref(), Some("admit"));
+    assert_invariants(&env, 7).await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn redis_cli_eval_of_the_file_admits_and_reports_the_window() {
+    let env = TestEnv::new().await;
+    env.add_voucher(3, 5, 3_600_000, 7_200_000).await;
+    env.preload(3).await;
+    let keys = keys_of(&env, 3);
+    let path = script_path();
+    let mut args: Vec<&str> = vec!["--eval", &path];
+    args.extend(keys.iter().map(String::as_str));
+    args.extend([",", "21", "2001", "3"]);
+    let (ok, out) = redis_cli(&args);
+    assert!(ok, "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(&lines[..2], ["3", "not started"], "{out}");
+    assert!(lines[2].parse::<i64>().unwrap() > seckill::timespec::now_ms());
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn bad_arguments_are_error_replies_and_write_nothing() {
+    let env = TestEnv::new().await;
+    env.live_voucher(9, 3).await;
+    let keys = keys_of(&env, 9);
+    let source = std::fs::read_to_string(script_path()).unwrap();
+    let (_, sha) = redis_cli(&["SCRIPT", "LOAD", &source]);
+    let before = env.snapshot().await;
+    for (argv, needle) in [
+        (["abc", "1", "9"], "bad user id"),
+        (["0", "1", "9"], "bad user id"),
+        (["-4", "1", "9"], "bad user id"),
+        (["9223372036854775808", "1", "9"], "bad user id"),
+        (["5", "x", "9"], "bad order id"),
+        (["5", "1", "10"], "does not match the keys"),
+    ] {
+        let (_, out) = evalsha(&sha, &keys, &argv);
+        assert!(out.contains(needle), "{argv:?}: {out}");
+    }
+    assert_eq!(env.snapshot().await, before);
+    env.cleanup().await;
+}
