@@ -78,9 +78,11 @@ EOF
 }
 
 mysql_ping() { mariadb-admin --no-defaults --protocol=socket --socket="$data/mysql/mysqld.sock" -uroot ping >/dev/null 2>&1; }
+# Answers when a server on the port (ours, or one another checkout started) takes our user.
+mysql_ping_tcp() { mariadb-admin --no-defaults -h127.0.0.1 -P"$mysql_port" -u"$mysql_user" -p"$mysql_pass" ping >/dev/null 2>&1; }
 
 mysql_up() {
-  if mysql_ping; then return 0; fi
+  if mysql_ping || mysql_ping_tcp; then return 0; fi
   mkdir -p "$data/mysql"
   mysql_cnf
   local fresh=0
@@ -143,7 +145,7 @@ down)
   ;;
 status)
   if redis-cli -p "$redis_port" ping >/dev/null 2>&1; then say "Redis   up   $redis_url"; else say "Redis   down"; fi
-  if mysql_ping; then say "MariaDB up   $mysql_url_masked"; else say "MariaDB down"; fi
+  if mysql_ping_tcp; then say "MariaDB up   $mysql_url_masked"; else say "MariaDB down"; fi
   ;;
 env) print_env ;;
 *) die "unknown command '$1' (use up, down, status or env)" ;;

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The whole test suite: the project's services up, formatting and lints,
+# then every test against real Redis and MariaDB.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+scripts/services.sh up
+
+# Leftovers of earlier runs that failed before cleaning up after themselves
+# (tests use databases seckill_t* and key prefixes t*; only on our own services).
+eval "$(scripts/services.sh env)"
+mariadb --no-defaults -h127.0.0.1 -P"${SECKILL_MYSQL_PORT:-13306}" -useckill -pseckill -N -e \
+  "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE 'seckill\\_t%'" |
+  while read -r db; do
+    mariadb --no-defaults -h127.0.0.1 -P"${SECKILL_MYSQL_PORT:-13306}" -useckill -pseckill -e "DROP DATABASE \`$db\`"
+  done
+redis-cli -p "${SECKILL_REDIS_PORT:-16379}" --scan --pattern 't[0-9]*' | xargs -r -n 500 redis-cli -p "${SECKILL_REDIS_PORT:-16379}" del >/dev/null
+
+cargo fmt --all -- --check
+cargo clippy --all-targets --locked -- -D warnings
+
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --locked --no-fail-fast --test-threads 4 "$@"
+else
+  cargo test --locked --no-fail-fast "$@"
+fi
