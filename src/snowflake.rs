@@ -70,6 +70,12 @@ impl Snowflake {
     }
 }
 
+/// The node id when none is configured: derived from the process id, so two
+/// `seckill` processes on one host differ. Across hosts, configure it.
+pub fn default_node_id() -> u16 {
+    (std::process::id() % (u32::from(MAX_NODE_ID) + 1)) as u16
+}
+
 /// The creation time (Unix ms) and node id encoded in an id.
 pub fn decode(id: u64) -> (u64, u16) {
     let ms = (id >> (NODE_BITS + SEQ_BITS)) + EPOCH_MS;

@@ -7,12 +7,11 @@ use std::time::Duration;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::common::{parse_id, Format, FormatOpt};
+use super::common::{parse_id, Format, FormatOpt, NodeIdOpt};
 use super::render::{print_json, table};
 use crate::bench::{self, BenchPlan, BenchReport};
 use crate::config::Config;
 use crate::exit_code;
-use crate::snowflake::MAX_NODE_ID;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -34,10 +33,8 @@ pub struct BenchArgs {
     /// Redis connections the attempts are spread over
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
-    /// Snowflake node id for the order ids (0..=1023)
-    #[arg(long, env = "SECKILL_NODE_ID", default_value_t = 0,
-          value_parser = clap::value_parser!(u16).range(0..=i64::from(MAX_NODE_ID)))]
-    pub node_id: u16,
+    #[command(flatten)]
+    pub node: NodeIdOpt,
     #[command(flatten)]
     pub format: FormatOpt,
 }
@@ -50,7 +47,7 @@ pub async fn run(cfg: &Config, args: BenchArgs) -> anyhow::Result<u8> {
         attempts: args.attempts,
         concurrency: args.concurrency,
         connections: args.connections,
-        node_id: args.node_id,
+        node_id: args.node.get(),
     };
     plan.validate()?;
     let done = Arc::new(AtomicU64::new(0));

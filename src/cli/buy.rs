@@ -3,14 +3,14 @@
 use clap::Args;
 use serde_json::json;
 
-use super::common::{parse_id, Format, FormatOpt};
+use super::common::{parse_id, Format, FormatOpt, NodeIdOpt};
 use super::render::print_json;
 use crate::admission::{admit, Admission};
 use crate::config::Config;
 use crate::exit_code;
 use crate::keys::VoucherKeys;
 use crate::redis_store;
-use crate::snowflake::{Snowflake, MAX_NODE_ID};
+use crate::snowflake::Snowflake;
 use crate::timespec::format_ms;
 
 #[derive(Args, Debug)]
@@ -21,17 +21,15 @@ pub struct BuyArgs {
     /// User id
     #[arg(long, value_parser = parse_id, allow_hyphen_values = true)]
     pub user: u64,
-    /// Snowflake node id of this caller (0..=1023); distinct per app server
-    #[arg(long, env = "SECKILL_NODE_ID", default_value_t = 0,
-          value_parser = clap::value_parser!(u16).range(0..=i64::from(MAX_NODE_ID)))]
-    pub node_id: u16,
+    #[command(flatten)]
+    pub node: NodeIdOpt,
     #[command(flatten)]
     pub format: FormatOpt,
 }
 
 pub async fn run(cfg: &Config, args: BuyArgs) -> anyhow::Result<u8> {
     let keys = VoucherKeys::new(&cfg.prefix, args.voucher)?;
-    let order_id = Snowflake::new(args.node_id)?.next_id();
+    let order_id = Snowflake::new(args.node.get())?.next_id();
     let mut redis = redis_store::connect(cfg).await?;
     let outcome = admit(&mut redis, &keys, args.voucher, args.user, order_id).await?;
     match args.format.format {

@@ -5,6 +5,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::config::{self, Config};
+use crate::snowflake::{default_node_id, MAX_NODE_ID};
 use crate::voucher::MAX_ID;
 
 /// Where the stores are. Flattened into every command, each flag with its
@@ -68,6 +69,21 @@ pub struct FormatOpt {
     /// Output format
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
+}
+
+/// The snowflake node id of this process's order ids.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct NodeIdOpt {
+    /// Snowflake node id (0..=1023), distinct per app server [default: process id mod 1024]
+    #[arg(long, env = "SECKILL_NODE_ID",
+          value_parser = clap::value_parser!(u16).range(0..=i64::from(MAX_NODE_ID)))]
+    pub node_id: Option<u16>,
+}
+
+impl NodeIdOpt {
+    pub fn get(&self) -> u16 {
+        self.node_id.unwrap_or_else(default_node_id)
+    }
 }
 
 /// An id of a voucher, user or order: 1 ..= 9223372036854775807.

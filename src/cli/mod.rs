@@ -3,6 +3,7 @@
 mod bench;
 mod buy;
 mod common;
+pub mod generate;
 mod init;
 mod preload;
 mod render;
@@ -57,6 +58,9 @@ pub enum Command {
     Buy(buy::BuyArgs),
     /// Load-test the admission script and report attempts/s and latency
     Bench(bench::BenchArgs),
+    /// Write shell completions and man pages (for packagers)
+    #[command(hide = true)]
+    Generate(generate::GenerateArgs),
 }
 
 /// Parses the command line, runs the command and maps the result to an exit code.
@@ -94,6 +98,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
     let cfg = cli.connect.config();
     crate::config::validate_prefix(&cfg.prefix)?;
     match cli.command {
+        Command::Generate(args) => generate::run(args),
         Command::Init(args) => init::run(&cfg, args).await,
         Command::Voucher(cmd) => voucher::run(&cfg, cmd).await,
         Command::Preload(args) => preload::run(&cfg, args).await,

@@ -141,21 +141,25 @@ impl TestEnv {
         db.close().await;
     }
 
+    /// Every key under this test's prefix.
+    pub async fn prefix_keys(&self, redis: &mut MultiplexedConnection) -> Vec<String> {
+        let mut keys: Vec<String> = Vec::new();
+        let mut iter: redis::AsyncIter<String> = redis
+            .scan_match(format!("{}:*", self.prefix))
+            .await
+            .expect("scan");
+        while let Some(k) = iter.next_item().await {
+            keys.push(k.expect("scan item"));
+        }
+        keys
+    }
+
     /// Every key of this test's prefix with a dump of its value, and every
     /// table of its database with a checksum: equal snapshots mean nothing
     /// was written.
     pub async fn snapshot(&self) -> Snapshot {
         let mut redis = self.redis().await;
-        let mut keys: Vec<String> = Vec::new();
-        {
-            let mut iter: redis::AsyncIter<String> = redis
-                .scan_match(format!("{}:*", self.prefix))
-                .await
-                .expect("scan");
-            while let Some(k) = iter.next_item().await {
-                keys.push(k.expect("scan item"));
-            }
-        }
+        let keys = self.prefix_keys(&mut redis).await;
         let mut redis_state = BTreeMap::new();
         for k in keys {
             let dump: Vec<u8> = redis::cmd("DUMP")
@@ -188,16 +192,7 @@ impl TestEnv {
     /// Drops the database and the prefix's keys.
     pub async fn cleanup(self) {
         let mut redis = self.redis().await;
-        let mut keys: Vec<String> = Vec::new();
-        {
-            let mut iter: redis::AsyncIter<String> = redis
-                .scan_match(format!("{}:*", self.prefix))
-                .await
-                .expect("scan");
-            while let Some(k) = iter.next_item().await {
-                keys.push(k.expect("scan item"));
-            }
-        }
+        let keys = self.prefix_keys(&mut redis).await;
         for chunk in keys.chunks(500) {
             let _: () = redis.del(chunk).await.expect("del");
         }

@@ -1,0 +1,224 @@
+
+use builtin;
+use str;
+
+set edit:completion:arg-completer[seckill] = {|@words|
+    fn spaces {|n|
+        builtin:repeat $n ' ' | str:join ''
+    }
+    fn cand {|text desc|
+        edit:complex-candidate $text &display=$text' '(spaces (- 14 (wcswidth $text)))$desc
+    }
+    var command = 'seckill'
+    for word $words[1..-1] {
+        if (str:has-prefix $word '-') {
+            break
+        }
+        set command = $command';'$word
+    }
+    var completions = [
+        &'seckill'= {
+            cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
+            cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
+            cand --prefix 'Key prefix of every Redis key'
+            cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand -q 'Only errors on stderr'
+            cand --quiet 'Only errors on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+            cand -V 'Print version'
+            cand --version 'Print version'
+            cand init 'Create or upgrade the MySQL schema and check both servers'' versions'
+            cand voucher 'Add and list vouchers (MySQL, the source of truth)'
+            cand preload 'Load vouchers from MySQL into the Redis gate and register them for workers'
+            cand buy 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
+            cand bench 'Load-test the admission script and report attempts/s and latency'
+            cand generate 'Write shell completions and man pages (for packagers)'
+            cand help 'Print this message or the help of the given subcommand(s)'
+        }
+        &'seckill;init'= {
+            cand --format 'Output format'
+            cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
+            cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
+            cand --prefix 'Key prefix of every Redis key'
+            cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand -q 'Only errors on stderr'
+            cand --quiet 'Only errors on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'seckill;voucher'= {
+            cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
+            cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
+            cand --prefix 'Key prefix of every Redis key'
+            cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand -q 'Only errors on stderr'
+            cand --quiet 'Only errors on stderr'
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+            cand add 'Add a voucher to MySQL (then `seckill preload` opens it at the gate)'
+            cand list 'List vouchers: MySQL stock and orders beside the Redis gate''s state'
+            cand help 'Print this message or the help of the given subcommand(s)'
+        }
+        &'seckill;voucher;add'= {
+            cand --id 'Voucher id (1..=9223372036854775807)'
+            cand --stock 'Units for sale'
+            cand --begin 'Sale opens: RFC 3339, `now`, or relative like `+10m`'
+            cand --end 'Sale closes: RFC 3339, `now`, or relative like `+2h` [default: begin + 24h]'
+            cand --pay-timeout 'Time a buyer has to pay before the unit is released'
+            cand --title 'Title shown in listings'
+            cand --format 'Output format'
+            cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
+            cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
+            cand --prefix 'Key prefix of every Redis key'
+            cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand -q 'Only errors on stderr'
+            cand --quiet 'Only errors on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'seckill;voucher;list'= {
+            cand --format 'Output format'
+            cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
+            cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
+            cand --prefix 'Key prefix of every Redis key'
+            cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand -q 'Only errors on stderr'
+            cand --quiet 'Only errors on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'seckill;voucher;help'= {
+            cand add 'Add a voucher to MySQL (then `seckill preload` opens it at the gate)'
+            cand list 'List vouchers: MySQL stock and orders beside the Redis gate''s state'
+            cand help 'Print this message or the help of the given subcommand(s)'
+        }
+        &'seckill;voucher;help;add'= {
+        }
+        &'seckill;voucher;help;list'= {
+        }
+        &'seckill;voucher;help;help'= {
+        }
+        &'seckill;preload'= {
+            cand --voucher 'The voucher to load'
+            cand --format 'Output format'
+            cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
+            cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
+            cand --prefix 'Key prefix of every Redis key'
+            cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand --all 'Load every voucher in MySQL'
+            cand --force 'Load even while orders are in flight (this can re-admit sold units; prefer `seckill reconcile`)'
+            cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand -q 'Only errors on stderr'
+            cand --quiet 'Only errors on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'seckill;buy'= {
+            cand --voucher 'Voucher id'
+            cand --user 'User id'
+            cand --node-id 'Snowflake node id (0..=1023), distinct per app server [default: process id mod 1024]'
+            cand --format 'Output format'
+            cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
+            cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
+            cand --prefix 'Key prefix of every Redis key'
+            cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand -q 'Only errors on stderr'
+            cand --quiet 'Only errors on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'seckill;bench'= {
+            cand --voucher 'Voucher id (preloaded)'
+            cand --users 'Distinct users; attempt i is made by user (user-offset + i mod users + 1)'
+            cand --user-offset 'First user id is user-offset + 1'
+            cand --attempts 'Admission attempts in all'
+            cand --concurrency 'Attempts in flight at once'
+            cand --connections 'Redis connections the attempts are spread over'
+            cand --node-id 'Snowflake node id (0..=1023), distinct per app server [default: process id mod 1024]'
+            cand --format 'Output format'
+            cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
+            cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
+            cand --prefix 'Key prefix of every Redis key'
+            cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand -q 'Only errors on stderr'
+            cand --quiet 'Only errors on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'seckill;generate'= {
+            cand --out-dir 'Directory that receives completions/ and man/'
+            cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
+            cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
+            cand --prefix 'Key prefix of every Redis key'
+            cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand -q 'Only errors on stderr'
+            cand --quiet 'Only errors on stderr'
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'seckill;help'= {
+            cand init 'Create or upgrade the MySQL schema and check both servers'' versions'
+            cand voucher 'Add and list vouchers (MySQL, the source of truth)'
+            cand preload 'Load vouchers from MySQL into the Redis gate and register them for workers'
+            cand buy 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
+            cand bench 'Load-test the admission script and report attempts/s and latency'
+            cand generate 'Write shell completions and man pages (for packagers)'
+            cand help 'Print this message or the help of the given subcommand(s)'
+        }
+        &'seckill;help;init'= {
+        }
+        &'seckill;help;voucher'= {
+            cand add 'Add a voucher to MySQL (then `seckill preload` opens it at the gate)'
+            cand list 'List vouchers: MySQL stock and orders beside the Redis gate''s state'
+        }
+        &'seckill;help;voucher;add'= {
+        }
+        &'seckill;help;voucher;list'= {
+        }
+        &'seckill;help;preload'= {
+        }
+        &'seckill;help;buy'= {
+        }
+        &'seckill;help;bench'= {
+        }
+        &'seckill;help;generate'= {
+        }
+        &'seckill;help;help'= {
+        }
+    ]
+    $completions[$command]
+}

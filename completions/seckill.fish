@@ -1,0 +1,152 @@
+# Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
+function __fish_seckill_global_optspecs
+    string join \n redis-url= mysql-url= prefix= connect-timeout= v/verbose q/quiet h/help V/version
+end
+
+function __fish_seckill_needs_command
+    # Figure out if the current invocation already has a command.
+    set -l cmd (commandline -opc)
+    set -e cmd[1]
+    argparse -s (__fish_seckill_global_optspecs) -- $cmd 2>/dev/null
+    or return
+    if set -q argv[1]
+        # Also print the command, so this can be used to figure out what it is.
+        echo $argv[1]
+        return 1
+    end
+    return 0
+end
+
+function __fish_seckill_using_subcommand
+    set -l cmd (__fish_seckill_needs_command)
+    test -z "$cmd"
+    and return 1
+    contains -- $cmd[1] $argv
+end
+
+complete -c seckill -n "__fish_seckill_needs_command" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_needs_command" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_needs_command" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_needs_command" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_needs_command" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_needs_command" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c seckill -n "__fish_seckill_needs_command" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_needs_command" -f -a "init" -d 'Create or upgrade the MySQL schema and check both servers\' versions'
+complete -c seckill -n "__fish_seckill_needs_command" -f -a "voucher" -d 'Add and list vouchers (MySQL, the source of truth)'
+complete -c seckill -n "__fish_seckill_needs_command" -f -a "preload" -d 'Load vouchers from MySQL into the Redis gate and register them for workers'
+complete -c seckill -n "__fish_seckill_needs_command" -f -a "buy" -d 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
+complete -c seckill -n "__fish_seckill_needs_command" -f -a "bench" -d 'Load-test the admission script and report attempts/s and latency'
+complete -c seckill -n "__fish_seckill_needs_command" -f -a "generate" -d 'Write shell completions and man pages (for packagers)'
+complete -c seckill -n "__fish_seckill_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c seckill -n "__fish_seckill_using_subcommand init" -l format -d 'Output format' -r -f -a "table\t'A table for people'
+json\t'JSON for scripts'"
+complete -c seckill -n "__fish_seckill_using_subcommand init" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_using_subcommand init" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand init" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_using_subcommand init" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand init" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_using_subcommand init" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_using_subcommand init" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c seckill -n "__fish_seckill_using_subcommand init" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -s h -l help -d 'Print help'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -f -a "add" -d 'Add a voucher to MySQL (then `seckill preload` opens it at the gate)'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -f -a "list" -d 'List vouchers: MySQL stock and orders beside the Redis gate\'s state'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l id -d 'Voucher id (1..=9223372036854775807)' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l stock -d 'Units for sale' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l begin -d 'Sale opens: RFC 3339, `now`, or relative like `+10m`' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l end -d 'Sale closes: RFC 3339, `now`, or relative like `+2h` [default: begin + 24h]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l pay-timeout -d 'Time a buyer has to pay before the unit is released' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l title -d 'Title shown in listings' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l format -d 'Output format' -r -f -a "table\t'A table for people'
+json\t'JSON for scripts'"
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -l format -d 'Output format' -r -f -a "table\t'A table for people'
+json\t'JSON for scripts'"
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from help" -f -a "add" -d 'Add a voucher to MySQL (then `seckill preload` opens it at the gate)'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from help" -f -a "list" -d 'List vouchers: MySQL stock and orders beside the Redis gate\'s state'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c seckill -n "__fish_seckill_using_subcommand preload" -l voucher -d 'The voucher to load' -r
+complete -c seckill -n "__fish_seckill_using_subcommand preload" -l format -d 'Output format' -r -f -a "table\t'A table for people'
+json\t'JSON for scripts'"
+complete -c seckill -n "__fish_seckill_using_subcommand preload" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_using_subcommand preload" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand preload" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_using_subcommand preload" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand preload" -l all -d 'Load every voucher in MySQL'
+complete -c seckill -n "__fish_seckill_using_subcommand preload" -l force -d 'Load even while orders are in flight (this can re-admit sold units; prefer `seckill reconcile`)'
+complete -c seckill -n "__fish_seckill_using_subcommand preload" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_using_subcommand preload" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_using_subcommand preload" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c seckill -n "__fish_seckill_using_subcommand preload" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l voucher -d 'Voucher id' -r
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l user -d 'User id' -r
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l node-id -d 'Snowflake node id (0..=1023), distinct per app server [default: process id mod 1024]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l format -d 'Output format' -r -f -a "table\t'A table for people'
+json\t'JSON for scripts'"
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l voucher -d 'Voucher id (preloaded)' -r
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l users -d 'Distinct users; attempt i is made by user (user-offset + i mod users + 1)' -r
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l user-offset -d 'First user id is user-offset + 1' -r
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l attempts -d 'Admission attempts in all' -r
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l concurrency -d 'Attempts in flight at once' -r
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l connections -d 'Redis connections the attempts are spread over' -r
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l node-id -d 'Snowflake node id (0..=1023), distinct per app server [default: process id mod 1024]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l format -d 'Output format' -r -f -a "table\t'A table for people'
+json\t'JSON for scripts'"
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand generate" -l out-dir -d 'Directory that receives completions/ and man/' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand generate" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_using_subcommand generate" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand generate" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_using_subcommand generate" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand generate" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_using_subcommand generate" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_using_subcommand generate" -s h -l help -d 'Print help'
+complete -c seckill -n "__fish_seckill_using_subcommand generate" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench generate help" -f -a "init" -d 'Create or upgrade the MySQL schema and check both servers\' versions'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench generate help" -f -a "voucher" -d 'Add and list vouchers (MySQL, the source of truth)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench generate help" -f -a "preload" -d 'Load vouchers from MySQL into the Redis gate and register them for workers'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench generate help" -f -a "buy" -d 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench generate help" -f -a "bench" -d 'Load-test the admission script and report attempts/s and latency'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench generate help" -f -a "generate" -d 'Write shell completions and man pages (for packagers)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench generate help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from voucher" -f -a "add" -d 'Add a voucher to MySQL (then `seckill preload` opens it at the gate)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from voucher" -f -a "list" -d 'List vouchers: MySQL stock and orders beside the Redis gate\'s state'

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Admission throughput: `seckill bench` side by side with redis-benchmark
+# sending EVALSHA of the same script to the same server (the ceiling), for
+# the success path and the sold-out path. Rounds alternate the two so a
+# noisy neighbour hits both alike; the figure to quote is the ratio.
+#
+#   scripts/bench-admission.sh [attempts] [rounds]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+attempts=${1:-200000}
+rounds=${2:-3}
+clients=${BENCH_CLIENTS:-50}
+pipeline=${BENCH_PIPELINE:-16}
+concurrency=${BENCH_CONCURRENCY:-800}
+connections=${BENCH_CONNECTIONS:-8}
+prefix=benchadm
+
+scripts/services.sh up
+eval "$(scripts/services.sh env)"
+port=$(echo "$SECKILL_REDIS_URL" | sed -n 's#.*:\([0-9]*\)/.*#\1#p')
+cargo build --release --quiet --locked
+seckill="target/release/seckill --prefix $prefix"
+$seckill init >/dev/null
+
+sha=$(redis-cli -p "$port" SCRIPT LOAD "$(cat lua/seckill.lua)")
+next_id=$(( $(date +%s) * 100 ))
+
+fresh_voucher() { # id stock: a new voucher, preloaded
+  $seckill voucher add --id "$1" --stock "$2" --end +2h --title bench >/dev/null
+  $seckill preload --voucher "$1" >/dev/null
+}
+
+ceiling() { # voucher -> requests/s of redis-benchmark
+  local v=$1 k="$prefix:{$1}"
+  redis-benchmark -p "$port" -n "$attempts" -c "$clients" -P "$pipeline" -r 1000000000 --csv \
+    EVALSHA "$sha" 5 "$k:meta" "$k:stock" "$k:buyers" "$k:waitlist" "$k:orders" \
+    1__rand_int__ 2__rand_int__ "$v" 2>/dev/null | tail -n 1 | cut -d, -f2 | tr -d '"'
+}
+
+ours() { # voucher -> attempts/s of seckill bench
+  $seckill bench --voucher "$1" --users "$attempts" --attempts "$attempts" \
+    --concurrency "$concurrency" --connections "$connections" --format json |
+    python3 -c 'import json,sys; print(round(json.load(sys.stdin)["attempts_per_sec"]))'
+}
+
+cleanup() { # drop the bench's keys so repeated runs do not grow Redis
+  redis-cli -p "$port" --scan --pattern "$prefix:*" | xargs -r -n 500 redis-cli -p "$port" del >/dev/null
+}
+trap cleanup EXIT
+
+printf '%-9s %5s %14s %16s %7s\n' path round "seckill/s" "redis-bench/s" ratio
+for path in success sold_out; do
+  stock=0
+  [ "$path" = success ] && stock=$((attempts * 2))
+  for r in $(seq 1 "$rounds"); do
+    fresh_voucher $((next_id += 1)) "$stock"
+    c=$(ceiling "$next_id")
+    fresh_voucher $((next_id += 1)) "$stock"
+    o=$(ours "$next_id")
+    printf '%-9s %5s %14s %16.0f %6s%%\n' "$path" "$r" "$o" "$c" "$(awk -v o="$o" -v c="$c" 'BEGIN { printf "%.0f", 100 * o / c }')"
+    cleanup
+  done
+done
+echo "(seckill bench: --concurrency $concurrency --connections $connections; redis-benchmark: -c $clients -P $pipeline; $attempts attempts each)"
