@@ -29,7 +29,9 @@ need_packages() {
   command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
   command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
   command -v mariadbd >/dev/null 2>&1 || missing+=(mariadb-server)
+  command -v mariadb-install-db >/dev/null 2>&1 || missing+=(mariadb-server)
   command -v mariadb >/dev/null 2>&1 || missing+=(mariadb-client)
+  command -v mariadb-admin >/dev/null 2>&1 || missing+=(mariadb-client)
   if ((${#missing[@]})); then
     say "installing ${missing[*]} with apt-get"
     local sudo=
