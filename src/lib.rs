@@ -13,6 +13,7 @@ pub mod error;
 pub mod exit_code;
 pub mod gate;
 pub mod keys;
+pub mod lock;
 pub mod mask;
 pub mod preload;
 pub mod redis_store;
@@ -21,5 +22,6 @@ pub mod scripts;
 pub mod snowflake;
 pub mod timespec;
 pub mod voucher;
+pub mod worker;
 
 pub use error::{Error, Result};

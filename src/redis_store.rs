@@ -25,6 +25,20 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One multiplexed connection: cheap to clone, pipelines concurrent requests.
 pub async fn connect(cfg: &Config) -> Result<MultiplexedConnection> {
+    connect_with_response_timeout(cfg, RESPONSE_TIMEOUT).await
+}
+
+/// A connection for blocking reads (XREADGROUP BLOCK): it is held for the
+/// whole wait, so it must be its own, and its reply timeout must outlast the
+/// block time (the driver's default would cut the wait short).
+pub async fn connect_blocking(cfg: &Config, block: Duration) -> Result<MultiplexedConnection> {
+    connect_with_response_timeout(cfg, block + RESPONSE_TIMEOUT).await
+}
+
+async fn connect_with_response_timeout(
+    cfg: &Config,
+    response_timeout: Duration,
+) -> Result<MultiplexedConnection> {
     let url = mask_url(&cfg.redis_url);
     let fail = |reason: String| Error::RedisConnect {
         url: url.clone(),
@@ -34,7 +48,7 @@ pub async fn connect(cfg: &Config) -> Result<MultiplexedConnection> {
         redis::Client::open(cfg.redis_url.as_str()).map_err(|e| fail(describe_redis(&e)))?;
     let conn_cfg = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(cfg.connect_timeout))
-        .set_response_timeout(Some(RESPONSE_TIMEOUT));
+        .set_response_timeout(Some(response_timeout));
     let attempt = client.get_multiplexed_async_connection_with_config(&conn_cfg);
     match tokio::time::timeout(cfg.connect_timeout, attempt).await {
         Ok(Ok(conn)) => Ok(conn),

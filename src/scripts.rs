@@ -13,3 +13,16 @@ pub static ADMISSION: LazyLock<Script> = LazyLock::new(|| Script::new(ADMISSION_
 /// Publishes a voucher's gate state in one step (used by `seckill preload`).
 pub const PRELOAD_SOURCE: &str = include_str!("../lua/preload.lua");
 pub static PRELOAD: LazyLock<Script> = LazyLock::new(|| Script::new(PRELOAD_SOURCE));
+
+/// Layer 3: take a batch's lease locks (reentrant, by owner token).
+pub static LOCK_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/lock_acquire.lua")));
+/// Layer 3 watchdog: extend the leases still held.
+pub static LOCK_RENEW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/lock_renew.lua")));
+/// Layer 3: release by owner token.
+pub static LOCK_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/lock_release.lua")));
+
+/// Layers 2/4: deadlines, dead letters, then XACK, after a batch committed.
+pub static FINISH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/finish.lua")));

@@ -1,0 +1,45 @@
+-- finish.lua — layer 2/4: complete a persisted batch of one voucher, atomically.
+--
+-- Called by `seckill worker` after the batch's MySQL transaction committed.
+-- Schedules the payment deadlines, moves refused messages to the dead-letter
+-- stream, and only then acknowledges the entries: a crash before this script
+-- leaves every entry pending, and its redelivery completes the same work
+-- (deadlines are derived from the stored orders; a dead letter is written
+-- only while its entry is still pending, so never twice).
+--
+-- KEYS[1]  seckill:{V}:orders     stream
+-- KEYS[2]  seckill:{V}:timeouts   zset   order id -> payment deadline (ms)
+-- KEYS[3]  seckill:{V}:dead       stream dead letters
+--
+-- ARGV[1]  consumer group
+-- ARGV[2]  D, the number of deadlines, then D pairs: order id, deadline ms
+-- then     N, the number of dead letters, then N triples: entry id, reason, deliveries
+-- then     the entry ids to acknowledge (dead-lettered ones included)
+--
+-- Returns the number of entries acknowledged.
+
+local group = ARGV[1]
+local i = 2
+local deadlines = tonumber(ARGV[i]); i = i + 1
+for _ = 1, deadlines do
+  redis.call('ZADD', KEYS[2], ARGV[i + 1], ARGV[i])
+  i = i + 2
+end
+local dead = tonumber(ARGV[i]); i = i + 1
+for _ = 1, dead do
+  local id, reason, deliveries = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  i = i + 3
+  if #redis.call('XPENDING', KEYS[1], group, id, id, 1) > 0 then
+    local fields = {'entry', id, 'reason', reason, 'deliveries', deliveries}
+    local entry = redis.call('XRANGE', KEYS[1], id, id)
+    if entry[1] then
+      for _, v in ipairs(entry[1][2]) do fields[#fields + 1] = v end
+    end
+    redis.call('XADD', KEYS[3], '*', unpack(fields))
+  end
+end
+local acked = 0
+if i <= #ARGV then
+  acked = redis.call('XACK', KEYS[1], group, unpack(ARGV, i))
+end
+return acked

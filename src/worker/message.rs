@@ -1,0 +1,160 @@
+//! An order message of a voucher's stream, parsed and checked.
+
+use std::collections::HashMap;
+
+use redis::Value;
+
+use crate::voucher::MAX_ID;
+
+/// How the order entered the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Admitted at the gate by `lua/seckill.lua`.
+    Admit,
+    /// A released unit handed to the head of the waitlist.
+    Promote,
+}
+
+impl Kind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Kind::Admit => "admit",
+            Kind::Promote => "promote",
+        }
+    }
+}
+
+/// A well-formed order message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderMessage {
+    /// The stream entry id, e.g. `1764400000123-0`.
+    pub entry_id: String,
+    pub user: u64,
+    pub order: u64,
+    pub voucher: u64,
+    pub kind: Kind,
+    /// The entry's time (Redis server clock at admission): the order's creation time.
+    pub created_ms: i64,
+}
+
+/// A stream entry as read, valid or not: poison messages are kept whole so
+/// they can be dead-lettered with what they carried.
+#[derive(Debug, Clone)]
+pub struct RawEntry {
+    pub entry_id: String,
+    pub fields: Vec<(String, String)>,
+}
+
+impl RawEntry {
+    pub fn from_map(entry_id: &str, map: &HashMap<String, Value>) -> RawEntry {
+        let mut fields: Vec<(String, String)> = map
+            .iter()
+            .map(|(k, v)| (k.clone(), value_text(v)))
+            .collect();
+        fields.sort();
+        RawEntry {
+            entry_id: entry_id.to_string(),
+            fields,
+        }
+    }
+
+    pub fn field(&self, name: &str) -> Option<&str> {
+        self.fields
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Checks the entry against the stream's voucher; the error is the reason
+    /// a dead letter will carry.
+    pub fn parse(&self, stream_voucher: u64) -> Result<OrderMessage, String> {
+        let id = |name: &str| -> Result<u64, String> {
+            let text = self
+                .field(name)
+                .ok_or_else(|| format!("missing field '{name}'"))?;
+            match text.parse::<u64>() {
+                Ok(n) if (1..=MAX_ID).contains(&n) => Ok(n),
+                _ => Err(format!("field '{name}' is not an id: '{text}'")),
+            }
+        };
+        let user = id("user")?;
+        let order = id("order")?;
+        let voucher = id("voucher")?;
+        if voucher != stream_voucher {
+            return Err(format!(
+                "voucher {voucher} in the stream of voucher {stream_voucher}"
+            ));
+        }
+        let kind = match self.field("kind") {
+            None | Some("admit") => Kind::Admit,
+            Some("promote") => Kind::Promote,
+            Some(other) => return Err(format!("unknown kind '{other}'")),
+        };
+        let created_ms = entry_ms(&self.entry_id)
+            .ok_or_else(|| format!("entry id '{}' is not a stream id", self.entry_id))?;
+        Ok(OrderMessage {
+            entry_id: self.entry_id.clone(),
+            user,
+            order,
+            voucher,
+            kind,
+            created_ms,
+        })
+    }
+}
+
+/// The millisecond part of a stream id.
+pub fn entry_ms(entry_id: &str) -> Option<i64> {
+    entry_id.split('-').next()?.parse().ok()
+}
+
+fn value_text(v: &Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::Int(n) => n.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(fields: &[(&str, &str)]) -> RawEntry {
+        RawEntry {
+            entry_id: "1764400000123-4".into(),
+            fields: fields
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn parses_a_good_entry() {
+        let m = raw(&[("user", "5"), ("order", "77"), ("voucher", "3"), ("kind", "promote")])
+            .parse(3)
+            .unwrap();
+        assert_eq!((m.user, m.order, m.voucher, m.kind), (5, 77, 3, Kind::Promote));
+        assert_eq!(m.created_ms, 1_764_400_000_123);
+    }
+
+    #[test]
+    fn names_what_is_wrong_with_poison() {
+        let cases = [
+            (raw(&[("order", "77"), ("voucher", "3")]), "missing field 'user'"),
+            (raw(&[("user", "x"), ("order", "77"), ("voucher", "3")]), "field 'user' is not an id"),
+            (raw(&[("user", "0"), ("order", "77"), ("voucher", "3")]), "field 'user' is not an id"),
+            (raw(&[("user", "5"), ("order", "77"), ("voucher", "4")]), "voucher 4 in the stream of voucher 3"),
+            (
+                raw(&[("user", "5"), ("order", "77"), ("voucher", "3"), ("kind", "refund")]),
+                "unknown kind",
+            ),
+        ];
+        for (entry, needle) in cases {
+            let e = entry.parse(3).unwrap_err();
+            assert!(e.contains(needle), "{e} lacks {needle}");
+        }
+    }
+}

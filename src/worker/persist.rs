@@ -1,0 +1,267 @@
+//! Layer 4: one MySQL transaction per batch of one voucher.
+//!
+//! Inside it: orders already stored are recognised (a redelivery is normal),
+//! the stock is taken with one conditional `UPDATE ... WHERE stock >= k` (per
+//! unit left when short), and the new orders go in with one multi-row INSERT.
+//! The UNIQUE keys are the fence: when a concurrent worker commits one of the
+//! same orders first, the INSERT fails with a duplicate key, the transaction
+//! rolls back whole, and the batch is classified again against what is now
+//! committed.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use mysql_async::prelude::*;
+use mysql_async::{Conn, TxOpts};
+
+use super::message::OrderMessage;
+use crate::db::Db;
+use crate::error::mysql_code;
+
+/// What became of one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fate {
+    /// Inserted by this transaction.
+    Inserted,
+    /// Already in MySQL under the same order id (a redelivery); its status.
+    AlreadyStored { status: i8 },
+    /// Refused for good; goes to the dead-letter stream with this reason.
+    Dead(String),
+}
+
+/// The reason carried by orders MySQL had no unit for (reconciliation looks for it).
+pub const NO_STOCK: &str = "no stock in MySQL";
+
+#[derive(Debug)]
+pub struct Persisted {
+    /// One fate per message, in order.
+    pub fates: Vec<Fate>,
+    pub pay_timeout_ms: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PersistError {
+    #[error("voucher {0} is not in MySQL")]
+    UnknownVoucher(u64),
+    #[error("MySQL: {}", crate::error::describe_mysql(.0))]
+    Mysql(#[from] mysql_async::Error),
+    #[error("{0}")]
+    Store(#[from] crate::error::Error),
+}
+
+const ER_DUP_ENTRY: u16 = 1062;
+const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+const ER_LOCK_DEADLOCK: u16 = 1213;
+const CONFLICT_RETRIES: usize = 5;
+
+/// Persists the messages of one voucher (all `msgs` share `voucher`).
+pub async fn persist(db: &Db, voucher: u64, msgs: &[OrderMessage]) -> Result<Persisted, PersistError> {
+    let mut conn = db.conn().await?;
+    let mut attempt = 0;
+    loop {
+        match persist_once(&mut conn, voucher, msgs).await {
+            Err(PersistError::Mysql(e))
+                if attempt < CONFLICT_RETRIES
+                    && matches!(
+                        mysql_code(&e),
+                        Some(ER_DUP_ENTRY | ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT)
+                    ) =>
+            {
+                attempt += 1;
+                tracing::debug!("voucher {voucher}: batch conflicted ({}), classifying again", crate::error::describe_mysql(&e));
+            }
+            other => return other,
+        }
+    }
+}
+
+struct Stored {
+    user: u64,
+    voucher: u64,
+    status: i8,
+}
+
+async fn persist_once(conn: &mut Conn, voucher: u64, msgs: &[OrderMessage]) -> Result<Persisted, PersistError> {
+    let mut tx = conn.start_transaction(TxOpts::default()).await?;
+    let pay_timeout_ms: i64 = tx
+        .exec_first(
+            "SELECT pay_timeout_ms FROM seckill_voucher WHERE voucher_id = ?",
+            (voucher,),
+        )
+        .await?
+        .ok_or(PersistError::UnknownVoucher(voucher))?;
+
+    let (by_id, by_user) = stored_orders(&mut tx, voucher, msgs).await?;
+    let mut fates: Vec<Option<Fate>> = vec![None; msgs.len()];
+    let mut fresh: Vec<usize> = Vec::new();
+    // Users and order ids taken by earlier messages of this very batch.
+    let mut batch_users: HashMap<u64, u64> = HashMap::new();
+    let mut batch_orders: HashMap<u64, u64> = HashMap::new();
+    for (i, m) in msgs.iter().enumerate() {
+        let fate = if let Some(s) = by_id.get(&m.order) {
+            if s.user == m.user && s.voucher == voucher {
+                Some(Fate::AlreadyStored { status: s.status })
+            } else {
+                Some(Fate::Dead(format!(
+                    "order id {} collides with the order of user {} for voucher {}",
+                    m.order, s.user, s.voucher
+                )))
+            }
+        } else if let Some(other) = by_user.get(&m.user) {
+            Some(Fate::Dead(format!(
+                "user {} already holds order {other} of voucher {voucher}",
+                m.user
+            )))
+        } else if let Some(user) = batch_orders.get(&m.order) {
+            if *user == m.user {
+                // The same order twice in one batch: the first one carries it.
+                Some(Fate::AlreadyStored { status: 0 })
+            } else {
+                Some(Fate::Dead(format!(
+                    "order id {} collides with the order of user {user} for voucher {voucher}",
+                    m.order
+                )))
+            }
+        } else if let Some(other) = batch_users.get(&m.user) {
+            Some(Fate::Dead(format!(
+                "user {} already holds order {other} of voucher {voucher}",
+                m.user
+            )))
+        } else {
+            batch_users.insert(m.user, m.order);
+            batch_orders.insert(m.order, m.user);
+            fresh.push(i);
+            None
+        };
+        fates[i] = fate;
+    }
+
+    let taken = take_stock(&mut tx, voucher, fresh.len()).await?;
+    for &i in &fresh[taken..] {
+        fates[i] = Some(Fate::Dead(NO_STOCK.to_string()));
+    }
+    if taken > 0 {
+        insert_orders(&mut tx, voucher, fresh[..taken].iter().map(|&i| &msgs[i])).await?;
+        for &i in &fresh[..taken] {
+            fates[i] = Some(Fate::Inserted);
+        }
+    }
+    tx.commit().await?;
+    Ok(Persisted {
+        fates: fates
+            .into_iter()
+            .map(|f| f.unwrap_or(Fate::Dead("unclassified".into())))
+            .collect(),
+        pay_timeout_ms,
+    })
+}
+
+type StoredMaps = (HashMap<u64, Stored>, HashMap<u64, u64>);
+
+/// Orders already stored under one of the batch's order ids, or for one of
+/// its users on this voucher. Ids are integers, so inlining them is safe and
+/// spares a prepared statement per batch size.
+async fn stored_orders(
+    tx: &mut mysql_async::Transaction<'_>,
+    voucher: u64,
+    msgs: &[OrderMessage],
+) -> Result<StoredMaps, mysql_async::Error> {
+    let ids = join(msgs.iter().map(|m| m.order));
+    let users = join(msgs.iter().map(|m| m.user));
+    let rows: Vec<(u64, u64, u64, i8)> = tx
+        .query(format!(
+            "SELECT id, user_id, voucher_id, status FROM seckill_order WHERE id IN ({ids})
+             UNION ALL
+             SELECT id, user_id, voucher_id, status FROM seckill_order
+              WHERE voucher_id = {voucher} AND user_id IN ({users})"
+        ))
+        .await?;
+    let mut by_id = HashMap::new();
+    let mut by_user = HashMap::new();
+    for (id, user, v, status) in rows {
+        if v == voucher {
+            by_user.insert(user, id);
+        }
+        by_id.insert(
+            id,
+            Stored {
+                user,
+                voucher: v,
+                status,
+            },
+        );
+    }
+    Ok((by_id, by_user))
+}
+
+/// Takes up to `wanted` units; returns how many it got.
+async fn take_stock(
+    tx: &mut mysql_async::Transaction<'_>,
+    voucher: u64,
+    wanted: usize,
+) -> Result<usize, mysql_async::Error> {
+    if wanted == 0 {
+        return Ok(0);
+    }
+    tx.exec_drop(
+        "UPDATE seckill_voucher SET stock = stock - ? WHERE voucher_id = ? AND stock >= ?",
+        (wanted, voucher, wanted),
+    )
+    .await?;
+    if tx.affected_rows() == 1 {
+        return Ok(wanted);
+    }
+    // Short: lock the row, then take what is left, unit by unit in effect.
+    let left: i64 = tx
+        .exec_first(
+            "SELECT stock FROM seckill_voucher WHERE voucher_id = ? FOR UPDATE",
+            (voucher,),
+        )
+        .await?
+        .unwrap_or(0);
+    let take = usize::try_from(left.max(0)).unwrap_or(0).min(wanted);
+    if take > 0 {
+        tx.exec_drop(
+            "UPDATE seckill_voucher SET stock = stock - ? WHERE voucher_id = ? AND stock >= ?",
+            (take, voucher, take),
+        )
+        .await?;
+    }
+    Ok(take)
+}
+
+async fn insert_orders<'a>(
+    tx: &mut mysql_async::Transaction<'_>,
+    voucher: u64,
+    msgs: impl Iterator<Item = &'a OrderMessage>,
+) -> Result<(), mysql_async::Error> {
+    let mut sql = String::from(
+        "INSERT INTO seckill_order (id, user_id, voucher_id, status, create_time) VALUES ",
+    );
+    for (n, m) in msgs.enumerate() {
+        if n > 0 {
+            sql.push(',');
+        }
+        let ms = m.created_ms.max(0);
+        let _ = write!(
+            sql,
+            "({},{},{voucher},0,FROM_UNIXTIME({}.{:03}))",
+            m.order,
+            m.user,
+            ms / 1000,
+            ms % 1000
+        );
+    }
+    tx.query_drop(sql).await
+}
+
+fn join(ids: impl Iterator<Item = u64>) -> String {
+    let mut s = String::new();
+    for (n, id) in ids.enumerate() {
+        if n > 0 {
+            s.push(',');
+        }
+        let _ = write!(s, "{id}");
+    }
+    s
+}

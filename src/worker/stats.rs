@@ -1,0 +1,63 @@
+//! What a worker has done, counted lock-free and read as a snapshot.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+#[derive(Debug, Default)]
+pub struct WorkerStats {
+    persisted: AtomicU64,
+    duplicates: AtomicU64,
+    dead_lettered: AtomicU64,
+    batches: AtomicU64,
+    reclaimed: AtomicU64,
+    lock_denied: AtomicU64,
+    lock_lost: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct StatsSnapshot {
+    /// Orders inserted into MySQL by this worker.
+    pub persisted: u64,
+    /// Redelivered entries whose order was already stored.
+    pub duplicates: u64,
+    pub dead_lettered: u64,
+    pub batches: u64,
+    /// Entries taken over from silent consumers.
+    pub reclaimed: u64,
+    /// Entries left pending because another worker held the user's lock.
+    pub lock_denied: u64,
+    /// Lock leases that expired while their batch was being persisted.
+    pub lock_lost: u64,
+}
+
+impl WorkerStats {
+    pub fn add_batch(&self, persisted: u64, duplicates: u64, dead: u64) {
+        self.persisted.fetch_add(persisted, Ordering::Relaxed);
+        self.duplicates.fetch_add(duplicates, Ordering::Relaxed);
+        self.dead_lettered.fetch_add(dead, Ordering::Relaxed);
+        self.batches.fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn add_reclaimed(&self, n: u64) {
+        self.reclaimed.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn add_lock_denied(&self, n: u64) {
+        self.lock_denied.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn add_lock_lost(&self, n: u64) {
+        self.lock_lost.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StatsSnapshot {
+            persisted: get(&self.persisted),
+            duplicates: get(&self.duplicates),
+            dead_lettered: get(&self.dead_lettered),
+            batches: get(&self.batches),
+            reclaimed: get(&self.reclaimed),
+            lock_denied: get(&self.lock_denied),
+            lock_lost: get(&self.lock_lost),
+        }
+    }
+}

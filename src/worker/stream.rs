@@ -1,0 +1,207 @@
+//! Layer 2: the order streams and the worker group on them — creating the
+//! group, reading new entries, reclaiming entries of dead consumers, finishing
+//! a batch, and trimming what is safely done.
+
+use std::collections::HashMap;
+
+use redis::streams::{
+    StreamAutoClaimReply, StreamInfoGroupsReply, StreamPendingCountReply, StreamPendingReply,
+    StreamReadReply,
+};
+use redis::AsyncCommands;
+
+use super::message::RawEntry;
+use crate::error::Result;
+use crate::keys::{VoucherKeys, WORKER_GROUP};
+use crate::redis_store::RedisConn;
+use crate::scripts::FINISH;
+
+/// An entry handed to this consumer, with how often it has been delivered.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub raw: RawEntry,
+    pub deliveries: u64,
+}
+
+/// Creates the worker group on the voucher's stream (and the stream) unless
+/// it exists. Starting at id 0 delivers entries admitted before any worker ran.
+pub async fn ensure_group(conn: &mut impl RedisConn, keys: &VoucherKeys) -> Result<()> {
+    let created: redis::RedisResult<()> = conn
+        .xgroup_create_mkstream(keys.orders(), WORKER_GROUP, "0")
+        .await;
+    match created {
+        Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
+        other => Ok(other?),
+    }
+}
+
+/// Reads up to `count` new entries per stream, blocking up to `block_ms`.
+/// Uses its own connection: a blocking read holds it for the whole wait.
+pub async fn read_new(
+    conn: &mut impl RedisConn,
+    streams: &[(u64, String)],
+    consumer: &str,
+    count: usize,
+    block_ms: u64,
+) -> Result<Vec<(u64, Vec<Delivery>)>> {
+    if streams.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut cmd = redis::cmd("XREADGROUP");
+    cmd.arg("GROUP")
+        .arg(WORKER_GROUP)
+        .arg(consumer)
+        .arg("COUNT")
+        .arg(count)
+        .arg("BLOCK")
+        .arg(block_ms)
+        .arg("STREAMS");
+    for (_, key) in streams {
+        cmd.arg(key);
+    }
+    for _ in streams {
+        cmd.arg(">");
+    }
+    let reply: Option<StreamReadReply> = cmd.query_async(conn).await?;
+    let by_key: HashMap<&str, u64> = streams.iter().map(|(v, k)| (k.as_str(), *v)).collect();
+    let mut out = Vec::new();
+    for stream in reply.map(|r| r.keys).unwrap_or_default() {
+        let Some(voucher) = by_key.get(stream.key.as_str()) else {
+            continue;
+        };
+        let entries = stream
+            .ids
+            .iter()
+            .map(|e| Delivery {
+                raw: RawEntry::from_map(&e.id, &e.map),
+                deliveries: 1,
+            })
+            .collect();
+        out.push((*voucher, entries));
+    }
+    Ok(out)
+}
+
+/// Claims entries idle for at least `min_idle_ms` (their consumer died or
+/// failed them) and reports how often each was delivered, claim included.
+pub async fn reclaim(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    consumer: &str,
+    min_idle_ms: u64,
+    count: usize,
+) -> Result<Vec<Delivery>> {
+    let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
+        .arg(keys.orders())
+        .arg(WORKER_GROUP)
+        .arg(consumer)
+        .arg(min_idle_ms)
+        .arg("0-0")
+        .arg("COUNT")
+        .arg(count)
+        .query_async(conn)
+        .await?;
+    if !reply.deleted_ids.is_empty() {
+        tracing::warn!(
+            "{}: {} pending entr(y/ies) no longer in the stream were dropped by Redis: {:?}",
+            keys.orders(),
+            reply.deleted_ids.len(),
+            reply.deleted_ids
+        );
+    }
+    let (Some(first), Some(last)) = (reply.claimed.first(), reply.claimed.last()) else {
+        return Ok(Vec::new());
+    };
+    // XAUTOCLAIM does not say how often an entry was delivered; XPENDING does.
+    let counts: StreamPendingCountReply = conn
+        .xpending_consumer_count(
+            keys.orders(),
+            WORKER_GROUP,
+            &first.id,
+            &last.id,
+            reply.claimed.len(),
+            consumer,
+        )
+        .await?;
+    let by_id: HashMap<String, u64> = counts
+        .ids
+        .into_iter()
+        .map(|p| (p.id, p.times_delivered as u64))
+        .collect();
+    Ok(reply
+        .claimed
+        .iter()
+        .map(|e| Delivery {
+            raw: RawEntry::from_map(&e.id, &e.map),
+            deliveries: by_id.get(&e.id).copied().unwrap_or(1),
+        })
+        .collect())
+}
+
+/// A message refused for good.
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    pub entry_id: String,
+    pub reason: String,
+    pub deliveries: u64,
+}
+
+/// Deadlines, dead letters, then XACK — atomically (lua/finish.lua).
+pub async fn finish(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    deadlines: &[(u64, i64)],
+    dead: &[DeadLetter],
+    acks: &[String],
+) -> Result<u64> {
+    let mut inv = FINISH.prepare_invoke();
+    inv.key(keys.orders())
+        .key(keys.timeouts())
+        .key(keys.dead())
+        .arg(WORKER_GROUP)
+        .arg(deadlines.len());
+    for (order, deadline) in deadlines {
+        inv.arg(*order).arg(*deadline);
+    }
+    inv.arg(dead.len());
+    for d in dead {
+        inv.arg(&d.entry_id).arg(&d.reason).arg(d.deliveries);
+    }
+    for id in acks {
+        inv.arg(id);
+    }
+    Ok(inv.invoke_async(conn).await?)
+}
+
+/// Trims entries that are done: below the oldest pending entry, at or below
+/// the group's last delivered id, and older than `keep_ms`. Returns how many
+/// were removed. Nothing undelivered or pending is ever trimmed.
+pub async fn trim(conn: &mut impl RedisConn, keys: &VoucherKeys, keep_ms: u64, now_ms: i64) -> Result<u64> {
+    let stream = keys.orders();
+    let groups: StreamInfoGroupsReply = conn.xinfo_groups(&stream).await?;
+    let Some(group) = groups.groups.into_iter().find(|g| g.name == WORKER_GROUP) else {
+        return Ok(0);
+    };
+    let mut threshold = parse_id(&group.last_delivered_id);
+    let pending: StreamPendingReply = conn.xpending(&stream, WORKER_GROUP).await?;
+    if let StreamPendingReply::Data(d) = pending {
+        threshold = threshold.min(parse_id(&d.start_id));
+    }
+    let retained = (u64::try_from(now_ms).unwrap_or(0).saturating_sub(keep_ms), 0);
+    threshold = threshold.min(retained);
+    if threshold == (0, 0) {
+        return Ok(0);
+    }
+    let removed: u64 = redis::cmd("XTRIM")
+        .arg(&stream)
+        .arg("MINID")
+        .arg(format!("{}-{}", threshold.0, threshold.1))
+        .query_async(conn)
+        .await?;
+    Ok(removed)
+}
+
+fn parse_id(id: &str) -> (u64, u64) {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+}
