@@ -38,6 +38,8 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('preload', 'preload', [CompletionResultType]::ParameterValue, 'Load vouchers from MySQL into the Redis gate and register them for workers')
             [CompletionResult]::new('buy', 'buy', [CompletionResultType]::ParameterValue, 'One admission attempt through lua/seckill.lua (exit code tells the outcome)')
             [CompletionResult]::new('bench', 'bench', [CompletionResultType]::ParameterValue, 'Load-test the admission script and report attempts/s and latency')
+            [CompletionResult]::new('worker', 'worker', [CompletionResultType]::ParameterValue, 'Persist admitted orders from the streams to MySQL (layers 2-4)')
+            [CompletionResult]::new('pending', 'pending', [CompletionResultType]::ParameterValue, 'Show stream backlog, pending entries and dead letters; requeue dead letters')
             [CompletionResult]::new('generate', 'generate', [CompletionResultType]::ParameterValue, 'Write shell completions and man pages (for packagers)')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
@@ -190,6 +192,52 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
             break
         }
+        'seckill;worker' {
+            [CompletionResult]::new('--consumer', '--consumer', [CompletionResultType]::ParameterName, 'Consumer name in the group, stable per instance [default: host-pid]')
+            [CompletionResult]::new('--batch', '--batch', [CompletionResultType]::ParameterName, 'Entries read and persisted per batch (one MySQL transaction)')
+            [CompletionResult]::new('--block', '--block', [CompletionResultType]::ParameterName, 'Longest wait of one blocking read for new entries')
+            [CompletionResult]::new('--claim-idle', '--claim-idle', [CompletionResultType]::ParameterName, 'Reclaim entries another consumer has left pending this long')
+            [CompletionResult]::new('--max-deliveries', '--max-deliveries', [CompletionResultType]::ParameterName, 'Dead-letter a message that cannot be persisted after this many deliveries')
+            [CompletionResult]::new('--lock-lease', '--lock-lease', [CompletionResultType]::ParameterName, 'Lease of the per-(user, voucher) locks, renewed while a batch runs')
+            [CompletionResult]::new('--keep', '--keep', [CompletionResultType]::ParameterName, 'Trim acknowledged stream entries older than this')
+            [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format')
+            [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis URL (redis://[:password@]host:port/[db])')
+            [CompletionResult]::new('--mysql-url', '--mysql-url', [CompletionResultType]::ParameterName, 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]')
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key prefix of every Redis key')
+            [CompletionResult]::new('--connect-timeout', '--connect-timeout', [CompletionResultType]::ParameterName, 'How long to wait for a server to accept a connection')
+            [CompletionResult]::new('--until-idle', '--until-idle', [CompletionResultType]::ParameterName, 'Exit 0 once no voucher has undelivered or pending entries (for cron)')
+            [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')
+            [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Only errors on stderr')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Only errors on stderr')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
+            [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
+            break
+        }
+        'seckill;pending' {
+            [CompletionResult]::new('--voucher', '--voucher', [CompletionResultType]::ParameterName, 'Show this voucher''s pending entries and dead letters')
+            [CompletionResult]::new('--limit', '--limit', [CompletionResultType]::ParameterName, 'How many pending entries and dead letters to list')
+            [CompletionResult]::new('--entry', '--entry', [CompletionResultType]::ParameterName, 'A dead-letter id to requeue (repeatable)')
+            [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format')
+            [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis URL (redis://[:password@]host:port/[db])')
+            [CompletionResult]::new('--mysql-url', '--mysql-url', [CompletionResultType]::ParameterName, 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]')
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key prefix of every Redis key')
+            [CompletionResult]::new('--connect-timeout', '--connect-timeout', [CompletionResultType]::ParameterName, 'How long to wait for a server to accept a connection')
+            [CompletionResult]::new('--requeue', '--requeue', [CompletionResultType]::ParameterName, 'Move the voucher''s dead letters back into its order stream (after fixing their cause); with --entry only those')
+            [CompletionResult]::new('-y', '-y', [CompletionResultType]::ParameterName, 'Do not ask for confirmation (for cron and scripts)')
+            [CompletionResult]::new('--yes', '--yes', [CompletionResultType]::ParameterName, 'Do not ask for confirmation (for cron and scripts)')
+            [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')
+            [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Only errors on stderr')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Only errors on stderr')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
+            [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
+            break
+        }
         'seckill;generate' {
             [CompletionResult]::new('--out-dir', '--out-dir', [CompletionResultType]::ParameterName, 'Directory that receives completions/ and man/')
             [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis URL (redis://[:password@]host:port/[db])')
@@ -212,6 +260,8 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('preload', 'preload', [CompletionResultType]::ParameterValue, 'Load vouchers from MySQL into the Redis gate and register them for workers')
             [CompletionResult]::new('buy', 'buy', [CompletionResultType]::ParameterValue, 'One admission attempt through lua/seckill.lua (exit code tells the outcome)')
             [CompletionResult]::new('bench', 'bench', [CompletionResultType]::ParameterValue, 'Load-test the admission script and report attempts/s and latency')
+            [CompletionResult]::new('worker', 'worker', [CompletionResultType]::ParameterValue, 'Persist admitted orders from the streams to MySQL (layers 2-4)')
+            [CompletionResult]::new('pending', 'pending', [CompletionResultType]::ParameterValue, 'Show stream backlog, pending entries and dead letters; requeue dead letters')
             [CompletionResult]::new('generate', 'generate', [CompletionResultType]::ParameterValue, 'Write shell completions and man pages (for packagers)')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
@@ -237,6 +287,12 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             break
         }
         'seckill;help;bench' {
+            break
+        }
+        'seckill;help;worker' {
+            break
+        }
+        'seckill;help;pending' {
             break
         }
         'seckill;help;generate' {

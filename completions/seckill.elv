@@ -35,6 +35,8 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand preload 'Load vouchers from MySQL into the Redis gate and register them for workers'
             cand buy 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
             cand bench 'Load-test the admission script and report attempts/s and latency'
+            cand worker 'Persist admitted orders from the streams to MySQL (layers 2-4)'
+            cand pending 'Show stream backlog, pending entries and dead letters; requeue dead letters'
             cand generate 'Write shell completions and man pages (for packagers)'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
@@ -175,6 +177,50 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand -V 'Print version'
             cand --version 'Print version'
         }
+        &'seckill;worker'= {
+            cand --consumer 'Consumer name in the group, stable per instance [default: host-pid]'
+            cand --batch 'Entries read and persisted per batch (one MySQL transaction)'
+            cand --block 'Longest wait of one blocking read for new entries'
+            cand --claim-idle 'Reclaim entries another consumer has left pending this long'
+            cand --max-deliveries 'Dead-letter a message that cannot be persisted after this many deliveries'
+            cand --lock-lease 'Lease of the per-(user, voucher) locks, renewed while a batch runs'
+            cand --keep 'Trim acknowledged stream entries older than this'
+            cand --format 'Output format'
+            cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
+            cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
+            cand --prefix 'Key prefix of every Redis key'
+            cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand --until-idle 'Exit 0 once no voucher has undelivered or pending entries (for cron)'
+            cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand -q 'Only errors on stderr'
+            cand --quiet 'Only errors on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'seckill;pending'= {
+            cand --voucher 'Show this voucher''s pending entries and dead letters'
+            cand --limit 'How many pending entries and dead letters to list'
+            cand --entry 'A dead-letter id to requeue (repeatable)'
+            cand --format 'Output format'
+            cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
+            cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
+            cand --prefix 'Key prefix of every Redis key'
+            cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand --requeue 'Move the voucher''s dead letters back into its order stream (after fixing their cause); with --entry only those'
+            cand -y 'Do not ask for confirmation (for cron and scripts)'
+            cand --yes 'Do not ask for confirmation (for cron and scripts)'
+            cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand -q 'Only errors on stderr'
+            cand --quiet 'Only errors on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
         &'seckill;generate'= {
             cand --out-dir 'Directory that receives completions/ and man/'
             cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
@@ -196,6 +242,8 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand preload 'Load vouchers from MySQL into the Redis gate and register them for workers'
             cand buy 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
             cand bench 'Load-test the admission script and report attempts/s and latency'
+            cand worker 'Persist admitted orders from the streams to MySQL (layers 2-4)'
+            cand pending 'Show stream backlog, pending entries and dead letters; requeue dead letters'
             cand generate 'Write shell completions and man pages (for packagers)'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
@@ -214,6 +262,10 @@ set edit:completion:arg-completer[seckill] = {|@words|
         &'seckill;help;buy'= {
         }
         &'seckill;help;bench'= {
+        }
+        &'seckill;help;worker'= {
+        }
+        &'seckill;help;pending'= {
         }
         &'seckill;help;generate'= {
         }

@@ -37,6 +37,8 @@ complete -c seckill -n "__fish_seckill_needs_command" -f -a "voucher" -d 'Add an
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "preload" -d 'Load vouchers from MySQL into the Redis gate and register them for workers'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "buy" -d 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "bench" -d 'Load-test the admission script and report attempts/s and latency'
+complete -c seckill -n "__fish_seckill_needs_command" -f -a "worker" -d 'Persist admitted orders from the streams to MySQL (layers 2-4)'
+complete -c seckill -n "__fish_seckill_needs_command" -f -a "pending" -d 'Show stream backlog, pending entries and dead letters; requeue dead letters'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "generate" -d 'Write shell completions and man pages (for packagers)'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c seckill -n "__fish_seckill_using_subcommand init" -l format -d 'Output format' -r -f -a "table\t'A table for people'
@@ -132,6 +134,39 @@ complete -c seckill -n "__fish_seckill_using_subcommand bench" -s v -l verbose -
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l consumer -d 'Consumer name in the group, stable per instance [default: host-pid]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l batch -d 'Entries read and persisted per batch (one MySQL transaction)' -r
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l block -d 'Longest wait of one blocking read for new entries' -r
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l claim-idle -d 'Reclaim entries another consumer has left pending this long' -r
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l max-deliveries -d 'Dead-letter a message that cannot be persisted after this many deliveries' -r
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l lock-lease -d 'Lease of the per-(user, voucher) locks, renewed while a batch runs' -r
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l keep -d 'Trim acknowledged stream entries older than this' -r
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l format -d 'Output format' -r -f -a "table\t'A table for people'
+json\t'JSON for scripts'"
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l until-idle -d 'Exit 0 once no voucher has undelivered or pending entries (for cron)'
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand pending" -l voucher -d 'Show this voucher\'s pending entries and dead letters' -r
+complete -c seckill -n "__fish_seckill_using_subcommand pending" -l limit -d 'How many pending entries and dead letters to list' -r
+complete -c seckill -n "__fish_seckill_using_subcommand pending" -l entry -d 'A dead-letter id to requeue (repeatable)' -r
+complete -c seckill -n "__fish_seckill_using_subcommand pending" -l format -d 'Output format' -r -f -a "table\t'A table for people'
+json\t'JSON for scripts'"
+complete -c seckill -n "__fish_seckill_using_subcommand pending" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_using_subcommand pending" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand pending" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_using_subcommand pending" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand pending" -l requeue -d 'Move the voucher\'s dead letters back into its order stream (after fixing their cause); with --entry only those'
+complete -c seckill -n "__fish_seckill_using_subcommand pending" -s y -l yes -d 'Do not ask for confirmation (for cron and scripts)'
+complete -c seckill -n "__fish_seckill_using_subcommand pending" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_using_subcommand pending" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_using_subcommand pending" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c seckill -n "__fish_seckill_using_subcommand pending" -s V -l version -d 'Print version'
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -l out-dir -d 'Directory that receives completions/ and man/' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
@@ -141,12 +176,14 @@ complete -c seckill -n "__fish_seckill_using_subcommand generate" -s v -l verbos
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s h -l help -d 'Print help'
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s V -l version -d 'Print version'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench generate help" -f -a "init" -d 'Create or upgrade the MySQL schema and check both servers\' versions'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench generate help" -f -a "voucher" -d 'Add and list vouchers (MySQL, the source of truth)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench generate help" -f -a "preload" -d 'Load vouchers from MySQL into the Redis gate and register them for workers'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench generate help" -f -a "buy" -d 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench generate help" -f -a "bench" -d 'Load-test the admission script and report attempts/s and latency'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench generate help" -f -a "generate" -d 'Write shell completions and man pages (for packagers)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench generate help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending generate help" -f -a "init" -d 'Create or upgrade the MySQL schema and check both servers\' versions'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending generate help" -f -a "voucher" -d 'Add and list vouchers (MySQL, the source of truth)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending generate help" -f -a "preload" -d 'Load vouchers from MySQL into the Redis gate and register them for workers'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending generate help" -f -a "buy" -d 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending generate help" -f -a "bench" -d 'Load-test the admission script and report attempts/s and latency'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending generate help" -f -a "worker" -d 'Persist admitted orders from the streams to MySQL (layers 2-4)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending generate help" -f -a "pending" -d 'Show stream backlog, pending entries and dead letters; requeue dead letters'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending generate help" -f -a "generate" -d 'Write shell completions and man pages (for packagers)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending generate help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from voucher" -f -a "add" -d 'Add a voucher to MySQL (then `seckill preload` opens it at the gate)'
 complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from voucher" -f -a "list" -d 'List vouchers: MySQL stock and orders beside the Redis gate\'s state'

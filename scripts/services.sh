@@ -2,8 +2,8 @@
 # Starts (or stops) the project's own Redis 7 and MariaDB on 127.0.0.1, with
 # data under .services/ in the checkout, never the system services.
 #
-#   scripts/services.sh up       install if missing, start, wait, print URLs (idempotent)
-#   scripts/services.sh down     stop both (idempotent)
+#   scripts/services.sh up [redis|mysql]    install if missing, start, wait, print URLs (idempotent)
+#   scripts/services.sh down [redis|mysql]  stop (idempotent)
 #   scripts/services.sh status   say what runs where
 #   scripts/services.sh env      print `export ...` lines for the URLs
 #
@@ -132,17 +132,23 @@ print_env() {
   echo "export SECKILL_MYSQL_URL=$mysql_url"
 }
 
+which=${2:-all}
+case "$which" in all | redis | mysql) ;; *) die "unknown service '$which' (use redis or mysql)" ;; esac
 case "${1:-up}" in
 up)
   need_packages
-  redis_up
-  mysql_up
-  say "Redis   $redis_url (AOF everysec, data in $data/redis)"
-  say "MariaDB $mysql_url_masked (innodb_flush_log_at_trx_commit=1, data in $data/mysql)"
+  if [ "$which" != mysql ]; then
+    redis_up
+    say "Redis   $redis_url (AOF everysec, data in $data/redis)"
+  fi
+  if [ "$which" != redis ]; then
+    mysql_up
+    say "MariaDB $mysql_url_masked (innodb_flush_log_at_trx_commit=1, data in $data/mysql)"
+  fi
   ;;
 down)
-  redis_down
-  mysql_down
+  [ "$which" = mysql ] || redis_down
+  [ "$which" = redis ] || mysql_down
   say "stopped"
   ;;
 status)

@@ -25,4 +25,9 @@ pub static LOCK_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/lock_release.lua")));
 
 /// Layers 2/4: deadlines, dead letters, then XACK, after a batch committed.
-pub static FINISH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/finish.lua")));
+pub static FINISH: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/finish.lua")));
+
+/// Dead letters back into the order stream (`seckill pending --requeue`).
+pub static REQUEUE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/requeue.lua")));

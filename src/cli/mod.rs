@@ -3,11 +3,14 @@
 mod bench;
 mod buy;
 mod common;
+mod confirm;
 pub mod generate;
 mod init;
+mod pending;
 mod preload;
 mod render;
 mod voucher;
+mod worker;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -58,6 +61,10 @@ pub enum Command {
     Buy(buy::BuyArgs),
     /// Load-test the admission script and report attempts/s and latency
     Bench(bench::BenchArgs),
+    /// Persist admitted orders from the streams to MySQL (layers 2-4)
+    Worker(worker::WorkerArgs),
+    /// Show stream backlog, pending entries and dead letters; requeue dead letters
+    Pending(pending::PendingArgs),
     /// Write shell completions and man pages (for packagers)
     #[command(hide = true)]
     Generate(generate::GenerateArgs),
@@ -104,6 +111,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Preload(args) => preload::run(&cfg, args).await,
         Command::Buy(args) => buy::run(&cfg, args).await,
         Command::Bench(args) => bench::run(&cfg, args).await,
+        Command::Worker(args) => worker::run(&cfg, args).await,
+        Command::Pending(args) => pending::run(&cfg, args).await,
     }
 }
 

@@ -133,22 +133,47 @@ mod tests {
 
     #[test]
     fn parses_a_good_entry() {
-        let m = raw(&[("user", "5"), ("order", "77"), ("voucher", "3"), ("kind", "promote")])
-            .parse(3)
-            .unwrap();
-        assert_eq!((m.user, m.order, m.voucher, m.kind), (5, 77, 3, Kind::Promote));
+        let m = raw(&[
+            ("user", "5"),
+            ("order", "77"),
+            ("voucher", "3"),
+            ("kind", "promote"),
+        ])
+        .parse(3)
+        .unwrap();
+        assert_eq!(
+            (m.user, m.order, m.voucher, m.kind),
+            (5, 77, 3, Kind::Promote)
+        );
         assert_eq!(m.created_ms, 1_764_400_000_123);
     }
 
     #[test]
     fn names_what_is_wrong_with_poison() {
         let cases = [
-            (raw(&[("order", "77"), ("voucher", "3")]), "missing field 'user'"),
-            (raw(&[("user", "x"), ("order", "77"), ("voucher", "3")]), "field 'user' is not an id"),
-            (raw(&[("user", "0"), ("order", "77"), ("voucher", "3")]), "field 'user' is not an id"),
-            (raw(&[("user", "5"), ("order", "77"), ("voucher", "4")]), "voucher 4 in the stream of voucher 3"),
             (
-                raw(&[("user", "5"), ("order", "77"), ("voucher", "3"), ("kind", "refund")]),
+                raw(&[("order", "77"), ("voucher", "3")]),
+                "missing field 'user'",
+            ),
+            (
+                raw(&[("user", "x"), ("order", "77"), ("voucher", "3")]),
+                "field 'user' is not an id",
+            ),
+            (
+                raw(&[("user", "0"), ("order", "77"), ("voucher", "3")]),
+                "field 'user' is not an id",
+            ),
+            (
+                raw(&[("user", "5"), ("order", "77"), ("voucher", "4")]),
+                "voucher 4 in the stream of voucher 3",
+            ),
+            (
+                raw(&[
+                    ("user", "5"),
+                    ("order", "77"),
+                    ("voucher", "3"),
+                    ("kind", "refund"),
+                ]),
                 "unknown kind",
             ),
         ];

@@ -97,6 +97,7 @@ const REGISTRY_REFRESH: Duration = Duration::from_secs(2);
 const TRIM_EVERY: Duration = Duration::from_secs(10);
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+const UNTIL_IDLE_BLOCK: Duration = Duration::from_millis(200);
 
 struct Worker<'a> {
     cfg: &'a Config,
@@ -133,7 +134,11 @@ pub async fn run(
         conn,
         blocking,
         owner: LockOwner {
-            token: format!("{}:{}", opts.consumer, crate::snowflake::Snowflake::new(0)?.next_id()),
+            token: format!(
+                "{}:{}",
+                opts.consumer,
+                crate::snowflake::Snowflake::new(0)?.next_id()
+            ),
             lease: opts.lock_lease,
         },
         stats,
@@ -189,10 +194,7 @@ impl Worker<'_> {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(
-                        "{e}; retrying in {}",
-                        humantime::format_duration(backoff)
-                    );
+                    tracing::warn!("{e}; retrying in {}", humantime::format_duration(backoff));
                     self.pause(backoff).await;
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                     self.reconnect().await;
@@ -283,12 +285,18 @@ impl Worker<'_> {
             self.pause(self.opts.block.min(REGISTRY_REFRESH)).await;
             return Ok(false);
         }
+        // Waiting long for news only delays the exit of an --until-idle run.
+        let block = if self.opts.until_idle {
+            self.opts.block.min(UNTIL_IDLE_BLOCK)
+        } else {
+            self.opts.block
+        };
         let read = stream::read_new(
             &mut self.blocking,
             &streams,
             &self.opts.consumer,
             self.opts.batch,
-            self.opts.block.as_millis() as u64,
+            block.as_millis() as u64,
         )
         .await?;
         let worked = !read.is_empty();
@@ -314,9 +322,18 @@ impl Worker<'_> {
             self.stats.clone(),
         );
         let mut backoff = Duration::from_millis(100);
+        let mut failures = 0u32;
         loop {
             match self.try_batch(voucher, &keys, &deliveries, &alive).await {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    if failures > 0 {
+                        tracing::info!(
+                            "voucher {voucher}: batch of {} persisted after {failures} failed attempt(s)",
+                            deliveries.len()
+                        );
+                    }
+                    return Ok(());
+                }
                 Err(e) => {
                     if self.stop.is_cancelled() {
                         tracing::warn!(
@@ -330,6 +347,7 @@ impl Worker<'_> {
                         deliveries.len(),
                         humantime::format_duration(backoff)
                     );
+                    failures += 1;
                     self.pause(backoff).await;
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                     self.reconnect().await;
@@ -382,7 +400,10 @@ impl Worker<'_> {
             }
         }
         alive.set_held(held.clone()).await;
-        let result = self.persist_and_finish(voucher, keys, mine, dead, acks).await;
+        crate::fault::pause("after_lock").await;
+        let result = self
+            .persist_and_finish(voucher, keys, mine, dead, acks)
+            .await;
         alive.set_held(Vec::new()).await;
         let released = self.owner.release(&mut self.conn, &held).await;
         result?;
@@ -441,17 +462,24 @@ impl Worker<'_> {
             Err(PersistError::Mysql(e)) => return Err(Error::from(e)),
             Err(PersistError::Store(e)) => return Err(e),
         }
+        crate::fault::pause("after_commit").await;
         if acks.is_empty() {
             return Ok(());
         }
         stream::finish(&mut self.conn, keys, &deadlines, &dead, &acks).await?;
+        crate::fault::pause("after_ack").await;
         for d in &dead {
-            tracing::warn!("voucher {voucher}: entry {} dead-lettered: {}", d.entry_id, d.reason);
+            tracing::warn!(
+                "voucher {voucher}: entry {} dead-lettered: {}",
+                d.entry_id,
+                d.reason
+            );
         }
         for id in &acks {
             self.last_error.remove(id);
         }
-        self.stats.add_batch(inserted, duplicates, dead.len() as u64);
+        self.stats
+            .add_batch(inserted, duplicates, dead.len() as u64);
         Ok(())
     }
 
@@ -470,7 +498,9 @@ impl Worker<'_> {
                 continue;
             };
             match stream::trim(&mut self.conn, &keys, keep_ms, now_ms()).await {
-                Ok(n) if n > 0 => tracing::debug!("{}: trimmed {n} acknowledged entries", keys.orders()),
+                Ok(n) if n > 0 => {
+                    tracing::debug!("{}: trimmed {n} acknowledged entries", keys.orders())
+                }
                 Ok(_) => {}
                 Err(e) => tracing::warn!("{}: trim failed: {e}", keys.orders()),
             }

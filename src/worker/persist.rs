@@ -55,7 +55,17 @@ const ER_LOCK_DEADLOCK: u16 = 1213;
 const CONFLICT_RETRIES: usize = 5;
 
 /// Persists the messages of one voucher (all `msgs` share `voucher`).
-pub async fn persist(db: &Db, voucher: u64, msgs: &[OrderMessage]) -> Result<Persisted, PersistError> {
+pub async fn persist(
+    db: &Db,
+    voucher: u64,
+    msgs: &[OrderMessage],
+) -> Result<Persisted, PersistError> {
+    if msgs.is_empty() {
+        return Ok(Persisted {
+            fates: Vec::new(),
+            pay_timeout_ms: 0,
+        });
+    }
     let mut conn = db.conn().await?;
     let mut attempt = 0;
     loop {
@@ -68,7 +78,10 @@ pub async fn persist(db: &Db, voucher: u64, msgs: &[OrderMessage]) -> Result<Per
                     ) =>
             {
                 attempt += 1;
-                tracing::debug!("voucher {voucher}: batch conflicted ({}), classifying again", crate::error::describe_mysql(&e));
+                tracing::debug!(
+                    "voucher {voucher}: batch conflicted ({}), classifying again",
+                    crate::error::describe_mysql(&e)
+                );
             }
             other => return other,
         }
@@ -81,7 +94,11 @@ struct Stored {
     status: i8,
 }
 
-async fn persist_once(conn: &mut Conn, voucher: u64, msgs: &[OrderMessage]) -> Result<Persisted, PersistError> {
+async fn persist_once(
+    conn: &mut Conn,
+    voucher: u64,
+    msgs: &[OrderMessage],
+) -> Result<Persisted, PersistError> {
     let mut tx = conn.start_transaction(TxOpts::default()).await?;
     let pay_timeout_ms: i64 = tx
         .exec_first(
@@ -146,6 +163,7 @@ async fn persist_once(conn: &mut Conn, voucher: u64, msgs: &[OrderMessage]) -> R
             fates[i] = Some(Fate::Inserted);
         }
     }
+    crate::fault::pause("before_commit").await;
     tx.commit().await?;
     Ok(Persisted {
         fates: fates

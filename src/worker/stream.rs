@@ -176,7 +176,12 @@ pub async fn finish(
 /// Trims entries that are done: below the oldest pending entry, at or below
 /// the group's last delivered id, and older than `keep_ms`. Returns how many
 /// were removed. Nothing undelivered or pending is ever trimmed.
-pub async fn trim(conn: &mut impl RedisConn, keys: &VoucherKeys, keep_ms: u64, now_ms: i64) -> Result<u64> {
+pub async fn trim(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    keep_ms: u64,
+    now_ms: i64,
+) -> Result<u64> {
     let stream = keys.orders();
     let groups: StreamInfoGroupsReply = conn.xinfo_groups(&stream).await?;
     let Some(group) = groups.groups.into_iter().find(|g| g.name == WORKER_GROUP) else {
@@ -187,7 +192,10 @@ pub async fn trim(conn: &mut impl RedisConn, keys: &VoucherKeys, keep_ms: u64, n
     if let StreamPendingReply::Data(d) = pending {
         threshold = threshold.min(parse_id(&d.start_id));
     }
-    let retained = (u64::try_from(now_ms).unwrap_or(0).saturating_sub(keep_ms), 0);
+    let retained = (
+        u64::try_from(now_ms).unwrap_or(0).saturating_sub(keep_ms),
+        0,
+    );
     threshold = threshold.min(retained);
     if threshold == (0, 0) {
         return Ok(0);

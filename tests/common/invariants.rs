@@ -15,13 +15,14 @@ use super::TestEnv;
 pub struct VoucherState {
     pub total: i64,
     pub mysql_stock: i64,
-    /// user → status of the MySQL orders.
-    pub orders: BTreeMap<u64, i8>,
+    /// user → (order id, status) of the MySQL orders.
+    pub orders: BTreeMap<u64, (u64, i8)>,
     pub redis_stock: Option<i64>,
     pub buyers: BTreeSet<u64>,
     pub waitlist: Vec<u64>,
-    /// Users of the stream entries not yet persisted (undelivered or pending).
-    pub in_flight_users: Vec<u64>,
+    /// (user, order) of the stream entries not yet acknowledged
+    /// (undelivered or pending; a pending one may already be in MySQL).
+    pub in_flight: Vec<(u64, u64)>,
 }
 
 pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
@@ -35,15 +36,16 @@ pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
         .await
         .expect("read voucher")
         .expect("voucher exists in MySQL");
-    let rows: Vec<(u64, i8)> = conn
+    let rows: Vec<(u64, u64, i8)> = conn
         .exec(
-            "SELECT user_id, status FROM seckill_order WHERE voucher_id = ?",
+            "SELECT user_id, id, status FROM seckill_order WHERE voucher_id = ?",
             (voucher,),
         )
         .await
         .expect("read orders");
     let orders_len = rows.len();
-    let orders: BTreeMap<u64, i8> = rows.into_iter().collect();
+    let orders: BTreeMap<u64, (u64, i8)> =
+        rows.into_iter().map(|(u, id, st)| (u, (id, st))).collect();
     assert_eq!(
         orders.len(),
         orders_len,
@@ -67,14 +69,14 @@ pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
         redis_stock,
         buyers: buyers.into_iter().collect(),
         waitlist,
-        in_flight_users: in_flight_users(&mut redis, &keys).await,
+        in_flight: in_flight(&mut redis, &keys).await,
     }
 }
 
-async fn in_flight_users(
+async fn in_flight(
     redis: &mut redis::aio::MultiplexedConnection,
     keys: &VoucherKeys,
-) -> Vec<u64> {
+) -> Vec<(u64, u64)> {
     let all: StreamRangeReply = redis.xrange_all(keys.orders()).await.expect("xrange");
     let groups: Option<StreamInfoGroupsReply> = if all.ids.is_empty() {
         None
@@ -104,8 +106,11 @@ async fn in_flight_users(
             Some(g) => pending.contains(&e.id) || id_after(&e.id, &g.last_delivered_id),
         })
         .map(|e| {
-            e.get::<u64>("user")
-                .unwrap_or_else(|| panic!("stream entry {} has no numeric user", e.id))
+            let id = |f: &str| {
+                e.get::<u64>(f)
+                    .unwrap_or_else(|| panic!("stream entry {} has no numeric {f}", e.id))
+            };
+            (id("user"), id("order"))
         })
         .collect()
 }
@@ -121,14 +126,23 @@ fn id_after(a: &str, b: &str) -> bool {
     parse(a) > parse(b)
 }
 
-/// I1–I5 at a quiet moment of the gate (no worker racing this check).
+impl VoucherState {
+    /// Users of in-flight entries whose order is not in MySQL yet (a pending
+    /// entry of a stored order is a crash between commit and ack: not a unit
+    /// in flight, and not a duplicate).
+    pub fn unpersisted_users(&self) -> Vec<u64> {
+        self.in_flight
+            .iter()
+            .filter(|(user, order)| self.orders.get(user).map(|o| o.0) != Some(*order))
+            .map(|(user, _)| *user)
+            .collect()
+    }
+}
+
+/// I1–I5 at a quiet moment (no worker racing this check).
 pub async fn assert_invariants(env: &TestEnv, voucher: u64) -> VoucherState {
     let s = read_state(env, voucher).await;
-    let active = s
-        .orders
-        .values()
-        .filter(|st| **st == 0 || **st == 1)
-        .count() as i64;
+    let active = s.orders.values().filter(|o| o.1 == 0 || o.1 == 1).count() as i64;
     // I1: MySQL accounts for every unit.
     assert_eq!(
         s.mysql_stock + active,
@@ -142,7 +156,7 @@ pub async fn assert_invariants(env: &TestEnv, voucher: u64) -> VoucherState {
     if let Some(rs) = s.redis_stock {
         assert!(rs >= 0, "I3: redis stock {rs} < 0");
         // I2: Redis stock equals MySQL stock less the units admitted but not yet persisted.
-        let in_flight = s.in_flight_users.len() as i64;
+        let in_flight = s.unpersisted_users().len() as i64;
         assert_eq!(
             rs + in_flight,
             s.mysql_stock,
@@ -152,7 +166,8 @@ pub async fn assert_invariants(env: &TestEnv, voucher: u64) -> VoucherState {
     }
     // I4 (also asserted while reading): no user twice among orders and in-flight entries.
     let mut seen = BTreeSet::new();
-    for u in s.orders.keys().chain(s.in_flight_users.iter()) {
+    let unpersisted = s.unpersisted_users();
+    for u in s.orders.keys().chain(unpersisted.iter()) {
         assert!(
             seen.insert(*u),
             "I4: user {u} holds two units (order or in-flight entry)"

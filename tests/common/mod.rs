@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod invariants;
+pub mod process;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -208,6 +209,82 @@ impl TestEnv {
             }
             db.close().await;
         }
+    }
+}
+
+impl TestEnv {
+    /// Admits `users` distinct users (ids offset+1 ..= offset+users), once each.
+    pub async fn admit_users(
+        &self,
+        voucher: u64,
+        users: u64,
+        offset: u64,
+    ) -> seckill::bench::BenchReport {
+        let plan = seckill::bench::BenchPlan {
+            voucher,
+            users,
+            user_offset: offset,
+            attempts: users,
+            concurrency: 64,
+            connections: 4,
+            node_id: 7,
+        };
+        seckill::bench::run(&self.cfg, &plan, Default::default())
+            .await
+            .expect("admissions")
+    }
+
+    /// Entries of the voucher's stream not yet persisted (undelivered + pending).
+    pub async fn in_flight(&self, voucher: u64) -> u64 {
+        let keys = seckill::keys::VoucherKeys::new(&self.prefix, voucher).unwrap();
+        let mut redis = self.redis().await;
+        seckill::backlog::backlog(&mut redis, &keys)
+            .await
+            .expect("backlog")
+            .in_flight()
+    }
+
+    /// Waits until nothing is in flight for the voucher.
+    pub async fn wait_drained(&self, voucher: u64, limit: Duration) {
+        let start = std::time::Instant::now();
+        while self.in_flight(voucher).await > 0 {
+            assert!(
+                start.elapsed() < limit,
+                "voucher {voucher} not drained within {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until MySQL holds at least `at_least` orders of the voucher.
+    pub async fn wait_orders(&self, voucher: u64, at_least: u64, limit: Duration) {
+        let start = std::time::Instant::now();
+        loop {
+            let n = self.order_count(voucher).await;
+            if n >= at_least {
+                return;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "only {n} orders of voucher {voucher} after {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub async fn order_count(&self, voucher: u64) -> u64 {
+        let db = self.db().await;
+        let mut conn = db.conn().await.expect("mysql");
+        let n: Option<u64> = conn
+            .exec_first(
+                "SELECT COUNT(*) FROM seckill_order WHERE voucher_id = ?",
+                (voucher,),
+            )
+            .await
+            .expect("count orders");
+        drop(conn);
+        db.close().await;
+        n.unwrap_or(0)
     }
 }
 

@@ -1,0 +1,167 @@
+//! `seckill pending`
+
+use clap::Args;
+use serde::Serialize;
+
+use super::common::{parse_id, Format, FormatOpt};
+use super::confirm::{confirm, Confirmation};
+use super::render::{print_json, table};
+use crate::config::Config;
+use crate::exit_code;
+use crate::keys::{registry, VoucherKeys};
+use crate::pending::{self, DeadLetterView, PendingEntry, StreamSummary};
+use crate::redis_store;
+
+#[derive(Args, Debug)]
+pub struct PendingArgs {
+    /// Show this voucher's pending entries and dead letters
+    #[arg(long, value_parser = parse_id, allow_hyphen_values = true)]
+    pub voucher: Option<u64>,
+    /// How many pending entries and dead letters to list
+    #[arg(long, default_value_t = 20)]
+    pub limit: usize,
+    /// Move the voucher's dead letters back into its order stream (after
+    /// fixing their cause); with --entry only those
+    #[arg(long, requires = "voucher")]
+    pub requeue: bool,
+    /// A dead-letter id to requeue (repeatable)
+    #[arg(long = "entry", requires = "requeue")]
+    pub entries: Vec<String>,
+    #[command(flatten)]
+    pub confirmation: Confirmation,
+    #[command(flatten)]
+    pub format: FormatOpt,
+}
+
+#[derive(Serialize)]
+struct VoucherDetail {
+    #[serde(flatten)]
+    summary: StreamSummary,
+    pending_entries: Vec<PendingEntry>,
+    dead: Vec<DeadLetterView>,
+}
+
+pub async fn run(cfg: &Config, args: PendingArgs) -> anyhow::Result<u8> {
+    let mut redis = redis_store::connect(cfg).await?;
+    let Some(voucher) = args.voucher else {
+        let mut ids: Vec<u64> =
+            redis::AsyncCommands::smembers(&mut redis, registry(&cfg.prefix)?).await?;
+        ids.sort_unstable();
+        let mut rows = Vec::with_capacity(ids.len());
+        for id in ids {
+            let keys = VoucherKeys::new(&cfg.prefix, id)?;
+            rows.push(pending::summary(&mut redis, &keys, id).await?);
+        }
+        match args.format.format {
+            Format::Json => print_json(&rows)?,
+            Format::Table => println!("{}", summary_table(&rows)),
+        }
+        return Ok(exit_code::OK);
+    };
+    let keys = VoucherKeys::new(&cfg.prefix, voucher)?;
+    if args.requeue {
+        let what = if args.entries.is_empty() {
+            format!("all dead letters of voucher {voucher}")
+        } else {
+            format!("{} dead letter(s) of voucher {voucher}", args.entries.len())
+        };
+        if !confirm(
+            &args.confirmation,
+            &format!("Requeue {what} into its order stream?"),
+        )? {
+            eprintln!("nothing requeued");
+            return Ok(exit_code::ERROR);
+        }
+        let r = pending::requeue(&mut redis, &keys, &args.entries).await?;
+        match args.format.format {
+            Format::Json => print_json(&r)?,
+            Format::Table => println!(
+                "requeued {} dead letter(s) of voucher {voucher}; {} could not be (not an order, or no such id)",
+                r.requeued, r.skipped
+            ),
+        }
+        return Ok(exit_code::OK);
+    }
+    let detail = VoucherDetail {
+        summary: pending::summary(&mut redis, &keys, voucher).await?,
+        pending_entries: pending::pending_entries(&mut redis, &keys, args.limit).await?,
+        dead: pending::dead_letters(&mut redis, &keys, args.limit).await?,
+    };
+    match args.format.format {
+        Format::Json => print_json(&detail)?,
+        Format::Table => {
+            println!("{}", summary_table(std::slice::from_ref(&detail.summary)));
+            println!("pending entries (oldest first):");
+            println!("{}", pending_table(&detail.pending_entries));
+            println!("dead letters:");
+            println!("{}", dead_table(&detail.dead));
+        }
+    }
+    Ok(exit_code::OK)
+}
+
+fn idle(ms: Option<u64>) -> String {
+    ms.map_or("-".into(), |ms| format!("{:.1} s", ms as f64 / 1000.0))
+}
+
+fn summary_table(rows: &[StreamSummary]) -> comfy_table::Table {
+    let mut t = table(&[
+        "voucher",
+        "stream",
+        "undelivered",
+        "pending",
+        "oldest pending idle",
+        "dead letters",
+        "consumers",
+    ]);
+    for r in rows {
+        t.add_row(vec![
+            r.voucher.to_string(),
+            r.length.to_string(),
+            r.undelivered.to_string(),
+            r.pending.to_string(),
+            idle(r.oldest_pending_idle_ms),
+            r.dead_letters.to_string(),
+            r.consumers.to_string(),
+        ]);
+    }
+    t
+}
+
+fn pending_table(rows: &[PendingEntry]) -> comfy_table::Table {
+    let mut t = table(&["entry", "user", "order", "consumer", "idle", "deliveries"]);
+    for r in rows {
+        t.add_row(vec![
+            r.entry_id.clone(),
+            r.user.clone().unwrap_or_else(|| "?".into()),
+            r.order.clone().unwrap_or_else(|| "?".into()),
+            r.consumer.clone(),
+            idle(Some(r.idle_ms)),
+            r.deliveries.to_string(),
+        ]);
+    }
+    t
+}
+
+fn dead_table(rows: &[DeadLetterView]) -> comfy_table::Table {
+    let mut t = table(&[
+        "dead-letter id",
+        "entry",
+        "user",
+        "order",
+        "deliveries",
+        "reason",
+    ]);
+    let opt = |s: &Option<String>| s.clone().unwrap_or_else(|| "?".into());
+    for r in rows {
+        t.add_row(vec![
+            r.id.clone(),
+            opt(&r.entry),
+            opt(&r.user),
+            opt(&r.order),
+            r.deliveries.map_or("?".into(), |d| d.to_string()),
+            opt(&r.reason),
+        ]);
+    }
+    t
+}

@@ -1,0 +1,171 @@
+//! What the worker has not finished, per voucher: stream length, entries not
+//! yet delivered, entries delivered but not acknowledged (and to whom, for how
+//! long), and dead letters — plus re-driving dead letters once fixed.
+
+use redis::streams::{StreamInfoConsumersReply, StreamPendingCountReply, StreamRangeReply};
+use redis::AsyncCommands;
+use serde::Serialize;
+
+use crate::backlog::backlog;
+use crate::error::Result;
+use crate::keys::{VoucherKeys, WORKER_GROUP};
+use crate::redis_store::RedisConn;
+use crate::scripts::REQUEUE;
+use crate::worker::message::RawEntry;
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct StreamSummary {
+    pub voucher: u64,
+    pub length: u64,
+    pub undelivered: u64,
+    pub pending: u64,
+    /// Idle time of the oldest pending entry.
+    pub oldest_pending_idle_ms: Option<u64>,
+    pub dead_letters: u64,
+    pub consumers: u64,
+}
+
+pub async fn summary(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    voucher: u64,
+) -> Result<StreamSummary> {
+    let b = backlog(conn, keys).await?;
+    let dead_letters: u64 = conn.xlen(keys.dead()).await?;
+    let mut oldest_pending_idle_ms = None;
+    let mut consumers = 0;
+    if b.length > 0 && has_group(conn, keys).await? {
+        if b.pending > 0 {
+            let first: StreamPendingCountReply = conn
+                .xpending_count(keys.orders(), WORKER_GROUP, "-", "+", 1)
+                .await?;
+            oldest_pending_idle_ms = first.ids.first().map(|p| p.last_delivered_ms as u64);
+        }
+        let c: StreamInfoConsumersReply = conn.xinfo_consumers(keys.orders(), WORKER_GROUP).await?;
+        consumers = c.consumers.len() as u64;
+    }
+    Ok(StreamSummary {
+        voucher,
+        length: b.length,
+        undelivered: b.undelivered,
+        pending: b.pending,
+        oldest_pending_idle_ms,
+        dead_letters,
+        consumers,
+    })
+}
+
+async fn has_group(conn: &mut impl RedisConn, keys: &VoucherKeys) -> Result<bool> {
+    let groups: redis::streams::StreamInfoGroupsReply = conn.xinfo_groups(keys.orders()).await?;
+    Ok(groups.groups.iter().any(|g| g.name == WORKER_GROUP))
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct PendingEntry {
+    pub entry_id: String,
+    pub user: Option<String>,
+    pub order: Option<String>,
+    pub consumer: String,
+    pub idle_ms: u64,
+    pub deliveries: u64,
+}
+
+/// Up to `limit` pending entries, oldest first, with their fields.
+pub async fn pending_entries(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    limit: usize,
+) -> Result<Vec<PendingEntry>> {
+    if !conn.exists::<_, bool>(keys.orders()).await? || !has_group(conn, keys).await? {
+        return Ok(Vec::new());
+    }
+    let reply: StreamPendingCountReply = conn
+        .xpending_count(keys.orders(), WORKER_GROUP, "-", "+", limit)
+        .await?;
+    let mut out = Vec::with_capacity(reply.ids.len());
+    for p in reply.ids {
+        let entry: StreamRangeReply = conn.xrange(keys.orders(), &p.id, &p.id).await?;
+        let raw = entry.ids.first().map(|e| RawEntry::from_map(&e.id, &e.map));
+        let field = |name: &str| raw.as_ref().and_then(|r| r.field(name)).map(str::to_string);
+        out.push(PendingEntry {
+            user: field("user"),
+            order: field("order"),
+            entry_id: p.id,
+            consumer: p.consumer,
+            idle_ms: p.last_delivered_ms as u64,
+            deliveries: p.times_delivered as u64,
+        });
+    }
+    Ok(out)
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct DeadLetterView {
+    /// Id in the dead-letter stream (what `--requeue --entry` takes).
+    pub id: String,
+    /// Id the message had in the order stream.
+    pub entry: Option<String>,
+    pub reason: Option<String>,
+    pub deliveries: Option<u64>,
+    pub user: Option<String>,
+    pub order: Option<String>,
+    pub kind: Option<String>,
+}
+
+pub async fn dead_letters(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    limit: usize,
+) -> Result<Vec<DeadLetterView>> {
+    let reply: StreamRangeReply = conn.xrange_count(keys.dead(), "-", "+", limit).await?;
+    Ok(reply
+        .ids
+        .iter()
+        .map(|e| {
+            let raw = RawEntry::from_map(&e.id, &e.map);
+            let f = |name: &str| raw.field(name).map(str::to_string);
+            DeadLetterView {
+                id: e.id.clone(),
+                entry: f("entry"),
+                reason: f("reason"),
+                deliveries: f("deliveries").and_then(|d| d.parse().ok()),
+                user: f("user"),
+                order: f("order"),
+                kind: f("kind"),
+            }
+        })
+        .collect())
+}
+
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, Default)]
+pub struct Requeued {
+    pub requeued: u64,
+    pub skipped: u64,
+}
+
+/// Moves the given dead letters (all of them when `ids` is empty) back into
+/// the order stream, in batches of one script call each.
+pub async fn requeue(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    ids: &[String],
+) -> Result<Requeued> {
+    let ids: Vec<String> = if ids.is_empty() {
+        let all: StreamRangeReply = conn.xrange_all(keys.dead()).await?;
+        all.ids.into_iter().map(|e| e.id).collect()
+    } else {
+        ids.to_vec()
+    };
+    let mut total = Requeued::default();
+    for chunk in ids.chunks(500) {
+        let mut inv = REQUEUE.prepare_invoke();
+        inv.key(keys.dead()).key(keys.orders());
+        for id in chunk {
+            inv.arg(id);
+        }
+        let (requeued, skipped): (u64, u64) = inv.invoke_async(conn).await?;
+        total.requeued += requeued;
+        total.skipped += skipped;
+    }
+    Ok(total)
+}

@@ -1,0 +1,116 @@
+//! Real `seckill worker` processes for tests: started with the test's stores,
+//! signalled with kill(1) (SIGKILL, SIGTERM, SIGSTOP, SIGCONT), their stderr
+//! kept in a file for the failure message.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use super::TestEnv;
+
+pub struct WorkerProc {
+    child: Child,
+    log: PathBuf,
+}
+
+impl TestEnv {
+    /// `seckill worker <args>` in the background.
+    pub fn spawn_worker(&self, args: &[&str]) -> WorkerProc {
+        self.spawn_worker_with(args, &[])
+    }
+
+    pub fn spawn_worker_with(&self, args: &[&str], env: &[(&str, &str)]) -> WorkerProc {
+        let log = std::env::temp_dir().join(format!(
+            "seckill-worker-{}-{}.log",
+            self.prefix,
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
+        let file = std::fs::File::create(&log).expect("worker log file");
+        let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("seckill"));
+        cmd.arg("worker")
+            .args(args)
+            .env("SECKILL_REDIS_URL", &self.cfg.redis_url)
+            .env("SECKILL_MYSQL_URL", &self.cfg.mysql_url)
+            .env("SECKILL_PREFIX", &self.prefix)
+            .env("NO_COLOR", "1")
+            .env("RUST_LOG", "seckill=info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        WorkerProc {
+            child: cmd.spawn().expect("spawn seckill worker"),
+            log,
+        }
+    }
+}
+
+impl WorkerProc {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.pid().to_string())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "kill -{sig} {} failed", self.pid());
+    }
+
+    /// kill -9, then reap.
+    pub fn kill9(mut self) {
+        self.child.kill().ok();
+        self.child.wait().ok();
+    }
+
+    /// Waits up to `limit` for the process to exit.
+    pub fn wait_for(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if start.elapsed() >= limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits for a clean exit (status 0), failing with the worker's log.
+    pub fn expect_success(mut self, limit: Duration) -> String {
+        let status = self.wait_for(limit);
+        let log = self.log_text();
+        match status {
+            Some(s) if s.success() => log,
+            Some(s) => panic!("worker exited with {s}:\n{log}"),
+            None => {
+                self.child.kill().ok();
+                panic!("worker did not exit within {limit:?}:\n{log}")
+            }
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for WorkerProc {
+    fn drop(&mut self) {
+        // Never leave a worker behind a failed test.
+        if let Ok(None) = self.child.try_wait() {
+            self.child.kill().ok();
+            self.child.wait().ok();
+        }
+        std::fs::remove_file(&self.log).ok();
+    }
+}

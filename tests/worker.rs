@@ -1,0 +1,495 @@
+//! Layers 2–4 with real `seckill worker` processes against real Redis and
+//! MariaDB: concurrent workers, kill -9, duplicates, poison, SIGTERM, paused
+//! lock holders. Invariants I1–I5 are checked after every scenario.
+
+mod common;
+
+use std::time::Duration;
+
+use common::invariants::assert_invariants;
+use common::TestEnv;
+use redis::AsyncCommands;
+use seckill::keys::{registry, VoucherKeys, WORKER_GROUP};
+
+const V: u64 = 1;
+const FAST: &[&str] = &[
+    "--claim-idle",
+    "500ms",
+    "--block",
+    "200ms",
+    "--lock-lease",
+    "1s",
+];
+
+fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a: Vec<&str> = FAST.to_vec();
+    a.extend_from_slice(extra);
+    a
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_workers_drain_a_sale_of_ten_thousand_exactly_once() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 10_000).await;
+    let workers: Vec<_> = (0..3)
+        .map(|_| env.spawn_worker(&args(&["--batch", "256"])))
+        .collect();
+    let report = env.admit_users(V, 10_000, 0).await;
+    assert_eq!(report.outcomes.success, 10_000);
+    env.wait_drained(V, Duration::from_secs(120)).await;
+    for w in &workers {
+        w.signal("TERM");
+    }
+    for w in workers {
+        w.expect_success(Duration::from_secs(20));
+    }
+    assert_eq!(env.order_count(V).await, 10_000);
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.mysql_stock, 0);
+    assert_eq!(s.redis_stock, Some(0));
+    // Every order got its payment deadline, once.
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let deadlines: u64 = redis.zcard(keys.timeouts()).await.unwrap();
+    assert_eq!(deadlines, 10_000);
+    env.cleanup().await;
+}
+
+/// A tiny deterministic generator, so a failing run can be replayed.
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self, below: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % below
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_kill_nines_lose_nothing_and_double_nothing() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 10_000).await;
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    eprintln!("kill schedule seed {seed}");
+    let mut rng = Lcg(seed);
+    let sale = {
+        let env_cfg = env.cfg.clone();
+        tokio::spawn(async move {
+            // Orders keep arriving while the worker dies and comes back.
+            let plan = seckill::bench::BenchPlan {
+                voucher: V,
+                users: 10_000,
+                user_offset: 0,
+                attempts: 10_000,
+                concurrency: 4,
+                connections: 1,
+                node_id: 9,
+            };
+            seckill::bench::run(&env_cfg, &plan, Default::default())
+                .await
+                .unwrap()
+        })
+    };
+    let mut kills = 0;
+    while kills < 20 {
+        let w = env.spawn_worker(&args(&["--batch", "128"]));
+        tokio::time::sleep(Duration::from_millis(150 + rng.next(350))).await;
+        w.kill9();
+        kills += 1;
+    }
+    let report = sale.await.unwrap();
+    assert_eq!(report.outcomes.success, 10_000);
+    let log = env
+        .spawn_worker(&args(&["--until-idle"]))
+        .expect_success(Duration::from_secs(120));
+    assert!(log.contains("no work left"), "{log}");
+    assert_eq!(env.in_flight(V).await, 0, "pending after the final drain");
+    assert_eq!(
+        env.order_count(V).await,
+        10_000,
+        "orders lost or doubled after {kills} kills"
+    );
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.mysql_stock, 0);
+    env.cleanup().await;
+}
+
+/// Waits until the worker's log shows it paused at `step`.
+async fn wait_for_pause(w: &common::process::WorkerProc, step: &str) {
+    let start = std::time::Instant::now();
+    while !w.log_text().contains(&format!("test pause at {step}")) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "worker never reached {step}:\n{}",
+            w.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_nine_at_every_step_of_a_batch_loses_and_doubles_nothing() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 1_000).await;
+    env.admit_users(V, 600, 0).await;
+    // Each step of the batch sequence, with a crash right there.
+    for step in ["after_lock", "before_commit", "after_commit", "after_ack"] {
+        let pause = format!("{step}=20s");
+        let w = env.spawn_worker_with(
+            &args(&["--batch", "50"]),
+            &[(seckill::fault::ENV, pause.as_str())],
+        );
+        wait_for_pause(&w, step).await;
+        w.kill9();
+        assert_invariants(&env, V).await;
+    }
+    env.spawn_worker(&args(&["--until-idle"]))
+        .expect_success(Duration::from_secs(120));
+    assert_eq!(env.order_count(V).await, 600);
+    assert_eq!(env.in_flight(V).await, 0);
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.mysql_stock, 400);
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_redelivered_or_repeated_order_is_stored_once() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 50).await;
+    env.admit_users(V, 40, 0).await;
+    env.spawn_worker(&args(&["--until-idle"]))
+        .expect_success(Duration::from_secs(60));
+    assert_eq!(env.order_count(V).await, 40);
+
+    // The same messages again, as a crash between commit and ack would
+    // redeliver them: already stored, so no order and no unit is taken twice.
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let all: redis::streams::StreamRangeReply = redis.xrange_all(keys.orders()).await.unwrap();
+    assert_eq!(all.ids.len(), 40);
+    for e in &all.ids {
+        for _ in 0..2 {
+            let fields: Vec<(String, String)> = ["user", "order", "voucher", "kind"]
+                .iter()
+                .map(|f| (f.to_string(), e.get::<String>(f).unwrap()))
+                .collect();
+            let _: String = redis.xadd(keys.orders(), "*", &fields).await.unwrap();
+        }
+    }
+    // Two consumers race for the copies: both reclaim and read at once.
+    let a = env.spawn_worker(&args(&["--until-idle", "--batch", "16", "--consumer", "a"]));
+    let b = env.spawn_worker(&args(&["--until-idle", "--batch", "16", "--consumer", "b"]));
+    a.expect_success(Duration::from_secs(60));
+    b.expect_success(Duration::from_secs(60));
+    assert_eq!(env.order_count(V).await, 40);
+    let dead: u64 = redis.xlen(keys.dead()).await.unwrap();
+    assert_eq!(dead, 0, "a redelivery is not a dead letter");
+    // assert_invariants counts in-flight entries; the copies are all acked.
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.mysql_stock, 10);
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_same_pending_entries_claimed_by_two_consumers_make_one_order_each() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 300).await;
+    env.admit_users(V, 300, 0).await;
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    // A consumer that read everything and died.
+    seckill::worker::stream::ensure_group(&mut redis, &keys)
+        .await
+        .unwrap();
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(WORKER_GROUP)
+        .arg("ghost")
+        .arg("COUNT")
+        .arg(1000)
+        .arg("STREAMS")
+        .arg(keys.orders())
+        .arg(">")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Two workers whose reclaim threshold is already passed: both go for them.
+    let fast = [
+        "--claim-idle",
+        "20ms",
+        "--block",
+        "100ms",
+        "--batch",
+        "32",
+        "--until-idle",
+    ];
+    let a = env.spawn_worker(&fast);
+    let b = env.spawn_worker(&fast);
+    a.expect_success(Duration::from_secs(60));
+    b.expect_success(Duration::from_secs(60));
+    assert_eq!(env.order_count(V).await, 300);
+    assert_eq!(env.in_flight(V).await, 0);
+    assert_invariants(&env, V).await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn poison_messages_are_dead_lettered_with_the_reason_and_the_worker_goes_on() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 10).await;
+    env.admit_users(V, 5, 0).await;
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let poison: Vec<(Vec<(&str, &str)>, &str)> = vec![
+        (
+            vec![("order", "91"), ("voucher", "1")],
+            "missing field 'user'",
+        ),
+        (
+            vec![("user", "abc"), ("order", "92"), ("voucher", "1")],
+            "field 'user' is not an id",
+        ),
+        (
+            vec![("user", "7"), ("order", "-3"), ("voucher", "1")],
+            "field 'order' is not an id",
+        ),
+        (
+            vec![("user", "8"), ("order", "94"), ("voucher", "2")],
+            "voucher 2 in the stream of voucher 1",
+        ),
+    ];
+    for (fields, _) in &poison {
+        let _: String = redis.xadd(keys.orders(), "*", fields).await.unwrap();
+    }
+    // A voucher that Redis knows and MySQL does not.
+    let ghost = VoucherKeys::new(&env.prefix, 999).unwrap();
+    let _: () = redis
+        .sadd(registry(&env.prefix).unwrap(), 999)
+        .await
+        .unwrap();
+    let _: String = redis
+        .xadd(
+            ghost.orders(),
+            "*",
+            &[
+                ("user", "5"),
+                ("order", "95"),
+                ("voucher", "999"),
+                ("kind", "admit"),
+            ],
+        )
+        .await
+        .unwrap();
+    env.admit_users(V, 5, 100).await;
+
+    let log = env
+        .spawn_worker(&[
+            "--claim-idle",
+            "100ms",
+            "--block",
+            "100ms",
+            "--max-deliveries",
+            "2",
+            "--until-idle",
+        ])
+        .expect_success(Duration::from_secs(60));
+    assert!(log.contains("dead-lettered"), "{log}");
+    assert_eq!(
+        env.order_count(V).await,
+        10,
+        "the good orders around the poison are stored"
+    );
+
+    let dead: redis::streams::StreamRangeReply = redis.xrange_all(keys.dead()).await.unwrap();
+    assert_eq!(dead.ids.len(), poison.len());
+    for (entry, (_, reason)) in dead.ids.iter().zip(&poison) {
+        let got: String = entry.get("reason").unwrap();
+        assert!(got.contains(reason), "{got:?} lacks {reason:?}");
+        let deliveries: u64 = entry.get("deliveries").unwrap();
+        assert!(
+            deliveries > 2,
+            "dead-lettered after {deliveries} deliveries"
+        );
+    }
+    let ghost_dead: redis::streams::StreamRangeReply =
+        redis.xrange_all(ghost.dead()).await.unwrap();
+    assert_eq!(ghost_dead.ids.len(), 1);
+    assert_eq!(
+        ghost_dead.ids[0].get::<String>("reason").as_deref(),
+        Some("voucher 999 is not in MySQL")
+    );
+    assert_eq!(env.in_flight(V).await, 0);
+    assert_eq!(env.in_flight(999).await, 0);
+
+    // `seckill pending` shows them; requeue refuses without a terminal or --yes.
+    let out = env
+        .cmd()
+        .args(["pending", "--voucher", "999", "--format", "json"])
+        .output()
+        .unwrap();
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["dead_letters"], 1);
+    assert_eq!(j["dead"][0]["reason"], "voucher 999 is not in MySQL");
+    assert_eq!(j["dead"][0]["user"], "5");
+    let refused = env
+        .cmd()
+        .args(["pending", "--voucher", "999", "--requeue"])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("pass --yes"));
+
+    // Once the cause is fixed, a requeue gets the order stored.
+    env.add_voucher(999, 3, -1_000, 3_600_000).await;
+    let requeued = env
+        .cmd()
+        .args([
+            "pending",
+            "--voucher",
+            "999",
+            "--requeue",
+            "--yes",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    let j: serde_json::Value = serde_json::from_slice(&requeued.stdout).unwrap();
+    assert_eq!(j["requeued"], 1);
+    env.spawn_worker(&args(&["--until-idle"]))
+        .expect_success(Duration::from_secs(60));
+    assert_eq!(env.order_count(999).await, 1);
+    // The poison of voucher 1 was no order: it cannot be requeued.
+    let r = env
+        .cmd()
+        .args([
+            "pending",
+            "--voucher",
+            "1",
+            "--requeue",
+            "--yes",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    let j: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+    assert_eq!(j["requeued"], 0);
+    assert_eq!(j["skipped"], poison.len() as u64);
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.mysql_stock, 0);
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_during_a_busy_drain_exits_zero_and_leaves_nothing_pending() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 20_000).await;
+    env.admit_users(V, 20_000, 0).await;
+    let w = env.spawn_worker(&args(&["--batch", "64", "--consumer", "busy"]));
+    // Let it get going, then ask it to stop mid-drain.
+    env.wait_orders(V, 500, Duration::from_secs(60)).await;
+    w.signal("TERM");
+    let log = w.expect_success(Duration::from_secs(15));
+    assert!(log.contains("SIGTERM"), "{log}");
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let mine: redis::streams::StreamPendingCountReply = redis
+        .xpending_consumer_count(keys.orders(), WORKER_GROUP, "-", "+", 10, "busy")
+        .await
+        .unwrap();
+    assert!(
+        mine.ids.is_empty(),
+        "left pending by the stopped worker: {:?}",
+        mine.ids.len()
+    );
+    let stored = env.order_count(V).await;
+    assert!(
+        stored < 20_000,
+        "the drain was not interrupted ({stored} stored)"
+    );
+    assert_invariants(&env, V).await;
+    // Whatever it did not read, the next worker does.
+    env.spawn_worker(&args(&["--until-idle"]))
+        .expect_success(Duration::from_secs(120));
+    assert_eq!(env.order_count(V).await, 20_000);
+    assert_invariants(&env, V).await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_entry_whose_lock_is_held_elsewhere_stays_pending_until_it_can_be_persisted() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 10).await;
+    env.admit_users(V, 10, 0).await;
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    // Another owner holds user 5's lock for 3 seconds.
+    let _: () = redis.hset(keys.lock(5), "someone-else", 1).await.unwrap();
+    let _: () = redis.pexpire(keys.lock(5), 3_000).await.unwrap();
+    let w = env.spawn_worker(&["--claim-idle", "200ms", "--block", "100ms"]);
+    env.wait_orders(V, 9, Duration::from_secs(60)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Not persisted, not acked: still pending, and redelivered (not lost).
+    assert_eq!(env.order_count(V).await, 9);
+    assert_eq!(
+        env.in_flight(V).await,
+        1,
+        "the locked user's entry was acked without an order"
+    );
+    assert_invariants(&env, V).await;
+    env.wait_drained(V, Duration::from_secs(30)).await;
+    assert_eq!(env.order_count(V).await, 10);
+    w.signal("TERM");
+    w.expect_success(Duration::from_secs(20));
+    assert_invariants(&env, V).await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_lock_holder_whose_lease_expires_causes_no_duplicate() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 6_000).await;
+    env.admit_users(V, 6_000, 0).await;
+    let lease = [
+        "--lock-lease",
+        "300ms",
+        "--claim-idle",
+        "300ms",
+        "--block",
+        "200ms",
+    ];
+    let mut a_args = lease.to_vec();
+    a_args.extend(["--batch", "512", "--consumer", "sleeper"]);
+    let a = env.spawn_worker(&a_args);
+    let mut b_args = lease.to_vec();
+    b_args.extend(["--batch", "64", "--consumer", "other"]);
+    let mut b = None;
+    // Freeze the holder past its lease, several times, while another worker
+    // takes over its entries; then let it wake up and carry on.
+    for round in 0..4 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        a.signal("STOP");
+        if round == 0 {
+            b = Some(env.spawn_worker(&b_args));
+        }
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        a.signal("CONT");
+    }
+    env.wait_drained(V, Duration::from_secs(120)).await;
+    a.signal("TERM");
+    let b = b.unwrap();
+    b.signal("TERM");
+    a.expect_success(Duration::from_secs(20));
+    b.expect_success(Duration::from_secs(20));
+    assert_eq!(env.order_count(V).await, 6_000);
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.mysql_stock, 0);
+    env.cleanup().await;
+}
