@@ -200,6 +200,7 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('--max-deliveries', '--max-deliveries', [CompletionResultType]::ParameterName, 'Dead-letter a message that cannot be persisted after this many deliveries')
             [CompletionResult]::new('--lock-lease', '--lock-lease', [CompletionResultType]::ParameterName, 'Lease of the per-(user, voucher) locks, renewed while a batch runs')
             [CompletionResult]::new('--keep', '--keep', [CompletionResultType]::ParameterName, 'Trim acknowledged stream entries older than this')
+            [CompletionResult]::new('--lanes', '--lanes', [CompletionResultType]::ParameterName, 'Batches in hand at once (one reads and locks while another commits)')
             [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format')
             [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis URL (redis://[:password@]host:port/[db])')
             [CompletionResult]::new('--mysql-url', '--mysql-url', [CompletionResultType]::ParameterName, 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]')

@@ -737,7 +737,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__worker)
-            opts="-v -q -h -V --consumer --batch --block --claim-idle --max-deliveries --lock-lease --keep --until-idle --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            opts="-v -q -h -V --consumer --batch --block --claim-idle --max-deliveries --lock-lease --keep --lanes --until-idle --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -768,6 +768,10 @@ _seckill() {
                     return 0
                     ;;
                 --keep)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --lanes)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

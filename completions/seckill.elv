@@ -185,6 +185,7 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand --max-deliveries 'Dead-letter a message that cannot be persisted after this many deliveries'
             cand --lock-lease 'Lease of the per-(user, voucher) locks, renewed while a batch runs'
             cand --keep 'Trim acknowledged stream entries older than this'
+            cand --lanes 'Batches in hand at once (one reads and locks while another commits)'
             cand --format 'Output format'
             cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
             cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'

@@ -141,6 +141,7 @@ complete -c seckill -n "__fish_seckill_using_subcommand worker" -l claim-idle -d
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l max-deliveries -d 'Dead-letter a message that cannot be persisted after this many deliveries' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l lock-lease -d 'Lease of the per-(user, voucher) locks, renewed while a batch runs' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l keep -d 'Trim acknowledged stream entries older than this' -r
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l lanes -d 'Batches in hand at once (one reads and locks while another commits)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l format -d 'Output format' -r -f -a "table\t'A table for people'
 json\t'JSON for scripts'"
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r

@@ -2,7 +2,8 @@
 --
 -- Called by `seckill worker` after the batch's MySQL transaction committed.
 -- Schedules the payment deadlines, moves refused messages to the dead-letter
--- stream, and only then acknowledges the entries: a crash before this script
+-- stream, only then acknowledges the entries, and releases the batch's lease
+-- locks (as lock_release.lua does) in the same step: a crash before this script
 -- leaves every entry pending, and its redelivery completes the same work
 -- (deadlines are derived from the stored orders; a dead letter is written
 -- only while its entry is still pending, so never twice).
@@ -10,16 +11,18 @@
 -- KEYS[1]  seckill:{V}:orders     stream
 -- KEYS[2]  seckill:{V}:timeouts   zset   order id -> payment deadline (ms)
 -- KEYS[3]  seckill:{V}:dead       stream dead letters
+-- KEYS[4..] seckill:{V}:lock:<user> the batch's locks to release
 --
 -- ARGV[1]  consumer group
--- ARGV[2]  D, the number of deadlines, then D pairs: order id, deadline ms
+-- ARGV[2]  lock owner token
+-- ARGV[3]  D, the number of deadlines, then D pairs: order id, deadline ms
 -- then     N, the number of dead letters, then N triples: entry id, reason, deliveries
 -- then     the entry ids to acknowledge (dead-lettered ones included)
 --
 -- Returns the number of entries acknowledged.
 
-local group = ARGV[1]
-local i = 2
+local group, owner = ARGV[1], ARGV[2]
+local i = 3
 local deadlines = tonumber(ARGV[i]); i = i + 1
 for _ = 1, deadlines do
   redis.call('ZADD', KEYS[2], ARGV[i + 1], ARGV[i])
@@ -41,5 +44,15 @@ end
 local acked = 0
 if i <= #ARGV then
   acked = redis.call('XACK', KEYS[1], group, unpack(ARGV, i))
+end
+for k = 4, #KEYS do
+  local count = tonumber(redis.call('HGET', KEYS[k], owner))
+  if count then
+    if count <= 1 then
+      redis.call('DEL', KEYS[k])
+    else
+      redis.call('HINCRBY', KEYS[k], owner, -1)
+    end
+  end
 end
 return acked

@@ -9,9 +9,13 @@
 
 local released = 0
 for _, key in ipairs(KEYS) do
-  if redis.call('HEXISTS', key, ARGV[1]) == 1 then
-    if redis.call('HINCRBY', key, ARGV[1], -1) <= 0 then
+  -- Reading first keeps the common case (held once) to a single write.
+  local count = tonumber(redis.call('HGET', key, ARGV[1]))
+  if count then
+    if count <= 1 then
       redis.call('DEL', key)
+    else
+      redis.call('HINCRBY', key, ARGV[1], -1)
     end
     released = released + 1
   end

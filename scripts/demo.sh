@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job end to end on this machine: services up, schema, a voucher of
-# 100 units, a flash sale of 1,000 buyers (each pressing "buy" twice), and the
-# outcome in tables.
+# 100 units, a flash sale of 1,000 buyers (each pressing "buy" twice), the
+# worker persisting the orders to MySQL, and the outcome in tables.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -28,5 +28,11 @@ echo
 echo "== seckill buy: one more buyer, after the sale sold out"
 $seckill buy --voucher "$voucher" --user 5000 || echo "(exit code $?: sold out, waitlisted)"
 echo
-echo "== seckill voucher list"
+echo "== seckill worker --until-idle: persist the admitted orders to MySQL"
+$seckill worker --until-idle --block 500ms
+echo
+echo "== seckill pending: nothing left in flight"
+$seckill pending
+echo
+echo "== seckill voucher list: MySQL and the Redis gate agree"
 $seckill voucher list

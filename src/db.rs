@@ -13,6 +13,7 @@ use crate::schema;
 const ER_ACCESS_DENIED: u16 = 1045;
 const ER_BAD_DB: u16 = 1049;
 
+#[derive(Clone)]
 pub struct Db {
     pool: Pool,
     name: String,

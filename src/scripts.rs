@@ -31,3 +31,7 @@ pub static FINISH: LazyLock<Script> =
 /// Dead letters back into the order stream (`seckill pending --requeue`).
 pub static REQUEUE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/requeue.lua")));
+
+/// Deletes a consumer from the group only while it has nothing pending.
+pub static FORGET_CONSUMER: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/forget_consumer.lua")));

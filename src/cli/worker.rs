@@ -35,6 +35,9 @@ pub struct WorkerArgs {
     /// Trim acknowledged stream entries older than this
     #[arg(long, default_value = "1h", value_parser = parse_duration)]
     pub keep: Duration,
+    /// Batches in hand at once (one reads and locks while another commits)
+    #[arg(long, default_value_t = 2)]
+    pub lanes: usize,
     /// Exit 0 once no voucher has undelivered or pending entries (for cron)
     #[arg(long)]
     pub until_idle: bool,
@@ -52,6 +55,7 @@ pub async fn run(cfg: &Config, args: WorkerArgs) -> anyhow::Result<u8> {
         lock_lease: args.lock_lease,
         until_idle: args.until_idle,
         keep: args.keep,
+        lanes: args.lanes,
     };
     opts.validate()?;
     let stop = shutdown::on_signals()?;

@@ -43,12 +43,13 @@ pub fn start(
     consumer: String,
     entry_ids: Vec<String>,
     owner: LockOwner,
+    period: Duration,
     stats: Arc<WorkerStats>,
 ) -> KeepAlive {
     let stop = CancellationToken::new();
     let held: HeldLocks = Arc::new(Mutex::new(Vec::new()));
     let (token, held_locks) = (stop.clone(), held.clone());
-    let period = (owner.lease / 3).max(Duration::from_millis(10));
+    let period = period.max(Duration::from_millis(10));
     tokio::spawn(async move {
         let mut conn = conn;
         loop {

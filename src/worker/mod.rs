@@ -54,6 +54,9 @@ pub struct WorkerOptions {
     pub until_idle: bool,
     /// Acknowledged entries are trimmed from the streams after this long.
     pub keep: Duration,
+    /// Batches in hand at once: while one waits for its MySQL commit, the
+    /// next is read and locked (each lane has its own connections).
+    pub lanes: usize,
 }
 
 impl WorkerOptions {
@@ -74,6 +77,9 @@ impl WorkerOptions {
         if self.lock_lease < Duration::from_millis(30) {
             return bad("--lock-lease must be at least 30ms");
         }
+        if !(1..=16).contains(&self.lanes) {
+            return bad("--lanes must be between 1 and 16");
+        }
         if self.consumer.is_empty() || self.consumer.len() > 200 {
             return bad("--consumer must be 1-200 characters");
         }
@@ -93,15 +99,39 @@ pub fn default_consumer() -> String {
     format!("{host}-{}", std::process::id())
 }
 
+/// What a committed batch still has to do in Redis, and what it counted.
+struct Planned {
+    redis: stream::Completion<'static>,
+    /// (inserted, already stored)
+    counts: (u64, u64),
+}
+
+impl Planned {
+    fn new(dead: Vec<DeadLetter>, acks: Vec<String>) -> Planned {
+        Planned {
+            redis: stream::Completion {
+                dead,
+                acks,
+                ..Default::default()
+            },
+            counts: (0, 0),
+        }
+    }
+}
+
 const REGISTRY_REFRESH: Duration = Duration::from_secs(2);
 const TRIM_EVERY: Duration = Duration::from_secs(10);
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 const UNTIL_IDLE_BLOCK: Duration = Duration::from_millis(200);
+/// A consumer with nothing pending and silent this long has exited or died.
+const SILENT_CONSUMER: Duration = Duration::from_secs(3600);
 
-struct Worker<'a> {
-    cfg: &'a Config,
-    opts: &'a WorkerOptions,
+struct Worker {
+    cfg: Arc<Config>,
+    opts: Arc<WorkerOptions>,
+    /// Lane 0 also reclaims, trims and reports progress.
+    lane: usize,
     db: Db,
     conn: MultiplexedConnection,
     blocking: MultiplexedConnection,
@@ -123,42 +153,70 @@ pub async fn run(
     stats: Arc<WorkerStats>,
 ) -> Result<()> {
     opts.validate()?;
-    let mut conn = redis_store::connect(cfg).await?;
+    let cfg = Arc::new(cfg.clone());
+    let opts = Arc::new(opts.clone());
+    let mut conn = redis_store::connect(&cfg).await?;
     redis_store::check_version(&mut conn).await?;
-    let blocking = redis_store::connect_blocking(cfg, opts.block).await?;
-    let db = Db::connect(cfg).await?;
-    let mut w = Worker {
-        cfg,
-        opts,
-        db,
-        conn,
-        blocking,
-        owner: LockOwner {
-            token: format!(
-                "{}:{}",
-                opts.consumer,
-                crate::snowflake::Snowflake::new(0)?.next_id()
-            ),
-            lease: opts.lock_lease,
-        },
-        stats,
-        stop,
-        streams: BTreeMap::new(),
-        last_error: HashMap::new(),
-    };
+    let db = Db::connect(&cfg).await?;
+    let run_id = crate::snowflake::Snowflake::new(0)?.next_id();
+    let mut lanes = Vec::with_capacity(opts.lanes);
+    for lane in 0..opts.lanes {
+        lanes.push(Worker {
+            cfg: cfg.clone(),
+            opts: opts.clone(),
+            lane,
+            db: db.clone(),
+            conn: redis_store::connect(&cfg).await?,
+            blocking: redis_store::connect_blocking(&cfg, opts.block).await?,
+            owner: LockOwner {
+                // One owner per lane: two lanes never share a user's lock.
+                token: format!("{}:{run_id}:{lane}", opts.consumer),
+                lease: opts.lock_lease,
+            },
+            stats: stats.clone(),
+            stop: stop.clone(),
+            streams: BTreeMap::new(),
+            last_error: HashMap::new(),
+        });
+    }
     tracing::info!(
-        "worker {} started (batch {}, claim idle {}, max deliveries {})",
+        "worker {} started (batch {}, lanes {}, claim idle {}, max deliveries {})",
         opts.consumer,
         opts.batch,
+        opts.lanes,
         humantime::format_duration(opts.claim_idle),
         opts.max_deliveries
     );
-    let result = w.main_loop().await;
-    w.db.close().await;
-    result
+    let mut running = tokio::task::JoinSet::new();
+    for mut w in lanes {
+        running.spawn(async move {
+            let result = w.main_loop().await;
+            (w, result)
+        });
+    }
+    let mut outcome = Ok(());
+    let mut last = None;
+    while let Some(joined) = running.join_next().await {
+        match joined {
+            Ok((w, result)) => {
+                if result.is_err() && outcome.is_ok() {
+                    outcome = result;
+                }
+                last = Some(w);
+            }
+            Err(e) => {
+                outcome = Err(Error::Redis(format!("a worker lane failed: {e}")));
+            }
+        }
+    }
+    if let Some(mut w) = last {
+        w.forget_self().await;
+    }
+    db.close().await;
+    outcome
 }
 
-impl Worker<'_> {
+impl Worker {
     async fn main_loop(&mut self) -> Result<()> {
         let mut last_refresh: Option<Instant> = None;
         let mut last_reclaim: Option<Instant> = None;
@@ -173,12 +231,12 @@ impl Worker<'_> {
                     last_refresh = Some(Instant::now());
                 }
                 let mut worked = false;
-                if last_reclaim.is_none_or(|t| t.elapsed() >= reclaim_every) {
+                if self.lane == 0 && last_reclaim.is_none_or(|t| t.elapsed() >= reclaim_every) {
                     worked |= self.reclaim_all().await?;
                     last_reclaim = Some(Instant::now());
                 }
                 worked |= self.read_and_process().await?;
-                if last_trim.elapsed() >= TRIM_EVERY {
+                if self.lane == 0 && last_trim.elapsed() >= TRIM_EVERY {
                     self.trim_all().await;
                     last_trim = Instant::now();
                 }
@@ -200,7 +258,7 @@ impl Worker<'_> {
                     self.reconnect().await;
                 }
             }
-            if last_progress.0.elapsed() >= PROGRESS_EVERY {
+            if self.lane == 0 && last_progress.0.elapsed() >= PROGRESS_EVERY {
                 let now = self.stats.snapshot();
                 let delta = now.persisted - last_progress.1;
                 if delta > 0 {
@@ -226,10 +284,10 @@ impl Worker<'_> {
     }
 
     async fn reconnect(&mut self) {
-        if let Ok(c) = redis_store::connect(self.cfg).await {
+        if let Ok(c) = redis_store::connect(&self.cfg).await {
             self.conn = c;
         }
-        if let Ok(c) = redis_store::connect_blocking(self.cfg, self.opts.block).await {
+        if let Ok(c) = redis_store::connect_blocking(&self.cfg, self.opts.block).await {
             self.blocking = c;
         }
     }
@@ -319,6 +377,8 @@ impl Worker<'_> {
             self.opts.consumer.clone(),
             ids,
             self.owner.clone(),
+            // Often enough that neither a lease nor the reclaim threshold passes.
+            self.opts.lock_lease.min(self.opts.claim_idle) / 3,
             self.stats.clone(),
         );
         let mut backoff = Duration::from_millis(100);
@@ -386,7 +446,9 @@ impl Worker<'_> {
         }
 
         let lock_keys: Vec<String> = valid.iter().map(|(m, _)| keys.lock(m.user)).collect();
+        let t_lock = Instant::now();
         let granted = self.owner.acquire(&mut self.conn, &lock_keys).await?;
+        let lock_ms = t_lock.elapsed().as_secs_f64() * 1e3;
         let mut mine: Vec<(OrderMessage, u64)> = Vec::new();
         let mut held: Vec<String> = Vec::new();
         for ((m, n), (ok, key)) in valid.into_iter().zip(granted.into_iter().zip(lock_keys)) {
@@ -401,86 +463,123 @@ impl Worker<'_> {
         }
         alive.set_held(held.clone()).await;
         crate::fault::pause("after_lock").await;
-        let result = self
-            .persist_and_finish(voucher, keys, mine, dead, acks)
-            .await;
-        alive.set_held(Vec::new()).await;
-        let released = self.owner.release(&mut self.conn, &held).await;
-        result?;
-        if let Err(e) = released {
-            tracing::warn!("voucher {voucher}: could not release {} lock(s), they expire with their lease: {e}", held.len());
-        }
-        Ok(())
-    }
-
-    async fn persist_and_finish(
-        &mut self,
-        voucher: u64,
-        keys: &VoucherKeys,
-        mine: Vec<(OrderMessage, u64)>,
-        mut dead: Vec<DeadLetter>,
-        mut acks: Vec<String>,
-    ) -> Result<()> {
+        let t_sql = Instant::now();
         let msgs: Vec<OrderMessage> = mine.iter().map(|(m, _)| m.clone()).collect();
-        let mut deadlines: Vec<(u64, i64)> = Vec::new();
-        let (mut inserted, mut duplicates) = (0u64, 0u64);
-        match persist(&self.db, voucher, &msgs).await {
-            Ok(p) => {
-                for ((m, n), fate) in mine.iter().zip(p.fates) {
-                    match fate {
-                        Fate::Inserted => {
-                            inserted += 1;
-                            deadlines.push((m.order, m.created_ms + p.pay_timeout_ms));
-                        }
-                        Fate::AlreadyStored { status } => {
-                            duplicates += 1;
-                            if status == 0 {
-                                deadlines.push((m.order, m.created_ms + p.pay_timeout_ms));
-                            }
-                        }
-                        Fate::Dead(reason) => {
-                            dead.push(self.dead_letter(&m.entry_id, reason, *n));
-                        }
-                    }
-                    acks.push(m.entry_id.clone());
-                }
-            }
+        let persisted = persist(&self.db, voucher, &msgs).await;
+        let sql_ms = t_sql.elapsed().as_secs_f64() * 1e3;
+        let completion = match persisted {
+            Ok(p) => self.complete(&mine, p, dead, acks),
             Err(PersistError::UnknownVoucher(v)) => {
-                let reason = format!("voucher {v} is not in MySQL");
-                for (m, n) in &mine {
-                    if *n > self.opts.max_deliveries {
-                        dead.push(self.dead_letter(&m.entry_id, reason.clone(), *n));
-                        acks.push(m.entry_id.clone());
-                    } else {
-                        self.last_error.insert(m.entry_id.clone(), reason.clone());
-                    }
-                }
-                if !mine.is_empty() {
-                    tracing::warn!("voucher {voucher}: {reason}; its orders stay pending until they are dead-lettered");
-                }
+                self.refuse_unknown_voucher(v, &mine, dead, acks)
             }
-            Err(PersistError::Mysql(e)) => return Err(Error::from(e)),
-            Err(PersistError::Store(e)) => return Err(e),
-        }
+            Err(e) => {
+                alive.set_held(Vec::new()).await;
+                if let Err(r) = self.owner.release(&mut self.conn, &held).await {
+                    tracing::warn!("voucher {voucher}: could not release {} lock(s), they expire with their lease: {r}", held.len());
+                }
+                return Err(match e {
+                    PersistError::Mysql(e) => Error::from(e),
+                    PersistError::Store(e) => e,
+                    PersistError::UnknownVoucher(_) => unreachable!("handled above"),
+                });
+            }
+        };
         crate::fault::pause("after_commit").await;
-        if acks.is_empty() {
-            return Ok(());
-        }
-        stream::finish(&mut self.conn, keys, &deadlines, &dead, &acks).await?;
+        // Stop renewing before the finish script releases the locks, so a
+        // released lock is never taken for a lost one.
+        alive.set_held(Vec::new()).await;
+        let t_finish = Instant::now();
+        let (inserted, duplicates) = completion.counts;
+        let done = stream::Completion {
+            locks: &held,
+            owner: &self.owner.token,
+            ..completion.redis
+        };
+        stream::finish(&mut self.conn, keys, &done).await?;
         crate::fault::pause("after_ack").await;
-        for d in &dead {
+        tracing::debug!(
+            "voucher {voucher}: batch of {}: lock {lock_ms:.1} ms, MySQL {sql_ms:.1} ms, finish {:.1} ms",
+            deliveries.len(),
+            t_finish.elapsed().as_secs_f64() * 1e3
+        );
+        for d in &done.dead {
             tracing::warn!(
                 "voucher {voucher}: entry {} dead-lettered: {}",
                 d.entry_id,
                 d.reason
             );
         }
-        for id in &acks {
+        for id in &done.acks {
             self.last_error.remove(id);
         }
         self.stats
-            .add_batch(inserted, duplicates, dead.len() as u64);
+            .add_batch(inserted, duplicates, done.dead.len() as u64);
         Ok(())
+    }
+
+    /// Deadlines, dead letters and acks for what MySQL decided.
+    fn complete(
+        &self,
+        mine: &[(OrderMessage, u64)],
+        p: persist::Persisted,
+        dead: Vec<DeadLetter>,
+        acks: Vec<String>,
+    ) -> Planned {
+        let mut plan = Planned::new(dead, acks);
+        for ((m, n), fate) in mine.iter().zip(p.fates) {
+            match fate {
+                Fate::Inserted => {
+                    plan.counts.0 += 1;
+                    plan.redis
+                        .deadlines
+                        .push((m.order, m.created_ms + p.pay_timeout_ms));
+                }
+                Fate::AlreadyStored { status } => {
+                    plan.counts.1 += 1;
+                    if status == 0 {
+                        plan.redis
+                            .deadlines
+                            .push((m.order, m.created_ms + p.pay_timeout_ms));
+                    }
+                }
+                Fate::Dead(reason) => {
+                    plan.redis
+                        .dead
+                        .push(self.dead_letter(&m.entry_id, reason, *n))
+                }
+            }
+            plan.redis.acks.push(m.entry_id.clone());
+        }
+        plan
+    }
+
+    /// The voucher is not in MySQL: its messages wait (it may be added)
+    /// until they have been delivered too often.
+    fn refuse_unknown_voucher(
+        &mut self,
+        voucher: u64,
+        mine: &[(OrderMessage, u64)],
+        dead: Vec<DeadLetter>,
+        acks: Vec<String>,
+    ) -> Planned {
+        let mut plan = Planned::new(dead, acks);
+        let reason = format!("voucher {voucher} is not in MySQL");
+        for (m, n) in mine {
+            if *n > self.opts.max_deliveries {
+                plan.redis
+                    .dead
+                    .push(self.dead_letter(&m.entry_id, reason.clone(), *n));
+                plan.redis.acks.push(m.entry_id.clone());
+            } else {
+                self.last_error.insert(m.entry_id.clone(), reason.clone());
+            }
+        }
+        if !mine.is_empty() {
+            tracing::warn!(
+                "voucher {voucher}: {reason}; its orders stay pending until they are dead-lettered"
+            );
+        }
+        plan
     }
 
     fn dead_letter(&self, entry_id: &str, reason: String, deliveries: u64) -> DeadLetter {
@@ -491,12 +590,47 @@ impl Worker<'_> {
         }
     }
 
+    /// On a clean exit: leave the group's consumer list as we found it
+    /// (only if nothing is pending for us; otherwise it stays for a reclaim).
+    async fn forget_self(&mut self) {
+        for voucher in self.streams.keys().copied().collect::<Vec<_>>() {
+            let Ok(keys) = VoucherKeys::new(&self.cfg.prefix, voucher) else {
+                continue;
+            };
+            if let Err(e) =
+                stream::forget_consumer(&mut self.conn, &keys, &self.opts.consumer).await
+            {
+                tracing::debug!(
+                    "{}: could not remove consumer {}: {e}",
+                    keys.orders(),
+                    self.opts.consumer
+                );
+            }
+        }
+    }
+
+    /// Trims acknowledged entries and forgets consumers gone silent.
     async fn trim_all(&mut self) {
         let keep_ms = self.opts.keep.as_millis() as u64;
         for voucher in self.streams.keys().copied().collect::<Vec<_>>() {
             let Ok(keys) = VoucherKeys::new(&self.cfg.prefix, voucher) else {
                 continue;
             };
+            let silent = SILENT_CONSUMER.as_millis() as u64;
+            match stream::forget_silent_consumers(
+                &mut self.conn,
+                &keys,
+                &self.opts.consumer,
+                silent,
+            )
+            .await
+            {
+                Ok(n) if n > 0 => {
+                    tracing::debug!("{}: forgot {n} silent consumer(s)", keys.orders())
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!("{}: could not list consumers: {e}", keys.orders()),
+            }
             match stream::trim(&mut self.conn, &keys, keep_ms, now_ms()).await {
                 Ok(n) if n > 0 => {
                     tracing::debug!("{}: trimmed {n} acknowledged entries", keys.orders())

@@ -1,8 +1,10 @@
 //! Layer 4: one MySQL transaction per batch of one voucher.
 //!
-//! Inside it: orders already stored are recognised (a redelivery is normal),
-//! the stock is taken with one conditional `UPDATE ... WHERE stock >= k` (per
-//! unit left when short), and the new orders go in with one multi-row INSERT.
+//! Inside it: the stock is taken with one conditional `UPDATE ... WHERE
+//! stock >= k` and the new orders go in with one multi-row INSERT. When that
+//! fast path fails (a duplicate key: a redelivery; or too little stock), the
+//! careful path looks up what is stored, recognises redelivered orders, takes
+//! what stock is left, and inserts the rest.
 //! The UNIQUE keys are the fence: when a concurrent worker commits one of the
 //! same orders first, the INSERT fails with a duplicate key, the transaction
 //! rolls back whole, and the batch is classified again against what is now
@@ -67,6 +69,17 @@ pub async fn persist(
         });
     }
     let mut conn = db.conn().await?;
+    // The normal case — new orders of distinct users, stock for all — needs
+    // no lookup: the UNIQUE keys refuse anything else, and then the careful
+    // path below classifies the batch against what is stored.
+    if all_distinct(msgs) {
+        match persist_fresh(&mut conn, voucher, msgs).await {
+            Ok(Some(p)) => return Ok(p),
+            Ok(None) => {}
+            Err(PersistError::Mysql(e)) if mysql_code(&e) == Some(ER_DUP_ENTRY) => {}
+            Err(e) => return Err(e),
+        }
+    }
     let mut attempt = 0;
     loop {
         match persist_once(&mut conn, voucher, msgs).await {
@@ -86,6 +99,47 @@ pub async fn persist(
             other => return other,
         }
     }
+}
+
+fn all_distinct(msgs: &[OrderMessage]) -> bool {
+    let mut users = std::collections::HashSet::with_capacity(msgs.len());
+    let mut orders = std::collections::HashSet::with_capacity(msgs.len());
+    msgs.iter()
+        .all(|m| users.insert(m.user) && orders.insert(m.order))
+}
+
+/// Inserts every message as a new order, or nothing: `None` when MySQL has
+/// not enough stock for all of them. A dropped transaction rolls back before
+/// the connection's next statement.
+async fn persist_fresh(
+    conn: &mut Conn,
+    voucher: u64,
+    msgs: &[OrderMessage],
+) -> Result<Option<Persisted>, PersistError> {
+    let mut tx = conn.start_transaction(TxOpts::default()).await?;
+    let pay_timeout_ms: i64 = tx
+        .exec_first(
+            "SELECT pay_timeout_ms FROM seckill_voucher WHERE voucher_id = ?",
+            (voucher,),
+        )
+        .await?
+        .ok_or(PersistError::UnknownVoucher(voucher))?;
+    tx.exec_drop(
+        "UPDATE seckill_voucher SET stock = stock - ? WHERE voucher_id = ? AND stock >= ?",
+        (msgs.len(), voucher, msgs.len()),
+    )
+    .await?;
+    if tx.affected_rows() != 1 {
+        tx.rollback().await?;
+        return Ok(None);
+    }
+    insert_orders(&mut tx, voucher, msgs.iter()).await?;
+    crate::fault::pause("before_commit").await;
+    tx.commit().await?;
+    Ok(Some(Persisted {
+        fates: vec![Fate::Inserted; msgs.len()],
+        pay_timeout_ms,
+    }))
 }
 
 struct Stored {

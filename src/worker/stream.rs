@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 
 use redis::streams::{
-    StreamAutoClaimReply, StreamInfoGroupsReply, StreamPendingCountReply, StreamPendingReply,
-    StreamReadReply,
+    StreamAutoClaimReply, StreamInfoConsumersReply, StreamInfoGroupsReply, StreamPendingCountReply,
+    StreamPendingReply, StreamReadReply,
 };
 use redis::AsyncCommands;
 
@@ -14,7 +14,7 @@ use super::message::RawEntry;
 use crate::error::Result;
 use crate::keys::{VoucherKeys, WORKER_GROUP};
 use crate::redis_store::RedisConn;
-use crate::scripts::FINISH;
+use crate::scripts::{FINISH, FORGET_CONSUMER};
 
 /// An entry handed to this consumer, with how often it has been delivered.
 #[derive(Debug, Clone)]
@@ -146,20 +146,33 @@ pub struct DeadLetter {
     pub deliveries: u64,
 }
 
-/// Deadlines, dead letters, then XACK — atomically (lua/finish.lua).
+/// What completes a committed batch.
+#[derive(Debug, Default)]
+pub struct Completion<'a> {
+    /// (order id, payment deadline ms) of the pending orders.
+    pub deadlines: Vec<(u64, i64)>,
+    pub dead: Vec<DeadLetter>,
+    /// Entry ids to acknowledge (dead-lettered ones included).
+    pub acks: Vec<String>,
+    /// Lock keys to release, and their owner's token.
+    pub locks: &'a [String],
+    pub owner: &'a str,
+}
+
+/// Deadlines, dead letters, XACK, then the locks' release — atomically
+/// (lua/finish.lua).
 pub async fn finish(
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
-    deadlines: &[(u64, i64)],
-    dead: &[DeadLetter],
-    acks: &[String],
+    c: &Completion<'_>,
 ) -> Result<u64> {
+    let (deadlines, dead, acks) = (&c.deadlines, &c.dead, &c.acks);
     let mut inv = FINISH.prepare_invoke();
-    inv.key(keys.orders())
-        .key(keys.timeouts())
-        .key(keys.dead())
-        .arg(WORKER_GROUP)
-        .arg(deadlines.len());
+    inv.key(keys.orders()).key(keys.timeouts()).key(keys.dead());
+    for lock in c.locks {
+        inv.key(lock);
+    }
+    inv.arg(WORKER_GROUP).arg(c.owner).arg(deadlines.len());
     for (order, deadline) in deadlines {
         inv.arg(*order).arg(*deadline);
     }
@@ -212,4 +225,42 @@ pub async fn trim(
 fn parse_id(id: &str) -> (u64, u64) {
     let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
     (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+}
+
+/// Removes `consumer` from the group if it has nothing pending; true if removed.
+pub async fn forget_consumer(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    consumer: &str,
+) -> Result<bool> {
+    let removed: i64 = FORGET_CONSUMER
+        .key(keys.orders())
+        .arg(WORKER_GROUP)
+        .arg(consumer)
+        .invoke_async(conn)
+        .await?;
+    Ok(removed == 1)
+}
+
+/// Removes consumers (other than `me`) silent for `idle_ms` with nothing
+/// pending: workers that exited or died long ago. Returns how many.
+pub async fn forget_silent_consumers(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    me: &str,
+    idle_ms: u64,
+) -> Result<u64> {
+    let consumers: StreamInfoConsumersReply =
+        conn.xinfo_consumers(keys.orders(), WORKER_GROUP).await?;
+    let mut removed = 0;
+    for c in consumers.consumers {
+        if c.name != me
+            && c.pending == 0
+            && c.idle as u64 >= idle_ms
+            && forget_consumer(conn, keys, &c.name).await?
+        {
+            removed += 1;
+        }
+    }
+    Ok(removed)
 }
