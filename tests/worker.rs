@@ -55,6 +55,56 @@ async fn three_workers_drain_a_sale_of_ten_thousand_exactly_once() {
     env.cleanup().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_voucher_preloaded_while_the_worker_runs_is_picked_up() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 10).await;
+    let w = env.spawn_worker(&args(&[]));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    env.live_voucher(2, 50).await;
+    env.admit_users(2, 50, 0).await;
+    env.wait_orders(2, 50, Duration::from_secs(30)).await;
+    w.signal("TERM");
+    w.expect_success(Duration::from_secs(20));
+    assert_invariants(&env, 2).await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn orders_mysql_has_no_stock_for_are_dead_lettered_not_acked_away() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 10).await;
+    // The gate believes in 15 units (a wrong preload); MySQL has 10.
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let _: () = redis.set(keys.stock(), 15).await.unwrap();
+    assert_eq!(env.admit_users(V, 15, 0).await.outcomes.success, 15);
+    env.spawn_worker(&args(&["--until-idle"]))
+        .expect_success(Duration::from_secs(60));
+    assert_eq!(env.order_count(V).await, 10);
+    assert_eq!(env.in_flight(V).await, 0);
+    let dead: redis::streams::StreamRangeReply = redis.xrange_all(keys.dead()).await.unwrap();
+    assert_eq!(dead.ids.len(), 5, "every unit MySQL refused is on record");
+    for e in &dead.ids {
+        assert_eq!(
+            e.get::<String>("reason").as_deref(),
+            Some("no stock in MySQL")
+        );
+        assert_eq!(
+            e.get::<u64>("deliveries"),
+            Some(1),
+            "refused at once, not retried"
+        );
+    }
+    // MySQL itself stays whole (I1, I3, I4); the gate's 5 extra buyers are
+    // reconciliation's to repair, and the dead letters say which.
+    let s = common::invariants::read_state(&env, V).await;
+    assert_eq!(s.mysql_stock, 0);
+    assert_eq!(s.orders.len(), 10);
+    assert_eq!(s.buyers.len(), 15);
+    env.cleanup().await;
+}
+
 /// A tiny deterministic generator, so a failing run can be replayed.
 struct Lcg(u64);
 impl Lcg {
