@@ -101,6 +101,7 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             break
         }
         'seckill;voucher;list' {
+            [CompletionResult]::new('--voucher', '--voucher', [CompletionResultType]::ParameterName, 'Only these vouchers (repeatable)')
             [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format')
             [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis URL (redis://[:password@]host:port/[db])')
             [CompletionResult]::new('--mysql-url', '--mysql-url', [CompletionResultType]::ParameterName, 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]')

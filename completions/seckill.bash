@@ -703,12 +703,16 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__voucher__subcmd__list)
-            opts="-v -q -h -V --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            opts="-v -q -h -V --voucher --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --voucher)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --format)
                     COMPREPLY=($(compgen -W "table json" -- "${cur}"))
                     return 0

@@ -94,6 +94,7 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand --version 'Print version'
         }
         &'seckill;voucher;list'= {
+            cand --voucher 'Only these vouchers (repeatable)'
             cand --format 'Output format'
             cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
             cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'

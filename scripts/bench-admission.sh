@@ -19,6 +19,8 @@ prefix=benchadm
 scripts/services.sh up
 eval "$(scripts/services.sh env)"
 port=$(echo "$SECKILL_REDIS_URL" | sed -n 's#.*:\([0-9]*\)/.*#\1#p')
+# The bench's vouchers live in a database of their own, not the default one.
+export SECKILL_MYSQL_URL="${SECKILL_MYSQL_URL%/*}/seckill_bench"
 cargo build --release --quiet --locked
 seckill="target/release/seckill --prefix $prefix"
 $seckill init >/dev/null

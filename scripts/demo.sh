@@ -31,8 +31,8 @@ echo
 echo "== seckill worker --until-idle: persist the admitted orders to MySQL"
 $seckill worker --until-idle --block 500ms
 echo
-echo "== seckill pending: nothing left in flight"
-$seckill pending
+echo "== seckill pending --voucher $voucher: nothing left in flight"
+$seckill pending --voucher "$voucher"
 echo
 echo "== seckill voucher list: MySQL and the Redis gate agree"
-$seckill voucher list
+$seckill voucher list --voucher "$voucher"

@@ -145,6 +145,15 @@ async fn buy_exit_codes_and_json_per_outcome() {
     assert_eq!(v1["gate"]["stream_length"], 1);
     assert_eq!(list[1]["state"], "upcoming");
     assert_eq!(list[2]["state"], "ended");
+    let only = json(&run(
+        &env,
+        &["voucher", "list", "--voucher", "3", "--format", "json"],
+    ));
+    assert_eq!(only.as_array().unwrap().len(), 1);
+    assert_eq!(only[0]["id"], 3);
+    let missing = run(&env, &["voucher", "list", "--voucher", "99"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("voucher 99 does not exist"));
     assert_invariants(&env, 1).await;
     env.cleanup().await;
 }

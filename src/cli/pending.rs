@@ -91,10 +91,18 @@ pub async fn run(cfg: &Config, args: PendingArgs) -> anyhow::Result<u8> {
         Format::Json => print_json(&detail)?,
         Format::Table => {
             println!("{}", summary_table(std::slice::from_ref(&detail.summary)));
-            println!("pending entries (oldest first):");
-            println!("{}", pending_table(&detail.pending_entries));
-            println!("dead letters:");
-            println!("{}", dead_table(&detail.dead));
+            if detail.pending_entries.is_empty() {
+                println!("pending entries: none");
+            } else {
+                println!("pending entries (oldest first):");
+                println!("{}", pending_table(&detail.pending_entries));
+            }
+            if detail.dead.is_empty() {
+                println!("dead letters: none");
+            } else {
+                println!("dead letters:");
+                println!("{}", dead_table(&detail.dead));
+            }
         }
     }
     Ok(exit_code::OK)

@@ -48,6 +48,9 @@ pub struct AddArgs {
 
 #[derive(Args, Debug)]
 pub struct ListArgs {
+    /// Only these vouchers (repeatable)
+    #[arg(long = "voucher", value_parser = parse_id, allow_hyphen_values = true)]
+    pub vouchers: Vec<u64>,
     #[command(flatten)]
     pub format: FormatOpt,
 }
@@ -99,8 +102,18 @@ async fn add(cfg: &Config, args: AddArgs) -> anyhow::Result<u8> {
 
 async fn list(cfg: &Config, args: ListArgs) -> anyhow::Result<u8> {
     let db = Db::connect(cfg).await?;
-    let vouchers = voucher::list(&db).await?;
+    let mut vouchers = voucher::list(&db).await?;
     db.close().await;
+    if !args.vouchers.is_empty() {
+        if let Some(missing) = args
+            .vouchers
+            .iter()
+            .find(|id| !vouchers.iter().any(|v| v.id == **id))
+        {
+            return Err(crate::Error::VoucherNotFound(*missing).into());
+        }
+        vouchers.retain(|v| args.vouchers.contains(&v.id));
+    }
     let mut redis = redis_store::connect(cfg).await?;
     let mut gates = Vec::with_capacity(vouchers.len());
     for v in &vouchers {
