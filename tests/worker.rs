@@ -480,9 +480,9 @@ async fn an_entry_whose_lock_is_held_elsewhere_stays_pending_until_it_can_be_per
     env.admit_users(V, 10, 0).await;
     let keys = VoucherKeys::new(&env.prefix, V).unwrap();
     let mut redis = env.redis().await;
-    // Another owner holds user 5's lock for 3 seconds.
+    // Another owner holds user 5's lock (for longer than this test runs).
     let _: () = redis.hset(keys.lock(5), "someone-else", 1).await.unwrap();
-    let _: () = redis.pexpire(keys.lock(5), 3_000).await.unwrap();
+    let _: () = redis.pexpire(keys.lock(5), 120_000).await.unwrap();
     let w = env.spawn_worker(&["--claim-idle", "200ms", "--block", "100ms"]);
     env.wait_orders(V, 9, Duration::from_secs(60)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -494,6 +494,8 @@ async fn an_entry_whose_lock_is_held_elsewhere_stays_pending_until_it_can_be_per
         "the locked user's entry was acked without an order"
     );
     assert_invariants(&env, V).await;
+    // The other owner lets go: the entry comes back and is persisted.
+    let _: () = redis.del(keys.lock(5)).await.unwrap();
     env.wait_drained(V, Duration::from_secs(30)).await;
     assert_eq!(env.order_count(V).await, 10);
     w.signal("TERM");
