@@ -31,6 +31,12 @@ _seckill() {
             seckill,init)
                 cmd="seckill__subcmd__init"
                 ;;
+            seckill,order)
+                cmd="seckill__subcmd__order"
+                ;;
+            seckill,pay)
+                cmd="seckill__subcmd__pay"
+                ;;
             seckill,pending)
                 cmd="seckill__subcmd__pending"
                 ;;
@@ -39,6 +45,9 @@ _seckill() {
                 ;;
             seckill,voucher)
                 cmd="seckill__subcmd__voucher"
+                ;;
+            seckill,waitlist)
+                cmd="seckill__subcmd__waitlist"
                 ;;
             seckill,worker)
                 cmd="seckill__subcmd__worker"
@@ -58,6 +67,12 @@ _seckill() {
             seckill__subcmd__help,init)
                 cmd="seckill__subcmd__help__subcmd__init"
                 ;;
+            seckill__subcmd__help,order)
+                cmd="seckill__subcmd__help__subcmd__order"
+                ;;
+            seckill__subcmd__help,pay)
+                cmd="seckill__subcmd__help__subcmd__pay"
+                ;;
             seckill__subcmd__help,pending)
                 cmd="seckill__subcmd__help__subcmd__pending"
                 ;;
@@ -67,14 +82,32 @@ _seckill() {
             seckill__subcmd__help,voucher)
                 cmd="seckill__subcmd__help__subcmd__voucher"
                 ;;
+            seckill__subcmd__help,waitlist)
+                cmd="seckill__subcmd__help__subcmd__waitlist"
+                ;;
             seckill__subcmd__help,worker)
                 cmd="seckill__subcmd__help__subcmd__worker"
+                ;;
+            seckill__subcmd__help__subcmd__order,show)
+                cmd="seckill__subcmd__help__subcmd__order__subcmd__show"
                 ;;
             seckill__subcmd__help__subcmd__voucher,add)
                 cmd="seckill__subcmd__help__subcmd__voucher__subcmd__add"
                 ;;
             seckill__subcmd__help__subcmd__voucher,list)
                 cmd="seckill__subcmd__help__subcmd__voucher__subcmd__list"
+                ;;
+            seckill__subcmd__order,help)
+                cmd="seckill__subcmd__order__subcmd__help"
+                ;;
+            seckill__subcmd__order,show)
+                cmd="seckill__subcmd__order__subcmd__show"
+                ;;
+            seckill__subcmd__order__subcmd__help,help)
+                cmd="seckill__subcmd__order__subcmd__help__subcmd__help"
+                ;;
+            seckill__subcmd__order__subcmd__help,show)
+                cmd="seckill__subcmd__order__subcmd__help__subcmd__show"
                 ;;
             seckill__subcmd__voucher,add)
                 cmd="seckill__subcmd__voucher__subcmd__add"
@@ -101,7 +134,7 @@ _seckill() {
 
     case "${cmd}" in
         seckill)
-            opts="-v -q -h -V --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version init voucher preload buy bench worker pending generate help"
+            opts="-v -q -h -V --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version init voucher preload buy bench worker pending pay order waitlist generate help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -273,7 +306,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__help)
-            opts="init voucher preload buy bench worker pending generate help"
+            opts="init voucher preload buy bench worker pending pay order waitlist generate help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -343,6 +376,48 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__help__subcmd__init)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        seckill__subcmd__help__subcmd__order)
+            opts="show"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        seckill__subcmd__help__subcmd__order__subcmd__show)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        seckill__subcmd__help__subcmd__pay)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -426,6 +501,20 @@ _seckill() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        seckill__subcmd__help__subcmd__waitlist)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         seckill__subcmd__help__subcmd__worker)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
@@ -447,6 +536,150 @@ _seckill() {
                 return 0
             fi
             case "${prev}" in
+                --format)
+                    COMPREPLY=($(compgen -W "table json" -- "${cur}"))
+                    return 0
+                    ;;
+                --redis-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --connect-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        seckill__subcmd__order)
+            opts="-v -q -h -V --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version show help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --redis-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --connect-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        seckill__subcmd__order__subcmd__help)
+            opts="show help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        seckill__subcmd__order__subcmd__help__subcmd__help)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        seckill__subcmd__order__subcmd__help__subcmd__show)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        seckill__subcmd__order__subcmd__show)
+            opts="-v -q -h -V --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --format)
+                    COMPREPLY=($(compgen -W "table json" -- "${cur}"))
+                    return 0
+                    ;;
+                --redis-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --connect-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        seckill__subcmd__pay)
+            opts="-v -q -h -V --order --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --order)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --format)
                     COMPREPLY=($(compgen -W "table json" -- "${cur}"))
                     return 0
@@ -740,8 +973,50 @@ _seckill() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        seckill__subcmd__waitlist)
+            opts="-v -q -h -V --voucher --limit --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --voucher)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --limit)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --format)
+                    COMPREPLY=($(compgen -W "table json" -- "${cur}"))
+                    return 0
+                    ;;
+                --redis-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --connect-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         seckill__subcmd__worker)
-            opts="-v -q -h -V --consumer --batch --block --claim-idle --max-deliveries --lock-lease --keep --lanes --until-idle --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            opts="-v -q -h -V --consumer --batch --block --claim-idle --max-deliveries --lock-lease --keep --lanes --deadline-lease --sweep-every --sweep-grace --node-id --until-idle --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -776,6 +1051,22 @@ _seckill() {
                     return 0
                     ;;
                 --lanes)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --deadline-lease)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --sweep-every)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --sweep-grace)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --node-id)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -37,6 +37,9 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand bench 'Load-test the admission script and report attempts/s and latency'
             cand worker 'Persist admitted orders from the streams to MySQL (layers 2-4)'
             cand pending 'Show stream backlog, pending entries and dead letters; requeue dead letters'
+            cand pay 'Mark a pending order paid (before its payment deadline)'
+            cand order 'Look up orders'
+            cand waitlist 'Show a voucher''s waitlist and how many released units it received'
             cand generate 'Write shell completions and man pages (for packagers)'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
@@ -187,6 +190,10 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand --lock-lease 'Lease of the per-(user, voucher) locks, renewed while a batch runs'
             cand --keep 'Trim acknowledged stream entries older than this'
             cand --lanes 'Batches in hand at once (one reads and locks while another commits)'
+            cand --deadline-lease 'A claimed payment deadline comes back after this long if its claimer died'
+            cand --sweep-every 'How often MySQL is swept for pending orders whose deadline Redis lost'
+            cand --sweep-grace 'How far past its deadline a pending order must be for the sweep to cancel it'
+            cand --node-id 'Snowflake node id (0..=1023), distinct per app server [default: process id mod 1024]'
             cand --format 'Output format'
             cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
             cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
@@ -223,6 +230,78 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand -V 'Print version'
             cand --version 'Print version'
         }
+        &'seckill;pay'= {
+            cand --order 'Order id'
+            cand --format 'Output format'
+            cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
+            cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
+            cand --prefix 'Key prefix of every Redis key'
+            cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand -q 'Only errors on stderr'
+            cand --quiet 'Only errors on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'seckill;order'= {
+            cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
+            cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
+            cand --prefix 'Key prefix of every Redis key'
+            cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand -q 'Only errors on stderr'
+            cand --quiet 'Only errors on stderr'
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+            cand show 'One order: status, user, voucher, created, payment deadline, paid/cancelled time'
+            cand help 'Print this message or the help of the given subcommand(s)'
+        }
+        &'seckill;order;show'= {
+            cand --format 'Output format'
+            cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
+            cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
+            cand --prefix 'Key prefix of every Redis key'
+            cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand -q 'Only errors on stderr'
+            cand --quiet 'Only errors on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'seckill;order;help'= {
+            cand show 'One order: status, user, voucher, created, payment deadline, paid/cancelled time'
+            cand help 'Print this message or the help of the given subcommand(s)'
+        }
+        &'seckill;order;help;show'= {
+        }
+        &'seckill;order;help;help'= {
+        }
+        &'seckill;waitlist'= {
+            cand --voucher 'Voucher id'
+            cand --limit 'How many users from the head of the line to show'
+            cand --format 'Output format'
+            cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
+            cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
+            cand --prefix 'Key prefix of every Redis key'
+            cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand -q 'Only errors on stderr'
+            cand --quiet 'Only errors on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
         &'seckill;generate'= {
             cand --out-dir 'Directory that receives completions/ and man/'
             cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
@@ -246,6 +325,9 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand bench 'Load-test the admission script and report attempts/s and latency'
             cand worker 'Persist admitted orders from the streams to MySQL (layers 2-4)'
             cand pending 'Show stream backlog, pending entries and dead letters; requeue dead letters'
+            cand pay 'Mark a pending order paid (before its payment deadline)'
+            cand order 'Look up orders'
+            cand waitlist 'Show a voucher''s waitlist and how many released units it received'
             cand generate 'Write shell completions and man pages (for packagers)'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
@@ -268,6 +350,15 @@ set edit:completion:arg-completer[seckill] = {|@words|
         &'seckill;help;worker'= {
         }
         &'seckill;help;pending'= {
+        }
+        &'seckill;help;pay'= {
+        }
+        &'seckill;help;order'= {
+            cand show 'One order: status, user, voucher, created, payment deadline, paid/cancelled time'
+        }
+        &'seckill;help;order;show'= {
+        }
+        &'seckill;help;waitlist'= {
         }
         &'seckill;help;generate'= {
         }

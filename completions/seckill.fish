@@ -39,6 +39,9 @@ complete -c seckill -n "__fish_seckill_needs_command" -f -a "buy" -d 'One admiss
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "bench" -d 'Load-test the admission script and report attempts/s and latency'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "worker" -d 'Persist admitted orders from the streams to MySQL (layers 2-4)'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "pending" -d 'Show stream backlog, pending entries and dead letters; requeue dead letters'
+complete -c seckill -n "__fish_seckill_needs_command" -f -a "pay" -d 'Mark a pending order paid (before its payment deadline)'
+complete -c seckill -n "__fish_seckill_needs_command" -f -a "order" -d 'Look up orders'
+complete -c seckill -n "__fish_seckill_needs_command" -f -a "waitlist" -d 'Show a voucher\'s waitlist and how many released units it received'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "generate" -d 'Write shell completions and man pages (for packagers)'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c seckill -n "__fish_seckill_using_subcommand init" -l format -d 'Output format' -r -f -a "table\t'A table for people'
@@ -143,6 +146,10 @@ complete -c seckill -n "__fish_seckill_using_subcommand worker" -l max-deliverie
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l lock-lease -d 'Lease of the per-(user, voucher) locks, renewed while a batch runs' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l keep -d 'Trim acknowledged stream entries older than this' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l lanes -d 'Batches in hand at once (one reads and locks while another commits)' -r
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l deadline-lease -d 'A claimed payment deadline comes back after this long if its claimer died' -r
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l sweep-every -d 'How often MySQL is swept for pending orders whose deadline Redis lost' -r
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l sweep-grace -d 'How far past its deadline a pending order must be for the sweep to cancel it' -r
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l node-id -d 'Snowflake node id (0..=1023), distinct per app server [default: process id mod 1024]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l format -d 'Output format' -r -f -a "table\t'A table for people'
 json\t'JSON for scripts'"
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
@@ -169,6 +176,51 @@ complete -c seckill -n "__fish_seckill_using_subcommand pending" -s v -l verbose
 complete -c seckill -n "__fish_seckill_using_subcommand pending" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand pending" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c seckill -n "__fish_seckill_using_subcommand pending" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand pay" -l order -d 'Order id' -r
+complete -c seckill -n "__fish_seckill_using_subcommand pay" -l format -d 'Output format' -r -f -a "table\t'A table for people'
+json\t'JSON for scripts'"
+complete -c seckill -n "__fish_seckill_using_subcommand pay" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_using_subcommand pay" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand pay" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_using_subcommand pay" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand pay" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_using_subcommand pay" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_using_subcommand pay" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c seckill -n "__fish_seckill_using_subcommand pay" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -s h -l help -d 'Print help'
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -f -a "show" -d 'One order: status, user, voucher, created, payment deadline, paid/cancelled time'
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -l format -d 'Output format' -r -f -a "table\t'A table for people'
+json\t'JSON for scripts'"
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from help" -f -a "show" -d 'One order: status, user, voucher, created, payment deadline, paid/cancelled time'
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l voucher -d 'Voucher id' -r
+complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l limit -d 'How many users from the head of the line to show' -r
+complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l format -d 'Output format' -r -f -a "table\t'A table for people'
+json\t'JSON for scripts'"
+complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -s V -l version -d 'Print version'
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -l out-dir -d 'Directory that receives completions/ and man/' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
@@ -178,14 +230,18 @@ complete -c seckill -n "__fish_seckill_using_subcommand generate" -s v -l verbos
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s h -l help -d 'Print help'
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s V -l version -d 'Print version'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending generate help" -f -a "init" -d 'Create or upgrade the MySQL schema and check both servers\' versions'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending generate help" -f -a "voucher" -d 'Add and list vouchers (MySQL, the source of truth)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending generate help" -f -a "preload" -d 'Load vouchers from MySQL into the Redis gate and register them for workers'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending generate help" -f -a "buy" -d 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending generate help" -f -a "bench" -d 'Load-test the admission script and report attempts/s and latency'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending generate help" -f -a "worker" -d 'Persist admitted orders from the streams to MySQL (layers 2-4)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending generate help" -f -a "pending" -d 'Show stream backlog, pending entries and dead letters; requeue dead letters'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending generate help" -f -a "generate" -d 'Write shell completions and man pages (for packagers)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending generate help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist generate help" -f -a "init" -d 'Create or upgrade the MySQL schema and check both servers\' versions'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist generate help" -f -a "voucher" -d 'Add and list vouchers (MySQL, the source of truth)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist generate help" -f -a "preload" -d 'Load vouchers from MySQL into the Redis gate and register them for workers'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist generate help" -f -a "buy" -d 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist generate help" -f -a "bench" -d 'Load-test the admission script and report attempts/s and latency'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist generate help" -f -a "worker" -d 'Persist admitted orders from the streams to MySQL (layers 2-4)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist generate help" -f -a "pending" -d 'Show stream backlog, pending entries and dead letters; requeue dead letters'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist generate help" -f -a "pay" -d 'Mark a pending order paid (before its payment deadline)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist generate help" -f -a "order" -d 'Look up orders'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist generate help" -f -a "waitlist" -d 'Show a voucher\'s waitlist and how many released units it received'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist generate help" -f -a "generate" -d 'Write shell completions and man pages (for packagers)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist generate help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from voucher" -f -a "add" -d 'Add a voucher to MySQL (then `seckill preload` opens it at the gate)'
 complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from voucher" -f -a "list" -d 'List vouchers: MySQL stock and orders beside the Redis gate\'s state'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from order" -f -a "show" -d 'One order: status, user, voucher, created, payment deadline, paid/cancelled time'

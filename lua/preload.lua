@@ -8,6 +8,11 @@
 -- KEYS[3]  seckill:{V}:buyers          set    replaced by KEYS[4] (or emptied when KEYS[4] is absent)
 -- KEYS[4]  seckill:{V}:buyers:staging  set    the rebuilt buyers, consumed
 -- KEYS[5]  seckill:{V}:orders          stream only read: its last entry id
+-- KEYS[6]  seckill:{V}:released        set    replaced by KEYS[7] (or emptied)
+-- KEYS[7]  seckill:{V}:released:staging set   cancelled orders in MySQL, consumed:
+--                                       the stock published here already
+--                                       counts their units, so nothing may
+--                                       give them back a second time
 --
 -- ARGV[1..4]  total, begin_ms, end_ms, pay_timeout_ms
 -- ARGV[5]     stock to publish
@@ -24,16 +29,18 @@ if last[1] then last_id = last[1][1] end
 local stock = redis.call('GET', KEYS[2]) or ''
 local buyers = tostring(redis.call('SCARD', KEYS[3]))
 if last_id ~= ARGV[6] or stock ~= ARGV[7] or buyers ~= ARGV[8] then
-  redis.call('DEL', KEYS[4])
+  redis.call('DEL', KEYS[4], KEYS[7])
   return 0
 end
 
 redis.call('HSET', KEYS[1], 'total', ARGV[1], 'begin_ms', ARGV[2], 'end_ms', ARGV[3],
   'pay_timeout_ms', ARGV[4])
 redis.call('SET', KEYS[2], ARGV[5])
-if redis.call('EXISTS', KEYS[4]) == 1 then
-  redis.call('RENAME', KEYS[4], KEYS[3])
-else
-  redis.call('DEL', KEYS[3])
+for _, pair in ipairs({{KEYS[4], KEYS[3]}, {KEYS[7], KEYS[6]}}) do
+  if redis.call('EXISTS', pair[1]) == 1 then
+    redis.call('RENAME', pair[1], pair[2])
+  else
+    redis.call('DEL', pair[2])
+  end
 end
 return 1

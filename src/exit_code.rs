@@ -18,6 +18,13 @@ pub const ENDED: u8 = 13;
 /// `buy`: the voucher is not loaded into Redis (`seckill preload`).
 pub const UNKNOWN_VOUCHER: u8 = 14;
 
+/// `pay`: the order was already paid.
+pub const ALREADY_PAID: u8 = 20;
+/// `pay`: the order was cancelled at (or is past) its payment deadline.
+pub const ORDER_CANCELLED: u8 = 21;
+/// `pay`, `order show`: no such order.
+pub const UNKNOWN_ORDER: u8 = 22;
+
 /// The table shown in `seckill --help` and the README.
 pub const HELP: &str = "\
 Exit codes:
@@ -28,4 +35,7 @@ Exit codes:
   11  buy: sold out, waitlisted
   12  buy: sale not started
   13  buy: sale ended
-  14  buy: unknown voucher (not preloaded)";
+  14  buy: unknown voucher (not preloaded)
+  20  pay: already paid
+  21  pay: cancelled at (or past) its payment deadline
+  22  pay, order show: unknown order";

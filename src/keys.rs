@@ -56,6 +56,10 @@ impl VoucherKeys {
     pub fn buyers_staging(&self) -> String {
         self.key("buyers:staging")
     }
+    /// Scratch key for rebuilding the released set before swapping it in.
+    pub fn released_staging(&self) -> String {
+        self.key("released:staging")
+    }
 }
 
 /// The registry of preloaded vouchers, where workers discover streams.

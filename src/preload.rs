@@ -1,9 +1,11 @@
 //! `seckill preload`: MySQL (the truth) → the Redis gate, for one voucher.
 //!
-//! Sets meta and stock from MySQL and rebuilds the buyers set from MySQL
-//! orders, then registers the voucher for workers. It refuses while orders
-//! are in flight, because MySQL's stock does not yet count them and copying
-//! it to Redis would sell those units a second time.
+//! Sets meta and stock from MySQL, rebuilds the buyers set (every user with
+//! an order) and the released set (every cancelled order: MySQL's stock
+//! already counts their units) from MySQL, schedules the deadlines of
+//! pending orders, then registers the voucher for workers. It refuses while
+//! orders are in flight, because MySQL's stock does not yet count them and
+//! copying it to Redis would sell those units a second time.
 
 use crate::redis_store::RedisConn;
 use redis::AsyncCommands;
@@ -48,12 +50,23 @@ pub async fn preload<C: RedisConn>(
         });
     }
     let v = voucher::get(db, voucher_id).await?;
-    let users = voucher::order_users(db, voucher_id).await?;
+    let orders = voucher::order_digest(db, voucher_id).await?;
+    let users: Vec<u64> = orders.iter().map(|o| o.1).collect();
+    let cancelled: Vec<u64> = orders.iter().filter(|o| o.2 == -1).map(|o| o.0).collect();
+    let deadlines: Vec<(i64, u64)> = orders
+        .iter()
+        .filter(|o| o.2 == 0)
+        .map(|o| (o.3 + v.pay_timeout_ms, o.0))
+        .collect();
 
     let staging = keys.buyers_staging();
-    let _: () = conn.del(&staging).await?;
+    let released_staging = keys.released_staging();
+    let _: () = conn.del(&[&staging, &released_staging]).await?;
     for chunk in users.chunks(STAGING_CHUNK) {
         let _: () = conn.sadd(&staging, chunk).await?;
+    }
+    for chunk in cancelled.chunks(STAGING_CHUNK) {
+        let _: () = conn.sadd(&released_staging, chunk).await?;
     }
     let published: i64 = PRELOAD
         .key(keys.meta())
@@ -61,6 +74,8 @@ pub async fn preload<C: RedisConn>(
         .key(keys.buyers())
         .key(&staging)
         .key(keys.orders())
+        .key(keys.released())
+        .key(&released_staging)
         .arg(v.total_stock)
         .arg(v.begin_ms)
         .arg(v.end_ms)
@@ -73,6 +88,12 @@ pub async fn preload<C: RedisConn>(
         .await?;
     if published != 1 {
         return Err(Error::Busy(voucher_id));
+    }
+    // Deadlines are derived from the stored orders, so adding them again is
+    // harmless; a deadline Redis lost comes back here (the sweep is the
+    // backstop when nobody preloads).
+    for chunk in deadlines.chunks(STAGING_CHUNK) {
+        let _: () = conn.zadd_multiple(keys.timeouts(), chunk).await?;
     }
     let _: () = conn.sadd(registry(prefix)?, voucher_id).await?;
     Ok(PreloadReport {

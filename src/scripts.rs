@@ -35,3 +35,10 @@ pub static REQUEUE: LazyLock<Script> =
 /// Deletes a consumer from the group only while it has nothing pending.
 pub static FORGET_CONSUMER: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/forget_consumer.lua")));
+
+/// Layer 5: claim due payment deadlines with a lease.
+pub static CLAIM_DUE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/claim_due.lua")));
+/// Layer 5: give back cancelled orders' units (to the waitlist or the gate), once.
+pub static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/release.lua")));

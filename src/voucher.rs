@@ -154,13 +154,15 @@ pub async fn get(db: &Db, id: u64) -> Result<Voucher> {
     row.map(from_row).ok_or(Error::VoucherNotFound(id))
 }
 
-/// Users holding an order of this voucher in any status: one order per user
-/// ever (the UNIQUE key), so each of them stays a buyer at the gate.
-pub async fn order_users(db: &Db, id: u64) -> Result<Vec<u64>> {
+/// The orders of a voucher as the gate needs them: (order id, user, status,
+/// creation ms). One order per user ever (the UNIQUE key), so every user
+/// here stays a buyer at the gate, whatever the status.
+pub async fn order_digest(db: &Db, id: u64) -> Result<Vec<(u64, u64, i8, i64)>> {
     let mut conn = db.conn().await?;
     Ok(conn
         .exec(
-            "SELECT user_id FROM seckill_order WHERE voucher_id = ?",
+            "SELECT id, user_id, status, CAST(ROUND(UNIX_TIMESTAMP(create_time) * 1000) AS SIGNED)
+               FROM seckill_order WHERE voucher_id = ?",
             (id,),
         )
         .await?)

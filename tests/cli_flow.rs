@@ -245,6 +245,18 @@ async fn preload_rebuilds_the_gate_from_mysql_and_is_idempotent() {
     assert_eq!(meta["pay_timeout_ms"], 900_000);
     assert!(meta["begin_ms"] < meta["end_ms"]);
 
+    // The cancelled order's unit is in the stock preload published: it is
+    // marked given back, so nothing gives it back again. The pending order
+    // has its deadline; the paid one has none.
+    let released: Vec<u64> = redis.smembers(keys.released()).await.unwrap();
+    assert_eq!(released, vec![103]);
+    let deadlines: Vec<(u64, f64)> = redis
+        .zrange_withscores(keys.timeouts(), 0, -1)
+        .await
+        .unwrap();
+    assert_eq!(deadlines.len(), 1);
+    assert_eq!(deadlines[0].0, 101);
+
     let snap = env.snapshot().await;
     assert!(run(&env, &["preload", "--voucher", "1"]).status.success());
     assert_eq!(

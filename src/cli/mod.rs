@@ -6,10 +6,13 @@ mod common;
 mod confirm;
 pub mod generate;
 mod init;
+mod order;
+mod pay;
 mod pending;
 mod preload;
 mod render;
 mod voucher;
+mod waitlist;
 mod worker;
 
 use std::io::IsTerminal;
@@ -65,6 +68,13 @@ pub enum Command {
     Worker(worker::WorkerArgs),
     /// Show stream backlog, pending entries and dead letters; requeue dead letters
     Pending(pending::PendingArgs),
+    /// Mark a pending order paid (before its payment deadline)
+    Pay(pay::PayArgs),
+    /// Look up orders
+    #[command(subcommand)]
+    Order(order::OrderCommand),
+    /// Show a voucher's waitlist and how many released units it received
+    Waitlist(waitlist::WaitlistArgs),
     /// Write shell completions and man pages (for packagers)
     #[command(hide = true)]
     Generate(generate::GenerateArgs),
@@ -113,6 +123,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Bench(args) => bench::run(&cfg, args).await,
         Command::Worker(args) => worker::run(&cfg, args).await,
         Command::Pending(args) => pending::run(&cfg, args).await,
+        Command::Pay(args) => pay::run(&cfg, args).await,
+        Command::Order(cmd) => order::run(&cfg, cmd).await,
+        Command::Waitlist(args) => waitlist::run(&cfg, args).await,
     }
 }
 

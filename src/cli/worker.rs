@@ -5,11 +5,12 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::common::{parse_duration, Format, FormatOpt};
+use super::common::{parse_duration, Format, FormatOpt, NodeIdOpt};
 use super::render::{print_json, table};
 use crate::config::Config;
 use crate::exit_code;
 use crate::shutdown;
+use crate::worker::deadlines::DeadlineOptions;
 use crate::worker::{self, default_consumer, StatsSnapshot, WorkerOptions, WorkerStats};
 
 #[derive(Args, Debug)]
@@ -38,6 +39,17 @@ pub struct WorkerArgs {
     /// Batches in hand at once (one reads and locks while another commits)
     #[arg(long, default_value_t = 2)]
     pub lanes: usize,
+    /// A claimed payment deadline comes back after this long if its claimer died
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub deadline_lease: Duration,
+    /// How often MySQL is swept for pending orders whose deadline Redis lost
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub sweep_every: Duration,
+    /// How far past its deadline a pending order must be for the sweep to cancel it
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub sweep_grace: Duration,
+    #[command(flatten)]
+    pub node: NodeIdOpt,
     /// Exit 0 once no voucher has undelivered or pending entries (for cron)
     #[arg(long)]
     pub until_idle: bool,
@@ -56,6 +68,13 @@ pub async fn run(cfg: &Config, args: WorkerArgs) -> anyhow::Result<u8> {
         until_idle: args.until_idle,
         keep: args.keep,
         lanes: args.lanes,
+        node_id: args.node.get(),
+        deadlines: DeadlineOptions {
+            lease: args.deadline_lease,
+            sweep_every: args.sweep_every,
+            sweep_grace: args.sweep_grace,
+            batch: args.batch,
+        },
     };
     opts.validate()?;
     let stop = shutdown::on_signals()?;
@@ -104,6 +123,13 @@ fn summary_table(s: &Summary) -> comfy_table::Table {
             s.stats.lock_denied.to_string(),
         ),
         ("lock leases lost", s.stats.lock_lost.to_string()),
+        ("unpaid orders cancelled", s.stats.cancelled.to_string()),
+        ("units given back", s.stats.released.to_string()),
+        ("units handed to the waitlist", s.stats.promoted.to_string()),
+        (
+            "worst deadline lateness",
+            format!("{} ms", s.stats.max_lateness_ms),
+        ),
     ];
     for (k, v) in rows {
         t.add_row(vec![k.to_string(), v]);

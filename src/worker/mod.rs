@@ -8,6 +8,7 @@
 //! its entries pending; whoever reclaims them redoes the same steps, which
 //! are idempotent against what was already committed.
 
+pub mod deadlines;
 pub mod keepalive;
 pub mod message;
 pub mod persist;
@@ -57,6 +58,10 @@ pub struct WorkerOptions {
     /// Batches in hand at once: while one waits for its MySQL commit, the
     /// next is read and locked (each lane has its own connections).
     pub lanes: usize,
+    /// Snowflake node id of the orders this worker mints (promotions).
+    pub node_id: u16,
+    /// Layer 5: payment deadlines.
+    pub deadlines: deadlines::DeadlineOptions,
 }
 
 impl WorkerOptions {
@@ -76,6 +81,12 @@ impl WorkerOptions {
         }
         if self.lock_lease < Duration::from_millis(30) {
             return bad("--lock-lease must be at least 30ms");
+        }
+        if self.deadlines.lease < Duration::from_millis(100) {
+            return bad("--deadline-lease must be at least 100ms");
+        }
+        if self.deadlines.sweep_every < Duration::from_millis(100) {
+            return bad("--sweep-every must be at least 100ms");
         }
         if !(1..=16).contains(&self.lanes) {
             return bad("--lanes must be between 1 and 16");
@@ -142,6 +153,9 @@ struct Worker {
     streams: BTreeMap<u64, String>,
     /// Why an entry could not be persisted last time (for its dead letter).
     last_error: HashMap<String, String>,
+    /// With --until-idle, lane 0 handles the payment deadlines itself, so
+    /// that it never exits while a release is about to add promotions.
+    deadlines: Option<deadlines::Deadlines>,
 }
 
 /// Runs until `stop` is cancelled (after finishing the batch in hand) or,
@@ -159,6 +173,19 @@ pub async fn run(
     redis_store::check_version(&mut conn).await?;
     let db = Db::connect(&cfg).await?;
     let run_id = crate::snowflake::Snowflake::new(0)?.next_id();
+    let deadline_worker = deadlines::Deadlines::new(
+        cfg.clone(),
+        opts.deadlines.clone(),
+        db.clone(),
+        redis_store::connect(&cfg).await?,
+        crate::snowflake::Snowflake::new(opts.node_id)?,
+        stats.clone(),
+    );
+    let (mut inline_deadlines, deadline_task) = if opts.until_idle {
+        (Some(deadline_worker), None)
+    } else {
+        (None, Some(tokio::spawn(deadline_worker.run(stop.clone()))))
+    };
     let mut lanes = Vec::with_capacity(opts.lanes);
     for lane in 0..opts.lanes {
         lanes.push(Worker {
@@ -177,6 +204,11 @@ pub async fn run(
             stop: stop.clone(),
             streams: BTreeMap::new(),
             last_error: HashMap::new(),
+            deadlines: if lane == 0 {
+                inline_deadlines.take()
+            } else {
+                None
+            },
         });
     }
     tracing::info!(
@@ -209,6 +241,10 @@ pub async fn run(
             }
         }
     }
+    if let Some(task) = deadline_task {
+        // Lanes stop only on `stop`, which also ends this task's loop.
+        task.await.ok();
+    }
     if let Some(mut w) = last {
         w.forget_self().await;
     }
@@ -234,6 +270,9 @@ impl Worker {
                 if self.lane == 0 && last_reclaim.is_none_or(|t| t.elapsed() >= reclaim_every) {
                     worked |= self.reclaim_all().await?;
                     last_reclaim = Some(Instant::now());
+                }
+                if let Some(d) = self.deadlines.as_mut() {
+                    worked |= d.pass().await?;
                 }
                 worked |= self.read_and_process().await?;
                 if self.lane == 0 && last_trim.elapsed() >= TRIM_EVERY {
@@ -641,8 +680,14 @@ impl Worker {
         }
     }
 
-    /// No voucher has an entry undelivered or pending (anyone's).
+    /// No voucher has an entry undelivered or pending (anyone's), and no
+    /// payment deadline this lane handles is due.
     async fn all_idle(&mut self) -> Result<bool> {
+        if let Some(d) = self.deadlines.as_mut() {
+            if d.any_due().await? {
+                return Ok(false);
+            }
+        }
         for voucher in self.streams.keys().copied().collect::<Vec<_>>() {
             let keys = VoucherKeys::new(&self.cfg.prefix, voucher)?;
             if backlog(&mut self.conn, &keys).await?.in_flight() > 0 {

@@ -17,7 +17,7 @@ use mysql_async::prelude::*;
 use mysql_async::{Conn, TxOpts};
 
 use super::message::OrderMessage;
-use crate::db::Db;
+use crate::db::{join_ids, Db};
 use crate::error::mysql_code;
 
 /// What became of one message.
@@ -238,8 +238,8 @@ async fn stored_orders(
     voucher: u64,
     msgs: &[OrderMessage],
 ) -> Result<StoredMaps, mysql_async::Error> {
-    let ids = join(msgs.iter().map(|m| m.order));
-    let users = join(msgs.iter().map(|m| m.user));
+    let ids = join_ids(msgs.iter().map(|m| m.order));
+    let users = join_ids(msgs.iter().map(|m| m.user));
     let rows: Vec<(u64, u64, u64, i8)> = tx
         .query(format!(
             "SELECT id, user_id, voucher_id, status FROM seckill_order WHERE id IN ({ids})
@@ -325,15 +325,4 @@ async fn insert_orders<'a>(
         );
     }
     tx.query_drop(sql).await
-}
-
-fn join(ids: impl Iterator<Item = u64>) -> String {
-    let mut s = String::new();
-    for (n, id) in ids.enumerate() {
-        if n > 0 {
-            s.push(',');
-        }
-        let _ = write!(s, "{id}");
-    }
-    s
 }

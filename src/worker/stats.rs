@@ -13,6 +13,10 @@ pub struct WorkerStats {
     reclaimed: AtomicU64,
     lock_denied: AtomicU64,
     lock_lost: AtomicU64,
+    cancelled: AtomicU64,
+    released: AtomicU64,
+    promoted: AtomicU64,
+    max_lateness_ms: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -29,6 +33,14 @@ pub struct StatsSnapshot {
     pub lock_denied: u64,
     /// Lock leases that expired while their batch was being persisted.
     pub lock_lost: u64,
+    /// Unpaid orders cancelled at their payment deadline.
+    pub cancelled: u64,
+    /// Units given back at the gate (to the stock or the waitlist).
+    pub released: u64,
+    /// Of those, units handed to waitlisted users.
+    pub promoted: u64,
+    /// Worst time from a deadline to its cancellation.
+    pub max_lateness_ms: u64,
 }
 
 impl WorkerStats {
@@ -48,6 +60,15 @@ impl WorkerStats {
         self.lock_lost.fetch_add(n, Ordering::Relaxed);
     }
 
+    pub fn add_released(&self, cancelled: u64, released: u64, promoted: u64) {
+        self.cancelled.fetch_add(cancelled, Ordering::Relaxed);
+        self.released.fetch_add(released, Ordering::Relaxed);
+        self.promoted.fetch_add(promoted, Ordering::Relaxed);
+    }
+    pub fn note_lateness(&self, ms: u64) {
+        self.max_lateness_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
     pub fn snapshot(&self) -> StatsSnapshot {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         StatsSnapshot {
@@ -58,6 +79,10 @@ impl WorkerStats {
             reclaimed: get(&self.reclaimed),
             lock_denied: get(&self.lock_denied),
             lock_lost: get(&self.lock_lost),
+            cancelled: get(&self.cancelled),
+            released: get(&self.released),
+            promoted: get(&self.promoted),
+            max_lateness_ms: get(&self.max_lateness_ms),
         }
     }
 }

@@ -20,6 +20,10 @@ pub struct VoucherState {
     pub redis_stock: Option<i64>,
     pub buyers: BTreeSet<u64>,
     pub waitlist: Vec<u64>,
+    /// Order ids whose unit was given back at the gate.
+    pub released: BTreeSet<u64>,
+    /// Pending orders past their payment deadline by more than a second.
+    pub overdue_pending: u64,
     /// (user, order) of the stream entries not yet acknowledged
     /// (undelivered or pending; a pending one may already be in MySQL).
     pub in_flight: Vec<(u64, u64)>,
@@ -44,6 +48,15 @@ pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
         .await
         .expect("read orders");
     let orders_len = rows.len();
+    let overdue_pending: Option<u64> = conn
+        .exec_first(
+            "SELECT COUNT(*) FROM seckill_order o JOIN seckill_voucher v ON v.voucher_id = o.voucher_id
+              WHERE o.voucher_id = ? AND o.status = 0
+                AND o.create_time < NOW(3) - INTERVAL (v.pay_timeout_ms + 1000) * 1000 MICROSECOND",
+            (voucher,),
+        )
+        .await
+        .expect("overdue orders");
     let orders: BTreeMap<u64, (u64, i8)> =
         rows.into_iter().map(|(u, id, st)| (u, (id, st))).collect();
     assert_eq!(
@@ -62,7 +75,10 @@ pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
         .zrange(keys.waitlist(), 0, -1)
         .await
         .expect("waitlist");
+    let released: Vec<u64> = redis.smembers(keys.released()).await.expect("released");
     VoucherState {
+        released: released.into_iter().collect(),
+        overdue_pending: overdue_pending.unwrap_or(0),
         total,
         mysql_stock,
         orders,
@@ -177,6 +193,24 @@ pub async fn assert_invariants(env: &TestEnv, voucher: u64) -> VoucherState {
     assert_eq!(
         s.buyers, seen,
         "I5: buyers at the gate differ from users with an order or an entry in flight"
+    );
+    // I6: no pending order lingers past its deadline, and every cancelled
+    // order's unit was given back at the gate (the released set holds it;
+    // I2 above shows it was given back once).
+    assert_eq!(
+        s.overdue_pending, 0,
+        "I6: pending orders past their payment deadline"
+    );
+    let cancelled: BTreeSet<u64> = s
+        .orders
+        .values()
+        .filter(|o| o.1 == -1)
+        .map(|o| o.0)
+        .collect();
+    assert!(
+        cancelled.is_subset(&s.released),
+        "I6: cancelled orders whose unit was not given back: {:?}",
+        cancelled.difference(&s.released).collect::<Vec<_>>()
     );
     // A buyer is never waitlisted; each waitlisted user appears once.
     let waitlisted: BTreeSet<u64> = s.waitlist.iter().copied().collect();

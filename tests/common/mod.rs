@@ -109,6 +109,32 @@ impl TestEnv {
 
     /// Adds a voucher whose sale window is [now + begin_offset_ms, now + end_offset_ms).
     pub async fn add_voucher(&self, id: u64, stock: i64, begin_offset_ms: i64, end_offset_ms: i64) {
+        self.add_voucher_paying_within(
+            id,
+            stock,
+            begin_offset_ms,
+            end_offset_ms,
+            voucher::DEFAULT_PAY_TIMEOUT_MS,
+        )
+        .await
+    }
+
+    /// A live voucher (open for an hour) whose orders must be paid within
+    /// `pay_timeout_ms`, preloaded.
+    pub async fn live_voucher_paying_within(&self, id: u64, stock: i64, pay_timeout_ms: i64) {
+        self.add_voucher_paying_within(id, stock, -1_000, 3_600_000, pay_timeout_ms)
+            .await;
+        self.preload(id).await;
+    }
+
+    pub async fn add_voucher_paying_within(
+        &self,
+        id: u64,
+        stock: i64,
+        begin_offset_ms: i64,
+        end_offset_ms: i64,
+        pay_timeout_ms: i64,
+    ) {
         let now = now_ms();
         let db = self.db().await;
         voucher::add(
@@ -119,7 +145,7 @@ impl TestEnv {
                 stock,
                 begin_ms: now + begin_offset_ms,
                 end_ms: now + end_offset_ms,
-                pay_timeout_ms: voucher::DEFAULT_PAY_TIMEOUT_MS,
+                pay_timeout_ms,
             },
         )
         .await
@@ -269,6 +295,43 @@ impl TestEnv {
                 "only {n} orders of voucher {voucher} after {limit:?}"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// (order id, user, status) of every order of the voucher.
+    pub async fn orders(&self, voucher: u64) -> Vec<(u64, u64, i8)> {
+        let db = self.db().await;
+        let mut conn = db.conn().await.expect("mysql");
+        let rows: Vec<(u64, u64, i8)> = conn
+            .exec(
+                "SELECT id, user_id, status FROM seckill_order WHERE voucher_id = ? ORDER BY id",
+                (voucher,),
+            )
+            .await
+            .expect("read orders");
+        drop(conn);
+        db.close().await;
+        rows
+    }
+
+    /// Waits until no order of the voucher is pending any more.
+    pub async fn wait_settled(&self, voucher: u64, limit: Duration) {
+        let start = std::time::Instant::now();
+        loop {
+            let pending = self
+                .orders(voucher)
+                .await
+                .iter()
+                .filter(|o| o.2 == 0)
+                .count();
+            if pending == 0 {
+                return;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "{pending} orders still pending after {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 

@@ -1,0 +1,60 @@
+//! `seckill order show`
+
+use clap::{Args, Subcommand};
+
+use super::common::{parse_id, Format, FormatOpt};
+use super::render::{print_json, table};
+use crate::config::Config;
+use crate::db::Db;
+use crate::exit_code;
+use crate::order::{self, OrderView};
+use crate::timespec::format_ms;
+
+#[derive(Subcommand, Debug)]
+pub enum OrderCommand {
+    /// One order: status, user, voucher, created, payment deadline, paid/cancelled time
+    Show(ShowArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ShowArgs {
+    /// Order id
+    #[arg(value_parser = parse_id, allow_hyphen_values = true)]
+    pub id: u64,
+    #[command(flatten)]
+    pub format: FormatOpt,
+}
+
+pub async fn run(cfg: &Config, cmd: OrderCommand) -> anyhow::Result<u8> {
+    let OrderCommand::Show(args) = cmd;
+    let db = Db::connect(cfg).await?;
+    let found = order::get(&db, args.id).await;
+    db.close().await;
+    let Some(o) = found? else {
+        eprintln!("error: unknown order: there is no order {}", args.id);
+        return Ok(exit_code::UNKNOWN_ORDER);
+    };
+    match args.format.format {
+        Format::Json => print_json(&o)?,
+        Format::Table => println!("{}", order_table(&o)),
+    }
+    Ok(exit_code::OK)
+}
+
+fn order_table(o: &OrderView) -> comfy_table::Table {
+    let mut t = table(&["order", &o.id.to_string()]);
+    let time = |ms: Option<i64>| ms.map_or("-".to_string(), format_ms);
+    let rows = [
+        ("status", o.status.to_string()),
+        ("user", o.user.to_string()),
+        ("voucher", o.voucher.to_string()),
+        ("created", format_ms(o.created_ms)),
+        ("payment deadline", format_ms(o.deadline_ms)),
+        ("paid", time(o.paid_ms)),
+        ("cancelled", time(o.cancelled_ms)),
+    ];
+    for (k, v) in rows {
+        t.add_row(vec![k.to_string(), v]);
+    }
+    t
+}

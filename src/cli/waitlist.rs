@@ -1,0 +1,58 @@
+//! `seckill waitlist`
+
+use clap::Args;
+
+use super::common::{parse_id, Format, FormatOpt};
+use super::render::{print_json, table};
+use crate::config::Config;
+use crate::exit_code;
+use crate::keys::VoucherKeys;
+use crate::redis_store;
+use crate::timespec::{format_duration_ms, format_ms, now_ms};
+use crate::waitlist::{self, Waitlist};
+
+#[derive(Args, Debug)]
+pub struct WaitlistArgs {
+    /// Voucher id
+    #[arg(long, value_parser = parse_id, allow_hyphen_values = true)]
+    pub voucher: u64,
+    /// How many users from the head of the line to show
+    #[arg(long, default_value_t = 20)]
+    pub limit: usize,
+    #[command(flatten)]
+    pub format: FormatOpt,
+}
+
+pub async fn run(cfg: &Config, args: WaitlistArgs) -> anyhow::Result<u8> {
+    let keys = VoucherKeys::new(&cfg.prefix, args.voucher)?;
+    let mut redis = redis_store::connect(cfg).await?;
+    let w = waitlist::read(&mut redis, &keys, args.voucher, args.limit.max(1)).await?;
+    match args.format.format {
+        Format::Json => print_json(&w)?,
+        Format::Table => {
+            println!(
+                "voucher {}: {} waiting, {} released unit(s) handed to the waitlist so far",
+                w.voucher, w.length, w.promotions
+            );
+            if !w.head.is_empty() {
+                println!("{}", waitlist_table(&w, now_ms()));
+            }
+        }
+    }
+    Ok(exit_code::OK)
+}
+
+fn waitlist_table(w: &Waitlist, now: i64) -> comfy_table::Table {
+    let mut t = table(&["position", "user", "queued at", "waiting for"]);
+    for e in &w.head {
+        // Whole seconds read better than humantime's milliseconds here.
+        let waited = (now - e.queued_ms).max(0) / 1000 * 1000;
+        t.add_row(vec![
+            e.position.to_string(),
+            e.user.to_string(),
+            format_ms(e.queued_ms),
+            format_duration_ms(waited),
+        ]);
+    }
+    t
+}

@@ -1,0 +1,197 @@
+//! Layer 5: payment deadlines. Claiming due deadlines with a lease, cancelling
+//! unpaid orders in MySQL (the unit back to MySQL stock exactly when the
+//! status changed), giving the unit back at the gate once per order (to the
+//! waitlist's head, or to the stock), and finding overdue orders whose
+//! deadline Redis lost.
+
+use mysql_async::prelude::*;
+use mysql_async::TxOpts;
+use redis::Value;
+
+use crate::db::{join_ids, Db};
+use crate::error::{Error, Result};
+use crate::keys::VoucherKeys;
+use crate::redis_store::RedisConn;
+use crate::scripts::{CLAIM_DUE, RELEASE};
+use crate::snowflake::Snowflake;
+
+/// A claimed deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Due {
+    pub order: u64,
+    pub deadline_ms: i64,
+}
+
+/// Claims up to `limit` due deadlines for `lease_ms`; returns Redis's clock
+/// and the deadlines as they were.
+pub async fn claim_due(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    lease_ms: u64,
+    limit: usize,
+) -> Result<(i64, Vec<Due>)> {
+    let (now, flat): (i64, Vec<Value>) = CLAIM_DUE
+        .key(keys.timeouts())
+        .arg(lease_ms)
+        .arg(limit)
+        .invoke_async(conn)
+        .await?;
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::Int(n) => n.to_string(),
+        other => format!("{other:?}"),
+    };
+    let mut due = Vec::with_capacity(flat.len() / 2);
+    for pair in flat.chunks(2) {
+        let [member, score] = pair else { continue };
+        let (member, score) = (text(member), text(score));
+        match (member.parse::<u64>(), score.parse::<f64>()) {
+            (Ok(order), Ok(deadline)) => due.push(Due {
+                order,
+                deadline_ms: deadline as i64,
+            }),
+            _ => tracing::warn!(
+                "{}: ignoring malformed deadline {member:?} {score:?}",
+                keys.timeouts()
+            ),
+        }
+    }
+    Ok((now, due))
+}
+
+/// What MySQL said about orders whose deadline came.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Cancellation {
+    /// Cancelled now or earlier: their unit must be given back at the gate
+    /// (release.lua makes that happen once per order).
+    pub cancelled: Vec<u64>,
+    /// How many of them this transaction cancelled (and restocked in MySQL).
+    pub cancelled_now: u64,
+    /// Paid, or not in MySQL: their deadline is simply dropped.
+    pub settled: Vec<u64>,
+}
+
+/// In one transaction: `pending -> cancelled` for these orders of `voucher`,
+/// and `stock + k` for exactly the k rows that changed. A concurrent payment
+/// of the same order waits for the row lock and then finds it cancelled (or
+/// this update finds it paid): exactly one outcome.
+pub async fn cancel_unpaid(db: &Db, voucher: u64, orders: &[u64]) -> Result<Cancellation> {
+    if orders.is_empty() {
+        return Ok(Cancellation::default());
+    }
+    let ids = join_ids(orders.iter().copied());
+    let mut conn = db.conn().await?;
+    let mut tx = conn.start_transaction(TxOpts::default()).await?;
+    tx.query_drop(format!(
+        "UPDATE seckill_order SET status = -1, cancel_time = NOW(3)
+          WHERE voucher_id = {voucher} AND id IN ({ids}) AND status = 0"
+    ))
+    .await?;
+    let cancelled_now = tx.affected_rows();
+    if cancelled_now > 0 {
+        tx.exec_drop(
+            "UPDATE seckill_voucher SET stock = stock + ? WHERE voucher_id = ?",
+            (cancelled_now, voucher),
+        )
+        .await?;
+    }
+    let rows: Vec<(u64, u64, i8)> = tx
+        .query(format!(
+            "SELECT id, voucher_id, status FROM seckill_order WHERE id IN ({ids})"
+        ))
+        .await?;
+    crate::fault::pause("before_cancel_commit").await;
+    tx.commit().await?;
+    let mut out = Cancellation {
+        cancelled_now,
+        ..Default::default()
+    };
+    for &order in orders {
+        match rows.iter().find(|r| r.0 == order) {
+            Some(&(_, v, -1)) if v == voucher => out.cancelled.push(order),
+            Some(&(_, v, 0)) if v == voucher => {
+                // Not possible after the update above; keep the deadline.
+                tracing::warn!("order {order} is still pending after its cancellation");
+            }
+            Some(_) => out.settled.push(order),
+            None => {
+                tracing::warn!("voucher {voucher}: order {order} has a deadline but is not in MySQL; dropping the deadline");
+                out.settled.push(order);
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Released {
+    /// Units given back now (an order already released counts 0).
+    pub released: u64,
+    /// Of those, units handed to waitlisted users.
+    pub promoted: u64,
+}
+
+/// Gives back the units of `cancelled` orders at the gate, once per order,
+/// and drops the deadlines of `settled` ones (release.lua).
+pub async fn release(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    voucher: u64,
+    cancelled: &[u64],
+    settled: &[u64],
+    ids: &Snowflake,
+) -> Result<Released> {
+    if cancelled.is_empty() && settled.is_empty() {
+        return Ok(Released::default());
+    }
+    let mut inv = RELEASE.prepare_invoke();
+    inv.key(keys.stock())
+        .key(keys.buyers())
+        .key(keys.waitlist())
+        .key(keys.orders())
+        .key(keys.events())
+        .key(keys.timeouts())
+        .key(keys.released())
+        .key(keys.meta())
+        .arg(voucher)
+        .arg(cancelled.len());
+    for order in cancelled {
+        inv.arg(*order).arg(ids.next_id());
+    }
+    for order in settled {
+        inv.arg(*order);
+    }
+    let (released, promoted): (u64, u64) = inv.invoke_async(conn).await?;
+    Ok(Released { released, promoted })
+}
+
+/// Pending orders of `voucher` created before `created_before_ms`: overdue
+/// by MySQL's own account, whatever Redis remembers (the backstop sweep).
+pub async fn overdue_in_mysql(
+    db: &Db,
+    voucher: u64,
+    created_before_ms: i64,
+    limit: usize,
+) -> Result<Vec<u64>> {
+    let mut conn = db.conn().await?;
+    Ok(conn
+        .exec(
+            "SELECT id FROM seckill_order
+              WHERE voucher_id = ? AND status = 0 AND create_time < FROM_UNIXTIME(? / 1000)
+              ORDER BY create_time LIMIT ?",
+            (voucher, created_before_ms, limit as u64),
+        )
+        .await?)
+}
+
+/// The payment timeout of a voucher, from MySQL.
+pub async fn pay_timeout_ms(db: &Db, voucher: u64) -> Result<i64> {
+    let mut conn = db.conn().await?;
+    conn.exec_first(
+        "SELECT pay_timeout_ms FROM seckill_voucher WHERE voucher_id = ?",
+        (voucher,),
+    )
+    .await?
+    .ok_or(Error::VoucherNotFound(voucher))
+}

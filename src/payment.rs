@@ -1,0 +1,64 @@
+//! `seckill pay`: pending → paid, conditionally, before the deadline. Racing
+//! the deadline on one order, exactly one of the two conditional updates
+//! changes the row.
+
+use mysql_async::prelude::*;
+use redis::AsyncCommands;
+
+use crate::db::Db;
+use crate::error::Result;
+use crate::keys::VoucherKeys;
+use crate::redis_store::RedisConn;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PayOutcome {
+    Paid {
+        voucher: u64,
+        user: u64,
+    },
+    AlreadyPaid,
+    Cancelled,
+    /// Still pending, but its payment deadline has passed: it is about to be
+    /// cancelled and can no longer be paid.
+    DeadlinePassed,
+    UnknownOrder,
+}
+
+pub async fn pay(db: &Db, order: u64) -> Result<PayOutcome> {
+    let mut conn = db.conn().await?;
+    conn.exec_drop(
+        "UPDATE seckill_order o JOIN seckill_voucher v ON v.voucher_id = o.voucher_id
+            SET o.status = 1, o.pay_time = NOW(3)
+          WHERE o.id = ? AND o.status = 0
+            AND o.create_time > NOW(3) - INTERVAL v.pay_timeout_ms * 1000 MICROSECOND",
+        (order,),
+    )
+    .await?;
+    let paid_now = conn.affected_rows() > 0;
+    let row: Option<(u64, u64, i8)> = conn
+        .exec_first(
+            "SELECT voucher_id, user_id, status FROM seckill_order WHERE id = ?",
+            (order,),
+        )
+        .await?;
+    Ok(match row {
+        None => PayOutcome::UnknownOrder,
+        Some((voucher, user, 1)) if paid_now => PayOutcome::Paid { voucher, user },
+        Some((_, _, 1)) => PayOutcome::AlreadyPaid,
+        Some((_, _, -1)) => PayOutcome::Cancelled,
+        Some(_) => PayOutcome::DeadlinePassed,
+    })
+}
+
+/// After a payment, the deadline has nothing left to do; dropping it saves
+/// the canceller a MySQL round trip (it would find the order paid anyway).
+pub async fn forget_deadline(
+    conn: &mut impl RedisConn,
+    prefix: &str,
+    voucher: u64,
+    order: u64,
+) -> Result<()> {
+    let keys = VoucherKeys::new(prefix, voucher)?;
+    let _: () = conn.zrem(keys.timeouts(), order).await?;
+    Ok(())
+}

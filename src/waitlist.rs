@@ -1,0 +1,54 @@
+//! The waitlist of a voucher, read for operators.
+
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::keys::VoucherKeys;
+use crate::redis_store::RedisConn;
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Waiting {
+    pub position: u64,
+    pub user: u64,
+    /// When the user was first queued (Unix ms).
+    pub queued_ms: i64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Waitlist {
+    pub voucher: u64,
+    pub length: u64,
+    /// Released units handed to waitlisted users so far.
+    pub promotions: u64,
+    pub head: Vec<Waiting>,
+}
+
+/// The first `limit` users in line, the queue's length and the promotions.
+pub async fn read(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    voucher: u64,
+    limit: usize,
+) -> Result<Waitlist> {
+    let (entries, length, promotions): (Vec<(u64, f64)>, u64, Option<u64>) = redis::pipe()
+        .zrange_withscores(keys.waitlist(), 0, limit as isize - 1)
+        .zcard(keys.waitlist())
+        .hget(keys.meta(), "promotions")
+        .query_async(conn)
+        .await?;
+    Ok(Waitlist {
+        voucher,
+        length,
+        promotions: promotions.unwrap_or(0),
+        head: entries
+            .into_iter()
+            .enumerate()
+            .map(|(i, (user, score))| Waiting {
+                position: i as u64 + 1,
+                user,
+                // Scores are microseconds.
+                queued_ms: (score / 1000.0) as i64,
+            })
+            .collect(),
+    })
+}

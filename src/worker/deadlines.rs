@@ -1,0 +1,248 @@
+//! Layer 5 inside `seckill worker`: cancel orders unpaid at their deadline
+//! and give their units back, plus the MySQL sweep that catches deadlines
+//! Redis lost. Runs as its own task (sleeping until the next due deadline,
+//! at most a second) or, with --until-idle, inline in the first lane.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use redis::AsyncCommands;
+use tokio_util::sync::CancellationToken;
+
+use super::WorkerStats;
+use crate::config::Config;
+use crate::db::Db;
+use crate::deadline::{self, Due};
+use crate::error::Result;
+use crate::keys::{registry, VoucherKeys};
+use crate::snowflake::Snowflake;
+use crate::timespec::now_ms;
+
+#[derive(Debug, Clone)]
+pub struct DeadlineOptions {
+    /// A claimed deadline comes back after this long if its claimer died.
+    pub lease: Duration,
+    /// How often MySQL is swept for overdue pending orders.
+    pub sweep_every: Duration,
+    /// How far past its deadline an order must be before the sweep takes it.
+    pub sweep_grace: Duration,
+    /// Deadlines claimed (and orders swept) per voucher per round trip.
+    pub batch: usize,
+}
+
+/// Longest sleep between looks at the deadlines: deadlines scheduled by
+/// other worker processes are noticed at least this often.
+const MAX_SLEEP: Duration = Duration::from_secs(1);
+
+pub struct Deadlines {
+    cfg: Arc<Config>,
+    opts: DeadlineOptions,
+    db: Db,
+    conn: MultiplexedConnection,
+    ids: Snowflake,
+    stats: Arc<WorkerStats>,
+    pay_timeouts: HashMap<u64, i64>,
+    last_sweep: Option<Instant>,
+}
+
+impl Deadlines {
+    pub fn new(
+        cfg: Arc<Config>,
+        opts: DeadlineOptions,
+        db: Db,
+        conn: MultiplexedConnection,
+        ids: Snowflake,
+        stats: Arc<WorkerStats>,
+    ) -> Deadlines {
+        Deadlines {
+            cfg,
+            opts,
+            db,
+            conn,
+            ids,
+            stats,
+            pay_timeouts: HashMap::new(),
+            last_sweep: None,
+        }
+    }
+
+    /// Until `stop`: a pass, then sleep until the next deadline is due.
+    pub async fn run(mut self, stop: CancellationToken) {
+        let mut backoff = Duration::from_millis(100);
+        while !stop.is_cancelled() {
+            let wait = match self.pass().await {
+                Ok(_) => {
+                    backoff = Duration::from_millis(100);
+                    self.until_next_due().await.unwrap_or(MAX_SLEEP)
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "payment deadlines: {e}; retrying in {}",
+                        humantime::format_duration(backoff)
+                    );
+                    let b = backoff;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    if let Ok(c) = crate::redis_store::connect(&self.cfg).await {
+                        self.conn = c;
+                    }
+                    b
+                }
+            };
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    async fn vouchers(&mut self) -> Result<Vec<u64>> {
+        let mut ids: Vec<u64> = self.conn.smembers(registry(&self.cfg.prefix)?).await?;
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    /// Handles every due deadline of every voucher (and the sweep when it is
+    /// time); true when it did anything.
+    pub async fn pass(&mut self) -> Result<bool> {
+        let mut worked = false;
+        for voucher in self.vouchers().await? {
+            let keys = VoucherKeys::new(&self.cfg.prefix, voucher)?;
+            loop {
+                let lease = self.opts.lease.as_millis() as u64;
+                let (now, due) =
+                    deadline::claim_due(&mut self.conn, &keys, lease, self.opts.batch).await?;
+                if due.is_empty() {
+                    break;
+                }
+                worked = true;
+                let full = due.len() == self.opts.batch;
+                self.settle(voucher, &keys, &due, Some((now, Instant::now())))
+                    .await?;
+                if !full {
+                    break;
+                }
+            }
+        }
+        if self
+            .last_sweep
+            .is_none_or(|t| t.elapsed() >= self.opts.sweep_every)
+        {
+            worked |= self.sweep().await?;
+            self.last_sweep = Some(Instant::now());
+        }
+        Ok(worked)
+    }
+
+    /// Cancels in MySQL, then gives the units back in Redis. A crash between
+    /// the two leaves the claimed deadline to come back after its lease;
+    /// the cancellation is then found done and the release happens once.
+    /// `claimed`: Redis's clock at the claim, and when that was here, to
+    /// measure how late the cancellation committed (none for the sweep).
+    async fn settle(
+        &mut self,
+        voucher: u64,
+        keys: &VoucherKeys,
+        due: &[Due],
+        claimed: Option<(i64, Instant)>,
+    ) -> Result<()> {
+        let orders: Vec<u64> = due.iter().map(|d| d.order).collect();
+        let c = deadline::cancel_unpaid(&self.db, voucher, &orders).await?;
+        if let Some((redis_now, at)) = claimed {
+            let committed = redis_now + at.elapsed().as_millis() as i64;
+            let latest = due
+                .iter()
+                .map(|d| committed - d.deadline_ms)
+                .max()
+                .unwrap_or(0);
+            self.stats.note_lateness(latest.max(0) as u64);
+        }
+        crate::fault::pause("after_cancel").await;
+        let r = deadline::release(
+            &mut self.conn,
+            keys,
+            voucher,
+            &c.cancelled,
+            &c.settled,
+            &self.ids,
+        )
+        .await?;
+        self.stats
+            .add_released(c.cancelled_now, r.released, r.promoted);
+        if c.cancelled_now > 0 || r.released > 0 {
+            tracing::debug!(
+                "voucher {voucher}: {} unpaid order(s) cancelled, {} unit(s) given back ({} to the waitlist)",
+                c.cancelled_now,
+                r.released,
+                r.promoted
+            );
+        }
+        Ok(())
+    }
+
+    /// The backstop: pending orders past deadline + grace by MySQL's clock.
+    async fn sweep(&mut self) -> Result<bool> {
+        let mut worked = false;
+        for voucher in self.vouchers().await? {
+            let timeout = match self.pay_timeouts.get(&voucher) {
+                Some(t) => *t,
+                None => match deadline::pay_timeout_ms(&self.db, voucher).await {
+                    Ok(t) => {
+                        self.pay_timeouts.insert(voucher, t);
+                        t
+                    }
+                    // A voucher Redis knows and MySQL does not has no orders to sweep.
+                    Err(crate::Error::VoucherNotFound(_)) => continue,
+                    Err(e) => return Err(e),
+                },
+            };
+            let cutoff = now_ms() - timeout - self.opts.sweep_grace.as_millis() as i64;
+            let overdue =
+                deadline::overdue_in_mysql(&self.db, voucher, cutoff, self.opts.batch).await?;
+            if overdue.is_empty() {
+                continue;
+            }
+            worked = true;
+            tracing::warn!(
+                "voucher {voucher}: {} pending order(s) past their payment deadline were missed by Redis; cancelling them",
+                overdue.len()
+            );
+            let keys = VoucherKeys::new(&self.cfg.prefix, voucher)?;
+            let due: Vec<Due> = overdue
+                .into_iter()
+                .map(|order| Due {
+                    order,
+                    deadline_ms: 0,
+                })
+                .collect();
+            self.settle(voucher, &keys, &due, None).await?;
+        }
+        Ok(worked)
+    }
+
+    /// Time until the earliest deadline of any voucher (capped at a second).
+    pub async fn until_next_due(&mut self) -> Result<Duration> {
+        let vouchers = self.vouchers().await?;
+        if vouchers.is_empty() {
+            return Ok(MAX_SLEEP);
+        }
+        let mut pipe = redis::pipe();
+        for v in &vouchers {
+            pipe.zrange_withscores(VoucherKeys::new(&self.cfg.prefix, *v)?.timeouts(), 0, 0);
+        }
+        let firsts: Vec<Vec<(String, f64)>> = pipe.query_async(&mut self.conn).await?;
+        let earliest = firsts.iter().flatten().map(|(_, s)| *s as i64).min();
+        let now = now_ms();
+        Ok(match earliest {
+            Some(t) if t <= now => Duration::ZERO,
+            Some(t) => Duration::from_millis((t - now) as u64).min(MAX_SLEEP),
+            None => MAX_SLEEP,
+        })
+    }
+
+    /// Whether any deadline is due now (for --until-idle).
+    pub async fn any_due(&mut self) -> Result<bool> {
+        Ok(self.until_next_due().await? == Duration::ZERO)
+    }
+}
