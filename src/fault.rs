@@ -5,7 +5,9 @@
 //!
 //! Steps: `after_lock` (locks held, nothing in MySQL), `before_commit` (the
 //! transaction is open), `after_commit` (committed, not yet acknowledged),
-//! `after_ack` (acknowledged, locks not yet released).
+//! `after_ack` (acknowledged and unlocked); for payment deadlines
+//! `before_cancel_commit` and `after_cancel` (cancelled in MySQL, the unit not
+//! yet given back in Redis).
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
