@@ -43,6 +43,7 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('pay', 'pay', [CompletionResultType]::ParameterValue, 'Mark a pending order paid (before its payment deadline)')
             [CompletionResult]::new('order', 'order', [CompletionResultType]::ParameterValue, 'Look up orders')
             [CompletionResult]::new('waitlist', 'waitlist', [CompletionResultType]::ParameterValue, 'Show a voucher''s waitlist and how many released units it received')
+            [CompletionResult]::new('reconcile', 'reconcile', [CompletionResultType]::ParameterValue, 'Compare Redis with MySQL per voucher, classify drift, repair it safely')
             [CompletionResult]::new('generate', 'generate', [CompletionResultType]::ParameterValue, 'Write shell completions and man pages (for packagers)')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
@@ -326,6 +327,30 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
             break
         }
+        'seckill;reconcile' {
+            [CompletionResult]::new('--voucher', '--voucher', [CompletionResultType]::ParameterName, 'Only these vouchers (repeatable) [default: every voucher registered at the gate or holding orders in MySQL]')
+            [CompletionResult]::new('--attempts', '--attempts', [CompletionResultType]::ParameterName, 'How often to re-read a voucher that keeps moving before calling it busy')
+            [CompletionResult]::new('--settle', '--settle', [CompletionResultType]::ParameterName, 'Cancellations and new orders younger than this are still being handled by a worker, not drift (keep it above the worker''s --deadline-lease)')
+            [CompletionResult]::new('--node-id', '--node-id', [CompletionResultType]::ParameterName, 'Snowflake node id (0..=1023), distinct per app server [default: process id mod 1024]')
+            [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format')
+            [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis URL (redis://[:password@]host:port/[db])')
+            [CompletionResult]::new('--mysql-url', '--mysql-url', [CompletionResultType]::ParameterName, 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]')
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key prefix of every Redis key')
+            [CompletionResult]::new('--connect-timeout', '--connect-timeout', [CompletionResultType]::ParameterName, 'How long to wait for a server to accept a connection')
+            [CompletionResult]::new('--dry-run', '--dry-run', [CompletionResultType]::ParameterName, 'Report what would be repaired; change nothing')
+            [CompletionResult]::new('--fix-mysql', '--fix-mysql', [CompletionResultType]::ParameterName, 'Also repair MySQL when its stock + active orders != total')
+            [CompletionResult]::new('-y', '-y', [CompletionResultType]::ParameterName, 'Do not ask for confirmation (for cron and scripts)')
+            [CompletionResult]::new('--yes', '--yes', [CompletionResultType]::ParameterName, 'Do not ask for confirmation (for cron and scripts)')
+            [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')
+            [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Only errors on stderr')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Only errors on stderr')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
+            [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
+            break
+        }
         'seckill;generate' {
             [CompletionResult]::new('--out-dir', '--out-dir', [CompletionResultType]::ParameterName, 'Directory that receives completions/ and man/')
             [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis URL (redis://[:password@]host:port/[db])')
@@ -353,6 +378,7 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('pay', 'pay', [CompletionResultType]::ParameterValue, 'Mark a pending order paid (before its payment deadline)')
             [CompletionResult]::new('order', 'order', [CompletionResultType]::ParameterValue, 'Look up orders')
             [CompletionResult]::new('waitlist', 'waitlist', [CompletionResultType]::ParameterValue, 'Show a voucher''s waitlist and how many released units it received')
+            [CompletionResult]::new('reconcile', 'reconcile', [CompletionResultType]::ParameterValue, 'Compare Redis with MySQL per voucher, classify drift, repair it safely')
             [CompletionResult]::new('generate', 'generate', [CompletionResultType]::ParameterValue, 'Write shell completions and man pages (for packagers)')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
@@ -397,6 +423,9 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             break
         }
         'seckill;help;waitlist' {
+            break
+        }
+        'seckill;help;reconcile' {
             break
         }
         'seckill;help;generate' {

@@ -43,6 +43,9 @@ _seckill() {
             seckill,preload)
                 cmd="seckill__subcmd__preload"
                 ;;
+            seckill,reconcile)
+                cmd="seckill__subcmd__reconcile"
+                ;;
             seckill,voucher)
                 cmd="seckill__subcmd__voucher"
                 ;;
@@ -78,6 +81,9 @@ _seckill() {
                 ;;
             seckill__subcmd__help,preload)
                 cmd="seckill__subcmd__help__subcmd__preload"
+                ;;
+            seckill__subcmd__help,reconcile)
+                cmd="seckill__subcmd__help__subcmd__reconcile"
                 ;;
             seckill__subcmd__help,voucher)
                 cmd="seckill__subcmd__help__subcmd__voucher"
@@ -134,7 +140,7 @@ _seckill() {
 
     case "${cmd}" in
         seckill)
-            opts="-v -q -h -V --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version init voucher preload buy bench worker pending pay order waitlist generate help"
+            opts="-v -q -h -V --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version init voucher preload buy bench worker pending pay order waitlist reconcile generate help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -306,7 +312,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__help)
-            opts="init voucher preload buy bench worker pending pay order waitlist generate help"
+            opts="init voucher preload buy bench worker pending pay order waitlist reconcile generate help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -446,6 +452,20 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__help__subcmd__preload)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        seckill__subcmd__help__subcmd__reconcile)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -761,6 +781,56 @@ _seckill() {
             fi
             case "${prev}" in
                 --voucher)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --format)
+                    COMPREPLY=($(compgen -W "table json" -- "${cur}"))
+                    return 0
+                    ;;
+                --redis-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --connect-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        seckill__subcmd__reconcile)
+            opts="-y -v -q -h -V --voucher --dry-run --fix-mysql --attempts --settle --yes --node-id --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --voucher)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --attempts)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --settle)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --node-id)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -40,6 +40,7 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand pay 'Mark a pending order paid (before its payment deadline)'
             cand order 'Look up orders'
             cand waitlist 'Show a voucher''s waitlist and how many released units it received'
+            cand reconcile 'Compare Redis with MySQL per voucher, classify drift, repair it safely'
             cand generate 'Write shell completions and man pages (for packagers)'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
@@ -302,6 +303,29 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand -V 'Print version'
             cand --version 'Print version'
         }
+        &'seckill;reconcile'= {
+            cand --voucher 'Only these vouchers (repeatable) [default: every voucher registered at the gate or holding orders in MySQL]'
+            cand --attempts 'How often to re-read a voucher that keeps moving before calling it busy'
+            cand --settle 'Cancellations and new orders younger than this are still being handled by a worker, not drift (keep it above the worker''s --deadline-lease)'
+            cand --node-id 'Snowflake node id (0..=1023), distinct per app server [default: process id mod 1024]'
+            cand --format 'Output format'
+            cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
+            cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
+            cand --prefix 'Key prefix of every Redis key'
+            cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand --dry-run 'Report what would be repaired; change nothing'
+            cand --fix-mysql 'Also repair MySQL when its stock + active orders != total'
+            cand -y 'Do not ask for confirmation (for cron and scripts)'
+            cand --yes 'Do not ask for confirmation (for cron and scripts)'
+            cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand -q 'Only errors on stderr'
+            cand --quiet 'Only errors on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
         &'seckill;generate'= {
             cand --out-dir 'Directory that receives completions/ and man/'
             cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
@@ -328,6 +352,7 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand pay 'Mark a pending order paid (before its payment deadline)'
             cand order 'Look up orders'
             cand waitlist 'Show a voucher''s waitlist and how many released units it received'
+            cand reconcile 'Compare Redis with MySQL per voucher, classify drift, repair it safely'
             cand generate 'Write shell completions and man pages (for packagers)'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
@@ -359,6 +384,8 @@ set edit:completion:arg-completer[seckill] = {|@words|
         &'seckill;help;order;show'= {
         }
         &'seckill;help;waitlist'= {
+        }
+        &'seckill;help;reconcile'= {
         }
         &'seckill;help;generate'= {
         }

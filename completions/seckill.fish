@@ -42,6 +42,7 @@ complete -c seckill -n "__fish_seckill_needs_command" -f -a "pending" -d 'Show s
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "pay" -d 'Mark a pending order paid (before its payment deadline)'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "order" -d 'Look up orders'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "waitlist" -d 'Show a voucher\'s waitlist and how many released units it received'
+complete -c seckill -n "__fish_seckill_needs_command" -f -a "reconcile" -d 'Compare Redis with MySQL per voucher, classify drift, repair it safely'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "generate" -d 'Write shell completions and man pages (for packagers)'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c seckill -n "__fish_seckill_using_subcommand init" -l format -d 'Output format' -r -f -a "table\t'A table for people'
@@ -221,6 +222,23 @@ complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -s v -l verbos
 complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l voucher -d 'Only these vouchers (repeatable) [default: every voucher registered at the gate or holding orders in MySQL]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l attempts -d 'How often to re-read a voucher that keeps moving before calling it busy' -r
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l settle -d 'Cancellations and new orders younger than this are still being handled by a worker, not drift (keep it above the worker\'s --deadline-lease)' -r
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l node-id -d 'Snowflake node id (0..=1023), distinct per app server [default: process id mod 1024]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l format -d 'Output format' -r -f -a "table\t'A table for people'
+json\t'JSON for scripts'"
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l dry-run -d 'Report what would be repaired; change nothing'
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l fix-mysql -d 'Also repair MySQL when its stock + active orders != total'
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -s y -l yes -d 'Do not ask for confirmation (for cron and scripts)'
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -s V -l version -d 'Print version'
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -l out-dir -d 'Directory that receives completions/ and man/' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
@@ -230,18 +248,19 @@ complete -c seckill -n "__fish_seckill_using_subcommand generate" -s v -l verbos
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s h -l help -d 'Print help'
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s V -l version -d 'Print version'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist generate help" -f -a "init" -d 'Create or upgrade the MySQL schema and check both servers\' versions'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist generate help" -f -a "voucher" -d 'Add and list vouchers (MySQL, the source of truth)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist generate help" -f -a "preload" -d 'Load vouchers from MySQL into the Redis gate and register them for workers'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist generate help" -f -a "buy" -d 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist generate help" -f -a "bench" -d 'Load-test the admission script and report attempts/s and latency'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist generate help" -f -a "worker" -d 'Persist admitted orders from the streams to MySQL (layers 2-4)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist generate help" -f -a "pending" -d 'Show stream backlog, pending entries and dead letters; requeue dead letters'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist generate help" -f -a "pay" -d 'Mark a pending order paid (before its payment deadline)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist generate help" -f -a "order" -d 'Look up orders'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist generate help" -f -a "waitlist" -d 'Show a voucher\'s waitlist and how many released units it received'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist generate help" -f -a "generate" -d 'Write shell completions and man pages (for packagers)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist generate help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "init" -d 'Create or upgrade the MySQL schema and check both servers\' versions'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "voucher" -d 'Add and list vouchers (MySQL, the source of truth)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "preload" -d 'Load vouchers from MySQL into the Redis gate and register them for workers'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "buy" -d 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "bench" -d 'Load-test the admission script and report attempts/s and latency'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "worker" -d 'Persist admitted orders from the streams to MySQL (layers 2-4)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "pending" -d 'Show stream backlog, pending entries and dead letters; requeue dead letters'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "pay" -d 'Mark a pending order paid (before its payment deadline)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "order" -d 'Look up orders'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "waitlist" -d 'Show a voucher\'s waitlist and how many released units it received'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "reconcile" -d 'Compare Redis with MySQL per voucher, classify drift, repair it safely'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "generate" -d 'Write shell completions and man pages (for packagers)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from voucher" -f -a "add" -d 'Add a voucher to MySQL (then `seckill preload` opens it at the gate)'
 complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from voucher" -f -a "list" -d 'List vouchers: MySQL stock and orders beside the Redis gate\'s state'
 complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from order" -f -a "show" -d 'One order: status, user, voucher, created, payment deadline, paid/cancelled time'

@@ -67,3 +67,42 @@ async fn count_after<C: RedisConn>(conn: &mut C, stream: &str, after: &str) -> R
         }
     }
 }
+
+/// (user, order) of every entry not yet acknowledged — undelivered, or
+/// delivered and pending — whatever its consumer. Malformed entries are
+/// skipped (they are the dead-letter path's business).
+pub async fn in_flight_orders<C: RedisConn>(
+    conn: &mut C,
+    keys: &VoucherKeys,
+) -> Result<Vec<(u64, u64)>> {
+    let stream = keys.orders();
+    let length: u64 = conn.xlen(&stream).await?;
+    if length == 0 {
+        return Ok(Vec::new());
+    }
+    let groups: StreamInfoGroupsReply = conn.xinfo_groups(&stream).await?;
+    let group = groups.groups.into_iter().find(|g| g.name == WORKER_GROUP);
+    let pending: std::collections::HashSet<String> = match &group {
+        Some(g) if g.pending > 0 => {
+            let reply: redis::streams::StreamPendingCountReply = conn
+                .xpending_count(&stream, WORKER_GROUP, "-", "+", g.pending)
+                .await?;
+            reply.ids.into_iter().map(|p| p.id).collect()
+        }
+        _ => Default::default(),
+    };
+    let after = group.map(|g| parse_id(&g.last_delivered_id));
+    let all: redis::streams::StreamRangeReply = conn.xrange_all(&stream).await?;
+    Ok(all
+        .ids
+        .iter()
+        .filter(|e| after.is_none_or(|a| parse_id(&e.id) > a) || pending.contains(&e.id))
+        .filter_map(|e| Some((e.get::<u64>("user")?, e.get::<u64>("order")?)))
+        .collect())
+}
+
+/// A stream id as (ms, seq), for ordering.
+pub(crate) fn parse_id(id: &str) -> (u64, u64) {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+}

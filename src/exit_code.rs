@@ -7,6 +7,10 @@ pub const OK: u8 = 0;
 pub const ERROR: u8 = 1;
 /// The command line could not be parsed (clap's convention).
 pub const USAGE: u8 = 2;
+/// `reconcile`: drift found (with --dry-run, or not all of it repaired).
+pub const DRIFT_FOUND: u8 = 3;
+/// `reconcile`: drift found and all of it repaired.
+pub const DRIFT_REPAIRED: u8 = 4;
 /// `buy`: the user already holds a unit of this voucher.
 pub const ALREADY_BOUGHT: u8 = 10;
 /// `buy`: sold out; the user is on the waitlist.
@@ -31,6 +35,8 @@ Exit codes:
    0  success (buy: admitted)
    1  error (bad input, server unreachable or refusing, operation refused)
    2  usage error (the command line could not be parsed)
+   3  reconcile: drift found (dry run, or not all of it repaired)
+   4  reconcile: drift found and all of it repaired
   10  buy: already bought
   11  buy: sold out, waitlisted
   12  buy: sale not started

@@ -7,6 +7,7 @@ use crate::error::Result;
 /// The keys of one voucher.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VoucherKeys {
+    prefix: String,
     base: String,
 }
 
@@ -14,8 +15,13 @@ impl VoucherKeys {
     pub fn new(prefix: &str, voucher: u64) -> Result<Self> {
         validate_prefix(prefix)?;
         Ok(VoucherKeys {
+            prefix: prefix.to_string(),
             base: format!("{prefix}:{{{voucher}}}"),
         })
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
     }
 
     fn key(&self, name: &str) -> String {

@@ -21,6 +21,7 @@ pub mod order;
 pub mod payment;
 pub mod pending;
 pub mod preload;
+pub mod reconcile;
 pub mod redis_store;
 pub mod schema;
 pub mod scripts;

@@ -42,3 +42,7 @@ pub static CLAIM_DUE: LazyLock<Script> =
 /// Layer 5: give back cancelled orders' units (to the waitlist or the gate), once.
 pub static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/release.lua")));
+
+/// Reconciliation: a repair applied only if the voucher did not move.
+pub static RECONCILE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/reconcile.lua")));

@@ -10,6 +10,7 @@ mod order;
 mod pay;
 mod pending;
 mod preload;
+mod reconcile;
 mod render;
 mod voucher;
 mod waitlist;
@@ -75,6 +76,8 @@ pub enum Command {
     Order(order::OrderCommand),
     /// Show a voucher's waitlist and how many released units it received
     Waitlist(waitlist::WaitlistArgs),
+    /// Compare Redis with MySQL per voucher, classify drift, repair it safely
+    Reconcile(reconcile::ReconcileArgs),
     /// Write shell completions and man pages (for packagers)
     #[command(hide = true)]
     Generate(generate::GenerateArgs),
@@ -126,6 +129,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Pay(args) => pay::run(&cfg, args).await,
         Command::Order(cmd) => order::run(&cfg, cmd).await,
         Command::Waitlist(args) => waitlist::run(&cfg, args).await,
+        Command::Reconcile(args) => reconcile::run(&cfg, args).await,
     }
 }
 

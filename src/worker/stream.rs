@@ -11,6 +11,7 @@ use redis::streams::{
 use redis::AsyncCommands;
 
 use super::message::RawEntry;
+use crate::backlog::parse_id;
 use crate::error::Result;
 use crate::keys::{VoucherKeys, WORKER_GROUP};
 use crate::redis_store::RedisConn;
@@ -221,12 +222,6 @@ pub async fn trim(
         .await?;
     Ok(removed)
 }
-
-fn parse_id(id: &str) -> (u64, u64) {
-    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
-    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
-}
-
 /// Removes `consumer` from the group if it has nothing pending; true if removed.
 pub async fn forget_consumer(
     conn: &mut impl RedisConn,

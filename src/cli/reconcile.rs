@@ -1,0 +1,242 @@
+//! `seckill reconcile`
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget};
+use serde::Serialize;
+
+use super::common::{parse_duration, parse_id, Format, FormatOpt, NodeIdOpt};
+use super::confirm::{confirm, Confirmation};
+use super::render::{print_json, table};
+use crate::config::Config;
+use crate::db::Db;
+use crate::exit_code;
+use crate::reconcile::{self, Options, Outcome, VoucherReport};
+use crate::redis_store;
+use crate::snowflake::Snowflake;
+
+#[derive(Args, Debug)]
+pub struct ReconcileArgs {
+    /// Only these vouchers (repeatable) [default: every voucher registered at
+    /// the gate or holding orders in MySQL]
+    #[arg(long = "voucher", value_parser = parse_id, allow_hyphen_values = true)]
+    pub vouchers: Vec<u64>,
+    /// Report what would be repaired; change nothing
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Also repair MySQL when its stock + active orders != total
+    #[arg(long)]
+    pub fix_mysql: bool,
+    /// How often to re-read a voucher that keeps moving before calling it busy
+    #[arg(long, default_value_t = 5)]
+    pub attempts: usize,
+    /// Cancellations and new orders younger than this are still being handled
+    /// by a worker, not drift (keep it above the worker's --deadline-lease)
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub settle: std::time::Duration,
+    #[command(flatten)]
+    pub confirmation: Confirmation,
+    #[command(flatten)]
+    pub node: NodeIdOpt,
+    #[command(flatten)]
+    pub format: FormatOpt,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    dry_run: bool,
+    consistent: bool,
+    vouchers: &'a [VoucherReport],
+}
+
+pub async fn run(cfg: &Config, args: ReconcileArgs) -> anyhow::Result<u8> {
+    if !args.dry_run && !confirm_possible(&args.confirmation) {
+        anyhow::bail!(
+            "not a terminal, so nobody can confirm the repairs: pass --yes to repair, or --dry-run to look"
+        );
+    }
+    let db = Db::connect(cfg).await?;
+    let mut redis = redis_store::connect(cfg).await?;
+    let ids = Snowflake::new(args.node.get())?;
+    let vouchers = if args.vouchers.is_empty() {
+        reconcile::candidates(&db, &mut redis, &cfg.prefix).await?
+    } else {
+        args.vouchers.clone()
+    };
+    let look = Options {
+        dry_run: true,
+        fix_mysql: args.fix_mysql,
+        attempts: args.attempts.max(1),
+        settle_ms: args.settle.as_millis() as i64,
+    };
+    let plan = check_all(&db, &mut redis, &cfg.prefix, &vouchers, &look, &ids).await;
+    let plan = match plan {
+        Ok(p) => p,
+        Err(e) => {
+            db.close().await;
+            return Err(e);
+        }
+    };
+    // Busy vouchers go to the repair pass too: it reads them again.
+    let drifting: Vec<u64> = plan
+        .iter()
+        .filter(|r| r.outcome != Outcome::Consistent)
+        .map(|r| r.voucher)
+        .collect();
+    if args.dry_run || drifting.is_empty() {
+        db.close().await;
+        render(&args, &plan)?;
+        return Ok(exit_code_of(&plan));
+    }
+    if !args.confirmation.yes {
+        render(&args, &plan)?;
+        let question = format!("Repair {} voucher(s) as listed?", drifting.len());
+        if !confirm(&args.confirmation, &question)? {
+            db.close().await;
+            eprintln!("nothing repaired");
+            return Ok(exit_code::DRIFT_FOUND);
+        }
+    }
+    let act = Options {
+        dry_run: false,
+        ..look
+    };
+    let done = check_all(&db, &mut redis, &cfg.prefix, &drifting, &act, &ids).await;
+    db.close().await;
+    let done = done?;
+    render(&args, &done)?;
+    Ok(exit_code_of(&done))
+}
+
+/// 0 all consistent; 4 drift found and all of it repaired; 3 drift (or a
+/// voucher too busy to check) left.
+fn exit_code_of(reports: &[VoucherReport]) -> u8 {
+    let left = reports.iter().any(|r| {
+        matches!(
+            r.outcome,
+            Outcome::WouldRepair | Outcome::Busy | Outcome::NotRepaired
+        )
+    });
+    if left {
+        exit_code::DRIFT_FOUND
+    } else if reports.iter().any(|r| r.outcome == Outcome::Repaired) {
+        exit_code::DRIFT_REPAIRED
+    } else {
+        exit_code::OK
+    }
+}
+
+fn confirm_possible(c: &Confirmation) -> bool {
+    use std::io::IsTerminal;
+    c.yes || (std::io::stdin().is_terminal() && std::io::stderr().is_terminal())
+}
+
+async fn check_all(
+    db: &Db,
+    redis: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+    vouchers: &[u64],
+    opts: &Options,
+    ids: &Snowflake,
+) -> anyhow::Result<Vec<VoucherReport>> {
+    // indicatif draws nothing off a terminal; a bar is only worth it for many.
+    let bar = if vouchers.len() > 20 {
+        ProgressBar::with_draw_target(Some(vouchers.len() as u64), ProgressDrawTarget::stderr())
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut out = Vec::with_capacity(vouchers.len());
+    for &v in vouchers {
+        out.push(reconcile::reconcile_voucher(db, redis, prefix, v, opts, ids).await?);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok(out)
+}
+
+fn render(args: &ReconcileArgs, reports: &[VoucherReport]) -> anyhow::Result<()> {
+    let consistent = reports.iter().all(|r| r.outcome == Outcome::Consistent);
+    match args.format.format {
+        Format::Json => print_json(&Report {
+            dry_run: args.dry_run,
+            consistent,
+            vouchers: reports,
+        }),
+        Format::Table => {
+            println!("{}", numbers_table(reports));
+            if !consistent {
+                println!("{}", drift_table(reports));
+            }
+            Ok(())
+        }
+    }
+}
+
+fn outcome_text(o: Outcome) -> &'static str {
+    match o {
+        Outcome::Consistent => "consistent",
+        Outcome::WouldRepair => "would repair",
+        Outcome::Repaired => "repaired",
+        Outcome::Busy => "busy: kept moving, try again",
+        Outcome::NotRepaired => "not repaired",
+    }
+}
+
+fn numbers_table(reports: &[VoucherReport]) -> comfy_table::Table {
+    let mut t = table(&[
+        "voucher",
+        "total",
+        "mysql stock",
+        "pending",
+        "paid",
+        "cancelled",
+        "gate stock",
+        "expected",
+        "buyers",
+        "in flight",
+        "dead letters",
+        "state",
+    ]);
+    for r in reports {
+        t.add_row(vec![
+            r.voucher.to_string(),
+            r.mysql_total.to_string(),
+            r.mysql_stock.to_string(),
+            r.orders_pending.to_string(),
+            r.orders_paid.to_string(),
+            r.orders_cancelled.to_string(),
+            r.gate_stock.map_or("missing".into(), |s| s.to_string()),
+            r.expected_gate_stock.to_string(),
+            r.buyers.to_string(),
+            r.in_flight.to_string(),
+            r.dead_letters.to_string(),
+            outcome_text(r.outcome).to_string(),
+        ]);
+    }
+    t
+}
+
+fn drift_table(reports: &[VoucherReport]) -> comfy_table::Table {
+    let mut t = table(&["voucher", "drift", "amount", "e.g.", "action", "result"]);
+    for r in reports {
+        for d in &r.drifts {
+            let sample = d
+                .sample
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ");
+            t.add_row(vec![
+                r.voucher.to_string(),
+                serde_json::to_value(d.class)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default(),
+                d.amount.to_string(),
+                sample,
+                d.action.to_string(),
+                outcome_text(r.outcome).to_string(),
+            ]);
+        }
+    }
+    t
+}
