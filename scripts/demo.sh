@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job end to end on this machine: services up, schema, a voucher of
 # 100 units, a flash sale of 1,000 buyers (each pressing "buy" twice), the
-# worker persisting the orders to MySQL, and the outcome in tables.
+# worker persisting the orders to MySQL, and the outcome in tables, checked
+# by reconciliation.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -36,3 +37,6 @@ $seckill pending --voucher "$voucher"
 echo
 echo "== seckill voucher list: MySQL and the Redis gate agree"
 $seckill voucher list --voucher "$voucher"
+echo
+echo "== seckill reconcile --dry-run: nothing to repair"
+$seckill reconcile --dry-run --voucher "$voucher"

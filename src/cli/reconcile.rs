@@ -68,7 +68,17 @@ pub async fn run(cfg: &Config, args: ReconcileArgs) -> anyhow::Result<u8> {
         attempts: args.attempts.max(1),
         settle_ms: args.settle.as_millis() as i64,
     };
-    let plan = check_all(&db, &mut redis, &cfg.prefix, &vouchers, &look, &ids).await;
+    let explicit = !args.vouchers.is_empty();
+    let plan = check_all(
+        &db,
+        &mut redis,
+        &cfg.prefix,
+        &vouchers,
+        explicit,
+        &look,
+        &ids,
+    )
+    .await;
     let plan = match plan {
         Ok(p) => p,
         Err(e) => {
@@ -100,7 +110,16 @@ pub async fn run(cfg: &Config, args: ReconcileArgs) -> anyhow::Result<u8> {
         dry_run: false,
         ..look
     };
-    let done = check_all(&db, &mut redis, &cfg.prefix, &drifting, &act, &ids).await;
+    let done = check_all(
+        &db,
+        &mut redis,
+        &cfg.prefix,
+        &drifting,
+        explicit,
+        &act,
+        &ids,
+    )
+    .await;
     db.close().await;
     let done = done?;
     render(&args, &done)?;
@@ -130,24 +149,37 @@ fn confirm_possible(c: &Confirmation) -> bool {
     c.yes || (std::io::stdin().is_terminal() && std::io::stderr().is_terminal())
 }
 
+/// Vouchers are read in chunks (a few round trips per chunk, not per
+/// voucher), then each is classified and, unless dry-run, repaired.
 async fn check_all(
     db: &Db,
     redis: &mut redis::aio::MultiplexedConnection,
     prefix: &str,
     vouchers: &[u64],
+    explicit: bool,
     opts: &Options,
     ids: &Snowflake,
 ) -> anyhow::Result<Vec<VoucherReport>> {
+    const CHUNK: usize = 500;
     // indicatif draws nothing off a terminal; a bar is only worth it for many.
-    let bar = if vouchers.len() > 20 {
+    let bar = if vouchers.len() > CHUNK {
         ProgressBar::with_draw_target(Some(vouchers.len() as u64), ProgressDrawTarget::stderr())
     } else {
         ProgressBar::hidden()
     };
     let mut out = Vec::with_capacity(vouchers.len());
-    for &v in vouchers {
-        out.push(reconcile::reconcile_voucher(db, redis, prefix, v, opts, ids).await?);
-        bar.inc(1);
+    for chunk in vouchers.chunks(CHUNK) {
+        let reads = reconcile::read_many(db, redis, prefix, chunk, opts.settle_ms).await?;
+        for (&v, read) in chunk.iter().zip(reads) {
+            if matches!(read, reconcile::Read::Missing) && !explicit {
+                tracing::warn!("voucher {v} is registered at the gate but not in MySQL; skipped");
+                continue;
+            }
+            out.push(
+                reconcile::reconcile_voucher(db, redis, prefix, v, Some(read), opts, ids).await?,
+            );
+        }
+        bar.inc(chunk.len() as u64);
     }
     bar.finish_and_clear();
     Ok(out)

@@ -23,7 +23,7 @@ use crate::keys::VoucherKeys;
 use crate::redis_store::RedisConn;
 use crate::scripts::{PRELOAD, RECONCILE};
 use crate::snowflake::Snowflake;
-pub use snapshot::{candidates, read_voucher, Snapshot};
+pub use snapshot::{candidates, read_many, read_voucher, Read, Snapshot};
 
 /// The kinds of drift, each with the action that repairs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -183,26 +183,33 @@ pub fn classify(s: &Snapshot) -> (Vec<Drift>, i64) {
 }
 
 /// Checks one voucher and, unless dry-run, repairs what it found.
+/// `first` is a read already made (by [`read_many`]); later rounds read again.
 pub async fn reconcile_voucher(
     db: &Db,
     conn: &mut impl RedisConn,
     prefix: &str,
     voucher: u64,
+    first: Option<Read>,
     opts: &Options,
     ids: &Snowflake,
 ) -> Result<VoucherReport> {
     let keys = VoucherKeys::new(prefix, voucher)?;
+    let mut first = first;
     let mut attempt = 0;
     // Drift repaired in an earlier round (MySQL's stock, before the gate is
     // decided on a fresh read): reported, and the outcome is "repaired".
     let mut repaired_before: Vec<Drift> = Vec::new();
     loop {
         attempt += 1;
-        let Some(s) = read_voucher(db, conn, &keys, voucher, opts.settle_ms).await? else {
-            if attempt >= opts.attempts {
-                return Ok(busy_report(voucher));
-            }
-            continue;
+        let read = match first.take() {
+            Some(r) => r,
+            None => read_voucher(db, conn, &keys, voucher, opts.settle_ms).await?,
+        };
+        let s = match read {
+            Read::Snapshot(s) => s,
+            Read::Missing => return Err(Error::VoucherNotFound(voucher)),
+            Read::Moved if attempt >= opts.attempts => return Ok(busy_report(voucher)),
+            Read::Moved => continue,
         };
         let (drifts, expected) = classify(&s);
         let mut report = report_of(&s, drifts, expected);

@@ -1,13 +1,14 @@
 //! One voucher as both stores see it, read Redis first and MySQL second, with
 //! a witness of the gate read before and after the Redis part.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use mysql_async::prelude::*;
-use redis::AsyncCommands;
+use redis::streams::StreamRangeReply;
+use redis::{AsyncCommands, FromRedisValue, Value};
 
 use crate::backlog::in_flight_orders;
-use crate::db::Db;
+use crate::db::{join_ids, Db};
 use crate::error::{Error, Result};
 use crate::keys::{registry, VoucherKeys};
 use crate::redis_store::RedisConn;
@@ -101,106 +102,165 @@ impl Snapshot {
     }
 }
 
-async fn witness(conn: &mut impl RedisConn, keys: &VoucherKeys) -> Result<Witness> {
-    let (last, stock, buyers, released): (
-        redis::streams::StreamRangeReply,
-        Option<String>,
-        u64,
-        u64,
-    ) = redis::pipe()
-        .atomic()
-        .xrevrange_count(keys.orders(), "+", "-", 1)
-        .get(keys.stock())
-        .scard(keys.buyers())
-        .scard(keys.released())
-        .query_async(conn)
-        .await?;
-    Ok(Witness {
-        last_entry_id: last
-            .ids
-            .into_iter()
-            .next()
-            .map(|e| e.id)
-            .unwrap_or_default(),
-        stock: stock.unwrap_or_default(),
-        buyers,
-        released,
-    })
+/// The witnesses of many vouchers, read in one MULTI (one consistent
+/// moment for all of them on a single node).
+async fn witnesses(conn: &mut impl RedisConn, keys: &[VoucherKeys]) -> Result<Vec<Witness>> {
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    for k in keys {
+        pipe.xrevrange_count(k.orders(), "+", "-", 1)
+            .get(k.stock())
+            .scard(k.buyers())
+            .scard(k.released());
+    }
+    let replies: Vec<Value> = pipe.query_async(conn).await?;
+    replies
+        .chunks(4)
+        .map(|c| {
+            let (last, stock, buyers, released): (StreamRangeReply, Option<String>, u64, u64) =
+                FromRedisValue::from_redis_value(Value::Array(c.to_vec()))
+                    .map_err(|e| Error::Redis(format!("witness: {e}")))?;
+            Ok(Witness {
+                last_entry_id: last
+                    .ids
+                    .into_iter()
+                    .next()
+                    .map(|e| e.id)
+                    .unwrap_or_default(),
+                stock: stock.unwrap_or_default(),
+                buyers,
+                released,
+            })
+        })
+        .collect()
 }
 
-/// Reads the voucher; `None` when the gate moved while it was being read
-/// (then the two stores' views may not fit together). Work younger than
-/// `settle_ms` is treated as still on its way, not as drift.
+/// A voucher as read.
+#[derive(Debug)]
+pub enum Read {
+    Snapshot(Box<Snapshot>),
+    /// The gate moved while it was being read: the two stores' views may
+    /// not fit together. Read it again.
+    Moved,
+    /// Not in MySQL.
+    Missing,
+}
+
+/// Reads one voucher.
 pub async fn read_voucher(
     db: &Db,
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
     voucher: u64,
     settle_ms: i64,
-) -> Result<Option<Snapshot>> {
-    let before = witness(conn, keys).await?;
-    let (meta_exists, buyers, released, deadlines, dead_letters): (
-        bool,
-        Vec<u64>,
-        Vec<u64>,
-        Vec<u64>,
-        u64,
-    ) = redis::pipe()
-        .exists(keys.meta())
-        .smembers(keys.buyers())
-        .smembers(keys.released())
-        .zrange(keys.timeouts(), 0, -1)
-        .xlen(keys.dead())
-        .query_async(conn)
-        .await?;
-    let in_flight = in_flight_orders(conn, keys).await?;
-    let mut s = Snapshot {
-        voucher,
-        gate_loaded: meta_exists && !before.stock.is_empty(),
-        gate_stock: before.stock.parse().ok(),
-        buyers: buyers.into_iter().collect(),
-        released: released.into_iter().collect(),
-        deadlines: deadlines.into_iter().collect(),
-        in_flight,
-        dead_letters,
-        witness: before,
-        ..Default::default()
-    };
+) -> Result<Read> {
+    let mut reads = read_many(db, conn, keys.prefix(), &[voucher], settle_ms).await?;
+    Ok(reads.pop().unwrap_or(Read::Missing))
+}
+
+type GateRow = (bool, Vec<u64>, Vec<u64>, Vec<u64>, u64, u64);
+type VoucherRow = (u64, i64, i64, i64, i64, i64);
+type OrderRow = (u64, u64, u64, i8, i64, i8);
+
+/// Reads many vouchers with a few round trips in all: the witnesses (one
+/// MULTI), the gates (one pipeline), the streams of those with entries, the
+/// vouchers and their orders (one MySQL query each), the witnesses again.
+/// Work younger than `settle_ms` is treated as still on its way.
+pub async fn read_many(
+    db: &Db,
+    conn: &mut impl RedisConn,
+    prefix: &str,
+    vouchers: &[u64],
+    settle_ms: i64,
+) -> Result<Vec<Read>> {
+    let keys: Vec<VoucherKeys> = vouchers
+        .iter()
+        .map(|v| VoucherKeys::new(prefix, *v))
+        .collect::<Result<_>>()?;
+    let before = witnesses(conn, &keys).await?;
+    let mut pipe = redis::pipe();
+    for k in &keys {
+        pipe.exists(k.meta())
+            .smembers(k.buyers())
+            .smembers(k.released())
+            .zrange(k.timeouts(), 0, -1)
+            .xlen(k.dead())
+            .xlen(k.orders());
+    }
+    let replies: Vec<Value> = pipe.query_async(conn).await?;
+    let mut snaps = Vec::with_capacity(keys.len());
+    for ((chunk, w), (k, voucher)) in replies
+        .chunks(6)
+        .zip(&before)
+        .zip(keys.iter().zip(vouchers))
+    {
+        let (meta_exists, buyers, released, deadlines, dead_letters, stream_len): GateRow =
+            FromRedisValue::from_redis_value(Value::Array(chunk.to_vec()))
+                .map_err(|e| Error::Redis(format!("gate of voucher {voucher}: {e}")))?;
+        let in_flight = if stream_len > 0 {
+            in_flight_orders(conn, k).await?
+        } else {
+            Vec::new()
+        };
+        snaps.push(Snapshot {
+            voucher: *voucher,
+            gate_loaded: meta_exists && !w.stock.is_empty(),
+            gate_stock: w.stock.parse().ok(),
+            buyers: buyers.into_iter().collect(),
+            released: released.into_iter().collect(),
+            deadlines: deadlines.into_iter().collect(),
+            in_flight,
+            dead_letters,
+            witness: w.clone(),
+            ..Default::default()
+        });
+    }
+
+    let list = join_ids(vouchers.iter().copied());
     let mut mysql = db.conn().await?;
-    let row: Option<(i64, i64, i64, i64, i64)> = mysql
-        .exec_first(
-            "SELECT total_stock, stock,
+    let rows: Vec<VoucherRow> = mysql
+        .query(format!(
+            "SELECT voucher_id, total_stock, stock,
                     CAST(ROUND(UNIX_TIMESTAMP(begin_time) * 1000) AS SIGNED),
                     CAST(ROUND(UNIX_TIMESTAMP(end_time) * 1000) AS SIGNED),
                     pay_timeout_ms
-               FROM seckill_voucher WHERE voucher_id = ?",
-            (voucher,),
-        )
+               FROM seckill_voucher WHERE voucher_id IN ({list})"
+        ))
         .await?;
-    let (total, stock, begin_ms, end_ms, pay_timeout_ms) =
-        row.ok_or(Error::VoucherNotFound(voucher))?;
-    (
-        s.total,
-        s.mysql_stock,
-        s.begin_ms,
-        s.end_ms,
-        s.pay_timeout_ms,
-    ) = (total, stock, begin_ms, end_ms, pay_timeout_ms);
-    let orders: Vec<(u64, u64, i8, i64, i8)> = mysql
+    let orders: Vec<OrderRow> = mysql
         .exec(
-            "SELECT id, user_id, status, CAST(ROUND(UNIX_TIMESTAMP(create_time) * 1000) AS SIGNED),
-                    COALESCE(cancel_time, create_time) > NOW(3) - INTERVAL ? MICROSECOND
-               FROM seckill_order WHERE voucher_id = ?",
-            (settle_ms * 1000, voucher),
+            format!(
+                "SELECT voucher_id, id, user_id, status,
+                        CAST(ROUND(UNIX_TIMESTAMP(create_time) * 1000) AS SIGNED),
+                        COALESCE(cancel_time, create_time) > NOW(3) - INTERVAL ? MICROSECOND
+                   FROM seckill_order WHERE voucher_id IN ({list})"
+            ),
+            (settle_ms * 1000,),
         )
         .await?;
     drop(mysql);
     // The gate must not have moved during the MySQL reads either: then every
     // difference left is either drift or younger than the settle time.
-    if witness(conn, keys).await? != s.witness {
-        return Ok(None);
+    let after = witnesses(conn, &keys).await?;
+
+    let index: HashMap<u64, usize> = vouchers.iter().enumerate().map(|(i, v)| (*v, i)).collect();
+    let mut known = vec![false; vouchers.len()];
+    for (v, total, stock, begin_ms, end_ms, pay_timeout_ms) in rows {
+        if let Some(&i) = index.get(&v) {
+            known[i] = true;
+            let s = &mut snaps[i];
+            (
+                s.total,
+                s.mysql_stock,
+                s.begin_ms,
+                s.end_ms,
+                s.pay_timeout_ms,
+            ) = (total, stock, begin_ms, end_ms, pay_timeout_ms);
+        }
     }
-    for (id, user, status, created, recent) in orders {
+    for (v, id, user, status, created, recent) in orders {
+        let Some(&i) = index.get(&v) else { continue };
+        let s = &mut snaps[i];
         s.order_ids.insert(id);
         s.order_users.insert(user);
         if recent == 1 {
@@ -214,7 +274,19 @@ pub async fn read_voucher(
             }
         }
     }
-    Ok(Some(s))
+    Ok(snaps
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            if !known[i] {
+                Read::Missing
+            } else if before[i] != after[i] {
+                Read::Moved
+            } else {
+                Read::Snapshot(Box::new(s))
+            }
+        })
+        .collect())
 }
 
 /// Every voucher worth checking: registered at the gate, or holding orders
