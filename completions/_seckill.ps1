@@ -34,6 +34,7 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
             [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
             [CompletionResult]::new('init', 'init', [CompletionResultType]::ParameterValue, 'Create or upgrade the MySQL schema and check both servers'' versions')
+            [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'One row per voucher: both stores side by side, in flight, dead letters, deadlines')
             [CompletionResult]::new('voucher', 'voucher', [CompletionResultType]::ParameterValue, 'Add and list vouchers (MySQL, the source of truth)')
             [CompletionResult]::new('preload', 'preload', [CompletionResultType]::ParameterValue, 'Load vouchers from MySQL into the Redis gate and register them for workers')
             [CompletionResult]::new('buy', 'buy', [CompletionResultType]::ParameterValue, 'One admission attempt through lua/seckill.lua (exit code tells the outcome)')
@@ -49,6 +50,24 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             break
         }
         'seckill;init' {
+            [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format')
+            [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis URL (redis://[:password@]host:port/[db])')
+            [CompletionResult]::new('--mysql-url', '--mysql-url', [CompletionResultType]::ParameterName, 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]')
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key prefix of every Redis key')
+            [CompletionResult]::new('--connect-timeout', '--connect-timeout', [CompletionResultType]::ParameterName, 'How long to wait for a server to accept a connection')
+            [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')
+            [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Only errors on stderr')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Only errors on stderr')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
+            [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
+            break
+        }
+        'seckill;status' {
+            [CompletionResult]::new('--voucher', '--voucher', [CompletionResultType]::ParameterName, 'Only these vouchers (repeatable)')
+            [CompletionResult]::new('--watch', '--watch', [CompletionResultType]::ParameterName, 'Refresh every so often until Ctrl-C (in place on a terminal)')
             [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format')
             [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis URL (redis://[:password@]host:port/[db])')
             [CompletionResult]::new('--mysql-url', '--mysql-url', [CompletionResultType]::ParameterName, 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]')
@@ -210,6 +229,7 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('--sweep-every', '--sweep-every', [CompletionResultType]::ParameterName, 'How often MySQL is swept for pending orders whose deadline Redis lost')
             [CompletionResult]::new('--sweep-grace', '--sweep-grace', [CompletionResultType]::ParameterName, 'How far past its deadline a pending order must be for the sweep to cancel it')
             [CompletionResult]::new('--node-id', '--node-id', [CompletionResultType]::ParameterName, 'Snowflake node id (0..=1023), distinct per app server [default: process id mod 1024]')
+            [CompletionResult]::new('--metrics-addr', '--metrics-addr', [CompletionResultType]::ParameterName, 'Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464)')
             [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format')
             [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis URL (redis://[:password@]host:port/[db])')
             [CompletionResult]::new('--mysql-url', '--mysql-url', [CompletionResultType]::ParameterName, 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]')
@@ -369,6 +389,7 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
         }
         'seckill;help' {
             [CompletionResult]::new('init', 'init', [CompletionResultType]::ParameterValue, 'Create or upgrade the MySQL schema and check both servers'' versions')
+            [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'One row per voucher: both stores side by side, in flight, dead letters, deadlines')
             [CompletionResult]::new('voucher', 'voucher', [CompletionResultType]::ParameterValue, 'Add and list vouchers (MySQL, the source of truth)')
             [CompletionResult]::new('preload', 'preload', [CompletionResultType]::ParameterValue, 'Load vouchers from MySQL into the Redis gate and register them for workers')
             [CompletionResult]::new('buy', 'buy', [CompletionResultType]::ParameterValue, 'One admission attempt through lua/seckill.lua (exit code tells the outcome)')
@@ -384,6 +405,9 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             break
         }
         'seckill;help;init' {
+            break
+        }
+        'seckill;help;status' {
             break
         }
         'seckill;help;voucher' {

@@ -31,6 +31,7 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand -V 'Print version'
             cand --version 'Print version'
             cand init 'Create or upgrade the MySQL schema and check both servers'' versions'
+            cand status 'One row per voucher: both stores side by side, in flight, dead letters, deadlines'
             cand voucher 'Add and list vouchers (MySQL, the source of truth)'
             cand preload 'Load vouchers from MySQL into the Redis gate and register them for workers'
             cand buy 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
@@ -45,6 +46,23 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'seckill;init'= {
+            cand --format 'Output format'
+            cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
+            cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
+            cand --prefix 'Key prefix of every Redis key'
+            cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand -q 'Only errors on stderr'
+            cand --quiet 'Only errors on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'seckill;status'= {
+            cand --voucher 'Only these vouchers (repeatable)'
+            cand --watch 'Refresh every so often until Ctrl-C (in place on a terminal)'
             cand --format 'Output format'
             cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
             cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
@@ -195,6 +213,7 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand --sweep-every 'How often MySQL is swept for pending orders whose deadline Redis lost'
             cand --sweep-grace 'How far past its deadline a pending order must be for the sweep to cancel it'
             cand --node-id 'Snowflake node id (0..=1023), distinct per app server [default: process id mod 1024]'
+            cand --metrics-addr 'Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464)'
             cand --format 'Output format'
             cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
             cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
@@ -343,6 +362,7 @@ set edit:completion:arg-completer[seckill] = {|@words|
         }
         &'seckill;help'= {
             cand init 'Create or upgrade the MySQL schema and check both servers'' versions'
+            cand status 'One row per voucher: both stores side by side, in flight, dead letters, deadlines'
             cand voucher 'Add and list vouchers (MySQL, the source of truth)'
             cand preload 'Load vouchers from MySQL into the Redis gate and register them for workers'
             cand buy 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
@@ -357,6 +377,8 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'seckill;help;init'= {
+        }
+        &'seckill;help;status'= {
         }
         &'seckill;help;voucher'= {
             cand add 'Add a voucher to MySQL (then `seckill preload` opens it at the gate)'

@@ -33,6 +33,7 @@ complete -c seckill -n "__fish_seckill_needs_command" -s q -l quiet -d 'Only err
 complete -c seckill -n "__fish_seckill_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c seckill -n "__fish_seckill_needs_command" -s V -l version -d 'Print version'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "init" -d 'Create or upgrade the MySQL schema and check both servers\' versions'
+complete -c seckill -n "__fish_seckill_needs_command" -f -a "status" -d 'One row per voucher: both stores side by side, in flight, dead letters, deadlines'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "voucher" -d 'Add and list vouchers (MySQL, the source of truth)'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "preload" -d 'Load vouchers from MySQL into the Redis gate and register them for workers'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "buy" -d 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
@@ -55,6 +56,18 @@ complete -c seckill -n "__fish_seckill_using_subcommand init" -s v -l verbose -d
 complete -c seckill -n "__fish_seckill_using_subcommand init" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand init" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c seckill -n "__fish_seckill_using_subcommand init" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand status" -l voucher -d 'Only these vouchers (repeatable)' -r
+complete -c seckill -n "__fish_seckill_using_subcommand status" -l watch -d 'Refresh every so often until Ctrl-C (in place on a terminal)' -r
+complete -c seckill -n "__fish_seckill_using_subcommand status" -l format -d 'Output format' -r -f -a "table\t'A table for people'
+json\t'JSON for scripts'"
+complete -c seckill -n "__fish_seckill_using_subcommand status" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_using_subcommand status" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand status" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_using_subcommand status" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand status" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_using_subcommand status" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c seckill -n "__fish_seckill_using_subcommand status" -s V -l version -d 'Print version'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -l prefix -d 'Key prefix of every Redis key' -r
@@ -151,6 +164,7 @@ complete -c seckill -n "__fish_seckill_using_subcommand worker" -l deadline-leas
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l sweep-every -d 'How often MySQL is swept for pending orders whose deadline Redis lost' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l sweep-grace -d 'How far past its deadline a pending order must be for the sweep to cancel it' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l node-id -d 'Snowflake node id (0..=1023), distinct per app server [default: process id mod 1024]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l metrics-addr -d 'Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l format -d 'Output format' -r -f -a "table\t'A table for people'
 json\t'JSON for scripts'"
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
@@ -248,19 +262,20 @@ complete -c seckill -n "__fish_seckill_using_subcommand generate" -s v -l verbos
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s h -l help -d 'Print help'
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s V -l version -d 'Print version'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "init" -d 'Create or upgrade the MySQL schema and check both servers\' versions'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "voucher" -d 'Add and list vouchers (MySQL, the source of truth)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "preload" -d 'Load vouchers from MySQL into the Redis gate and register them for workers'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "buy" -d 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "bench" -d 'Load-test the admission script and report attempts/s and latency'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "worker" -d 'Persist admitted orders from the streams to MySQL (layers 2-4)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "pending" -d 'Show stream backlog, pending entries and dead letters; requeue dead letters'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "pay" -d 'Mark a pending order paid (before its payment deadline)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "order" -d 'Look up orders'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "waitlist" -d 'Show a voucher\'s waitlist and how many released units it received'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "reconcile" -d 'Compare Redis with MySQL per voucher, classify drift, repair it safely'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "generate" -d 'Write shell completions and man pages (for packagers)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "init" -d 'Create or upgrade the MySQL schema and check both servers\' versions'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "status" -d 'One row per voucher: both stores side by side, in flight, dead letters, deadlines'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "voucher" -d 'Add and list vouchers (MySQL, the source of truth)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "preload" -d 'Load vouchers from MySQL into the Redis gate and register them for workers'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "buy" -d 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "bench" -d 'Load-test the admission script and report attempts/s and latency'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "worker" -d 'Persist admitted orders from the streams to MySQL (layers 2-4)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "pending" -d 'Show stream backlog, pending entries and dead letters; requeue dead letters'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "pay" -d 'Mark a pending order paid (before its payment deadline)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "order" -d 'Look up orders'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "waitlist" -d 'Show a voucher\'s waitlist and how many released units it received'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "reconcile" -d 'Compare Redis with MySQL per voucher, classify drift, repair it safely'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "generate" -d 'Write shell completions and man pages (for packagers)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from voucher" -f -a "add" -d 'Add a voucher to MySQL (then `seckill preload` opens it at the gate)'
 complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from voucher" -f -a "list" -d 'List vouchers: MySQL stock and orders beside the Redis gate\'s state'
 complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from order" -f -a "show" -d 'One order: status, user, voucher, created, payment deadline, paid/cancelled time'

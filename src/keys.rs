@@ -8,6 +8,7 @@ use crate::error::Result;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VoucherKeys {
     prefix: String,
+    voucher: u64,
     base: String,
 }
 
@@ -16,12 +17,17 @@ impl VoucherKeys {
         validate_prefix(prefix)?;
         Ok(VoucherKeys {
             prefix: prefix.to_string(),
+            voucher,
             base: format!("{prefix}:{{{voucher}}}"),
         })
     }
 
     pub fn prefix(&self) -> &str {
         &self.prefix
+    }
+
+    pub fn voucher(&self) -> u64 {
+        self.voucher
     }
 
     fn key(&self, name: &str) -> String {

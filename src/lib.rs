@@ -27,6 +27,7 @@ pub mod schema;
 pub mod scripts;
 pub mod shutdown;
 pub mod snowflake;
+pub mod status;
 pub mod timespec;
 pub mod voucher;
 pub mod waitlist;

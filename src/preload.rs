@@ -59,13 +59,75 @@ pub async fn preload<C: RedisConn>(
         .map(|o| (o.3 + v.pay_timeout_ms, o.0))
         .collect();
 
+    let published = publish_gate(
+        conn,
+        &keys,
+        &GateImage {
+            total: v.total_stock,
+            begin_ms: v.begin_ms,
+            end_ms: v.end_ms,
+            pay_timeout_ms: v.pay_timeout_ms,
+            stock: v.stock,
+            buyers: &users,
+            released: &cancelled,
+            deadlines: &deadlines,
+        },
+        &Seen {
+            last_entry_id: &before.last_entry_id.unwrap_or_default(),
+            stock: &before.stock.map(|s| s.to_string()).unwrap_or_default(),
+            buyers: before.buyers,
+        },
+    )
+    .await?;
+    if !published {
+        return Err(Error::Busy(voucher_id));
+    }
+    Ok(PreloadReport {
+        voucher: voucher_id,
+        total_stock: v.total_stock,
+        stock: v.stock,
+        buyers: users.len() as u64,
+        in_flight_ignored: if force { in_flight } else { 0 },
+    })
+}
+
+/// Everything a voucher's gate is rebuilt from.
+pub struct GateImage<'a> {
+    pub total: i64,
+    pub begin_ms: i64,
+    pub end_ms: i64,
+    pub pay_timeout_ms: i64,
+    pub stock: i64,
+    pub buyers: &'a [u64],
+    /// Cancelled orders: the stock published counts their units already.
+    pub released: &'a [u64],
+    /// (deadline ms, order id) of pending orders.
+    pub deadlines: &'a [(i64, u64)],
+}
+
+/// The gate as seen before MySQL was read: publishing refuses if it moved.
+pub struct Seen<'a> {
+    pub last_entry_id: &'a str,
+    pub stock: &'a str,
+    pub buyers: u64,
+}
+
+/// Stages the sets, swaps everything in with one script if the gate did not
+/// move (false if it did), re-adds the deadlines (derived from the stored
+/// orders, so adding one again is harmless) and registers the voucher.
+pub async fn publish_gate<C: RedisConn>(
+    conn: &mut C,
+    keys: &VoucherKeys,
+    image: &GateImage<'_>,
+    seen: &Seen<'_>,
+) -> Result<bool> {
     let staging = keys.buyers_staging();
     let released_staging = keys.released_staging();
     let _: () = conn.del(&[&staging, &released_staging]).await?;
-    for chunk in users.chunks(STAGING_CHUNK) {
+    for chunk in image.buyers.chunks(STAGING_CHUNK) {
         let _: () = conn.sadd(&staging, chunk).await?;
     }
-    for chunk in cancelled.chunks(STAGING_CHUNK) {
+    for chunk in image.released.chunks(STAGING_CHUNK) {
         let _: () = conn.sadd(&released_staging, chunk).await?;
     }
     let published: i64 = PRELOAD
@@ -76,31 +138,22 @@ pub async fn preload<C: RedisConn>(
         .key(keys.orders())
         .key(keys.released())
         .key(&released_staging)
-        .arg(v.total_stock)
-        .arg(v.begin_ms)
-        .arg(v.end_ms)
-        .arg(v.pay_timeout_ms)
-        .arg(v.stock)
-        .arg(before.last_entry_id.unwrap_or_default())
-        .arg(before.stock.map(|s| s.to_string()).unwrap_or_default())
-        .arg(before.buyers)
+        .arg(image.total)
+        .arg(image.begin_ms)
+        .arg(image.end_ms)
+        .arg(image.pay_timeout_ms)
+        .arg(image.stock)
+        .arg(seen.last_entry_id)
+        .arg(seen.stock)
+        .arg(seen.buyers)
         .invoke_async(conn)
         .await?;
     if published != 1 {
-        return Err(Error::Busy(voucher_id));
+        return Ok(false);
     }
-    // Deadlines are derived from the stored orders, so adding them again is
-    // harmless; a deadline Redis lost comes back here (the sweep is the
-    // backstop when nobody preloads).
-    for chunk in deadlines.chunks(STAGING_CHUNK) {
+    for chunk in image.deadlines.chunks(STAGING_CHUNK) {
         let _: () = conn.zadd_multiple(keys.timeouts(), chunk).await?;
     }
-    let _: () = conn.sadd(registry(prefix)?, voucher_id).await?;
-    Ok(PreloadReport {
-        voucher: voucher_id,
-        total_stock: v.total_stock,
-        stock: v.stock,
-        buyers: users.len() as u64,
-        in_flight_ignored: if force { in_flight } else { 0 },
-    })
+    let _: () = conn.sadd(registry(keys.prefix())?, keys.voucher()).await?;
+    Ok(true)
 }

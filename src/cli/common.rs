@@ -35,11 +35,24 @@ pub struct ConnectOpts {
     pub mysql_url: String,
 
     /// Key prefix of every Redis key
-    #[arg(long, env = "SECKILL_PREFIX", default_value = config::DEFAULT_PREFIX, global = true)]
+    #[arg(
+        long,
+        env = "SECKILL_PREFIX",
+        default_value = config::DEFAULT_PREFIX,
+        hide_env_values = true,
+        global = true
+    )]
     pub prefix: String,
 
     /// How long to wait for a server to accept a connection
-    #[arg(long, env = "SECKILL_CONNECT_TIMEOUT", default_value = "5s", value_parser = parse_duration, global = true)]
+    #[arg(
+        long,
+        env = "SECKILL_CONNECT_TIMEOUT",
+        default_value = "5s",
+        value_parser = parse_duration,
+        hide_env_values = true,
+        global = true
+    )]
     pub connect_timeout: Duration,
 }
 
@@ -75,7 +88,7 @@ pub struct FormatOpt {
 #[derive(Args, Debug, Clone, Copy)]
 pub struct NodeIdOpt {
     /// Snowflake node id (0..=1023), distinct per app server [default: process id mod 1024]
-    #[arg(long, env = "SECKILL_NODE_ID",
+    #[arg(long, env = "SECKILL_NODE_ID", hide_env_values = true,
           value_parser = clap::value_parser!(u16).range(0..=i64::from(MAX_NODE_ID)))]
     pub node_id: Option<u16>,
 }

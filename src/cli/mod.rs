@@ -12,6 +12,7 @@ mod pending;
 mod preload;
 mod reconcile;
 mod render;
+mod status;
 mod voucher;
 mod waitlist;
 mod worker;
@@ -37,15 +38,21 @@ use common::ConnectOpts;
     propagate_version = true
 )]
 pub struct Cli {
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Connection (every command)")]
     pub connect: ConnectOpts,
 
     /// More log output on stderr (-v debug, -vv trace); RUST_LOG overrides
-    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    #[arg(short, long, action = clap::ArgAction::Count, global = true, help_heading = "Logging")]
     pub verbose: u8,
 
     /// Only errors on stderr
-    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    #[arg(
+        short,
+        long,
+        global = true,
+        conflicts_with = "verbose",
+        help_heading = "Logging"
+    )]
     pub quiet: bool,
 
     #[command(subcommand)]
@@ -56,6 +63,8 @@ pub struct Cli {
 pub enum Command {
     /// Create or upgrade the MySQL schema and check both servers' versions
     Init(init::InitArgs),
+    /// One row per voucher: both stores side by side, in flight, dead letters, deadlines
+    Status(status::StatusArgs),
     /// Add and list vouchers (MySQL, the source of truth)
     #[command(subcommand)]
     Voucher(voucher::VoucherCommand),
@@ -120,6 +129,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::Init(args) => init::run(&cfg, args).await,
+        Command::Status(args) => status::run(&cfg, args).await,
         Command::Voucher(cmd) => voucher::run(&cfg, cmd).await,
         Command::Preload(args) => preload::run(&cfg, args).await,
         Command::Buy(args) => buy::run(&cfg, args).await,

@@ -16,7 +16,7 @@ use crate::worker::{self, default_consumer, StatsSnapshot, WorkerOptions, Worker
 #[derive(Args, Debug)]
 pub struct WorkerArgs {
     /// Consumer name in the group, stable per instance [default: host-pid]
-    #[arg(long, env = "SECKILL_CONSUMER")]
+    #[arg(long, env = "SECKILL_CONSUMER", hide_env_values = true)]
     pub consumer: Option<String>,
     /// Entries read and persisted per batch (one MySQL transaction)
     #[arg(long, default_value_t = 256)]
@@ -50,6 +50,9 @@ pub struct WorkerArgs {
     pub sweep_grace: Duration,
     #[command(flatten)]
     pub node: NodeIdOpt,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464)
+    #[arg(long, env = "SECKILL_METRICS_ADDR", hide_env_values = true)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
     /// Exit 0 once no voucher has undelivered or pending entries (for cron)
     #[arg(long)]
     pub until_idle: bool,
@@ -75,6 +78,7 @@ pub async fn run(cfg: &Config, args: WorkerArgs) -> anyhow::Result<u8> {
             sweep_grace: args.sweep_grace,
             batch: args.batch,
         },
+        metrics_addr: args.metrics_addr,
     };
     opts.validate()?;
     let stop = shutdown::on_signals()?;

@@ -20,8 +20,9 @@ use crate::db::Db;
 use crate::deadline;
 use crate::error::{Error, Result};
 use crate::keys::VoucherKeys;
+use crate::preload::{publish_gate, GateImage, Seen};
 use crate::redis_store::RedisConn;
-use crate::scripts::{PRELOAD, RECONCILE};
+use crate::scripts::RECONCILE;
 use crate::snowflake::Snowflake;
 pub use snapshot::{candidates, read_many, read_voucher, Read, Snapshot};
 
@@ -389,52 +390,33 @@ async fn rebuild_gate(
     keys: &VoucherKeys,
     s: &Snapshot,
 ) -> Result<RepairResult> {
-    use redis::AsyncCommands;
-    let staging = keys.buyers_staging();
-    let released_staging = keys.released_staging();
-    let _: () = conn.del(&[&staging, &released_staging]).await?;
-    let holders: Vec<u64> = s.holders().into_iter().collect();
-    for chunk in holders.chunks(1_000) {
-        let _: () = conn.sadd(&staging, chunk).await?;
-    }
-    let cancelled: Vec<u64> = s.cancelled.iter().copied().collect();
-    for chunk in cancelled.chunks(1_000) {
-        let _: () = conn.sadd(&released_staging, chunk).await?;
-    }
-    let stock = (s.mysql_stock - s.unpersisted().len() as i64).max(0);
-    let published: i64 = PRELOAD
-        .key(keys.meta())
-        .key(keys.stock())
-        .key(keys.buyers())
-        .key(&staging)
-        .key(keys.orders())
-        .key(keys.released())
-        .key(&released_staging)
-        .arg(s.total)
-        .arg(s.begin_ms)
-        .arg(s.end_ms)
-        .arg(s.pay_timeout_ms)
-        .arg(stock)
-        .arg(&s.witness.last_entry_id)
-        .arg(&s.witness.stock)
-        .arg(s.witness.buyers)
-        .invoke_async(conn)
-        .await?;
-    if published != 1 {
-        return Ok(RepairResult::Moved);
-    }
+    let buyers: Vec<u64> = s.holders().into_iter().collect();
+    let released: Vec<u64> = s.cancelled.iter().copied().collect();
     let deadlines: Vec<(i64, u64)> = s
         .pending
         .iter()
         .map(|(order, created)| (created + s.pay_timeout_ms, *order))
         .collect();
-    for chunk in deadlines.chunks(1_000) {
-        let _: () = conn.zadd_multiple(keys.timeouts(), chunk).await?;
-    }
-    let _: () = conn
-        .sadd(crate::keys::registry(keys.prefix())?, s.voucher)
-        .await?;
-    Ok(RepairResult::Applied { unrepaired: false })
+    let image = GateImage {
+        total: s.total,
+        begin_ms: s.begin_ms,
+        end_ms: s.end_ms,
+        pay_timeout_ms: s.pay_timeout_ms,
+        stock: (s.mysql_stock - s.unpersisted().len() as i64).max(0),
+        buyers: &buyers,
+        released: &released,
+        deadlines: &deadlines,
+    };
+    let seen = Seen {
+        last_entry_id: &s.witness.last_entry_id,
+        stock: &s.witness.stock,
+        buyers: s.witness.buyers,
+    };
+    Ok(if publish_gate(conn, keys, &image, &seen).await? {
+        RepairResult::Applied { unrepaired: false }
+    } else {
+        RepairResult::Moved
+    })
 }
 
 /// `stock = wanted` only if it is still `seen` (a concurrent order moved it).

@@ -11,6 +11,7 @@
 pub mod deadlines;
 pub mod keepalive;
 pub mod message;
+pub mod metrics;
 pub mod persist;
 pub mod stats;
 pub mod stream;
@@ -62,6 +63,8 @@ pub struct WorkerOptions {
     pub node_id: u16,
     /// Layer 5: payment deadlines.
     pub deadlines: deadlines::DeadlineOptions,
+    /// Where to serve Prometheus metrics (none: no endpoint).
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl WorkerOptions {
@@ -173,6 +176,12 @@ pub async fn run(
     redis_store::check_version(&mut conn).await?;
     let db = Db::connect(&cfg).await?;
     let run_id = crate::snowflake::Snowflake::new(0)?.next_id();
+    let metrics = match opts.metrics_addr {
+        Some(addr) => {
+            Some(metrics::start(addr, cfg.clone(), stats.clone(), stop.child_token()).await?)
+        }
+        None => None,
+    };
     let deadline_worker = deadlines::Deadlines::new(
         cfg.clone(),
         opts.deadlines.clone(),
@@ -247,6 +256,9 @@ pub async fn run(
     }
     if let Some(mut w) = last {
         w.forget_self().await;
+    }
+    if let Some(m) = metrics {
+        m.abort();
     }
     db.close().await;
     outcome
@@ -462,6 +474,7 @@ impl Worker {
         deliveries: &[Delivery],
         alive: &keepalive::KeepAlive,
     ) -> Result<()> {
+        let started = Instant::now();
         let mut dead: Vec<DeadLetter> = Vec::new();
         let mut acks: Vec<String> = Vec::new();
         let mut valid: Vec<(OrderMessage, u64)> = Vec::new();
@@ -553,6 +566,7 @@ impl Worker {
         }
         self.stats
             .add_batch(inserted, duplicates, done.dead.len() as u64);
+        self.stats.observe_batch(started.elapsed());
         Ok(())
     }
 

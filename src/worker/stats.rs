@@ -17,7 +17,15 @@ pub struct WorkerStats {
     released: AtomicU64,
     promoted: AtomicU64,
     max_lateness_ms: AtomicU64,
+    batch_buckets: [AtomicU64; BATCH_BUCKETS.len()],
+    batch_count: AtomicU64,
+    batch_micros: AtomicU64,
 }
+
+/// Upper bounds (seconds) of the batch-duration histogram's buckets.
+pub const BATCH_BUCKETS: [f64; 11] = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct StatsSnapshot {
@@ -67,6 +75,26 @@ impl WorkerStats {
     }
     pub fn note_lateness(&self, ms: u64) {
         self.max_lateness_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// Records how long one batch took, for the latency histogram.
+    pub fn observe_batch(&self, d: std::time::Duration) {
+        let secs = d.as_secs_f64();
+        if let Some(i) = BATCH_BUCKETS.iter().position(|le| secs <= *le) {
+            self.batch_buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.batch_count.fetch_add(1, Ordering::Relaxed);
+        self.batch_micros
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// (per-bucket counts, total count, sum in seconds).
+    pub fn batch_histogram(&self) -> ([u64; BATCH_BUCKETS.len()], u64, f64) {
+        (
+            std::array::from_fn(|i| self.batch_buckets[i].load(Ordering::Relaxed)),
+            self.batch_count.load(Ordering::Relaxed),
+            self.batch_micros.load(Ordering::Relaxed) as f64 / 1e6,
+        )
     }
 
     pub fn snapshot(&self) -> StatsSnapshot {

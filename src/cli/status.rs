@@ -1,0 +1,128 @@
+//! `seckill status`
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::common::{parse_duration, parse_id, Format, FormatOpt};
+use super::render::{print_json, table};
+use crate::config::Config;
+use crate::db::Db;
+use crate::exit_code;
+use crate::redis_store;
+use crate::status::{self, VoucherStatus};
+use crate::timespec::{format_duration_ms, format_ms, now_ms};
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// Only these vouchers (repeatable)
+    #[arg(long = "voucher", value_parser = parse_id, allow_hyphen_values = true)]
+    pub vouchers: Vec<u64>,
+    /// Refresh every so often until Ctrl-C (in place on a terminal)
+    #[arg(long, num_args = 0..=1, default_missing_value = "2s", value_parser = parse_duration)]
+    pub watch: Option<Duration>,
+    #[command(flatten)]
+    pub format: FormatOpt,
+}
+
+pub async fn run(cfg: &Config, args: StatusArgs) -> anyhow::Result<u8> {
+    let db = Db::connect(cfg).await?;
+    let mut redis = redis_store::connect(cfg).await?;
+    let result = watch_loop(cfg, &args, &db, &mut redis).await;
+    db.close().await;
+    result
+}
+
+async fn watch_loop(
+    cfg: &Config,
+    args: &StatusArgs,
+    db: &Db,
+    redis: &mut redis::aio::MultiplexedConnection,
+) -> anyhow::Result<u8> {
+    let in_place = std::io::stdout().is_terminal() && args.format.format == Format::Table;
+    loop {
+        let rows = status::read(db, redis, &cfg.prefix, &args.vouchers).await?;
+        if in_place {
+            // Clear the screen and home the cursor: a refresh, not a scroll.
+            print!("\x1b[2J\x1b[H");
+        }
+        match args.format.format {
+            Format::Json => print_json(&rows)?,
+            Format::Table => println!("{}", status_table(&rows, now_ms())),
+        }
+        let Some(every) = args.watch else {
+            return Ok(exit_code::OK);
+        };
+        if in_place {
+            println!(
+                "refreshing every {} (Ctrl-C to quit)",
+                humantime::format_duration(every)
+            );
+        }
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => return Ok(exit_code::OK),
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+fn state(v: &VoucherStatus, now: i64) -> &'static str {
+    if now < v.voucher.begin_ms {
+        "upcoming"
+    } else if now < v.voucher.end_ms {
+        "live"
+    } else {
+        "ended"
+    }
+}
+
+fn next_deadline(at: Option<i64>, now: i64) -> String {
+    match at {
+        None => "-".into(),
+        // Whole seconds read better than humantime's milliseconds here.
+        Some(t) if t > now => format!("in {}", format_duration_ms((t - now) / 1000 * 1000)),
+        Some(t) => format!("due {} ago", format_duration_ms((now - t) / 1000 * 1000)),
+    }
+}
+
+pub fn status_table(rows: &[VoucherStatus], now: i64) -> comfy_table::Table {
+    let mut t = table(&[
+        "voucher",
+        "state",
+        "sale window (UTC)",
+        "total",
+        "redis stock",
+        "mysql stock",
+        "pending",
+        "paid",
+        "cancelled",
+        "in flight",
+        "dead",
+        "waitlist",
+        "next deadline",
+    ]);
+    for r in rows {
+        let v = &r.voucher;
+        t.add_row(vec![
+            v.id.to_string(),
+            state(r, now).to_string(),
+            format!("{} -> {}", format_ms(v.begin_ms), format_ms(v.end_ms)),
+            v.total_stock.to_string(),
+            if r.gate_loaded {
+                r.redis_stock.map_or("-".into(), |s| s.to_string())
+            } else {
+                "not loaded".into()
+            },
+            v.stock.to_string(),
+            v.orders_pending.to_string(),
+            v.orders_paid.to_string(),
+            v.orders_cancelled.to_string(),
+            r.in_flight().to_string(),
+            r.dead_letters.to_string(),
+            r.waitlist.to_string(),
+            next_deadline(r.next_deadline_ms, now),
+        ]);
+    }
+    t
+}

@@ -1,0 +1,94 @@
+//! `seckill status`: one row per voucher, both stores side by side, read in
+//! batches (a pipeline per chunk of vouchers, one MySQL query).
+
+use redis::{FromRedisValue, Value};
+use serde::Serialize;
+
+use crate::backlog::backlog;
+use crate::db::Db;
+use crate::error::{Error, Result};
+use crate::keys::VoucherKeys;
+use crate::redis_store::RedisConn;
+use crate::voucher::{self, Voucher};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct VoucherStatus {
+    #[serde(flatten)]
+    pub voucher: Voucher,
+    pub gate_loaded: bool,
+    pub redis_stock: Option<i64>,
+    /// Entries not yet delivered to the worker group.
+    pub undelivered: u64,
+    /// Entries delivered but not acknowledged.
+    pub pending: u64,
+    pub dead_letters: u64,
+    pub waitlist: u64,
+    /// The earliest payment deadline still scheduled (Unix ms).
+    pub next_deadline_ms: Option<i64>,
+}
+
+impl VoucherStatus {
+    pub fn in_flight(&self) -> u64 {
+        self.undelivered + self.pending
+    }
+}
+
+type GateRow = (bool, Option<i64>, u64, u64, u64, Vec<(String, f64)>);
+
+/// Every voucher in MySQL (or only `only`), with its gate.
+pub async fn read(
+    db: &Db,
+    conn: &mut impl RedisConn,
+    prefix: &str,
+    only: &[u64],
+) -> Result<Vec<VoucherStatus>> {
+    let mut vouchers = voucher::list(db).await?;
+    if !only.is_empty() {
+        if let Some(missing) = only
+            .iter()
+            .find(|id| !vouchers.iter().any(|v| v.id == **id))
+        {
+            return Err(Error::VoucherNotFound(*missing));
+        }
+        vouchers.retain(|v| only.contains(&v.id));
+    }
+    let mut out = Vec::with_capacity(vouchers.len());
+    for chunk in vouchers.chunks(500) {
+        let keys: Vec<VoucherKeys> = chunk
+            .iter()
+            .map(|v| VoucherKeys::new(prefix, v.id))
+            .collect::<Result<_>>()?;
+        let mut pipe = redis::pipe();
+        for k in &keys {
+            pipe.exists(k.meta())
+                .get(k.stock())
+                .xlen(k.dead())
+                .zcard(k.waitlist())
+                .xlen(k.orders())
+                .zrange_withscores(k.timeouts(), 0, 0);
+        }
+        let replies: Vec<Value> = pipe.query_async(conn).await?;
+        for ((v, k), row) in chunk.iter().zip(&keys).zip(replies.chunks(6)) {
+            let (meta, stock, dead, waitlist, stream_len, first): GateRow =
+                FromRedisValue::from_redis_value(Value::Array(row.to_vec()))
+                    .map_err(|e| Error::Redis(format!("gate of voucher {}: {e}", v.id)))?;
+            // Only streams with entries need the group's view.
+            let b = if stream_len > 0 {
+                backlog(conn, k).await?
+            } else {
+                Default::default()
+            };
+            out.push(VoucherStatus {
+                voucher: v.clone(),
+                gate_loaded: meta && stock.is_some(),
+                redis_stock: stock,
+                undelivered: b.undelivered,
+                pending: b.pending,
+                dead_letters: dead,
+                waitlist,
+                next_deadline_ms: first.first().map(|(_, at)| *at as i64),
+            });
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,187 @@
+//! `seckill worker --metrics-addr`: the worker's counters, batch latency and
+//! per-voucher stream backlog in Prometheus text format, on a tiny HTTP
+//! endpoint (GET /metrics). A scrape is rare and small: one connection at a
+//! time is plenty, so this is hand-written rather than a web framework.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use redis::AsyncCommands;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use super::stats::{StatsSnapshot, WorkerStats, BATCH_BUCKETS};
+use crate::backlog::backlog;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::keys::{registry, VoucherKeys};
+use crate::redis_store;
+
+/// Binds now (so a busy port fails the worker at start), then serves until `stop`.
+pub async fn start(
+    addr: SocketAddr,
+    cfg: Arc<Config>,
+    stats: Arc<WorkerStats>,
+    stop: CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::InvalidInput(format!("--metrics-addr {addr}: {e}")))?;
+    tracing::info!("metrics on http://{addr}/metrics");
+    Ok(tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                _ = stop.cancelled() => return,
+                a = listener.accept() => a,
+            };
+            let Ok((mut sock, _)) = accepted else {
+                continue;
+            };
+            let mut buf = [0u8; 2048];
+            let n =
+                match tokio::time::timeout(std::time::Duration::from_secs(5), sock.read(&mut buf))
+                    .await
+                {
+                    Ok(Ok(n)) => n,
+                    _ => continue,
+                };
+            let request = String::from_utf8_lossy(&buf[..n]);
+            let response = if request.starts_with("GET /metrics") {
+                let body = render(&cfg, &stats.snapshot(), &stats.batch_histogram()).await;
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+            } else {
+                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    .to_string()
+            };
+            let _ = sock.write_all(response.as_bytes()).await;
+            let _ = sock.shutdown().await;
+        }
+    }))
+}
+
+async fn render(
+    cfg: &Config,
+    s: &StatsSnapshot,
+    hist: &([u64; BATCH_BUCKETS.len()], u64, f64),
+) -> String {
+    let mut out = String::new();
+    let counters: [(&str, &str, u64); 9] = [
+        (
+            "seckill_orders_persisted_total",
+            "Orders inserted into MySQL by this worker",
+            s.persisted,
+        ),
+        (
+            "seckill_orders_duplicate_total",
+            "Redelivered entries whose order was already stored",
+            s.duplicates,
+        ),
+        (
+            "seckill_dead_lettered_total",
+            "Messages moved to a dead-letter stream",
+            s.dead_lettered,
+        ),
+        (
+            "seckill_entries_reclaimed_total",
+            "Entries taken over from silent consumers",
+            s.reclaimed,
+        ),
+        (
+            "seckill_lock_denied_total",
+            "Entries left pending because another worker held the user's lock",
+            s.lock_denied,
+        ),
+        (
+            "seckill_lock_lost_total",
+            "Lock leases that expired while their batch was being persisted",
+            s.lock_lost,
+        ),
+        (
+            "seckill_orders_cancelled_total",
+            "Unpaid orders cancelled at their payment deadline",
+            s.cancelled,
+        ),
+        (
+            "seckill_units_released_total",
+            "Units given back at the gate after a cancellation",
+            s.released,
+        ),
+        (
+            "seckill_promotions_total",
+            "Released units handed to waitlisted users",
+            s.promoted,
+        ),
+    ];
+    for (name, help, value) in counters {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP seckill_deadline_lateness_max_seconds Worst time from a payment deadline to its cancellation\n\
+         # TYPE seckill_deadline_lateness_max_seconds gauge\n\
+         seckill_deadline_lateness_max_seconds {}",
+        s.max_lateness_ms as f64 / 1000.0
+    );
+    let (buckets, count, sum) = hist;
+    let _ = writeln!(
+        out,
+        "# HELP seckill_batch_duration_seconds Time to persist one batch (lock, MySQL, finish)\n\
+         # TYPE seckill_batch_duration_seconds histogram"
+    );
+    let mut cumulative = 0;
+    for (le, n) in BATCH_BUCKETS.iter().zip(buckets) {
+        cumulative += n;
+        let _ = writeln!(
+            out,
+            "seckill_batch_duration_seconds_bucket{{le=\"{le}\"}} {cumulative}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "seckill_batch_duration_seconds_bucket{{le=\"+Inf\"}} {count}"
+    );
+    let _ = writeln!(out, "seckill_batch_duration_seconds_sum {sum}");
+    let _ = writeln!(out, "seckill_batch_duration_seconds_count {count}");
+    match stream_backlog(cfg).await {
+        Ok(rows) => {
+            let _ = writeln!(
+                out,
+                "# HELP seckill_stream_lag Order stream entries not yet delivered to the worker group\n\
+                 # TYPE seckill_stream_lag gauge"
+            );
+            for (v, lag, _) in &rows {
+                let _ = writeln!(out, "seckill_stream_lag{{voucher=\"{v}\"}} {lag}");
+            }
+            let _ = writeln!(
+                out,
+                "# HELP seckill_stream_pending Order stream entries delivered but not acknowledged\n\
+                 # TYPE seckill_stream_pending gauge"
+            );
+            for (v, _, pending) in &rows {
+                let _ = writeln!(out, "seckill_stream_pending{{voucher=\"{v}\"}} {pending}");
+            }
+        }
+        Err(e) => tracing::warn!("metrics: could not read the stream backlog: {e}"),
+    }
+    out
+}
+
+async fn stream_backlog(cfg: &Config) -> Result<Vec<(u64, u64, u64)>> {
+    let mut conn = redis_store::connect(cfg).await?;
+    let mut ids: Vec<u64> = conn.smembers(registry(&cfg.prefix)?).await?;
+    ids.sort_unstable();
+    let mut out = Vec::with_capacity(ids.len());
+    for v in ids {
+        let b = backlog(&mut conn, &VoucherKeys::new(&cfg.prefix, v)?).await?;
+        out.push((v, b.undelivered, b.pending));
+    }
+    Ok(out)
+}

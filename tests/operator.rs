@@ -1,0 +1,250 @@
+//! The operator's surface: `seckill status`, the metrics endpoint, JSON that
+//! parses with the documented fields, no escape codes off a terminal, and
+//! help text that stays what the README and man pages say.
+
+mod common;
+
+use std::time::Duration;
+
+use common::TestEnv;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn json(out: &std::process::Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_both_stores_side_by_side() {
+    let env = TestEnv::new().await;
+    env.live_voucher_paying_within(1, 10, 60_000).await;
+    env.add_voucher(2, 5, 3_600_000, 7_200_000).await;
+    env.admit_users(1, 12, 0).await;
+    let out = env
+        .cmd()
+        .args(["status", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let j = json(&out);
+    let v1 = &j[0];
+    assert_eq!(v1["id"], 1);
+    assert_eq!(v1["redis_stock"], 0);
+    assert_eq!(v1["stock"], 10, "MySQL has not seen the orders yet");
+    assert_eq!(v1["undelivered"], 10);
+    assert_eq!(v1["waitlist"], 2);
+    assert_eq!(v1["gate_loaded"], true);
+    assert_eq!(j[1]["gate_loaded"], false);
+    env.spawn_worker(&["--until-idle", "--block", "100ms"])
+        .expect_success(Duration::from_secs(60));
+    let j = json(
+        &env.cmd()
+            .args(["status", "--format", "json", "--voucher", "1"])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(j.as_array().unwrap().len(), 1);
+    assert_eq!(j[0]["stock"], 0);
+    assert_eq!(j[0]["orders_pending"], 10);
+    assert_eq!(j[0]["undelivered"], 0);
+    assert!(j[0]["next_deadline_ms"].as_i64().unwrap() > seckill::timespec::now_ms());
+    let table = env.cmd().args(["status"]).output().unwrap();
+    let text = String::from_utf8_lossy(&table.stdout);
+    for column in [
+        "redis stock",
+        "mysql stock",
+        "in flight",
+        "waitlist",
+        "next deadline",
+        "upcoming",
+        "live",
+    ] {
+        assert!(text.contains(column), "{column} missing:\n{text}");
+    }
+    env.cleanup().await;
+}
+
+async fn scrape(port: u16) -> String {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.unwrap();
+    body
+}
+
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_worker_serves_prometheus_metrics_during_a_drain() {
+    let env = TestEnv::new().await;
+    env.live_voucher(1, 20_000).await;
+    env.admit_users(1, 20_000, 0).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let w = env.spawn_worker(&["--batch", "64", "--block", "200ms", "--metrics-addr", &addr]);
+    env.wait_orders(1, 1_000, Duration::from_secs(60)).await;
+    let during = scrape(port).await;
+    assert!(during.starts_with("HTTP/1.1 200 OK"), "{during}");
+    assert!(during.contains("# TYPE seckill_batch_duration_seconds histogram"));
+    assert!(
+        metric(&during, "seckill_orders_persisted_total").unwrap() > 0.0,
+        "{during}"
+    );
+    assert!(
+        during.contains("seckill_stream_lag{voucher=\"1\"}"),
+        "{during}"
+    );
+    assert!(during.contains("seckill_stream_pending{voucher=\"1\"}"));
+    for name in [
+        "seckill_dead_lettered_total",
+        "seckill_units_released_total",
+        "seckill_promotions_total",
+        "seckill_lock_lost_total",
+        "seckill_batch_duration_seconds_count",
+    ] {
+        assert!(metric(&during, name).is_some(), "{name} missing");
+    }
+    env.wait_drained(1, Duration::from_secs(120)).await;
+    let after = scrape(port).await;
+    assert_eq!(
+        metric(&after, "seckill_orders_persisted_total"),
+        Some(20_000.0)
+    );
+    assert!(after.contains("seckill_stream_lag{voucher=\"1\"} 0"));
+    w.signal("TERM");
+    w.expect_success(Duration::from_secs(20));
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_prints_escape_codes_off_a_terminal_or_with_no_color() {
+    let env = TestEnv::new().await;
+    env.live_voucher(1, 5).await;
+    env.admit_users(1, 3, 0).await;
+    for args in [
+        vec!["status"],
+        vec!["voucher", "list"],
+        vec!["pending"],
+        vec!["pending", "--voucher", "1"],
+        vec!["waitlist", "--voucher", "1"],
+        vec!["reconcile", "--dry-run"],
+        vec!["buy", "--voucher", "1", "--user", "99"],
+        vec!["buy", "--voucher", "x", "--user", "99"],
+        vec![
+            "bench",
+            "--voucher",
+            "1",
+            "--users",
+            "10",
+            "--attempts",
+            "10",
+        ],
+        vec!["--help"],
+    ] {
+        for no_color in [true, false] {
+            let mut cmd = env.cmd();
+            if !no_color {
+                cmd.env_remove("NO_COLOR");
+            }
+            let out = cmd.args(&args).output().unwrap();
+            for stream in [&out.stdout, &out.stderr] {
+                assert!(
+                    !stream.contains(&0x1b),
+                    "{args:?} printed an escape code: {}",
+                    String::from_utf8_lossy(stream)
+                );
+            }
+        }
+    }
+    env.cleanup().await;
+}
+
+#[test]
+fn help_text_matches_the_snapshots() {
+    // Every command's --help, as a person reads it (non-terminal width 100).
+    let commands: &[&[&str]] = &[
+        &[],
+        &["init"],
+        &["status"],
+        &["voucher", "add"],
+        &["voucher", "list"],
+        &["preload"],
+        &["buy"],
+        &["bench"],
+        &["worker"],
+        &["pending"],
+        &["pay"],
+        &["order", "show"],
+        &["waitlist"],
+        &["reconcile"],
+    ];
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots");
+    let update = std::env::var_os("UPDATE_SNAPSHOTS").is_some();
+    let mut stale = Vec::new();
+    for args in commands {
+        let mut cmd = assert_cmd::Command::cargo_bin("seckill").unwrap();
+        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("SECKILL_")) {
+            cmd.env_remove(k);
+        }
+        let out = cmd.args(*args).arg("--help").output().unwrap();
+        assert!(out.status.success(), "{args:?}");
+        let name = if args.is_empty() {
+            "seckill".to_string()
+        } else {
+            format!("seckill-{}", args.join("-"))
+        };
+        let path = dir.join(format!("{name}.help.txt"));
+        if update {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(&path, &out.stdout).unwrap();
+        } else if std::fs::read(&path).ok().as_deref() != Some(out.stdout.as_slice()) {
+            stale.push(name);
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "help changed for {stale:?}: review and run UPDATE_SNAPSHOTS=1 cargo test --test operator"
+    );
+}
+
+#[test]
+fn usage_errors_are_one_line_for_every_command() {
+    for args in [
+        vec!["--bogus"],
+        vec!["status", "--voucher", "zero"],
+        vec!["worker", "--batch", "many"],
+        vec!["pending", "--limit", "-1"],
+        vec!["pay"],
+        vec!["order", "show"],
+        vec!["waitlist"],
+        vec!["reconcile", "--attempts", "x"],
+    ] {
+        let out = assert_cmd::Command::cargo_bin("seckill")
+            .unwrap()
+            .args(&args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("error: "), "{args:?}: {err}");
+    }
+}
