@@ -51,7 +51,8 @@ async fn status_shows_both_stores_side_by_side() {
     );
     assert_eq!(j.as_array().unwrap().len(), 1);
     assert_eq!(j[0]["stock"], 0);
-    assert_eq!(j[0]["orders_pending"], 10);
+    assert_eq!(j[0]["orders_pending"], 9);
+    assert_eq!(j[0]["orders_paid"], 1);
     assert_eq!(j[0]["undelivered"], 0);
     assert!(j[0]["next_deadline_ms"].as_i64().unwrap() > seckill::timespec::now_ms());
     let table = env.cmd().args(["status"]).output().unwrap();
