@@ -41,8 +41,47 @@ async fn status_shows_both_stores_side_by_side() {
     assert_eq!(v1["waitlist"], 2);
     assert_eq!(v1["gate_loaded"], true);
     assert_eq!(j[1]["gate_loaded"], false);
-    env.spawn_worker(&["--until-idle", "--block", "100ms"])
-        .expect_success(Duration::from_secs(60));
+    // The worker's summary on stdout is JSON too.
+    let worker = env
+        .cmd()
+        .args([
+            "worker",
+            "--until-idle",
+            "--block",
+            "100ms",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(worker.status.success());
+    let w = json(&worker);
+    assert_eq!(w["persisted"], 10);
+    for field in [
+        "consumer",
+        "elapsed_ms",
+        "duplicates",
+        "dead_lettered",
+        "batches",
+        "reclaimed",
+        "lock_denied",
+        "lock_lost",
+        "cancelled",
+        "released",
+        "promoted",
+        "max_lateness_ms",
+    ] {
+        assert!(!w[field].is_null(), "worker summary lacks {field}");
+    }
+    let order = env.orders(1).await[0].0.to_string();
+    let paid = json(
+        &env.cmd()
+            .args(["pay", "--order", &order, "--format", "json"])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(paid["outcome"], "paid");
+    assert_eq!(paid["order_id"], order);
     let j = json(
         &env.cmd()
             .args(["status", "--format", "json", "--voucher", "1"])
