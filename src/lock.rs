@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use crate::error::Result;
 use crate::redis_store::RedisConn;
+use redis::Script;
+
 use crate::scripts::{LOCK_ACQUIRE, LOCK_RELEASE, LOCK_RENEW};
 
 /// Who holds a lock: one token per worker instance.
@@ -27,27 +29,25 @@ impl LockOwner {
 
     /// Tries every key; returns one flag per key (true = now held by us).
     pub async fn acquire(&self, conn: &mut impl RedisConn, keys: &[String]) -> Result<Vec<bool>> {
-        if keys.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut inv = LOCK_ACQUIRE.prepare_invoke();
-        for k in keys {
-            inv.key(k);
-        }
-        let flags: Vec<i64> = inv
-            .arg(&self.token)
-            .arg(self.lease_ms())
-            .invoke_async(conn)
-            .await?;
-        Ok(flags.into_iter().map(|f| f == 1).collect())
+        self.per_key(&LOCK_ACQUIRE, conn, keys).await
     }
 
     /// Extends the leases; returns one flag per key (false = lost).
     pub async fn renew(&self, conn: &mut impl RedisConn, keys: &[String]) -> Result<Vec<bool>> {
+        self.per_key(&LOCK_RENEW, conn, keys).await
+    }
+
+    /// Runs a script taking (owner, lease) over `keys`, one flag back per key.
+    async fn per_key(
+        &self,
+        script: &Script,
+        conn: &mut impl RedisConn,
+        keys: &[String],
+    ) -> Result<Vec<bool>> {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let mut inv = LOCK_RENEW.prepare_invoke();
+        let mut inv = script.prepare_invoke();
         for k in keys {
             inv.key(k);
         }

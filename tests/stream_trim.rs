@@ -33,18 +33,7 @@ async fn trim_keeps_every_undelivered_and_pending_entry() {
     }
     stream::ensure_group(&mut redis, &keys).await.unwrap();
     // "ghost" reads six entries and acknowledges the 1st, 2nd and 4th.
-    let _: redis::Value = redis::cmd("XREADGROUP")
-        .arg("GROUP")
-        .arg(WORKER_GROUP)
-        .arg("ghost")
-        .arg("COUNT")
-        .arg(6)
-        .arg("STREAMS")
-        .arg(keys.orders())
-        .arg(">")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    env.read_as(1, "ghost", 6).await;
     let _: u64 = redis
         .xack(keys.orders(), WORKER_GROUP, &[&all[0], &all[1], &all[3]])
         .await
@@ -74,18 +63,7 @@ async fn trim_keeps_every_undelivered_and_pending_entry() {
 
     // Once everything is delivered and acknowledged, all but the last
     // delivered entry go, and the consumer may be forgotten.
-    let _: redis::Value = redis::cmd("XREADGROUP")
-        .arg("GROUP")
-        .arg(WORKER_GROUP)
-        .arg("ghost")
-        .arg("COUNT")
-        .arg(10)
-        .arg("STREAMS")
-        .arg(keys.orders())
-        .arg(">")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    env.read_as(1, "ghost", 10).await;
     let _: u64 = redis.xack(keys.orders(), WORKER_GROUP, &all).await.unwrap();
     stream::trim(&mut redis, &keys, 0, now + 1).await.unwrap();
     assert_eq!(ids(&mut redis, &keys).await, vec![all[9].clone()]);

@@ -256,18 +256,7 @@ async fn the_same_pending_entries_claimed_by_two_consumers_make_one_order_each()
     seckill::worker::stream::ensure_group(&mut redis, &keys)
         .await
         .unwrap();
-    let _: redis::Value = redis::cmd("XREADGROUP")
-        .arg("GROUP")
-        .arg(WORKER_GROUP)
-        .arg("ghost")
-        .arg("COUNT")
-        .arg(1000)
-        .arg("STREAMS")
-        .arg(keys.orders())
-        .arg(">")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    env.read_as(V, "ghost", 1000).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     // Two workers whose reclaim threshold is already passed: both go for them.
     let fast = [

@@ -4,6 +4,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use mysql_async::prelude::*;
+use mysql_async::TxOpts;
 use redis::streams::StreamRangeReply;
 use redis::{AsyncCommands, FromRedisValue, Value};
 
@@ -218,7 +219,18 @@ pub async fn read_many(
 
     let list = join_ids(vouchers.iter().copied());
     let mut mysql = db.conn().await?;
-    let rows: Vec<VoucherRow> = mysql
+    // One snapshot for both queries: a worker committing a batch between
+    // them would otherwise show the stock from before and the orders from
+    // after, a false "MySQL inconsistent" and a wrong expected gate stock.
+    let mut tx = mysql
+        .start_transaction(
+            TxOpts::default()
+                .with_consistent_snapshot(true)
+                .with_readonly(Some(true))
+                .clone(),
+        )
+        .await?;
+    let rows: Vec<VoucherRow> = tx
         .query(format!(
             "SELECT voucher_id, total_stock, stock,
                     CAST(ROUND(UNIX_TIMESTAMP(begin_time) * 1000) AS SIGNED),
@@ -227,7 +239,7 @@ pub async fn read_many(
                FROM seckill_voucher WHERE voucher_id IN ({list})"
         ))
         .await?;
-    let orders: Vec<OrderRow> = mysql
+    let orders: Vec<OrderRow> = tx
         .exec(
             format!(
                 "SELECT voucher_id, id, user_id, status,
@@ -238,6 +250,7 @@ pub async fn read_many(
             (settle_ms * 1000,),
         )
         .await?;
+    tx.commit().await?;
     drop(mysql);
     // The gate must not have moved during the MySQL reads either: then every
     // difference left is either drift or younger than the settle time.

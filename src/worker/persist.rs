@@ -117,13 +117,7 @@ async fn persist_fresh(
     msgs: &[OrderMessage],
 ) -> Result<Option<Persisted>, PersistError> {
     let mut tx = conn.start_transaction(TxOpts::default()).await?;
-    let pay_timeout_ms: i64 = tx
-        .exec_first(
-            "SELECT pay_timeout_ms FROM seckill_voucher WHERE voucher_id = ?",
-            (voucher,),
-        )
-        .await?
-        .ok_or(PersistError::UnknownVoucher(voucher))?;
+    let pay_timeout_ms = pay_timeout(&mut tx, voucher).await?;
     tx.exec_drop(
         "UPDATE seckill_voucher SET stock = stock - ? WHERE voucher_id = ? AND stock >= ?",
         (msgs.len(), voucher, msgs.len()),
@@ -142,6 +136,19 @@ async fn persist_fresh(
     }))
 }
 
+/// The voucher's payment timeout; its absence means MySQL does not know it.
+async fn pay_timeout(
+    tx: &mut mysql_async::Transaction<'_>,
+    voucher: u64,
+) -> Result<i64, PersistError> {
+    tx.exec_first(
+        "SELECT pay_timeout_ms FROM seckill_voucher WHERE voucher_id = ?",
+        (voucher,),
+    )
+    .await?
+    .ok_or(PersistError::UnknownVoucher(voucher))
+}
+
 struct Stored {
     user: u64,
     voucher: u64,
@@ -154,13 +161,7 @@ async fn persist_once(
     msgs: &[OrderMessage],
 ) -> Result<Persisted, PersistError> {
     let mut tx = conn.start_transaction(TxOpts::default()).await?;
-    let pay_timeout_ms: i64 = tx
-        .exec_first(
-            "SELECT pay_timeout_ms FROM seckill_voucher WHERE voucher_id = ?",
-            (voucher,),
-        )
-        .await?
-        .ok_or(PersistError::UnknownVoucher(voucher))?;
+    let pay_timeout_ms = pay_timeout(&mut tx, voucher).await?;
 
     let (by_id, by_user) = stored_orders(&mut tx, voucher, msgs).await?;
     let mut fates: Vec<Option<Fate>> = vec![None; msgs.len()];

@@ -282,6 +282,28 @@ impl TestEnv {
         }
     }
 
+    /// Has `consumer` read up to `count` new entries of the voucher's stream
+    /// (creating the group) and never acknowledge them: a worker that died.
+    pub async fn read_as(&self, voucher: u64, consumer: &str, count: usize) {
+        let keys = seckill::keys::VoucherKeys::new(&self.prefix, voucher).unwrap();
+        let mut redis = self.redis().await;
+        seckill::worker::stream::ensure_group(&mut redis, &keys)
+            .await
+            .unwrap();
+        let _: redis::Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(seckill::keys::WORKER_GROUP)
+            .arg(consumer)
+            .arg("COUNT")
+            .arg(count)
+            .arg("STREAMS")
+            .arg(keys.orders())
+            .arg(">")
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+    }
+
     /// Waits until MySQL holds at least `at_least` orders of the voucher.
     pub async fn wait_orders(&self, voucher: u64, at_least: u64, limit: Duration) {
         let start = std::time::Instant::now();
