@@ -49,8 +49,7 @@ pub async fn preload<C: RedisConn>(
             in_flight,
         });
     }
-    let v = voucher::get(db, voucher_id).await?;
-    let orders = voucher::order_digest(db, voucher_id).await?;
+    let (v, orders) = voucher::get_with_orders(db, voucher_id).await?;
     let users: Vec<u64> = orders.iter().map(|o| o.1).collect();
     let cancelled: Vec<u64> = orders.iter().filter(|o| o.2 == -1).map(|o| o.0).collect();
     let deadlines: Vec<(i64, u64)> = orders

@@ -154,18 +154,36 @@ pub async fn get(db: &Db, id: u64) -> Result<Voucher> {
     row.map(from_row).ok_or(Error::VoucherNotFound(id))
 }
 
-/// The orders of a voucher as the gate needs them: (order id, user, status,
-/// creation ms). One order per user ever (the UNIQUE key), so every user
+/// An order as the gate needs it: (order id, user, status, creation ms).
+pub type OrderDigest = (u64, u64, i8, i64);
+
+/// The voucher and its orders, read in one consistent snapshot (a worker
+/// committing in between cannot show the stock from before and the orders
+/// from after). One order per user ever (the UNIQUE key), so every user
 /// here stays a buyer at the gate, whatever the status.
-pub async fn order_digest(db: &Db, id: u64) -> Result<Vec<(u64, u64, i8, i64)>> {
+pub async fn get_with_orders(db: &Db, id: u64) -> Result<(Voucher, Vec<OrderDigest>)> {
     let mut conn = db.conn().await?;
-    Ok(conn
+    let mut tx = conn
+        .start_transaction(
+            mysql_async::TxOpts::default()
+                .with_consistent_snapshot(true)
+                .with_readonly(Some(true))
+                .clone(),
+        )
+        .await?;
+    let row: Option<VoucherRow> = tx
+        .exec_first(format!("{SELECT_VOUCHERS} WHERE v.voucher_id = ?"), (id,))
+        .await?;
+    let voucher = row.map(from_row).ok_or(Error::VoucherNotFound(id))?;
+    let orders: Vec<OrderDigest> = tx
         .exec(
             "SELECT id, user_id, status, CAST(ROUND(UNIX_TIMESTAMP(create_time) * 1000) AS SIGNED)
                FROM seckill_order WHERE voucher_id = ?",
             (id,),
         )
-        .await?)
+        .await?;
+    tx.commit().await?;
+    Ok((voucher, orders))
 }
 
 #[cfg(test)]
