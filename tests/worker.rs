@@ -534,3 +534,24 @@ async fn a_paused_lock_holder_whose_lease_expires_causes_no_duplicate() {
     assert_eq!(s.mysql_stock, 0);
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_recovers_when_redis_loses_the_stream_and_its_group() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 100).await;
+    let w = env.spawn_worker(&args(&[]));
+    env.admit_users(V, 10, 0).await;
+    env.wait_orders(V, 10, Duration::from_secs(30)).await;
+    // A restart without persistence takes the stream and its group away;
+    // admissions go on and create the stream again, without a group.
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let _: () = redis.del(keys.orders()).await.unwrap();
+    env.admit_users(V, 10, 100).await;
+    env.wait_orders(V, 20, Duration::from_secs(30)).await;
+    w.signal("TERM");
+    let log = w.expect_success(Duration::from_secs(20));
+    assert!(log.contains("NOGROUP"), "{log}");
+    assert_invariants(&env, V).await;
+    env.cleanup().await;
+}

@@ -101,6 +101,11 @@ impl WorkerOptions {
     }
 }
 
+/// Redis says the stream or its consumer group is gone.
+fn lost_group(e: &Error) -> bool {
+    matches!(e, Error::Redis(m) if m.contains("NOGROUP"))
+}
+
 /// The default consumer name: host and process id, stable for the life of
 /// the process and distinct between instances.
 pub fn default_consumer() -> String {
@@ -304,6 +309,12 @@ impl Worker {
                 }
                 Err(e) => {
                     tracing::warn!("{e}; retrying in {}", humantime::format_duration(backoff));
+                    if lost_group(&e) {
+                        // Redis lost a stream with its group (a restart without
+                        // persistence): create the groups again on the next round.
+                        self.streams.clear();
+                        last_refresh = None;
+                    }
                     self.pause(backoff).await;
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                     self.reconnect().await;
@@ -443,6 +454,14 @@ impl Worker {
                             deliveries.len()
                         );
                     }
+                    return Ok(());
+                }
+                Err(e) if lost_group(&e) => {
+                    tracing::warn!(
+                        "voucher {voucher}: its order stream lost the worker group (Redis lost the keys?); \
+                         the {} entries in hand went with it: `seckill reconcile` repairs what was lost",
+                        deliveries.len()
+                    );
                     return Ok(());
                 }
                 Err(e) => {
