@@ -33,7 +33,10 @@ use common::ConnectOpts;
     long_about = "Flash-sale operations tool: admit buyers at Redis speed, never oversell.\n\n\
         A voucher has N units. `seckill preload` opens it at the Redis gate, where \
         lua/seckill.lua admits each buyer atomically (sale window, one unit per user, \
-        stock, or the waitlist) and hands the order to a stream for the worker.",
+        stock, or the waitlist) and hands the order to a stream. `seckill worker` \
+        persists the orders to MySQL (the truth), cancels those unpaid at their \
+        deadline and hands the units to the waitlist. `seckill reconcile` finds and \
+        repairs any drift between Redis and MySQL, safely while a sale runs.",
     after_long_help = exit_code::HELP,
     propagate_version = true
 )]
@@ -74,7 +77,7 @@ pub enum Command {
     Buy(buy::BuyArgs),
     /// Load-test the admission script and report attempts/s and latency
     Bench(bench::BenchArgs),
-    /// Persist admitted orders from the streams to MySQL (layers 2-4)
+    /// Persist admitted orders to MySQL, cancel unpaid ones at their deadline (layers 2-5)
     Worker(worker::WorkerArgs),
     /// Show stream backlog, pending entries and dead letters; requeue dead letters
     Pending(pending::PendingArgs),
