@@ -423,3 +423,51 @@ async fn a_drain_in_progress_is_never_drift() {
     assert_invariants(&env, V).await;
     env.cleanup().await;
 }
+
+/// Runs `seckill <args>` on a pseudo-terminal (util-linux `script`), typing
+/// `answer` once the prompt had time to show; returns (exit code, screen).
+fn on_a_terminal(env: &TestEnv, args: &str, answer: &str) -> (i32, String) {
+    use std::io::Write;
+    let bin = assert_cmd::cargo::cargo_bin("seckill");
+    let mut child = std::process::Command::new("script")
+        .args(["-qec", &format!("{} {args}", bin.display()), "/dev/null"])
+        .env("SECKILL_REDIS_URL", &env.cfg.redis_url)
+        .env("SECKILL_MYSQL_URL", &env.cfg.mysql_url)
+        .env("SECKILL_PREFIX", &env.prefix)
+        .env("NO_COLOR", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("script(1) from util-linux");
+    std::thread::sleep(Duration::from_millis(1_500));
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(answer.as_bytes()).unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_terminal_it_shows_the_plan_and_repairs_only_after_yes() {
+    let env = quiet_sale().await;
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let _: () = redis.incr(keys.stock(), 2).await.unwrap();
+    let before = env.snapshot().await;
+    let (code, screen) = on_a_terminal(&env, "reconcile --settle 0s", "n");
+    assert_eq!(code, 3, "{screen}");
+    assert!(
+        screen.contains("redis_stock_high") && screen.contains("[y/N]"),
+        "{screen}"
+    );
+    assert_eq!(env.snapshot().await, before, "a 'no' repaired something");
+    let (code, screen) = on_a_terminal(&env, "reconcile --settle 0s", "y");
+    assert_eq!(code, 4, "{screen}");
+    assert!(screen.contains("repaired"), "{screen}");
+    let stock: i64 = redis.get(keys.stock()).await.unwrap();
+    assert_eq!(stock, 10);
+    env.cleanup().await;
+}

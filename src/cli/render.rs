@@ -58,12 +58,15 @@ pub fn clap_error(e: clap::Error) -> u8 {
 pub fn table(header: &[&str]) -> Table {
     let mut t = Table::new();
     t.load_preset(presets::UTF8_FULL_CONDENSED)
-        .set_content_arrangement(if super::stdout_is_terminal() {
-            ContentArrangement::Dynamic
-        } else {
-            ContentArrangement::Disabled
-        })
         .set_header(header.iter().copied());
+    // Fit to the terminal only when its width is known and usable: a pty
+    // that reports no size would squeeze every column to one character.
+    let fits = super::stdout_is_terminal() && t.width().is_some_and(|w| w >= 60);
+    t.set_content_arrangement(if fits {
+        ContentArrangement::Dynamic
+    } else {
+        ContentArrangement::Disabled
+    });
     t
 }
 
