@@ -471,3 +471,15 @@ async fn on_a_terminal_it_shows_the_plan_and_repairs_only_after_yes() {
     assert_eq!(stock, 10);
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gate_missing_from_the_registry_is_registered_again() {
+    let env = quiet_sale().await;
+    let mut redis = env.redis().await;
+    let registry = seckill::keys::registry(&env.prefix).unwrap();
+    let _: () = redis.srem(&registry, V).await.unwrap();
+    find_and_repair(&env, &[("not_registered", 1)]).await;
+    let back: bool = redis.sismember(&registry, V).await.unwrap();
+    assert!(back, "workers would never see this voucher's orders");
+    env.cleanup().await;
+}

@@ -32,6 +32,9 @@ pub use snapshot::{candidates, read_many, read_voucher, Read, Snapshot};
 pub enum DriftClass {
     /// Redis lost the voucher (meta or stock missing): rebuild it from MySQL.
     GateNotLoaded,
+    /// A loaded gate missing from the registry: no worker consumes its
+    /// stream, so its orders never reach MySQL. Register it.
+    NotRegistered,
     /// Gate stock above what MySQL allows: an oversell risk. Lower it.
     RedisStockHigh,
     /// Gate stock below what MySQL allows: units stuck. Give them back.
@@ -53,6 +56,7 @@ impl DriftClass {
     pub fn action(&self) -> &'static str {
         match self {
             DriftClass::GateNotLoaded => "rebuild the gate from MySQL",
+            DriftClass::NotRegistered => "register it for the workers",
             DriftClass::RedisStockHigh => "lower the gate stock",
             DriftClass::RedisStockLow => "give the units back at the gate",
             DriftClass::BuyersMissing => "add them to the buyers",
@@ -148,6 +152,14 @@ pub fn classify(s: &Snapshot) -> (Vec<Drift>, i64) {
             action: DriftClass::GateNotLoaded.action(),
         });
         return (out, expected);
+    }
+    if !s.registered {
+        out.push(Drift {
+            class: DriftClass::NotRegistered,
+            amount: 1,
+            sample: Vec::new(),
+            action: DriftClass::NotRegistered.action(),
+        });
     }
     let stock = s.gate_stock.unwrap_or(0);
     if stock > expected {
@@ -335,6 +347,12 @@ async fn repair(
     }
     if has(DriftClass::GateNotLoaded) {
         return rebuild_gate(conn, keys, s).await;
+    }
+    if has(DriftClass::NotRegistered) {
+        // Idempotent and outside the gate's own keys: no witness needed.
+        let _: () =
+            redis::AsyncCommands::sadd(conn, crate::keys::registry(keys.prefix())?, voucher)
+                .await?;
     }
     // The expected stock already leaves out every cancelled unit not yet
     // back; the settled ones come back through release.lua below (one unit

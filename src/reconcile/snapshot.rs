@@ -45,6 +45,8 @@ pub struct Snapshot {
     pub order_users: BTreeSet<u64>,
     // Redis
     pub gate_loaded: bool,
+    /// In the registry, where workers find the streams to consume.
+    pub registered: bool,
     pub gate_stock: Option<i64>,
     pub buyers: BTreeSet<u64>,
     pub released: BTreeSet<u64>,
@@ -159,7 +161,7 @@ pub async fn read_voucher(
     Ok(reads.pop().unwrap_or(Read::Missing))
 }
 
-type GateRow = (bool, Vec<u64>, Vec<u64>, Vec<u64>, u64, u64);
+type GateRow = (bool, Vec<u64>, Vec<u64>, Vec<u64>, u64, u64, bool);
 type VoucherRow = (u64, i64, i64, i64, i64, i64);
 type OrderRow = (u64, u64, u64, i8, i64, i8);
 
@@ -186,16 +188,17 @@ pub async fn read_many(
             .smembers(k.released())
             .zrange(k.timeouts(), 0, -1)
             .xlen(k.dead())
-            .xlen(k.orders());
+            .xlen(k.orders())
+            .sismember(registry(prefix)?, k.voucher());
     }
     let replies: Vec<Value> = pipe.query_async(conn).await?;
     let mut snaps = Vec::with_capacity(keys.len());
     for ((chunk, w), (k, voucher)) in replies
-        .chunks(6)
+        .chunks(7)
         .zip(&before)
         .zip(keys.iter().zip(vouchers))
     {
-        let (meta_exists, buyers, released, deadlines, dead_letters, stream_len): GateRow =
+        let (meta_exists, buyers, released, deadlines, dead_letters, stream_len, registered): GateRow =
             FromRedisValue::from_redis_value(Value::Array(chunk.to_vec()))
                 .map_err(|e| Error::Redis(format!("gate of voucher {voucher}: {e}")))?;
         let in_flight = if stream_len > 0 {
@@ -206,6 +209,7 @@ pub async fn read_many(
         snaps.push(Snapshot {
             voucher: *voucher,
             gate_loaded: meta_exists && !w.stock.is_empty(),
+            registered,
             gate_stock: w.stock.parse().ok(),
             buyers: buyers.into_iter().collect(),
             released: released.into_iter().collect(),
