@@ -483,3 +483,22 @@ async fn a_gate_missing_from_the_registry_is_registered_again() {
     assert!(back, "workers would never see this voucher's orders");
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn large_sets_are_scanned_in_pieces_and_read_whole() {
+    // Over 10,000 buyers and deadlines: read by SSCAN/ZSCAN, not one command.
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 12_000).await;
+    env.admit_users(V, 12_000, 0).await;
+    env.spawn_worker(&["--until-idle", "--block", "100ms", "--batch", "1024"])
+        .expect_success(Duration::from_secs(120));
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let (code, report) = reconcile(&env, &["--dry-run"]);
+    assert_eq!(code, 0, "{report:#}");
+    let _: () = redis.srem(keys.buyers(), &[5, 11_999]).await.unwrap();
+    let last: Vec<u64> = redis.zrange(keys.timeouts(), -1, -1).await.unwrap();
+    let _: () = redis.zrem(keys.timeouts(), last[0]).await.unwrap();
+    find_and_repair(&env, &[("buyers_missing", 2), ("deadline_missing", 1)]).await;
+    env.cleanup().await;
+}

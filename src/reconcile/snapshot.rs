@@ -162,6 +162,33 @@ pub async fn read_voucher(
 }
 
 type GateRow = (bool, Vec<u64>, Vec<u64>, Vec<u64>, u64, u64, bool);
+
+/// Sets up to this size are read with one command; larger ones by scanning.
+const WHOLE: u64 = 10_000;
+
+/// All members of a set or sorted set (`cmd` = SSCAN or ZSCAN), a few
+/// thousand per command.
+async fn scan_members(conn: &mut impl RedisConn, cmd: &str, key: &str) -> Result<Vec<u64>> {
+    let zset = cmd == "ZSCAN";
+    let mut cursor = "0".to_string();
+    let mut out = Vec::new();
+    loop {
+        let (next, page): (String, Vec<String>) = redis::cmd(cmd)
+            .arg(key)
+            .arg(&cursor)
+            .arg("COUNT")
+            .arg(5_000)
+            .query_async(conn)
+            .await?;
+        // ZSCAN pages alternate member, score.
+        let members = page.iter().step_by(if zset { 2 } else { 1 });
+        out.extend(members.filter_map(|m| m.parse::<u64>().ok()));
+        if next == "0" {
+            return Ok(out);
+        }
+        cursor = next;
+    }
+}
 type VoucherRow = (u64, i64, i64, i64, i64, i64);
 type OrderRow = (u64, u64, u64, i8, i64, i8);
 
@@ -181,12 +208,20 @@ pub async fn read_many(
         .map(|v| VoucherKeys::new(prefix, *v))
         .collect::<Result<_>>()?;
     let before = witnesses(conn, &keys).await?;
+    // Small sets come whole in the pipeline; a large one is scanned in
+    // pieces afterwards, so that no single command holds Redis for long
+    // during a sale (the witness check still vouches for the whole read).
     let mut pipe = redis::pipe();
-    for k in &keys {
-        pipe.exists(k.meta())
-            .smembers(k.buyers())
-            .smembers(k.released())
-            .zrange(k.timeouts(), 0, -1)
+    for (k, w) in keys.iter().zip(&before) {
+        pipe.exists(k.meta());
+        for (key, len) in [(k.buyers(), w.buyers), (k.released(), w.released)] {
+            if len > WHOLE {
+                pipe.srandmember_multiple(key, 0);
+            } else {
+                pipe.smembers(key);
+            }
+        }
+        pipe.zrange(k.timeouts(), 0, WHOLE as isize)
             .xlen(k.dead())
             .xlen(k.orders())
             .sismember(registry(prefix)?, k.voucher());
@@ -205,6 +240,21 @@ pub async fn read_many(
             in_flight_orders(conn, k).await?
         } else {
             Vec::new()
+        };
+        let buyers = if w.buyers > WHOLE {
+            scan_members(conn, "SSCAN", &k.buyers()).await?
+        } else {
+            buyers
+        };
+        let released = if w.released > WHOLE {
+            scan_members(conn, "SSCAN", &k.released()).await?
+        } else {
+            released
+        };
+        let deadlines = if deadlines.len() as u64 > WHOLE {
+            scan_members(conn, "ZSCAN", &k.timeouts()).await?
+        } else {
+            deadlines
         };
         snaps.push(Snapshot {
             voucher: *voucher,
