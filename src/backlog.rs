@@ -91,14 +91,32 @@ pub async fn in_flight_orders<C: RedisConn>(
         }
         _ => Default::default(),
     };
-    let after = group.map(|g| parse_id(&g.last_delivered_id));
-    let all: redis::streams::StreamRangeReply = conn.xrange_all(&stream).await?;
-    Ok(all
-        .ids
-        .iter()
-        .filter(|e| after.is_none_or(|a| parse_id(&e.id) > a) || pending.contains(&e.id))
-        .filter_map(|e| Some((e.get::<u64>("user")?, e.get::<u64>("order")?)))
-        .collect())
+    let after = group.as_ref().map(|g| parse_id(&g.last_delivered_id));
+    // Acknowledged entries are kept for a while (worker --keep): start the
+    // range at the oldest entry that can still be in flight, and page it.
+    let oldest_pending = pending.iter().map(|id| parse_id(id)).min();
+    let start = match (oldest_pending, after) {
+        (Some(p), Some(a)) => p.min((a.0, a.1 + 1)),
+        (None, Some(a)) => (a.0, a.1 + 1),
+        (_, None) => (0, 0),
+    };
+    const PAGE: usize = 5_000;
+    let mut from = format!("{}-{}", start.0, start.1);
+    let mut out = Vec::new();
+    loop {
+        let page: redis::streams::StreamRangeReply =
+            conn.xrange_count(&stream, &from, "+", PAGE).await?;
+        out.extend(
+            page.ids
+                .iter()
+                .filter(|e| after.is_none_or(|a| parse_id(&e.id) > a) || pending.contains(&e.id))
+                .filter_map(|e| Some((e.get::<u64>("user")?, e.get::<u64>("order")?))),
+        );
+        match page.ids.last() {
+            Some(last) if page.ids.len() == PAGE => from = format!("({}", last.id),
+            _ => return Ok(out),
+        }
+    }
 }
 
 /// A stream id as (ms, seq), for ordering.
