@@ -11,7 +11,7 @@ use redis::Value;
 use crate::db::{join_ids, Db};
 use crate::error::{Error, Result};
 use crate::keys::VoucherKeys;
-use crate::redis_store::RedisConn;
+use crate::redis_store::{value_text, RedisConn};
 use crate::scripts::{CLAIM_DUE, RELEASE};
 use crate::snowflake::Snowflake;
 
@@ -36,16 +36,10 @@ pub async fn claim_due(
         .arg(limit)
         .invoke_async(conn)
         .await?;
-    let text = |v: &Value| match v {
-        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-        Value::SimpleString(s) => s.clone(),
-        Value::Int(n) => n.to_string(),
-        other => format!("{other:?}"),
-    };
     let mut due = Vec::with_capacity(flat.len() / 2);
     for pair in flat.chunks(2) {
         let [member, score] = pair else { continue };
-        let (member, score) = (text(member), text(score));
+        let (member, score) = (value_text(member), value_text(score));
         match (member.parse::<u64>(), score.parse::<f64>()) {
             (Ok(order), Ok(deadline)) => due.push(Due {
                 order,

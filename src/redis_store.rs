@@ -82,6 +82,17 @@ pub async fn check_version(conn: &mut impl RedisConn) -> Result<String> {
     Ok(version)
 }
 
+/// A reply value as text (bulk and simple strings, integers), for replies
+/// whose shape is known but whose element types vary.
+pub fn value_text(v: &redis::Value) -> String {
+    match v {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        redis::Value::SimpleString(s) => s.clone(),
+        redis::Value::Int(n) => n.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
 /// `"10.11.19-MariaDB-0+deb12u1"` → `(10, 11)`; unparsable parts count as 0.
 pub fn parse_major_minor(version: &str) -> (u32, u32) {
     let mut parts = version

@@ -18,22 +18,7 @@ use seckill::payment::{self, PayOutcome};
 use seckill::snowflake::Snowflake;
 
 const V: u64 = 1;
-const WORKER: &[&str] = &[
-    "--claim-idle",
-    "500ms",
-    "--block",
-    "200ms",
-    "--lock-lease",
-    "1s",
-    "--deadline-lease",
-    "1s",
-];
-
-fn worker_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
-    let mut a: Vec<&str> = WORKER.to_vec();
-    a.extend_from_slice(extra);
-    a
-}
+use common::fast_worker as worker_args;
 
 async fn pay(env: &TestEnv, order: u64) -> PayOutcome {
     let db = env.db().await;

@@ -303,33 +303,8 @@ async fn without_a_terminal_or_yes_it_refuses_and_unknown_vouchers_are_named() {
 async fn reconciling_in_a_loop_during_a_live_sale_repairs_nothing_and_oversells_nothing() {
     let env = TestEnv::new().await;
     env.live_voucher_paying_within(V, 2_000, 1_000).await;
-    let w = env.spawn_worker(&[
-        "--claim-idle",
-        "500ms",
-        "--block",
-        "200ms",
-        "--lock-lease",
-        "1s",
-        "--deadline-lease",
-        "1s",
-    ]);
-    let sale = {
-        let cfg = env.cfg.clone();
-        tokio::spawn(async move {
-            let plan = seckill::bench::BenchPlan {
-                voucher: V,
-                users: 10_000,
-                user_offset: 0,
-                attempts: 20_000,
-                concurrency: 8,
-                connections: 2,
-                node_id: 11,
-            };
-            seckill::bench::run(&cfg, &plan, Default::default())
-                .await
-                .unwrap()
-        })
-    };
+    let w = env.spawn_worker(&common::fast_worker(&[]));
+    let sale = env.sale_in_background(V, 10_000, 0, 20_000, 8);
     let mut runs = 0;
     let mut codes = std::collections::BTreeMap::new();
     while !sale.is_finished() || runs < 5 {

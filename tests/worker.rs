@@ -12,20 +12,7 @@ use redis::AsyncCommands;
 use seckill::keys::{registry, VoucherKeys, WORKER_GROUP};
 
 const V: u64 = 1;
-const FAST: &[&str] = &[
-    "--claim-idle",
-    "500ms",
-    "--block",
-    "200ms",
-    "--lock-lease",
-    "1s",
-];
-
-fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
-    let mut a: Vec<&str> = FAST.to_vec();
-    a.extend_from_slice(extra);
-    a
-}
+use common::fast_worker as args;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_workers_drain_a_sale_of_ten_thousand_exactly_once() {
@@ -127,24 +114,8 @@ async fn twenty_kill_nines_lose_nothing_and_double_nothing() {
         .as_nanos() as u64;
     eprintln!("kill schedule seed {seed}");
     let mut rng = Lcg(seed);
-    let sale = {
-        let env_cfg = env.cfg.clone();
-        tokio::spawn(async move {
-            // Orders keep arriving while the worker dies and comes back.
-            let plan = seckill::bench::BenchPlan {
-                voucher: V,
-                users: 10_000,
-                user_offset: 0,
-                attempts: 10_000,
-                concurrency: 4,
-                connections: 1,
-                node_id: 9,
-            };
-            seckill::bench::run(&env_cfg, &plan, Default::default())
-                .await
-                .unwrap()
-        })
-    };
+    // Orders keep arriving while the worker dies and comes back.
+    let sale = env.sale_in_background(V, 10_000, 0, 10_000, 4);
     let mut kills = 0;
     while kills < 20 {
         let w = env.spawn_worker(&args(&["--batch", "128"]));

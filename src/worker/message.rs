@@ -4,6 +4,8 @@ use std::collections::HashMap;
 
 use redis::Value;
 
+use crate::redis_store::value_text;
+
 use crate::voucher::MAX_ID;
 
 /// How the order entered the stream.
@@ -106,15 +108,6 @@ impl RawEntry {
 /// The millisecond part of a stream id.
 pub fn entry_ms(entry_id: &str) -> Option<i64> {
     entry_id.split('-').next()?.parse().ok()
-}
-
-fn value_text(v: &Value) -> String {
-    match v {
-        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-        Value::SimpleString(s) => s.clone(),
-        Value::Int(n) => n.to_string(),
-        other => format!("{other:?}"),
-    }
 }
 
 #[cfg(test)]

@@ -19,6 +19,24 @@ use seckill::timespec::now_ms;
 use seckill::voucher::{self, NewVoucher};
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
+static NODE: AtomicU64 = AtomicU64::new(1);
+
+/// Worker flags for tests: short claim, block, lease and deadline lease, so
+/// crashes and takeovers play out in a second, followed by `extra`.
+pub fn fast_worker<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec![
+        "--claim-idle",
+        "500ms",
+        "--block",
+        "200ms",
+        "--lock-lease",
+        "1s",
+        "--deadline-lease",
+        "1s",
+    ];
+    a.extend_from_slice(extra);
+    a
+}
 
 pub fn redis_url() -> String {
     std::env::var("SECKILL_TEST_REDIS_URL").unwrap_or_else(|_| DEFAULT_REDIS_URL.to_string())
@@ -246,18 +264,37 @@ impl TestEnv {
         users: u64,
         offset: u64,
     ) -> seckill::bench::BenchReport {
+        self.sale_in_background(voucher, users, offset, users, 64)
+            .await
+            .expect("admissions")
+    }
+
+    /// `attempts` admissions by `users` users (offset+1 ..), `concurrency`
+    /// at a time, running while the test does other things.
+    pub fn sale_in_background(
+        &self,
+        voucher: u64,
+        users: u64,
+        offset: u64,
+        attempts: u64,
+        concurrency: usize,
+    ) -> tokio::task::JoinHandle<seckill::bench::BenchReport> {
+        let cfg = self.cfg.clone();
         let plan = seckill::bench::BenchPlan {
             voucher,
             users,
             user_offset: offset,
-            attempts: users,
-            concurrency: 64,
-            connections: 4,
-            node_id: 7,
+            attempts,
+            concurrency,
+            connections: concurrency.clamp(1, 4),
+            // A node id per sale: two sales at once never mint one order id.
+            node_id: (NODE.fetch_add(1, Ordering::Relaxed) % 1024) as u16,
         };
-        seckill::bench::run(&self.cfg, &plan, Default::default())
-            .await
-            .expect("admissions")
+        tokio::spawn(async move {
+            seckill::bench::run(&cfg, &plan, Default::default())
+                .await
+                .expect("admissions")
+        })
     }
 
     /// Entries of the voucher's stream not yet persisted (undelivered + pending).
