@@ -72,6 +72,16 @@ impl From<mysql_async::Error> for Error {
     }
 }
 
+/// MySQL server error numbers the code branches on, in one list.
+pub mod mysql_codes {
+    pub const ACCESS_DENIED: u16 = 1045;
+    pub const BAD_DB: u16 = 1049;
+    pub const DUP_ENTRY: u16 = 1062;
+    pub const NO_SUCH_TABLE: u16 = 1146;
+    pub const LOCK_WAIT_TIMEOUT: u16 = 1205;
+    pub const LOCK_DEADLOCK: u16 = 1213;
+}
+
 /// The MySQL error code of a server error, for callers that branch on it.
 pub fn mysql_code(e: &mysql_async::Error) -> Option<u16> {
     match e {

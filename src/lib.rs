@@ -2,35 +2,25 @@
 //!
 //! The library holds all logic; `src/cli` only parses arguments and renders
 //! results, and `src/main.rs` maps the outcome to an exit code.
+//!
+//! - `store`: configuration, connections, schema, key layout, scripts, registry
+//! - `gate`: layer 1 (admission, waitlist, preload)
+//! - `stream`: the order stream as data (ids, entries, backlog, dead letters)
+//! - `worker`: layers 2–5 as one long-running process
+//! - `orders`: MySQL's vouchers and orders, payment, deadline cancellation
+//! - `reconcile`, `status`: both stores side by side
+//! - `support`: masking, time, ids, signals, backoff
 
-pub mod admission;
-pub mod backlog;
-pub mod bench;
 pub mod cli;
-pub mod config;
-pub mod db;
-pub mod deadline;
 pub mod error;
 pub mod exit_code;
-pub mod fault;
 pub mod gate;
-pub mod keys;
-pub mod lock;
-pub mod mask;
-pub mod order;
-pub mod payment;
-pub mod pending;
-pub mod preload;
+pub mod orders;
 pub mod reconcile;
-pub mod redis_store;
-pub mod schema;
-pub mod scripts;
-pub mod shutdown;
-pub mod snowflake;
 pub mod status;
-pub mod timespec;
-pub mod voucher;
-pub mod waitlist;
+pub mod store;
+pub mod stream;
+pub mod support;
 pub mod worker;
 
 pub use error::{Error, Result};

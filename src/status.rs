@@ -4,12 +4,12 @@
 use redis::{FromRedisValue, Value};
 use serde::Serialize;
 
-use crate::backlog::backlog;
-use crate::db::Db;
 use crate::error::{Error, Result};
-use crate::keys::VoucherKeys;
-use crate::redis_store::RedisConn;
-use crate::voucher::{self, Voucher};
+use crate::orders::voucher::{self, Voucher};
+use crate::store::db::Db;
+use crate::store::keys::VoucherKeys;
+use crate::store::redis_conn::RedisConn;
+use crate::stream::backlog::backlog;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct VoucherStatus {
@@ -42,16 +42,7 @@ pub async fn read(
     prefix: &str,
     only: &[u64],
 ) -> Result<Vec<VoucherStatus>> {
-    let mut vouchers = voucher::list(db).await?;
-    if !only.is_empty() {
-        if let Some(missing) = only
-            .iter()
-            .find(|id| !vouchers.iter().any(|v| v.id == **id))
-        {
-            return Err(Error::VoucherNotFound(*missing));
-        }
-        vouchers.retain(|v| only.contains(&v.id));
-    }
+    let vouchers = voucher::list_only(db, only).await?;
     let mut out = Vec::with_capacity(vouchers.len());
     for chunk in vouchers.chunks(500) {
         let keys: Vec<VoucherKeys> = chunk

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use common::invariants::assert_invariants;
 use common::TestEnv;
 use redis::AsyncCommands;
-use seckill::admission::{admit, Admission};
-use seckill::keys::VoucherKeys;
-use seckill::snowflake::Snowflake;
+use seckill::gate::admission::{admit, Admission};
+use seckill::store::keys::VoucherKeys;
+use seckill::support::snowflake::Snowflake;
 use tokio::sync::Barrier;
 
 const VOUCHER: u64 = 1;

@@ -66,9 +66,9 @@ async fn bad_input_is_one_line_a_non_zero_exit_and_changes_nothing() {
     env.live_voucher(1, 10).await;
     {
         // Some state worth protecting: a buyer, a stream entry.
-        let keys = seckill::keys::VoucherKeys::new(&env.prefix, 1).unwrap();
+        let keys = seckill::store::keys::VoucherKeys::new(&env.prefix, 1).unwrap();
         let mut redis = env.redis().await;
-        seckill::admission::admit(&mut redis, &keys, 1, 77, 123)
+        seckill::gate::admission::admit(&mut redis, &keys, 1, 77, 123)
             .await
             .unwrap();
     }
@@ -372,11 +372,11 @@ async fn an_uninitialised_database_is_named_and_left_alone() {
         );
     }
     // The command did not create the database behind the operator's back.
-    let admin = seckill::config::Config {
+    let admin = seckill::store::config::Config {
         mysql_url: common::mysql_url_for("mysql"),
         ..env.cfg.clone()
     };
-    let db = seckill::db::Db::connect(&admin).await;
+    let db = seckill::store::db::Db::connect(&admin).await;
     assert!(
         db.is_err() || {
             use mysql_async::prelude::*;
@@ -394,7 +394,9 @@ async fn an_uninitialised_database_is_named_and_left_alone() {
     );
 
     // An existing but empty database is not initialised either.
-    let created = seckill::db::Db::connect_for_init(&env.cfg).await.unwrap();
+    let created = seckill::store::db::Db::connect_for_init(&env.cfg)
+        .await
+        .unwrap();
     created.close().await;
     run_case(&env, &case(&["voucher", "list"], 1, "is not initialised"));
     env.cleanup().await;

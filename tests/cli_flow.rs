@@ -34,14 +34,14 @@ async fn init_is_idempotent_and_reports_versions() {
     );
     let j = json(&first);
     assert_eq!(j["schema"]["from"], 0);
-    assert_eq!(j["schema"]["to"], seckill::schema::latest());
+    assert_eq!(j["schema"]["to"], seckill::store::schema::latest());
     assert!(j["redis"]["version"]
         .as_str()
         .unwrap()
         .starts_with(char::is_numeric));
     assert!(j["mysql"]["url"].as_str().unwrap().contains(":***@"));
     let again = json(&run(&env, &["init", "--format", "json"]));
-    assert_eq!(again["schema"]["from"], seckill::schema::latest());
+    assert_eq!(again["schema"]["from"], seckill::store::schema::latest());
     assert_eq!(again["schema"]["applied"].as_array().unwrap().len(), 0);
     let table = run(&env, &["init"]);
     assert!(String::from_utf8_lossy(&table.stdout).contains("up to date"));
@@ -188,7 +188,7 @@ async fn preload_refuses_while_orders_are_in_flight() {
     );
     assert!(forced.status.success());
     assert_eq!(json(&forced)[0]["in_flight_ignored"], 1);
-    let keys = seckill::keys::VoucherKeys::new(&env.prefix, 1).unwrap();
+    let keys = seckill::store::keys::VoucherKeys::new(&env.prefix, 1).unwrap();
     let mut redis = env.redis().await;
     let stock: i64 = redis.get(keys.stock()).await.unwrap();
     assert_eq!(stock, 10);
@@ -216,7 +216,7 @@ async fn preload_rebuilds_the_gate_from_mysql_and_is_idempotent() {
         drop(conn);
         db.close().await;
     }
-    let keys = seckill::keys::VoucherKeys::new(&env.prefix, 1).unwrap();
+    let keys = seckill::store::keys::VoucherKeys::new(&env.prefix, 1).unwrap();
     let mut redis = env.redis().await;
     // Stale gate state that preload must replace, not merge.
     let _: () = redis.sadd(keys.buyers(), 999).await.unwrap();
@@ -236,7 +236,7 @@ async fn preload_rebuilds_the_gate_from_mysql_and_is_idempotent() {
     let stock: i64 = redis.get(keys.stock()).await.unwrap();
     assert_eq!(stock, 8);
     let registered: bool = redis
-        .sismember(seckill::keys::registry(&env.prefix).unwrap(), 1)
+        .sismember(seckill::store::registry::key(&env.prefix).unwrap(), 1)
         .await
         .unwrap();
     assert!(registered);

@@ -12,10 +12,10 @@ use std::time::Duration;
 use common::invariants::assert_invariants;
 use common::TestEnv;
 use redis::AsyncCommands;
-use seckill::admission::{admit, Admission};
-use seckill::keys::VoucherKeys;
-use seckill::payment::{self, PayOutcome};
-use seckill::snowflake::Snowflake;
+use seckill::gate::admission::{admit, Admission};
+use seckill::orders::payment::{self, PayOutcome};
+use seckill::store::keys::VoucherKeys;
+use seckill::support::snowflake::Snowflake;
 
 const V: u64 = 1;
 use common::fast_worker as worker_args;
@@ -143,7 +143,7 @@ async fn pay_racing_the_deadline_ends_paid_or_cancelled_never_both() {
         // queue for connections, so most land a little late).
         let at = deadline as i64 + (i as i64 % 201) - 120;
         tasks.push(tokio::spawn(async move {
-            let wait = at - seckill::timespec::now_ms();
+            let wait = at - seckill::support::timespec::now_ms();
             if wait > 0 {
                 tokio::time::sleep(Duration::from_millis(wait as u64)).await;
             }
@@ -183,7 +183,7 @@ async fn a_crash_between_the_cancel_commit_and_the_release_restores_each_unit_on
     env.admit_users(V, 30, 0).await;
     let w = env.spawn_worker_with(
         &worker_args(&[]),
-        &[(seckill::fault::ENV, "after_cancel=30s")],
+        &[(seckill::support::fault::ENV, "after_cancel=30s")],
     );
     let start = std::time::Instant::now();
     while !w.log_text().contains("test pause at after_cancel") {
@@ -364,7 +364,7 @@ async fn a_slow_releaser_overtaken_after_its_lease_gives_nothing_back_twice() {
     // then A wakes up and releases the same orders again.
     let slow = env.spawn_worker_with(
         &worker_args(&[]),
-        &[(seckill::fault::ENV, "after_cancel=2500ms")],
+        &[(seckill::support::fault::ENV, "after_cancel=2500ms")],
     );
     let start = std::time::Instant::now();
     while !slow.log_text().contains("test pause at after_cancel") {

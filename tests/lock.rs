@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use common::TestEnv;
 use redis::AsyncCommands;
-use seckill::keys::VoucherKeys;
-use seckill::lock::LockOwner;
+use seckill::store::keys::VoucherKeys;
+use seckill::worker::lock::LockOwner;
 
 fn owner(token: &str, lease_ms: u64) -> LockOwner {
     LockOwner {

@@ -93,7 +93,7 @@ async fn status_shows_both_stores_side_by_side() {
     assert_eq!(j[0]["orders_pending"], 9);
     assert_eq!(j[0]["orders_paid"], 1);
     assert_eq!(j[0]["undelivered"], 0);
-    assert!(j[0]["next_deadline_ms"].as_i64().unwrap() > seckill::timespec::now_ms());
+    assert!(j[0]["next_deadline_ms"].as_i64().unwrap() > seckill::support::timespec::now_ms());
     let table = env.cmd().args(["status"]).output().unwrap();
     let text = String::from_utf8_lossy(&table.stdout);
     for column in [

@@ -11,7 +11,7 @@ use common::invariants::assert_invariants;
 use common::TestEnv;
 use mysql_async::prelude::*;
 use redis::AsyncCommands;
-use seckill::keys::VoucherKeys;
+use seckill::store::keys::VoucherKeys;
 use serde_json::Value;
 
 const V: u64 = 1;
@@ -451,7 +451,7 @@ async fn on_a_terminal_it_shows_the_plan_and_repairs_only_after_yes() {
 async fn a_gate_missing_from_the_registry_is_registered_again() {
     let env = quiet_sale().await;
     let mut redis = env.redis().await;
-    let registry = seckill::keys::registry(&env.prefix).unwrap();
+    let registry = seckill::store::registry::key(&env.prefix).unwrap();
     let _: () = redis.srem(&registry, V).await.unwrap();
     find_and_repair(&env, &[("not_registered", 1)]).await;
     let back: bool = redis.sismember(&registry, V).await.unwrap();

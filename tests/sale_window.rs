@@ -3,8 +3,8 @@
 mod common;
 
 use common::TestEnv;
-use seckill::admission::{admit, Admission};
-use seckill::keys::VoucherKeys;
+use seckill::gate::admission::{admit, Admission};
+use seckill::store::keys::VoucherKeys;
 
 async fn attempt(env: &TestEnv, voucher: u64, user: u64) -> Admission {
     let keys = VoucherKeys::new(&env.prefix, voucher).unwrap();
@@ -20,7 +20,7 @@ async fn before_the_window_opens_nothing_is_written() {
     let before = env.snapshot().await;
     let outcome = attempt(&env, 1, 5).await;
     assert!(
-        matches!(outcome, Admission::NotStarted { begin_ms } if begin_ms > seckill::timespec::now_ms())
+        matches!(outcome, Admission::NotStarted { begin_ms } if begin_ms > seckill::support::timespec::now_ms())
     );
     assert_eq!(
         env.snapshot().await,
@@ -37,7 +37,9 @@ async fn after_the_window_closes_nothing_is_written() {
     env.preload(1).await;
     let before = env.snapshot().await;
     let outcome = attempt(&env, 1, 5).await;
-    assert!(matches!(outcome, Admission::Ended { end_ms } if end_ms < seckill::timespec::now_ms()));
+    assert!(
+        matches!(outcome, Admission::Ended { end_ms } if end_ms < seckill::support::timespec::now_ms())
+    );
     assert_eq!(
         env.snapshot().await,
         before,

@@ -10,7 +10,7 @@ use std::process::Command;
 use common::invariants::assert_invariants;
 use common::TestEnv;
 use redis::AsyncCommands;
-use seckill::keys::VoucherKeys;
+use seckill::store::keys::VoucherKeys;
 
 fn redis_cli(args: &[&str]) -> (bool, String) {
     let out = Command::new("redis-cli")
@@ -54,7 +54,7 @@ async fn another_client_gets_the_documented_replies() {
     assert!(ok, "{sha}");
     assert_eq!(
         sha,
-        seckill::scripts::ADMISSION.get_hash(),
+        seckill::store::scripts::ADMISSION.get_hash(),
         "the binary embeds the file as it is"
     );
 
@@ -110,7 +110,7 @@ async fn redis_cli_eval_of_the_file_admits_and_reports_the_window() {
     assert!(ok, "{out}");
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(&lines[..2], ["3", "not started"], "{out}");
-    assert!(lines[2].parse::<i64>().unwrap() > seckill::timespec::now_ms());
+    assert!(lines[2].parse::<i64>().unwrap() > seckill::support::timespec::now_ms());
     env.cleanup().await;
 }
 

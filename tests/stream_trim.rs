@@ -6,8 +6,8 @@ mod common;
 use common::TestEnv;
 use redis::streams::StreamRangeReply;
 use redis::AsyncCommands;
-use seckill::keys::{VoucherKeys, WORKER_GROUP};
-use seckill::worker::stream;
+use seckill::store::keys::{VoucherKeys, WORKER_GROUP};
+use seckill::worker::group;
 
 async fn ids(redis: &mut redis::aio::MultiplexedConnection, keys: &VoucherKeys) -> Vec<String> {
     let r: StreamRangeReply = redis.xrange_all(keys.orders()).await.unwrap();
@@ -31,7 +31,7 @@ async fn trim_keeps_every_undelivered_and_pending_entry() {
             .unwrap();
         all.push(id);
     }
-    stream::ensure_group(&mut redis, &keys).await.unwrap();
+    group::ensure_group(&mut redis, &keys).await.unwrap();
     // "ghost" reads six entries and acknowledges the 1st, 2nd and 4th.
     env.read_as(1, "ghost", 6).await;
     let _: u64 = redis
@@ -40,24 +40,21 @@ async fn trim_keeps_every_undelivered_and_pending_entry() {
         .unwrap();
 
     // Entries are newer than any retention window: nothing goes.
-    let now = seckill::timespec::now_ms();
+    let now = seckill::support::timespec::now_ms();
     assert_eq!(
-        stream::trim(&mut redis, &keys, 3_600_000, now)
+        group::trim(&mut redis, &keys, 3_600_000, now)
             .await
             .unwrap(),
         0
     );
     // Without retention only what lies below the oldest pending entry goes.
-    assert_eq!(
-        stream::trim(&mut redis, &keys, 0, now + 1).await.unwrap(),
-        2
-    );
+    assert_eq!(group::trim(&mut redis, &keys, 0, now + 1).await.unwrap(), 2);
     assert_eq!(ids(&mut redis, &keys).await, all[2..].to_vec());
     // Pending entries are untouched, and the ghost cannot be forgotten.
     let pending: redis::streams::StreamPendingReply =
         redis.xpending(keys.orders(), WORKER_GROUP).await.unwrap();
     assert_eq!(pending.count(), 3);
-    assert!(!stream::forget_consumer(&mut redis, &keys, "ghost")
+    assert!(!group::forget_consumer(&mut redis, &keys, "ghost")
         .await
         .unwrap());
 
@@ -65,9 +62,9 @@ async fn trim_keeps_every_undelivered_and_pending_entry() {
     // delivered entry go, and the consumer may be forgotten.
     env.read_as(1, "ghost", 10).await;
     let _: u64 = redis.xack(keys.orders(), WORKER_GROUP, &all).await.unwrap();
-    stream::trim(&mut redis, &keys, 0, now + 1).await.unwrap();
+    group::trim(&mut redis, &keys, 0, now + 1).await.unwrap();
     assert_eq!(ids(&mut redis, &keys).await, vec![all[9].clone()]);
-    assert!(stream::forget_consumer(&mut redis, &keys, "ghost")
+    assert!(group::forget_consumer(&mut redis, &keys, "ghost")
         .await
         .unwrap());
     env.cleanup().await;

@@ -9,7 +9,8 @@ use std::time::Duration;
 use common::invariants::assert_invariants;
 use common::TestEnv;
 use redis::AsyncCommands;
-use seckill::keys::{registry, VoucherKeys, WORKER_GROUP};
+use seckill::store::keys::{VoucherKeys, WORKER_GROUP};
+use seckill::store::registry;
 
 const V: u64 = 1;
 use common::fast_worker as args;
@@ -163,7 +164,7 @@ async fn kill_nine_at_every_step_of_a_batch_loses_and_doubles_nothing() {
         let pause = format!("{step}=20s");
         let w = env.spawn_worker_with(
             &args(&["--batch", "50"]),
-            &[(seckill::fault::ENV, pause.as_str())],
+            &[(seckill::support::fault::ENV, pause.as_str())],
         );
         wait_for_pause(&w, step).await;
         w.kill9();
@@ -224,7 +225,7 @@ async fn the_same_pending_entries_claimed_by_two_consumers_make_one_order_each()
     let keys = VoucherKeys::new(&env.prefix, V).unwrap();
     let mut redis = env.redis().await;
     // A consumer that read everything and died.
-    seckill::worker::stream::ensure_group(&mut redis, &keys)
+    seckill::worker::group::ensure_group(&mut redis, &keys)
         .await
         .unwrap();
     env.read_as(V, "ghost", 1000).await;
@@ -280,7 +281,7 @@ async fn poison_messages_are_dead_lettered_with_the_reason_and_the_worker_goes_o
     // A voucher that Redis knows and MySQL does not.
     let ghost = VoucherKeys::new(&env.prefix, 999).unwrap();
     let _: () = redis
-        .sadd(registry(&env.prefix).unwrap(), 999)
+        .sadd(registry::key(&env.prefix).unwrap(), 999)
         .await
         .unwrap();
     let _: String = redis

@@ -71,9 +71,11 @@ async fn mysql_stopped_mid_drain_then_back_loses_nothing() {
         mysql.port, env.db_name
     );
     {
-        let db = seckill::db::Db::connect_for_init(&env.cfg).await.unwrap();
+        let db = seckill::store::db::Db::connect_for_init(&env.cfg)
+            .await
+            .unwrap();
         let mut conn = db.conn().await.unwrap();
-        seckill::schema::migrate(&mut conn).await.unwrap();
+        seckill::store::schema::migrate(&mut conn).await.unwrap();
         drop(conn);
         db.close().await;
     }

@@ -5,13 +5,13 @@ use serde_json::json;
 
 use super::common::{parse_id, Format, FormatOpt, NodeIdOpt};
 use super::render::print_json;
-use crate::admission::{admit, Admission};
-use crate::config::Config;
 use crate::exit_code;
-use crate::keys::VoucherKeys;
-use crate::redis_store;
-use crate::snowflake::Snowflake;
-use crate::timespec::format_ms;
+use crate::gate::admission::{admit, Admission};
+use crate::store::config::Config;
+use crate::store::keys::VoucherKeys;
+use crate::store::redis_conn;
+use crate::support::snowflake::Snowflake;
+use crate::support::timespec::format_ms;
 
 #[derive(Args, Debug)]
 pub struct BuyArgs {
@@ -30,7 +30,7 @@ pub struct BuyArgs {
 pub async fn run(cfg: &Config, args: BuyArgs) -> anyhow::Result<u8> {
     let keys = VoucherKeys::new(&cfg.prefix, args.voucher)?;
     let order_id = Snowflake::new(args.node.get())?.next_id();
-    let mut redis = redis_store::connect(cfg).await?;
+    let mut redis = redis_conn::connect(cfg).await?;
     let outcome = admit(&mut redis, &keys, args.voucher, args.user, order_id).await?;
     match args.format.format {
         Format::Json => print_json(&outcome_json(args.voucher, args.user, &outcome))?,

@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
-use crate::config::{self, Config};
-use crate::snowflake::{default_node_id, MAX_NODE_ID};
-use crate::voucher::MAX_ID;
+use crate::orders::voucher::MAX_ID;
+use crate::store::config::{self, Config};
+use crate::support::snowflake::{default_node_id, MAX_NODE_ID};
 
 /// Where the stores are. Flattened into every command, each flag with its
 /// environment variable.
@@ -122,7 +122,7 @@ pub fn parse_id(s: &str) -> Result<u64, String> {
 }
 
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    crate::timespec::parse_duration(s).map_err(|e| strip_prefix(e.to_string()))
+    crate::support::timespec::parse_duration(s).map_err(|e| strip_prefix(e.to_string()))
 }
 
 /// Stock and counts: a whole number, where a minus sign gets a clear error

@@ -5,12 +5,12 @@ use serde::Serialize;
 
 use super::common::{Format, FormatOpt};
 use super::render::{print_json, table};
-use crate::config::Config;
-use crate::db::{self, Db};
 use crate::exit_code;
-use crate::mask::mask_url;
-use crate::redis_store;
-use crate::schema::{self, MigrateReport};
+use crate::store::config::Config;
+use crate::store::db::{self, Db};
+use crate::store::redis_conn;
+use crate::store::schema::{self, MigrateReport};
+use crate::support::mask::mask_url;
 
 #[derive(Args, Debug)]
 pub struct InitArgs {
@@ -33,8 +33,8 @@ struct InitReport {
 }
 
 pub async fn run(cfg: &Config, args: InitArgs) -> anyhow::Result<u8> {
-    let mut redis = redis_store::connect(cfg).await?;
-    let redis_version = redis_store::check_version(&mut redis).await?;
+    let mut redis = redis_conn::connect(cfg).await?;
+    let redis_version = redis_conn::check_version(&mut redis).await?;
     let database = Db::connect_for_init(cfg).await?;
     let mut conn = database.conn().await?;
     let mysql_version = db::check_version(&mut conn).await?;

@@ -128,7 +128,7 @@ pub fn main() -> ExitCode {
 /// Runs one parsed command; the `u8` is the exit code.
 pub async fn run(cli: Cli) -> anyhow::Result<u8> {
     let cfg = cli.connect.config();
-    crate::config::validate_prefix(&cfg.prefix)?;
+    crate::store::config::validate_prefix(&cfg.prefix)?;
     match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::Init(args) => init::run(&cfg, args).await,

@@ -4,11 +4,11 @@ use clap::{Args, Subcommand};
 
 use super::common::{parse_id, Format, FormatOpt};
 use super::render::{print_json, table};
-use crate::config::Config;
-use crate::db::Db;
 use crate::exit_code;
-use crate::order::{self, OrderView};
-use crate::timespec::format_ms;
+use crate::orders::order::{self, OrderView};
+use crate::store::config::Config;
+use crate::store::db::Db;
+use crate::support::timespec::format_ms;
 
 #[derive(Subcommand, Debug)]
 pub enum OrderCommand {

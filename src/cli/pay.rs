@@ -5,11 +5,11 @@ use serde_json::json;
 
 use super::common::{parse_id, Format, FormatOpt};
 use super::render::print_json;
-use crate::config::Config;
-use crate::db::Db;
 use crate::exit_code;
-use crate::payment::{self, PayOutcome};
-use crate::redis_store;
+use crate::orders::payment::{self, PayOutcome};
+use crate::store::config::Config;
+use crate::store::db::Db;
+use crate::store::redis_conn;
 
 #[derive(Args, Debug)]
 pub struct PayArgs {
@@ -28,7 +28,7 @@ pub async fn run(cfg: &Config, args: PayArgs) -> anyhow::Result<u8> {
     if let PayOutcome::Paid { voucher, .. } = outcome {
         // The deadline has nothing left to do; if this fails, the canceller
         // finds the order paid and drops it anyway.
-        if let Ok(mut redis) = redis_store::connect(cfg).await {
+        if let Ok(mut redis) = redis_conn::connect(cfg).await {
             if let Err(e) =
                 payment::forget_deadline(&mut redis, &cfg.prefix, voucher, args.order).await
             {

@@ -6,11 +6,11 @@ use serde::Serialize;
 use super::common::{parse_id, Format, FormatOpt};
 use super::confirm::{confirm, Confirmation};
 use super::render::{print_json, table};
-use crate::config::Config;
 use crate::exit_code;
-use crate::keys::{registry, VoucherKeys};
-use crate::pending::{self, DeadLetterView, PendingEntry, StreamSummary};
-use crate::redis_store;
+use crate::store::config::Config;
+use crate::store::keys::VoucherKeys;
+use crate::store::redis_conn;
+use crate::stream::pending::{self, DeadLetterView, PendingEntry, StreamSummary};
 
 #[derive(Args, Debug)]
 pub struct PendingArgs {
@@ -42,16 +42,9 @@ struct VoucherDetail {
 }
 
 pub async fn run(cfg: &Config, args: PendingArgs) -> anyhow::Result<u8> {
-    let mut redis = redis_store::connect(cfg).await?;
+    let mut redis = redis_conn::connect(cfg).await?;
     let Some(voucher) = args.voucher else {
-        let mut ids: Vec<u64> =
-            redis::AsyncCommands::smembers(&mut redis, registry(&cfg.prefix)?).await?;
-        ids.sort_unstable();
-        let mut rows = Vec::with_capacity(ids.len());
-        for id in ids {
-            let keys = VoucherKeys::new(&cfg.prefix, id)?;
-            rows.push(pending::summary(&mut redis, &keys, id).await?);
-        }
+        let rows = pending::summaries(&mut redis, &cfg.prefix).await?;
         match args.format.format {
             Format::Json => print_json(&rows)?,
             Format::Table => println!("{}", summary_table(&rows)),

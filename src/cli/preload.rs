@@ -4,12 +4,12 @@ use clap::Args;
 
 use super::common::{parse_id, Format, FormatOpt};
 use super::render::{print_json, table};
-use crate::config::Config;
-use crate::db::Db;
 use crate::exit_code;
-use crate::preload::{preload, PreloadReport};
-use crate::redis_store;
-use crate::voucher;
+use crate::gate::preload::{preload, PreloadReport};
+use crate::orders::voucher;
+use crate::store::config::Config;
+use crate::store::db::Db;
+use crate::store::redis_conn;
 
 #[derive(Args, Debug)]
 #[group(id = "which", required = true, multiple = false, args = ["voucher", "all"])]
@@ -30,7 +30,7 @@ pub struct PreloadArgs {
 
 pub async fn run(cfg: &Config, args: PreloadArgs) -> anyhow::Result<u8> {
     let db = Db::connect(cfg).await?;
-    let mut redis = redis_store::connect(cfg).await?;
+    let mut redis = redis_conn::connect(cfg).await?;
     let ids: Vec<u64> = match args.voucher {
         Some(id) => vec![id],
         None => voucher::list(&db).await?.iter().map(|v| v.id).collect(),

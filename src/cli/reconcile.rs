@@ -7,12 +7,12 @@ use serde::Serialize;
 use super::common::{parse_duration, parse_id, Format, FormatOpt, NodeIdOpt};
 use super::confirm::{confirm, Confirmation};
 use super::render::{print_json, table};
-use crate::config::Config;
-use crate::db::Db;
 use crate::exit_code;
 use crate::reconcile::{self, Options, Outcome, VoucherReport};
-use crate::redis_store;
-use crate::snowflake::Snowflake;
+use crate::store::config::Config;
+use crate::store::db::Db;
+use crate::store::redis_conn;
+use crate::support::snowflake::Snowflake;
 
 #[derive(Args, Debug)]
 pub struct ReconcileArgs {
@@ -55,7 +55,7 @@ pub async fn run(cfg: &Config, args: ReconcileArgs) -> anyhow::Result<u8> {
         );
     }
     let db = Db::connect(cfg).await?;
-    let mut redis = redis_store::connect(cfg).await?;
+    let mut redis = redis_conn::connect(cfg).await?;
     let ids = Snowflake::new(args.node.get())?;
     let vouchers = if args.vouchers.is_empty() {
         reconcile::candidates(&db, &mut redis, &cfg.prefix).await?

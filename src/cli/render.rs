@@ -6,7 +6,7 @@ use comfy_table::{presets, ContentArrangement, Table};
 use serde::Serialize;
 
 use crate::exit_code;
-use crate::mask::redact;
+use crate::support::mask::redact;
 
 /// Colour only on a terminal and only when NO_COLOR is unset.
 pub fn colour_on_stderr() -> bool {

@@ -7,12 +7,12 @@ use clap::Args;
 
 use super::common::{parse_duration, parse_id, Format, FormatOpt};
 use super::render::{print_json, table};
-use crate::config::Config;
-use crate::db::Db;
 use crate::exit_code;
-use crate::redis_store;
 use crate::status::{self, VoucherStatus};
-use crate::timespec::{format_duration_ms, format_ms, now_ms};
+use crate::store::config::Config;
+use crate::store::db::Db;
+use crate::store::redis_conn;
+use crate::support::timespec::{format_duration_ms, format_ms, now_ms};
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
@@ -28,7 +28,7 @@ pub struct StatusArgs {
 
 pub async fn run(cfg: &Config, args: StatusArgs) -> anyhow::Result<u8> {
     let db = Db::connect(cfg).await?;
-    let mut redis = redis_store::connect(cfg).await?;
+    let mut redis = redis_conn::connect(cfg).await?;
     let result = watch_loop(cfg, &args, &db, &mut redis).await;
     db.close().await;
     result

@@ -5,14 +5,14 @@ use serde::Serialize;
 
 use super::common::{parse_count, parse_duration, parse_id, Format, FormatOpt};
 use super::render::{print_json, table};
-use crate::config::Config;
-use crate::db::Db;
 use crate::exit_code;
-use crate::gate::{self, GateState};
-use crate::keys::VoucherKeys;
-use crate::redis_store;
-use crate::timespec::{format_duration_ms, format_ms, now_ms, parse_time};
-use crate::voucher::{self, NewVoucher, Voucher};
+use crate::gate::state::{self, GateState};
+use crate::orders::voucher::{self, NewVoucher, Voucher};
+use crate::store::config::Config;
+use crate::store::db::Db;
+use crate::store::keys::VoucherKeys;
+use crate::store::redis_conn;
+use crate::support::timespec::{format_duration_ms, format_ms, now_ms, parse_time};
 
 #[derive(Subcommand, Debug)]
 pub enum VoucherCommand {
@@ -102,24 +102,15 @@ async fn add(cfg: &Config, args: AddArgs) -> anyhow::Result<u8> {
 
 async fn list(cfg: &Config, args: ListArgs) -> anyhow::Result<u8> {
     let db = Db::connect(cfg).await?;
-    let mut vouchers = voucher::list(&db).await?;
+    let vouchers = voucher::list_only(&db, &args.vouchers).await;
     db.close().await;
-    if !args.vouchers.is_empty() {
-        if let Some(missing) = args
-            .vouchers
-            .iter()
-            .find(|id| !vouchers.iter().any(|v| v.id == **id))
-        {
-            return Err(crate::Error::VoucherNotFound(*missing).into());
-        }
-        vouchers.retain(|v| args.vouchers.contains(&v.id));
-    }
-    let mut redis = redis_store::connect(cfg).await?;
-    let mut gates = Vec::with_capacity(vouchers.len());
-    for v in &vouchers {
-        let keys = VoucherKeys::new(&cfg.prefix, v.id)?;
-        gates.push(gate::read(&mut redis, &keys).await?);
-    }
+    let vouchers = vouchers?;
+    let mut redis = redis_conn::connect(cfg).await?;
+    let keys = vouchers
+        .iter()
+        .map(|v| VoucherKeys::new(&cfg.prefix, v.id))
+        .collect::<crate::Result<Vec<_>>>()?;
+    let gates = state::read_many(&mut redis, &keys).await?;
     let now = now_ms();
     let views: Vec<VoucherView> = vouchers
         .iter()

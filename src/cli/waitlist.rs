@@ -4,12 +4,12 @@ use clap::Args;
 
 use super::common::{parse_id, Format, FormatOpt};
 use super::render::{print_json, table};
-use crate::config::Config;
 use crate::exit_code;
-use crate::keys::VoucherKeys;
-use crate::redis_store;
-use crate::timespec::{format_duration_ms, format_ms, now_ms};
-use crate::waitlist::{self, Waitlist};
+use crate::gate::waitlist::{self, Waitlist};
+use crate::store::config::Config;
+use crate::store::keys::VoucherKeys;
+use crate::store::redis_conn;
+use crate::support::timespec::{format_duration_ms, format_ms, now_ms};
 
 #[derive(Args, Debug)]
 pub struct WaitlistArgs {
@@ -25,7 +25,7 @@ pub struct WaitlistArgs {
 
 pub async fn run(cfg: &Config, args: WaitlistArgs) -> anyhow::Result<u8> {
     let keys = VoucherKeys::new(&cfg.prefix, args.voucher)?;
-    let mut redis = redis_store::connect(cfg).await?;
+    let mut redis = redis_conn::connect(cfg).await?;
     let w = waitlist::read(&mut redis, &keys, args.voucher, args.limit.max(1)).await?;
     match args.format.format {
         Format::Json => print_json(&w)?,

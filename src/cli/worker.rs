@@ -7,11 +7,12 @@ use clap::Args;
 
 use super::common::{parse_duration, Format, FormatOpt, NodeIdOpt};
 use super::render::{print_json, table};
-use crate::config::Config;
 use crate::exit_code;
-use crate::shutdown;
-use crate::worker::deadlines::DeadlineOptions;
-use crate::worker::{self, default_consumer, StatsSnapshot, WorkerOptions, WorkerStats};
+use crate::store::config::Config;
+use crate::support::shutdown;
+use crate::worker::{
+    self, default_consumer, DeadlineOptions, StatsSnapshot, WorkerOptions, WorkerStats,
+};
 
 #[derive(Args, Debug)]
 pub struct WorkerArgs {

@@ -16,14 +16,15 @@ use std::collections::BTreeSet;
 
 use serde::Serialize;
 
-use crate::db::Db;
-use crate::deadline;
 use crate::error::{Error, Result};
-use crate::keys::VoucherKeys;
-use crate::preload::{publish_gate, GateImage, Seen};
-use crate::redis_store::RedisConn;
-use crate::scripts::RECONCILE;
-use crate::snowflake::Snowflake;
+use crate::gate::image::{publish_gate, GateImage, Seen};
+use crate::orders::deadline;
+use crate::store::db::Db;
+use crate::store::keys::VoucherKeys;
+use crate::store::redis_conn::RedisConn;
+use crate::store::registry;
+use crate::store::scripts::RECONCILE;
+use crate::support::snowflake::Snowflake;
 pub use snapshot::{candidates, read_many, read_voucher, Read, Snapshot};
 
 /// The kinds of drift, each with the action that repairs it.
@@ -350,9 +351,7 @@ async fn repair(
     }
     if has(DriftClass::NotRegistered) {
         // Idempotent and outside the gate's own keys: no witness needed.
-        let _: () =
-            redis::AsyncCommands::sadd(conn, crate::keys::registry(keys.prefix())?, voucher)
-                .await?;
+        registry::register(conn, keys).await?;
     }
     // The expected stock already leaves out every cancelled unit not yet
     // back; the settled ones come back through release.lua below (one unit

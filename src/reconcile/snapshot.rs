@@ -6,13 +6,15 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
 use redis::streams::StreamRangeReply;
-use redis::{AsyncCommands, FromRedisValue, Value};
+use redis::{FromRedisValue, Value};
 
-use crate::backlog::in_flight_orders;
-use crate::db::{join_ids, Db};
 use crate::error::{Error, Result};
-use crate::keys::{registry, VoucherKeys};
-use crate::redis_store::RedisConn;
+use crate::orders::order::OrderStatus;
+use crate::store::db::{join_ids, Db};
+use crate::store::keys::VoucherKeys;
+use crate::store::redis_conn::RedisConn;
+use crate::store::registry;
+use crate::stream::backlog::in_flight_orders;
 
 /// What changes whenever the gate moves: an admission or promotion appends
 /// to the stream, an admission or release changes the stock, a repair
@@ -224,7 +226,7 @@ pub async fn read_many(
         pipe.zrange(k.timeouts(), 0, WHOLE as isize)
             .xlen(k.dead())
             .xlen(k.orders())
-            .sismember(registry(prefix)?, k.voucher());
+            .sismember(registry::key(prefix)?, k.voucher());
     }
     let replies: Vec<Value> = pipe.query_async(conn).await?;
     let mut snaps = Vec::with_capacity(keys.len());
@@ -333,9 +335,9 @@ pub async fn read_many(
         if recent == 1 {
             s.settling.insert(id);
         }
-        match status {
-            0 => s.pending.push((id, created)),
-            1 => s.paid += 1,
+        match OrderStatus::from_code(status) {
+            Some(OrderStatus::Pending) => s.pending.push((id, created)),
+            Some(OrderStatus::Paid) => s.paid += 1,
             _ => {
                 s.cancelled.insert(id);
             }
@@ -359,11 +361,7 @@ pub async fn read_many(
 /// Every voucher worth checking: registered at the gate, or holding orders
 /// in MySQL (a gate that lost its registry too must not go unchecked).
 pub async fn candidates(db: &Db, conn: &mut impl RedisConn, prefix: &str) -> Result<Vec<u64>> {
-    let mut ids: BTreeSet<u64> = conn
-        .smembers::<_, Vec<u64>>(registry(prefix)?)
-        .await?
-        .into_iter()
-        .collect();
+    let mut ids: BTreeSet<u64> = registry::members(conn, prefix).await?.into_iter().collect();
     let mut mysql = db.conn().await?;
     let with_orders: Vec<u64> = mysql
         .query("SELECT DISTINCT voucher_id FROM seckill_order")

@@ -11,8 +11,8 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::WorkerStats;
-use crate::keys::{VoucherKeys, WORKER_GROUP};
-use crate::lock::LockOwner;
+use crate::store::keys::{VoucherKeys, WORKER_GROUP};
+use crate::worker::lock::LockOwner;
 
 /// The lock keys currently held for the batch; the batch sets them after
 /// acquiring and clears them before releasing. A renewal holds the mutex, so

@@ -7,17 +7,17 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use redis::AsyncCommands;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::stats::{StatsSnapshot, WorkerStats, BATCH_BUCKETS};
-use crate::backlog::backlog;
-use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::keys::{registry, VoucherKeys};
-use crate::redis_store;
+use crate::store::config::Config;
+use crate::store::keys::VoucherKeys;
+use crate::store::redis_conn;
+use crate::store::registry;
+use crate::stream::backlog::backlog;
 
 /// Binds now (so a busy port fails the worker at start), then serves until `stop`.
 pub async fn start(
@@ -175,9 +175,8 @@ async fn render(
 }
 
 async fn stream_backlog(cfg: &Config) -> Result<Vec<(u64, u64, u64)>> {
-    let mut conn = redis_store::connect(cfg).await?;
-    let mut ids: Vec<u64> = conn.smembers(registry(&cfg.prefix)?).await?;
-    ids.sort_unstable();
+    let mut conn = redis_conn::connect(cfg).await?;
+    let ids = registry::members(&mut conn, &cfg.prefix).await?;
     let mut out = Vec::with_capacity(ids.len());
     for v in ids {
         let b = backlog(&mut conn, &VoucherKeys::new(&cfg.prefix, v)?).await?;

@@ -16,17 +16,20 @@ use std::fmt::Write as _;
 use mysql_async::prelude::*;
 use mysql_async::{Conn, TxOpts};
 
-use super::message::OrderMessage;
-use crate::db::{join_ids, Db};
-use crate::error::mysql_code;
+use crate::error::{mysql_code, mysql_codes};
+use crate::orders::order::OrderStatus;
+use crate::orders::voucher;
+use crate::store::db::{join_ids, Db};
+use crate::stream::entry::OrderMessage;
 
 /// What became of one message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fate {
     /// Inserted by this transaction.
     Inserted,
-    /// Already in MySQL under the same order id (a redelivery); its status.
-    AlreadyStored { status: i8 },
+    /// Already in MySQL under the same order id (a redelivery); whether it
+    /// still waits for payment (then its deadline is scheduled again).
+    AlreadyStored { pending: bool },
     /// Refused for good; goes to the dead-letter stream with this reason.
     Dead(String),
 }
@@ -51,9 +54,6 @@ pub enum PersistError {
     Store(#[from] crate::error::Error),
 }
 
-const ER_DUP_ENTRY: u16 = 1062;
-const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
-const ER_LOCK_DEADLOCK: u16 = 1213;
 const CONFLICT_RETRIES: usize = 5;
 
 /// Persists the messages of one voucher (all `msgs` share `voucher`).
@@ -76,7 +76,7 @@ pub async fn persist(
         match persist_fresh(&mut conn, voucher, msgs).await {
             Ok(Some(p)) => return Ok(p),
             Ok(None) => {}
-            Err(PersistError::Mysql(e)) if mysql_code(&e) == Some(ER_DUP_ENTRY) => {}
+            Err(PersistError::Mysql(e)) if mysql_code(&e) == Some(mysql_codes::DUP_ENTRY) => {}
             Err(e) => return Err(e),
         }
     }
@@ -87,7 +87,11 @@ pub async fn persist(
                 if attempt < CONFLICT_RETRIES
                     && matches!(
                         mysql_code(&e),
-                        Some(ER_DUP_ENTRY | ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT)
+                        Some(
+                            mysql_codes::DUP_ENTRY
+                                | mysql_codes::LOCK_DEADLOCK
+                                | mysql_codes::LOCK_WAIT_TIMEOUT
+                        )
                     ) =>
             {
                 attempt += 1;
@@ -118,17 +122,12 @@ async fn persist_fresh(
 ) -> Result<Option<Persisted>, PersistError> {
     let mut tx = conn.start_transaction(TxOpts::default()).await?;
     let pay_timeout_ms = pay_timeout(&mut tx, voucher).await?;
-    tx.exec_drop(
-        "UPDATE seckill_voucher SET stock = stock - ? WHERE voucher_id = ? AND stock >= ?",
-        (msgs.len(), voucher, msgs.len()),
-    )
-    .await?;
-    if tx.affected_rows() != 1 {
+    if !take_exactly(&mut tx, voucher, msgs.len()).await? {
         tx.rollback().await?;
         return Ok(None);
     }
     insert_orders(&mut tx, voucher, msgs.iter()).await?;
-    crate::fault::pause("before_commit").await;
+    crate::support::fault::pause("before_commit").await;
     tx.commit().await?;
     Ok(Some(Persisted {
         fates: vec![Fate::Inserted; msgs.len()],
@@ -141,12 +140,9 @@ async fn pay_timeout(
     tx: &mut mysql_async::Transaction<'_>,
     voucher: u64,
 ) -> Result<i64, PersistError> {
-    tx.exec_first(
-        "SELECT pay_timeout_ms FROM seckill_voucher WHERE voucher_id = ?",
-        (voucher,),
-    )
-    .await?
-    .ok_or(PersistError::UnknownVoucher(voucher))
+    voucher::pay_timeout_ms(tx, voucher)
+        .await?
+        .ok_or(PersistError::UnknownVoucher(voucher))
 }
 
 struct Stored {
@@ -172,7 +168,9 @@ async fn persist_once(
     for (i, m) in msgs.iter().enumerate() {
         let fate = if let Some(s) = by_id.get(&m.order) {
             if s.user == m.user && s.voucher == voucher {
-                Some(Fate::AlreadyStored { status: s.status })
+                Some(Fate::AlreadyStored {
+                    pending: OrderStatus::from_code(s.status) == Some(OrderStatus::Pending),
+                })
             } else {
                 Some(Fate::Dead(format!(
                     "order id {} collides with the order of user {} for voucher {}",
@@ -187,7 +185,7 @@ async fn persist_once(
         } else if let Some(user) = batch_orders.get(&m.order) {
             if *user == m.user {
                 // The same order twice in one batch: the first one carries it.
-                Some(Fate::AlreadyStored { status: 0 })
+                Some(Fate::AlreadyStored { pending: true })
             } else {
                 Some(Fate::Dead(format!(
                     "order id {} collides with the order of user {user} for voucher {voucher}",
@@ -218,7 +216,7 @@ async fn persist_once(
             fates[i] = Some(Fate::Inserted);
         }
     }
-    crate::fault::pause("before_commit").await;
+    crate::support::fault::pause("before_commit").await;
     tx.commit().await?;
     Ok(Persisted {
         fates: fates
@@ -276,12 +274,7 @@ async fn take_stock(
     if wanted == 0 {
         return Ok(0);
     }
-    tx.exec_drop(
-        "UPDATE seckill_voucher SET stock = stock - ? WHERE voucher_id = ? AND stock >= ?",
-        (wanted, voucher, wanted),
-    )
-    .await?;
-    if tx.affected_rows() == 1 {
+    if take_exactly(tx, voucher, wanted).await? {
         return Ok(wanted);
     }
     // Short: lock the row, then take what is left, unit by unit in effect.
@@ -293,14 +286,25 @@ async fn take_stock(
         .await?
         .unwrap_or(0);
     let take = usize::try_from(left.max(0)).unwrap_or(0).min(wanted);
-    if take > 0 {
-        tx.exec_drop(
-            "UPDATE seckill_voucher SET stock = stock - ? WHERE voucher_id = ? AND stock >= ?",
-            (take, voucher, take),
-        )
-        .await?;
+    if take > 0 && !take_exactly(tx, voucher, take).await? {
+        return Ok(0);
     }
     Ok(take)
+}
+
+/// The conditional decrement (DESIGN §5): `k` units or none. It reads the
+/// current row, so it is safe where a SELECT-then-UPDATE is not.
+async fn take_exactly(
+    tx: &mut mysql_async::Transaction<'_>,
+    voucher: u64,
+    k: usize,
+) -> Result<bool, mysql_async::Error> {
+    tx.exec_drop(
+        "UPDATE seckill_voucher SET stock = stock - ? WHERE voucher_id = ? AND stock >= ?",
+        (k, voucher, k),
+    )
+    .await?;
+    Ok(tx.affected_rows() == 1)
 }
 
 async fn insert_orders<'a>(
@@ -318,9 +322,10 @@ async fn insert_orders<'a>(
         let ms = m.created_ms.max(0);
         let _ = write!(
             sql,
-            "({},{},{voucher},0,FROM_UNIXTIME({}.{:03}))",
+            "({},{},{voucher},{},FROM_UNIXTIME({}.{:03}))",
             m.order,
             m.user,
+            OrderStatus::Pending.code(),
             ms / 1000,
             ms % 1000
         );

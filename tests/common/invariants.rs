@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use mysql_async::prelude::*;
 use redis::streams::{StreamInfoGroupsReply, StreamRangeReply};
 use redis::AsyncCommands;
-use seckill::keys::{VoucherKeys, WORKER_GROUP};
+use seckill::store::keys::{VoucherKeys, WORKER_GROUP};
 
 use super::TestEnv;
 

@@ -13,10 +13,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use mysql_async::prelude::*;
 use redis::aio::MultiplexedConnection;
 use redis::AsyncCommands;
-use seckill::config::{Config, DEFAULT_MYSQL_URL, DEFAULT_REDIS_URL};
-use seckill::db::Db;
-use seckill::timespec::now_ms;
-use seckill::voucher::{self, NewVoucher};
+use seckill::orders::voucher::{self, NewVoucher};
+use seckill::store::config::{Config, DEFAULT_MYSQL_URL, DEFAULT_REDIS_URL};
+use seckill::store::db::Db;
+use seckill::support::timespec::now_ms;
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 static NODE: AtomicU64 = AtomicU64::new(1);
@@ -67,7 +67,9 @@ impl TestEnv {
             .await
             .expect("create test database");
         let mut conn = db.conn().await.expect("mysql connection");
-        seckill::schema::migrate(&mut conn).await.expect("migrate");
+        seckill::store::schema::migrate(&mut conn)
+            .await
+            .expect("migrate");
         drop(conn);
         db.close().await;
         env
@@ -101,7 +103,7 @@ impl TestEnv {
     }
 
     pub async fn redis(&self) -> MultiplexedConnection {
-        seckill::redis_store::connect(&self.cfg)
+        seckill::store::redis_conn::connect(&self.cfg)
             .await
             .expect("test Redis is up (scripts/services.sh up)")
     }
@@ -180,7 +182,7 @@ impl TestEnv {
     pub async fn preload(&self, id: u64) {
         let db = self.db().await;
         let mut redis = self.redis().await;
-        seckill::preload::preload(&db, &mut redis, &self.prefix, id, false)
+        seckill::gate::preload::preload(&db, &mut redis, &self.prefix, id, false)
             .await
             .expect("preload");
         db.close().await;
@@ -263,7 +265,7 @@ impl TestEnv {
         voucher: u64,
         users: u64,
         offset: u64,
-    ) -> seckill::bench::BenchReport {
+    ) -> seckill::gate::bench::BenchReport {
         self.sale_in_background(voucher, users, offset, users, 64)
             .await
             .expect("admissions")
@@ -278,9 +280,9 @@ impl TestEnv {
         offset: u64,
         attempts: u64,
         concurrency: usize,
-    ) -> tokio::task::JoinHandle<seckill::bench::BenchReport> {
+    ) -> tokio::task::JoinHandle<seckill::gate::bench::BenchReport> {
         let cfg = self.cfg.clone();
-        let plan = seckill::bench::BenchPlan {
+        let plan = seckill::gate::bench::BenchPlan {
             voucher,
             users,
             user_offset: offset,
@@ -291,7 +293,7 @@ impl TestEnv {
             node_id: (NODE.fetch_add(1, Ordering::Relaxed) % 1024) as u16,
         };
         tokio::spawn(async move {
-            seckill::bench::run(&cfg, &plan, Default::default())
+            seckill::gate::bench::run(&cfg, &plan, Default::default())
                 .await
                 .expect("admissions")
         })
@@ -299,9 +301,9 @@ impl TestEnv {
 
     /// Entries of the voucher's stream not yet persisted (undelivered + pending).
     pub async fn in_flight(&self, voucher: u64) -> u64 {
-        let keys = seckill::keys::VoucherKeys::new(&self.prefix, voucher).unwrap();
+        let keys = seckill::store::keys::VoucherKeys::new(&self.prefix, voucher).unwrap();
         let mut redis = self.redis().await;
-        seckill::backlog::backlog(&mut redis, &keys)
+        seckill::stream::backlog::backlog(&mut redis, &keys)
             .await
             .expect("backlog")
             .in_flight()
@@ -322,14 +324,14 @@ impl TestEnv {
     /// Has `consumer` read up to `count` new entries of the voucher's stream
     /// (creating the group) and never acknowledge them: a worker that died.
     pub async fn read_as(&self, voucher: u64, consumer: &str, count: usize) {
-        let keys = seckill::keys::VoucherKeys::new(&self.prefix, voucher).unwrap();
+        let keys = seckill::store::keys::VoucherKeys::new(&self.prefix, voucher).unwrap();
         let mut redis = self.redis().await;
-        seckill::worker::stream::ensure_group(&mut redis, &keys)
+        seckill::worker::group::ensure_group(&mut redis, &keys)
             .await
             .unwrap();
         let _: redis::Value = redis::cmd("XREADGROUP")
             .arg("GROUP")
-            .arg(seckill::keys::WORKER_GROUP)
+            .arg(seckill::store::keys::WORKER_GROUP)
             .arg(consumer)
             .arg("COUNT")
             .arg(count)

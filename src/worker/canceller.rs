@@ -8,35 +8,25 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
-use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
 
+use super::options::DeadlineOptions;
 use super::WorkerStats;
-use crate::config::Config;
-use crate::db::Db;
-use crate::deadline::{self, Due};
 use crate::error::Result;
-use crate::keys::{registry, VoucherKeys};
-use crate::snowflake::Snowflake;
-use crate::timespec::now_ms;
-
-#[derive(Debug, Clone)]
-pub struct DeadlineOptions {
-    /// A claimed deadline comes back after this long if its claimer died.
-    pub lease: Duration,
-    /// How often MySQL is swept for overdue pending orders.
-    pub sweep_every: Duration,
-    /// How far past its deadline an order must be before the sweep takes it.
-    pub sweep_grace: Duration,
-    /// Deadlines claimed (and orders swept) per voucher per round trip.
-    pub batch: usize,
-}
+use crate::orders::deadline::{self, Due};
+use crate::store::config::Config;
+use crate::store::db::Db;
+use crate::store::keys::VoucherKeys;
+use crate::store::registry;
+use crate::support::backoff::Backoff;
+use crate::support::snowflake::Snowflake;
+use crate::support::timespec::now_ms;
 
 /// Longest sleep between looks at the deadlines: deadlines scheduled by
 /// other worker processes are noticed at least this often.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 
-pub struct Deadlines {
+pub struct Canceller {
     cfg: Arc<Config>,
     opts: DeadlineOptions,
     db: Db,
@@ -47,7 +37,7 @@ pub struct Deadlines {
     last_sweep: Option<Instant>,
 }
 
-impl Deadlines {
+impl Canceller {
     pub fn new(
         cfg: Arc<Config>,
         opts: DeadlineOptions,
@@ -55,8 +45,8 @@ impl Deadlines {
         conn: MultiplexedConnection,
         ids: Snowflake,
         stats: Arc<WorkerStats>,
-    ) -> Deadlines {
-        Deadlines {
+    ) -> Canceller {
+        Canceller {
             cfg,
             opts,
             db,
@@ -70,21 +60,20 @@ impl Deadlines {
 
     /// Until `stop`: a pass, then sleep until the next deadline is due.
     pub async fn run(mut self, stop: CancellationToken) {
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = Backoff::default();
         while !stop.is_cancelled() {
             let wait = match self.pass().await {
                 Ok(_) => {
-                    backoff = Duration::from_millis(100);
+                    backoff.reset();
                     self.until_next_due().await.unwrap_or(MAX_SLEEP)
                 }
                 Err(e) => {
+                    let b = backoff.next_delay();
                     tracing::warn!(
                         "payment deadlines: {e}; retrying in {}",
-                        humantime::format_duration(backoff)
+                        humantime::format_duration(b)
                     );
-                    let b = backoff;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                    if let Ok(c) = crate::redis_store::connect(&self.cfg).await {
+                    if let Ok(c) = crate::store::redis_conn::connect(&self.cfg).await {
                         self.conn = c;
                     }
                     b
@@ -98,9 +87,7 @@ impl Deadlines {
     }
 
     async fn vouchers(&mut self) -> Result<Vec<u64>> {
-        let mut ids: Vec<u64> = self.conn.smembers(registry(&self.cfg.prefix)?).await?;
-        ids.sort_unstable();
-        Ok(ids)
+        registry::members(&mut self.conn, &self.cfg.prefix).await
     }
 
     /// Handles every due deadline of every voucher (and the sweep when it is
@@ -158,7 +145,7 @@ impl Deadlines {
                 .unwrap_or(0);
             self.stats.note_lateness(latest.max(0) as u64);
         }
-        crate::fault::pause("after_cancel").await;
+        crate::support::fault::pause("after_cancel").await;
         let r = deadline::release(
             &mut self.conn,
             keys,

@@ -7,42 +7,42 @@ use std::sync::LazyLock;
 use redis::Script;
 
 /// Layer 1 admission; KEYS/ARGV/returns are documented in the file.
-pub const ADMISSION_SOURCE: &str = include_str!("../lua/seckill.lua");
+pub const ADMISSION_SOURCE: &str = include_str!("../../lua/seckill.lua");
 pub static ADMISSION: LazyLock<Script> = LazyLock::new(|| Script::new(ADMISSION_SOURCE));
 
 /// Publishes a voucher's gate state in one step (used by `seckill preload`).
-pub const PRELOAD_SOURCE: &str = include_str!("../lua/preload.lua");
+pub const PRELOAD_SOURCE: &str = include_str!("../../lua/preload.lua");
 pub static PRELOAD: LazyLock<Script> = LazyLock::new(|| Script::new(PRELOAD_SOURCE));
 
 /// Layer 3: take a batch's lease locks (reentrant, by owner token).
 pub static LOCK_ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/lock_acquire.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/lock_acquire.lua")));
 /// Layer 3 watchdog: extend the leases still held.
 pub static LOCK_RENEW: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/lock_renew.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/lock_renew.lua")));
 /// Layer 3: release by owner token.
 pub static LOCK_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/lock_release.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/lock_release.lua")));
 
 /// Layers 2/4: deadlines, dead letters, then XACK, after a batch committed.
 pub static FINISH: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/finish.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/finish.lua")));
 
 /// Dead letters back into the order stream (`seckill pending --requeue`).
 pub static REQUEUE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/requeue.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/requeue.lua")));
 
 /// Deletes a consumer from the group only while it has nothing pending.
 pub static FORGET_CONSUMER: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/forget_consumer.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/forget_consumer.lua")));
 
 /// Layer 5: claim due payment deadlines with a lease.
 pub static CLAIM_DUE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/claim_due.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/claim_due.lua")));
 /// Layer 5: give back cancelled orders' units (to the waitlist or the gate), once.
 pub static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/release.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/release.lua")));
 
 /// Reconciliation: a repair applied only if the voucher did not move.
 pub static RECONCILE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/reconcile.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/reconcile.lua")));

@@ -10,10 +10,10 @@
 use std::time::Duration;
 
 use crate::error::Result;
-use crate::redis_store::RedisConn;
+use crate::store::redis_conn::RedisConn;
 use redis::Script;
 
-use crate::scripts::{LOCK_ACQUIRE, LOCK_RELEASE, LOCK_RENEW};
+use crate::store::scripts::{LOCK_ACQUIRE, LOCK_RELEASE, LOCK_RENEW};
 
 /// Who holds a lock: one token per worker instance.
 #[derive(Debug, Clone)]

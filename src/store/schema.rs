@@ -6,7 +6,7 @@
 use mysql_async::prelude::*;
 use mysql_async::Conn;
 
-use crate::error::{Error, Result};
+use crate::error::{mysql_codes, Error, Result};
 
 pub struct Migration {
     pub version: u32,
@@ -57,8 +57,6 @@ const CREATE_HISTORY: &str = "CREATE TABLE IF NOT EXISTS seckill_schema_history 
     applied_at  DATETIME(3)  NOT NULL DEFAULT CURRENT_TIMESTAMP(3)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4";
 
-const ER_NO_SUCH_TABLE: u16 = 1146;
-
 /// The applied schema version, or `None` when the database was never initialised.
 pub async fn current_version(conn: &mut Conn) -> Result<Option<u32>> {
     match conn
@@ -66,7 +64,7 @@ pub async fn current_version(conn: &mut Conn) -> Result<Option<u32>> {
         .await
     {
         Ok(v) => Ok(Some(v.flatten().unwrap_or(0))),
-        Err(e) if crate::error::mysql_code(&e) == Some(ER_NO_SUCH_TABLE) => Ok(None),
+        Err(e) if crate::error::mysql_code(&e) == Some(mysql_codes::NO_SUCH_TABLE) => Ok(None),
         Err(e) => Err(e.into()),
     }
 }

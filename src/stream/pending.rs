@@ -6,12 +6,13 @@ use redis::streams::{StreamInfoConsumersReply, StreamPendingCountReply, StreamRa
 use redis::AsyncCommands;
 use serde::Serialize;
 
-use crate::backlog::backlog;
 use crate::error::Result;
-use crate::keys::{VoucherKeys, WORKER_GROUP};
-use crate::redis_store::RedisConn;
-use crate::scripts::REQUEUE;
-use crate::worker::message::RawEntry;
+use crate::store::keys::{VoucherKeys, WORKER_GROUP};
+use crate::store::redis_conn::RedisConn;
+use crate::store::registry;
+use crate::store::scripts::REQUEUE;
+use crate::stream::backlog::backlog;
+use crate::stream::entry::RawEntry;
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct StreamSummary {
@@ -53,6 +54,16 @@ pub async fn summary(
         dead_letters,
         consumers,
     })
+}
+
+/// The summary of every registered voucher, in voucher order.
+pub async fn summaries(conn: &mut impl RedisConn, prefix: &str) -> Result<Vec<StreamSummary>> {
+    let ids = registry::members(conn, prefix).await?;
+    let mut rows = Vec::with_capacity(ids.len());
+    for id in ids {
+        rows.push(summary(conn, &VoucherKeys::new(prefix, id)?, id).await?);
+    }
+    Ok(rows)
 }
 
 async fn has_group(conn: &mut impl RedisConn, keys: &VoucherKeys) -> Result<bool> {

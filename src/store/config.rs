@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::mask;
+use crate::support::mask;
 
 /// The project's own Redis, started by `scripts/services.sh up`.
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:16379/";

@@ -10,12 +10,12 @@ use redis::streams::{
 };
 use redis::AsyncCommands;
 
-use super::message::RawEntry;
-use crate::backlog::parse_id;
 use crate::error::Result;
-use crate::keys::{VoucherKeys, WORKER_GROUP};
-use crate::redis_store::RedisConn;
-use crate::scripts::{FINISH, FORGET_CONSUMER};
+use crate::store::keys::{VoucherKeys, WORKER_GROUP};
+use crate::store::redis_conn::RedisConn;
+use crate::store::scripts::{FINISH, FORGET_CONSUMER};
+use crate::stream::entry::RawEntry;
+use crate::stream::id::StreamId;
 
 /// An entry handed to this consumer, with how often it has been delivered.
 #[derive(Debug, Clone)]
@@ -201,23 +201,20 @@ pub async fn trim(
     let Some(group) = groups.groups.into_iter().find(|g| g.name == WORKER_GROUP) else {
         return Ok(0);
     };
-    let mut threshold = parse_id(&group.last_delivered_id);
+    let mut threshold = StreamId::lenient(&group.last_delivered_id);
     let pending: StreamPendingReply = conn.xpending(&stream, WORKER_GROUP).await?;
     if let StreamPendingReply::Data(d) = pending {
-        threshold = threshold.min(parse_id(&d.start_id));
+        threshold = threshold.min(StreamId::lenient(&d.start_id));
     }
-    let retained = (
-        u64::try_from(now_ms).unwrap_or(0).saturating_sub(keep_ms),
-        0,
-    );
+    let retained = StreamId::at_ms(u64::try_from(now_ms).unwrap_or(0).saturating_sub(keep_ms));
     threshold = threshold.min(retained);
-    if threshold == (0, 0) {
+    if threshold == StreamId::ZERO {
         return Ok(0);
     }
     let removed: u64 = redis::cmd("XTRIM")
         .arg(&stream)
         .arg("MINID")
-        .arg(format!("{}-{}", threshold.0, threshold.1))
+        .arg(threshold.to_string())
         .query_async(conn)
         .await?;
     Ok(removed)

@@ -3,8 +3,8 @@
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::keys::VoucherKeys;
-use crate::redis_store::RedisConn;
+use crate::store::keys::VoucherKeys;
+use crate::store::redis_conn::RedisConn;
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Waiting {

@@ -4,9 +4,10 @@ use std::collections::HashMap;
 
 use redis::Value;
 
-use crate::redis_store::value_text;
+use crate::store::redis_conn::value_text;
+use crate::stream::id::StreamId;
 
-use crate::voucher::MAX_ID;
+use crate::orders::voucher::MAX_ID;
 
 /// How the order entered the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,8 +93,11 @@ impl RawEntry {
             Some("promote") => Kind::Promote,
             Some(other) => return Err(format!("unknown kind '{other}'")),
         };
-        let created_ms = entry_ms(&self.entry_id)
-            .ok_or_else(|| format!("entry id '{}' is not a stream id", self.entry_id))?;
+        let created_ms = self
+            .entry_id
+            .parse::<StreamId>()?
+            .time_ms()
+            .ok_or_else(|| format!("entry id '{}' is out of range", self.entry_id))?;
         Ok(OrderMessage {
             entry_id: self.entry_id.clone(),
             user,
@@ -103,11 +107,6 @@ impl RawEntry {
             created_ms,
         })
     }
-}
-
-/// The millisecond part of a stream id.
-pub fn entry_ms(entry_id: &str) -> Option<i64> {
-    entry_id.split('-').next()?.parse().ok()
 }
 
 #[cfg(test)]

@@ -12,13 +12,13 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::admission::{admit, OUTCOME_NAMES};
-use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::keys::VoucherKeys;
-use crate::redis_store;
-use crate::snowflake::Snowflake;
-use crate::voucher::{validate_id, MAX_ID};
+use crate::gate::admission::{admit, OUTCOME_NAMES};
+use crate::orders::voucher::{validate_id, MAX_ID};
+use crate::store::config::Config;
+use crate::store::keys::VoucherKeys;
+use crate::store::redis_conn;
+use crate::support::snowflake::Snowflake;
 
 #[derive(Debug, Clone)]
 pub struct BenchPlan {
@@ -132,10 +132,12 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
     let ids = Arc::new(Snowflake::new(plan.node_id)?);
     let mut conns = Vec::with_capacity(plan.connections);
     for _ in 0..plan.connections {
-        conns.push(redis_store::connect(cfg).await?);
+        conns.push(redis_conn::connect(cfg).await?);
     }
     // Load the script once up front so no attempt pays for NOSCRIPT.
-    crate::scripts::ADMISSION.load_async(&mut conns[0]).await?;
+    crate::store::scripts::ADMISSION
+        .load_async(&mut conns[0])
+        .await?;
 
     let next = Arc::new(AtomicU64::new(0));
     let started = Instant::now();

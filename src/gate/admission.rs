@@ -1,11 +1,11 @@
 //! Layer 1: one admission attempt through `lua/seckill.lua`.
 
-use crate::redis_store::RedisConn;
+use crate::store::redis_conn::RedisConn;
 use redis::Value;
 
 use crate::error::{Error, Result};
-use crate::keys::VoucherKeys;
-use crate::scripts::ADMISSION;
+use crate::store::keys::VoucherKeys;
+use crate::store::scripts::ADMISSION;
 
 /// What the gate answered. The numeric codes are the script's return codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

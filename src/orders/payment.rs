@@ -5,10 +5,11 @@
 use mysql_async::prelude::*;
 use redis::AsyncCommands;
 
-use crate::db::Db;
 use crate::error::Result;
-use crate::keys::VoucherKeys;
-use crate::redis_store::RedisConn;
+use crate::orders::order::OrderStatus;
+use crate::store::db::Db;
+use crate::store::keys::VoucherKeys;
+use crate::store::redis_conn::RedisConn;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PayOutcome {
@@ -28,10 +29,10 @@ pub async fn pay(db: &Db, order: u64) -> Result<PayOutcome> {
     let mut conn = db.conn().await?;
     conn.exec_drop(
         "UPDATE seckill_order o JOIN seckill_voucher v ON v.voucher_id = o.voucher_id
-            SET o.status = 1, o.pay_time = NOW(3)
-          WHERE o.id = ? AND o.status = 0
+            SET o.status = ?, o.pay_time = NOW(3)
+          WHERE o.id = ? AND o.status = ?
             AND o.create_time > NOW(3) - INTERVAL v.pay_timeout_ms * 1000 MICROSECOND",
-        (order,),
+        (OrderStatus::Paid.code(), order, OrderStatus::Pending.code()),
     )
     .await?;
     let paid_now = conn.affected_rows() > 0;
@@ -41,12 +42,14 @@ pub async fn pay(db: &Db, order: u64) -> Result<PayOutcome> {
             (order,),
         )
         .await?;
-    Ok(match row {
-        None => PayOutcome::UnknownOrder,
-        Some((voucher, user, 1)) if paid_now => PayOutcome::Paid { voucher, user },
-        Some((_, _, 1)) => PayOutcome::AlreadyPaid,
-        Some((_, _, -1)) => PayOutcome::Cancelled,
-        Some(_) => PayOutcome::DeadlinePassed,
+    let Some((voucher, user, status)) = row else {
+        return Ok(PayOutcome::UnknownOrder);
+    };
+    Ok(match OrderStatus::from_code(status) {
+        Some(OrderStatus::Paid) if paid_now => PayOutcome::Paid { voucher, user },
+        Some(OrderStatus::Paid) => PayOutcome::AlreadyPaid,
+        Some(OrderStatus::Cancelled) => PayOutcome::Cancelled,
+        _ => PayOutcome::DeadlinePassed,
     })
 }
 

@@ -4,14 +4,11 @@
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Opts, OptsBuilder, Pool};
 
-use crate::config::Config;
-use crate::error::{describe_mysql, mysql_code, Error, Result};
-use crate::mask::mask_url;
-use crate::redis_store::parse_major_minor;
-use crate::schema;
-
-const ER_ACCESS_DENIED: u16 = 1045;
-const ER_BAD_DB: u16 = 1049;
+use crate::error::{describe_mysql, mysql_code, mysql_codes, Error, Result};
+use crate::store::config::Config;
+use crate::store::redis_conn::parse_major_minor;
+use crate::store::schema;
+use crate::support::mask::mask_url;
 
 #[derive(Clone)]
 pub struct Db {
@@ -71,8 +68,8 @@ impl Db {
         match probe {
             Ok(Ok(_conn)) => Ok(db),
             Ok(Err(e)) => Err(match mysql_code(&e) {
-                Some(ER_BAD_DB) => Error::NotInitialised(db.name.clone()),
-                Some(ER_ACCESS_DENIED) => fail(format!(
+                Some(mysql_codes::BAD_DB) => Error::NotInitialised(db.name.clone()),
+                Some(mysql_codes::ACCESS_DENIED) => fail(format!(
                     "access denied (wrong user or password): {}",
                     describe_mysql(&e)
                 )),

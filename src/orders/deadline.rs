@@ -8,12 +8,13 @@ use mysql_async::prelude::*;
 use mysql_async::TxOpts;
 use redis::Value;
 
-use crate::db::{join_ids, Db};
 use crate::error::{Error, Result};
-use crate::keys::VoucherKeys;
-use crate::redis_store::{value_text, RedisConn};
-use crate::scripts::{CLAIM_DUE, RELEASE};
-use crate::snowflake::Snowflake;
+use crate::orders::order::OrderStatus;
+use crate::store::db::{join_ids, Db};
+use crate::store::keys::VoucherKeys;
+use crate::store::redis_conn::{value_text, RedisConn};
+use crate::store::scripts::{CLAIM_DUE, RELEASE};
+use crate::support::snowflake::Snowflake;
 
 /// A claimed deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,9 +78,10 @@ pub async fn cancel_unpaid(db: &Db, voucher: u64, orders: &[u64]) -> Result<Canc
     let ids = join_ids(orders.iter().copied());
     let mut conn = db.conn().await?;
     let mut tx = conn.start_transaction(TxOpts::default()).await?;
+    let (cancelled, pending) = (OrderStatus::Cancelled.code(), OrderStatus::Pending.code());
     tx.query_drop(format!(
-        "UPDATE seckill_order SET status = -1, cancel_time = NOW(3)
-          WHERE voucher_id = {voucher} AND id IN ({ids}) AND status = 0"
+        "UPDATE seckill_order SET status = {cancelled}, cancel_time = NOW(3)
+          WHERE voucher_id = {voucher} AND id IN ({ids}) AND status = {pending}"
     ))
     .await?;
     let cancelled_now = tx.affected_rows();
@@ -95,16 +97,20 @@ pub async fn cancel_unpaid(db: &Db, voucher: u64, orders: &[u64]) -> Result<Canc
             "SELECT id, voucher_id, status FROM seckill_order WHERE id IN ({ids})"
         ))
         .await?;
-    crate::fault::pause("before_cancel_commit").await;
+    crate::support::fault::pause("before_cancel_commit").await;
     tx.commit().await?;
     let mut out = Cancellation {
         cancelled_now,
         ..Default::default()
     };
     for &order in orders {
-        match rows.iter().find(|r| r.0 == order) {
-            Some(&(_, v, -1)) if v == voucher => out.cancelled.push(order),
-            Some(&(_, v, 0)) if v == voucher => {
+        let found = rows
+            .iter()
+            .find(|r| r.0 == order)
+            .map(|&(_, v, status)| (v, OrderStatus::from_code(status)));
+        match found {
+            Some((v, Some(OrderStatus::Cancelled))) if v == voucher => out.cancelled.push(order),
+            Some((v, Some(OrderStatus::Pending))) if v == voucher => {
                 // Not possible after the update above; keep the deadline.
                 tracing::warn!("order {order} is still pending after its cancellation");
             }
@@ -172,9 +178,14 @@ pub async fn overdue_in_mysql(
     Ok(conn
         .exec(
             "SELECT id FROM seckill_order
-              WHERE voucher_id = ? AND status = 0 AND create_time < FROM_UNIXTIME(? / 1000)
+              WHERE voucher_id = ? AND status = ? AND create_time < FROM_UNIXTIME(? / 1000)
               ORDER BY create_time LIMIT ?",
-            (voucher, created_before_ms, limit as u64),
+            (
+                voucher,
+                OrderStatus::Pending.code(),
+                created_before_ms,
+                limit as u64,
+            ),
         )
         .await?)
 }
@@ -182,10 +193,7 @@ pub async fn overdue_in_mysql(
 /// The payment timeout of a voucher, from MySQL.
 pub async fn pay_timeout_ms(db: &Db, voucher: u64) -> Result<i64> {
     let mut conn = db.conn().await?;
-    conn.exec_first(
-        "SELECT pay_timeout_ms FROM seckill_voucher WHERE voucher_id = ?",
-        (voucher,),
-    )
-    .await?
-    .ok_or(Error::VoucherNotFound(voucher))
+    crate::orders::voucher::pay_timeout_ms(&mut conn, voucher)
+        .await?
+        .ok_or(Error::VoucherNotFound(voucher))
 }

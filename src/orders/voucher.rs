@@ -3,8 +3,9 @@
 use mysql_async::prelude::*;
 use serde::Serialize;
 
-use crate::db::Db;
-use crate::error::{mysql_code, Error, Result};
+use crate::error::{mysql_code, mysql_codes, Error, Result};
+use crate::orders::order::OrderStatus;
+use crate::store::db::Db;
 
 /// Ids are positive and fit a signed 64-bit integer (a Java `long`, a MySQL `BIGINT`).
 pub const MAX_ID: u64 = i64::MAX as u64;
@@ -12,7 +13,6 @@ pub const MAX_STOCK: i64 = i32::MAX as i64;
 pub const DEFAULT_PAY_TIMEOUT_MS: i64 = 15 * 60 * 1000;
 /// 2038-01-19T03:14:07Z: FROM_UNIXTIME's limit on MariaDB 10.11.
 pub const MAX_TIME_MS: i64 = i32::MAX as i64 * 1000;
-const ER_DUP_ENTRY: u16 = 1062;
 
 #[derive(Debug, Clone)]
 pub struct NewVoucher {
@@ -37,8 +37,8 @@ impl NewVoucher {
         if self.begin_ms >= self.end_ms {
             return bad(format!(
                 "the sale begins ({}) at or after it ends ({}): begin must be before end",
-                crate::timespec::format_ms(self.begin_ms),
-                crate::timespec::format_ms(self.end_ms)
+                crate::support::timespec::format_ms(self.begin_ms),
+                crate::support::timespec::format_ms(self.end_ms)
             ));
         }
         if self.begin_ms < 0 {
@@ -47,13 +47,13 @@ impl NewVoucher {
         if self.end_ms > MAX_TIME_MS {
             return bad(format!(
                 "the sale ends after {}, the last time MySQL's FROM_UNIXTIME can store",
-                crate::timespec::format_ms(MAX_TIME_MS)
+                crate::support::timespec::format_ms(MAX_TIME_MS)
             ));
         }
         if !(1_000..=7 * 24 * 3_600_000).contains(&self.pay_timeout_ms) {
             return bad(format!(
                 "pay timeout {} is out of range: it must be between 1s and 7days",
-                crate::timespec::format_duration_ms(self.pay_timeout_ms)
+                crate::support::timespec::format_duration_ms(self.pay_timeout_ms)
             ));
         }
         if self.title.chars().count() > 255 {
@@ -107,7 +107,7 @@ pub async fn add(db: &Db, v: &NewVoucher) -> Result<()> {
         )
         .await;
     match result {
-        Err(e) if mysql_code(&e) == Some(ER_DUP_ENTRY) => Err(Error::VoucherExists(v.id)),
+        Err(e) if mysql_code(&e) == Some(mysql_codes::DUP_ENTRY) => Err(Error::VoucherExists(v.id)),
         other => Ok(other?),
     }
 }
@@ -116,9 +116,9 @@ const SELECT_VOUCHERS: &str = "SELECT v.voucher_id, v.title, v.total_stock, v.st
         CAST(ROUND(UNIX_TIMESTAMP(v.begin_time) * 1000) AS SIGNED),
         CAST(ROUND(UNIX_TIMESTAMP(v.end_time) * 1000) AS SIGNED),
         v.pay_timeout_ms,
-        (SELECT COUNT(*) FROM seckill_order o WHERE o.voucher_id = v.voucher_id AND o.status = 0),
-        (SELECT COUNT(*) FROM seckill_order o WHERE o.voucher_id = v.voucher_id AND o.status = 1),
-        (SELECT COUNT(*) FROM seckill_order o WHERE o.voucher_id = v.voucher_id AND o.status = -1)
+        (SELECT COUNT(*) FROM seckill_order o WHERE o.voucher_id = v.voucher_id AND o.status = 0), -- pending
+        (SELECT COUNT(*) FROM seckill_order o WHERE o.voucher_id = v.voucher_id AND o.status = 1), -- paid
+        (SELECT COUNT(*) FROM seckill_order o WHERE o.voucher_id = v.voucher_id AND o.status = -1) -- cancelled
      FROM seckill_voucher v";
 
 type VoucherRow = (u64, String, i64, i64, i64, i64, i64, i64, i64, i64);
@@ -146,6 +146,22 @@ pub async fn list(db: &Db) -> Result<Vec<Voucher>> {
     Ok(rows.into_iter().map(from_row).collect())
 }
 
+/// Every voucher, or only those in `only` (each of which must exist).
+pub async fn list_only(db: &Db, only: &[u64]) -> Result<Vec<Voucher>> {
+    let mut vouchers = list(db).await?;
+    if only.is_empty() {
+        return Ok(vouchers);
+    }
+    if let Some(missing) = only
+        .iter()
+        .find(|id| !vouchers.iter().any(|v| v.id == **id))
+    {
+        return Err(Error::VoucherNotFound(*missing));
+    }
+    vouchers.retain(|v| only.contains(&v.id));
+    Ok(vouchers)
+}
+
 pub async fn get(db: &Db, id: u64) -> Result<Voucher> {
     let mut conn = db.conn().await?;
     let row: Option<VoucherRow> = conn
@@ -154,8 +170,28 @@ pub async fn get(db: &Db, id: u64) -> Result<Voucher> {
     row.map(from_row).ok_or(Error::VoucherNotFound(id))
 }
 
-/// An order as the gate needs it: (order id, user, status, creation ms).
-pub type OrderDigest = (u64, u64, i8, i64);
+/// The voucher's payment timeout (None: MySQL does not know the voucher),
+/// on a connection or inside a caller's transaction.
+pub async fn pay_timeout_ms(
+    conn: &mut impl Queryable,
+    voucher: u64,
+) -> Result<Option<i64>, mysql_async::Error> {
+    conn.exec_first(
+        "SELECT pay_timeout_ms FROM seckill_voucher WHERE voucher_id = ?",
+        (voucher,),
+    )
+    .await
+}
+
+/// An order as the gate needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OrderDigest {
+    pub id: u64,
+    pub user: u64,
+    /// None for a status value this tool never writes.
+    pub status: Option<OrderStatus>,
+    pub created_ms: i64,
+}
 
 /// The voucher and its orders, read in one consistent snapshot (a worker
 /// committing in between cannot show the stock from before and the orders
@@ -175,7 +211,7 @@ pub async fn get_with_orders(db: &Db, id: u64) -> Result<(Voucher, Vec<OrderDige
         .exec_first(format!("{SELECT_VOUCHERS} WHERE v.voucher_id = ?"), (id,))
         .await?;
     let voucher = row.map(from_row).ok_or(Error::VoucherNotFound(id))?;
-    let orders: Vec<OrderDigest> = tx
+    let rows: Vec<(u64, u64, i8, i64)> = tx
         .exec(
             "SELECT id, user_id, status, CAST(ROUND(UNIX_TIMESTAMP(create_time) * 1000) AS SIGNED)
                FROM seckill_order WHERE voucher_id = ?",
@@ -183,6 +219,15 @@ pub async fn get_with_orders(db: &Db, id: u64) -> Result<(Voucher, Vec<OrderDige
         )
         .await?;
     tx.commit().await?;
+    let orders = rows
+        .into_iter()
+        .map(|(id, user, status, created_ms)| OrderDigest {
+            id,
+            user,
+            status: OrderStatus::from_code(status),
+            created_ms,
+        })
+        .collect();
     Ok((voucher, orders))
 }
 

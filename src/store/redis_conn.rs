@@ -7,9 +7,9 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::AsyncConnectionConfig;
 
-use crate::config::Config;
 use crate::error::{describe_redis, Error, Result};
-use crate::mask::mask_url;
+use crate::store::config::Config;
+use crate::support::mask::mask_url;
 
 /// Any async Redis connection the library can work with: a single node's
 /// multiplexed connection today, a cluster connection tomorrow.

@@ -1,13 +1,14 @@
 //! How much of a voucher's order stream is not yet in MySQL: entries never
 //! delivered to the worker group, plus entries delivered but not acked.
 
-use crate::redis_store::RedisConn;
+use crate::store::redis_conn::RedisConn;
 use redis::streams::StreamInfoGroupsReply;
 use redis::AsyncCommands;
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::keys::{VoucherKeys, WORKER_GROUP};
+use crate::store::keys::{VoucherKeys, WORKER_GROUP};
+use crate::stream::id::StreamId;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Backlog {
@@ -91,17 +92,19 @@ pub async fn in_flight_orders<C: RedisConn>(
         }
         _ => Default::default(),
     };
-    let after = group.as_ref().map(|g| parse_id(&g.last_delivered_id));
+    let after = group
+        .as_ref()
+        .map(|g| StreamId::lenient(&g.last_delivered_id));
     // Acknowledged entries are kept for a while (worker --keep): start the
     // range at the oldest entry that can still be in flight, and page it.
-    let oldest_pending = pending.iter().map(|id| parse_id(id)).min();
+    let oldest_pending = pending.iter().map(|id| StreamId::lenient(id)).min();
     let start = match (oldest_pending, after) {
-        (Some(p), Some(a)) => p.min((a.0, a.1 + 1)),
-        (None, Some(a)) => (a.0, a.1 + 1),
-        (_, None) => (0, 0),
+        (Some(p), Some(a)) => p.min(a.next()),
+        (None, Some(a)) => a.next(),
+        (_, None) => StreamId::ZERO,
     };
     const PAGE: usize = 5_000;
-    let mut from = format!("{}-{}", start.0, start.1);
+    let mut from = start.to_string();
     let mut out = Vec::new();
     loop {
         let page: redis::streams::StreamRangeReply =
@@ -109,7 +112,9 @@ pub async fn in_flight_orders<C: RedisConn>(
         out.extend(
             page.ids
                 .iter()
-                .filter(|e| after.is_none_or(|a| parse_id(&e.id) > a) || pending.contains(&e.id))
+                .filter(|e| {
+                    after.is_none_or(|a| StreamId::lenient(&e.id) > a) || pending.contains(&e.id)
+                })
                 .filter_map(|e| Some((e.get::<u64>("user")?, e.get::<u64>("order")?))),
         );
         match page.ids.last() {
@@ -117,10 +122,4 @@ pub async fn in_flight_orders<C: RedisConn>(
             _ => return Ok(out),
         }
     }
-}
-
-/// A stream id as (ms, seq), for ordering.
-pub(crate) fn parse_id(id: &str) -> (u64, u64) {
-    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
-    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
 }

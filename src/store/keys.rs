@@ -1,8 +1,8 @@
 //! The Redis key layout (DESIGN.md §3), a public contract. Every key of one
 //! voucher carries the hash tag `{V}` so scripts touch a single cluster slot.
 
-use crate::config::validate_prefix;
 use crate::error::Result;
+use crate::store::config::validate_prefix;
 
 /// The keys of one voucher.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,12 +74,6 @@ impl VoucherKeys {
     }
 }
 
-/// The registry of preloaded vouchers, where workers discover streams.
-pub fn registry(prefix: &str) -> Result<String> {
-    validate_prefix(prefix)?;
-    Ok(format!("{prefix}:vouchers"))
-}
-
 /// The consumer group of `seckill worker` on every order stream.
 pub const WORKER_GROUP: &str = "seckill-worker";
 
@@ -94,7 +88,6 @@ mod tests {
         assert_eq!(k.stock(), "seckill:{42}:stock");
         assert_eq!(k.orders(), "seckill:{42}:orders");
         assert_eq!(k.lock(7), "seckill:{42}:lock:7");
-        assert_eq!(registry("seckill").unwrap(), "seckill:vouchers");
     }
 
     #[test]

@@ -1,0 +1,81 @@
+//! A gate image: everything a voucher's gate is rebuilt from (MySQL's truth),
+//! and publishing it atomically unless the gate moved meanwhile. Preload and
+//! reconcile's rebuild both go through here.
+
+use redis::AsyncCommands;
+
+use crate::error::Result;
+use crate::store::keys::VoucherKeys;
+use crate::store::redis_conn::RedisConn;
+use crate::store::registry;
+use crate::store::scripts::PRELOAD;
+
+/// Sets are staged in chunks of this many members per SADD / ZADD.
+const STAGING_CHUNK: usize = 1_000;
+
+/// Everything a voucher's gate is rebuilt from.
+pub struct GateImage<'a> {
+    pub total: i64,
+    pub begin_ms: i64,
+    pub end_ms: i64,
+    pub pay_timeout_ms: i64,
+    pub stock: i64,
+    pub buyers: &'a [u64],
+    /// Cancelled orders: the stock published counts their units already.
+    pub released: &'a [u64],
+    /// (deadline ms, order id) of pending orders.
+    pub deadlines: &'a [(i64, u64)],
+}
+
+/// The gate as seen before MySQL was read: publishing refuses if it moved.
+pub struct Seen<'a> {
+    pub last_entry_id: &'a str,
+    pub stock: &'a str,
+    pub buyers: u64,
+}
+
+/// Stages the sets, swaps everything in with one script if the gate did not
+/// move (false if it did), re-adds the deadlines (derived from the stored
+/// orders, so adding one again is harmless) and registers the voucher.
+pub async fn publish_gate<C: RedisConn>(
+    conn: &mut C,
+    keys: &VoucherKeys,
+    image: &GateImage<'_>,
+    seen: &Seen<'_>,
+) -> Result<bool> {
+    let staging = keys.buyers_staging();
+    let released_staging = keys.released_staging();
+    let _: () = conn.del(&[&staging, &released_staging]).await?;
+    for chunk in image.buyers.chunks(STAGING_CHUNK) {
+        let _: () = conn.sadd(&staging, chunk).await?;
+    }
+    for chunk in image.released.chunks(STAGING_CHUNK) {
+        let _: () = conn.sadd(&released_staging, chunk).await?;
+    }
+    let published: i64 = PRELOAD
+        .key(keys.meta())
+        .key(keys.stock())
+        .key(keys.buyers())
+        .key(&staging)
+        .key(keys.orders())
+        .key(keys.released())
+        .key(&released_staging)
+        .arg(image.total)
+        .arg(image.begin_ms)
+        .arg(image.end_ms)
+        .arg(image.pay_timeout_ms)
+        .arg(image.stock)
+        .arg(seen.last_entry_id)
+        .arg(seen.stock)
+        .arg(seen.buyers)
+        .invoke_async(conn)
+        .await?;
+    if published != 1 {
+        return Ok(false);
+    }
+    for chunk in image.deadlines.chunks(STAGING_CHUNK) {
+        let _: () = conn.zadd_multiple(keys.timeouts(), chunk).await?;
+    }
+    registry::register(conn, keys).await?;
+    Ok(true)
+}

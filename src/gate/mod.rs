@@ -1,0 +1,10 @@
+//! Layer 1, the Redis gate: admission through `lua/seckill.lua`, the gate's
+//! state and waitlist, publishing a gate image from MySQL (preload and
+//! reconcile), and the admission load test.
+
+pub mod admission;
+pub mod bench;
+pub mod image;
+pub mod preload;
+pub mod state;
+pub mod waitlist;

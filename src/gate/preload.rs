@@ -1,0 +1,93 @@
+//! `seckill preload`: MySQL (the truth) → the Redis gate, for one voucher.
+//!
+//! Sets meta and stock from MySQL, rebuilds the buyers set (every user with
+//! an order) and the released set (every cancelled order: MySQL's stock
+//! already counts their units) from MySQL, schedules the deadlines of
+//! pending orders, then registers the voucher for workers. It refuses while
+//! orders are in flight, because MySQL's stock does not yet count them and
+//! copying it to Redis would sell those units a second time.
+
+use crate::store::redis_conn::RedisConn;
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::gate::image::{publish_gate, GateImage, Seen};
+use crate::gate::state as gate;
+use crate::orders::order::OrderStatus;
+use crate::orders::voucher;
+use crate::store::db::Db;
+use crate::store::keys::VoucherKeys;
+use crate::stream::backlog::backlog;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PreloadReport {
+    pub voucher: u64,
+    pub total_stock: i64,
+    pub stock: i64,
+    pub buyers: u64,
+    /// In-flight orders that `--force` chose to ignore.
+    pub in_flight_ignored: u64,
+}
+
+pub async fn preload<C: RedisConn>(
+    db: &Db,
+    conn: &mut C,
+    prefix: &str,
+    voucher_id: u64,
+    force: bool,
+) -> Result<PreloadReport> {
+    let keys = VoucherKeys::new(prefix, voucher_id)?;
+    // Read Redis before MySQL: an admission after this point changes the
+    // witness below and the publish step refuses.
+    let before = gate::read(conn, &keys).await?;
+    let in_flight = backlog(conn, &keys).await?.in_flight();
+    if in_flight > 0 && !force {
+        return Err(Error::OrdersInFlight {
+            voucher: voucher_id,
+            in_flight,
+        });
+    }
+    let (v, orders) = voucher::get_with_orders(db, voucher_id).await?;
+    let users: Vec<u64> = orders.iter().map(|o| o.user).collect();
+    let cancelled: Vec<u64> = orders
+        .iter()
+        .filter(|o| o.status == Some(OrderStatus::Cancelled))
+        .map(|o| o.id)
+        .collect();
+    let deadlines: Vec<(i64, u64)> = orders
+        .iter()
+        .filter(|o| o.status == Some(OrderStatus::Pending))
+        .map(|o| (o.created_ms + v.pay_timeout_ms, o.id))
+        .collect();
+
+    let published = publish_gate(
+        conn,
+        &keys,
+        &GateImage {
+            total: v.total_stock,
+            begin_ms: v.begin_ms,
+            end_ms: v.end_ms,
+            pay_timeout_ms: v.pay_timeout_ms,
+            stock: v.stock,
+            buyers: &users,
+            released: &cancelled,
+            deadlines: &deadlines,
+        },
+        &Seen {
+            last_entry_id: &before.last_entry_id.unwrap_or_default(),
+            stock: &before.stock.map(|s| s.to_string()).unwrap_or_default(),
+            buyers: before.buyers,
+        },
+    )
+    .await?;
+    if !published {
+        return Err(Error::Busy(voucher_id));
+    }
+    Ok(PreloadReport {
+        voucher: voucher_id,
+        total_stock: v.total_stock,
+        stock: v.stock,
+        buyers: users.len() as u64,
+        in_flight_ignored: if force { in_flight } else { 0 },
+    })
+}

@@ -1,0 +1,116 @@
+//! One order as operators need it when a customer calls.
+
+use mysql_async::prelude::*;
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::store::db::Db;
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct OrderView {
+    /// A string in JSON: 64-bit ids do not survive JavaScript numbers.
+    #[serde(serialize_with = "as_string")]
+    pub id: u64,
+    pub user: u64,
+    pub voucher: u64,
+    /// `pending`, `paid` or `cancelled`.
+    pub status: &'static str,
+    pub created_ms: i64,
+    pub deadline_ms: i64,
+    pub paid_ms: Option<i64>,
+    pub cancelled_ms: Option<i64>,
+}
+
+fn as_string<S: serde::Serializer>(id: &u64, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(&id.to_string())
+}
+
+/// `seckill_order.status`, a public contract shared with the Java version:
+/// 0 pending payment, 1 paid, -1 cancelled at the payment deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OrderStatus {
+    Pending,
+    Paid,
+    Cancelled,
+}
+
+impl OrderStatus {
+    /// The column's value.
+    pub const fn code(self) -> i8 {
+        match self {
+            OrderStatus::Pending => 0,
+            OrderStatus::Paid => 1,
+            OrderStatus::Cancelled => -1,
+        }
+    }
+
+    /// None for a value this tool never writes.
+    pub const fn from_code(code: i8) -> Option<OrderStatus> {
+        match code {
+            0 => Some(OrderStatus::Pending),
+            1 => Some(OrderStatus::Paid),
+            -1 => Some(OrderStatus::Cancelled),
+            _ => None,
+        }
+    }
+
+    /// The word in tables and JSON.
+    pub const fn name(self) -> &'static str {
+        match self {
+            OrderStatus::Pending => "pending",
+            OrderStatus::Paid => "paid",
+            OrderStatus::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// The word for a stored status, `unknown` for a value this tool never writes.
+pub fn status_name(code: i8) -> &'static str {
+    OrderStatus::from_code(code).map_or("unknown", OrderStatus::name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_match_the_schema_contract() {
+        for s in [
+            OrderStatus::Pending,
+            OrderStatus::Paid,
+            OrderStatus::Cancelled,
+        ] {
+            assert_eq!(OrderStatus::from_code(s.code()), Some(s));
+        }
+        assert_eq!(OrderStatus::Cancelled.code(), -1);
+        assert_eq!(status_name(7), "unknown");
+    }
+}
+
+type Row = (u64, u64, u64, i8, i64, Option<i64>, Option<i64>, i64);
+
+pub async fn get(db: &Db, id: u64) -> Result<Option<OrderView>> {
+    let mut conn = db.conn().await?;
+    let row: Option<Row> = conn
+        .exec_first(
+            "SELECT o.id, o.user_id, o.voucher_id, o.status,
+                    CAST(ROUND(UNIX_TIMESTAMP(o.create_time) * 1000) AS SIGNED),
+                    CAST(ROUND(UNIX_TIMESTAMP(o.pay_time) * 1000) AS SIGNED),
+                    CAST(ROUND(UNIX_TIMESTAMP(o.cancel_time) * 1000) AS SIGNED),
+                    v.pay_timeout_ms
+               FROM seckill_order o JOIN seckill_voucher v ON v.voucher_id = o.voucher_id
+              WHERE o.id = ?",
+            (id,),
+        )
+        .await?;
+    Ok(row.map(|r| OrderView {
+        id: r.0,
+        user: r.1,
+        voucher: r.2,
+        status: status_name(r.3),
+        created_ms: r.4,
+        deadline_ms: r.4 + r.7,
+        paid_ms: r.5,
+        cancelled_ms: r.6,
+    }))
+}

@@ -1,0 +1,11 @@
+//! Where the data lives and how to reach it: connection settings, the MySQL
+//! pool and schema, the Redis connection, the key layout, the embedded Lua
+//! scripts and the voucher registry.
+
+pub mod config;
+pub mod db;
+pub mod keys;
+pub mod redis_conn;
+pub mod registry;
+pub mod schema;
+pub mod scripts;

@@ -1,0 +1,9 @@
+//! Small pieces every layer uses: secret masking, time parsing, order ids,
+//! signals, retry backoff and the test-only fault hook.
+
+pub mod backoff;
+pub mod fault;
+pub mod mask;
+pub mod shutdown;
+pub mod snowflake;
+pub mod timespec;

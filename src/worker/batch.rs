@@ -1,0 +1,278 @@
+//! The batch pipeline of a lane: parse → lock (one round trip) → MySQL
+//! transaction → finish script (deadlines, dead letters, XACK, unlock). A
+//! crash anywhere leaves the batch's entries pending; whoever reclaims them
+//! runs the same steps, which are idempotent against what was committed.
+
+use std::time::Instant;
+
+use super::group::{self, DeadLetter, Delivery};
+use super::keepalive;
+use super::lane::Lane;
+use super::lost_group;
+use super::persist::{self, persist, Fate, PersistError};
+use crate::error::{Error, Result};
+use crate::store::keys::VoucherKeys;
+use crate::stream::entry::OrderMessage;
+use crate::support::backoff::Backoff;
+
+/// What a committed batch still has to do in Redis, and what it counted.
+struct Planned {
+    redis: group::Completion<'static>,
+    /// (inserted, already stored)
+    counts: (u64, u64),
+}
+
+impl Planned {
+    fn new(dead: Vec<DeadLetter>, acks: Vec<String>) -> Planned {
+        Planned {
+            redis: group::Completion {
+                dead,
+                acks,
+                ..Default::default()
+            },
+            counts: (0, 0),
+        }
+    }
+}
+
+impl Lane {
+    /// Runs a batch to completion, retrying it as a whole with backoff while
+    /// a store is down. Its entries stay claimed by us meanwhile (keep-alive),
+    /// so no other worker redelivers them and their delivery count does not
+    /// grow. Returns only when done, or when stopping (entries left pending).
+    pub(super) async fn process_batch(
+        &mut self,
+        voucher: u64,
+        deliveries: Vec<Delivery>,
+    ) -> Result<()> {
+        let keys = VoucherKeys::new(&self.cfg.prefix, voucher)?;
+        let ids: Vec<String> = deliveries.iter().map(|d| d.raw.entry_id.clone()).collect();
+        let alive = keepalive::start(
+            self.conn.clone(),
+            keys.clone(),
+            self.opts.consumer.clone(),
+            ids,
+            self.owner.clone(),
+            // Often enough that neither a lease nor the reclaim threshold passes.
+            self.opts.lock_lease.min(self.opts.claim_idle) / 3,
+            self.stats.clone(),
+        );
+        let mut backoff = Backoff::default();
+        let mut failures = 0u32;
+        loop {
+            match self.try_batch(voucher, &keys, &deliveries, &alive).await {
+                Ok(()) => {
+                    if failures > 0 {
+                        tracing::info!(
+                            "voucher {voucher}: batch of {} persisted after {failures} failed attempt(s)",
+                            deliveries.len()
+                        );
+                    }
+                    return Ok(());
+                }
+                Err(e) if lost_group(&e) => {
+                    tracing::warn!(
+                        "voucher {voucher}: its order stream lost the worker group (Redis lost the keys?); \
+                         the {} entries in hand went with it: `seckill reconcile` repairs what was lost",
+                        deliveries.len()
+                    );
+                    return Ok(());
+                }
+                Err(e) => {
+                    if self.stop.is_cancelled() {
+                        tracing::warn!(
+                            "stopping with a batch of {} unfinished ({e}); its entries stay pending for another worker",
+                            deliveries.len()
+                        );
+                        return Ok(());
+                    }
+                    let delay = backoff.next_delay();
+                    tracing::warn!(
+                        "voucher {voucher}: batch of {} not persisted: {e}; retrying in {}",
+                        deliveries.len(),
+                        humantime::format_duration(delay)
+                    );
+                    failures += 1;
+                    self.pause(delay).await;
+                    self.reconnect().await;
+                }
+            }
+        }
+    }
+
+    async fn try_batch(
+        &mut self,
+        voucher: u64,
+        keys: &VoucherKeys,
+        deliveries: &[Delivery],
+        alive: &keepalive::KeepAlive,
+    ) -> Result<()> {
+        let started = Instant::now();
+        let mut dead: Vec<DeadLetter> = Vec::new();
+        let mut acks: Vec<String> = Vec::new();
+        let mut valid: Vec<(OrderMessage, u64)> = Vec::new();
+        for d in deliveries {
+            match d.raw.parse(voucher) {
+                Ok(m) => valid.push((m, d.deliveries)),
+                Err(reason) if d.deliveries > self.opts.max_deliveries => {
+                    dead.push(self.dead_letter(&d.raw.entry_id, reason, d.deliveries));
+                    acks.push(d.raw.entry_id.clone());
+                }
+                Err(reason) => {
+                    tracing::warn!(
+                        "voucher {voucher}: entry {} is malformed ({reason}); delivery {} of {} before it is dead-lettered",
+                        d.raw.entry_id,
+                        d.deliveries,
+                        self.opts.max_deliveries + 1
+                    );
+                    self.last_error.insert(d.raw.entry_id.clone(), reason);
+                }
+            }
+        }
+
+        let lock_keys: Vec<String> = valid.iter().map(|(m, _)| keys.lock(m.user)).collect();
+        let t_lock = Instant::now();
+        let granted = self.owner.acquire(&mut self.conn, &lock_keys).await?;
+        let lock_ms = t_lock.elapsed().as_secs_f64() * 1e3;
+        let mut mine: Vec<(OrderMessage, u64)> = Vec::new();
+        let mut held: Vec<String> = Vec::new();
+        for ((m, n), (ok, key)) in valid.into_iter().zip(granted.into_iter().zip(lock_keys)) {
+            if ok {
+                mine.push((m, n));
+                held.push(key);
+            } else {
+                // Someone else works on this user's order: leave it pending
+                // (never ack what was not persisted); it comes back later.
+                self.stats.add_lock_denied(1);
+            }
+        }
+        alive.set_held(held.clone()).await;
+        crate::support::fault::pause("after_lock").await;
+        let t_sql = Instant::now();
+        let msgs: Vec<OrderMessage> = mine.iter().map(|(m, _)| m.clone()).collect();
+        let persisted = persist(&self.db, voucher, &msgs).await;
+        let sql_ms = t_sql.elapsed().as_secs_f64() * 1e3;
+        let completion = match persisted {
+            Ok(p) => self.complete(&mine, p, dead, acks),
+            Err(PersistError::UnknownVoucher(v)) => {
+                self.refuse_unknown_voucher(v, &mine, dead, acks)
+            }
+            Err(e) => {
+                alive.set_held(Vec::new()).await;
+                if let Err(r) = self.owner.release(&mut self.conn, &held).await {
+                    tracing::warn!("voucher {voucher}: could not release {} lock(s), they expire with their lease: {r}", held.len());
+                }
+                return Err(match e {
+                    PersistError::Mysql(e) => Error::from(e),
+                    PersistError::Store(e) => e,
+                    PersistError::UnknownVoucher(_) => unreachable!("handled above"),
+                });
+            }
+        };
+        crate::support::fault::pause("after_commit").await;
+        // Stop renewing before the finish script releases the locks, so a
+        // released lock is never taken for a lost one.
+        alive.set_held(Vec::new()).await;
+        let t_finish = Instant::now();
+        let (inserted, duplicates) = completion.counts;
+        let done = group::Completion {
+            locks: &held,
+            owner: &self.owner.token,
+            ..completion.redis
+        };
+        group::finish(&mut self.conn, keys, &done).await?;
+        crate::support::fault::pause("after_ack").await;
+        tracing::debug!(
+            "voucher {voucher}: batch of {}: lock {lock_ms:.1} ms, MySQL {sql_ms:.1} ms, finish {:.1} ms",
+            deliveries.len(),
+            t_finish.elapsed().as_secs_f64() * 1e3
+        );
+        for d in &done.dead {
+            tracing::warn!(
+                "voucher {voucher}: entry {} dead-lettered: {}",
+                d.entry_id,
+                d.reason
+            );
+        }
+        for id in &done.acks {
+            self.last_error.remove(id);
+        }
+        self.stats
+            .add_batch(inserted, duplicates, done.dead.len() as u64);
+        self.stats.observe_batch(started.elapsed());
+        Ok(())
+    }
+
+    /// Deadlines, dead letters and acks for what MySQL decided.
+    fn complete(
+        &self,
+        mine: &[(OrderMessage, u64)],
+        p: persist::Persisted,
+        dead: Vec<DeadLetter>,
+        acks: Vec<String>,
+    ) -> Planned {
+        let mut plan = Planned::new(dead, acks);
+        for ((m, n), fate) in mine.iter().zip(p.fates) {
+            match fate {
+                Fate::Inserted => {
+                    plan.counts.0 += 1;
+                    plan.redis
+                        .deadlines
+                        .push((m.order, m.created_ms + p.pay_timeout_ms));
+                }
+                Fate::AlreadyStored { pending } => {
+                    plan.counts.1 += 1;
+                    if pending {
+                        plan.redis
+                            .deadlines
+                            .push((m.order, m.created_ms + p.pay_timeout_ms));
+                    }
+                }
+                Fate::Dead(reason) => {
+                    plan.redis
+                        .dead
+                        .push(self.dead_letter(&m.entry_id, reason, *n))
+                }
+            }
+            plan.redis.acks.push(m.entry_id.clone());
+        }
+        plan
+    }
+
+    /// The voucher is not in MySQL: its messages wait (it may be added)
+    /// until they have been delivered too often.
+    fn refuse_unknown_voucher(
+        &mut self,
+        voucher: u64,
+        mine: &[(OrderMessage, u64)],
+        dead: Vec<DeadLetter>,
+        acks: Vec<String>,
+    ) -> Planned {
+        let mut plan = Planned::new(dead, acks);
+        let reason = format!("voucher {voucher} is not in MySQL");
+        for (m, n) in mine {
+            if *n > self.opts.max_deliveries {
+                plan.redis
+                    .dead
+                    .push(self.dead_letter(&m.entry_id, reason.clone(), *n));
+                plan.redis.acks.push(m.entry_id.clone());
+            } else {
+                self.last_error.insert(m.entry_id.clone(), reason.clone());
+            }
+        }
+        if !mine.is_empty() {
+            tracing::warn!(
+                "voucher {voucher}: {reason}; its orders stay pending until they are dead-lettered"
+            );
+        }
+        plan
+    }
+
+    fn dead_letter(&self, entry_id: &str, reason: String, deliveries: u64) -> DeadLetter {
+        DeadLetter {
+            entry_id: entry_id.to_string(),
+            reason,
+            deliveries,
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! One lane of `seckill worker`: a loop that keeps the registry's streams in
+//! view, reads new entries (lane 0 also reclaims, trims, reports progress
+//! and, with --until-idle, handles payment deadlines) and hands each read to
+//! the batch pipeline. Lanes run side by side so that one batch's MySQL
+//! commit overlaps the next batch's read and lock.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use tokio_util::sync::CancellationToken;
+
+use super::canceller::Canceller;
+use super::group;
+use super::lock::LockOwner;
+use super::options::WorkerOptions;
+use super::{lost_group, WorkerStats};
+use crate::error::{Error, Result};
+use crate::store::config::Config;
+use crate::store::db::Db;
+use crate::store::keys::VoucherKeys;
+use crate::store::redis_conn;
+use crate::store::registry;
+use crate::stream::backlog::backlog;
+use crate::support::backoff::Backoff;
+use crate::support::timespec::now_ms;
+
+const REGISTRY_REFRESH: Duration = Duration::from_secs(2);
+const TRIM_EVERY: Duration = Duration::from_secs(10);
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+const UNTIL_IDLE_BLOCK: Duration = Duration::from_millis(200);
+/// A consumer with nothing pending and silent this long has exited or died.
+const SILENT_CONSUMER: Duration = Duration::from_secs(3600);
+
+pub(super) struct Lane {
+    pub(super) cfg: Arc<Config>,
+    pub(super) opts: Arc<WorkerOptions>,
+    /// Lane 0 also reclaims, trims and reports progress.
+    pub(super) lane: usize,
+    pub(super) db: Db,
+    pub(super) conn: MultiplexedConnection,
+    pub(super) blocking: MultiplexedConnection,
+    pub(super) owner: LockOwner,
+    pub(super) stats: Arc<WorkerStats>,
+    pub(super) stop: CancellationToken,
+    /// voucher → its stream key, for every registered voucher with a group.
+    pub(super) streams: BTreeMap<u64, String>,
+    /// Why an entry could not be persisted last time (for its dead letter).
+    pub(super) last_error: HashMap<String, String>,
+    /// With --until-idle, lane 0 handles the payment deadlines itself, so
+    /// that it never exits while a release is about to add promotions.
+    pub(super) deadlines: Option<Canceller>,
+}
+
+impl Lane {
+    pub(super) async fn main_loop(&mut self) -> Result<()> {
+        let mut last_refresh: Option<Instant> = None;
+        let mut last_reclaim: Option<Instant> = None;
+        let mut last_trim = Instant::now();
+        let mut last_progress = (Instant::now(), 0u64);
+        let reclaim_every = (self.opts.claim_idle / 2).max(Duration::from_millis(50));
+        let mut backoff = Backoff::default();
+        while !self.stop.is_cancelled() {
+            let round = async {
+                if last_refresh.is_none_or(|t| t.elapsed() >= REGISTRY_REFRESH) {
+                    self.refresh_streams().await?;
+                    last_refresh = Some(Instant::now());
+                }
+                let mut worked = false;
+                if self.lane == 0 && last_reclaim.is_none_or(|t| t.elapsed() >= reclaim_every) {
+                    worked |= self.reclaim_all().await?;
+                    last_reclaim = Some(Instant::now());
+                }
+                if let Some(d) = self.deadlines.as_mut() {
+                    worked |= d.pass().await?;
+                }
+                worked |= self.read_and_process().await?;
+                if self.lane == 0 && last_trim.elapsed() >= TRIM_EVERY {
+                    self.trim_all().await;
+                    last_trim = Instant::now();
+                }
+                Ok::<bool, Error>(worked)
+            }
+            .await;
+            match round {
+                Ok(worked) => {
+                    backoff.reset();
+                    if !worked && self.opts.until_idle && self.all_idle().await? {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    let delay = backoff.next_delay();
+                    tracing::warn!("{e}; retrying in {}", humantime::format_duration(delay));
+                    if lost_group(&e) {
+                        // Redis lost a stream with its group (a restart without
+                        // persistence): create the groups again on the next round.
+                        self.streams.clear();
+                        last_refresh = None;
+                    }
+                    self.pause(delay).await;
+                    self.reconnect().await;
+                }
+            }
+            if self.lane == 0 && last_progress.0.elapsed() >= PROGRESS_EVERY {
+                let now = self.stats.snapshot();
+                let delta = now.persisted - last_progress.1;
+                if delta > 0 {
+                    tracing::info!(
+                        "persisted {delta} orders in the last {}s ({} in all, {} dead-lettered)",
+                        PROGRESS_EVERY.as_secs(),
+                        now.persisted,
+                        now.dead_lettered
+                    );
+                }
+                last_progress = (Instant::now(), now.persisted);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sleeps, but wakes at once on stop.
+    pub(super) async fn pause(&self, d: Duration) {
+        tokio::select! {
+            _ = self.stop.cancelled() => {}
+            _ = tokio::time::sleep(d) => {}
+        }
+    }
+
+    pub(super) async fn reconnect(&mut self) {
+        if let Ok(c) = redis_conn::connect(&self.cfg).await {
+            self.conn = c;
+        }
+        if let Ok(c) = redis_conn::connect_blocking(&self.cfg, self.opts.block).await {
+            self.blocking = c;
+        }
+    }
+
+    /// Picks up vouchers preloaded since the last look, creating the group.
+    async fn refresh_streams(&mut self) -> Result<()> {
+        let ids = registry::members(&mut self.conn, &self.cfg.prefix).await?;
+        for id in ids {
+            if self.streams.contains_key(&id) {
+                continue;
+            }
+            let keys = VoucherKeys::new(&self.cfg.prefix, id)?;
+            group::ensure_group(&mut self.conn, &keys).await?;
+            tracing::debug!("consuming {}", keys.orders());
+            self.streams.insert(id, keys.orders());
+        }
+        Ok(())
+    }
+
+    async fn reclaim_all(&mut self) -> Result<bool> {
+        let mut worked = false;
+        let vouchers: Vec<u64> = self.streams.keys().copied().collect();
+        for voucher in vouchers {
+            let keys = VoucherKeys::new(&self.cfg.prefix, voucher)?;
+            loop {
+                let claimed = group::reclaim(
+                    &mut self.conn,
+                    &keys,
+                    &self.opts.consumer,
+                    self.opts.claim_idle.as_millis() as u64,
+                    self.opts.batch,
+                )
+                .await?;
+                if claimed.is_empty() {
+                    break;
+                }
+                worked = true;
+                self.stats.add_reclaimed(claimed.len() as u64);
+                let full = claimed.len() == self.opts.batch;
+                self.process_batch(voucher, claimed).await?;
+                if !full || self.stop.is_cancelled() {
+                    break;
+                }
+            }
+        }
+        Ok(worked)
+    }
+
+    async fn read_and_process(&mut self) -> Result<bool> {
+        let streams: Vec<(u64, String)> =
+            self.streams.iter().map(|(v, k)| (*v, k.clone())).collect();
+        if streams.is_empty() {
+            self.pause(self.opts.block.min(REGISTRY_REFRESH)).await;
+            return Ok(false);
+        }
+        // Waiting long for news only delays the exit of an --until-idle run.
+        let block = if self.opts.until_idle {
+            self.opts.block.min(UNTIL_IDLE_BLOCK)
+        } else {
+            self.opts.block
+        };
+        let read = group::read_new(
+            &mut self.blocking,
+            &streams,
+            &self.opts.consumer,
+            self.opts.batch,
+            block.as_millis() as u64,
+        )
+        .await?;
+        let worked = !read.is_empty();
+        for (voucher, deliveries) in read {
+            self.process_batch(voucher, deliveries).await?;
+        }
+        Ok(worked)
+    }
+
+    /// On a clean exit: leave the group's consumer list as we found it
+    /// (only if nothing is pending for us; otherwise it stays for a reclaim).
+    pub(super) async fn forget_self(&mut self) {
+        for voucher in self.streams.keys().copied().collect::<Vec<_>>() {
+            let Ok(keys) = VoucherKeys::new(&self.cfg.prefix, voucher) else {
+                continue;
+            };
+            if let Err(e) = group::forget_consumer(&mut self.conn, &keys, &self.opts.consumer).await
+            {
+                tracing::debug!(
+                    "{}: could not remove consumer {}: {e}",
+                    keys.orders(),
+                    self.opts.consumer
+                );
+            }
+        }
+    }
+
+    /// Trims acknowledged entries and forgets consumers gone silent.
+    async fn trim_all(&mut self) {
+        let keep_ms = self.opts.keep.as_millis() as u64;
+        for voucher in self.streams.keys().copied().collect::<Vec<_>>() {
+            let Ok(keys) = VoucherKeys::new(&self.cfg.prefix, voucher) else {
+                continue;
+            };
+            let silent = SILENT_CONSUMER.as_millis() as u64;
+            match group::forget_silent_consumers(&mut self.conn, &keys, &self.opts.consumer, silent)
+                .await
+            {
+                Ok(n) if n > 0 => {
+                    tracing::debug!("{}: forgot {n} silent consumer(s)", keys.orders())
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!("{}: could not list consumers: {e}", keys.orders()),
+            }
+            match group::trim(&mut self.conn, &keys, keep_ms, now_ms()).await {
+                Ok(n) if n > 0 => {
+                    tracing::debug!("{}: trimmed {n} acknowledged entries", keys.orders())
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("{}: trim failed: {e}", keys.orders()),
+            }
+        }
+    }
+
+    /// No voucher has an entry undelivered or pending (anyone's), and no
+    /// payment deadline this lane handles is due.
+    async fn all_idle(&mut self) -> Result<bool> {
+        if let Some(d) = self.deadlines.as_mut() {
+            if d.any_due().await? {
+                return Ok(false);
+            }
+        }
+        for voucher in self.streams.keys().copied().collect::<Vec<_>>() {
+            let keys = VoucherKeys::new(&self.cfg.prefix, voucher)?;
+            if backlog(&mut self.conn, &keys).await?.in_flight() > 0 {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
