@@ -75,7 +75,7 @@ pub async fn run(cfg: &Config, args: BenchArgs) -> anyhow::Result<u8> {
     }
     match args.format.format {
         Format::Json => print_json(&report)?,
-        Format::Table => println!("{}", bench_table(&report)),
+        Format::Table => outln!("{}", bench_table(&report))?,
     }
     Ok(exit_code::OK)
 }

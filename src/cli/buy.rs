@@ -34,7 +34,7 @@ pub async fn run(cfg: &Config, args: BuyArgs) -> anyhow::Result<u8> {
     let outcome = admit(&mut redis, &keys, args.voucher, args.user, order_id).await?;
     match args.format.format {
         Format::Json => print_json(&outcome_json(args.voucher, args.user, &outcome))?,
-        Format::Table => println!("{}", outcome_line(args.voucher, args.user, &outcome)),
+        Format::Table => outln!("{}", outcome_line(args.voucher, args.user, &outcome))?,
     }
     Ok(exit_code_of(&outcome))
 }

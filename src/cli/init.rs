@@ -55,7 +55,7 @@ pub async fn run(cfg: &Config, args: InitArgs) -> anyhow::Result<u8> {
     database.close().await;
     match args.format.format {
         Format::Json => print_json(&report)?,
-        Format::Table => println!("{}", init_table(&report)),
+        Format::Table => outln!("{}", init_table(&report))?,
     }
     Ok(exit_code::OK)
 }

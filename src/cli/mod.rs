@@ -1,5 +1,21 @@
 //! The command line: parsing and rendering only; the work is in the library.
 
+/// `println!` for what a command prints for its reader: through one place
+/// (`render::write_out`) that reports a reader gone away as an error the
+/// entry point ends on quietly, where `println!` would panic.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::cli::render::write_out(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `print!` through the same place as [`outln!`].
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::cli::render::write_out(format_args!($($arg)*))
+    };
+}
+
 mod bench;
 mod buy;
 mod common;
@@ -118,6 +134,9 @@ pub fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli)) {
         Ok(code) => ExitCode::from(code),
+        // The reader went away (`seckill status | head -1`): nobody is left
+        // to read an error, and the reader got what it wanted (ripgrep, git).
+        Err(e) if render::is_broken_pipe(&e) => ExitCode::from(exit_code::OK),
         Err(e) => {
             render::error_line(&e, &secrets);
             ExitCode::from(exit_code::ERROR)

@@ -36,7 +36,7 @@ pub async fn run(cfg: &Config, cmd: OrderCommand) -> anyhow::Result<u8> {
     };
     match args.format.format {
         Format::Json => print_json(&o)?,
-        Format::Table => println!("{}", order_table(&o)),
+        Format::Table => outln!("{}", order_table(&o))?,
     }
     Ok(exit_code::OK)
 }

@@ -9,7 +9,6 @@ use crate::exit_code;
 use crate::orders::payment::{self, PayOutcome};
 use crate::store::config::Config;
 use crate::store::db::Db;
-use crate::store::redis_conn;
 
 #[derive(Args, Debug)]
 pub struct PayArgs {
@@ -22,20 +21,9 @@ pub struct PayArgs {
 
 pub async fn run(cfg: &Config, args: PayArgs) -> anyhow::Result<u8> {
     let db = Db::connect(cfg).await?;
-    let outcome = payment::pay(&db, args.order).await;
+    let outcome = payment::pay_and_drop_deadline(cfg, &db, args.order).await;
     db.close().await;
     let outcome = outcome?;
-    if let PayOutcome::Paid { voucher, .. } = outcome {
-        // The deadline has nothing left to do; if this fails, the canceller
-        // finds the order paid and drops it anyway.
-        if let Ok(mut redis) = redis_conn::connect(cfg).await {
-            if let Err(e) =
-                payment::forget_deadline(&mut redis, &cfg.prefix, voucher, args.order).await
-            {
-                tracing::debug!("could not drop the deadline of order {}: {e}", args.order);
-            }
-        }
-    }
     let (name, code, line) = match outcome {
         PayOutcome::Paid { voucher, user } => (
             "paid",
@@ -76,7 +64,7 @@ pub async fn run(cfg: &Config, args: PayArgs) -> anyhow::Result<u8> {
         Format::Json => {
             print_json(&json!({ "outcome": name, "order_id": args.order.to_string() }))?
         }
-        Format::Table if code == exit_code::OK => println!("{line}"),
+        Format::Table if code == exit_code::OK => outln!("{line}")?,
         Format::Table => eprintln!("error: {line}"),
     }
     Ok(code)

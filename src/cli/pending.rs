@@ -47,7 +47,7 @@ pub async fn run(cfg: &Config, args: PendingArgs) -> anyhow::Result<u8> {
         let rows = pending::summaries(&mut redis, &cfg.prefix).await?;
         match args.format.format {
             Format::Json => print_json(&rows)?,
-            Format::Table => println!("{}", summary_table(&rows)),
+            Format::Table => outln!("{}", summary_table(&rows))?,
         }
         return Ok(exit_code::OK);
     };
@@ -68,10 +68,10 @@ pub async fn run(cfg: &Config, args: PendingArgs) -> anyhow::Result<u8> {
         let r = pending::requeue(&mut redis, &keys, &args.entries).await?;
         match args.format.format {
             Format::Json => print_json(&r)?,
-            Format::Table => println!(
+            Format::Table => outln!(
                 "requeued {} dead letter(s) of voucher {voucher}; {} could not be (not an order, or no such id)",
                 r.requeued, r.skipped
-            ),
+            )?,
         }
         return Ok(exit_code::OK);
     }
@@ -83,18 +83,18 @@ pub async fn run(cfg: &Config, args: PendingArgs) -> anyhow::Result<u8> {
     match args.format.format {
         Format::Json => print_json(&detail)?,
         Format::Table => {
-            println!("{}", summary_table(std::slice::from_ref(&detail.summary)));
+            outln!("{}", summary_table(std::slice::from_ref(&detail.summary)))?;
             if detail.pending_entries.is_empty() {
-                println!("pending entries: none");
+                outln!("pending entries: none")?;
             } else {
-                println!("pending entries (oldest first):");
-                println!("{}", pending_table(&detail.pending_entries));
+                outln!("pending entries (oldest first):")?;
+                outln!("{}", pending_table(&detail.pending_entries))?;
             }
             if detail.dead.is_empty() {
-                println!("dead letters: none");
+                outln!("dead letters: none")?;
             } else {
-                println!("dead letters:");
-                println!("{}", dead_table(&detail.dead));
+                outln!("dead letters:")?;
+                outln!("{}", dead_table(&detail.dead))?;
             }
         }
     }

@@ -57,7 +57,7 @@ pub async fn run(cfg: &Config, args: PreloadArgs) -> anyhow::Result<u8> {
     db.close().await;
     match args.format.format {
         Format::Json => print_json(&reports)?,
-        Format::Table => println!("{}", preload_table(&reports)),
+        Format::Table => outln!("{}", preload_table(&reports))?,
     }
     Ok(exit_code::OK)
 }

@@ -69,7 +69,8 @@ pub async fn run(cfg: &Config, args: ReconcileArgs) -> anyhow::Result<u8> {
         settle_ms: args.settle.as_millis() as i64,
     };
     let explicit = !args.vouchers.is_empty();
-    let plan = check_all(
+    let bar = progress_bar(vouchers.len());
+    let plan = reconcile::check_all(
         &db,
         &mut redis,
         &cfg.prefix,
@@ -77,21 +78,19 @@ pub async fn run(cfg: &Config, args: ReconcileArgs) -> anyhow::Result<u8> {
         explicit,
         &look,
         &ids,
+        |n| bar.inc(n as u64),
     )
     .await;
+    bar.finish_and_clear();
     let plan = match plan {
         Ok(p) => p,
         Err(e) => {
             db.close().await;
-            return Err(e);
+            return Err(e.into());
         }
     };
     // Busy vouchers go to the repair pass too: it reads them again.
-    let drifting: Vec<u64> = plan
-        .iter()
-        .filter(|r| r.outcome != Outcome::Consistent)
-        .map(|r| r.voucher)
-        .collect();
+    let drifting = reconcile::not_consistent(&plan);
     if args.dry_run || drifting.is_empty() {
         db.close().await;
         render(&args, &plan)?;
@@ -110,7 +109,8 @@ pub async fn run(cfg: &Config, args: ReconcileArgs) -> anyhow::Result<u8> {
         dry_run: false,
         ..look
     };
-    let done = check_all(
+    let bar = progress_bar(drifting.len());
+    let done = reconcile::check_all(
         &db,
         &mut redis,
         &cfg.prefix,
@@ -118,8 +118,10 @@ pub async fn run(cfg: &Config, args: ReconcileArgs) -> anyhow::Result<u8> {
         explicit,
         &act,
         &ids,
+        |n| bar.inc(n as u64),
     )
     .await;
+    bar.finish_and_clear();
     db.close().await;
     let done = done?;
     render(&args, &done)?;
@@ -149,40 +151,13 @@ fn confirm_possible(c: &Confirmation) -> bool {
     c.yes || (std::io::stdin().is_terminal() && std::io::stderr().is_terminal())
 }
 
-/// Vouchers are read in chunks (a few round trips per chunk, not per
-/// voucher), then each is classified and, unless dry-run, repaired.
-async fn check_all(
-    db: &Db,
-    redis: &mut redis::aio::MultiplexedConnection,
-    prefix: &str,
-    vouchers: &[u64],
-    explicit: bool,
-    opts: &Options,
-    ids: &Snowflake,
-) -> anyhow::Result<Vec<VoucherReport>> {
-    const CHUNK: usize = 500;
-    // indicatif draws nothing off a terminal; a bar is only worth it for many.
-    let bar = if vouchers.len() > CHUNK {
-        ProgressBar::with_draw_target(Some(vouchers.len() as u64), ProgressDrawTarget::stderr())
+/// indicatif draws nothing off a terminal; a bar is only worth it for many.
+fn progress_bar(vouchers: usize) -> ProgressBar {
+    if vouchers > reconcile::CHUNK {
+        ProgressBar::with_draw_target(Some(vouchers as u64), ProgressDrawTarget::stderr())
     } else {
         ProgressBar::hidden()
-    };
-    let mut out = Vec::with_capacity(vouchers.len());
-    for chunk in vouchers.chunks(CHUNK) {
-        let reads = reconcile::read_many(db, redis, prefix, chunk, opts.settle_ms).await?;
-        for (&v, read) in chunk.iter().zip(reads) {
-            if matches!(read, reconcile::Read::Missing) && !explicit {
-                tracing::warn!("voucher {v} is registered at the gate but not in MySQL; skipped");
-                continue;
-            }
-            out.push(
-                reconcile::reconcile_voucher(db, redis, prefix, v, Some(read), opts, ids).await?,
-            );
-        }
-        bar.inc(chunk.len() as u64);
     }
-    bar.finish_and_clear();
-    Ok(out)
 }
 
 fn render(args: &ReconcileArgs, reports: &[VoucherReport]) -> anyhow::Result<()> {
@@ -194,9 +169,9 @@ fn render(args: &ReconcileArgs, reports: &[VoucherReport]) -> anyhow::Result<()>
             vouchers: reports,
         }),
         Format::Table => {
-            println!("{}", numbers_table(reports));
+            outln!("{}", numbers_table(reports))?;
             if !consistent {
-                println!("{}", drift_table(reports));
+                outln!("{}", drift_table(reports))?;
             }
             Ok(())
         }

@@ -1,6 +1,6 @@
 //! Shared rendering: error lines, tables, JSON, colour decisions.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 
 use comfy_table::{presets, ContentArrangement, Table};
 use serde::Serialize;
@@ -70,7 +70,25 @@ pub fn table(header: &[&str]) -> Table {
     t
 }
 
+/// Writes to stdout and flushes, so that a reader gone away shows up here as
+/// an error (`BrokenPipe`) and not as a panic in `println!`.
+pub fn write_out(text: std::fmt::Arguments<'_>) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_fmt(text)?;
+    stdout.flush()?;
+    Ok(())
+}
+
+/// Whether the error is stdout's reader having gone away.
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
 pub fn print_json<T: Serialize + ?Sized>(value: &T) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
+    outln!("{}", serde_json::to_string_pretty(value)?)?;
     Ok(())
 }

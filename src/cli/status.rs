@@ -45,20 +45,20 @@ async fn watch_loop(
         let rows = status::read(db, redis, &cfg.prefix, &args.vouchers).await?;
         if in_place {
             // Clear the screen and home the cursor: a refresh, not a scroll.
-            print!("\x1b[2J\x1b[H");
+            out!("\x1b[2J\x1b[H")?;
         }
         match args.format.format {
             Format::Json => print_json(&rows)?,
-            Format::Table => println!("{}", status_table(&rows, now_ms())),
+            Format::Table => outln!("{}", status_table(&rows, now_ms()))?,
         }
         let Some(every) = args.watch else {
             return Ok(exit_code::OK);
         };
         if in_place {
-            println!(
+            outln!(
                 "refreshing every {} (Ctrl-C to quit)",
                 humantime::format_duration(every)
-            );
+            )?;
         }
         tokio::select! {
             _ = tokio::signal::ctrl_c() => return Ok(exit_code::OK),

@@ -86,15 +86,15 @@ async fn add(cfg: &Config, args: AddArgs) -> anyhow::Result<u8> {
     match args.format.format {
         Format::Json => print_json(&VoucherView::new(&added, None, now))?,
         Format::Table => {
-            println!(
+            outln!(
                 "voucher {} added: {} units, sale {} -> {}, pay within {}",
                 added.id,
                 added.total_stock,
                 format_ms(added.begin_ms),
                 format_ms(added.end_ms),
                 format_duration_ms(added.pay_timeout_ms)
-            );
-            println!("next: seckill preload --voucher {}", added.id);
+            )?;
+            outln!("next: seckill preload --voucher {}", added.id)?;
         }
     }
     Ok(exit_code::OK)
@@ -119,7 +119,7 @@ async fn list(cfg: &Config, args: ListArgs) -> anyhow::Result<u8> {
         .collect();
     match args.format.format {
         Format::Json => print_json(&views)?,
-        Format::Table => println!("{}", list_table(&views)),
+        Format::Table => outln!("{}", list_table(&views))?,
     }
     Ok(exit_code::OK)
 }

@@ -30,12 +30,12 @@ pub async fn run(cfg: &Config, args: WaitlistArgs) -> anyhow::Result<u8> {
     match args.format.format {
         Format::Json => print_json(&w)?,
         Format::Table => {
-            println!(
+            outln!(
                 "voucher {}: {} waiting, {} released unit(s) handed to the waitlist so far",
                 w.voucher, w.length, w.promotions
-            );
+            )?;
             if !w.head.is_empty() {
-                println!("{}", waitlist_table(&w, now_ms()));
+                outln!("{}", waitlist_table(&w, now_ms()))?;
             }
         }
     }

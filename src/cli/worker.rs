@@ -100,7 +100,7 @@ pub async fn run(cfg: &Config, args: WorkerArgs) -> anyhow::Result<u8> {
     );
     match args.format.format {
         Format::Json => print_json(&summary)?,
-        Format::Table => println!("{}", summary_table(&summary)),
+        Format::Table => outln!("{}", summary_table(&summary))?,
     }
     Ok(exit_code::OK)
 }

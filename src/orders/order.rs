@@ -69,24 +69,6 @@ pub fn status_name(code: i8) -> &'static str {
     OrderStatus::from_code(code).map_or("unknown", OrderStatus::name)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn codes_match_the_schema_contract() {
-        for s in [
-            OrderStatus::Pending,
-            OrderStatus::Paid,
-            OrderStatus::Cancelled,
-        ] {
-            assert_eq!(OrderStatus::from_code(s.code()), Some(s));
-        }
-        assert_eq!(OrderStatus::Cancelled.code(), -1);
-        assert_eq!(status_name(7), "unknown");
-    }
-}
-
 type Row = (u64, u64, u64, i8, i64, Option<i64>, Option<i64>, i64);
 
 pub async fn get(db: &Db, id: u64) -> Result<Option<OrderView>> {
@@ -113,4 +95,22 @@ pub async fn get(db: &Db, id: u64) -> Result<Option<OrderView>> {
         paid_ms: r.5,
         cancelled_ms: r.6,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_match_the_schema_contract() {
+        for s in [
+            OrderStatus::Pending,
+            OrderStatus::Paid,
+            OrderStatus::Cancelled,
+        ] {
+            assert_eq!(OrderStatus::from_code(s.code()), Some(s));
+        }
+        assert_eq!(OrderStatus::Cancelled.code(), -1);
+        assert_eq!(status_name(7), "unknown");
+    }
 }

@@ -7,7 +7,9 @@ use redis::AsyncCommands;
 
 use crate::error::Result;
 use crate::orders::order::OrderStatus;
+use crate::store::config::Config;
 use crate::store::db::Db;
+use crate::store::redis_conn;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::RedisConn;
 
@@ -51,6 +53,23 @@ pub async fn pay(db: &Db, order: u64) -> Result<PayOutcome> {
         Some(OrderStatus::Cancelled) => PayOutcome::Cancelled,
         _ => PayOutcome::DeadlinePassed,
     })
+}
+
+/// Pays the order; once paid, drops its deadline too. Dropping it is an
+/// optimisation only: if Redis cannot be reached, the canceller finds the
+/// order paid and drops the deadline itself.
+pub async fn pay_and_drop_deadline(cfg: &Config, db: &Db, order: u64) -> Result<PayOutcome> {
+    let outcome = pay(db, order).await?;
+    if let PayOutcome::Paid { voucher, .. } = outcome {
+        let dropped = match redis_conn::connect(cfg).await {
+            Ok(mut redis) => forget_deadline(&mut redis, &cfg.prefix, voucher, order).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = dropped {
+            tracing::debug!("could not drop the deadline of order {order}: {e}");
+        }
+    }
+    Ok(outcome)
 }
 
 /// After a payment, the deadline has nothing left to do; dropping it saves

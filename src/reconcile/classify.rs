@@ -1,0 +1,258 @@
+//! Classifying a snapshot's differences: pure, so every class and the
+//! expected gate stock are unit-tested without a store.
+
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+
+use super::snapshot::Snapshot;
+
+/// The kinds of drift, each with the action that repairs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DriftClass {
+    /// Redis lost the voucher (meta or stock missing): rebuild it from MySQL.
+    GateNotLoaded,
+    /// A loaded gate missing from the registry: no worker consumes its
+    /// stream, so its orders never reach MySQL. Register it.
+    NotRegistered,
+    /// Gate stock above what MySQL allows: an oversell risk. Lower it.
+    RedisStockHigh,
+    /// Gate stock below what MySQL allows: units stuck. Give them back.
+    RedisStockLow,
+    /// Users with an order who are not buyers at the gate (could buy twice).
+    BuyersMissing,
+    /// Buyers with no order and no order in flight (a lost or refused
+    /// admission): drop them so they may try again.
+    BuyersWithoutOrder,
+    /// Cancelled orders whose unit never came back at the gate.
+    CancelledNotReleased,
+    /// Pending orders with no payment deadline in Redis.
+    DeadlineMissing,
+    /// MySQL itself: stock + pending + paid ≠ total.
+    MysqlInconsistent,
+}
+
+impl DriftClass {
+    pub fn action(&self) -> &'static str {
+        match self {
+            DriftClass::GateNotLoaded => "rebuild the gate from MySQL",
+            DriftClass::NotRegistered => "register it for the workers",
+            DriftClass::RedisStockHigh => "lower the gate stock",
+            DriftClass::RedisStockLow => "give the units back at the gate",
+            DriftClass::BuyersMissing => "add them to the buyers",
+            DriftClass::BuyersWithoutOrder => "drop them from the buyers",
+            DriftClass::CancelledNotReleased => "give their units back (release path)",
+            DriftClass::DeadlineMissing => "schedule their deadlines",
+            DriftClass::MysqlInconsistent => "set stock = total - active (only with --fix-mysql)",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Drift {
+    pub class: DriftClass,
+    /// Units, users or orders concerned.
+    pub amount: u64,
+    /// A few of the ids concerned, for the operator.
+    pub sample: Vec<u64>,
+    pub action: &'static str,
+}
+
+const SAMPLE: usize = 5;
+
+fn drift(class: DriftClass, ids: &BTreeSet<u64>) -> Drift {
+    Drift {
+        class,
+        amount: ids.len() as u64,
+        sample: ids.iter().take(SAMPLE).copied().collect(),
+        action: class.action(),
+    }
+}
+
+/// The drifts of a snapshot, and the expected gate stock.
+pub fn classify(s: &Snapshot) -> (Vec<Drift>, i64) {
+    let mut out = Vec::new();
+    let active = s.pending.len() + s.paid;
+    if s.mysql_stock + active as i64 != s.total {
+        out.push(Drift {
+            class: DriftClass::MysqlInconsistent,
+            amount: (s.mysql_stock + active as i64 - s.total).unsigned_abs(),
+            sample: Vec::new(),
+            action: DriftClass::MysqlInconsistent.action(),
+        });
+    }
+    let expected = s.expected_gate_stock();
+    if !s.gate_loaded {
+        out.push(Drift {
+            class: DriftClass::GateNotLoaded,
+            amount: 1,
+            sample: Vec::new(),
+            action: DriftClass::GateNotLoaded.action(),
+        });
+        return (out, expected);
+    }
+    if !s.registered {
+        out.push(Drift {
+            class: DriftClass::NotRegistered,
+            amount: 1,
+            sample: Vec::new(),
+            action: DriftClass::NotRegistered.action(),
+        });
+    }
+    let stock = s.gate_stock.unwrap_or(0);
+    if stock > expected {
+        out.push(Drift {
+            class: DriftClass::RedisStockHigh,
+            amount: (stock - expected) as u64,
+            sample: Vec::new(),
+            action: DriftClass::RedisStockHigh.action(),
+        });
+    } else if stock < expected {
+        out.push(Drift {
+            class: DriftClass::RedisStockLow,
+            amount: (expected - stock) as u64,
+            sample: Vec::new(),
+            action: DriftClass::RedisStockLow.action(),
+        });
+    }
+    let holders = s.holders();
+    let missing: BTreeSet<u64> = holders.difference(&s.buyers).copied().collect();
+    let orphans: BTreeSet<u64> = s.buyers.difference(&holders).copied().collect();
+    let unreleased = s.cancelled_unreleased_settled();
+    let no_deadline: BTreeSet<u64> = s.deadlines_missing().iter().map(|(o, _)| *o).collect();
+    for (class, ids) in [
+        (DriftClass::BuyersMissing, &missing),
+        (DriftClass::BuyersWithoutOrder, &orphans),
+        (DriftClass::CancelledNotReleased, &unreleased),
+        (DriftClass::DeadlineMissing, &no_deadline),
+    ] {
+        if !ids.is_empty() {
+            out.push(drift(class, ids));
+        }
+    }
+    (out, expected)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Voucher of 10 units: users 1 and 2 hold pending orders 101 and 102,
+    /// user 3 paid order 103; the gate agrees.
+    fn consistent() -> Snapshot {
+        Snapshot {
+            voucher: 7,
+            total: 10,
+            mysql_stock: 7,
+            pay_timeout_ms: 1_000,
+            pending: vec![(101, 5), (102, 6)],
+            paid: 1,
+            order_ids: [101, 102, 103].into(),
+            order_users: [1, 2, 3].into(),
+            gate_loaded: true,
+            registered: true,
+            gate_stock: Some(7),
+            buyers: [1, 2, 3].into(),
+            deadlines: [101, 102].into(),
+            ..Default::default()
+        }
+    }
+
+    fn classes(s: &Snapshot) -> Vec<(DriftClass, u64)> {
+        classify(s).0.iter().map(|d| (d.class, d.amount)).collect()
+    }
+
+    #[test]
+    fn a_consistent_voucher_has_no_drift() {
+        let s = consistent();
+        let (drifts, expected) = classify(&s);
+        assert!(drifts.is_empty(), "{drifts:?}");
+        assert_eq!(expected, 7);
+    }
+
+    #[test]
+    fn gate_stock_is_compared_with_mysql_less_work_in_flight() {
+        let mut s = consistent();
+        // User 4 admitted at the gate, not yet in MySQL: one unit taken there only.
+        s.in_flight = vec![(4, 104)];
+        s.buyers.insert(4);
+        s.gate_stock = Some(6);
+        assert_eq!(classes(&s), []);
+        assert_eq!(classify(&s).1, 6);
+        // Once persisted (in MySQL and still in flight) it counts once.
+        s.order_ids.insert(104);
+        s.order_users.insert(4);
+        s.mysql_stock = 6;
+        s.pending.push((104, 7));
+        s.deadlines.insert(104);
+        assert_eq!(classes(&s), []);
+
+        s.gate_stock = Some(9);
+        assert_eq!(classes(&s), [(DriftClass::RedisStockHigh, 3)]);
+        s.gate_stock = Some(2);
+        assert_eq!(classes(&s), [(DriftClass::RedisStockLow, 4)]);
+    }
+
+    #[test]
+    fn buyers_are_compared_with_order_holders() {
+        let mut s = consistent();
+        s.buyers.remove(&2);
+        s.buyers.insert(9);
+        assert_eq!(
+            classes(&s),
+            [
+                (DriftClass::BuyersMissing, 1),
+                (DriftClass::BuyersWithoutOrder, 1)
+            ]
+        );
+        let (drifts, _) = classify(&s);
+        assert_eq!(drifts[0].sample, [2]);
+        assert_eq!(drifts[1].sample, [9]);
+    }
+
+    #[test]
+    fn a_cancellation_is_drift_only_once_it_had_time_to_be_released() {
+        let mut s = consistent();
+        // Order 102 cancelled in MySQL (its unit back there), not released at the gate.
+        s.pending.retain(|(o, _)| *o != 102);
+        s.cancelled.insert(102);
+        s.mysql_stock = 8;
+        s.settling.insert(102);
+        assert_eq!(classes(&s), [], "still settling");
+        assert_eq!(classify(&s).1, 7, "its unit is not expected back yet");
+        s.settling.clear();
+        assert_eq!(classes(&s), [(DriftClass::CancelledNotReleased, 1)]);
+        s.released.insert(102);
+        s.gate_stock = Some(8);
+        assert_eq!(classes(&s), []);
+    }
+
+    #[test]
+    fn a_pending_order_without_a_deadline_is_drift_unless_it_is_new() {
+        let mut s = consistent();
+        s.deadlines.remove(&102);
+        assert_eq!(classes(&s), [(DriftClass::DeadlineMissing, 1)]);
+        s.settling.insert(102);
+        assert_eq!(classes(&s), []);
+    }
+
+    #[test]
+    fn a_lost_gate_is_reported_alone_and_an_unregistered_one_as_such() {
+        let mut s = consistent();
+        s.registered = false;
+        assert_eq!(classes(&s), [(DriftClass::NotRegistered, 1)]);
+        s.gate_loaded = false;
+        s.gate_stock = None;
+        s.buyers.clear();
+        assert_eq!(classes(&s), [(DriftClass::GateNotLoaded, 1)]);
+    }
+
+    #[test]
+    fn mysql_disagreeing_with_itself_is_reported_first() {
+        let mut s = consistent();
+        s.mysql_stock = 5;
+        let c = classes(&s);
+        assert_eq!(c[0], (DriftClass::MysqlInconsistent, 2));
+    }
+}

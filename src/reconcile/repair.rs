@@ -1,0 +1,162 @@
+//! Repairing a voucher's drift: each write is conditional on the gate (or
+//! MySQL's stock) being as it was read, so a repair computed from a stale
+//! snapshot is refused instead of applied.
+
+use super::classify::{Drift, DriftClass};
+use super::snapshot::Snapshot;
+use super::Options;
+use crate::error::{Error, Result};
+use crate::gate::image::{publish_gate, GateImage, Seen};
+use crate::orders::deadline;
+use crate::store::db::Db;
+use crate::store::keys::VoucherKeys;
+use crate::store::redis_conn::RedisConn;
+use crate::store::registry;
+use crate::store::scripts::RECONCILE;
+use crate::support::snowflake::Snowflake;
+
+pub(super) enum RepairResult {
+    Applied {
+        unrepaired: bool,
+    },
+    /// MySQL's stock was set right; the gate is decided on a fresh read.
+    MysqlFixed,
+    Moved,
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn repair(
+    db: &Db,
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    voucher: u64,
+    s: &Snapshot,
+    drifts: &[Drift],
+    opts: &Options,
+    ids: &Snowflake,
+) -> Result<RepairResult> {
+    let has = |c: DriftClass| drifts.iter().any(|d| d.class == c);
+    if has(DriftClass::MysqlInconsistent) {
+        if !opts.fix_mysql {
+            // The gate is repaired against MySQL; with MySQL itself wrong,
+            // touching the gate could only spread the damage.
+            tracing::error!(
+                "voucher {voucher}: MySQL stock + active orders != total; not repairing (see --fix-mysql)"
+            );
+            return Ok(RepairResult::Applied { unrepaired: true });
+        }
+        let active = (s.pending.len() + s.paid) as i64;
+        return Ok(
+            if fix_mysql_stock(db, voucher, s.mysql_stock, s.total - active).await? {
+                RepairResult::MysqlFixed
+            } else {
+                RepairResult::Moved
+            },
+        );
+    }
+    if has(DriftClass::GateNotLoaded) {
+        return rebuild_gate(conn, keys, s).await;
+    }
+    if has(DriftClass::NotRegistered) {
+        // Idempotent and outside the gate's own keys: no witness needed.
+        registry::register(conn, keys).await?;
+    }
+    // The expected stock already leaves out every cancelled unit not yet
+    // back; the settled ones come back through release.lua below (one unit
+    // each, to the waitlist or the stock), the settling ones by their own
+    // release. So the script moves the stock by exactly expected - gate.
+    let delta = s.expected_gate_stock() - s.gate_stock.unwrap_or(0);
+    let holders = s.holders();
+    let add: Vec<u64> = holders.difference(&s.buyers).copied().collect();
+    let remove: Vec<u64> = s.buyers.difference(&holders).copied().collect();
+    let deadlines: Vec<(u64, i64)> = s
+        .deadlines_missing()
+        .into_iter()
+        .map(|(order, created)| (order, created + s.pay_timeout_ms))
+        .collect();
+    let unreleased: Vec<u64> = s.cancelled_unreleased_settled().into_iter().collect();
+    let mut inv = RECONCILE.prepare_invoke();
+    inv.key(keys.stock())
+        .key(keys.buyers())
+        .key(keys.orders())
+        .key(keys.released())
+        .key(keys.timeouts())
+        .arg(&s.witness.last_entry_id)
+        .arg(&s.witness.stock)
+        .arg(s.witness.buyers)
+        .arg(s.witness.released)
+        .arg(delta)
+        .arg(add.len());
+    for u in &add {
+        inv.arg(*u);
+    }
+    inv.arg(remove.len());
+    for u in &remove {
+        inv.arg(*u);
+    }
+    inv.arg(deadlines.len());
+    for (order, at) in &deadlines {
+        inv.arg(*order).arg(*at);
+    }
+    let applied: i64 = inv.invoke_async(conn).await?;
+    if applied != 1 {
+        return Ok(RepairResult::Moved);
+    }
+    if !unreleased.is_empty() {
+        deadline::release(conn, keys, voucher, &unreleased, &[], ids).await?;
+    }
+    Ok(RepairResult::Applied { unrepaired: false })
+}
+
+/// The gate from MySQL, as preload builds it, but with the units in flight
+/// held back (preload refuses in flight; reconcile accounts for it).
+async fn rebuild_gate(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    s: &Snapshot,
+) -> Result<RepairResult> {
+    let buyers: Vec<u64> = s.holders().into_iter().collect();
+    let released: Vec<u64> = s.cancelled.iter().copied().collect();
+    let deadlines: Vec<(i64, u64)> = s
+        .pending
+        .iter()
+        .map(|(order, created)| (created + s.pay_timeout_ms, *order))
+        .collect();
+    let image = GateImage {
+        total: s.total,
+        begin_ms: s.begin_ms,
+        end_ms: s.end_ms,
+        pay_timeout_ms: s.pay_timeout_ms,
+        stock: (s.mysql_stock - s.unpersisted().len() as i64).max(0),
+        buyers: &buyers,
+        released: &released,
+        deadlines: &deadlines,
+    };
+    let seen = Seen {
+        last_entry_id: &s.witness.last_entry_id,
+        stock: &s.witness.stock,
+        buyers: s.witness.buyers,
+    };
+    Ok(if publish_gate(conn, keys, &image, &seen).await? {
+        RepairResult::Applied { unrepaired: false }
+    } else {
+        RepairResult::Moved
+    })
+}
+
+/// `stock = wanted` only if it is still `seen` (a concurrent order moved it).
+async fn fix_mysql_stock(db: &Db, voucher: u64, seen: i64, wanted: i64) -> Result<bool> {
+    use mysql_async::prelude::*;
+    if wanted < 0 {
+        return Err(Error::Mysql(format!(
+            "voucher {voucher}: more active orders than units; refusing to set a negative stock"
+        )));
+    }
+    let mut conn = db.conn().await?;
+    conn.exec_drop(
+        "UPDATE seckill_voucher SET stock = ? WHERE voucher_id = ? AND stock = ?",
+        (wanted, voucher, seen),
+    )
+    .await?;
+    Ok(conn.affected_rows() == 1)
+}

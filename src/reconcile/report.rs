@@ -1,0 +1,79 @@
+//! What reconcile tells the operator about a voucher.
+
+use serde::Serialize;
+
+use super::classify::Drift;
+use super::snapshot::Snapshot;
+
+/// What reconcile did (or would do) about a voucher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Consistent,
+    WouldRepair,
+    Repaired,
+    /// The voucher kept moving; nothing was written. Try again.
+    Busy,
+    /// Drift that is only reported (MySQL inconsistent without --fix-mysql).
+    NotRepaired,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct VoucherReport {
+    pub voucher: u64,
+    pub mysql_total: i64,
+    pub mysql_stock: i64,
+    pub orders_pending: u64,
+    pub orders_paid: u64,
+    pub orders_cancelled: u64,
+    pub gate_loaded: bool,
+    pub gate_stock: Option<i64>,
+    pub expected_gate_stock: i64,
+    pub buyers: u64,
+    pub in_flight: u64,
+    pub dead_letters: u64,
+    pub drifts: Vec<Drift>,
+    pub outcome: Outcome,
+}
+
+pub(super) fn busy_report(voucher: u64) -> VoucherReport {
+    VoucherReport {
+        voucher,
+        mysql_total: 0,
+        mysql_stock: 0,
+        orders_pending: 0,
+        orders_paid: 0,
+        orders_cancelled: 0,
+        gate_loaded: false,
+        gate_stock: None,
+        expected_gate_stock: 0,
+        buyers: 0,
+        in_flight: 0,
+        dead_letters: 0,
+        drifts: Vec::new(),
+        outcome: Outcome::Busy,
+    }
+}
+
+pub(super) fn report_of(s: &Snapshot, drifts: Vec<Drift>, expected: i64) -> VoucherReport {
+    VoucherReport {
+        voucher: s.voucher,
+        mysql_total: s.total,
+        mysql_stock: s.mysql_stock,
+        orders_pending: s.pending.len() as u64,
+        orders_paid: s.paid as u64,
+        orders_cancelled: s.cancelled.len() as u64,
+        gate_loaded: s.gate_loaded,
+        gate_stock: s.gate_stock,
+        expected_gate_stock: expected,
+        buyers: s.buyers.len() as u64,
+        in_flight: s.in_flight.len() as u64,
+        dead_letters: s.dead_letters,
+        outcome: if drifts.is_empty() {
+            Outcome::Consistent
+        } else {
+            Outcome::WouldRepair
+        },
+        drifts,
+    }
+}
