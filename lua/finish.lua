@@ -3,7 +3,7 @@
 -- Called by `seckill worker` after the batch's MySQL transaction committed.
 -- Schedules the payment deadlines, moves refused messages to the dead-letter
 -- stream, only then acknowledges the entries, and releases the batch's lease
--- locks (as lock_release.lua does) in the same step: a crash before this script
+-- locks (lua/lib/unlock.lua, as lock_release.lua) in the same step: a crash before this script
 -- leaves every entry pending, and its redelivery completes the same work
 -- (deadlines are derived from the stored orders; a dead letter is written
 -- only while its entry is still pending, so never twice).
@@ -20,6 +20,9 @@
 -- then     the entry ids to acknowledge (dead-lettered ones included)
 --
 -- Returns the number of entries acknowledged.
+--
+-- `unlock` comes from lua/lib/unlock.lua, which the binary prepends (to run
+-- this file by hand, prepend it too).
 
 local group, owner = ARGV[1], ARGV[2]
 local i = 3
@@ -45,14 +48,5 @@ local acked = 0
 if i <= #ARGV then
   acked = redis.call('XACK', KEYS[1], group, unpack(ARGV, i))
 end
-for k = 4, #KEYS do
-  local count = tonumber(redis.call('HGET', KEYS[k], owner))
-  if count then
-    if count <= 1 then
-      redis.call('DEL', KEYS[k])
-    else
-      redis.call('HINCRBY', KEYS[k], owner, -1)
-    end
-  end
-end
+for k = 4, #KEYS do unlock(KEYS[k], owner) end
 return acked

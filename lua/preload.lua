@@ -16,19 +16,22 @@
 --
 -- ARGV[1..4]  total, begin_ms, end_ms, pay_timeout_ms
 -- ARGV[5]     stock to publish
--- ARGV[6]     the orders stream's last entry id seen before MySQL was read ('' if none)
--- ARGV[7]     the gate stock seen then ('' if none)
--- ARGV[8]     the buyers count seen then
+-- ARGV[6..9] the gate's witness, read before MySQL was: the orders stream's
+--            last entry id ('' if none), the gate stock ('' if none), the
+--            buyers count and the released count. The same four values as
+--            lua/reconcile.lua checks (src/gate/witness.rs): an admission,
+--            promotion, release or repair changes at least one of them.
 --
--- Returns 1 when published, 0 when the voucher moved since it was read
--- (an admission ran): nothing is written then and the staging set is dropped.
+-- Returns 1 when published, 0 when the voucher moved since it was read:
+-- nothing is written then and the staging sets are dropped.
 
 local last = redis.call('XREVRANGE', KEYS[5], '+', '-', 'COUNT', 1)
 local last_id = ''
 if last[1] then last_id = last[1][1] end
 local stock = redis.call('GET', KEYS[2]) or ''
 local buyers = tostring(redis.call('SCARD', KEYS[3]))
-if last_id ~= ARGV[6] or stock ~= ARGV[7] or buyers ~= ARGV[8] then
+local released = tostring(redis.call('SCARD', KEYS[6]))
+if last_id ~= ARGV[6] or stock ~= ARGV[7] or buyers ~= ARGV[8] or released ~= ARGV[9] then
   redis.call('DEL', KEYS[4], KEYS[7])
   return 0
 end

@@ -11,8 +11,9 @@
 -- KEYS[2]  seckill:{V}:buyers     KEYS[5]  seckill:{V}:timeouts
 -- KEYS[3]  seckill:{V}:orders
 --
--- ARGV[1..4]  witness: last order-stream entry id ('' if none), gate stock
---             ('' if none), buyers count, released count
+-- ARGV[1..4]  the gate's witness (the same four values lua/preload.lua
+--             checks, src/gate/witness.rs): last order-stream entry id ('' if
+--             none), gate stock ('' if none), buyers count, released count
 -- ARGV[5]     stock delta (+ gives units back, - takes them away)
 -- ARGV[6]     A, then A user ids to add to the buyers
 -- then        R, then R user ids to remove from the buyers

@@ -23,6 +23,16 @@
 --
 -- Returns {released, promoted}: units handled now (not before) and how many
 -- of them went to waitlisted users. meta's `promotions` counts promotions ever.
+--
+-- The `promoted` event (KEYS[5]), an application contract; every field is a
+-- decimal string:
+--   type            "promoted"
+--   user            the waitlisted user who now holds a unit
+--   order           the new order id (pending payment once the worker
+--                   persists it; its deadline runs from the promote entry)
+--   voucher         the voucher id
+--   released_order  the cancelled order whose unit was handed over
+--   time_ms         Redis server time of the promotion (Unix ms)
 
 local voucher = ARGV[1]
 local n = tonumber(ARGV[2])

@@ -9,11 +9,9 @@
 -- of this voucher (user, order and voucher ids as lua/seckill.lua checks
 -- them) cannot be requeued and stays where it is, as does an id that is not
 -- in the dead-letter stream.
-
-local function valid_id(s)
-  return type(s) == 'string' and string.match(s, '^[1-9][0-9]*$') ~= nil
-    and (#s < 19 or (#s == 19 and s <= '9223372036854775807'))
-end
+--
+-- `valid_id` comes from lua/lib/valid_id.lua, which the binary prepends (to
+-- run this file by hand, prepend it too).
 
 local requeued, skipped = 0, 0
 for _, id in ipairs(ARGV) do

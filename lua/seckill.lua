@@ -16,8 +16,12 @@
 --                      made by the caller (unique per attempt)
 -- ARGV[3]  voucher id  decimal integer, the V of the keys (written into the stream entry)
 --
--- Returns a 3-element array {code, reason, value}:
+-- Returns a 3-element array {code, reason, value}; value is a bulk string
+-- for code 0 (the order id as given: 64-bit ids do not survive Lua numbers)
+-- and an integer for every other code:
 --   {0, "ok", order id}            admitted: unit taken, user recorded as buyer,
+--                                  removed from the waitlist (where a released
+--                                  unit would otherwise reach them twice),
 --                                  order entry appended to the stream
 --   {1, "already bought", 0}       the user already holds a unit of this voucher
 --   {2, "sold out", position}      no unit left; the user is on the waitlist at
@@ -29,9 +33,10 @@
 --
 -- Guarantees: checks run in this order — voucher loaded, sale window (Redis
 -- server clock, never the caller's), already a buyer, stock — and the writes
--- (DECR, SADD, XADD) come only after every check passed, inside this one
--- atomic script, so no unit is sold twice and no user holds two. A user who
--- bought is never waitlisted. Nothing is written for codes 1, 3, 4 and 5.
+-- (DECR stock, SADD buyers, ZREM waitlist, XADD orders) come only after every
+-- check passed, inside this one atomic script, so no unit is sold twice and
+-- no user holds two. A user who bought is never waitlisted. Code 2 writes
+-- only the waitlist (ZADD NX); nothing is written for codes 1, 3, 4 and 5.
 
 local function valid_id(s)
   return type(s) == 'string' and string.match(s, '^[1-9][0-9]*$') ~= nil

@@ -1,8 +1,8 @@
 //! The command line: parsing and rendering only; the work is in the library.
 
-/// `println!` for what a command prints for its reader: through one place
-/// (`render::write_out`) that reports a reader gone away as an error the
-/// entry point ends on quietly, where `println!` would panic.
+/// `println!` for what a command prints for its reader, through the one place
+/// (`render::write_out`) that ends output quietly when the reader has gone
+/// away, where `println!` would panic.
 macro_rules! outln {
     ($($arg:tt)*) => {
         $crate::cli::render::write_out(format_args!("{}\n", format_args!($($arg)*)))
@@ -119,6 +119,7 @@ pub fn main() -> ExitCode {
     };
     init_logging(cli.verbose, cli.quiet);
     let secrets = cli.connect.config().secrets();
+    report_panics_in_one_line(secrets.clone());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -134,9 +135,6 @@ pub fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli)) {
         Ok(code) => ExitCode::from(code),
-        // The reader went away (`seckill status | head -1`): nobody is left
-        // to read an error, and the reader got what it wanted (ripgrep, git).
-        Err(e) if render::is_broken_pipe(&e) => ExitCode::from(exit_code::OK),
         Err(e) => {
             render::error_line(&e, &secrets);
             ExitCode::from(exit_code::ERROR)
@@ -163,6 +161,28 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Waitlist(args) => waitlist::run(&cfg, args).await,
         Command::Reconcile(args) => reconcile::run(&cfg, args).await,
     }
+}
+
+/// A panic is a bug, but the operator still gets one line (secrets
+/// scrubbed), not a backtrace, whatever RUST_BACKTRACE says.
+fn report_panics_in_one_line(secrets: Vec<String>) {
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("a panic without a message");
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let line = format!("internal error{at}: {message}").replace('\n', " ");
+        eprintln!(
+            "error: {} (a bug in seckill: please report it)",
+            crate::support::mask::redact(&line, &secrets)
+        );
+    }));
 }
 
 fn init_logging(verbose: u8, quiet: bool) {

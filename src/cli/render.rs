@@ -1,6 +1,7 @@
 //! Shared rendering: error lines, tables, JSON, colour decisions.
 
 use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use comfy_table::{presets, ContentArrangement, Table};
 use serde::Serialize;
@@ -70,22 +71,31 @@ pub fn table(header: &[&str]) -> Table {
     t
 }
 
-/// Writes to stdout and flushes, so that a reader gone away shows up here as
-/// an error (`BrokenPipe`) and not as a panic in `println!`.
+/// Set once stdout's reader has gone away: nothing more is written, and
+/// loops that print (`status --watch`) end.
+static READER_GONE: AtomicBool = AtomicBool::new(false);
+
+/// Writes to stdout and flushes. A reader gone away (`seckill status | head
+/// -1`) is not an error: the rest of the output is dropped quietly, as
+/// ripgrep and git do, and the command keeps its exit code (`buy` still
+/// tells its outcome). `println!` would panic there instead.
 pub fn write_out(text: std::fmt::Arguments<'_>) -> anyhow::Result<()> {
+    if reader_gone() {
+        return Ok(());
+    }
     let mut stdout = std::io::stdout().lock();
-    stdout.write_fmt(text)?;
-    stdout.flush()?;
-    Ok(())
+    match stdout.write_fmt(text).and_then(|()| stdout.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            READER_GONE.store(true, Ordering::Relaxed);
+            Ok(())
+        }
+        other => Ok(other?),
+    }
 }
 
-/// Whether the error is stdout's reader having gone away.
-pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|cause| {
-        cause
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
+/// Whether stdout's reader has gone away.
+pub fn reader_gone() -> bool {
+    READER_GONE.load(Ordering::Relaxed)
 }
 
 pub fn print_json<T: Serialize + ?Sized>(value: &T) -> anyhow::Result<()> {

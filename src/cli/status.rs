@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::common::{parse_duration, parse_id, Format, FormatOpt};
-use super::render::{print_json, table};
+use super::render::{self, print_json, table};
 use crate::exit_code;
 use crate::status::{self, VoucherStatus};
 use crate::store::config::Config;
@@ -54,6 +54,9 @@ async fn watch_loop(
         let Some(every) = args.watch else {
             return Ok(exit_code::OK);
         };
+        if render::reader_gone() {
+            return Ok(exit_code::OK);
+        }
         if in_place {
             outln!(
                 "refreshing every {} (Ctrl-C to quit)",

@@ -32,7 +32,9 @@ pub async fn run(cfg: &Config, args: WaitlistArgs) -> anyhow::Result<u8> {
         Format::Table => {
             outln!(
                 "voucher {}: {} waiting, {} released unit(s) handed to the waitlist so far",
-                w.voucher, w.length, w.promotions
+                w.voucher,
+                w.length,
+                w.promotions
             )?;
             if !w.head.is_empty() {
                 outln!("{}", waitlist_table(&w, now_ms()))?;

@@ -5,6 +5,7 @@
 use redis::AsyncCommands;
 
 use crate::error::Result;
+use crate::gate::witness::Witness;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::RedisConn;
 use crate::store::registry;
@@ -27,13 +28,6 @@ pub struct GateImage<'a> {
     pub deadlines: &'a [(i64, u64)],
 }
 
-/// The gate as seen before MySQL was read: publishing refuses if it moved.
-pub struct Seen<'a> {
-    pub last_entry_id: &'a str,
-    pub stock: &'a str,
-    pub buyers: u64,
-}
-
 /// Stages the sets, swaps everything in with one script if the gate did not
 /// move (false if it did), re-adds the deadlines (derived from the stored
 /// orders, so adding one again is harmless) and registers the voucher.
@@ -41,7 +35,7 @@ pub async fn publish_gate<C: RedisConn>(
     conn: &mut C,
     keys: &VoucherKeys,
     image: &GateImage<'_>,
-    seen: &Seen<'_>,
+    seen: &Witness,
 ) -> Result<bool> {
     let staging = keys.buyers_staging();
     let released_staging = keys.released_staging();
@@ -65,9 +59,7 @@ pub async fn publish_gate<C: RedisConn>(
         .arg(image.end_ms)
         .arg(image.pay_timeout_ms)
         .arg(image.stock)
-        .arg(seen.last_entry_id)
-        .arg(seen.stock)
-        .arg(seen.buyers)
+        .arg(seen.args())
         .invoke_async(conn)
         .await?;
     if published != 1 {

@@ -8,3 +8,4 @@ pub mod image;
 pub mod preload;
 pub mod state;
 pub mod waitlist;
+pub mod witness;

@@ -11,8 +11,8 @@ use crate::store::redis_conn::RedisConn;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::gate::image::{publish_gate, GateImage, Seen};
-use crate::gate::state as gate;
+use crate::gate::image::{publish_gate, GateImage};
+use crate::gate::witness;
 use crate::orders::order::OrderStatus;
 use crate::orders::voucher;
 use crate::store::db::Db;
@@ -39,7 +39,7 @@ pub async fn preload<C: RedisConn>(
     let keys = VoucherKeys::new(prefix, voucher_id)?;
     // Read Redis before MySQL: an admission after this point changes the
     // witness below and the publish step refuses.
-    let before = gate::read(conn, &keys).await?;
+    let before = witness::read(conn, &keys).await?;
     let in_flight = backlog(conn, &keys).await?.in_flight();
     if in_flight > 0 && !force {
         return Err(Error::OrdersInFlight {
@@ -73,11 +73,7 @@ pub async fn preload<C: RedisConn>(
             released: &cancelled,
             deadlines: &deadlines,
         },
-        &Seen {
-            last_entry_id: &before.last_entry_id.unwrap_or_default(),
-            stock: &before.stock.map(|s| s.to_string()).unwrap_or_default(),
-            buyers: before.buyers,
-        },
+        &before,
     )
     .await?;
     if !published {

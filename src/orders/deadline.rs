@@ -190,6 +190,23 @@ pub async fn overdue_in_mysql(
         .await?)
 }
 
+/// How many of `orders` still have a deadline scheduled in Redis.
+pub async fn scheduled_count(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    orders: &[u64],
+) -> Result<usize> {
+    if orders.is_empty() {
+        return Ok(0);
+    }
+    let scores: Vec<Option<f64>> = redis::cmd("ZMSCORE")
+        .arg(keys.timeouts())
+        .arg(orders)
+        .query_async(conn)
+        .await?;
+    Ok(scores.iter().flatten().count())
+}
+
 /// The payment timeout of a voucher, from MySQL.
 pub async fn pay_timeout_ms(db: &Db, voucher: u64) -> Result<i64> {
     let mut conn = db.conn().await?;

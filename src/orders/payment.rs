@@ -9,8 +9,8 @@ use crate::error::Result;
 use crate::orders::order::OrderStatus;
 use crate::store::config::Config;
 use crate::store::db::Db;
-use crate::store::redis_conn;
 use crate::store::keys::VoucherKeys;
+use crate::store::redis_conn;
 use crate::store::redis_conn::RedisConn;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use super::classify::{Drift, DriftClass};
 use super::snapshot::Snapshot;
 use super::Options;
 use crate::error::{Error, Result};
-use crate::gate::image::{publish_gate, GateImage, Seen};
+use crate::gate::image::{publish_gate, GateImage};
 use crate::orders::deadline;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
@@ -81,10 +81,7 @@ pub(super) async fn repair(
         .key(keys.orders())
         .key(keys.released())
         .key(keys.timeouts())
-        .arg(&s.witness.last_entry_id)
-        .arg(&s.witness.stock)
-        .arg(s.witness.buyers)
-        .arg(s.witness.released)
+        .arg(s.witness.args())
         .arg(delta)
         .arg(add.len());
     for u in &add {
@@ -132,12 +129,7 @@ async fn rebuild_gate(
         released: &released,
         deadlines: &deadlines,
     };
-    let seen = Seen {
-        last_entry_id: &s.witness.last_entry_id,
-        stock: &s.witness.stock,
-        buyers: s.witness.buyers,
-    };
-    Ok(if publish_gate(conn, keys, &image, &seen).await? {
+    Ok(if publish_gate(conn, keys, &image, &s.witness).await? {
         RepairResult::Applied { unrepaired: false }
     } else {
         RepairResult::Moved

@@ -5,27 +5,16 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
-use redis::streams::StreamRangeReply;
 use redis::{FromRedisValue, Value};
 
 use crate::error::{Error, Result};
+use crate::gate::witness::{self, Witness};
 use crate::orders::order::OrderStatus;
 use crate::store::db::{join_ids, Db};
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::RedisConn;
 use crate::store::registry;
 use crate::stream::backlog::in_flight_orders;
-
-/// What changes whenever the gate moves: an admission or promotion appends
-/// to the stream, an admission or release changes the stock, a repair
-/// changes the buyers, a release grows the released set.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Witness {
-    pub last_entry_id: String,
-    pub stock: String,
-    pub buyers: u64,
-    pub released: u64,
-}
 
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
@@ -107,39 +96,6 @@ impl Snapshot {
     }
 }
 
-/// The witnesses of many vouchers, read in one MULTI (one consistent
-/// moment for all of them on a single node).
-async fn witnesses(conn: &mut impl RedisConn, keys: &[VoucherKeys]) -> Result<Vec<Witness>> {
-    let mut pipe = redis::pipe();
-    pipe.atomic();
-    for k in keys {
-        pipe.xrevrange_count(k.orders(), "+", "-", 1)
-            .get(k.stock())
-            .scard(k.buyers())
-            .scard(k.released());
-    }
-    let replies: Vec<Value> = pipe.query_async(conn).await?;
-    replies
-        .chunks(4)
-        .map(|c| {
-            let (last, stock, buyers, released): (StreamRangeReply, Option<String>, u64, u64) =
-                FromRedisValue::from_redis_value(Value::Array(c.to_vec()))
-                    .map_err(|e| Error::Redis(format!("witness: {e}")))?;
-            Ok(Witness {
-                last_entry_id: last
-                    .ids
-                    .into_iter()
-                    .next()
-                    .map(|e| e.id)
-                    .unwrap_or_default(),
-                stock: stock.unwrap_or_default(),
-                buyers,
-                released,
-            })
-        })
-        .collect()
-}
-
 /// A voucher as read.
 #[derive(Debug)]
 pub enum Read {
@@ -209,7 +165,7 @@ pub async fn read_many(
         .iter()
         .map(|v| VoucherKeys::new(prefix, *v))
         .collect::<Result<_>>()?;
-    let before = witnesses(conn, &keys).await?;
+    let before = witness::read_many(conn, &keys).await?;
     // Small sets come whole in the pipeline; a large one is scanned in
     // pieces afterwards, so that no single command holds Redis for long
     // during a sale (the witness check still vouches for the whole read).
@@ -310,7 +266,7 @@ pub async fn read_many(
     drop(mysql);
     // The gate must not have moved during the MySQL reads either: then every
     // difference left is either drift or younger than the settle time.
-    let after = witnesses(conn, &keys).await?;
+    let after = witness::read_many(conn, &keys).await?;
 
     let index: HashMap<u64, usize> = vouchers.iter().enumerate().map(|(i, v)| (*v, i)).collect();
     let mut known = vec![false; vouchers.len()];

@@ -20,17 +20,26 @@ pub static LOCK_ACQUIRE: LazyLock<Script> =
 /// Layer 3 watchdog: extend the leases still held.
 pub static LOCK_RENEW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/lock_renew.lua")));
+// Redis scripts cannot call one another: what several share lives in
+// lua/lib/ and is prepended here.
+const UNLOCK_LIB: &str = include_str!("../../lua/lib/unlock.lua");
+const VALID_ID_LIB: &str = include_str!("../../lua/lib/valid_id.lua");
+
+fn with_lib(lib: &str, body: &str) -> Script {
+    Script::new(&format!("{lib}\n{body}"))
+}
+
 /// Layer 3: release by owner token.
 pub static LOCK_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/lock_release.lua")));
+    LazyLock::new(|| with_lib(UNLOCK_LIB, include_str!("../../lua/lock_release.lua")));
 
 /// Layers 2/4: deadlines, dead letters, then XACK, after a batch committed.
 pub static FINISH: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/finish.lua")));
+    LazyLock::new(|| with_lib(UNLOCK_LIB, include_str!("../../lua/finish.lua")));
 
 /// Dead letters back into the order stream (`seckill pending --requeue`).
 pub static REQUEUE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/requeue.lua")));
+    LazyLock::new(|| with_lib(VALID_ID_LIB, include_str!("../../lua/requeue.lua")));
 
 /// Deletes a consumer from the group only while it has nothing pending.
 pub static FORGET_CONSUMER: LazyLock<Script> =

@@ -191,11 +191,19 @@ impl Canceller {
                 continue;
             }
             worked = true;
-            tracing::warn!(
-                "voucher {voucher}: {} pending order(s) past their payment deadline were missed by Redis; cancelling them",
-                overdue.len()
-            );
             let keys = VoucherKeys::new(&self.cfg.prefix, voucher)?;
+            let scheduled = deadline::scheduled_count(&mut self.conn, &keys, &overdue).await?;
+            let missed = overdue.len() - scheduled;
+            if missed > 0 {
+                tracing::warn!(
+                    "voucher {voucher}: {missed} pending order(s) past their payment deadline were missed by Redis (no deadline there); cancelling them"
+                );
+            }
+            if scheduled > 0 {
+                tracing::warn!(
+                    "voucher {voucher}: {scheduled} pending order(s) are past their payment deadline + grace although Redis has their deadline (cancellation delayed, e.g. by a store outage); cancelling them"
+                );
+            }
             let due: Vec<Due> = overdue
                 .into_iter()
                 .map(|order| Due {

@@ -1,0 +1,9 @@
+-- lib/valid_id.lua — prepended by the binary to the scripts that check ids
+-- (lua/requeue.lua). An id is a decimal integer 1 .. 9223372036854775807,
+-- the rule lua/seckill.lua applies (that one stays a single self-contained
+-- file, because application servers load it as it is).
+
+local function valid_id(s)
+  return type(s) == 'string' and string.match(s, '^[1-9][0-9]*$') ~= nil
+    and (#s < 19 or (#s == 19 and s <= '9223372036854775807'))
+end

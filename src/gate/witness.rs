@@ -1,0 +1,71 @@
+//! The gate's witness: what changes whenever a voucher's gate moves. An
+//! admission or promotion appends to the stream, an admission or release
+//! changes the stock, a promotion or repair changes the buyers, a release
+//! grows the released set. A write computed from a read of both stores is
+//! applied only if the witness is still what it was before the read
+//! (`lua/preload.lua` and `lua/reconcile.lua` check all four values).
+
+use redis::streams::StreamRangeReply;
+use redis::{FromRedisValue, Value};
+
+use crate::error::{Error, Result};
+use crate::store::keys::VoucherKeys;
+use crate::store::redis_conn::RedisConn;
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Witness {
+    /// The order stream's last entry id ('' when the stream is empty).
+    pub last_entry_id: String,
+    /// The gate stock as stored ('' when missing).
+    pub stock: String,
+    pub buyers: u64,
+    pub released: u64,
+}
+
+impl Witness {
+    /// The script arguments, in the order both scripts take them.
+    pub fn args(&self) -> (&str, &str, u64, u64) {
+        (&self.last_entry_id, &self.stock, self.buyers, self.released)
+    }
+}
+
+/// One voucher's witness.
+pub async fn read(conn: &mut impl RedisConn, keys: &VoucherKeys) -> Result<Witness> {
+    read_many(conn, std::slice::from_ref(keys))
+        .await?
+        .pop()
+        .ok_or_else(|| Error::Redis("an empty reply to the witness read".into()))
+}
+
+/// The witnesses of many vouchers, read in one MULTI (one consistent
+/// moment for all of them on a single node).
+pub async fn read_many(conn: &mut impl RedisConn, keys: &[VoucherKeys]) -> Result<Vec<Witness>> {
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    for k in keys {
+        pipe.xrevrange_count(k.orders(), "+", "-", 1)
+            .get(k.stock())
+            .scard(k.buyers())
+            .scard(k.released());
+    }
+    let replies: Vec<Value> = pipe.query_async(conn).await?;
+    replies
+        .chunks(4)
+        .map(|c| {
+            let (last, stock, buyers, released): (StreamRangeReply, Option<String>, u64, u64) =
+                FromRedisValue::from_redis_value(Value::Array(c.to_vec()))
+                    .map_err(|e| Error::Redis(format!("witness: {e}")))?;
+            Ok(Witness {
+                last_entry_id: last
+                    .ids
+                    .into_iter()
+                    .next()
+                    .map(|e| e.id)
+                    .unwrap_or_default(),
+                stock: stock.unwrap_or_default(),
+                buyers,
+                released,
+            })
+        })
+        .collect()
+}
