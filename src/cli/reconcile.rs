@@ -11,7 +11,7 @@ use crate::exit_code;
 use crate::reconcile::{self, Options, Outcome, VoucherReport};
 use crate::store::config::Config;
 use crate::store::db::Db;
-use crate::store::redis_conn;
+use crate::store::redis_conn::{self, RedisConn};
 use crate::support::snowflake::Snowflake;
 
 #[derive(Args, Debug)]
@@ -68,20 +68,14 @@ pub async fn run(cfg: &Config, args: ReconcileArgs) -> anyhow::Result<u8> {
         attempts: args.attempts.max(1),
         settle_ms: args.settle.as_millis() as i64,
     };
-    let explicit = !args.vouchers.is_empty();
-    let bar = progress_bar(vouchers.len());
-    let plan = reconcile::check_all(
-        &db,
-        &mut redis,
-        &cfg.prefix,
-        &vouchers,
-        explicit,
-        &look,
-        &ids,
-        |n| bar.inc(n as u64),
-    )
-    .await;
-    bar.finish_and_clear();
+    let mut run = reconcile::Run {
+        db: &db,
+        conn: &mut redis,
+        prefix: &cfg.prefix,
+        explicit: !args.vouchers.is_empty(),
+        ids: &ids,
+    };
+    let plan = pass_with_progress(&mut run, &vouchers, &look).await;
     let plan = match plan {
         Ok(p) => p,
         Err(e) => {
@@ -109,19 +103,7 @@ pub async fn run(cfg: &Config, args: ReconcileArgs) -> anyhow::Result<u8> {
         dry_run: false,
         ..look
     };
-    let bar = progress_bar(drifting.len());
-    let done = reconcile::check_all(
-        &db,
-        &mut redis,
-        &cfg.prefix,
-        &drifting,
-        explicit,
-        &act,
-        &ids,
-        |n| bar.inc(n as u64),
-    )
-    .await;
-    bar.finish_and_clear();
+    let done = pass_with_progress(&mut run, &drifting, &act).await;
     db.close().await;
     let done = done?;
     render(&args, &done)?;
@@ -151,13 +133,21 @@ fn confirm_possible(c: &Confirmation) -> bool {
     c.yes || (std::io::stdin().is_terminal() && std::io::stderr().is_terminal())
 }
 
-/// indicatif draws nothing off a terminal; a bar is only worth it for many.
-fn progress_bar(vouchers: usize) -> ProgressBar {
-    if vouchers > reconcile::CHUNK {
-        ProgressBar::with_draw_target(Some(vouchers as u64), ProgressDrawTarget::stderr())
+/// A pass with a progress bar on stderr (indicatif draws nothing off a
+/// terminal; a bar is only worth it for many vouchers).
+async fn pass_with_progress(
+    run: &mut reconcile::Run<'_, impl RedisConn>,
+    vouchers: &[u64],
+    opts: &Options,
+) -> crate::Result<Vec<VoucherReport>> {
+    let bar = if vouchers.len() > reconcile::CHUNK {
+        ProgressBar::with_draw_target(Some(vouchers.len() as u64), ProgressDrawTarget::stderr())
     } else {
         ProgressBar::hidden()
-    }
+    };
+    let reports = run.pass(vouchers, opts, |n| bar.inc(n as u64)).await;
+    bar.finish_and_clear();
+    reports
 }
 
 fn render(args: &ReconcileArgs, reports: &[VoucherReport]) -> anyhow::Result<()> {

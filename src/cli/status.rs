@@ -70,16 +70,6 @@ async fn watch_loop(
     }
 }
 
-fn state(v: &VoucherStatus, now: i64) -> &'static str {
-    if now < v.voucher.begin_ms {
-        "upcoming"
-    } else if now < v.voucher.end_ms {
-        "live"
-    } else {
-        "ended"
-    }
-}
-
 fn next_deadline(at: Option<i64>, now: i64) -> String {
     match at {
         None => "-".into(),
@@ -109,7 +99,7 @@ pub fn status_table(rows: &[VoucherStatus], now: i64) -> comfy_table::Table {
         let v = &r.voucher;
         t.add_row(vec![
             v.id.to_string(),
-            state(r, now).to_string(),
+            r.voucher.sale_state(now).to_string(),
             format!("{} -> {}", format_ms(v.begin_ms), format_ms(v.end_ms)),
             v.total_stock.to_string(),
             if r.gate_loaded {

@@ -153,7 +153,7 @@ impl<'a> VoucherView<'a> {
         VoucherView {
             id: v.id,
             title: &v.title,
-            state: sale_state(v.begin_ms, v.end_ms, now),
+            state: v.sale_state(now),
             total_stock: v.total_stock,
             mysql_stock: v.stock,
             begin: format_ms(v.begin_ms),
@@ -168,16 +168,6 @@ impl<'a> VoucherView<'a> {
             },
             gate,
         }
-    }
-}
-
-fn sale_state(begin_ms: i64, end_ms: i64, now: i64) -> &'static str {
-    if now < begin_ms {
-        "upcoming"
-    } else if now < end_ms {
-        "live"
-    } else {
-        "ended"
     }
 }
 

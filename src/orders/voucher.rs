@@ -87,6 +87,19 @@ pub struct Voucher {
     pub orders_cancelled: i64,
 }
 
+impl Voucher {
+    /// `upcoming`, `live` or `ended` at `now_ms` (the words tables and JSON show).
+    pub fn sale_state(&self, now_ms: i64) -> &'static str {
+        if now_ms < self.begin_ms {
+            "upcoming"
+        } else if now_ms < self.end_ms {
+            "live"
+        } else {
+            "ended"
+        }
+    }
+}
+
 pub async fn add(db: &Db, v: &NewVoucher) -> Result<()> {
     v.validate()?;
     let mut conn = db.conn().await?;

@@ -40,34 +40,53 @@ pub struct Options {
 /// Vouchers read per chunk: a few round trips per chunk, not per voucher.
 pub const CHUNK: usize = 500;
 
-/// Checks (and, unless dry-run, repairs) every voucher given, reading them
-/// in chunks; `progress` hears how many vouchers each chunk finished. A
-/// voucher missing from MySQL is an error when the operator named it
-/// (`explicit`), and skipped with a warning when it was only registered.
-#[allow(clippy::too_many_arguments)]
-pub async fn check_all(
-    db: &Db,
-    conn: &mut impl RedisConn,
-    prefix: &str,
-    vouchers: &[u64],
-    explicit: bool,
-    opts: &Options,
-    ids: &Snowflake,
-    mut progress: impl FnMut(usize),
-) -> Result<Vec<VoucherReport>> {
-    let mut out = Vec::with_capacity(vouchers.len());
-    for chunk in vouchers.chunks(CHUNK) {
-        let reads = read_many(db, conn, prefix, chunk, opts.settle_ms).await?;
-        for (&v, read) in chunk.iter().zip(reads) {
-            if matches!(read, Read::Missing) && !explicit {
-                tracing::warn!("voucher {v} is registered at the gate but not in MySQL; skipped");
-                continue;
+/// One reconcile run over both stores: a look, and perhaps a repair pass.
+pub struct Run<'a, C> {
+    pub db: &'a Db,
+    pub conn: &'a mut C,
+    pub prefix: &'a str,
+    /// The operator named the vouchers: one missing from MySQL is an error
+    /// (otherwise it was only registered, and is skipped with a warning).
+    pub explicit: bool,
+    /// Mints the order ids of promotions a release may make.
+    pub ids: &'a Snowflake,
+}
+
+impl<C: RedisConn> Run<'_, C> {
+    /// Checks (and, unless dry-run, repairs) every voucher given, reading
+    /// them in chunks; `progress` hears how many each chunk finished.
+    pub async fn pass(
+        &mut self,
+        vouchers: &[u64],
+        opts: &Options,
+        mut progress: impl FnMut(usize),
+    ) -> Result<Vec<VoucherReport>> {
+        let mut out = Vec::with_capacity(vouchers.len());
+        for chunk in vouchers.chunks(CHUNK) {
+            let reads = read_many(self.db, self.conn, self.prefix, chunk, opts.settle_ms).await?;
+            for (&v, read) in chunk.iter().zip(reads) {
+                if matches!(read, Read::Missing) && !self.explicit {
+                    tracing::warn!(
+                        "voucher {v} is registered at the gate but not in MySQL; skipped"
+                    );
+                    continue;
+                }
+                let report = reconcile_voucher(
+                    self.db,
+                    self.conn,
+                    self.prefix,
+                    v,
+                    Some(read),
+                    opts,
+                    self.ids,
+                )
+                .await?;
+                out.push(report);
             }
-            out.push(reconcile_voucher(db, conn, prefix, v, Some(read), opts, ids).await?);
+            progress(chunk.len());
         }
-        progress(chunk.len());
+        Ok(out)
     }
-    Ok(out)
 }
 
 /// The vouchers a repair pass must look at again: every one not found

@@ -27,37 +27,19 @@ use crate::support::timespec::now_ms;
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 
 pub struct Canceller {
-    cfg: Arc<Config>,
-    opts: DeadlineOptions,
-    db: Db,
-    conn: MultiplexedConnection,
-    ids: Snowflake,
-    stats: Arc<WorkerStats>,
-    pay_timeouts: HashMap<u64, i64>,
-    last_sweep: Option<Instant>,
+    pub(super) cfg: Arc<Config>,
+    pub(super) opts: DeadlineOptions,
+    pub(super) db: Db,
+    pub(super) conn: MultiplexedConnection,
+    /// Mints the order ids of promotions.
+    pub(super) ids: Snowflake,
+    pub(super) stats: Arc<WorkerStats>,
+    /// Cached per voucher for the sweep.
+    pub(super) pay_timeouts: HashMap<u64, i64>,
+    pub(super) last_sweep: Option<Instant>,
 }
 
 impl Canceller {
-    pub fn new(
-        cfg: Arc<Config>,
-        opts: DeadlineOptions,
-        db: Db,
-        conn: MultiplexedConnection,
-        ids: Snowflake,
-        stats: Arc<WorkerStats>,
-    ) -> Canceller {
-        Canceller {
-            cfg,
-            opts,
-            db,
-            conn,
-            ids,
-            stats,
-            pay_timeouts: HashMap::new(),
-            last_sweep: None,
-        }
-    }
-
     /// Until `stop`: a pass, then sleep until the next deadline is due.
     pub async fn run(mut self, stop: CancellationToken) {
         let mut backoff = Backoff::default();

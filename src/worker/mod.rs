@@ -60,14 +60,16 @@ pub async fn run(
         }
         None => None,
     };
-    let deadline_worker = Canceller::new(
-        cfg.clone(),
-        opts.deadlines.clone(),
-        db.clone(),
-        redis_conn::connect(&cfg).await?,
-        crate::support::snowflake::Snowflake::new(opts.node_id)?,
-        stats.clone(),
-    );
+    let deadline_worker = Canceller {
+        cfg: cfg.clone(),
+        opts: opts.deadlines.clone(),
+        db: db.clone(),
+        conn: redis_conn::connect(&cfg).await?,
+        ids: crate::support::snowflake::Snowflake::new(opts.node_id)?,
+        stats: stats.clone(),
+        pay_timeouts: HashMap::new(),
+        last_sweep: None,
+    };
     let (mut inline_deadlines, deadline_task) = if opts.until_idle {
         (Some(deadline_worker), None)
     } else {
