@@ -84,24 +84,28 @@ pub async fn read_new(
 }
 
 /// Claims entries idle for at least `min_idle_ms` (their consumer died or
-/// failed them) and reports how often each was delivered, claim included.
+/// failed them), scanning the pending entries from `start`, and reports how
+/// often each was delivered, claim included. Returns where the next call
+/// should start (`0-0`: the scan went through every pending entry).
 pub async fn reclaim(
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
     consumer: &str,
     min_idle_ms: u64,
     count: usize,
-) -> Result<Vec<Delivery>> {
+    start: StreamId,
+) -> Result<(StreamId, Vec<Delivery>)> {
     let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
         .arg(keys.orders())
         .arg(WORKER_GROUP)
         .arg(consumer)
         .arg(min_idle_ms)
-        .arg("0-0")
+        .arg(start.to_string())
         .arg("COUNT")
         .arg(count)
         .query_async(conn)
         .await?;
+    let next = StreamId::lenient(&reply.next_stream_id);
     if !reply.deleted_ids.is_empty() {
         tracing::warn!(
             "{}: {} pending entr(y/ies) no longer in the stream were dropped by Redis: {:?}",
@@ -110,33 +114,32 @@ pub async fn reclaim(
             reply.deleted_ids
         );
     }
-    let (Some(first), Some(last)) = (reply.claimed.first(), reply.claimed.last()) else {
-        return Ok(Vec::new());
-    };
-    // XAUTOCLAIM does not say how often an entry was delivered; XPENDING does.
-    let counts: StreamPendingCountReply = conn
-        .xpending_consumer_count(
-            keys.orders(),
-            WORKER_GROUP,
-            &first.id,
-            &last.id,
-            reply.claimed.len(),
-            consumer,
-        )
-        .await?;
+    if reply.claimed.is_empty() {
+        return Ok((next, Vec::new()));
+    }
+    // XAUTOCLAIM does not say how often an entry was delivered; XPENDING
+    // does. One exact range per entry (in one round trip): a range over
+    // several would also hold this consumer's other pending entries and
+    // could cut the claimed ones off at its count.
+    let mut pipe = redis::pipe();
+    for e in &reply.claimed {
+        pipe.xpending_consumer_count(keys.orders(), WORKER_GROUP, &e.id, &e.id, 1, consumer);
+    }
+    let counts: Vec<StreamPendingCountReply> = pipe.query_async(conn).await?;
     let by_id: HashMap<String, u64> = counts
-        .ids
         .into_iter()
+        .flat_map(|c| c.ids)
         .map(|p| (p.id, p.times_delivered as u64))
         .collect();
-    Ok(reply
+    let deliveries = reply
         .claimed
         .iter()
         .map(|e| Delivery {
             raw: RawEntry::from_map(&e.id, &e.map),
             deliveries: by_id.get(&e.id).copied().unwrap_or(1),
         })
-        .collect())
+        .collect();
+    Ok((next, deliveries))
 }
 
 /// A message refused for good.

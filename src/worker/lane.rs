@@ -23,12 +23,16 @@ use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn;
 use crate::store::registry;
 use crate::stream::backlog::backlog;
+use crate::stream::id::StreamId;
 use crate::support::backoff::Backoff;
 use crate::support::timespec::now_ms;
 
 const REGISTRY_REFRESH: Duration = Duration::from_secs(2);
 const TRIM_EVERY: Duration = Duration::from_secs(10);
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+/// XAUTOCLAIM calls per voucher per reclaim round, each scanning up to
+/// 10 × --batch pending entries; the cursor carries over to the next round.
+const RECLAIM_CALLS_PER_ROUND: usize = 16;
 const UNTIL_IDLE_BLOCK: Duration = Duration::from_millis(200);
 /// A consumer with nothing pending and silent this long has exited or died.
 const SILENT_CONSUMER: Duration = Duration::from_secs(3600);
@@ -48,6 +52,8 @@ pub(super) struct Lane {
     pub(super) streams: BTreeMap<u64, String>,
     /// Why an entry could not be persisted last time (for its dead letter).
     pub(super) last_error: HashMap<String, String>,
+    /// Where each voucher's next XAUTOCLAIM starts (lane 0 only).
+    pub(super) reclaim_cursors: HashMap<u64, StreamId>,
     /// With --until-idle, lane 0 handles the payment deadlines itself, so
     /// that it never exits while a release is about to add promotions.
     pub(super) deadlines: Option<Canceller>,
@@ -157,23 +163,31 @@ impl Lane {
         let vouchers: Vec<u64> = self.streams.keys().copied().collect();
         for voucher in vouchers {
             let keys = VoucherKeys::new(&self.cfg.prefix, voucher)?;
-            loop {
-                let claimed = group::reclaim(
+            // XAUTOCLAIM looks at no more than 10 × COUNT pending entries per
+            // call: the cursor carries on where the last call stopped (across
+            // rounds too), so idle entries behind many live ones are reached.
+            for _ in 0..RECLAIM_CALLS_PER_ROUND {
+                let cursor = self
+                    .reclaim_cursors
+                    .get(&voucher)
+                    .copied()
+                    .unwrap_or(StreamId::ZERO);
+                let (next, claimed) = group::reclaim(
                     &mut self.conn,
                     &keys,
                     &self.opts.consumer,
                     self.opts.claim_idle.as_millis() as u64,
                     self.opts.batch,
+                    cursor,
                 )
                 .await?;
-                if claimed.is_empty() {
-                    break;
+                self.reclaim_cursors.insert(voucher, next);
+                if !claimed.is_empty() {
+                    worked = true;
+                    self.stats.add_reclaimed(claimed.len() as u64);
+                    self.process_batch(voucher, claimed).await?;
                 }
-                worked = true;
-                self.stats.add_reclaimed(claimed.len() as u64);
-                let full = claimed.len() == self.opts.batch;
-                self.process_batch(voucher, claimed).await?;
-                if !full || self.stop.is_cancelled() {
+                if next == StreamId::ZERO || self.stop.is_cancelled() {
                     break;
                 }
             }

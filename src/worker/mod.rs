@@ -93,6 +93,7 @@ pub async fn run(
             stop: stop.clone(),
             streams: BTreeMap::new(),
             last_error: HashMap::new(),
+            reclaim_cursors: HashMap::new(),
             deadlines: if lane == 0 {
                 inline_deadlines.take()
             } else {
