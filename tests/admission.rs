@@ -22,7 +22,7 @@ async fn simultaneous_sale(env: &TestEnv, users: u64) -> Vec<(u64, Admission)> {
     let ids = Arc::new(Snowflake::new(1).unwrap());
     let mut conns = Vec::new();
     for _ in 0..8 {
-        conns.push(env.redis().await);
+        conns.push(env.new_redis_connection().await);
     }
     let attempts = (users * 2) as usize;
     let barrier = Arc::new(Barrier::new(attempts));

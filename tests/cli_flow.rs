@@ -4,20 +4,9 @@
 mod common;
 
 use common::invariants::assert_invariants;
-use common::TestEnv;
+use common::{json, TestEnv};
 use mysql_async::prelude::*;
 use redis::AsyncCommands;
-use serde_json::Value;
-
-fn json(out: &std::process::Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
 
 fn run(env: &TestEnv, args: &[&str]) -> std::process::Output {
     env.cmd().args(args).output().expect("run seckill")
@@ -202,8 +191,7 @@ async fn preload_rebuilds_the_gate_from_mysql_and_is_idempotent() {
     // Orders persisted earlier (as the worker would have): users 5 (pending),
     // 6 (paid), 7 (cancelled, its unit back in stock).
     {
-        let db = env.db().await;
-        let mut conn = db.conn().await.unwrap();
+        let mut conn = env.db().await.conn().await.unwrap();
         conn.query_drop(
             "INSERT INTO seckill_order (id, user_id, voucher_id, status, create_time) VALUES
                 (101, 5, 1, 0, NOW(3)), (102, 6, 1, 1, NOW(3)), (103, 7, 1, -1, NOW(3))",
@@ -213,8 +201,6 @@ async fn preload_rebuilds_the_gate_from_mysql_and_is_idempotent() {
         conn.query_drop("UPDATE seckill_voucher SET stock = stock - 2 WHERE voucher_id = 1")
             .await
             .unwrap();
-        drop(conn);
-        db.close().await;
     }
     let keys = seckill::store::keys::VoucherKeys::new(&env.prefix, 1).unwrap();
     let mut redis = env.redis().await;

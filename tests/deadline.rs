@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::invariants::assert_invariants;
-use common::TestEnv;
+use common::{json, TestEnv};
 use redis::AsyncCommands;
 use seckill::gate::admission::{admit, Admission};
 use seckill::orders::payment::{self, PayOutcome};
@@ -21,10 +21,7 @@ const V: u64 = 1;
 use common::fast_worker as worker_args;
 
 async fn pay(env: &TestEnv, order: u64) -> PayOutcome {
-    let db = env.db().await;
-    let out = payment::pay(&db, order).await.expect("pay");
-    db.close().await;
-    out
+    payment::pay(env.db().await, order).await.expect("pay")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -95,7 +92,7 @@ async fn unpaid_orders_are_cancelled_and_their_units_restored_exactly_once() {
         .output()
         .unwrap();
     assert!(shown.status.success());
-    let j: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    let j = json(&shown);
     assert_eq!(j["id"], paid_id);
     assert_eq!(j["status"], "paid");
     assert_eq!(j["voucher"], V);
@@ -135,7 +132,7 @@ async fn pay_racing_the_deadline_ends_paid_or_cancelled_never_both() {
         .await
         .unwrap();
     assert_eq!(deadlines.len(), 500);
-    let db = Arc::new(env.db().await);
+    let db = Arc::new(env.db().await.clone());
     let mut tasks = Vec::new();
     for (i, (order, deadline)) in deadlines.into_iter().enumerate() {
         let db = db.clone();
@@ -317,7 +314,7 @@ async fn released_units_go_to_the_waitlist_in_order_skipping_buyers() {
         .args(["waitlist", "--voucher", "1", "--format", "json"])
         .output()
         .unwrap();
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let j = json(&out);
     assert_eq!(j["promotions"], 3);
     assert_eq!(j["length"], 0);
     let s = assert_invariants(&env, V).await;
@@ -363,7 +360,7 @@ async fn a_slow_releaser_overtaken_after_its_lease_gives_nothing_back_twice() {
     // past its 1 s lease: B claims the same deadlines and releases them;
     // then A wakes up and releases the same orders again.
     let slow = env.spawn_worker_with(
-        &worker_args(&[]),
+        &worker_args(&["--format", "json"]),
         &[(seckill::support::fault::ENV, "after_cancel=2500ms")],
     );
     let start = std::time::Instant::now();
@@ -375,12 +372,30 @@ async fn a_slow_releaser_overtaken_after_its_lease_gives_nothing_back_twice() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let fast = env.spawn_worker(&worker_args(&[]));
+    let fast = env.spawn_worker(&worker_args(&["--format", "json"]));
     tokio::time::sleep(Duration::from_millis(4_000)).await;
-    for p in [slow, fast] {
-        p.signal("TERM");
-        p.expect_success(Duration::from_secs(20));
-    }
+    slow.signal("TERM");
+    fast.signal("TERM");
+    let (slow, slow_log) = slow.expect_summary(Duration::from_secs(20));
+    let (fast, fast_log) = fast.expect_summary(Duration::from_secs(20));
+    let n = |s: &serde_json::Value, k: &str| s[k].as_u64().unwrap();
+    // A did cancel in MySQL, but B took the deadlines over after A's lease
+    // and gave every unit back; A's late release found nothing left to give.
+    assert!(
+        n(&slow, "cancelled") > 0,
+        "A cancelled nothing: {slow}\n{slow_log}"
+    );
+    assert_eq!(
+        n(&slow, "cancelled") + n(&fast, "cancelled"),
+        20,
+        "{slow} / {fast}"
+    );
+    assert_eq!(
+        n(&fast, "released"),
+        20,
+        "B did not take over A's deadlines: {fast}\n{fast_log}\nA: {slow}"
+    );
+    assert_eq!(n(&slow, "released"), 0, "A gave units back: {slow}");
     let s = assert_invariants(&env, V).await;
     assert_eq!(s.mysql_stock, 20);
     assert_eq!(s.redis_stock, Some(20), "a unit was given back twice");

@@ -6,19 +6,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::TestEnv;
-use serde_json::Value;
+use common::{json, TestEnv};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-fn json(out: &std::process::Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_shows_both_stores_side_by_side() {
@@ -174,44 +163,80 @@ async fn the_worker_serves_prometheus_metrics_during_a_drain() {
     env.cleanup().await;
 }
 
+/// Whether `text` holds a colour or style (SGR) sequence: ESC [ <digits;…> m.
+/// Cursor movement (a refresh clearing the screen) is not colour.
+fn has_colour(text: &str) -> bool {
+    text.split('\x1b').skip(1).any(|rest| {
+        rest.strip_prefix('[').is_some_and(|r| {
+            let params = r
+                .chars()
+                .take_while(|c| c.is_ascii_digit() || *c == ';')
+                .count();
+            r[params..].starts_with('m')
+        })
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_prints_escape_codes_off_a_terminal_or_with_no_color() {
     let env = TestEnv::new().await;
     env.live_voucher(1, 5).await;
     env.admit_users(1, 3, 0).await;
-    for args in [
-        vec!["status"],
-        vec!["voucher", "list"],
-        vec!["pending"],
-        vec!["pending", "--voucher", "1"],
-        vec!["waitlist", "--voucher", "1"],
-        vec!["reconcile", "--dry-run"],
-        vec!["buy", "--voucher", "1", "--user", "99"],
-        vec!["buy", "--voucher", "x", "--user", "99"],
-        vec![
-            "bench",
-            "--voucher",
-            "1",
-            "--users",
-            "10",
-            "--attempts",
-            "10",
-        ],
-        vec!["--help"],
-    ] {
+    // Each command, and whether it must colour on a terminal without NO_COLOR
+    // (help, and an error line): those show that the terminal runs below
+    // would see colour if NO_COLOR were ignored.
+    let cases: Vec<(Vec<&str>, bool)> = vec![
+        (vec!["status"], false),
+        (vec!["voucher", "list"], false),
+        (vec!["pending"], false),
+        (vec!["pending", "--voucher", "1"], false),
+        (vec!["waitlist", "--voucher", "1"], false),
+        (vec!["reconcile", "--dry-run"], false),
+        (vec!["buy", "--voucher", "1", "--user", "99"], false),
+        (vec!["buy", "--voucher", "x", "--user", "99"], false),
+        (
+            vec![
+                "bench",
+                "--voucher",
+                "1",
+                "--users",
+                "10",
+                "--attempts",
+                "10",
+            ],
+            false,
+        ),
+        (vec!["worker", "--batch", "0"], true),
+        (vec!["--help"], true),
+    ];
+    for (args, colours) in &cases {
+        // Off a terminal: no escape code of any kind, NO_COLOR or not.
         for no_color in [true, false] {
             let mut cmd = env.cmd();
             if !no_color {
                 cmd.env_remove("NO_COLOR");
             }
-            let out = cmd.args(&args).output().unwrap();
+            let out = cmd.args(args).output().unwrap();
             for stream in [&out.stdout, &out.stderr] {
                 assert!(
                     !stream.contains(&0x1b),
-                    "{args:?} printed an escape code: {}",
+                    "{args:?} printed an escape code off a terminal (NO_COLOR {no_color}): {}",
                     String::from_utf8_lossy(stream)
                 );
             }
+        }
+        // On a terminal: colour only without NO_COLOR.
+        let (_, plain) = env.on_a_terminal(args, true, None);
+        assert!(
+            !has_colour(&plain),
+            "{args:?} coloured a terminal although NO_COLOR is set: {plain:?}"
+        );
+        let (_, coloured) = env.on_a_terminal(args, false, None);
+        if *colours {
+            assert!(
+                has_colour(&coloured),
+                "{args:?} shows no colour on a terminal without NO_COLOR: {coloured:?}"
+            );
         }
     }
     env.cleanup().await;

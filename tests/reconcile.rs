@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::invariants::assert_invariants;
-use common::TestEnv;
+use common::{json, TestEnv};
 use mysql_async::prelude::*;
 use redis::AsyncCommands;
 use seckill::store::keys::VoucherKeys;
@@ -33,14 +33,7 @@ fn reconcile(env: &TestEnv, extra: &[&str]) -> (i32, Value) {
         .args(extra)
         .output()
         .unwrap();
-    let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.code().unwrap_or(-1), json)
+    (out.status.code().unwrap_or(-1), json(&out))
 }
 
 /// The drifts reported for voucher V as (class, amount).
@@ -78,11 +71,8 @@ async fn find_and_repair(env: &TestEnv, expected: &[(&str, u64)]) {
 }
 
 async fn mysql(env: &TestEnv, sql: &str) {
-    let db = env.db().await;
-    let mut conn = db.conn().await.unwrap();
+    let mut conn = env.db().await.conn().await.unwrap();
     conn.query_drop(sql).await.unwrap();
-    drop(conn);
-    db.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -323,7 +313,7 @@ async fn reconciling_in_a_loop_during_a_live_sale_repairs_nothing_and_oversells_
             String::from_utf8_lossy(&out.stderr)
         );
         if code == 3 {
-            let j: Value = serde_json::from_slice(&out.stdout).unwrap();
+            let j = json(&out);
             assert_eq!(j["vouchers"][0]["outcome"], "busy", "{j:#}");
         }
         runs += 1;
@@ -379,7 +369,7 @@ async fn a_drain_in_progress_is_never_drift() {
     let mut redis = env.redis().await;
     let (mut reads, mut moved) = (0, 0);
     while env.in_flight(V).await > 0 || reads < 3 {
-        let read = seckill::reconcile::read_many(&db, &mut redis, &env.prefix, &[V], 60_000)
+        let read = seckill::reconcile::read_many(db, &mut redis, &env.prefix, &[V], 60_000)
             .await
             .unwrap();
         match read.into_iter().next() {
@@ -392,37 +382,10 @@ async fn a_drain_in_progress_is_never_drift() {
         }
     }
     eprintln!("{reads} reads during the drain ({moved} moved)");
-    db.close().await;
     w.signal("TERM");
     w.expect_success(Duration::from_secs(30));
     assert_invariants(&env, V).await;
     env.cleanup().await;
-}
-
-/// Runs `seckill <args>` on a pseudo-terminal (util-linux `script`), typing
-/// `answer` once the prompt had time to show; returns (exit code, screen).
-fn on_a_terminal(env: &TestEnv, args: &str, answer: &str) -> (i32, String) {
-    use std::io::Write;
-    let bin = assert_cmd::cargo::cargo_bin("seckill");
-    let mut child = std::process::Command::new("script")
-        .args(["-qec", &format!("{} {args}", bin.display()), "/dev/null"])
-        .env("SECKILL_REDIS_URL", &env.cfg.redis_url)
-        .env("SECKILL_MYSQL_URL", &env.cfg.mysql_url)
-        .env("SECKILL_PREFIX", &env.prefix)
-        .env("NO_COLOR", "1")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("script(1) from util-linux");
-    std::thread::sleep(Duration::from_millis(1_500));
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(answer.as_bytes()).unwrap();
-    drop(stdin);
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -432,14 +395,14 @@ async fn on_a_terminal_it_shows_the_plan_and_repairs_only_after_yes() {
     let mut redis = env.redis().await;
     let _: () = redis.incr(keys.stock(), 2).await.unwrap();
     let before = env.snapshot().await;
-    let (code, screen) = on_a_terminal(&env, "reconcile --settle 0s", "n");
+    let (code, screen) = env.on_a_terminal(&["reconcile", "--settle", "0s"], true, Some("n"));
     assert_eq!(code, 3, "{screen}");
     assert!(
         screen.contains("redis_stock_high") && screen.contains("[y/N]"),
         "{screen}"
     );
     assert_eq!(env.snapshot().await, before, "a 'no' repaired something");
-    let (code, screen) = on_a_terminal(&env, "reconcile --settle 0s", "y");
+    let (code, screen) = env.on_a_terminal(&["reconcile", "--settle", "0s"], true, Some("y"));
     assert_eq!(code, 4, "{screen}");
     assert!(screen.contains("repaired"), "{screen}");
     let stock: i64 = redis.get(keys.stock()).await.unwrap();

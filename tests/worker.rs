@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::invariants::assert_invariants;
-use common::TestEnv;
+use common::{json, TestEnv};
 use redis::AsyncCommands;
 use seckill::store::keys::{VoucherKeys, WORKER_GROUP};
 use seckill::store::registry;
@@ -239,11 +239,27 @@ async fn the_same_pending_entries_claimed_by_two_consumers_make_one_order_each()
         "--batch",
         "32",
         "--until-idle",
+        "--format",
+        "json",
     ];
     let a = env.spawn_worker(&fast);
     let b = env.spawn_worker(&fast);
-    a.expect_success(Duration::from_secs(60));
-    b.expect_success(Duration::from_secs(60));
+    let (a, _) = a.expect_summary(Duration::from_secs(60));
+    let (b, _) = b.expect_summary(Duration::from_secs(60));
+    // Both took entries over from the dead consumer, and between them they
+    // stored each order once.
+    for s in [&a, &b] {
+        assert!(
+            s["reclaimed"].as_u64().unwrap() > 0,
+            "consumer {} claimed nothing: {a} / {b}",
+            s["consumer"]
+        );
+    }
+    assert_eq!(
+        a["persisted"].as_u64().unwrap() + b["persisted"].as_u64().unwrap(),
+        300,
+        "{a} / {b}"
+    );
     assert_eq!(env.order_count(V).await, 300);
     assert_eq!(env.in_flight(V).await, 0);
     assert_invariants(&env, V).await;
@@ -344,7 +360,7 @@ async fn poison_messages_are_dead_lettered_with_the_reason_and_the_worker_goes_o
         .args(["pending", "--voucher", "999", "--format", "json"])
         .output()
         .unwrap();
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let j = json(&out);
     assert_eq!(j["dead_letters"], 1);
     assert_eq!(j["dead"][0]["reason"], "voucher 999 is not in MySQL");
     assert_eq!(j["dead"][0]["user"], "5");
@@ -371,7 +387,7 @@ async fn poison_messages_are_dead_lettered_with_the_reason_and_the_worker_goes_o
         ])
         .output()
         .unwrap();
-    let j: serde_json::Value = serde_json::from_slice(&requeued.stdout).unwrap();
+    let j = json(&requeued);
     assert_eq!(j["requeued"], 1);
     env.spawn_worker(&args(&["--until-idle"]))
         .expect_success(Duration::from_secs(60));
@@ -390,7 +406,7 @@ async fn poison_messages_are_dead_lettered_with_the_reason_and_the_worker_goes_o
         ])
         .output()
         .unwrap();
-    let j: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+    let j = json(&r);
     assert_eq!(j["requeued"], 0);
     assert_eq!(j["skipped"], poison.len() as u64);
     let s = assert_invariants(&env, V).await;
@@ -465,11 +481,33 @@ async fn an_entry_whose_lock_is_held_elsewhere_stays_pending_until_it_can_be_per
     env.cleanup().await;
 }
 
+/// The lock keys of the voucher with an owner whose token starts with `owner`.
+async fn locks_held_by(env: &TestEnv, keys: &VoucherKeys, owner: &str) -> Vec<String> {
+    let mut redis = env.redis().await;
+    let pattern = format!("{}*", keys.lock(0).strip_suffix('0').unwrap());
+    let mut lock_keys: Vec<String> = Vec::new();
+    {
+        let mut iter: redis::AsyncIter<String> = redis.scan_match(pattern).await.unwrap();
+        while let Some(k) = iter.next_item().await {
+            lock_keys.push(k.unwrap());
+        }
+    }
+    let mut held = Vec::new();
+    for k in lock_keys {
+        let owners: Vec<String> = redis.hkeys(&k).await.unwrap();
+        if owners.iter().any(|o| o.starts_with(owner)) {
+            held.push(k);
+        }
+    }
+    held
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_paused_lock_holder_whose_lease_expires_causes_no_duplicate() {
     let env = TestEnv::new().await;
     env.live_voucher(V, 6_000).await;
     env.admit_users(V, 6_000, 0).await;
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
     let lease = [
         "--lock-lease",
         "300ms",
@@ -479,28 +517,61 @@ async fn a_paused_lock_holder_whose_lease_expires_causes_no_duplicate() {
         "200ms",
     ];
     let mut a_args = lease.to_vec();
-    a_args.extend(["--batch", "512", "--consumer", "sleeper"]);
-    let a = env.spawn_worker(&a_args);
+    a_args.extend([
+        "--batch",
+        "512",
+        "--consumer",
+        "sleeper",
+        "--format",
+        "json",
+    ]);
+    // The holder dwells 2 s on each batch with its locks taken (renewing
+    // them), so it can be frozen with locks in hand.
+    let a = env.spawn_worker_with(&a_args, &[(seckill::support::fault::ENV, "after_lock=2s")]);
     let mut b_args = lease.to_vec();
     b_args.extend(["--batch", "64", "--consumer", "other"]);
-    let mut b = None;
-    // Freeze the holder past its lease, several times, while another worker
-    // takes over its entries; then let it wake up and carry on.
-    for round in 0..4 {
+    wait_for_pause(&a, "after_lock").await;
+    let held = locks_held_by(&env, &keys, "sleeper:").await;
+    assert!(
+        !held.is_empty(),
+        "the holder holds no lock:\n{}",
+        a.log_text()
+    );
+    // Freeze it past its lease (three times over) while another worker takes
+    // over its entries.
+    a.signal("STOP");
+    let b = env.spawn_worker(&b_args);
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let still: Vec<String> = locks_held_by(&env, &keys, "sleeper:")
+        .await
+        .into_iter()
+        .filter(|k| held.contains(k))
+        .collect();
+    assert!(
+        still.is_empty(),
+        "the frozen holder still holds {} of its {} locks: its lease was not lost",
+        still.len(),
+        held.len()
+    );
+    a.signal("CONT");
+    // Then it wakes up and carries on; freeze it a few more times.
+    for _ in 0..3 {
         tokio::time::sleep(Duration::from_millis(150)).await;
         a.signal("STOP");
-        if round == 0 {
-            b = Some(env.spawn_worker(&b_args));
-        }
         tokio::time::sleep(Duration::from_millis(900)).await;
         a.signal("CONT");
     }
     env.wait_drained(V, Duration::from_secs(120)).await;
     a.signal("TERM");
-    let b = b.unwrap();
     b.signal("TERM");
-    a.expect_success(Duration::from_secs(20));
+    let (summary, log) = a.expect_summary(Duration::from_secs(20));
     b.expect_success(Duration::from_secs(20));
+    // The holder noticed that its leases were gone (and stored nothing twice).
+    assert!(
+        summary["lock_lost"].as_u64().unwrap() > 0,
+        "the holder reports no lost lease: {summary}\n{log}"
+    );
+    assert!(log.contains("lock lease(s) while persisting"), "{log}");
     assert_eq!(env.order_count(V).await, 6_000);
     let s = assert_invariants(&env, V).await;
     assert_eq!(s.mysql_stock, 0);

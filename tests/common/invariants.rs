@@ -30,8 +30,7 @@ pub struct VoucherState {
 }
 
 pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
-    let db = env.db().await;
-    let mut conn = db.conn().await.expect("mysql");
+    let mut conn = env.db().await.conn().await.expect("mysql");
     let (total, mysql_stock): (i64, i64) = conn
         .exec_first(
             "SELECT total_stock, stock FROM seckill_voucher WHERE voucher_id = ?",
@@ -65,7 +64,6 @@ pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
         "I4: a user has two orders of voucher {voucher}"
     );
     drop(conn);
-    db.close().await;
 
     let keys = VoucherKeys::new(&env.prefix, voucher).expect("keys");
     let mut redis = env.redis().await;

@@ -5,6 +5,7 @@
 
 pub mod invariants;
 pub mod process;
+pub mod terminal;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,6 +18,8 @@ use seckill::orders::voucher::{self, NewVoucher};
 use seckill::store::config::{Config, DEFAULT_MYSQL_URL, DEFAULT_REDIS_URL};
 use seckill::store::db::Db;
 use seckill::support::timespec::now_ms;
+use serde_json::Value;
+use tokio::sync::OnceCell;
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 static NODE: AtomicU64 = AtomicU64::new(1);
@@ -53,10 +56,29 @@ pub fn mysql_url_for(db_name: &str) -> String {
     url.to_string()
 }
 
+/// A command's stdout as JSON, failing with everything it printed.
+pub fn json(out: &std::process::Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// One test's stores. Dropping it drops its database and deletes its keys,
+/// also when the test panics (`cleanup()` does the same on the test's own
+/// runtime, and then the drop has nothing left to do).
 pub struct TestEnv {
     pub cfg: Config,
     pub prefix: String,
     pub db_name: String,
+    /// One pool and one Redis connection for the test's own reads, made on
+    /// first use (after the test may have pointed `cfg` elsewhere).
+    shared_db: OnceCell<Db>,
+    shared_redis: OnceCell<MultiplexedConnection>,
+    cleaned: bool,
 }
 
 impl TestEnv {
@@ -99,19 +121,38 @@ impl TestEnv {
             cfg,
             prefix,
             db_name,
+            shared_db: OnceCell::new(),
+            shared_redis: OnceCell::new(),
+            cleaned: false,
         }
     }
 
+    /// The test's Redis connection (multiplexed: a clone shares it).
     pub async fn redis(&self) -> MultiplexedConnection {
+        self.shared_redis
+            .get_or_init(|| self.new_redis_connection())
+            .await
+            .clone()
+    }
+
+    /// A connection of its own, for tests that need several.
+    pub async fn new_redis_connection(&self) -> MultiplexedConnection {
         seckill::store::redis_conn::connect(&self.cfg)
             .await
             .expect("test Redis is up (scripts/services.sh up)")
     }
 
-    pub async fn db(&self) -> Db {
-        Db::connect(&self.cfg)
+    /// The test's MySQL pool (closed by `cleanup` or the drop, not by callers).
+    pub async fn db(&self) -> &Db {
+        self.try_db().await.expect("test MySQL is up and migrated")
+    }
+
+    /// The pool, or None while the database is missing or not migrated.
+    pub async fn try_db(&self) -> Option<&Db> {
+        self.shared_db
+            .get_or_try_init(|| Db::connect(&self.cfg))
             .await
-            .expect("test MySQL is up and migrated")
+            .ok()
     }
 
     /// The real binary, pointed at this test's stores.
@@ -156,9 +197,8 @@ impl TestEnv {
         pay_timeout_ms: i64,
     ) {
         let now = now_ms();
-        let db = self.db().await;
         voucher::add(
-            &db,
+            self.db().await,
             &NewVoucher {
                 id,
                 title: format!("test voucher {id}"),
@@ -170,7 +210,6 @@ impl TestEnv {
         )
         .await
         .expect("add voucher");
-        db.close().await;
     }
 
     /// Adds a live voucher (open for an hour) and preloads it.
@@ -180,12 +219,10 @@ impl TestEnv {
     }
 
     pub async fn preload(&self, id: u64) {
-        let db = self.db().await;
         let mut redis = self.redis().await;
-        seckill::gate::preload::preload(&db, &mut redis, &self.prefix, id, false)
+        seckill::gate::preload::preload(self.db().await, &mut redis, &self.prefix, id, false)
             .await
             .expect("preload");
-        db.close().await;
     }
 
     /// Every key under this test's prefix.
@@ -217,7 +254,7 @@ impl TestEnv {
             redis_state.insert(k, dump);
         }
         let mut tables = BTreeMap::new();
-        if let Ok(db) = Db::connect(&self.cfg).await {
+        if let Some(db) = self.try_db().await {
             let mut conn = db.conn().await.expect("mysql connection");
             let names: Vec<String> = conn.query("SHOW TABLES").await.expect("show tables");
             for t in names {
@@ -227,8 +264,6 @@ impl TestEnv {
                     .expect("checksum");
                 tables.insert(t, row.and_then(|r| r.1));
             }
-            drop(conn);
-            db.close().await;
         }
         Snapshot {
             redis: redis_state,
@@ -236,24 +271,103 @@ impl TestEnv {
         }
     }
 
-    /// Drops the database and the prefix's keys.
-    pub async fn cleanup(self) {
-        let mut redis = self.redis().await;
-        let keys = self.prefix_keys(&mut redis).await;
-        for chunk in keys.chunks(500) {
-            let _: () = redis.del(chunk).await.expect("del");
-        }
-        let admin = Config {
-            mysql_url: mysql_url_for("mysql"),
-            ..self.cfg.clone()
-        };
-        if let Ok(db) = Db::connect_for_init(&admin).await {
-            if let Ok(mut conn) = db.conn().await {
-                conn.query_drop(format!("DROP DATABASE IF EXISTS `{}`", self.db_name))
-                    .await
-                    .ok();
-            }
+    /// Drops the database and the prefix's keys now, on the test's runtime
+    /// (the drop does the same for a test that panicked before getting here).
+    pub async fn cleanup(mut self) {
+        if let Some(db) = self.shared_db.take() {
             db.close().await;
+        }
+        self.shared_redis.take();
+        let done = tokio::time::timeout(
+            CLEANUP_LIMIT,
+            drop_stores(&self.cfg, &self.prefix, &self.db_name),
+        )
+        .await;
+        match done {
+            Ok(Ok(())) => self.cleaned = true,
+            Ok(Err(e)) => eprintln!("cleanup of {}: {e} (retried on drop)", self.prefix),
+            Err(_) => eprintln!("cleanup of {} timed out (retried on drop)", self.prefix),
+        }
+    }
+}
+
+/// The longest a cleanup may take: a store that does not answer must not
+/// hang the test run.
+const CLEANUP_LIMIT: Duration = Duration::from_secs(20);
+
+/// Deletes every key of `prefix` and drops `db_name`, with connections of
+/// its own (the caller's runtime may be gone or unwinding).
+async fn drop_stores(cfg: &Config, prefix: &str, db_name: &str) -> Result<(), String> {
+    let mut redis = seckill::store::redis_conn::connect(cfg)
+        .await
+        .map_err(|e| format!("redis: {e}"))?;
+    let mut keys: Vec<String> = Vec::new();
+    {
+        let mut iter: redis::AsyncIter<String> = redis
+            .scan_match(format!("{prefix}:*"))
+            .await
+            .map_err(|e| format!("redis scan: {e}"))?;
+        while let Some(k) = iter.next_item().await {
+            keys.push(k.map_err(|e| format!("redis scan: {e}"))?);
+        }
+    }
+    for chunk in keys.chunks(500) {
+        let _: () = redis
+            .del(chunk)
+            .await
+            .map_err(|e| format!("redis del: {e}"))?;
+    }
+    // The server of the test's URL, without a database to connect to.
+    let opts = mysql_async::Opts::from_url(&cfg.mysql_url).map_err(|e| e.to_string())?;
+    let opts = mysql_async::OptsBuilder::from_opts(opts).db_name(None::<String>);
+    let mut conn = mysql_async::Conn::new(opts)
+        .await
+        .map_err(|e| format!("mysql: {e}"))?;
+    // A transaction a panicking test left open must not make DROP wait forever.
+    conn.query_drop("SET SESSION lock_wait_timeout = 10")
+        .await
+        .map_err(|e| format!("mysql: {e}"))?;
+    conn.query_drop(format!("DROP DATABASE IF EXISTS `{db_name}`"))
+        .await
+        .map_err(|e| format!("mysql drop database: {e}"))?;
+    conn.disconnect().await.ok();
+    Ok(())
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        if self.cleaned {
+            return;
+        }
+        // The test's runtime may be unwinding (or be a current-thread one that
+        // this very thread drives): clean up on a thread with a runtime of its
+        // own, wait a bounded time, and never panic here.
+        let (cfg, prefix, db_name) = (self.cfg.clone(), self.prefix.clone(), self.db_name.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name(format!("cleanup-{prefix}"))
+            .spawn(move || {
+                let result = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt.block_on(async {
+                        tokio::time::timeout(CLEANUP_LIMIT, drop_stores(&cfg, &prefix, &db_name))
+                            .await
+                            .unwrap_or_else(|_| Err("timed out".to_string()))
+                    }),
+                    Err(e) => Err(format!("no runtime: {e}")),
+                };
+                tx.send(result).ok();
+            });
+        if let Err(e) = spawned {
+            eprintln!("cleanup of {}: no thread: {e}", self.prefix);
+            return;
+        }
+        match rx.recv_timeout(CLEANUP_LIMIT + Duration::from_secs(5)) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("cleanup of {}: {e}", self.prefix),
+            Err(_) => eprintln!("cleanup of {} did not finish", self.prefix),
         }
     }
 }
@@ -361,8 +475,7 @@ impl TestEnv {
 
     /// (order id, user, status) of every order of the voucher.
     pub async fn orders(&self, voucher: u64) -> Vec<(u64, u64, i8)> {
-        let db = self.db().await;
-        let mut conn = db.conn().await.expect("mysql");
+        let mut conn = self.db().await.conn().await.expect("mysql");
         let rows: Vec<(u64, u64, i8)> = conn
             .exec(
                 "SELECT id, user_id, status FROM seckill_order WHERE voucher_id = ? ORDER BY id",
@@ -370,8 +483,6 @@ impl TestEnv {
             )
             .await
             .expect("read orders");
-        drop(conn);
-        db.close().await;
         rows
     }
 
@@ -397,8 +508,7 @@ impl TestEnv {
     }
 
     pub async fn order_count(&self, voucher: u64) -> u64 {
-        let db = self.db().await;
-        let mut conn = db.conn().await.expect("mysql");
+        let mut conn = self.db().await.conn().await.expect("mysql");
         let n: Option<u64> = conn
             .exec_first(
                 "SELECT COUNT(*) FROM seckill_order WHERE voucher_id = ?",
@@ -406,8 +516,6 @@ impl TestEnv {
             )
             .await
             .expect("count orders");
-        drop(conn);
-        db.close().await;
         n.unwrap_or(0)
     }
 }

@@ -1,6 +1,7 @@
 //! Real `seckill worker` processes for tests: started with the test's stores,
 //! signalled with kill(1) (SIGKILL, SIGTERM, SIGSTOP, SIGCONT), their stderr
-//! kept in a file for the failure message.
+//! kept in a file for the failure message and their stdout (the summary
+//! printed at exit) in another.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -11,6 +12,7 @@ use super::TestEnv;
 pub struct WorkerProc {
     child: Child,
     log: PathBuf,
+    out: PathBuf,
 }
 
 impl TestEnv {
@@ -29,6 +31,8 @@ impl TestEnv {
                 .unwrap_or(0)
         ));
         let file = std::fs::File::create(&log).expect("worker log file");
+        let out = log.with_extension("out");
+        let stdout = std::fs::File::create(&out).expect("worker stdout file");
         let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("seckill"));
         cmd.arg("worker")
             .args(args)
@@ -38,7 +42,7 @@ impl TestEnv {
             .env("NO_COLOR", "1")
             .env("RUST_LOG", "seckill=info")
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .stderr(file);
         for (k, v) in env {
             cmd.env(k, v);
@@ -46,6 +50,7 @@ impl TestEnv {
         WorkerProc {
             child: cmd.spawn().expect("spawn seckill worker"),
             log,
+            out,
         }
     }
 }
@@ -87,6 +92,20 @@ impl WorkerProc {
 
     /// Waits for a clean exit (status 0), failing with the worker's log.
     pub fn expect_success(mut self, limit: Duration) -> String {
+        self.wait_success(limit)
+    }
+
+    /// Waits for a clean exit of a worker started with `--format json` and
+    /// returns the summary it printed (its counters) and its log.
+    pub fn expect_summary(mut self, limit: Duration) -> (serde_json::Value, String) {
+        let log = self.wait_success(limit);
+        let stdout = std::fs::read_to_string(&self.out).unwrap_or_default();
+        let summary = serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("worker summary is not JSON ({e}): {stdout:?}\n{log}"));
+        (summary, log)
+    }
+
+    fn wait_success(&mut self, limit: Duration) -> String {
         let status = self.wait_for(limit);
         let log = self.log_text();
         match status {
@@ -112,5 +131,6 @@ impl Drop for WorkerProc {
             self.child.wait().ok();
         }
         std::fs::remove_file(&self.log).ok();
+        std::fs::remove_file(&self.out).ok();
     }
 }
