@@ -10,6 +10,7 @@ use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::RedisConn;
 use crate::stream::backlog::backlog;
+use crate::worker::canceller::META_DEADLINE_ERRORS;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct VoucherStatus {
@@ -25,6 +26,11 @@ pub struct VoucherStatus {
     pub waitlist: u64,
     /// The earliest payment deadline still scheduled (Unix ms).
     pub next_deadline_ms: Option<i64>,
+    /// Failed passes of the worker over this voucher's deadlines (it
+    /// retries; a growing number needs a look, see the worker's log).
+    pub deadline_errors: u64,
+    /// Why the deadlines could not be read, when they could not.
+    pub deadline_read_error: Option<String>,
 }
 
 impl VoucherStatus {
@@ -33,7 +39,7 @@ impl VoucherStatus {
     }
 }
 
-type GateRow = (bool, Option<i64>, u64, u64, u64, Vec<(String, f64)>);
+type GateRow = (bool, Option<i64>, u64, u64, u64, Option<u64>);
 
 /// Every voucher in MySQL (or only `only`), with its gate.
 pub async fn read(
@@ -50,19 +56,28 @@ pub async fn read(
             .map(|v| VoucherKeys::new(prefix, v.id))
             .collect::<Result<_>>()?;
         let mut pipe = redis::pipe();
+        // A broken deadlines key (say, of the wrong type) must show up in
+        // its row, not fail the whole report.
+        pipe.ignore_errors();
         for k in &keys {
             pipe.exists(k.meta())
                 .get(k.stock())
                 .xlen(k.dead())
                 .zcard(k.waitlist())
                 .xlen(k.orders())
+                .hget(k.meta(), META_DEADLINE_ERRORS)
                 .zrange_withscores(k.timeouts(), 0, 0);
         }
         let replies: Vec<Value> = pipe.query_async(conn).await?;
-        for ((v, k), row) in chunk.iter().zip(&keys).zip(replies.chunks(6)) {
-            let (meta, stock, dead, waitlist, stream_len, first): GateRow =
-                FromRedisValue::from_redis_value(Value::Array(row.to_vec()))
+        for ((v, k), row) in chunk.iter().zip(&keys).zip(replies.chunks(7)) {
+            let (meta, stock, dead, waitlist, stream_len, deadline_errors): GateRow =
+                FromRedisValue::from_redis_value(Value::Array(row[..6].to_vec()))
                     .map_err(|e| Error::Redis(format!("gate of voucher {}: {e}", v.id)))?;
+            let (first, deadline_read_error) =
+                match <Vec<(String, f64)>>::from_redis_value(row[6].clone()) {
+                    Ok(first) => (first, None),
+                    Err(e) => (Vec::new(), Some(e.to_string())),
+                };
             // Only streams with entries need the group's view.
             let b = if stream_len > 0 {
                 backlog(conn, k).await?
@@ -78,6 +93,8 @@ pub async fn read(
                 dead_letters: dead,
                 waitlist,
                 next_deadline_ms: first.first().map(|(_, at)| *at as i64),
+                deadline_errors: deadline_errors.unwrap_or(0),
+                deadline_read_error,
             });
         }
     }

@@ -70,12 +70,19 @@ async fn watch_loop(
     }
 }
 
-fn next_deadline(at: Option<i64>, now: i64) -> String {
-    match at {
-        None => "-".into(),
+fn next_deadline(r: &VoucherStatus, now: i64) -> String {
+    let next = match (r.next_deadline_ms, &r.deadline_read_error) {
+        (_, Some(e)) => format!("unreadable: {e}"),
+        (None, None) => "-".into(),
         // Whole seconds read better than humantime's milliseconds here.
-        Some(t) if t > now => format!("in {}", format_duration_ms((t - now) / 1000 * 1000)),
-        Some(t) => format!("due {} ago", format_duration_ms((now - t) / 1000 * 1000)),
+        (Some(t), None) if t > now => {
+            format!("in {}", format_duration_ms((t - now) / 1000 * 1000))
+        }
+        (Some(t), None) => format!("due {} ago", format_duration_ms((now - t) / 1000 * 1000)),
+    };
+    match r.deadline_errors {
+        0 => next,
+        n => format!("{next} ({n} failed passes)"),
     }
 }
 
@@ -114,7 +121,7 @@ pub fn status_table(rows: &[VoucherStatus], now: i64) -> comfy_table::Table {
             r.in_flight().to_string(),
             r.dead_letters.to_string(),
             r.waitlist.to_string(),
-            next_deadline(r.next_deadline_ms, now),
+            next_deadline(r, now),
         ]);
     }
     t

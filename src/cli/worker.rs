@@ -135,6 +135,10 @@ fn summary_table(s: &Summary) -> comfy_table::Table {
             "worst deadline lateness",
             format!("{} ms", s.stats.max_lateness_ms),
         ),
+        (
+            "failed deadline passes (retried)",
+            s.stats.deadline_errors.to_string(),
+        ),
     ];
     for (k, v) in rows {
         t.add_row(vec![k.to_string(), v]);

@@ -190,21 +190,25 @@ pub async fn overdue_in_mysql(
         .await?)
 }
 
-/// How many of `orders` still have a deadline scheduled in Redis.
-pub async fn scheduled_count(
+/// Gives each of `orders` that has no deadline in Redis one due at `at_ms`
+/// (ZADD NX: a scheduled or claimed deadline is left as it is). Returns how
+/// many had none.
+pub async fn schedule_missing(
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
     orders: &[u64],
+    at_ms: i64,
 ) -> Result<usize> {
     if orders.is_empty() {
         return Ok(0);
     }
-    let scores: Vec<Option<f64>> = redis::cmd("ZMSCORE")
-        .arg(keys.timeouts())
-        .arg(orders)
-        .query_async(conn)
-        .await?;
-    Ok(scores.iter().flatten().count())
+    let mut cmd = redis::cmd("ZADD");
+    cmd.arg(keys.timeouts()).arg("NX");
+    for order in orders {
+        cmd.arg(at_ms).arg(*order);
+    }
+    let added: usize = cmd.query_async(conn).await?;
+    Ok(added)
 }
 
 /// The payment timeout of a voucher, from MySQL.

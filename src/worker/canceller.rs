@@ -20,7 +20,21 @@ use crate::store::keys::VoucherKeys;
 use crate::store::registry;
 use crate::support::backoff::Backoff;
 use crate::support::snowflake::Snowflake;
-use crate::support::timespec::now_ms;
+use redis::AsyncCommands;
+
+/// The meta field counting a voucher's failed deadline passes.
+pub const META_DEADLINE_ERRORS: &str = "deadline_errors";
+
+/// Redis's clock, the one authority for deadlines (DESIGN.md §7c).
+async fn redis_time_ms(conn: &mut MultiplexedConnection) -> Result<i64> {
+    let t: (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
+    Ok(time_ms(t))
+}
+
+/// TIME's (seconds, microseconds) as Unix ms.
+fn time_ms((secs, micros): (i64, i64)) -> i64 {
+    secs * 1000 + micros / 1000
+}
 
 /// Longest sleep between looks at the deadlines: deadlines scheduled by
 /// other worker processes are noticed at least this often.
@@ -73,60 +87,107 @@ impl Canceller {
     }
 
     /// Handles every due deadline of every voucher (and the sweep when it is
-    /// time); true when it did anything.
+    /// time); true when it did anything. Each voucher on its own: one whose
+    /// deadlines fail (say its deadlines key has the wrong type) is logged,
+    /// counted and retried next pass, and the others proceed. Only when
+    /// every voucher failed (a store is down) does the pass fail, so the
+    /// caller backs off and reconnects.
     pub async fn pass(&mut self) -> Result<bool> {
+        let vouchers = self.vouchers().await?;
+        let sweep_now = self
+            .last_sweep
+            .is_none_or(|t| t.elapsed() >= self.opts.sweep_every);
+        let now = if sweep_now {
+            Some(redis_time_ms(&mut self.conn).await?)
+        } else {
+            None
+        };
         let mut worked = false;
-        for voucher in self.vouchers().await? {
-            let keys = VoucherKeys::new(&self.cfg.prefix, voucher)?;
-            loop {
-                let lease = self.opts.lease.as_millis() as u64;
-                let (now, due) =
-                    deadline::claim_due(&mut self.conn, &keys, lease, self.opts.batch).await?;
-                if due.is_empty() {
-                    break;
+        let mut first_failure = None;
+        let mut succeeded = false;
+        for &voucher in &vouchers {
+            let mut done = self.claim_and_settle(voucher).await;
+            if let (Ok(w), Some(now)) = (&done, now) {
+                done = self.sweep(voucher, now).await.map(|swept| swept || *w);
+            }
+            match done {
+                Ok(w) => {
+                    worked |= w;
+                    succeeded = true;
                 }
-                worked = true;
-                let full = due.len() == self.opts.batch;
-                self.settle(voucher, &keys, &due, Some((now, Instant::now())))
-                    .await?;
-                if !full {
-                    break;
+                Err(e) => {
+                    self.note_failure(voucher, &e).await;
+                    first_failure.get_or_insert(e);
                 }
             }
         }
-        if self
-            .last_sweep
-            .is_none_or(|t| t.elapsed() >= self.opts.sweep_every)
-        {
-            worked |= self.sweep().await?;
+        if sweep_now {
             self.last_sweep = Some(Instant::now());
         }
-        Ok(worked)
+        match first_failure {
+            Some(e) if !succeeded => Err(e),
+            _ => Ok(worked),
+        }
+    }
+
+    /// Claims and settles the voucher's due deadlines, a batch at a time.
+    async fn claim_and_settle(&mut self, voucher: u64) -> Result<bool> {
+        let keys = VoucherKeys::new(&self.cfg.prefix, voucher)?;
+        let mut worked = false;
+        loop {
+            let lease = self.opts.lease.as_millis() as u64;
+            let (now, due) =
+                deadline::claim_due(&mut self.conn, &keys, lease, self.opts.batch).await?;
+            if due.is_empty() {
+                return Ok(worked);
+            }
+            worked = true;
+            let full = due.len() == self.opts.batch;
+            self.settle(voucher, &keys, &due, (now, Instant::now()))
+                .await?;
+            if !full {
+                return Ok(worked);
+            }
+        }
+    }
+
+    /// A voucher whose deadlines failed: logged, counted here (metrics)
+    /// and in its meta hash (`deadline_errors`, shown by `seckill status`).
+    async fn note_failure(&mut self, voucher: u64, e: &crate::Error) {
+        self.stats.add_deadline_error();
+        tracing::warn!(
+            "voucher {voucher}: payment deadlines failed ({e}); retrying it next pass, the other vouchers go on"
+        );
+        if let Ok(keys) = VoucherKeys::new(&self.cfg.prefix, voucher) {
+            let counted: redis::RedisResult<i64> =
+                self.conn.hincr(keys.meta(), META_DEADLINE_ERRORS, 1).await;
+            if let Err(e) = counted {
+                tracing::debug!("voucher {voucher}: could not count the failure: {e}");
+            }
+        }
     }
 
     /// Cancels in MySQL, then gives the units back in Redis. A crash between
     /// the two leaves the claimed deadline to come back after its lease;
     /// the cancellation is then found done and the release happens once.
     /// `claimed`: Redis's clock at the claim, and when that was here, to
-    /// measure how late the cancellation committed (none for the sweep).
+    /// measure how late the cancellation committed.
     async fn settle(
         &mut self,
         voucher: u64,
         keys: &VoucherKeys,
         due: &[Due],
-        claimed: Option<(i64, Instant)>,
+        (redis_now, at): (i64, Instant),
     ) -> Result<()> {
         let orders: Vec<u64> = due.iter().map(|d| d.order).collect();
         let c = deadline::cancel_unpaid(&self.db, voucher, &orders).await?;
-        if let Some((redis_now, at)) = claimed {
-            let committed = redis_now + at.elapsed().as_millis() as i64;
-            let latest = due
-                .iter()
-                .map(|d| committed - d.deadline_ms)
-                .max()
-                .unwrap_or(0);
-            self.stats.note_lateness(latest.max(0) as u64);
-        }
+        let committed = redis_now + at.elapsed().as_millis() as i64;
+        let latest = due
+            .iter()
+            .map(|d| committed - d.deadline_ms)
+            .max()
+            .unwrap_or(0);
+        self.stats.note_lateness(latest.max(0) as u64);
         crate::support::fault::pause("after_cancel").await;
         let r = deadline::release(
             &mut self.conn,
@@ -150,67 +211,72 @@ impl Canceller {
         Ok(())
     }
 
-    /// The backstop: pending orders past deadline + grace by MySQL's clock.
-    async fn sweep(&mut self) -> Result<bool> {
-        let mut worked = false;
-        for voucher in self.vouchers().await? {
-            let timeout = match self.pay_timeouts.get(&voucher) {
-                Some(t) => *t,
-                None => match deadline::pay_timeout_ms(&self.db, voucher).await {
-                    Ok(t) => {
-                        self.pay_timeouts.insert(voucher, t);
-                        t
-                    }
-                    // A voucher Redis knows and MySQL does not has no orders to sweep.
-                    Err(crate::Error::VoucherNotFound(_)) => continue,
-                    Err(e) => return Err(e),
-                },
-            };
-            let cutoff = now_ms() - timeout - self.opts.sweep_grace.as_millis() as i64;
-            let overdue =
-                deadline::overdue_in_mysql(&self.db, voucher, cutoff, self.opts.batch).await?;
-            if overdue.is_empty() {
-                continue;
-            }
-            worked = true;
-            let keys = VoucherKeys::new(&self.cfg.prefix, voucher)?;
-            let scheduled = deadline::scheduled_count(&mut self.conn, &keys, &overdue).await?;
-            let missed = overdue.len() - scheduled;
-            if missed > 0 {
-                tracing::warn!(
-                    "voucher {voucher}: {missed} pending order(s) past their payment deadline were missed by Redis (no deadline there); cancelling them"
-                );
-            }
-            if scheduled > 0 {
-                tracing::warn!(
-                    "voucher {voucher}: {scheduled} pending order(s) are past their payment deadline + grace although Redis has their deadline (cancellation delayed, e.g. by a store outage); cancelling them"
-                );
-            }
-            let due: Vec<Due> = overdue
-                .into_iter()
-                .map(|order| Due {
-                    order,
-                    deadline_ms: 0,
-                })
-                .collect();
-            self.settle(voucher, &keys, &due, None).await?;
+    /// The backstop for one voucher: pending orders past deadline + grace,
+    /// by Redis's clock (`now`, the clock their creation times come from),
+    /// get a deadline due now unless Redis has one. They are cancelled and
+    /// released by the claim path like any other, so a crash between the
+    /// cancellation and the release is retried after the claim's lease.
+    async fn sweep(&mut self, voucher: u64, now: i64) -> Result<bool> {
+        let timeout = match self.pay_timeouts.get(&voucher) {
+            Some(t) => *t,
+            None => match deadline::pay_timeout_ms(&self.db, voucher).await {
+                Ok(t) => {
+                    self.pay_timeouts.insert(voucher, t);
+                    t
+                }
+                // A voucher Redis knows and MySQL does not has no orders to sweep.
+                Err(crate::Error::VoucherNotFound(_)) => return Ok(false),
+                Err(e) => return Err(e),
+            },
+        };
+        let cutoff = now - timeout - self.opts.sweep_grace.as_millis() as i64;
+        let overdue =
+            deadline::overdue_in_mysql(&self.db, voucher, cutoff, self.opts.batch).await?;
+        if overdue.is_empty() {
+            return Ok(false);
         }
-        Ok(worked)
+        let keys = VoucherKeys::new(&self.cfg.prefix, voucher)?;
+        let missed = deadline::schedule_missing(&mut self.conn, &keys, &overdue, now).await?;
+        if missed > 0 {
+            tracing::warn!(
+                "voucher {voucher}: {missed} pending order(s) past their payment deadline were missed by Redis (no deadline there); scheduled to be cancelled now"
+            );
+        }
+        let delayed = overdue.len() - missed;
+        if delayed > 0 {
+            tracing::warn!(
+                "voucher {voucher}: {delayed} pending order(s) are past their payment deadline + grace although Redis has their deadline (their cancellation was delayed, e.g. by a store outage)"
+            );
+        }
+        Ok(missed > 0)
     }
 
-    /// Time until the earliest deadline of any voucher (capped at a second).
+    /// Time until the earliest deadline of any voucher (capped at a
+    /// second), by Redis's clock: a worker host whose clock runs ahead must
+    /// not see deadlines as due that the claim script (Redis's clock) will
+    /// not hand out. A voucher whose deadlines cannot be read is left out
+    /// (the pass reports it).
     pub async fn until_next_due(&mut self) -> Result<Duration> {
         let vouchers = self.vouchers().await?;
-        if vouchers.is_empty() {
-            return Ok(MAX_SLEEP);
-        }
         let mut pipe = redis::pipe();
+        pipe.ignore_errors().cmd("TIME");
         for v in &vouchers {
             pipe.zrange_withscores(VoucherKeys::new(&self.cfg.prefix, *v)?.timeouts(), 0, 0);
         }
-        let firsts: Vec<Vec<(String, f64)>> = pipe.query_async(&mut self.conn).await?;
-        let earliest = firsts.iter().flatten().map(|(_, s)| *s as i64).min();
-        let now = now_ms();
+        let mut replies: Vec<redis::RedisResult<redis::Value>> =
+            pipe.query_async(&mut self.conn).await?;
+        let time = replies.remove(0)?;
+        let now = time_ms(
+            redis::FromRedisValue::from_redis_value(time)
+                .map_err(|e| crate::Error::Redis(format!("TIME: {e}")))?,
+        );
+        let earliest = replies
+            .into_iter()
+            .filter_map(|r| r.ok())
+            .filter_map(|v| <Vec<(String, f64)> as redis::FromRedisValue>::from_redis_value(v).ok())
+            .flatten()
+            .map(|(_, at)| at as i64)
+            .min();
         Ok(match earliest {
             Some(t) if t <= now => Duration::ZERO,
             Some(t) => Duration::from_millis((t - now) as u64).min(MAX_SLEEP),

@@ -70,7 +70,7 @@ async fn render(
     hist: &([u64; BATCH_BUCKETS.len()], u64, f64),
 ) -> String {
     let mut out = String::new();
-    let counters: [(&str, &str, u64); 9] = [
+    let counters: [(&str, &str, u64); 10] = [
         (
             "seckill_orders_persisted_total",
             "Orders inserted into MySQL by this worker",
@@ -115,6 +115,11 @@ async fn render(
             "seckill_promotions_total",
             "Released units handed to waitlisted users",
             s.promoted,
+        ),
+        (
+            "seckill_deadline_errors_total",
+            "Voucher passes of the payment deadlines that failed (each retried)",
+            s.deadline_errors,
         ),
     ];
     for (name, help, value) in counters {

@@ -17,6 +17,7 @@ pub struct WorkerStats {
     released: AtomicU64,
     promoted: AtomicU64,
     max_lateness_ms: AtomicU64,
+    deadline_errors: AtomicU64,
     batch_buckets: [AtomicU64; BATCH_BUCKETS.len()],
     batch_count: AtomicU64,
     batch_micros: AtomicU64,
@@ -49,6 +50,8 @@ pub struct StatsSnapshot {
     pub promoted: u64,
     /// Worst time from a deadline to its cancellation.
     pub max_lateness_ms: u64,
+    /// Voucher passes of the payment deadlines that failed (retried).
+    pub deadline_errors: u64,
 }
 
 impl WorkerStats {
@@ -72,6 +75,9 @@ impl WorkerStats {
         self.cancelled.fetch_add(cancelled, Ordering::Relaxed);
         self.released.fetch_add(released, Ordering::Relaxed);
         self.promoted.fetch_add(promoted, Ordering::Relaxed);
+    }
+    pub fn add_deadline_error(&self) {
+        self.deadline_errors.fetch_add(1, Ordering::Relaxed);
     }
     pub fn note_lateness(&self, ms: u64) {
         self.max_lateness_ms.fetch_max(ms, Ordering::Relaxed);
@@ -111,6 +117,7 @@ impl WorkerStats {
             released: get(&self.released),
             promoted: get(&self.promoted),
             max_lateness_ms: get(&self.max_lateness_ms),
+            deadline_errors: get(&self.deadline_errors),
         }
     }
 }
