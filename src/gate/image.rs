@@ -28,15 +28,18 @@ pub struct GateImage<'a> {
     pub deadlines: &'a [(i64, u64)],
 }
 
-/// Stages the sets, swaps everything in with one script if the gate did not
-/// move (false if it did), re-adds the deadlines (derived from the stored
-/// orders, so adding one again is harmless) and registers the voucher.
+/// Registers the voucher, stages the sets, swaps everything in with one
+/// script if the gate did not move (false if it did) and re-adds the
+/// deadlines (derived from the stored orders, so adding one again is harmless).
 pub async fn publish_gate<C: RedisConn>(
     conn: &mut C,
     keys: &VoucherKeys,
     image: &GateImage<'_>,
     seen: &Witness,
 ) -> Result<bool> {
+    // Registered before the gate opens: a crash after publishing must not
+    // leave a loaded gate whose orders no worker consumes.
+    registry::register(conn, keys).await?;
     let staging = keys.buyers_staging();
     let released_staging = keys.released_staging();
     let _: () = conn.del(&[&staging, &released_staging]).await?;
@@ -68,6 +71,5 @@ pub async fn publish_gate<C: RedisConn>(
     for chunk in image.deadlines.chunks(STAGING_CHUNK) {
         let _: () = conn.zadd_multiple(keys.timeouts(), chunk).await?;
     }
-    registry::register(conn, keys).await?;
     Ok(true)
 }

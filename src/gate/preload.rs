@@ -3,9 +3,11 @@
 //! Sets meta and stock from MySQL, rebuilds the buyers set (every user with
 //! an order) and the released set (every cancelled order: MySQL's stock
 //! already counts their units) from MySQL, schedules the deadlines of
-//! pending orders, then registers the voucher for workers. It refuses while
-//! orders are in flight, because MySQL's stock does not yet count them and
-//! copying it to Redis would sell those units a second time.
+//! pending orders. The voucher is registered for workers first, so no crash
+//! leaves a loaded gate that no worker consumes. It refuses while orders are
+//! in flight (registering the voucher all the same, so they drain), because
+//! MySQL's stock does not yet count them and copying it to Redis would sell
+//! those units a second time.
 
 use crate::store::redis_conn::RedisConn;
 use serde::Serialize;
@@ -17,6 +19,7 @@ use crate::orders::order::OrderStatus;
 use crate::orders::voucher;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
+use crate::store::registry;
 use crate::stream::backlog::backlog;
 
 #[derive(Debug, Clone, Serialize)]
@@ -42,6 +45,10 @@ pub async fn preload<C: RedisConn>(
     let before = witness::read(conn, &keys).await?;
     let in_flight = backlog(conn, &keys).await?.in_flight();
     if in_flight > 0 && !force {
+        // Orders in flight belong to a gate that was loaded: make sure
+        // workers consume them (a preload that died between publishing and
+        // registering left it unregistered), then let them drain.
+        registry::register(conn, &keys).await?;
         return Err(Error::OrdersInFlight {
             voucher: voucher_id,
             in_flight,
