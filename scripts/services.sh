@@ -8,6 +8,8 @@
 #   scripts/services.sh env      print `export ...` lines for the URLs
 #
 # Ports: SECKILL_REDIS_PORT (default 16379), SECKILL_MYSQL_PORT (default 13306).
+# Data: SECKILL_SERVICES_DIR (default .services/). SECKILL_MYSQL_OPTIONS: extra
+# my.cnf lines for a fresh data folder (tests start servers of their own with it).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -78,6 +80,7 @@ innodb_log_file_size=256M
 max_connections=1000
 character-set-server=utf8mb4
 collation-server=utf8mb4_unicode_ci
+${SECKILL_MYSQL_OPTIONS:-}
 EOF
 }
 

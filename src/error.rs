@@ -80,6 +80,9 @@ pub mod mysql_codes {
     pub const NO_SUCH_TABLE: u16 = 1146;
     pub const LOCK_WAIT_TIMEOUT: u16 = 1205;
     pub const LOCK_DEADLOCK: u16 = 1213;
+    /// ER_CHECKREAD "Record has changed since last read" (MariaDB with
+    /// innodb_snapshot_isolation=ON): a write conflict, retried like one.
+    pub const RECORD_CHANGED: u16 = 1020;
 }
 
 /// The MySQL error code of a server error, for callers that branch on it.

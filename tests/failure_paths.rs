@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::invariants::assert_invariants;
+use common::own_mysql::OwnMysql;
 use common::{fast_worker, TestEnv};
 use redis::AsyncCommands;
 use seckill::store::registry;
@@ -44,4 +45,63 @@ async fn preload_again_registers_a_loaded_gate_a_crash_left_unregistered() {
     let s = assert_invariants(&env, V).await;
     assert_eq!(s.mysql_stock, 4);
     env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reconcile_reads_one_snapshot_on_a_read_committed_server() {
+    let mysql = OwnMysql::start("transaction-isolation=READ-COMMITTED");
+    let env = mysql.test_env().await;
+    env.live_voucher(V, 100).await;
+    env.admit_users(V, 50, 0).await;
+    // Reconcile stops between reading the voucher row and reading its
+    // orders; meanwhile the worker commits the 50 orders in flight.
+    let mut look = env.cmd();
+    look.args([
+        "reconcile",
+        "--dry-run",
+        "--voucher",
+        "1",
+        "--format",
+        "json",
+    ])
+    .env(seckill::support::fault::ENV, "between_snapshot_reads=2s");
+    let look = std::thread::spawn(move || look.output().unwrap());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    env.spawn_worker(&fast_worker(&["--until-idle"]))
+        .expect_success(Duration::from_secs(30));
+    assert_eq!(env.order_count(V).await, 50, "committed during the read");
+    let out = look.join().unwrap();
+    let report = common::json(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "a drain is not drift (a read of the stock from before and the orders from after would be): {report}"
+    );
+    assert_eq!(report["consistent"], true, "{report}");
+    drop(env);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_workers_under_innodb_snapshot_isolation_meet_no_read_conflict() {
+    let mysql = OwnMysql::start("innodb_snapshot_isolation=ON");
+    let env = mysql.test_env().await;
+    env.live_voucher(V, 10_000).await;
+    env.admit_users(V, 10_000, 0).await;
+    let flags = fast_worker(&["--batch", "64", "--until-idle"]);
+    let a = env.spawn_worker(&flags);
+    let b = env.spawn_worker(&flags);
+    let logs = [
+        a.expect_success(Duration::from_secs(120)),
+        b.expect_success(Duration::from_secs(120)),
+    ];
+    for log in &logs {
+        assert!(
+            !log.contains("error 1020") && !log.contains("not persisted"),
+            "a batch failed on a read conflict:\n{log}"
+        );
+    }
+    assert_eq!(env.order_count(V).await, 10_000);
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.mysql_stock, 0);
+    drop(env);
 }

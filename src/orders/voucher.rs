@@ -213,17 +213,13 @@ pub struct OrderDigest {
 pub async fn get_with_orders(db: &Db, id: u64) -> Result<(Voucher, Vec<OrderDigest>)> {
     let mut conn = db.conn().await?;
     let mut tx = conn
-        .start_transaction(
-            mysql_async::TxOpts::default()
-                .with_consistent_snapshot(true)
-                .with_readonly(Some(true))
-                .clone(),
-        )
+        .start_transaction(crate::store::db::snapshot_tx())
         .await?;
     let row: Option<VoucherRow> = tx
         .exec_first(format!("{SELECT_VOUCHERS} WHERE v.voucher_id = ?"), (id,))
         .await?;
     let voucher = row.map(from_row).ok_or(Error::VoucherNotFound(id))?;
+    crate::support::fault::pause("between_snapshot_reads").await;
     let rows: Vec<(u64, u64, i8, i64)> = tx
         .exec(
             "SELECT id, user_id, status, CAST(ROUND(UNIX_TIMESTAMP(create_time) * 1000) AS SIGNED)

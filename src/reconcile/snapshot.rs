@@ -4,7 +4,6 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use mysql_async::prelude::*;
-use mysql_async::TxOpts;
 use redis::{FromRedisValue, Value};
 
 use crate::error::{Error, Result};
@@ -235,12 +234,7 @@ pub async fn read_many(
     // them would otherwise show the stock from before and the orders from
     // after, a false "MySQL inconsistent" and a wrong expected gate stock.
     let mut tx = mysql
-        .start_transaction(
-            TxOpts::default()
-                .with_consistent_snapshot(true)
-                .with_readonly(Some(true))
-                .clone(),
-        )
+        .start_transaction(crate::store::db::snapshot_tx())
         .await?;
     let rows: Vec<VoucherRow> = tx
         .query(format!(
@@ -251,6 +245,7 @@ pub async fn read_many(
                FROM seckill_voucher WHERE voucher_id IN ({list})"
         ))
         .await?;
+    crate::support::fault::pause("between_snapshot_reads").await;
     let orders: Vec<OrderRow> = tx
         .exec(
             format!(

@@ -132,6 +132,18 @@ pub async fn check_version(conn: &mut Conn) -> Result<String> {
 
 /// Integer ids as a SQL list (`1,2,3`). Integers cannot inject anything, and
 /// inlining them spares a prepared statement per list length.
+/// Options of a read-only transaction whose reads are one consistent
+/// snapshot. `WITH CONSISTENT SNAPSHOT` is one only under REPEATABLE READ,
+/// so the level is set here, not left to the server's default (a server
+/// running READ COMMITTED would otherwise show each read a newer state).
+pub fn snapshot_tx() -> mysql_async::TxOpts {
+    mysql_async::TxOpts::default()
+        .with_isolation_level(Some(mysql_async::IsolationLevel::RepeatableRead))
+        .with_consistent_snapshot(true)
+        .with_readonly(Some(true))
+        .clone()
+}
+
 pub fn join_ids(ids: impl IntoIterator<Item = u64>) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();

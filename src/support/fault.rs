@@ -7,7 +7,8 @@
 //! transaction is open), `after_commit` (committed, not yet acknowledged),
 //! `after_ack` (acknowledged and unlocked); for payment deadlines
 //! `before_cancel_commit` and `after_cancel` (cancelled in MySQL, the unit not
-//! yet given back in Redis).
+//! yet given back in Redis); for preload and reconcile `between_snapshot_reads`
+//! (a voucher's row read, its orders not yet).
 
 use std::collections::HashMap;
 use std::sync::LazyLock;

@@ -91,6 +91,7 @@ pub async fn persist(
                             mysql_codes::DUP_ENTRY
                                 | mysql_codes::LOCK_DEADLOCK
                                 | mysql_codes::LOCK_WAIT_TIMEOUT
+                                | mysql_codes::RECORD_CHANGED
                         )
                     ) =>
             {
@@ -121,11 +122,14 @@ async fn persist_fresh(
     msgs: &[OrderMessage],
 ) -> Result<Option<Persisted>, PersistError> {
     let mut tx = conn.start_transaction(TxOpts::default()).await?;
-    let pay_timeout_ms = pay_timeout(&mut tx, voucher).await?;
+    // The locking UPDATE comes first: with innodb_snapshot_isolation=ON
+    // (MariaDB 11.6's default), updating a row another worker changed after
+    // this transaction's first plain read fails with error 1020.
     if !take_exactly(&mut tx, voucher, msgs.len()).await? {
         tx.rollback().await?;
         return Ok(None);
     }
+    let pay_timeout_ms = pay_timeout(&mut tx, voucher).await?;
     insert_orders(&mut tx, voucher, msgs.iter()).await?;
     crate::support::fault::pause("before_commit").await;
     tx.commit().await?;
@@ -145,6 +149,22 @@ async fn pay_timeout(
         .ok_or(PersistError::UnknownVoucher(voucher))
 }
 
+/// Locks the voucher's row for the rest of the transaction (a locking read
+/// opens no read view), returning its payment timeout. Taken before any
+/// plain read, so the row cannot change between this transaction's read
+/// view and its stock update (error 1020 under innodb_snapshot_isolation).
+async fn lock_voucher(
+    tx: &mut mysql_async::Transaction<'_>,
+    voucher: u64,
+) -> Result<i64, PersistError> {
+    tx.exec_first(
+        "SELECT pay_timeout_ms FROM seckill_voucher WHERE voucher_id = ? FOR UPDATE",
+        (voucher,),
+    )
+    .await?
+    .ok_or(PersistError::UnknownVoucher(voucher))
+}
+
 struct Stored {
     user: u64,
     voucher: u64,
@@ -157,7 +177,7 @@ async fn persist_once(
     msgs: &[OrderMessage],
 ) -> Result<Persisted, PersistError> {
     let mut tx = conn.start_transaction(TxOpts::default()).await?;
-    let pay_timeout_ms = pay_timeout(&mut tx, voucher).await?;
+    let pay_timeout_ms = lock_voucher(&mut tx, voucher).await?;
 
     let (by_id, by_user) = stored_orders(&mut tx, voucher, msgs).await?;
     let mut fates: Vec<Option<Fate>> = vec![None; msgs.len()];

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod invariants;
+pub mod own_mysql;
 pub mod process;
 pub mod terminal;
 

@@ -1,0 +1,84 @@
+//! A MariaDB of one test's own (scripts/services.sh with its own port, data
+//! folder and options), for tests that stop the server or need settings the
+//! shared server must not have.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::TestEnv;
+
+pub struct OwnMysql {
+    dir: PathBuf,
+    pub port: u16,
+    options: String,
+}
+
+impl OwnMysql {
+    pub fn services(&self, action: &str) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/services.sh");
+        let out = Command::new("bash")
+            .arg(script)
+            .args([action, "mysql"])
+            .env("SECKILL_SERVICES_DIR", &self.dir)
+            .env("SECKILL_MYSQL_PORT", self.port.to_string())
+            .env("SECKILL_MYSQL_OPTIONS", &self.options)
+            .output()
+            .expect("run scripts/services.sh");
+        assert!(
+            out.status.success(),
+            "services.sh {action} mysql: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// A fresh server with `options` (my.cnf lines, newline-separated) added.
+    pub fn start(options: &str) -> OwnMysql {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let dir = std::env::temp_dir().join(format!("seckill-mysql-{}-{port}", std::process::id()));
+        let m = OwnMysql {
+            dir,
+            port,
+            options: options.to_string(),
+        };
+        m.services("up");
+        m
+    }
+}
+
+impl OwnMysql {
+    /// A test environment whose MySQL is this server (database migrated).
+    pub async fn test_env(&self) -> TestEnv {
+        let mut env = TestEnv::uninitialised().await;
+        env.cfg.mysql_url = format!(
+            "mysql://seckill:seckill@127.0.0.1:{}/{}",
+            self.port, env.db_name
+        );
+        let db = seckill::store::db::Db::connect_for_init(&env.cfg)
+            .await
+            .expect("own MySQL answers");
+        let mut conn = db.conn().await.expect("a connection");
+        seckill::store::schema::migrate(&mut conn)
+            .await
+            .expect("migrate");
+        drop(conn);
+        db.close().await;
+        env
+    }
+}
+
+impl Drop for OwnMysql {
+    fn drop(&mut self) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/services.sh");
+        Command::new("bash")
+            .arg(script)
+            .args(["down", "mysql"])
+            .env("SECKILL_SERVICES_DIR", &self.dir)
+            .env("SECKILL_MYSQL_PORT", self.port.to_string())
+            .output()
+            .ok();
+        std::fs::remove_dir_all(&self.dir).ok();
+    }
+}
