@@ -124,7 +124,7 @@ complete -c seckill -n "__fish_seckill_using_subcommand preload" -s h -l help -d
 complete -c seckill -n "__fish_seckill_using_subcommand preload" -s V -l version -d 'Print version'
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l voucher -d 'Voucher id' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l user -d 'User id' -r
-complete -c seckill -n "__fish_seckill_using_subcommand buy" -l node-id -d 'Snowflake node id (0..=1023), distinct per app server [default: process id mod 1024]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l node-id -d 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l format -d 'Output format' -r -f -a "table\t'A table for people'
 json\t'JSON for scripts'"
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
@@ -141,7 +141,7 @@ complete -c seckill -n "__fish_seckill_using_subcommand bench" -l user-offset -d
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l attempts -d 'Admission attempts in all' -r
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l concurrency -d 'Attempts in flight at once' -r
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l connections -d 'Redis connections the attempts are spread over' -r
-complete -c seckill -n "__fish_seckill_using_subcommand bench" -l node-id -d 'Snowflake node id (0..=1023), distinct per app server [default: process id mod 1024]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l node-id -d 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l format -d 'Output format' -r -f -a "table\t'A table for people'
 json\t'JSON for scripts'"
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
@@ -163,7 +163,7 @@ complete -c seckill -n "__fish_seckill_using_subcommand worker" -l lanes -d 'Bat
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l deadline-lease -d 'A claimed payment deadline comes back after this long if its claimer died' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l sweep-every -d 'How often MySQL is swept for pending orders whose deadline Redis lost' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l sweep-grace -d 'How far past its deadline a pending order must be for the sweep to cancel it' -r
-complete -c seckill -n "__fish_seckill_using_subcommand worker" -l node-id -d 'Snowflake node id (0..=1023), distinct per app server [default: process id mod 1024]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l node-id -d 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l metrics-addr -d 'Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l format -d 'Output format' -r -f -a "table\t'A table for people'
 json\t'JSON for scripts'"
@@ -239,7 +239,7 @@ complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -s V -l versio
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l voucher -d 'Only these vouchers (repeatable) [default: every voucher registered at the gate or holding orders in MySQL]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l attempts -d 'How often to re-read a voucher that keeps moving before calling it busy' -r
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l settle -d 'Cancellations and new orders younger than this are still being handled by a worker, not drift (keep it above the worker\'s --deadline-lease)' -r
-complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l node-id -d 'Snowflake node id (0..=1023), distinct per app server [default: process id mod 1024]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l node-id -d 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l format -d 'Output format' -r -f -a "table\t'A table for people'
 json\t'JSON for scripts'"
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r

@@ -53,6 +53,9 @@ pub enum Error {
     )]
     Busy(u64),
 
+    #[error("{0}")]
+    NodeId(String),
+
     #[error("Redis: {0}")]
     Redis(String),
 

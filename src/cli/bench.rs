@@ -47,7 +47,7 @@ pub async fn run(cfg: &Config, args: BenchArgs) -> anyhow::Result<u8> {
         attempts: args.attempts,
         concurrency: args.concurrency,
         connections: args.connections,
-        node_id: args.node.get(),
+        node_id: args.node.node_id,
     };
     plan.validate()?;
     let done = Arc::new(AtomicU64::new(0));

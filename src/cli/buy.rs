@@ -9,8 +9,8 @@ use crate::exit_code;
 use crate::gate::admission::{admit, Admission};
 use crate::store::config::Config;
 use crate::store::keys::VoucherKeys;
+use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn;
-use crate::support::snowflake::Snowflake;
 use crate::support::timespec::format_ms;
 
 #[derive(Args, Debug)]
@@ -29,9 +29,11 @@ pub struct BuyArgs {
 
 pub async fn run(cfg: &Config, args: BuyArgs) -> anyhow::Result<u8> {
     let keys = VoucherKeys::new(&cfg.prefix, args.voucher)?;
-    let order_id = Snowflake::new(args.node.get())?.next_id();
     let mut redis = redis_conn::connect(cfg).await?;
-    let outcome = admit(&mut redis, &keys, args.voucher, args.user, order_id).await?;
+    let ids = OrderIds::lease(redis.clone(), &cfg.prefix, args.node.node_id).await?;
+    let order_id = ids.next_id();
+    ids.release().await;
+    let outcome = admit(&mut redis, &keys, args.voucher, args.user, order_id?).await?;
     match args.format.format {
         Format::Json => print_json(&outcome_json(args.voucher, args.user, &outcome))?,
         Format::Table => outln!("{}", outcome_line(args.voucher, args.user, &outcome))?,

@@ -6,7 +6,7 @@ use clap::{Args, ValueEnum};
 
 use crate::orders::voucher::MAX_ID;
 use crate::store::config::{self, Config};
-use crate::support::snowflake::{default_node_id, MAX_NODE_ID};
+use crate::support::snowflake::MAX_NODE_ID;
 
 /// Where the stores are. Flattened into every command, each flag with its
 /// environment variable.
@@ -87,16 +87,11 @@ pub struct FormatOpt {
 /// The snowflake node id of this process's order ids.
 #[derive(Args, Debug, Clone, Copy)]
 pub struct NodeIdOpt {
-    /// Snowflake node id (0..=1023), distinct per app server [default: process id mod 1024]
+    /// Snowflake node id (0..=1023), leased from Redis: refused while another
+    /// live process holds it [default: a free one, leased]
     #[arg(long, env = "SECKILL_NODE_ID", hide_env_values = true,
           value_parser = clap::value_parser!(u16).range(0..=i64::from(MAX_NODE_ID)))]
     pub node_id: Option<u16>,
-}
-
-impl NodeIdOpt {
-    pub fn get(&self) -> u16 {
-        self.node_id.unwrap_or_else(default_node_id)
-    }
 }
 
 /// An id of a voucher, user or order: 1 ..= 9223372036854775807.

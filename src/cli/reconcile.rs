@@ -11,8 +11,8 @@ use crate::exit_code;
 use crate::reconcile::{self, Options, Outcome, VoucherReport};
 use crate::store::config::Config;
 use crate::store::db::Db;
+use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn::{self, RedisConn};
-use crate::support::snowflake::Snowflake;
 
 #[derive(Args, Debug)]
 pub struct ReconcileArgs {
@@ -55,10 +55,15 @@ pub async fn run(cfg: &Config, args: ReconcileArgs) -> anyhow::Result<u8> {
         );
     }
     let db = Db::connect(cfg).await?;
+    let result = reconcile_with(cfg, &args, &db).await;
+    db.close().await;
+    result
+}
+
+async fn reconcile_with(cfg: &Config, args: &ReconcileArgs, db: &Db) -> anyhow::Result<u8> {
     let mut redis = redis_conn::connect(cfg).await?;
-    let ids = Snowflake::new(args.node.get())?;
     let vouchers = if args.vouchers.is_empty() {
-        reconcile::candidates(&db, &mut redis, &cfg.prefix).await?
+        reconcile::candidates(db, &mut redis, &cfg.prefix).await?
     } else {
         args.vouchers.clone()
     };
@@ -68,45 +73,58 @@ pub async fn run(cfg: &Config, args: ReconcileArgs) -> anyhow::Result<u8> {
         attempts: args.attempts.max(1),
         settle_ms: args.settle.as_millis() as i64,
     };
+    let explicit = !args.vouchers.is_empty();
     let mut run = reconcile::Run {
-        db: &db,
-        conn: &mut redis,
+        db,
+        conn: &mut redis.clone(),
         prefix: &cfg.prefix,
-        explicit: !args.vouchers.is_empty(),
-        ids: &ids,
+        explicit,
+        ids: None,
     };
-    let plan = pass_with_progress(&mut run, &vouchers, &look).await;
-    let plan = match plan {
-        Ok(p) => p,
-        Err(e) => {
-            db.close().await;
-            return Err(e.into());
-        }
-    };
+    let plan = pass_with_progress(&mut run, &vouchers, &look).await?;
     // Busy vouchers go to the repair pass too: it reads them again.
     let drifting = reconcile::not_consistent(&plan);
     if args.dry_run || drifting.is_empty() {
-        db.close().await;
-        render(&args, &plan)?;
+        render(args, &plan)?;
         return Ok(exit_code_of(&plan));
     }
     if !args.confirmation.yes {
-        render(&args, &plan)?;
+        render(args, &plan)?;
         let question = format!("Repair {} voucher(s) as listed?", drifting.len());
         if !confirm(&args.confirmation, &question)? {
-            db.close().await;
             eprintln!("nothing repaired");
             return Ok(exit_code::DRIFT_FOUND);
         }
     }
+    // Giving back a cancelled order's unit may promote a waitlisted user,
+    // minting an order id: only then is a node id leased (a repair that
+    // needs none writes nothing beyond the repair itself).
+    let ids = match reconcile::needs_order_ids(&plan) {
+        true => Some(OrderIds::lease(redis.clone(), &cfg.prefix, args.node.node_id).await?),
+        false => None,
+    };
+    let stop_renewing = tokio_util::sync::CancellationToken::new();
+    let renewing = ids
+        .as_ref()
+        .map(|ids| ids.keep_alive(stop_renewing.clone()));
     let act = Options {
         dry_run: false,
         ..look
     };
+    let mut run = reconcile::Run {
+        db,
+        conn: &mut redis,
+        prefix: &cfg.prefix,
+        explicit,
+        ids: ids.as_deref(),
+    };
     let done = pass_with_progress(&mut run, &drifting, &act).await;
-    db.close().await;
+    stop_renewing.cancel();
+    if let Some(renewing) = renewing {
+        renewing.await.ok();
+    }
     let done = done?;
-    render(&args, &done)?;
+    render(args, &done)?;
     Ok(exit_code_of(&done))
 }
 

@@ -72,7 +72,7 @@ pub async fn run(cfg: &Config, args: WorkerArgs) -> anyhow::Result<u8> {
         until_idle: args.until_idle,
         keep: args.keep,
         lanes: args.lanes,
-        node_id: args.node.get(),
+        node_id: args.node.node_id,
         deadlines: DeadlineOptions {
             lease: args.deadline_lease,
             sweep_every: args.sweep_every,

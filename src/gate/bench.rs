@@ -17,8 +17,9 @@ use crate::gate::admission::{admit, OUTCOME_NAMES};
 use crate::orders::voucher::{validate_id, MAX_ID};
 use crate::store::config::Config;
 use crate::store::keys::VoucherKeys;
+use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn;
-use crate::support::snowflake::Snowflake;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Clone)]
 pub struct BenchPlan {
@@ -28,7 +29,8 @@ pub struct BenchPlan {
     pub attempts: u64,
     pub concurrency: usize,
     pub connections: usize,
-    pub node_id: u16,
+    /// The snowflake node id asked for (none: a free one is leased).
+    pub node_id: Option<u16>,
 }
 
 impl BenchPlan {
@@ -129,11 +131,13 @@ struct TaskResult {
 pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Result<BenchReport> {
     plan.validate()?;
     let keys = Arc::new(VoucherKeys::new(&cfg.prefix, plan.voucher)?);
-    let ids = Arc::new(Snowflake::new(plan.node_id)?);
     let mut conns = Vec::with_capacity(plan.connections);
     for _ in 0..plan.connections {
         conns.push(redis_conn::connect(cfg).await?);
     }
+    let ids = OrderIds::lease(conns[0].clone(), &cfg.prefix, plan.node_id).await?;
+    let stop_renewing = CancellationToken::new();
+    let renewing = ids.keep_alive(stop_renewing.clone());
     // Load the script once up front so no attempt pays for NOSCRIPT.
     crate::store::scripts::ADMISSION
         .load_async(&mut conns[0])
@@ -165,7 +169,11 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
                 }
                 let user = plan.user_offset + i % plan.users + 1;
                 let t0 = Instant::now();
-                match admit(&mut conn, &keys, plan.voucher, user, ids.next_id()).await {
+                let attempt = match ids.next_id() {
+                    Ok(order) => admit(&mut conn, &keys, plan.voucher, user, order).await,
+                    Err(e) => Err(e),
+                };
+                match attempt {
                     Ok(outcome) => r.counts[outcome.code()] += 1,
                     Err(e) => {
                         r.errors += 1;
@@ -194,6 +202,8 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
         hist.add(&r.hist).ok();
     }
     let elapsed = started.elapsed();
+    stop_renewing.cancel();
+    renewing.await.ok();
     if errors == plan.attempts {
         return Err(Error::Redis(format!(
             "every attempt failed; the first with: {}",

@@ -12,9 +12,9 @@ use crate::error::{Error, Result};
 use crate::orders::order::OrderStatus;
 use crate::store::db::{join_ids, Db};
 use crate::store::keys::VoucherKeys;
+use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn::{value_text, RedisConn};
 use crate::store::scripts::{CLAIM_DUE, RELEASE};
-use crate::support::snowflake::Snowflake;
 
 /// A claimed deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,7 +140,7 @@ pub async fn release(
     voucher: u64,
     cancelled: &[u64],
     settled: &[u64],
-    ids: &Snowflake,
+    ids: &OrderIds,
 ) -> Result<Released> {
     if cancelled.is_empty() && settled.is_empty() {
         return Ok(Released::default());
@@ -157,7 +157,7 @@ pub async fn release(
         .arg(voucher)
         .arg(cancelled.len());
     for order in cancelled {
-        inv.arg(*order).arg(ids.next_id());
+        inv.arg(*order).arg(ids.next_id()?);
     }
     for order in settled {
         inv.arg(*order);

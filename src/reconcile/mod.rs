@@ -18,8 +18,8 @@ mod snapshot;
 use crate::error::{Error, Result};
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
+use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn::RedisConn;
-use crate::support::snowflake::Snowflake;
 pub use classify::{classify, Drift, DriftClass};
 use repair::{repair, RepairResult};
 use report::{busy_report, report_of};
@@ -48,8 +48,9 @@ pub struct Run<'a, C> {
     /// The operator named the vouchers: one missing from MySQL is an error
     /// (otherwise it was only registered, and is skipped with a warning).
     pub explicit: bool,
-    /// Mints the order ids of promotions a release may make.
-    pub ids: &'a Snowflake,
+    /// Mints the order ids of promotions a release may make: needed only
+    /// to repair (a dry run leases no node id, so it writes nothing).
+    pub ids: Option<&'a OrderIds>,
 }
 
 impl<C: RedisConn> Run<'_, C> {
@@ -99,6 +100,16 @@ pub fn not_consistent(reports: &[VoucherReport]) -> Vec<u64> {
         .collect()
 }
 
+/// Whether repairing what `reports` found may mint order ids (a release
+/// can promote a waitlisted user). A repair pass without them reports such
+/// drift as not repaired.
+pub fn needs_order_ids(reports: &[VoucherReport]) -> bool {
+    reports
+        .iter()
+        .flat_map(|r| &r.drifts)
+        .any(|d| d.class == DriftClass::CancelledNotReleased)
+}
+
 /// Checks one voucher and, unless dry-run, repairs what it found.
 /// `first` is a read already made (by [`read_many`]); later rounds read again.
 pub async fn reconcile_voucher(
@@ -108,7 +119,7 @@ pub async fn reconcile_voucher(
     voucher: u64,
     first: Option<Read>,
     opts: &Options,
-    ids: &Snowflake,
+    ids: Option<&OrderIds>,
 ) -> Result<VoucherReport> {
     let keys = VoucherKeys::new(prefix, voucher)?;
     let mut first = first;

@@ -10,10 +10,10 @@ use crate::gate::image::{publish_gate, GateImage};
 use crate::orders::deadline;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
+use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn::RedisConn;
 use crate::store::registry;
 use crate::store::scripts::RECONCILE;
-use crate::support::snowflake::Snowflake;
 
 pub(super) enum RepairResult {
     Applied {
@@ -33,7 +33,7 @@ pub(super) async fn repair(
     s: &Snapshot,
     drifts: &[Drift],
     opts: &Options,
-    ids: &Snowflake,
+    ids: Option<&OrderIds>,
 ) -> Result<RepairResult> {
     let has = |c: DriftClass| drifts.iter().any(|d| d.class == c);
     if has(DriftClass::MysqlInconsistent) {
@@ -75,6 +75,17 @@ pub(super) async fn repair(
         .map(|(order, created)| (order, created + s.pay_timeout_ms))
         .collect();
     let unreleased: Vec<u64> = s.cancelled_unreleased_settled().into_iter().collect();
+    let release_ids = match (unreleased.is_empty(), ids) {
+        (true, _) => None,
+        (false, Some(ids)) => Some(ids),
+        (false, None) => {
+            // Found only now (not in the plan that decided on leasing ids).
+            tracing::warn!(
+                "voucher {voucher}: cancelled orders to give back turned up during the repair; run reconcile again"
+            );
+            return Ok(RepairResult::Applied { unrepaired: true });
+        }
+    };
     let mut inv = RECONCILE.prepare_invoke();
     inv.key(keys.stock())
         .key(keys.buyers())
@@ -99,7 +110,7 @@ pub(super) async fn repair(
     if applied != 1 {
         return Ok(RepairResult::Moved);
     }
-    if !unreleased.is_empty() {
+    if let Some(ids) = release_ids {
         deadline::release(conn, keys, voucher, &unreleased, &[], ids).await?;
     }
     Ok(RepairResult::Applied { unrepaired: false })

@@ -74,6 +74,16 @@ impl VoucherKeys {
     }
 }
 
+/// The lease of snowflake node id `node` (lua/node_lease.lua).
+pub fn node_lease(prefix: &str, node: u16) -> String {
+    format!("{prefix}:{{nodes}}:lease:{node}")
+}
+
+/// Per node id, the highest id time any holder may have used.
+pub fn node_clock(prefix: &str) -> String {
+    format!("{prefix}:{{nodes}}:clock")
+}
+
 /// The consumer group of `seckill worker` on every order stream.
 pub const WORKER_GROUP: &str = "seckill-worker";
 

@@ -55,3 +55,7 @@ pub static RELEASE: LazyLock<Script> =
 /// Reconciliation: a repair applied only if the voucher did not move.
 pub static RECONCILE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/reconcile.lua")));
+
+/// Leases a snowflake node id (public: application servers take part).
+pub static NODE_LEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/node_lease.lua")));

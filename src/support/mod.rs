@@ -3,6 +3,7 @@
 
 pub mod backoff;
 pub mod fault;
+pub mod host;
 pub mod mask;
 pub mod shutdown;
 pub mod snowflake;

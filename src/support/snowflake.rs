@@ -5,7 +5,8 @@
 //! moves it forward: `next = max(now << 12, last + 1)`. When the wall clock
 //! steps back, ids keep coming from the last millisecond seen (borrowing
 //! sequence numbers, then future milliseconds), so a process never repeats an
-//! id. Distinct app servers must use distinct node ids.
+//! id. Distinct processes never share a node id: each leases one from Redis
+//! (`store::node_lease`), which also hands out a floor for the time.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -50,6 +51,24 @@ impl Snowflake {
         })
     }
 
+    /// A generator whose ids all have a time after `floor_ms` (Unix ms),
+    /// whatever this host's clock says: the floor a node-id lease hands out.
+    pub fn starting_after(node: u16, floor_ms: u64) -> Result<Self> {
+        let gen = Self::new(node)?;
+        let floor = floor_ms.saturating_sub(EPOCH_MS) << SEQ_BITS;
+        gen.state
+            .store(floor | ((1 << SEQ_BITS) - 1), Ordering::Relaxed);
+        Ok(gen)
+    }
+
+    /// The time (Unix ms) of the next id: the clock, or later if the ids
+    /// already made are ahead of it.
+    pub fn time_ms(&self) -> u64 {
+        let clock = (self.clock)();
+        let state = (self.state.load(Ordering::Relaxed) >> SEQ_BITS) + EPOCH_MS;
+        clock.max(state)
+    }
+
     pub fn next_id(&self) -> u64 {
         let now = (self.clock)().saturating_sub(EPOCH_MS) << SEQ_BITS;
         let mut last = self.state.load(Ordering::Relaxed);
@@ -68,12 +87,6 @@ impl Snowflake {
             }
         }
     }
-}
-
-/// The node id when none is configured: derived from the process id, so two
-/// `seckill` processes on one host differ. Across hosts, configure it.
-pub fn default_node_id() -> u16 {
-    (std::process::id() % (u32::from(MAX_NODE_ID) + 1)) as u16
 }
 
 /// The creation time (Unix ms) and node id encoded in an id.
@@ -98,6 +111,25 @@ mod tests {
 
     fn frozen_clock() -> u64 {
         EPOCH_MS + 42
+    }
+
+    #[test]
+    fn a_floor_ahead_of_the_clock_is_respected() {
+        let gen = Snowflake::starting_after(5, EPOCH_MS + 10_000_000).unwrap();
+        let (ms, node) = decode(gen.next_id());
+        assert_eq!(node, 5);
+        assert!(ms > EPOCH_MS + 10_000_000 || wall_clock_ms() > EPOCH_MS + 10_000_000);
+        let behind = Snowflake::with_clock(5, frozen_clock).unwrap();
+        behind.state.store(
+            ((EPOCH_MS + 10_000_000 - EPOCH_MS) << SEQ_BITS) | ((1 << SEQ_BITS) - 1),
+            Ordering::Relaxed,
+        );
+        let (ms, _) = decode(behind.next_id());
+        assert_eq!(
+            ms,
+            EPOCH_MS + 10_000_001,
+            "a frozen clock far behind the floor"
+        );
     }
 
     #[test]

@@ -17,9 +17,9 @@ use crate::orders::deadline::{self, Due};
 use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
+use crate::store::node_lease::OrderIds;
 use crate::store::registry;
 use crate::support::backoff::Backoff;
-use crate::support::snowflake::Snowflake;
 use redis::AsyncCommands;
 
 /// The meta field counting a voucher's failed deadline passes.
@@ -46,7 +46,7 @@ pub struct Canceller {
     pub(super) db: Db,
     pub(super) conn: MultiplexedConnection,
     /// Mints the order ids of promotions.
-    pub(super) ids: Snowflake,
+    pub(super) ids: Arc<OrderIds>,
     pub(super) stats: Arc<WorkerStats>,
     /// Cached per voucher for the sweep.
     pub(super) pay_timeouts: HashMap<u64, i64>,

@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{Error, Result};
 use crate::store::config::Config;
 use crate::store::db::Db;
+use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn;
 use canceller::Canceller;
 use lane::Lane;
@@ -53,7 +54,11 @@ pub async fn run(
     let mut conn = redis_conn::connect(&cfg).await?;
     redis_conn::check_version(&mut conn).await?;
     let db = Db::connect(&cfg).await?;
-    let run_id = crate::support::snowflake::Snowflake::new(0)?.next_id();
+    let ids = OrderIds::lease(conn.clone(), &cfg.prefix, opts.node_id).await?;
+    let stop_renewing = CancellationToken::new();
+    let renewing = ids.keep_alive(stop_renewing.clone());
+    // Unique among all processes: lock owner tokens must never be shared.
+    let run_id = ids.next_id()?;
     let metrics = match opts.metrics_addr {
         Some(addr) => {
             Some(metrics::start(addr, cfg.clone(), stats.clone(), stop.child_token()).await?)
@@ -65,7 +70,7 @@ pub async fn run(
         opts: opts.deadlines.clone(),
         db: db.clone(),
         conn: redis_conn::connect(&cfg).await?,
-        ids: crate::support::snowflake::Snowflake::new(opts.node_id)?,
+        ids: ids.clone(),
         stats: stats.clone(),
         pay_timeouts: HashMap::new(),
         last_sweep: None,
@@ -144,6 +149,8 @@ pub async fn run(
     if let Some(m) = metrics {
         m.abort();
     }
+    stop_renewing.cancel();
+    renewing.await.ok();
     db.close().await;
     outcome
 }

@@ -27,7 +27,7 @@ pub struct WorkerOptions {
     /// next is read and locked (each lane has its own connections).
     pub lanes: usize,
     /// Snowflake node id of the orders this worker mints (promotions).
-    pub node_id: u16,
+    pub node_id: Option<u16>,
     /// Layer 5: payment deadlines.
     pub deadlines: DeadlineOptions,
     /// Where to serve Prometheus metrics (none: no endpoint).
@@ -83,11 +83,5 @@ pub struct DeadlineOptions {
 /// The default consumer name: host and process id, stable for the life of
 /// the process and distinct between instances.
 pub fn default_consumer() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "localhost".to_string());
-    format!("{host}-{}", std::process::id())
+    format!("{}-{}", crate::support::host::name(), std::process::id())
 }

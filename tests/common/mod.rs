@@ -23,7 +23,6 @@ use serde_json::Value;
 use tokio::sync::OnceCell;
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
-static NODE: AtomicU64 = AtomicU64::new(1);
 
 /// Worker flags for tests: short claim, block, lease and deadline lease, so
 /// crashes and takeovers play out in a second, followed by `extra`.
@@ -405,7 +404,7 @@ impl TestEnv {
             concurrency,
             connections: concurrency.clamp(1, 4),
             // A node id per sale: two sales at once never mint one order id.
-            node_id: (NODE.fetch_add(1, Ordering::Relaxed) % 1024) as u16,
+            node_id: None,
         };
         tokio::spawn(async move {
             seckill::gate::bench::run(&cfg, &plan, Default::default())

@@ -1,0 +1,51 @@
+-- node_lease.lua — lease a snowflake node id, so that no two live processes
+-- (on any host) mint order ids with the same node id, and no holder of a
+-- node id mints an id a former holder already minted.
+--
+-- Public contract: application servers that mint the order ids they pass to
+-- lua/seckill.lua take part the same way `seckill` does (see the README,
+-- "Order ids"). Both keys carry the hash tag {nodes}: one Cluster slot.
+--
+-- KEYS[1]  seckill:{nodes}:lease:<N>  string  the holder's token, with a TTL
+-- KEYS[2]  seckill:{nodes}:clock      hash    N -> the highest id time (Unix
+--                                             ms) any holder of N may have used
+--
+-- ARGV[1]  "claim", "renew" or "release"
+-- ARGV[2]  the holder's token (random, unique per process)
+-- ARGV[3]  lease TTL in ms
+-- ARGV[4]  N, the node id (0..1023)
+-- ARGV[5]  the caller's id time now (Unix ms): its clock, or the time in its
+--          newest id if that is ahead
+--
+-- Returns the node's floor, or -1:
+--   claim    -1 if N is leased by another live holder; otherwise the lease
+--            is taken and the floor returned: mint only ids with a time
+--            above it (a holder whose clock is behind a former holder's
+--            must not repeat its ids)
+--   renew    -1 if the lease is no longer the caller's (it expired, and
+--            maybe another process took it): stop minting with N at once
+--   release  -1 if not the caller's; otherwise the lease is deleted
+-- Every successful call records max(floor, ARGV[5]) + TTL as N's new floor:
+-- the holder mints nothing past it without renewing first.
+
+local function raise_floor()
+  local floor = tonumber(redis.call('HGET', KEYS[2], ARGV[4]) or '0')
+  local horizon = math.max(floor, tonumber(ARGV[5])) + tonumber(ARGV[3])
+  redis.call('HSET', KEYS[2], ARGV[4], string.format('%d', horizon))
+  return floor
+end
+
+local op = ARGV[1]
+if op == 'claim' then
+  if not redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[3]) then return -1 end
+  return raise_floor()
+end
+if redis.call('GET', KEYS[1]) ~= ARGV[2] then return -1 end
+if op == 'renew' then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+elseif op == 'release' then
+  redis.call('DEL', KEYS[1])
+else
+  return redis.error_reply('ERR node_lease: unknown operation')
+end
+return raise_floor()

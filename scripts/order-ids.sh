@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# How many distinct order ids N concurrent `seckill buy` processes mint when
+# every one is pid 1 of its own pid namespace (as in N containers).
+#   scripts/order-ids.sh [N] [path/to/seckill]      (root: unshare --pid)
+# Uses the project's services, a voucher of its own (id 990001) under the
+# key prefix seckill_ids; prints "N buyers: D distinct order ids".
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+n=${1:-200}
+bin=${2:-target/debug/seckill}
+eval "$(scripts/services.sh env)"
+export SECKILL_PREFIX=seckill_ids
+unset SECKILL_NODE_ID
+voucher=990001
+redis-cli -p "${SECKILL_REDIS_PORT:-16379}" --scan --pattern 'seckill_ids:*' |
+  xargs -r redis-cli -p "${SECKILL_REDIS_PORT:-16379}" del >/dev/null
+mariadb --no-defaults -h127.0.0.1 -P"${SECKILL_MYSQL_PORT:-13306}" -useckill -pseckill seckill \
+  -e "DELETE FROM seckill_order WHERE voucher_id = $voucher; DELETE FROM seckill_voucher WHERE voucher_id = $voucher" 2>/dev/null || true
+"$bin" init >/dev/null
+"$bin" voucher add --id "$voucher" --stock "$n" >/dev/null
+"$bin" preload --voucher "$voucher" >/dev/null
+out=$(mktemp -d)
+for u in $(seq 1 "$n"); do
+  unshare --pid --fork "$bin" buy --voucher "$voucher" --user "$u" --format json >"$out/$u" 2>&1 &
+done
+wait
+distinct=$(cat "$out"/* | sed -n 's/.*"order_id": "\([0-9]*\)".*/\1/p' | sort -u | wc -l)
+echo "$n buyers: $distinct distinct order ids"
+rm -rf "$out"

@@ -1,0 +1,190 @@
+//! Order ids unique across processes and hosts with no set-up: every
+//! process that mints order ids leases a snowflake node id from Redis
+//! (`lua/node_lease.lua`), renews the lease while it lives, and mints only
+//! while the lease is surely its own. The lease also hands out a floor for
+//! the id time, so a new holder whose clock is behind a former holder's
+//! never repeats one of its ids.
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Error, Result};
+use crate::store::config::validate_prefix;
+use crate::store::keys;
+use crate::store::scripts::NODE_LEASE;
+use crate::support::snowflake::{Snowflake, MAX_NODE_ID};
+
+/// How long a lease lives unless renewed; renewed every third of it.
+pub const LEASE_TTL: Duration = Duration::from_secs(30);
+
+/// A leased node id and the generator that mints with it.
+pub struct OrderIds {
+    conn: MultiplexedConnection,
+    prefix: String,
+    token: String,
+    /// The node id the operator asked for (`--node-id`), if any: then only
+    /// that one is ever claimed.
+    wanted: Option<u16>,
+    held: Mutex<Held>,
+}
+
+struct Held {
+    node: u16,
+    ids: Snowflake,
+    /// Minting stops here unless a renewal moved it: the lease may be gone
+    /// in Redis by then. None: the lease was lost.
+    valid_until: Option<Instant>,
+}
+
+impl OrderIds {
+    /// Leases `wanted`, or the first free node id from a random start.
+    pub async fn lease(
+        conn: MultiplexedConnection,
+        prefix: &str,
+        wanted: Option<u16>,
+    ) -> Result<Arc<OrderIds>> {
+        validate_prefix(prefix)?;
+        let random = RandomState::new().hash_one(std::process::id());
+        let host = crate::support::host::name();
+        let mut me = OrderIds {
+            conn,
+            prefix: prefix.to_string(),
+            token: format!("{host}:{}:{random:016x}", std::process::id()),
+            wanted,
+            held: Mutex::new(Held {
+                node: 0,
+                ids: Snowflake::new(0)?,
+                valid_until: None,
+            }),
+        };
+        let held = me.claim_any(random).await?;
+        me.held = Mutex::new(held);
+        Ok(Arc::new(me))
+    }
+
+    /// The node id in use.
+    pub fn node(&self) -> u16 {
+        self.lock().node
+    }
+
+    /// A fresh order id; an error once the lease may have been lost (a
+    /// renewal failing for a whole lease), never a possibly duplicate id.
+    pub fn next_id(&self) -> Result<u64> {
+        let held = self.lock();
+        match held.valid_until {
+            Some(t) if Instant::now() < t => Ok(held.ids.next_id()),
+            _ => Err(Error::NodeId(format!(
+                "the lease of node id {} could not be renewed in time; no order id minted",
+                held.node
+            ))),
+        }
+    }
+
+    /// Extends the lease; if it was lost, claims a node id again (the same
+    /// one when it is free or was asked for, else any).
+    pub async fn renew(&self) -> Result<()> {
+        let (node, now_ms) = {
+            let held = self.lock();
+            (held.node, held.ids.time_ms())
+        };
+        let sent = Instant::now();
+        let floor = self.call("renew", node, now_ms).await?;
+        if floor >= 0 {
+            self.lock().valid_until = Some(sent + usable(LEASE_TTL));
+            return Ok(());
+        }
+        tracing::warn!("the lease of node id {node} was lost; claiming one again");
+        self.lock().valid_until = None;
+        let start = u64::from(node);
+        let held = self.claim_any(start).await?;
+        *self.lock() = held;
+        Ok(())
+    }
+
+    /// Gives the node id back (at exit), so it is free at once.
+    pub async fn release(&self) {
+        let (node, now_ms) = {
+            let mut held = self.lock();
+            held.valid_until = None;
+            (held.node, held.ids.time_ms())
+        };
+        if let Err(e) = self.call("release", node, now_ms).await {
+            tracing::debug!("could not release node id {node} (it expires by itself): {e}");
+        }
+    }
+
+    /// Renews the lease every third of its life until `stop`, then releases it.
+    pub fn keep_alive(self: &Arc<Self>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(LEASE_TTL / 3) => {}
+                }
+                if let Err(e) = me.renew().await {
+                    tracing::warn!("node id lease: {e}; retrying");
+                }
+            }
+            me.release().await;
+        })
+    }
+
+    /// Claims `wanted`, or else tries every node id from `start` on.
+    async fn claim_any(&self, start: u64) -> Result<Held> {
+        let span = u64::from(MAX_NODE_ID) + 1;
+        let candidates: Vec<u16> = match self.wanted {
+            Some(n) => vec![n],
+            None => (0..span).map(|i| ((start + i) % span) as u16).collect(),
+        };
+        let clock = Snowflake::new(0)?.time_ms();
+        for node in candidates {
+            let sent = Instant::now();
+            let floor = self.call("claim", node, clock).await?;
+            if floor >= 0 {
+                return Ok(Held {
+                    node,
+                    ids: Snowflake::starting_after(node, floor as u64)?,
+                    valid_until: Some(sent + usable(LEASE_TTL)),
+                });
+            }
+        }
+        Err(Error::NodeId(match self.wanted {
+            Some(n) => format!(
+                "node id {n} is leased by another live process (seckill or an application server): \
+                 choose another --node-id, or leave it unset to lease a free one"
+            ),
+            None => format!("all {span} node ids are leased by live processes"),
+        }))
+    }
+
+    async fn call(&self, op: &str, node: u16, now_ms: u64) -> Result<i64> {
+        let mut conn = self.conn.clone();
+        Ok(NODE_LEASE
+            .key(keys::node_lease(&self.prefix, node))
+            .key(keys::node_clock(&self.prefix))
+            .arg(op)
+            .arg(&self.token)
+            .arg(LEASE_TTL.as_millis() as u64)
+            .arg(node)
+            .arg(now_ms)
+            .invoke_async(&mut conn)
+            .await?)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
+        // A panic while holding it cannot leave Held half-written.
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The part of a lease this process may mint in: its own timer started
+/// before Redis's, and a margin covers clock-rate differences and pauses.
+fn usable(ttl: Duration) -> Duration {
+    ttl * 9 / 10
+}

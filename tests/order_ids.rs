@@ -1,0 +1,162 @@
+//! Order ids are unique across processes with no set-up: 200 `seckill buy`
+//! processes at once, each the pid 1 of its own pid namespace (as in 200
+//! containers), mint 200 distinct ids, and the worker persists every order.
+
+mod common;
+
+use std::collections::HashSet;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::invariants::assert_invariants;
+use common::{fast_worker, TestEnv};
+
+const V: u64 = 1;
+const BUYERS: u64 = 200;
+
+/// Whether this machine lets us run a process as pid 1 of a new namespace.
+fn pid_namespaces_work() -> bool {
+    Command::new("unshare")
+        .args(["--pid", "--fork", "true"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buyers_that_are_all_pid_1_get_distinct_order_ids() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 1_000).await;
+    let namespaces = pid_namespaces_work();
+    if !namespaces {
+        eprintln!("unshare --pid is not permitted here: the buyers run as ordinary processes");
+    }
+    let bin = env!("CARGO_BIN_EXE_seckill");
+    let children: Vec<_> = (1..=BUYERS)
+        .map(|user| {
+            let user = user.to_string();
+            let args = ["buy", "--voucher", "1", "--user", &user, "--format", "json"];
+            let mut cmd = if namespaces {
+                let mut c = Command::new("unshare");
+                c.args(["--pid", "--fork", bin]).args(args);
+                c
+            } else {
+                let mut c = Command::new(bin);
+                c.args(args);
+                c
+            };
+            cmd.env("SECKILL_REDIS_URL", &env.cfg.redis_url)
+                .env("SECKILL_MYSQL_URL", &env.cfg.mysql_url)
+                .env("SECKILL_PREFIX", &env.prefix)
+                .env_remove("SECKILL_NODE_ID")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn seckill buy")
+        })
+        .collect();
+    let mut ids = HashSet::new();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let j = common::json(&out);
+        assert_eq!(j["outcome"], "success", "{j}");
+        ids.insert(j["order_id"].as_str().unwrap().to_string());
+    }
+    assert_eq!(ids.len() as u64, BUYERS, "distinct order ids");
+    env.spawn_worker(&fast_worker(&["--until-idle"]))
+        .expect_success(Duration::from_secs(60));
+    assert_eq!(
+        env.order_count(V).await,
+        BUYERS,
+        "every admitted order persisted"
+    );
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.orders.len() as u64, BUYERS);
+    let keys = seckill::store::keys::VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let dead: u64 = redis::AsyncCommands::xlen(&mut redis, keys.dead())
+        .await
+        .unwrap();
+    assert_eq!(dead, 0, "no order dead-lettered as colliding");
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_explicit_node_id_held_by_a_live_lease_is_refused() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 10).await;
+    let mut redis = env.redis().await;
+    let lease = seckill::store::keys::node_lease(&env.prefix, 7);
+    let _: () = redis::cmd("SET")
+        .arg(&lease)
+        .arg("another-host:1:token")
+        .arg("PX")
+        .arg(30_000)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let out = env
+        .cmd()
+        .args(["buy", "--voucher", "1", "--user", "5", "--node-id", "7"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("node id 7 is leased by another live process"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert_eq!(env.in_flight(V).await, 0, "nothing admitted");
+    // Unset, a free node id is leased instead.
+    let out = env
+        .cmd()
+        .args(["buy", "--voucher", "1", "--user", "5", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let id: u64 = common::json(&out)["order_id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_ne!(seckill::support::snowflake::decode(id).1, 7);
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_holder_mints_above_the_former_holders_time() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 10).await;
+    // A former holder of node 9 whose clock ran an hour ahead of ours.
+    let ahead = seckill::support::timespec::now_ms() + 3_600_000;
+    let mut redis = env.redis().await;
+    let _: () = redis::AsyncCommands::hset(
+        &mut redis,
+        seckill::store::keys::node_clock(&env.prefix),
+        9,
+        ahead,
+    )
+    .await
+    .unwrap();
+    let out = env
+        .cmd()
+        .args(["buy", "--voucher", "1", "--user", "5", "--node-id", "9"])
+        .args(["--format", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let id: u64 = common::json(&out)["order_id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let (ms, node) = seckill::support::snowflake::decode(id);
+    assert_eq!(node, 9);
+    assert!(
+        ms > ahead as u64,
+        "id time {ms} is not above the former holder's {ahead}"
+    );
+    env.cleanup().await;
+}
