@@ -1,36 +1,64 @@
--- requeue.lua — move dead letters back into the order stream once their
--- cause is fixed (`seckill pending --voucher V --requeue`).
+-- requeue.lua — put dead letters back into the order stream once their
+-- cause is fixed (`seckill pending --voucher V --requeue`), without
+-- bypassing the gate's accounting: an order in the stream must hold a unit
+-- at the gate and its user must be a buyer.
 --
--- KEYS[1]  seckill:{V}:dead     stream dead letters
--- KEYS[2]  seckill:{V}:orders   stream the worker reads
--- ARGV[i]  dead-letter entry ids to requeue
+-- KEYS[1]  seckill:{V}:dead      stream dead letters
+-- KEYS[2]  seckill:{V}:orders    stream the worker reads
+-- KEYS[3]  seckill:{V}:stock     string units left at the gate
+-- KEYS[4]  seckill:{V}:buyers    set
+-- KEYS[5]  seckill:{V}:waitlist  zset
+-- ARGV     pairs: a dead-letter entry id, the order id to requeue it under
+--          (its own, or a fresh one where its own collides in MySQL)
 --
--- Returns {requeued, skipped}: a dead letter that is not a well-formed order
--- of this voucher (user, order and voucher ids as lua/seckill.lua checks
--- them) cannot be requeued and stays where it is, as does an id that is not
--- in the dead-letter stream.
+-- Returns one code per pair:
+--    1  requeued: its user is still a buyer, so the unit taken at its
+--       admission is still held for it
+--    2  re-admitted and requeued: the unit had been given back meanwhile
+--       (`seckill reconcile` frees buyers without an order), so one was
+--       taken at the gate again (DECR stock, SADD buyers, ZREM waitlist)
+--    0  not requeued: its user is no buyer and the gate has no unit left
+--   -1  not requeued: no such dead letter
+--   -2  not requeued: not a well-formed order of this voucher
+-- Requeued dead letters are deleted from KEYS[1]; the rest stay.
 --
 -- `valid_id` comes from lua/lib/valid_id.lua, which the binary prepends (to
 -- run this file by hand, prepend it too).
 
-local requeued, skipped = 0, 0
-for _, id in ipairs(ARGV) do
+local out = {}
+for i = 1, #ARGV, 2 do
+  local id, order = ARGV[i], ARGV[i + 1]
   local e = redis.call('XRANGE', KEYS[1], id, id)
-  local f = {}
-  if e[1] then
+  local code
+  if not e[1] then
+    code = -1
+  else
+    local f = {}
     local kv = e[1][2]
     for j = 1, #kv, 2 do
       if f[kv[j]] == nil then f[kv[j]] = kv[j + 1] end
     end
+    local kind = f.kind or 'admit'
+    if not (valid_id(f.user) and valid_id(order) and valid_id(f.voucher)
+        and string.find(KEYS[2], '{' .. f.voucher .. '}', 1, true)
+        and (kind == 'admit' or kind == 'promote')) then
+      code = -2
+    elseif redis.call('SISMEMBER', KEYS[4], f.user) == 1 then
+      code = 1
+    elseif tonumber(redis.call('GET', KEYS[3]) or '0') > 0 then
+      redis.call('DECR', KEYS[3])
+      redis.call('SADD', KEYS[4], f.user)
+      redis.call('ZREM', KEYS[5], f.user)
+      code = 2
+    else
+      code = 0
+    end
+    if code > 0 then
+      redis.call('XADD', KEYS[2], '*', 'user', f.user, 'order', order, 'voucher', f.voucher,
+        'kind', kind)
+      redis.call('XDEL', KEYS[1], id)
+    end
   end
-  if valid_id(f.user) and valid_id(f.order) and valid_id(f.voucher)
-      and string.find(KEYS[2], '{' .. f.voucher .. '}', 1, true) then
-    redis.call('XADD', KEYS[2], '*', 'user', f.user, 'order', f.order, 'voucher', f.voucher,
-      'kind', f.kind or 'admit')
-    redis.call('XDEL', KEYS[1], id)
-    requeued = requeued + 1
-  else
-    skipped = skipped + 1
-  end
+  out[#out + 1] = code
 end
-return {requeued, skipped}
+return out

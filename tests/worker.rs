@@ -372,8 +372,11 @@ async fn poison_messages_are_dead_lettered_with_the_reason_and_the_worker_goes_o
     assert_eq!(refused.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("pass --yes"));
 
-    // Once the cause is fixed, a requeue gets the order stored.
+    // Once the cause is fixed (the voucher in MySQL and open at the gate),
+    // a requeue gets the order stored: its message never held a unit at the
+    // gate, so requeueing takes one there (re-admits it).
     env.add_voucher(999, 3, -1_000, 3_600_000).await;
+    env.preload(999).await;
     let requeued = env
         .cmd()
         .args([
@@ -388,10 +391,12 @@ async fn poison_messages_are_dead_lettered_with_the_reason_and_the_worker_goes_o
         .output()
         .unwrap();
     let j = json(&requeued);
-    assert_eq!(j["requeued"], 1);
+    assert_eq!(j["requeued"], 1, "{j}");
+    assert_eq!(j["entries"][0]["outcome"], "readmitted", "{j}");
     env.spawn_worker(&args(&["--until-idle"]))
         .expect_success(Duration::from_secs(60));
     assert_eq!(env.order_count(999).await, 1);
+    assert_invariants(&env, 999).await;
     // The poison of voucher 1 was no order: it cannot be requeued.
     let r = env
         .cmd()

@@ -7,7 +7,9 @@ use super::common::{parse_id, Format, FormatOpt};
 use super::confirm::{confirm, Confirmation};
 use super::render::{print_json, table};
 use crate::exit_code;
+use crate::gate::requeue;
 use crate::store::config::Config;
+use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn;
 use crate::stream::pending::{self, DeadLetterView, PendingEntry, StreamSummary};
@@ -65,13 +67,28 @@ pub async fn run(cfg: &Config, args: PendingArgs) -> anyhow::Result<u8> {
             eprintln!("nothing requeued");
             return Ok(exit_code::ERROR);
         }
-        let r = pending::requeue(&mut redis, &keys, &args.entries).await?;
+        let db = Db::connect(cfg).await?;
+        let r = requeue::requeue(&db, &mut redis, &keys, &args.entries, None).await;
+        db.close().await;
+        let r = r?;
         match args.format.format {
             Format::Json => print_json(&r)?,
-            Format::Table => outln!(
-                "requeued {} dead letter(s) of voucher {voucher}; {} could not be (not an order, or no such id)",
-                r.requeued, r.skipped
-            )?,
+            Format::Table => {
+                outln!(
+                    "requeued {} dead letter(s) of voucher {voucher}; {} left where they are",
+                    r.requeued,
+                    r.skipped
+                )?;
+                for e in &r.entries {
+                    match (&e.order, &e.reason) {
+                        (_, Some(reason)) => outln!("  {}: skipped: {reason}", e.id)?,
+                        (Some(order), None) => {
+                            outln!("  {}: {} as order {order}", e.id, e.outcome)?
+                        }
+                        (None, None) => outln!("  {}: {}", e.id, e.outcome)?,
+                    }
+                }
+            }
         }
         return Ok(exit_code::OK);
     }

@@ -6,6 +6,7 @@ pub mod admission;
 pub mod bench;
 pub mod image;
 pub mod preload;
+pub mod requeue;
 pub mod state;
 pub mod waitlist;
 pub mod witness;

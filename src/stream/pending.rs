@@ -10,7 +10,6 @@ use crate::error::Result;
 use crate::store::keys::{VoucherKeys, WORKER_GROUP};
 use crate::store::redis_conn::RedisConn;
 use crate::store::registry;
-use crate::store::scripts::REQUEUE;
 use crate::stream::backlog::backlog;
 use crate::stream::entry::RawEntry;
 
@@ -146,37 +145,4 @@ pub async fn dead_letters(
             }
         })
         .collect())
-}
-
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, Default)]
-pub struct Requeued {
-    pub requeued: u64,
-    pub skipped: u64,
-}
-
-/// Moves the given dead letters (all of them when `ids` is empty) back into
-/// the order stream, in batches of one script call each.
-pub async fn requeue(
-    conn: &mut impl RedisConn,
-    keys: &VoucherKeys,
-    ids: &[String],
-) -> Result<Requeued> {
-    let ids: Vec<String> = if ids.is_empty() {
-        let all: StreamRangeReply = conn.xrange_all(keys.dead()).await?;
-        all.ids.into_iter().map(|e| e.id).collect()
-    } else {
-        ids.to_vec()
-    };
-    let mut total = Requeued::default();
-    for chunk in ids.chunks(500) {
-        let mut inv = REQUEUE.prepare_invoke();
-        inv.key(keys.dead()).key(keys.orders());
-        for id in chunk {
-            inv.arg(id);
-        }
-        let (requeued, skipped): (u64, u64) = inv.invoke_async(conn).await?;
-        total.requeued += requeued;
-        total.skipped += skipped;
-    }
-    Ok(total)
 }

@@ -1,0 +1,252 @@
+//! `seckill pending --requeue` for every kind of dead letter, keeping the
+//! gate's accounting: after the worker drains what was requeued, I1–I6 hold.
+
+mod common;
+
+use std::time::Duration;
+
+use common::invariants::assert_invariants;
+use common::{fast_worker, TestEnv};
+use redis::aio::MultiplexedConnection;
+use redis::AsyncCommands;
+use seckill::gate::admission::admit;
+use seckill::store::keys::{VoucherKeys, WORKER_GROUP};
+
+const V: u64 = 1;
+
+/// Admits `user` at the gate under `order`, then moves its stream entry to
+/// the dead letters with `reason`, as the worker does after the last try.
+async fn admit_and_dead_letter(
+    redis: &mut MultiplexedConnection,
+    keys: &VoucherKeys,
+    user: u64,
+    order: u64,
+    reason: &str,
+) -> String {
+    let outcome = admit(redis, keys, V, user, order).await.unwrap();
+    assert_eq!(outcome.name(), "success");
+    dead_letter_last_entry(redis, keys, reason).await
+}
+
+/// Hands the stream's next undelivered entry to a worker that dead-letters
+/// it, as finish.lua does after the last try (dead letter, then XACK).
+async fn dead_letter_last_entry(
+    redis: &mut MultiplexedConnection,
+    keys: &VoucherKeys,
+    reason: &str,
+) -> String {
+    seckill::worker::group::ensure_group(redis, keys)
+        .await
+        .unwrap();
+    let read: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(WORKER_GROUP)
+        .arg("dead-letterer")
+        .arg("COUNT")
+        .arg(1)
+        .arg("STREAMS")
+        .arg(keys.orders())
+        .arg(">")
+        .query_async(redis)
+        .await
+        .unwrap();
+    let e = &read.keys[0].ids[0];
+    let mut fields: Vec<(String, String)> = vec![
+        ("entry".into(), e.id.clone()),
+        ("reason".into(), reason.into()),
+        ("deliveries".into(), "6".into()),
+    ];
+    for (k, v) in &e.map {
+        fields.push((k.clone(), redis::from_redis_value(v.clone()).unwrap()));
+    }
+    let dead: String = redis.xadd(keys.dead(), "*", &fields).await.unwrap();
+    let _: () = redis
+        .xack(keys.orders(), WORKER_GROUP, &[&e.id])
+        .await
+        .unwrap();
+    dead
+}
+
+fn outcome_of<'a>(report: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
+    report["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["id"] == id)
+        .unwrap_or_else(|| panic!("{id} not in {report}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_of_dead_letter_is_requeued_or_kept_without_breaking_the_gate() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 8).await;
+    env.admit_users(V, 3, 0).await; // users 1..3
+    env.spawn_worker(&fast_worker(&["--until-idle"]))
+        .expect_success(Duration::from_secs(60));
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let stored = env.orders(V).await;
+    let order_of = |user: u64| stored.iter().find(|o| o.1 == user).unwrap().0;
+
+    // Its user is still a buyer: the unit taken at its admission is held.
+    let held = admit_and_dead_letter(&mut redis, &keys, 4, 9_000_004, "no stock in MySQL").await;
+    // Reconcile freed its user and gave the unit back since: requeueing
+    // must take a unit at the gate again.
+    let freed = admit_and_dead_letter(&mut redis, &keys, 5, 9_000_005, "no stock in MySQL").await;
+    let _: () = redis.srem(keys.buyers(), 5).await.unwrap();
+    let _: () = redis.incr(keys.stock(), 1).await.unwrap();
+    // Its order id is another order's: requeued under a fresh one.
+    let collided = admit_and_dead_letter(
+        &mut redis,
+        &keys,
+        6,
+        order_of(2),
+        "order id collides with the order of user 2",
+    )
+    .await;
+    // A second admission of a user who holds an order: kept.
+    let _: () = redis.srem(keys.buyers(), 1).await.unwrap();
+    let second = admit_and_dead_letter(
+        &mut redis,
+        &keys,
+        1,
+        9_000_011,
+        "user 1 already holds an order",
+    )
+    .await;
+    // Poison: kept.
+    let poison: String = redis
+        .xadd(
+            keys.dead(),
+            "*",
+            &[
+                ("entry", "1-1"),
+                ("reason", "missing field 'user'"),
+                ("order", "77"),
+                ("voucher", "1"),
+            ],
+        )
+        .await
+        .unwrap();
+    let stock_before: i64 = redis.get(keys.stock()).await.unwrap();
+
+    let out = env
+        .cmd()
+        .args([
+            "pending",
+            "--voucher",
+            "1",
+            "--requeue",
+            "--yes",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let report = common::json(&out);
+    assert_eq!(
+        outcome_of(&report, &held)["outcome"],
+        "requeued",
+        "{report}"
+    );
+    assert_eq!(
+        outcome_of(&report, &freed)["outcome"],
+        "readmitted",
+        "{report}"
+    );
+    assert_eq!(
+        outcome_of(&report, &collided)["outcome"],
+        "renumbered",
+        "{report}"
+    );
+    assert_ne!(
+        outcome_of(&report, &collided)["order"],
+        order_of(2).to_string(),
+        "{report}"
+    );
+    assert_eq!(
+        outcome_of(&report, &second)["outcome"],
+        "skipped",
+        "{report}"
+    );
+    assert!(outcome_of(&report, &second)["reason"]
+        .as_str()
+        .unwrap()
+        .contains("already holds order"));
+    assert_eq!(
+        outcome_of(&report, &poison)["outcome"],
+        "skipped",
+        "{report}"
+    );
+    assert_eq!(report["requeued"], 3);
+    assert_eq!(report["skipped"], 2);
+    let stock_after: i64 = redis.get(keys.stock()).await.unwrap();
+    assert_eq!(
+        stock_after,
+        stock_before - 1,
+        "only the re-admission took a unit"
+    );
+    let dead: u64 = redis.xlen(keys.dead()).await.unwrap();
+    assert_eq!(dead, 2, "the kept ones stay dead letters");
+
+    // The second admission's gate unit is not an order's: give it back as
+    // reconcile would, so that the gate agrees with MySQL again.
+    let _: () = redis.sadd(keys.buyers(), 1).await.unwrap();
+    let _: () = redis.incr(keys.stock(), 1).await.unwrap();
+    env.spawn_worker(&fast_worker(&["--until-idle"]))
+        .expect_success(Duration::from_secs(60));
+    let users: Vec<u64> = env.orders(V).await.iter().map(|o| o.1).collect();
+    for u in [4, 5, 6] {
+        assert!(users.contains(&u), "user {u} has an order: {users:?}");
+    }
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.mysql_stock, 2);
+    assert_eq!(s.redis_stock, Some(2));
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_whose_unit_went_elsewhere_is_not_requeued_when_none_is_left() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 1).await;
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let freed = admit_and_dead_letter(&mut redis, &keys, 8, 9_000_008, "no stock in MySQL").await;
+    // Reconcile gave its unit back; another user bought it.
+    let _: () = redis.srem(keys.buyers(), 8).await.unwrap();
+    let _: () = redis.incr(keys.stock(), 1).await.unwrap();
+    assert_eq!(
+        admit(&mut redis, &keys, V, 9, 9_000_009)
+            .await
+            .unwrap()
+            .name(),
+        "success"
+    );
+    let out = env
+        .cmd()
+        .args([
+            "pending",
+            "--voucher",
+            "1",
+            "--requeue",
+            "--yes",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    let report = common::json(&out);
+    let e = outcome_of(&report, &freed);
+    assert_eq!(e["outcome"], "skipped", "{report}");
+    assert!(
+        e["reason"].as_str().unwrap().contains("none is left"),
+        "{report}"
+    );
+    env.spawn_worker(&fast_worker(&["--until-idle"]))
+        .expect_success(Duration::from_secs(60));
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.orders.len(), 1, "one unit, one order");
+    assert_eq!(s.mysql_stock, 0);
+    env.cleanup().await;
+}
