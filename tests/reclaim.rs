@@ -13,28 +13,6 @@ use seckill::worker::group;
 
 const V: u64 = 1;
 
-/// Delivers every entry of the stream to `consumer` (one XREADGROUP).
-async fn deliver_all_to(
-    redis: &mut redis::aio::MultiplexedConnection,
-    keys: &VoucherKeys,
-    consumer: &str,
-) -> Vec<String> {
-    group::ensure_group(redis, keys).await.unwrap();
-    let reply: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
-        .arg("GROUP")
-        .arg(WORKER_GROUP)
-        .arg(consumer)
-        .arg("COUNT")
-        .arg(10_000)
-        .arg("STREAMS")
-        .arg(keys.orders())
-        .arg(">")
-        .query_async(redis)
-        .await
-        .unwrap();
-    reply.keys[0].ids.iter().map(|e| e.id.clone()).collect()
-}
-
 /// Resets the idle time of `ids` (still owned by `consumer`), without
 /// counting a delivery: they look like entries a live consumer works on.
 async fn keep_fresh(
@@ -64,7 +42,12 @@ async fn reclaimed_entries_carry_their_own_delivery_count() {
     env.admit_users(V, 5, 0).await;
     let keys = VoucherKeys::new(&env.prefix, V).unwrap();
     let mut redis = env.redis().await;
-    let ids = deliver_all_to(&mut redis, &keys, "c").await;
+    let ids: Vec<String> = env
+        .read_as(V, "c", 10_000)
+        .await
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
     assert_eq!(ids.len(), 5);
     tokio::time::sleep(Duration::from_millis(300)).await;
     // The 2nd and 4th stay busy with the same consumer: a range over the
@@ -100,7 +83,12 @@ async fn an_idle_entry_behind_many_live_ones_is_reclaimed() {
     // a live one that keeps working on them. XAUTOCLAIM with COUNT 1 scans
     // at most 10 pending entries per call: only a cursor kept from one call
     // to the next reaches the 16th.
-    let ids = deliver_all_to(&mut redis, &keys, "dead").await;
+    let ids: Vec<String> = env
+        .read_as(V, "dead", 10_000)
+        .await
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
     let live = ids[..15].to_vec();
     keep_fresh(&mut redis, &keys, "live", &live).await;
     let stop = tokio_util::sync::CancellationToken::new();

@@ -7,50 +7,21 @@ use std::time::Duration;
 
 use common::invariants::assert_invariants;
 use common::{fast_worker, TestEnv};
-use redis::aio::MultiplexedConnection;
 use redis::AsyncCommands;
 use seckill::gate::admission::admit;
 use seckill::store::keys::{VoucherKeys, WORKER_GROUP};
 
 const V: u64 = 1;
 
-/// Admits `user` at the gate under `order`, then moves its stream entry to
-/// the dead letters with `reason`, as the worker does after the last try.
-async fn admit_and_dead_letter(
-    redis: &mut MultiplexedConnection,
-    keys: &VoucherKeys,
-    user: u64,
-    order: u64,
-    reason: &str,
-) -> String {
-    let outcome = admit(redis, keys, V, user, order).await.unwrap();
+/// Admits `user` at the gate under `order`, then dead-letters its entry with
+/// `reason`, as the worker does after the last try (dead letter, then XACK).
+async fn admit_and_dead_letter(env: &TestEnv, user: u64, order: u64, reason: &str) -> String {
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let outcome = admit(&mut redis, &keys, V, user, order).await.unwrap();
     assert_eq!(outcome.name(), "success");
-    dead_letter_last_entry(redis, keys, reason).await
-}
-
-/// Hands the stream's next undelivered entry to a worker that dead-letters
-/// it, as finish.lua does after the last try (dead letter, then XACK).
-async fn dead_letter_last_entry(
-    redis: &mut MultiplexedConnection,
-    keys: &VoucherKeys,
-    reason: &str,
-) -> String {
-    seckill::worker::group::ensure_group(redis, keys)
-        .await
-        .unwrap();
-    let read: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
-        .arg("GROUP")
-        .arg(WORKER_GROUP)
-        .arg("dead-letterer")
-        .arg("COUNT")
-        .arg(1)
-        .arg("STREAMS")
-        .arg(keys.orders())
-        .arg(">")
-        .query_async(redis)
-        .await
-        .unwrap();
-    let e = &read.keys[0].ids[0];
+    let read = env.read_as(V, "dead-letterer", 1).await;
+    let e = &read[0];
     let mut fields: Vec<(String, String)> = vec![
         ("entry".into(), e.id.clone()),
         ("reason".into(), reason.into()),
@@ -89,16 +60,15 @@ async fn every_kind_of_dead_letter_is_requeued_or_kept_without_breaking_the_gate
     let order_of = |user: u64| stored.iter().find(|o| o.1 == user).unwrap().0;
 
     // Its user is still a buyer: the unit taken at its admission is held.
-    let held = admit_and_dead_letter(&mut redis, &keys, 4, 9_000_004, "no stock in MySQL").await;
+    let held = admit_and_dead_letter(&env, 4, 9_000_004, "no stock in MySQL").await;
     // Reconcile freed its user and gave the unit back since: requeueing
     // must take a unit at the gate again.
-    let freed = admit_and_dead_letter(&mut redis, &keys, 5, 9_000_005, "no stock in MySQL").await;
+    let freed = admit_and_dead_letter(&env, 5, 9_000_005, "no stock in MySQL").await;
     let _: () = redis.srem(keys.buyers(), 5).await.unwrap();
     let _: () = redis.incr(keys.stock(), 1).await.unwrap();
     // Its order id is another order's: requeued under a fresh one.
     let collided = admit_and_dead_letter(
-        &mut redis,
-        &keys,
+        &env,
         6,
         order_of(2),
         "order id collides with the order of user 2",
@@ -106,14 +76,7 @@ async fn every_kind_of_dead_letter_is_requeued_or_kept_without_breaking_the_gate
     .await;
     // A second admission of a user who holds an order: kept.
     let _: () = redis.srem(keys.buyers(), 1).await.unwrap();
-    let second = admit_and_dead_letter(
-        &mut redis,
-        &keys,
-        1,
-        9_000_011,
-        "user 1 already holds an order",
-    )
-    .await;
+    let second = admit_and_dead_letter(&env, 1, 9_000_011, "user 1 already holds an order").await;
     // Poison: kept.
     let poison: String = redis
         .xadd(
@@ -130,19 +93,7 @@ async fn every_kind_of_dead_letter_is_requeued_or_kept_without_breaking_the_gate
         .unwrap();
     let stock_before: i64 = redis.get(keys.stock()).await.unwrap();
 
-    let out = env
-        .cmd()
-        .args([
-            "pending",
-            "--voucher",
-            "1",
-            "--requeue",
-            "--yes",
-            "--format",
-            "json",
-        ])
-        .output()
-        .unwrap();
+    let out = env.requeue(V);
     assert!(out.status.success(), "{out:?}");
     let report = common::json(&out);
     assert_eq!(
@@ -212,7 +163,7 @@ async fn a_dead_letter_whose_unit_went_elsewhere_is_not_requeued_when_none_is_le
     env.live_voucher(V, 1).await;
     let keys = VoucherKeys::new(&env.prefix, V).unwrap();
     let mut redis = env.redis().await;
-    let freed = admit_and_dead_letter(&mut redis, &keys, 8, 9_000_008, "no stock in MySQL").await;
+    let freed = admit_and_dead_letter(&env, 8, 9_000_008, "no stock in MySQL").await;
     // Reconcile gave its unit back; another user bought it.
     let _: () = redis.srem(keys.buyers(), 8).await.unwrap();
     let _: () = redis.incr(keys.stock(), 1).await.unwrap();
@@ -223,19 +174,7 @@ async fn a_dead_letter_whose_unit_went_elsewhere_is_not_requeued_when_none_is_le
             .name(),
         "success"
     );
-    let out = env
-        .cmd()
-        .args([
-            "pending",
-            "--voucher",
-            "1",
-            "--requeue",
-            "--yes",
-            "--format",
-            "json",
-        ])
-        .output()
-        .unwrap();
+    let out = env.requeue(V);
     let report = common::json(&out);
     let e = outcome_of(&report, &freed);
     assert_eq!(e["outcome"], "skipped", "{report}");

@@ -377,19 +377,7 @@ async fn poison_messages_are_dead_lettered_with_the_reason_and_the_worker_goes_o
     // gate, so requeueing takes one there (re-admits it).
     env.add_voucher(999, 3, -1_000, 3_600_000).await;
     env.preload(999).await;
-    let requeued = env
-        .cmd()
-        .args([
-            "pending",
-            "--voucher",
-            "999",
-            "--requeue",
-            "--yes",
-            "--format",
-            "json",
-        ])
-        .output()
-        .unwrap();
+    let requeued = env.requeue(999);
     let j = json(&requeued);
     assert_eq!(j["requeued"], 1, "{j}");
     assert_eq!(j["entries"][0]["outcome"], "readmitted", "{j}");
@@ -398,19 +386,7 @@ async fn poison_messages_are_dead_lettered_with_the_reason_and_the_worker_goes_o
     assert_eq!(env.order_count(999).await, 1);
     assert_invariants(&env, 999).await;
     // The poison of voucher 1 was no order: it cannot be requeued.
-    let r = env
-        .cmd()
-        .args([
-            "pending",
-            "--voucher",
-            "1",
-            "--requeue",
-            "--yes",
-            "--format",
-            "json",
-        ])
-        .output()
-        .unwrap();
+    let r = env.requeue(1);
     let j = json(&r);
     assert_eq!(j["requeued"], 0);
     assert_eq!(j["skipped"], poison.len() as u64);

@@ -85,7 +85,13 @@ impl TestEnv {
     /// A fresh prefix and a fresh, migrated database.
     pub async fn new() -> TestEnv {
         let env = Self::uninitialised().await;
-        let db = Db::connect_for_init(&env.cfg)
+        env.create_database().await;
+        env
+    }
+
+    /// Creates and migrates the database `cfg` names.
+    pub async fn create_database(&self) {
+        let db = Db::connect_for_init(&self.cfg)
             .await
             .expect("create test database");
         let mut conn = db.conn().await.expect("mysql connection");
@@ -94,7 +100,6 @@ impl TestEnv {
             .expect("migrate");
         drop(conn);
         db.close().await;
-        env
     }
 
     /// A fresh prefix and a database name that does not exist yet.
@@ -437,13 +442,19 @@ impl TestEnv {
 
     /// Has `consumer` read up to `count` new entries of the voucher's stream
     /// (creating the group) and never acknowledge them: a worker that died.
-    pub async fn read_as(&self, voucher: u64, consumer: &str, count: usize) {
+    /// Delivers up to `count` new entries to `consumer`; returns them.
+    pub async fn read_as(
+        &self,
+        voucher: u64,
+        consumer: &str,
+        count: usize,
+    ) -> Vec<redis::streams::StreamId> {
         let keys = seckill::store::keys::VoucherKeys::new(&self.prefix, voucher).unwrap();
         let mut redis = self.redis().await;
         seckill::worker::group::ensure_group(&mut redis, &keys)
             .await
             .unwrap();
-        let _: redis::Value = redis::cmd("XREADGROUP")
+        let read: Option<redis::streams::StreamReadReply> = redis::cmd("XREADGROUP")
             .arg("GROUP")
             .arg(seckill::store::keys::WORKER_GROUP)
             .arg(consumer)
@@ -455,6 +466,18 @@ impl TestEnv {
             .query_async(&mut redis)
             .await
             .unwrap();
+        read.and_then(|r| r.keys.into_iter().next())
+            .map(|k| k.ids)
+            .unwrap_or_default()
+    }
+
+    /// `seckill pending --voucher V --requeue --yes --format json`.
+    pub fn requeue(&self, voucher: u64) -> std::process::Output {
+        self.cmd()
+            .args(["pending", "--voucher", &voucher.to_string()])
+            .args(["--requeue", "--yes", "--format", "json"])
+            .output()
+            .expect("seckill pending --requeue runs")
     }
 
     /// Waits until MySQL holds at least `at_least` orders of the voucher.

@@ -56,15 +56,7 @@ impl OwnMysql {
             "mysql://seckill:seckill@127.0.0.1:{}/{}",
             self.port, env.db_name
         );
-        let db = seckill::store::db::Db::connect_for_init(&env.cfg)
-            .await
-            .expect("own MySQL answers");
-        let mut conn = db.conn().await.expect("a connection");
-        seckill::store::schema::migrate(&mut conn)
-            .await
-            .expect("migrate");
-        drop(conn);
-        db.close().await;
+        env.create_database().await;
         env
     }
 }
