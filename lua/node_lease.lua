@@ -19,33 +19,43 @@
 --
 -- Returns the node's floor, or -1:
 --   claim    -1 if N is leased by another live holder; otherwise the lease
---            is taken and the floor returned: mint only ids with a time
---            above it (a holder whose clock is behind a former holder's
---            must not repeat its ids)
+--            is taken and the floor F returned: mint only ids with a time
+--            above F (a holder whose clock is behind a former holder's must
+--            not repeat its ids). Records max(F, ARGV[5]) + TTL.
 --   renew    -1 if the lease is no longer the caller's (it expired, and
---            maybe another process took it): stop minting with N at once
---   release  -1 if not the caller's; otherwise the lease is deleted
--- Every successful call records max(floor, ARGV[5]) + TTL as N's new floor:
--- the holder mints nothing past it without renewing first.
+--            maybe another process took it): stop minting with N at once.
+--            Records max(recorded, ARGV[5] + TTL).
+--   release  -1 if not the caller's; otherwise the lease is deleted and
+--            ARGV[5] recorded: the time of the caller's next id, above every
+--            id it minted (so claim-mint-release cycles, as `seckill buy`
+--            runs them, do not push the floor ahead of the clock).
+-- A holder mints no id with a time at or past what its last claim or
+-- renewal recorded, and none once a TTL has passed since that call was sent.
 
-local function raise_floor()
-  local floor = tonumber(redis.call('HGET', KEYS[2], ARGV[4]) or '0')
-  local horizon = math.max(floor, tonumber(ARGV[5])) + tonumber(ARGV[3])
-  redis.call('HSET', KEYS[2], ARGV[4], string.format('%d', horizon))
-  return floor
+local ttl, now = tonumber(ARGV[3]), tonumber(ARGV[5])
+local function recorded()
+  return tonumber(redis.call('HGET', KEYS[2], ARGV[4]) or '0')
+end
+local function record(t)
+  redis.call('HSET', KEYS[2], ARGV[4], string.format('%d', t))
 end
 
 local op = ARGV[1]
 if op == 'claim' then
-  if not redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[3]) then return -1 end
-  return raise_floor()
+  if not redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ttl) then return -1 end
+  local floor = recorded()
+  record(math.max(floor, now) + ttl)
+  return floor
 end
 if redis.call('GET', KEYS[1]) ~= ARGV[2] then return -1 end
+local floor = recorded()
 if op == 'renew' then
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  record(math.max(floor, now + ttl))
 elseif op == 'release' then
   redis.call('DEL', KEYS[1])
+  record(now)
 else
   return redis.error_reply('ERR node_lease: unknown operation')
 end
-return raise_floor()
+return floor

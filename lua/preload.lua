@@ -6,10 +6,10 @@
 -- KEYS[1]  seckill:{V}:meta            hash   written: total, begin_ms, end_ms, pay_timeout_ms
 -- KEYS[2]  seckill:{V}:stock           string set to ARGV[5]
 -- KEYS[3]  seckill:{V}:buyers          set    replaced by KEYS[4] (or emptied when KEYS[4] is absent)
--- KEYS[4]  seckill:{V}:buyers:staging  set    the rebuilt buyers, consumed
+-- KEYS[4]  seckill:{V}:buyers:staging:<run>  set  the rebuilt buyers, consumed
 -- KEYS[5]  seckill:{V}:orders          stream only read: its last entry id
 -- KEYS[6]  seckill:{V}:released        set    replaced by KEYS[7] (or emptied)
--- KEYS[7]  seckill:{V}:released:staging set   cancelled orders in MySQL, consumed:
+-- KEYS[7]  seckill:{V}:released:staging:<run> set  cancelled orders in MySQL, consumed:
 --                                       the stock published here already
 --                                       counts their units, so nothing may
 --                                       give them back a second time
@@ -42,6 +42,8 @@ redis.call('SET', KEYS[2], ARGV[5])
 for _, pair in ipairs({{KEYS[4], KEYS[3]}, {KEYS[7], KEYS[6]}}) do
   if redis.call('EXISTS', pair[1]) == 1 then
     redis.call('RENAME', pair[1], pair[2])
+    -- The staging set carried an expiry (in case its publisher died).
+    redis.call('PERSIST', pair[2])
   else
     redis.call('DEL', pair[2])
   end

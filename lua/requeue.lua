@@ -8,15 +8,19 @@
 -- KEYS[3]  seckill:{V}:stock     string units left at the gate
 -- KEYS[4]  seckill:{V}:buyers    set
 -- KEYS[5]  seckill:{V}:waitlist  zset
--- ARGV     pairs: a dead-letter entry id, the order id to requeue it under
---          (its own, or a fresh one where its own collides in MySQL)
+-- ARGV     triples: a dead-letter entry id, the order id to requeue it
+--          under (its own, or a fresh one where its own collides in MySQL),
+--          and 1 when the unit its admission took is known not to be backed
+--          by MySQL (dead-lettered for "no stock in MySQL": the gate was
+--          ahead of MySQL by that unit), else 0
 --
--- Returns one code per pair:
+-- Returns one code per triple:
 --    1  requeued: its user is still a buyer, so the unit taken at its
---       admission is still held for it
+--       admission is still held for it (never for a triple ending in 1)
 --    2  re-admitted and requeued: the unit had been given back meanwhile
---       (`seckill reconcile` frees buyers without an order), so one was
---       taken at the gate again (DECR stock, SADD buyers, ZREM waitlist)
+--       (`seckill reconcile` frees buyers without an order), or was never
+--       backed, so one was taken at the gate (DECR stock, SADD buyers, ZREM
+--       waitlist)
 --    0  not requeued: its user is no buyer and the gate has no unit left
 --   -1  not requeued: no such dead letter
 --   -2  not requeued: not a well-formed order of this voucher
@@ -26,8 +30,8 @@
 -- run this file by hand, prepend it too).
 
 local out = {}
-for i = 1, #ARGV, 2 do
-  local id, order = ARGV[i], ARGV[i + 1]
+for i = 1, #ARGV, 3 do
+  local id, order, unbacked = ARGV[i], ARGV[i + 1], ARGV[i + 2] == '1'
   local e = redis.call('XRANGE', KEYS[1], id, id)
   local code
   if not e[1] then
@@ -43,7 +47,7 @@ for i = 1, #ARGV, 2 do
         and string.find(KEYS[2], '{' .. f.voucher .. '}', 1, true)
         and (kind == 'admit' or kind == 'promote')) then
       code = -2
-    elseif redis.call('SISMEMBER', KEYS[4], f.user) == 1 then
+    elseif not unbacked and redis.call('SISMEMBER', KEYS[4], f.user) == 1 then
       code = 1
     elseif tonumber(redis.call('GET', KEYS[3]) or '0') > 0 then
       redis.call('DECR', KEYS[3])

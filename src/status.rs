@@ -10,7 +10,6 @@ use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::RedisConn;
 use crate::stream::backlog::backlog;
-use crate::worker::canceller::META_DEADLINE_ERRORS;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct VoucherStatus {
@@ -65,7 +64,7 @@ pub async fn read(
                 .xlen(k.dead())
                 .zcard(k.waitlist())
                 .xlen(k.orders())
-                .hget(k.meta(), META_DEADLINE_ERRORS)
+                .get(k.deadline_errors())
                 .zrange_withscores(k.timeouts(), 0, 0);
         }
         let replies: Vec<Value> = pipe.query_async(conn).await?;

@@ -160,3 +160,45 @@ async fn a_new_holder_mints_above_the_former_holders_time() {
     );
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_whose_connection_dropped_is_renewed_on_a_new_one() {
+    let env = TestEnv::new().await;
+    let ids = seckill::store::node_lease::OrderIds::lease(&env.cfg, None)
+        .await
+        .unwrap();
+    let before = ids.next_id().unwrap();
+    // The connection goes (a Redis restart, a failover, a network reset).
+    let mut redis = env.redis().await;
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let name = ids.connection_name();
+    let id = list
+        .lines()
+        .find(|l| l.contains(&format!("name={name} ")))
+        .and_then(|l| l.split_whitespace().find_map(|f| f.strip_prefix("id=")))
+        .unwrap_or_else(|| panic!("no connection named {name}"))
+        .to_string();
+    let _: () = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(&id)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    // The renewal that meets the dead connection fails; the next one works
+    // on a new connection, so minting never stops for good.
+    let first = ids.renew().await;
+    let second = ids.renew().await;
+    assert!(
+        first.is_ok() || second.is_ok(),
+        "renewal never recovered: {first:?} then {second:?}"
+    );
+    assert!(second.is_ok(), "{second:?}");
+    assert!(ids.next_id().unwrap() > before);
+    ids.release().await;
+    env.cleanup().await;
+}

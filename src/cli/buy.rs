@@ -30,7 +30,7 @@ pub struct BuyArgs {
 pub async fn run(cfg: &Config, args: BuyArgs) -> anyhow::Result<u8> {
     let keys = VoucherKeys::new(&cfg.prefix, args.voucher)?;
     let mut redis = redis_conn::connect(cfg).await?;
-    let ids = OrderIds::lease(redis.clone(), &cfg.prefix, args.node.node_id).await?;
+    let ids = OrderIds::lease(cfg, args.node.node_id).await?;
     let order_id = ids.next_id();
     ids.release().await;
     let outcome = admit(&mut redis, &keys, args.voucher, args.user, order_id?).await?;

@@ -9,6 +9,15 @@ macro_rules! outln {
     };
 }
 
+/// `eprintln!` that never panics: a closed stderr (`2>&1 | head -1`) must
+/// not turn an error line into a panic (and a panic inside the panic hook
+/// into an abort).
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::cli::render::write_err(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
 /// `print!` through the same place as [`outln!`].
 macro_rules! out {
     ($($arg:tt)*) => {
@@ -178,7 +187,7 @@ fn report_panics_in_one_line(secrets: Vec<String>) {
             .map(|l| format!(" at {}:{}", l.file(), l.line()))
             .unwrap_or_default();
         let line = format!("internal error{at}: {message}").replace('\n', " ");
-        eprintln!(
+        errln!(
             "error: {} (a bug in seckill: please report it)",
             crate::support::mask::redact(&line, &secrets)
         );

@@ -31,7 +31,7 @@ pub async fn run(cfg: &Config, cmd: OrderCommand) -> anyhow::Result<u8> {
     let found = order::get(&db, args.id).await;
     db.close().await;
     let Some(o) = found? else {
-        eprintln!("error: unknown order: there is no order {}", args.id);
+        errln!("error: unknown order: there is no order {}", args.id);
         return Ok(exit_code::UNKNOWN_ORDER);
     };
     match args.format.format {

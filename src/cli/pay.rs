@@ -65,7 +65,7 @@ pub async fn run(cfg: &Config, args: PayArgs) -> anyhow::Result<u8> {
             print_json(&json!({ "outcome": name, "order_id": args.order.to_string() }))?
         }
         Format::Table if code == exit_code::OK => outln!("{line}")?,
-        Format::Table => eprintln!("error: {line}"),
+        Format::Table => errln!("error: {line}"),
     }
     Ok(code)
 }

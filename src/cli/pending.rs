@@ -64,11 +64,11 @@ pub async fn run(cfg: &Config, args: PendingArgs) -> anyhow::Result<u8> {
             &args.confirmation,
             &format!("Requeue {what} into its order stream?"),
         )? {
-            eprintln!("nothing requeued");
+            errln!("nothing requeued");
             return Ok(exit_code::ERROR);
         }
         let db = Db::connect(cfg).await?;
-        let r = requeue::requeue(&db, &mut redis, &keys, &args.entries, None).await;
+        let r = requeue::requeue(cfg, &db, &mut redis, &keys, &args.entries, None).await;
         db.close().await;
         let r = r?;
         match args.format.format {

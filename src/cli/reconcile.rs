@@ -92,7 +92,7 @@ async fn reconcile_with(cfg: &Config, args: &ReconcileArgs, db: &Db) -> anyhow::
         render(args, &plan)?;
         let question = format!("Repair {} voucher(s) as listed?", drifting.len());
         if !confirm(&args.confirmation, &question)? {
-            eprintln!("nothing repaired");
+            errln!("nothing repaired");
             return Ok(exit_code::DRIFT_FOUND);
         }
     }
@@ -100,7 +100,7 @@ async fn reconcile_with(cfg: &Config, args: &ReconcileArgs, db: &Db) -> anyhow::
     // minting an order id: only then is a node id leased (a repair that
     // needs none writes nothing beyond the repair itself).
     let ids = match reconcile::needs_order_ids(&plan) {
-        true => Some(OrderIds::lease(redis.clone(), &cfg.prefix, args.node.node_id).await?),
+        true => Some(OrderIds::lease(cfg, args.node.node_id).await?),
         false => None,
     };
     let stop_renewing = tokio_util::sync::CancellationToken::new();

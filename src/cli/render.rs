@@ -19,9 +19,9 @@ pub fn error_line(e: &anyhow::Error, secrets: &[String]) {
     let text = format!("{e:#}").replace('\n', " ");
     let text = redact(&text, secrets);
     if colour_on_stderr() {
-        eprintln!("\x1b[1;31merror:\x1b[0m {text}");
+        errln!("\x1b[1;31merror:\x1b[0m {text}");
     } else {
-        eprintln!("error: {text}");
+        errln!("error: {text}");
     }
 }
 
@@ -49,7 +49,7 @@ pub fn clap_error(e: clap::Error) -> u8 {
                 .collect();
             let line = first.join(" ");
             let line = line.strip_prefix("error: ").unwrap_or(&line);
-            eprintln!("error: {line} (see --help)");
+            errln!("error: {line} (see --help)");
             exit_code::USAGE
         }
     }
@@ -91,6 +91,11 @@ pub fn write_out(text: std::fmt::Arguments<'_>) -> anyhow::Result<()> {
         }
         other => Ok(other?),
     }
+}
+
+/// Writes to stderr; a closed stderr is ignored (there is nobody to tell).
+pub fn write_err(text: std::fmt::Arguments<'_>) {
+    let _ = std::io::stderr().lock().write_fmt(text);
 }
 
 /// Whether stdout's reader has gone away.

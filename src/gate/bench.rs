@@ -135,7 +135,7 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
     for _ in 0..plan.connections {
         conns.push(redis_conn::connect(cfg).await?);
     }
-    let ids = OrderIds::lease(conns[0].clone(), &cfg.prefix, plan.node_id).await?;
+    let ids = OrderIds::lease(cfg, plan.node_id).await?;
     let stop_renewing = CancellationToken::new();
     let renewing = ids.keep_alive(stop_renewing.clone());
     // Load the script once up front so no attempt pays for NOSCRIPT.

@@ -2,6 +2,9 @@
 //! and publishing it atomically unless the gate moved meanwhile. Preload and
 //! reconcile's rebuild both go through here.
 
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+
 use redis::AsyncCommands;
 
 use crate::error::Result;
@@ -13,6 +16,8 @@ use crate::store::scripts::PRELOAD;
 
 /// Sets are staged in chunks of this many members per SADD / ZADD.
 const STAGING_CHUNK: usize = 1_000;
+/// Staging sets left by a publish that died expire after this long.
+const STAGING_TTL_MS: i64 = 600_000;
 
 /// Everything a voucher's gate is rebuilt from.
 pub struct GateImage<'a> {
@@ -40,15 +45,24 @@ pub async fn publish_gate<C: RedisConn>(
     // Registered before the gate opens: a crash after publishing must not
     // leave a loaded gate whose orders no worker consumes.
     registry::register(conn, keys).await?;
-    let staging = keys.buyers_staging();
-    let released_staging = keys.released_staging();
-    let _: () = conn.del(&[&staging, &released_staging]).await?;
+    // Staging keys of this call's own: two rebuilds at once (preload and
+    // reconcile) must not fill or swap in each other's half-built sets.
+    let run = format!("{:016x}", RandomState::new().hash_one(std::process::id()));
+    let staging = keys.buyers_staging(&run);
+    let released_staging = keys.released_staging(&run);
     for chunk in image.buyers.chunks(STAGING_CHUNK) {
         let _: () = conn.sadd(&staging, chunk).await?;
     }
     for chunk in image.released.chunks(STAGING_CHUNK) {
         let _: () = conn.sadd(&released_staging, chunk).await?;
     }
+    // A crash before the swap must not leave them behind for good (the
+    // script clears the expiry of what it swaps in).
+    let _: () = redis::pipe()
+        .pexpire(&staging, STAGING_TTL_MS)
+        .pexpire(&released_staging, STAGING_TTL_MS)
+        .query_async(conn)
+        .await?;
     let published: i64 = PRELOAD
         .key(keys.meta())
         .key(keys.stock())

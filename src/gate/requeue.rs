@@ -25,11 +25,13 @@ use redis::AsyncCommands;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::store::config::Config;
 use crate::store::db::{join_ids, Db};
 use crate::store::keys::VoucherKeys;
 use crate::store::node_lease::OrderIds;
 use crate::store::scripts::REQUEUE;
 use crate::stream::entry::{OrderMessage, RawEntry};
+use crate::stream::pending::NO_STOCK;
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct RequeueReport {
@@ -54,13 +56,20 @@ pub struct RequeuedEntry {
 
 /// What MySQL says a dead letter may become.
 enum Plan {
-    Requeue { order: u64, renumbered: bool },
+    Requeue {
+        order: u64,
+        renumbered: bool,
+        /// Its admission's unit was never backed by MySQL (no stock there):
+        /// a unit must be taken at the gate whatever the buyers set says.
+        unbacked: bool,
+    },
     Skip(String),
 }
 
 /// Requeues the given dead letters of `keys`' voucher (all of them when
 /// `ids` is empty).
 pub async fn requeue(
+    cfg: &Config,
     db: &Db,
     conn: &mut MultiplexedConnection,
     keys: &VoucherKeys,
@@ -68,6 +77,10 @@ pub async fn requeue(
     node_id: Option<u16>,
 ) -> Result<RequeueReport> {
     let letters = read_dead_letters(conn, keys, ids).await?;
+    let reasons: HashMap<String, String> = letters
+        .iter()
+        .filter_map(|(id, raw)| Some((id.clone(), raw.as_ref()?.field("reason")?.to_string())))
+        .collect();
     let parsed: Vec<(String, std::result::Result<OrderMessage, String>)> = letters
         .into_iter()
         .map(|(id, raw)| {
@@ -83,7 +96,7 @@ pub async fn requeue(
             .is_some_and(|&(user, v)| (user, v) != (m.user, m.voucher))
     });
     let fresh = match collides {
-        true => Some(OrderIds::lease(conn.clone(), keys.prefix(), node_id).await?),
+        true => Some(OrderIds::lease(cfg, node_id).await?),
         false => None,
     };
     let mut plans = Vec::with_capacity(parsed.len());
@@ -102,12 +115,14 @@ pub async fn requeue(
                     Some(ids) => Plan::Requeue {
                         order: ids.next_id()?,
                         renumbered: true,
+                        unbacked: false,
                     },
                     None => Plan::Skip("no fresh order id could be minted".into()),
                 },
                 (None, None) => Plan::Requeue {
                     order: m.order,
                     renumbered: false,
+                    unbacked: reasons.get(id).is_some_and(|r| r == NO_STOCK),
                 },
             },
         };
@@ -130,11 +145,15 @@ async fn apply(
         skipped: 0,
         entries: Vec::with_capacity(plans.len()),
     };
-    let mut to_gate: Vec<(String, u64, bool)> = Vec::new();
+    let mut to_gate: Vec<(String, u64, bool, bool)> = Vec::new();
     for (id, plan) in plans {
         match plan {
             Plan::Skip(reason) => report.entries.push(skipped(id, reason)),
-            Plan::Requeue { order, renumbered } => to_gate.push((id, order, renumbered)),
+            Plan::Requeue {
+                order,
+                renumbered,
+                unbacked,
+            } => to_gate.push((id, order, renumbered, unbacked)),
         }
     }
     for chunk in to_gate.chunks(500) {
@@ -144,11 +163,11 @@ async fn apply(
             .key(keys.stock())
             .key(keys.buyers())
             .key(keys.waitlist());
-        for (id, order, _) in chunk {
-            inv.arg(id).arg(*order);
+        for (id, order, _, unbacked) in chunk {
+            inv.arg(id).arg(*order).arg(u8::from(*unbacked));
         }
         let codes: Vec<i64> = inv.invoke_async(conn).await?;
-        for ((id, order, renumbered), code) in chunk.iter().zip(codes) {
+        for ((id, order, renumbered, _), code) in chunk.iter().zip(codes) {
             let outcome = match code {
                 1 if *renumbered => "renumbered",
                 1 => "requeued",

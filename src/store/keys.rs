@@ -61,16 +61,22 @@ impl VoucherKeys {
     pub fn events(&self) -> String {
         self.key("events")
     }
+    /// Failed passes of the workers over this voucher's deadlines (a count
+    /// of its own, not in meta: it must not make a lost gate look loaded).
+    pub fn deadline_errors(&self) -> String {
+        self.key("deadline_errors")
+    }
     pub fn lock(&self, user: u64) -> String {
         self.key(&format!("lock:{user}"))
     }
-    /// Scratch key for rebuilding the buyers set before swapping it in.
-    pub fn buyers_staging(&self) -> String {
-        self.key("buyers:staging")
+    /// Scratch key for rebuilding the buyers set before swapping it in;
+    /// `run` keeps two concurrent rebuilds (preload and reconcile) apart.
+    pub fn buyers_staging(&self, run: &str) -> String {
+        self.key(&format!("buyers:staging:{run}"))
     }
     /// Scratch key for rebuilding the released set before swapping it in.
-    pub fn released_staging(&self) -> String {
-        self.key("released:staging")
+    pub fn released_staging(&self, run: &str) -> String {
+        self.key(&format!("released:staging:{run}"))
     }
 }
 

@@ -14,8 +14,9 @@ use redis::aio::MultiplexedConnection;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
-use crate::store::config::validate_prefix;
+use crate::store::config::{validate_prefix, Config};
 use crate::store::keys;
+use crate::store::redis_conn;
 use crate::store::scripts::NODE_LEASE;
 use crate::support::snowflake::{Snowflake, MAX_NODE_ID};
 
@@ -24,9 +25,14 @@ pub const LEASE_TTL: Duration = Duration::from_secs(30);
 
 /// A leased node id and the generator that mints with it.
 pub struct OrderIds {
-    conn: MultiplexedConnection,
+    cfg: Config,
+    /// Replaced after an error: a multiplexed connection does not reconnect
+    /// by itself, and a lease that cannot be renewed stops all minting.
+    conn: Mutex<MultiplexedConnection>,
     prefix: String,
     token: String,
+    /// Names the lease's connection (`CLIENT LIST`): `seckill-lease-<hex>`.
+    random: u64,
     /// The node id the operator asked for (`--node-id`), if any: then only
     /// that one is ever claimed.
     wanted: Option<u16>,
@@ -39,32 +45,43 @@ struct Held {
     /// Minting stops here unless a renewal moved it: the lease may be gone
     /// in Redis by then. None: the lease was lost.
     valid_until: Option<Instant>,
+    /// What the last claim or renewal recorded as this node's floor (as
+    /// lua/node_lease.lua computes it): no id is minted at or past it, so a
+    /// wall clock that jumps ahead cannot mint ids a next holder's floor
+    /// does not cover.
+    horizon_ms: u64,
 }
 
 impl OrderIds {
     /// Leases `wanted`, or the first free node id from a random start.
-    pub async fn lease(
-        conn: MultiplexedConnection,
-        prefix: &str,
-        wanted: Option<u16>,
-    ) -> Result<Arc<OrderIds>> {
+    pub async fn lease(cfg: &Config, wanted: Option<u16>) -> Result<Arc<OrderIds>> {
+        let prefix = cfg.prefix.as_str();
         validate_prefix(prefix)?;
         let random = RandomState::new().hash_one(std::process::id());
+        let conn = lease_connection(cfg, random).await?;
         let host = crate::support::host::name();
         let mut me = OrderIds {
-            conn,
+            cfg: cfg.clone(),
+            conn: Mutex::new(conn),
             prefix: prefix.to_string(),
             token: format!("{host}:{}:{random:016x}", std::process::id()),
+            random,
             wanted,
             held: Mutex::new(Held {
                 node: 0,
                 ids: Snowflake::new(0)?,
                 valid_until: None,
+                horizon_ms: 0,
             }),
         };
         let held = me.claim_any(random).await?;
         me.held = Mutex::new(held);
         Ok(Arc::new(me))
+    }
+
+    /// The name of its connection in `CLIENT LIST`.
+    pub fn connection_name(&self) -> String {
+        connection_name(self.random)
     }
 
     /// The node id in use.
@@ -76,13 +93,14 @@ impl OrderIds {
     /// renewal failing for a whole lease), never a possibly duplicate id.
     pub fn next_id(&self) -> Result<u64> {
         let held = self.lock();
-        match held.valid_until {
-            Some(t) if Instant::now() < t => Ok(held.ids.next_id()),
-            _ => Err(Error::NodeId(format!(
-                "the lease of node id {} could not be renewed in time; no order id minted",
-                held.node
-            ))),
+        let valid = held.valid_until.is_some_and(|t| Instant::now() < t);
+        if valid && held.ids.time_ms() < held.horizon_ms {
+            return Ok(held.ids.next_id());
         }
+        Err(Error::NodeId(format!(
+            "the lease of node id {} could not be renewed in time; no order id minted",
+            held.node
+        )))
     }
 
     /// Extends the lease; if it was lost, claims a node id again (the same
@@ -95,7 +113,9 @@ impl OrderIds {
         let sent = Instant::now();
         let floor = self.call("renew", node, now_ms).await?;
         if floor >= 0 {
-            self.lock().valid_until = Some(sent + usable(LEASE_TTL));
+            let mut held = self.lock();
+            held.valid_until = Some(sent + usable(LEASE_TTL));
+            held.horizon_ms = held.horizon_ms.max(now_ms + ttl_ms());
             return Ok(());
         }
         tracing::warn!("the lease of node id {node} was lost; claiming one again");
@@ -118,18 +138,24 @@ impl OrderIds {
         }
     }
 
-    /// Renews the lease every third of its life until `stop`, then releases it.
+    /// Renews the lease every third of its life (every second after a
+    /// failure) until `stop`, then releases it.
     pub fn keep_alive(self: &Arc<Self>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
         let me = self.clone();
         tokio::spawn(async move {
+            let mut wait = LEASE_TTL / 3;
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => break,
-                    _ = tokio::time::sleep(LEASE_TTL / 3) => {}
+                    _ = tokio::time::sleep(wait) => {}
                 }
-                if let Err(e) = me.renew().await {
-                    tracing::warn!("node id lease: {e}; retrying");
-                }
+                wait = match me.renew().await {
+                    Ok(()) => LEASE_TTL / 3,
+                    Err(e) => {
+                        tracing::warn!("node id lease: {e}; retrying in 1s");
+                        Duration::from_secs(1)
+                    }
+                };
             }
             me.release().await;
         })
@@ -142,15 +168,17 @@ impl OrderIds {
             Some(n) => vec![n],
             None => (0..span).map(|i| ((start + i) % span) as u16).collect(),
         };
-        let clock = Snowflake::new(0)?.time_ms();
+        let clock = Snowflake::new(0)?;
         for node in candidates {
             let sent = Instant::now();
-            let floor = self.call("claim", node, clock).await?;
+            let now_ms = clock.time_ms();
+            let floor = self.call("claim", node, now_ms).await?;
             if floor >= 0 {
                 return Ok(Held {
                     node,
                     ids: Snowflake::starting_after(node, floor as u64)?,
                     valid_until: Some(sent + usable(LEASE_TTL)),
+                    horizon_ms: (floor as u64).max(now_ms) + ttl_ms(),
                 });
             }
         }
@@ -164,23 +192,53 @@ impl OrderIds {
     }
 
     async fn call(&self, op: &str, node: u16, now_ms: u64) -> Result<i64> {
-        let mut conn = self.conn.clone();
-        Ok(NODE_LEASE
+        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let reply = NODE_LEASE
             .key(keys::node_lease(&self.prefix, node))
             .key(keys::node_clock(&self.prefix))
             .arg(op)
             .arg(&self.token)
-            .arg(LEASE_TTL.as_millis() as u64)
+            .arg(ttl_ms())
             .arg(node)
             .arg(now_ms)
             .invoke_async(&mut conn)
-            .await?)
+            .await;
+        match reply {
+            Ok(floor) => Ok(floor),
+            Err(e) => {
+                // The next call goes through a fresh connection.
+                if let Ok(fresh) = lease_connection(&self.cfg, self.random).await {
+                    *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
+                }
+                Err(e.into())
+            }
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
         // A panic while holding it cannot leave Held half-written.
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// The name of the lease's own connection in `CLIENT LIST`.
+pub fn connection_name(random: u64) -> String {
+    format!("seckill-lease-{random:016x}")
+}
+
+/// A connection of the lease's own, named so an operator can tell it apart.
+async fn lease_connection(cfg: &Config, random: u64) -> Result<MultiplexedConnection> {
+    let mut conn = redis_conn::connect(cfg).await?;
+    let _: () = redis::cmd("CLIENT")
+        .arg("SETNAME")
+        .arg(connection_name(random))
+        .query_async(&mut conn)
+        .await?;
+    Ok(conn)
+}
+
+fn ttl_ms() -> u64 {
+    LEASE_TTL.as_millis() as u64
 }
 
 /// The part of a lease this process may mint in: its own timer started

@@ -13,6 +13,10 @@ use crate::store::registry;
 use crate::stream::backlog::backlog;
 use crate::stream::entry::RawEntry;
 
+/// The dead-letter reason of an order MySQL had no unit for: its gate unit
+/// was never backed (requeue takes one again).
+pub const NO_STOCK: &str = "no stock in MySQL";
+
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct StreamSummary {
     pub voucher: u64,

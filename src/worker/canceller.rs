@@ -22,9 +22,6 @@ use crate::store::registry;
 use crate::support::backoff::Backoff;
 use redis::AsyncCommands;
 
-/// The meta field counting a voucher's failed deadline passes.
-pub const META_DEADLINE_ERRORS: &str = "deadline_errors";
-
 /// Redis's clock, the one authority for deadlines (DESIGN.md §7c).
 async fn redis_time_ms(conn: &mut MultiplexedConnection) -> Result<i64> {
     let t: (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
@@ -152,15 +149,14 @@ impl Canceller {
     }
 
     /// A voucher whose deadlines failed: logged, counted here (metrics)
-    /// and in its meta hash (`deadline_errors`, shown by `seckill status`).
+    /// and in Redis (`seckill:{V}:deadline_errors`, shown by `seckill status`).
     async fn note_failure(&mut self, voucher: u64, e: &crate::Error) {
         self.stats.add_deadline_error();
         tracing::warn!(
             "voucher {voucher}: payment deadlines failed ({e}); retrying it next pass, the other vouchers go on"
         );
         if let Ok(keys) = VoucherKeys::new(&self.cfg.prefix, voucher) {
-            let counted: redis::RedisResult<i64> =
-                self.conn.hincr(keys.meta(), META_DEADLINE_ERRORS, 1).await;
+            let counted: redis::RedisResult<i64> = self.conn.incr(keys.deadline_errors(), 1).await;
             if let Err(e) = counted {
                 tracing::debug!("voucher {voucher}: could not count the failure: {e}");
             }

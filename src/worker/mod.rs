@@ -54,7 +54,7 @@ pub async fn run(
     let mut conn = redis_conn::connect(&cfg).await?;
     redis_conn::check_version(&mut conn).await?;
     let db = Db::connect(&cfg).await?;
-    let ids = OrderIds::lease(conn.clone(), &cfg.prefix, opts.node_id).await?;
+    let ids = OrderIds::lease(&cfg, opts.node_id).await?;
     let stop_renewing = CancellationToken::new();
     let renewing = ids.keep_alive(stop_renewing.clone());
     // Unique among all processes: lock owner tokens must never be shared.

@@ -21,6 +21,7 @@ use crate::orders::order::OrderStatus;
 use crate::orders::voucher;
 use crate::store::db::{join_ids, Db};
 use crate::stream::entry::OrderMessage;
+use crate::stream::pending::NO_STOCK;
 
 /// What became of one message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,9 +34,6 @@ pub enum Fate {
     /// Refused for good; goes to the dead-letter stream with this reason.
     Dead(String),
 }
-
-/// The reason carried by orders MySQL had no unit for (reconciliation looks for it).
-pub const NO_STOCK: &str = "no stock in MySQL";
 
 #[derive(Debug)]
 pub struct Persisted {
