@@ -39,6 +39,7 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('preload', 'preload', [CompletionResultType]::ParameterValue, 'Load vouchers from MySQL into the Redis gate and register them for workers')
             [CompletionResult]::new('buy', 'buy', [CompletionResultType]::ParameterValue, 'One admission attempt through lua/seckill.lua (exit code tells the outcome)')
             [CompletionResult]::new('bench', 'bench', [CompletionResultType]::ParameterValue, 'Load-test the admission script and report attempts/s and latency')
+            [CompletionResult]::new('token', 'token', [CompletionResultType]::ParameterValue, 'Admission tokens for vouchers that require them')
             [CompletionResult]::new('worker', 'worker', [CompletionResultType]::ParameterValue, 'Persist admitted orders to MySQL, cancel unpaid ones at their deadline (layers 2-5)')
             [CompletionResult]::new('pending', 'pending', [CompletionResultType]::ParameterValue, 'Show stream backlog, pending entries and dead letters; requeue dead letters')
             [CompletionResult]::new('pay', 'pay', [CompletionResultType]::ParameterValue, 'Mark a pending order paid (before its payment deadline)')
@@ -97,6 +98,7 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
             [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
             [CompletionResult]::new('add', 'add', [CompletionResultType]::ParameterValue, 'Add a voucher to MySQL (then `seckill preload` opens it at the gate)')
+            [CompletionResult]::new('update', 'update', [CompletionResultType]::ParameterValue, 'Change a voucher''s admission policy, in MySQL and at the gate at once')
             [CompletionResult]::new('list', 'list', [CompletionResultType]::ParameterValue, 'List vouchers: MySQL stock and orders beside the Redis gate''s state')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
@@ -108,11 +110,33 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('--end', '--end', [CompletionResultType]::ParameterName, 'Sale closes: RFC 3339, `now`, or relative like `+2h` [default: begin + 24h]')
             [CompletionResult]::new('--pay-timeout', '--pay-timeout', [CompletionResultType]::ParameterName, 'Time a buyer has to pay before the unit is released')
             [CompletionResult]::new('--title', '--title', [CompletionResultType]::ParameterName, 'Title shown in listings')
+            [CompletionResult]::new('--user-rate', '--user-rate', [CompletionResultType]::ParameterName, 'At most N attempts per user in any one second at the gate (0: no limit)')
             [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format')
             [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis URL (redis://[:password@]host:port/[db])')
             [CompletionResult]::new('--mysql-url', '--mysql-url', [CompletionResultType]::ParameterName, 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]')
             [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key prefix of every Redis key')
             [CompletionResult]::new('--connect-timeout', '--connect-timeout', [CompletionResultType]::ParameterName, 'How long to wait for a server to accept a connection')
+            [CompletionResult]::new('--require-token', '--require-token', [CompletionResultType]::ParameterName, 'Admission needs a token issued for the user (`seckill token issue`)')
+            [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')
+            [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Only errors on stderr')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Only errors on stderr')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
+            [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
+            break
+        }
+        'seckill;voucher;update' {
+            [CompletionResult]::new('--id', '--id', [CompletionResultType]::ParameterName, 'Voucher id')
+            [CompletionResult]::new('--user-rate', '--user-rate', [CompletionResultType]::ParameterName, 'At most N attempts per user in any one second at the gate (0: no limit)')
+            [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format')
+            [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis URL (redis://[:password@]host:port/[db])')
+            [CompletionResult]::new('--mysql-url', '--mysql-url', [CompletionResultType]::ParameterName, 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]')
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key prefix of every Redis key')
+            [CompletionResult]::new('--connect-timeout', '--connect-timeout', [CompletionResultType]::ParameterName, 'How long to wait for a server to accept a connection')
+            [CompletionResult]::new('--require-token', '--require-token', [CompletionResultType]::ParameterName, 'Admission needs a token issued for the user')
+            [CompletionResult]::new('--no-require-token', '--no-require-token', [CompletionResultType]::ParameterName, 'Admission needs no token')
             [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')
             [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')
             [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Only errors on stderr')
@@ -142,11 +166,15 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
         }
         'seckill;voucher;help' {
             [CompletionResult]::new('add', 'add', [CompletionResultType]::ParameterValue, 'Add a voucher to MySQL (then `seckill preload` opens it at the gate)')
+            [CompletionResult]::new('update', 'update', [CompletionResultType]::ParameterValue, 'Change a voucher''s admission policy, in MySQL and at the gate at once')
             [CompletionResult]::new('list', 'list', [CompletionResultType]::ParameterValue, 'List vouchers: MySQL stock and orders beside the Redis gate''s state')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
         }
         'seckill;voucher;help;add' {
+            break
+        }
+        'seckill;voucher;help;update' {
             break
         }
         'seckill;voucher;help;list' {
@@ -177,6 +205,7 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
         'seckill;buy' {
             [CompletionResult]::new('--voucher', '--voucher', [CompletionResultType]::ParameterName, 'Voucher id')
             [CompletionResult]::new('--user', '--user', [CompletionResultType]::ParameterName, 'User id')
+            [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'The user''s admission token (`seckill token issue`), for a voucher that requires one')
             [CompletionResult]::new('--node-id', '--node-id', [CompletionResultType]::ParameterName, 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]')
             [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format')
             [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis URL (redis://[:password@]host:port/[db])')
@@ -206,6 +235,7 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('--mysql-url', '--mysql-url', [CompletionResultType]::ParameterName, 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]')
             [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key prefix of every Redis key')
             [CompletionResult]::new('--connect-timeout', '--connect-timeout', [CompletionResultType]::ParameterName, 'How long to wait for a server to accept a connection')
+            [CompletionResult]::new('--tokens', '--tokens', [CompletionResultType]::ParameterName, 'Issue an admission token to every user first (timed apart from the attempts) and attempt with it')
             [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')
             [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')
             [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Only errors on stderr')
@@ -214,6 +244,53 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
             [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
             [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
+            break
+        }
+        'seckill;token' {
+            [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis URL (redis://[:password@]host:port/[db])')
+            [CompletionResult]::new('--mysql-url', '--mysql-url', [CompletionResultType]::ParameterName, 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]')
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key prefix of every Redis key')
+            [CompletionResult]::new('--connect-timeout', '--connect-timeout', [CompletionResultType]::ParameterName, 'How long to wait for a server to accept a connection')
+            [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')
+            [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Only errors on stderr')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Only errors on stderr')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')
+            [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
+            [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
+            [CompletionResult]::new('issue', 'issue', [CompletionResultType]::ParameterValue, 'Issue a user''s admission token for a voucher that requires one')
+            [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
+            break
+        }
+        'seckill;token;issue' {
+            [CompletionResult]::new('--voucher', '--voucher', [CompletionResultType]::ParameterName, 'Voucher id')
+            [CompletionResult]::new('--user', '--user', [CompletionResultType]::ParameterName, 'User id')
+            [CompletionResult]::new('--ttl', '--ttl', [CompletionResultType]::ParameterName, 'How long the token stays valid (at most 24h); issuing again replaces it')
+            [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format')
+            [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis URL (redis://[:password@]host:port/[db])')
+            [CompletionResult]::new('--mysql-url', '--mysql-url', [CompletionResultType]::ParameterName, 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]')
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key prefix of every Redis key')
+            [CompletionResult]::new('--connect-timeout', '--connect-timeout', [CompletionResultType]::ParameterName, 'How long to wait for a server to accept a connection')
+            [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')
+            [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Only errors on stderr')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Only errors on stderr')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
+            [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
+            break
+        }
+        'seckill;token;help' {
+            [CompletionResult]::new('issue', 'issue', [CompletionResultType]::ParameterValue, 'Issue a user''s admission token for a voucher that requires one')
+            [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
+            break
+        }
+        'seckill;token;help;issue' {
+            break
+        }
+        'seckill;token;help;help' {
             break
         }
         'seckill;worker' {
@@ -394,6 +471,7 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('preload', 'preload', [CompletionResultType]::ParameterValue, 'Load vouchers from MySQL into the Redis gate and register them for workers')
             [CompletionResult]::new('buy', 'buy', [CompletionResultType]::ParameterValue, 'One admission attempt through lua/seckill.lua (exit code tells the outcome)')
             [CompletionResult]::new('bench', 'bench', [CompletionResultType]::ParameterValue, 'Load-test the admission script and report attempts/s and latency')
+            [CompletionResult]::new('token', 'token', [CompletionResultType]::ParameterValue, 'Admission tokens for vouchers that require them')
             [CompletionResult]::new('worker', 'worker', [CompletionResultType]::ParameterValue, 'Persist admitted orders to MySQL, cancel unpaid ones at their deadline (layers 2-5)')
             [CompletionResult]::new('pending', 'pending', [CompletionResultType]::ParameterValue, 'Show stream backlog, pending entries and dead letters; requeue dead letters')
             [CompletionResult]::new('pay', 'pay', [CompletionResultType]::ParameterValue, 'Mark a pending order paid (before its payment deadline)')
@@ -412,10 +490,14 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
         }
         'seckill;help;voucher' {
             [CompletionResult]::new('add', 'add', [CompletionResultType]::ParameterValue, 'Add a voucher to MySQL (then `seckill preload` opens it at the gate)')
+            [CompletionResult]::new('update', 'update', [CompletionResultType]::ParameterValue, 'Change a voucher''s admission policy, in MySQL and at the gate at once')
             [CompletionResult]::new('list', 'list', [CompletionResultType]::ParameterValue, 'List vouchers: MySQL stock and orders beside the Redis gate''s state')
             break
         }
         'seckill;help;voucher;add' {
+            break
+        }
+        'seckill;help;voucher;update' {
             break
         }
         'seckill;help;voucher;list' {
@@ -428,6 +510,13 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             break
         }
         'seckill;help;bench' {
+            break
+        }
+        'seckill;help;token' {
+            [CompletionResult]::new('issue', 'issue', [CompletionResultType]::ParameterValue, 'Issue a user''s admission token for a voucher that requires one')
+            break
+        }
+        'seckill;help;token;issue' {
             break
         }
         'seckill;help;worker' {

@@ -49,6 +49,9 @@ _seckill() {
             seckill,status)
                 cmd="seckill__subcmd__status"
                 ;;
+            seckill,token)
+                cmd="seckill__subcmd__token"
+                ;;
             seckill,voucher)
                 cmd="seckill__subcmd__voucher"
                 ;;
@@ -91,6 +94,9 @@ _seckill() {
             seckill__subcmd__help,status)
                 cmd="seckill__subcmd__help__subcmd__status"
                 ;;
+            seckill__subcmd__help,token)
+                cmd="seckill__subcmd__help__subcmd__token"
+                ;;
             seckill__subcmd__help,voucher)
                 cmd="seckill__subcmd__help__subcmd__voucher"
                 ;;
@@ -103,11 +109,17 @@ _seckill() {
             seckill__subcmd__help__subcmd__order,show)
                 cmd="seckill__subcmd__help__subcmd__order__subcmd__show"
                 ;;
+            seckill__subcmd__help__subcmd__token,issue)
+                cmd="seckill__subcmd__help__subcmd__token__subcmd__issue"
+                ;;
             seckill__subcmd__help__subcmd__voucher,add)
                 cmd="seckill__subcmd__help__subcmd__voucher__subcmd__add"
                 ;;
             seckill__subcmd__help__subcmd__voucher,list)
                 cmd="seckill__subcmd__help__subcmd__voucher__subcmd__list"
+                ;;
+            seckill__subcmd__help__subcmd__voucher,update)
+                cmd="seckill__subcmd__help__subcmd__voucher__subcmd__update"
                 ;;
             seckill__subcmd__order,help)
                 cmd="seckill__subcmd__order__subcmd__help"
@@ -121,6 +133,18 @@ _seckill() {
             seckill__subcmd__order__subcmd__help,show)
                 cmd="seckill__subcmd__order__subcmd__help__subcmd__show"
                 ;;
+            seckill__subcmd__token,help)
+                cmd="seckill__subcmd__token__subcmd__help"
+                ;;
+            seckill__subcmd__token,issue)
+                cmd="seckill__subcmd__token__subcmd__issue"
+                ;;
+            seckill__subcmd__token__subcmd__help,help)
+                cmd="seckill__subcmd__token__subcmd__help__subcmd__help"
+                ;;
+            seckill__subcmd__token__subcmd__help,issue)
+                cmd="seckill__subcmd__token__subcmd__help__subcmd__issue"
+                ;;
             seckill__subcmd__voucher,add)
                 cmd="seckill__subcmd__voucher__subcmd__add"
                 ;;
@@ -129,6 +153,9 @@ _seckill() {
                 ;;
             seckill__subcmd__voucher,list)
                 cmd="seckill__subcmd__voucher__subcmd__list"
+                ;;
+            seckill__subcmd__voucher,update)
+                cmd="seckill__subcmd__voucher__subcmd__update"
                 ;;
             seckill__subcmd__voucher__subcmd__help,add)
                 cmd="seckill__subcmd__voucher__subcmd__help__subcmd__add"
@@ -139,6 +166,9 @@ _seckill() {
             seckill__subcmd__voucher__subcmd__help,list)
                 cmd="seckill__subcmd__voucher__subcmd__help__subcmd__list"
                 ;;
+            seckill__subcmd__voucher__subcmd__help,update)
+                cmd="seckill__subcmd__voucher__subcmd__help__subcmd__update"
+                ;;
             *)
                 ;;
         esac
@@ -146,7 +176,7 @@ _seckill() {
 
     case "${cmd}" in
         seckill)
-            opts="-v -q -h -V --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version init status voucher preload buy bench worker pending pay order waitlist reconcile generate help"
+            opts="-v -q -h -V --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -176,7 +206,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__bench)
-            opts="-v -q -h -V --voucher --users --user-offset --attempts --concurrency --connections --node-id --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            opts="-v -q -h -V --voucher --users --user-offset --attempts --concurrency --connections --tokens --node-id --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -238,7 +268,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__buy)
-            opts="-v -q -h -V --voucher --user --node-id --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            opts="-v -q -h -V --voucher --user --token --node-id --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -249,6 +279,10 @@ _seckill() {
                     return 0
                     ;;
                 --user)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --token)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -318,7 +352,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__help)
-            opts="init status voucher preload buy bench worker pending pay order waitlist reconcile generate help"
+            opts="init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -499,8 +533,36 @@ _seckill() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        seckill__subcmd__help__subcmd__token)
+            opts="issue"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        seckill__subcmd__help__subcmd__token__subcmd__issue)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         seckill__subcmd__help__subcmd__voucher)
-            opts="add list"
+            opts="add update list"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -528,6 +590,20 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__help__subcmd__voucher__subcmd__list)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        seckill__subcmd__help__subcmd__voucher__subcmd__update)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -923,8 +999,126 @@ _seckill() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        seckill__subcmd__token)
+            opts="-v -q -h -V --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version issue help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --redis-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --connect-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        seckill__subcmd__token__subcmd__help)
+            opts="issue help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        seckill__subcmd__token__subcmd__help__subcmd__help)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        seckill__subcmd__token__subcmd__help__subcmd__issue)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        seckill__subcmd__token__subcmd__issue)
+            opts="-v -q -h -V --voucher --user --ttl --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --voucher)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --user)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --ttl)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --format)
+                    COMPREPLY=($(compgen -W "table json" -- "${cur}"))
+                    return 0
+                    ;;
+                --redis-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --connect-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         seckill__subcmd__voucher)
-            opts="-v -q -h -V --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version add list help"
+            opts="-v -q -h -V --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version add update list help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -954,7 +1148,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__voucher__subcmd__add)
-            opts="-v -q -h -V --id --stock --begin --end --pay-timeout --title --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            opts="-v -q -h -V --id --stock --begin --end --pay-timeout --title --user-rate --require-token --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -981,6 +1175,10 @@ _seckill() {
                     return 0
                     ;;
                 --title)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --user-rate)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -1012,7 +1210,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__voucher__subcmd__help)
-            opts="add list help"
+            opts="add update list help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1067,6 +1265,20 @@ _seckill() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        seckill__subcmd__voucher__subcmd__help__subcmd__update)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         seckill__subcmd__voucher__subcmd__list)
             opts="-v -q -h -V --voucher --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
@@ -1075,6 +1287,48 @@ _seckill() {
             fi
             case "${prev}" in
                 --voucher)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --format)
+                    COMPREPLY=($(compgen -W "table json" -- "${cur}"))
+                    return 0
+                    ;;
+                --redis-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --connect-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        seckill__subcmd__voucher__subcmd__update)
+            opts="-v -q -h -V --id --user-rate --require-token --no-require-token --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --id)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --user-rate)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

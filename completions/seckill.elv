@@ -36,6 +36,7 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand preload 'Load vouchers from MySQL into the Redis gate and register them for workers'
             cand buy 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
             cand bench 'Load-test the admission script and report attempts/s and latency'
+            cand token 'Admission tokens for vouchers that require them'
             cand worker 'Persist admitted orders to MySQL, cancel unpaid ones at their deadline (layers 2-5)'
             cand pending 'Show stream backlog, pending entries and dead letters; requeue dead letters'
             cand pay 'Mark a pending order paid (before its payment deadline)'
@@ -91,6 +92,7 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand -V 'Print version'
             cand --version 'Print version'
             cand add 'Add a voucher to MySQL (then `seckill preload` opens it at the gate)'
+            cand update 'Change a voucher''s admission policy, in MySQL and at the gate at once'
             cand list 'List vouchers: MySQL stock and orders beside the Redis gate''s state'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
@@ -101,11 +103,32 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand --end 'Sale closes: RFC 3339, `now`, or relative like `+2h` [default: begin + 24h]'
             cand --pay-timeout 'Time a buyer has to pay before the unit is released'
             cand --title 'Title shown in listings'
+            cand --user-rate 'At most N attempts per user in any one second at the gate (0: no limit)'
             cand --format 'Output format'
             cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
             cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
             cand --prefix 'Key prefix of every Redis key'
             cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand --require-token 'Admission needs a token issued for the user (`seckill token issue`)'
+            cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand -q 'Only errors on stderr'
+            cand --quiet 'Only errors on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'seckill;voucher;update'= {
+            cand --id 'Voucher id'
+            cand --user-rate 'At most N attempts per user in any one second at the gate (0: no limit)'
+            cand --format 'Output format'
+            cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
+            cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
+            cand --prefix 'Key prefix of every Redis key'
+            cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand --require-token 'Admission needs a token issued for the user'
+            cand --no-require-token 'Admission needs no token'
             cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
             cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
             cand -q 'Only errors on stderr'
@@ -133,10 +156,13 @@ set edit:completion:arg-completer[seckill] = {|@words|
         }
         &'seckill;voucher;help'= {
             cand add 'Add a voucher to MySQL (then `seckill preload` opens it at the gate)'
+            cand update 'Change a voucher''s admission policy, in MySQL and at the gate at once'
             cand list 'List vouchers: MySQL stock and orders beside the Redis gate''s state'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'seckill;voucher;help;add'= {
+        }
+        &'seckill;voucher;help;update'= {
         }
         &'seckill;voucher;help;list'= {
         }
@@ -163,6 +189,7 @@ set edit:completion:arg-completer[seckill] = {|@words|
         &'seckill;buy'= {
             cand --voucher 'Voucher id'
             cand --user 'User id'
+            cand --token 'The user''s admission token (`seckill token issue`), for a voucher that requires one'
             cand --node-id 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]'
             cand --format 'Output format'
             cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
@@ -191,6 +218,7 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
             cand --prefix 'Key prefix of every Redis key'
             cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand --tokens 'Issue an admission token to every user first (timed apart from the attempts) and attempt with it'
             cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
             cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
             cand -q 'Only errors on stderr'
@@ -199,6 +227,48 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand --help 'Print help (see more with ''--help'')'
             cand -V 'Print version'
             cand --version 'Print version'
+        }
+        &'seckill;token'= {
+            cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
+            cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
+            cand --prefix 'Key prefix of every Redis key'
+            cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand -q 'Only errors on stderr'
+            cand --quiet 'Only errors on stderr'
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+            cand issue 'Issue a user''s admission token for a voucher that requires one'
+            cand help 'Print this message or the help of the given subcommand(s)'
+        }
+        &'seckill;token;issue'= {
+            cand --voucher 'Voucher id'
+            cand --user 'User id'
+            cand --ttl 'How long the token stays valid (at most 24h); issuing again replaces it'
+            cand --format 'Output format'
+            cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
+            cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
+            cand --prefix 'Key prefix of every Redis key'
+            cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand -q 'Only errors on stderr'
+            cand --quiet 'Only errors on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'seckill;token;help'= {
+            cand issue 'Issue a user''s admission token for a voucher that requires one'
+            cand help 'Print this message or the help of the given subcommand(s)'
+        }
+        &'seckill;token;help;issue'= {
+        }
+        &'seckill;token;help;help'= {
         }
         &'seckill;worker'= {
             cand --consumer 'Consumer name in the group, stable per instance [default: host-pid]'
@@ -367,6 +437,7 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand preload 'Load vouchers from MySQL into the Redis gate and register them for workers'
             cand buy 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
             cand bench 'Load-test the admission script and report attempts/s and latency'
+            cand token 'Admission tokens for vouchers that require them'
             cand worker 'Persist admitted orders to MySQL, cancel unpaid ones at their deadline (layers 2-5)'
             cand pending 'Show stream backlog, pending entries and dead letters; requeue dead letters'
             cand pay 'Mark a pending order paid (before its payment deadline)'
@@ -382,9 +453,12 @@ set edit:completion:arg-completer[seckill] = {|@words|
         }
         &'seckill;help;voucher'= {
             cand add 'Add a voucher to MySQL (then `seckill preload` opens it at the gate)'
+            cand update 'Change a voucher''s admission policy, in MySQL and at the gate at once'
             cand list 'List vouchers: MySQL stock and orders beside the Redis gate''s state'
         }
         &'seckill;help;voucher;add'= {
+        }
+        &'seckill;help;voucher;update'= {
         }
         &'seckill;help;voucher;list'= {
         }
@@ -393,6 +467,11 @@ set edit:completion:arg-completer[seckill] = {|@words|
         &'seckill;help;buy'= {
         }
         &'seckill;help;bench'= {
+        }
+        &'seckill;help;token'= {
+            cand issue 'Issue a user''s admission token for a voucher that requires one'
+        }
+        &'seckill;help;token;issue'= {
         }
         &'seckill;help;worker'= {
         }

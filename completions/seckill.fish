@@ -38,6 +38,7 @@ complete -c seckill -n "__fish_seckill_needs_command" -f -a "voucher" -d 'Add an
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "preload" -d 'Load vouchers from MySQL into the Redis gate and register them for workers'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "buy" -d 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "bench" -d 'Load-test the admission script and report attempts/s and latency'
+complete -c seckill -n "__fish_seckill_needs_command" -f -a "token" -d 'Admission tokens for vouchers that require them'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "worker" -d 'Persist admitted orders to MySQL, cancel unpaid ones at their deadline (layers 2-5)'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "pending" -d 'Show stream backlog, pending entries and dead letters; requeue dead letters'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "pay" -d 'Mark a pending order paid (before its payment deadline)'
@@ -68,33 +69,50 @@ complete -c seckill -n "__fish_seckill_using_subcommand status" -s v -l verbose 
 complete -c seckill -n "__fish_seckill_using_subcommand status" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c seckill -n "__fish_seckill_using_subcommand status" -s V -l version -d 'Print version'
-complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
-complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
-complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -l prefix -d 'Key prefix of every Redis key' -r
-complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
-complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
-complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -s q -l quiet -d 'Only errors on stderr'
-complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -s h -l help -d 'Print help'
-complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -s V -l version -d 'Print version'
-complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -f -a "add" -d 'Add a voucher to MySQL (then `seckill preload` opens it at the gate)'
-complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -f -a "list" -d 'List vouchers: MySQL stock and orders beside the Redis gate\'s state'
-complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add list help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -s h -l help -d 'Print help'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -f -a "add" -d 'Add a voucher to MySQL (then `seckill preload` opens it at the gate)'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -f -a "update" -d 'Change a voucher\'s admission policy, in MySQL and at the gate at once'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -f -a "list" -d 'List vouchers: MySQL stock and orders beside the Redis gate\'s state'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l id -d 'Voucher id (1..=9223372036854775807)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l stock -d 'Units for sale' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l begin -d 'Sale opens: RFC 3339, `now`, or relative like `+10m`' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l end -d 'Sale closes: RFC 3339, `now`, or relative like `+2h` [default: begin + 24h]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l pay-timeout -d 'Time a buyer has to pay before the unit is released' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l title -d 'Title shown in listings' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l user-rate -d 'At most N attempts per user in any one second at the gate (0: no limit)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l format -d 'Output format' -r -f -a "table\t'A table for people'
 json\t'JSON for scripts'"
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l prefix -d 'Key prefix of every Redis key' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l require-token -d 'Admission needs a token issued for the user (`seckill token issue`)'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l id -d 'Voucher id' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l user-rate -d 'At most N attempts per user in any one second at the gate (0: no limit)' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l format -d 'Output format' -r -f -a "table\t'A table for people'
+json\t'JSON for scripts'"
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l require-token -d 'Admission needs a token issued for the user'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l no-require-token -d 'Admission needs no token'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -s V -l version -d 'Print version'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -l voucher -d 'Only these vouchers (repeatable)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -l format -d 'Output format' -r -f -a "table\t'A table for people'
 json\t'JSON for scripts'"
@@ -107,6 +125,7 @@ complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -s V -l version -d 'Print version'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from help" -f -a "add" -d 'Add a voucher to MySQL (then `seckill preload` opens it at the gate)'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from help" -f -a "update" -d 'Change a voucher\'s admission policy, in MySQL and at the gate at once'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from help" -f -a "list" -d 'List vouchers: MySQL stock and orders beside the Redis gate\'s state'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c seckill -n "__fish_seckill_using_subcommand preload" -l voucher -d 'The voucher to load' -r
@@ -124,6 +143,7 @@ complete -c seckill -n "__fish_seckill_using_subcommand preload" -s h -l help -d
 complete -c seckill -n "__fish_seckill_using_subcommand preload" -s V -l version -d 'Print version'
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l voucher -d 'Voucher id' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l user -d 'User id' -r
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l token -d 'The user\'s admission token (`seckill token issue`), for a voucher that requires one' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l node-id -d 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l format -d 'Output format' -r -f -a "table\t'A table for people'
 json\t'JSON for scripts'"
@@ -148,10 +168,36 @@ complete -c seckill -n "__fish_seckill_using_subcommand bench" -l redis-url -d '
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l prefix -d 'Key prefix of every Redis key' -r
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l tokens -d 'Issue an admission token to every user first (timed apart from the attempts) and attempt with it'
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -s h -l help -d 'Print help'
+complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -f -a "issue" -d 'Issue a user\'s admission token for a voucher that requires one'
+complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -l voucher -d 'Voucher id' -r
+complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -l user -d 'User id' -r
+complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -l ttl -d 'How long the token stays valid (at most 24h); issuing again replaces it' -r
+complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -l format -d 'Output format' -r -f -a "table\t'A table for people'
+json\t'JSON for scripts'"
+complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from help" -f -a "issue" -d 'Issue a user\'s admission token for a voucher that requires one'
+complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l consumer -d 'Consumer name in the group, stable per instance [default: host-pid]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l batch -d 'Entries read and persisted per batch (one MySQL transaction)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l block -d 'Longest wait of one blocking read for new entries' -r
@@ -262,20 +308,23 @@ complete -c seckill -n "__fish_seckill_using_subcommand generate" -s v -l verbos
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s h -l help -d 'Print help'
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s V -l version -d 'Print version'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "init" -d 'Create or upgrade the MySQL schema and check both servers\' versions'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "status" -d 'One row per voucher: both stores side by side, in flight, dead letters, deadlines'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "voucher" -d 'Add and list vouchers (MySQL, the source of truth)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "preload" -d 'Load vouchers from MySQL into the Redis gate and register them for workers'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "buy" -d 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "bench" -d 'Load-test the admission script and report attempts/s and latency'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "worker" -d 'Persist admitted orders to MySQL, cancel unpaid ones at their deadline (layers 2-5)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "pending" -d 'Show stream backlog, pending entries and dead letters; requeue dead letters'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "pay" -d 'Mark a pending order paid (before its payment deadline)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "order" -d 'Look up orders'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "waitlist" -d 'Show a voucher\'s waitlist and how many released units it received'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "reconcile" -d 'Compare Redis with MySQL per voucher, classify drift, repair it safely'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "generate" -d 'Write shell completions and man pages (for packagers)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench worker pending pay order waitlist reconcile generate help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "init" -d 'Create or upgrade the MySQL schema and check both servers\' versions'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "status" -d 'One row per voucher: both stores side by side, in flight, dead letters, deadlines'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "voucher" -d 'Add and list vouchers (MySQL, the source of truth)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "preload" -d 'Load vouchers from MySQL into the Redis gate and register them for workers'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "buy" -d 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "bench" -d 'Load-test the admission script and report attempts/s and latency'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "token" -d 'Admission tokens for vouchers that require them'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "worker" -d 'Persist admitted orders to MySQL, cancel unpaid ones at their deadline (layers 2-5)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "pending" -d 'Show stream backlog, pending entries and dead letters; requeue dead letters'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "pay" -d 'Mark a pending order paid (before its payment deadline)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "order" -d 'Look up orders'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "waitlist" -d 'Show a voucher\'s waitlist and how many released units it received'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "reconcile" -d 'Compare Redis with MySQL per voucher, classify drift, repair it safely'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "generate" -d 'Write shell completions and man pages (for packagers)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from voucher" -f -a "add" -d 'Add a voucher to MySQL (then `seckill preload` opens it at the gate)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from voucher" -f -a "update" -d 'Change a voucher\'s admission policy, in MySQL and at the gate at once'
 complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from voucher" -f -a "list" -d 'List vouchers: MySQL stock and orders beside the Redis gate\'s state'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from token" -f -a "issue" -d 'Issue a user\'s admission token for a voucher that requires one'
 complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from order" -f -a "show" -d 'One order: status, user, voucher, created, payment deadline, paid/cancelled time'

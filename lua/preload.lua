@@ -3,7 +3,8 @@
 -- Called by `seckill preload` after it has read MySQL and staged the buyers
 -- set; not meant for application servers.
 --
--- KEYS[1]  seckill:{V}:meta            hash   written: total, begin_ms, end_ms, pay_timeout_ms
+-- KEYS[1]  seckill:{V}:meta            hash   written: total, begin_ms, end_ms, pay_timeout_ms,
+--                                             user_rate, require_token
 -- KEYS[2]  seckill:{V}:stock           string set to ARGV[5]
 -- KEYS[3]  seckill:{V}:buyers          set    replaced by KEYS[4] (or emptied when KEYS[4] is absent)
 -- KEYS[4]  seckill:{V}:buyers:staging:<run>  set  the rebuilt buyers, consumed
@@ -21,6 +22,8 @@
 --            buyers count and the released count. The same four values as
 --            lua/reconcile.lua checks (src/gate/witness.rs): an admission,
 --            promotion, release or repair changes at least one of them.
+-- ARGV[10]   user_rate (attempts per user per second, 0: no limit)
+-- ARGV[11]   require_token (1 or 0)
 --
 -- Returns 1 when published, 0 when the voucher moved since it was read:
 -- nothing is written then and the staging sets are dropped.
@@ -37,7 +40,7 @@ if last_id ~= ARGV[6] or stock ~= ARGV[7] or buyers ~= ARGV[8] or released ~= AR
 end
 
 redis.call('HSET', KEYS[1], 'total', ARGV[1], 'begin_ms', ARGV[2], 'end_ms', ARGV[3],
-  'pay_timeout_ms', ARGV[4])
+  'pay_timeout_ms', ARGV[4], 'user_rate', ARGV[10], 'require_token', ARGV[11])
 redis.call('SET', KEYS[2], ARGV[5])
 for _, pair in ipairs({{KEYS[4], KEYS[3]}, {KEYS[7], KEYS[6]}}) do
   if redis.call('EXISTS', pair[1]) == 1 then

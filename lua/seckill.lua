@@ -10,12 +10,19 @@
 -- KEYS[3]  seckill:{V}:buyers    set    user ids that hold a unit
 -- KEYS[4]  seckill:{V}:waitlist  zset   user id -> first queued time (microseconds)
 -- KEYS[5]  seckill:{V}:orders    stream the hand-off to `seckill worker`
+-- KEYS[6]  seckill:{V}:token:<U> string the user's admission token (needed only
+--                                 when the voucher requires tokens)
+-- KEYS[7]  seckill:{V}:rate:<U>  zset   the user's recent attempts (needed only
+--                                 when the voucher has a user rate)
 --
 -- ARGV[1]  user id     decimal integer, 1 .. 9223372036854775807
 -- ARGV[2]  order id    decimal integer, 1 .. 9223372036854775807, a snowflake id
 --                      made by the caller (unique per attempt)
 -- ARGV[3]  voucher id  decimal integer, the V of the keys (written into the stream entry)
+-- ARGV[4]  token       the user's admission token, or empty / absent for none
 --
+-- Callers written for KEYS[1..5] and ARGV[1..3] keep working while the
+-- voucher has no policy; with one, they get an error reply naming the key.
 -- Returns a 3-element array {code, reason, value}; value is a bulk string
 -- for code 0 (the order id as given: 64-bit ids do not survive Lua numbers)
 -- and an integer for every other code:
@@ -29,14 +36,30 @@
 --   {3, "not started", begin_ms}   the sale window opens at begin_ms (Unix ms)
 --   {4, "ended", end_ms}           the sale window closed at end_ms (Unix ms)
 --   {5, "unknown voucher", 0}      the voucher was never preloaded (`seckill preload`)
+--   {6, "paused", 0}               the gate is paused (meta field paused = 1)
+--   {7, "rate limited", 0}         the user made meta's user_rate attempts in
+--                                  the last second already
+--   {8, "bad token", 0}            the voucher requires a token and ARGV[4] is
+--                                  not the one issued for this user (missing,
+--                                  wrong, expired, or another user's/voucher's)
 -- Bad arguments are an error reply starting with "ERR seckill:".
 --
+-- The rate limit is a sliding window, exact under any concurrency: an
+-- attempt passes it only if fewer than user_rate attempts of this user
+-- passed it in the 1,000,000 microseconds before it (Redis TIME); attempts
+-- it refuses do not count. So no one-second span, wherever it starts, holds
+-- more than user_rate attempts that went on to the later checks.
+--
 -- Guarantees: checks run in this order — voucher loaded, sale window (Redis
--- server clock, never the caller's), already a buyer, stock — and the writes
+-- server clock, never the caller's), paused, token, rate limit, already a
+-- buyer, stock — and the writes
 -- (DECR stock, SADD buyers, ZREM waitlist, XADD orders) come only after every
 -- check passed, inside this one atomic script, so no unit is sold twice and
 -- no user holds two. A user who bought is never waitlisted. Code 2 writes
--- only the waitlist (ZADD NX); nothing is written for codes 1, 3, 4 and 5.
+-- only the waitlist (ZADD NX); nothing is written for codes 3, 4, 5 and 6;
+-- codes 7 and 8 only count themselves (meta fields rejected_rate_limited,
+-- rejected_bad_token); an attempt that passes the rate limit is recorded in
+-- KEYS[7] (it expires a second later), whatever comes of it.
 
 local function valid_id(s)
   return type(s) == 'string' and string.match(s, '^[1-9][0-9]*$') ~= nil
@@ -51,7 +74,8 @@ if not string.find(KEYS[1], '{' .. voucher .. '}', 1, true) then
   return redis.error_reply('ERR seckill: voucher id does not match the keys')
 end
 
-local meta = redis.call('HMGET', KEYS[1], 'begin_ms', 'end_ms')
+local meta = redis.call('HMGET', KEYS[1], 'begin_ms', 'end_ms', 'paused', 'user_rate',
+  'require_token')
 local stock = redis.call('GET', KEYS[2])
 if not meta[1] or not meta[2] or not stock then
   return {5, 'unknown voucher', 0}
@@ -59,8 +83,36 @@ end
 
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
 if now_ms < tonumber(meta[1]) then return {3, 'not started', tonumber(meta[1])} end
 if now_ms >= tonumber(meta[2]) then return {4, 'ended', tonumber(meta[2])} end
+if meta[3] == '1' then return {6, 'paused', 0} end
+
+if meta[5] == '1' then
+  if not KEYS[6] then return redis.error_reply('ERR seckill: tokens are required: pass KEYS[6]') end
+  local token = ARGV[4] or ''
+  if token == '' or redis.call('GET', KEYS[6]) ~= token then
+    redis.call('HINCRBY', KEYS[1], 'rejected_bad_token', 1)
+    return {8, 'bad token', 0}
+  end
+end
+
+local rate = tonumber(meta[4] or '0') or 0
+if rate > 0 then
+  if not KEYS[7] then return redis.error_reply('ERR seckill: a user rate is set: pass KEYS[7]') end
+  redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now_us - 1000000)
+  if redis.call('ZCARD', KEYS[7]) >= rate then
+    redis.call('HINCRBY', KEYS[1], 'rejected_rate_limited', 1)
+    return {7, 'rate limited', 0}
+  end
+  -- Members are the scores, strictly increasing: two attempts within one
+  -- microsecond are two entries.
+  local last = redis.call('ZRANGE', KEYS[7], -1, -1, 'WITHSCORES')
+  local at = now_us
+  if last[2] and tonumber(last[2]) >= at then at = tonumber(last[2]) + 1 end
+  redis.call('ZADD', KEYS[7], at, string.format('%d', at))
+  redis.call('PEXPIRE', KEYS[7], 1001)
+end
 
 if redis.call('SISMEMBER', KEYS[3], user) == 1 then
   return {1, 'already bought', 0}

@@ -3,6 +3,9 @@
 # sending EVALSHA of the same script to the same server (the ceiling), for
 # the success path and the sold-out path. Rounds alternate the two so a
 # noisy neighbour hits both alike; the figure to quote is the ratio.
+# Then the admission policy: the success path with no policy, with a user
+# rate (--user-rate 1000: every attempt checked, none refused) and with
+# tokens required (bench --tokens; issuing them is timed apart), in one run.
 #
 #   scripts/bench-admission.sh [attempts] [rounds]
 set -euo pipefail
@@ -28,9 +31,11 @@ $seckill init >/dev/null
 sha=$(redis-cli -p "$port" SCRIPT LOAD "$(cat lua/seckill.lua)")
 next_id=$(( $(date +%s) * 100 ))
 
-fresh_voucher() { # id stock: a new voucher, preloaded
-  $seckill voucher add --id "$1" --stock "$2" --end +2h --title bench >/dev/null
-  $seckill preload --voucher "$1" >/dev/null
+fresh_voucher() { # id stock [policy flags...]: a new voucher, preloaded
+  local id=$1 stock=$2
+  shift 2
+  $seckill voucher add --id "$id" --stock "$stock" --end +2h --title bench "$@" >/dev/null
+  $seckill preload --voucher "$id" >/dev/null
 }
 
 ceiling() { # voucher -> requests/s of redis-benchmark
@@ -40,9 +45,11 @@ ceiling() { # voucher -> requests/s of redis-benchmark
     1__rand_int__ 2__rand_int__ "$v" 2>/dev/null | tail -n 1 | cut -d, -f2 | tr -d '"'
 }
 
-ours() { # voucher -> attempts/s of seckill bench
-  $seckill bench --voucher "$1" --users "$attempts" --attempts "$attempts" \
-    --concurrency "$concurrency" --connections "$connections" --format json |
+ours() { # voucher [bench flags...] -> attempts/s of seckill bench
+  local v=$1
+  shift
+  $seckill bench --voucher "$v" --users "$attempts" --attempts "$attempts" \
+    --concurrency "$concurrency" --connections "$connections" --format json "$@" |
     python3 -c 'import json,sys; print(round(json.load(sys.stdin)["attempts_per_sec"]))'
 }
 
@@ -65,3 +72,19 @@ for path in success sold_out; do
   done
 done
 echo "(seckill bench: --concurrency $concurrency --connections $connections; redis-benchmark: -c $clients -P $pipeline; $attempts attempts each)"
+
+echo
+printf '%-14s %5s %14s %8s\n' policy round "seckill/s" "vs off"
+for r in $(seq 1 "$rounds"); do
+  fresh_voucher $((next_id += 1)) $((attempts * 2))
+  off=$(ours "$next_id")
+  fresh_voucher $((next_id += 1)) $((attempts * 2)) --user-rate 1000
+  rate=$(ours "$next_id")
+  fresh_voucher $((next_id += 1)) $((attempts * 2)) --require-token
+  tokens=$(ours "$next_id" --tokens)
+  for row in "off $off" "user-rate $rate" "tokens $tokens"; do
+    set -- $row
+    printf '%-14s %5s %14s %7s%%\n' "$1" "$r" "$2" "$(awk -v o="$2" -v c="$off" 'BEGIN { printf "%.0f", 100 * o / c }')"
+  done
+  cleanup
+done

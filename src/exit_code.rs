@@ -22,6 +22,13 @@ pub const ENDED: u8 = 13;
 /// `buy`: the voucher is not loaded into Redis (`seckill preload`).
 pub const UNKNOWN_VOUCHER: u8 = 14;
 
+/// `buy`: the gate is paused (e.g. while it is rebuilt after Redis lost writes).
+pub const PAUSED: u8 = 15;
+/// `buy`: the user made the voucher's allowed attempts in the last second.
+pub const RATE_LIMITED: u8 = 16;
+/// `buy`: the voucher requires an admission token and this was not the user's.
+pub const BAD_TOKEN: u8 = 17;
+
 /// `pay`: the order was already paid.
 pub const ALREADY_PAID: u8 = 20;
 /// `pay`: the order was cancelled at (or is past) its payment deadline.
@@ -42,6 +49,9 @@ Exit codes:
   12  buy: sale not started
   13  buy: sale ended
   14  buy: unknown voucher (not preloaded)
+  15  buy: the gate is paused
+  16  buy: rate limited (too many attempts by the user in the last second)
+  17  buy: bad token (missing, wrong, expired, another user's or voucher's)
   20  pay: already paid
   21  pay: cancelled at (or past) its payment deadline
   22  pay, order show: unknown order";

@@ -5,6 +5,7 @@ use redis::{FromRedisValue, Value};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::gate::policy::{Rejections, META_REJECTED_BAD_TOKEN, META_REJECTED_RATE_LIMITED};
 use crate::orders::voucher::{self, Voucher};
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
@@ -30,6 +31,8 @@ pub struct VoucherStatus {
     pub deadline_errors: u64,
     /// Why the deadlines could not be read, when they could not.
     pub deadline_read_error: Option<String>,
+    /// Attempts the admission policy turned away, per reason.
+    pub rejected: Rejections,
 }
 
 impl VoucherStatus {
@@ -65,15 +68,20 @@ pub async fn read(
                 .zcard(k.waitlist())
                 .xlen(k.orders())
                 .get(k.deadline_errors())
+                .hget(k.meta(), META_REJECTED_RATE_LIMITED)
+                .hget(k.meta(), META_REJECTED_BAD_TOKEN)
                 .zrange_withscores(k.timeouts(), 0, 0);
         }
         let replies: Vec<Value> = pipe.query_async(conn).await?;
-        for ((v, k), row) in chunk.iter().zip(&keys).zip(replies.chunks(7)) {
+        for ((v, k), row) in chunk.iter().zip(&keys).zip(replies.chunks(9)) {
             let (meta, stock, dead, waitlist, stream_len, deadline_errors): GateRow =
                 FromRedisValue::from_redis_value(Value::Array(row[..6].to_vec()))
                     .map_err(|e| Error::Redis(format!("gate of voucher {}: {e}", v.id)))?;
+            let (rate_limited, bad_token): (Option<u64>, Option<u64>) =
+                FromRedisValue::from_redis_value(Value::Array(row[6..8].to_vec()))
+                    .map_err(|e| Error::Redis(format!("gate of voucher {}: {e}", v.id)))?;
             let (first, deadline_read_error) =
-                match <Vec<(String, f64)>>::from_redis_value(row[6].clone()) {
+                match <Vec<(String, f64)>>::from_redis_value(row[8].clone()) {
                     Ok(first) => (first, None),
                     Err(e) => (Vec::new(), Some(e.to_string())),
                 };
@@ -94,6 +102,7 @@ pub async fn read(
                 next_deadline_ms: first.first().map(|(_, at)| *at as i64),
                 deadline_errors: deadline_errors.unwrap_or(0),
                 deadline_read_error,
+                rejected: Rejections::from_meta(rate_limited, bad_token),
             });
         }
     }

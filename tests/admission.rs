@@ -33,7 +33,7 @@ async fn simultaneous_sale(env: &TestEnv, users: u64) -> Vec<(u64, Admission)> {
         let (keys, ids, barrier) = (keys.clone(), ids.clone(), barrier.clone());
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
-            let outcome = admit(&mut conn, &keys, VOUCHER, user, ids.next_id())
+            let outcome = admit(&mut conn, &keys, VOUCHER, user, ids.next_id(), None)
                 .await
                 .expect("admit");
             (user, outcome)
@@ -162,7 +162,7 @@ async fn zero_stock_waitlists_everyone_in_arrival_order() {
     // Users arriving one after another, faster than a millisecond apart.
     let arrivals = [900u64, 30, 500, 7, 64];
     for (i, user) in arrivals.iter().enumerate() {
-        let outcome = admit(&mut redis, &keys, VOUCHER, *user, ids.next_id())
+        let outcome = admit(&mut redis, &keys, VOUCHER, *user, ids.next_id(), None)
             .await
             .unwrap();
         assert_eq!(
@@ -186,13 +186,13 @@ async fn a_waitlisted_user_admitted_later_leaves_the_waitlist() {
     let mut redis = env.redis().await;
     let ids = Snowflake::new(1).unwrap();
     assert!(matches!(
-        admit(&mut redis, &keys, VOUCHER, 1, ids.next_id())
+        admit(&mut redis, &keys, VOUCHER, 1, ids.next_id(), None)
             .await
             .unwrap(),
         Admission::Admitted { .. }
     ));
     assert_eq!(
-        admit(&mut redis, &keys, VOUCHER, 2, ids.next_id())
+        admit(&mut redis, &keys, VOUCHER, 2, ids.next_id(), None)
             .await
             .unwrap(),
         Admission::SoldOut {
@@ -202,7 +202,7 @@ async fn a_waitlisted_user_admitted_later_leaves_the_waitlist() {
     // A unit comes back at the gate (as a release without a waitlist would do).
     let _: () = redis.incr(keys.stock(), 1).await.unwrap();
     assert!(matches!(
-        admit(&mut redis, &keys, VOUCHER, 2, ids.next_id())
+        admit(&mut redis, &keys, VOUCHER, 2, ids.next_id(), None)
             .await
             .unwrap(),
         Admission::Admitted { .. }

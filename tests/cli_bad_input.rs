@@ -68,7 +68,7 @@ async fn bad_input_is_one_line_a_non_zero_exit_and_changes_nothing() {
         // Some state worth protecting: a buyer, a stream entry.
         let keys = seckill::store::keys::VoucherKeys::new(&env.prefix, 1).unwrap();
         let mut redis = env.redis().await;
-        seckill::gate::admission::admit(&mut redis, &keys, 1, 77, 123)
+        seckill::gate::admission::admit(&mut redis, &keys, 1, 77, 123, None)
             .await
             .unwrap();
     }

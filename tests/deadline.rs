@@ -232,7 +232,7 @@ async fn released_units_go_to_the_waitlist_in_order_skipping_buyers() {
     let mut redis = env.redis().await;
     let ids = Snowflake::new(5).unwrap();
     for user in [1, 2, 3] {
-        let a = admit(&mut redis, &keys, V, user, ids.next_id())
+        let a = admit(&mut redis, &keys, V, user, ids.next_id(), None)
             .await
             .unwrap();
         assert!(matches!(a, Admission::Admitted { .. }));
@@ -241,7 +241,7 @@ async fn released_units_go_to_the_waitlist_in_order_skipping_buyers() {
     let _: () = redis.zadd(keys.waitlist(), 2, 1).await.unwrap();
     let (a, b, c) = (100, 200, 300);
     for (i, user) in [a, b, c].into_iter().enumerate() {
-        let out = admit(&mut redis, &keys, V, user, ids.next_id())
+        let out = admit(&mut redis, &keys, V, user, ids.next_id(), None)
             .await
             .unwrap();
         assert_eq!(

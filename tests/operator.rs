@@ -251,6 +251,8 @@ fn help_text_matches_the_snapshots() {
         &["status"],
         &["voucher", "add"],
         &["voucher", "list"],
+        &["voucher", "update"],
+        &["token", "issue"],
         &["preload"],
         &["buy"],
         &["bench"],

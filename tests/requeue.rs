@@ -18,7 +18,9 @@ const V: u64 = 1;
 async fn admit_and_dead_letter(env: &TestEnv, user: u64, order: u64, reason: &str) -> String {
     let keys = VoucherKeys::new(&env.prefix, V).unwrap();
     let mut redis = env.redis().await;
-    let outcome = admit(&mut redis, &keys, V, user, order).await.unwrap();
+    let outcome = admit(&mut redis, &keys, V, user, order, None)
+        .await
+        .unwrap();
     assert_eq!(outcome.name(), "success");
     let read = env.read_as(V, "dead-letterer", 1).await;
     let e = &read[0];
@@ -178,7 +180,7 @@ async fn a_dead_letter_whose_unit_went_elsewhere_is_not_requeued_when_none_is_le
     let _: () = redis.srem(keys.buyers(), 8).await.unwrap();
     let _: () = redis.incr(keys.stock(), 1).await.unwrap();
     assert_eq!(
-        admit(&mut redis, &keys, V, 9, 9_000_009)
+        admit(&mut redis, &keys, V, 9, 9_000_009, None)
             .await
             .unwrap()
             .name(),

@@ -9,7 +9,9 @@ use seckill::store::keys::VoucherKeys;
 async fn attempt(env: &TestEnv, voucher: u64, user: u64) -> Admission {
     let keys = VoucherKeys::new(&env.prefix, voucher).unwrap();
     let mut redis = env.redis().await;
-    admit(&mut redis, &keys, voucher, user, 4242).await.unwrap()
+    admit(&mut redis, &keys, voucher, user, 4242, None)
+        .await
+        .unwrap()
 }
 
 #[tokio::test]

@@ -33,6 +33,10 @@ pub struct BenchArgs {
     /// Redis connections the attempts are spread over
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
+    /// Issue an admission token to every user first (timed apart from the
+    /// attempts) and attempt with it
+    #[arg(long)]
+    pub tokens: bool,
     #[command(flatten)]
     pub node: NodeIdOpt,
     #[command(flatten)]
@@ -48,6 +52,7 @@ pub async fn run(cfg: &Config, args: BenchArgs) -> anyhow::Result<u8> {
         concurrency: args.concurrency,
         connections: args.connections,
         node_id: args.node.node_id,
+        tokens: args.tokens,
     };
     plan.validate()?;
     let done = Arc::new(AtomicU64::new(0));
@@ -102,6 +107,12 @@ fn bench_table(r: &BenchReport) -> comfy_table::Table {
     ];
     for (k, v) in rows {
         t.add_row(vec![k, v]);
+    }
+    if let Some(ms) = r.tokens_ms {
+        t.add_row(vec![
+            "tokens issued first in".to_string(),
+            format!("{:.3} s", ms as f64 / 1000.0),
+        ]);
     }
     for (name, count) in r.outcomes.pairs() {
         t.add_row(vec![format!("outcome {name}"), count.to_string()]);

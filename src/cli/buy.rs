@@ -21,6 +21,10 @@ pub struct BuyArgs {
     /// User id
     #[arg(long, value_parser = parse_id, allow_hyphen_values = true)]
     pub user: u64,
+    /// The user's admission token (`seckill token issue`), for a voucher
+    /// that requires one
+    #[arg(long)]
+    pub token: Option<String>,
     #[command(flatten)]
     pub node: NodeIdOpt,
     #[command(flatten)]
@@ -33,7 +37,15 @@ pub async fn run(cfg: &Config, args: BuyArgs) -> anyhow::Result<u8> {
     let ids = OrderIds::lease(cfg, args.node.node_id).await?;
     let order_id = ids.next_id();
     ids.release().await;
-    let outcome = admit(&mut redis, &keys, args.voucher, args.user, order_id?).await?;
+    let outcome = admit(
+        &mut redis,
+        &keys,
+        args.voucher,
+        args.user,
+        order_id?,
+        args.token.as_deref(),
+    )
+    .await?;
     match args.format.format {
         Format::Json => print_json(&outcome_json(args.voucher, args.user, &outcome))?,
         Format::Table => outln!("{}", outcome_line(args.voucher, args.user, &outcome))?,
@@ -49,6 +61,9 @@ pub fn exit_code_of(outcome: &Admission) -> u8 {
         Admission::NotStarted { .. } => exit_code::NOT_STARTED,
         Admission::Ended { .. } => exit_code::ENDED,
         Admission::UnknownVoucher => exit_code::UNKNOWN_VOUCHER,
+        Admission::Paused => exit_code::PAUSED,
+        Admission::RateLimited => exit_code::RATE_LIMITED,
+        Admission::BadToken => exit_code::BAD_TOKEN,
     }
 }
 
@@ -74,6 +89,13 @@ fn outcome_line(voucher: u64, user: u64, outcome: &Admission) -> String {
         Admission::UnknownVoucher => format!(
             "unknown voucher: voucher {voucher} is not loaded at the gate (seckill preload --voucher {voucher})"
         ),
+        Admission::Paused => format!("paused: the gate of voucher {voucher} admits nobody right now"),
+        Admission::RateLimited => format!(
+            "rate limited: user {user} made the attempts voucher {voucher} allows per second; try again in a second"
+        ),
+        Admission::BadToken => format!(
+            "bad token: voucher {voucher} needs the admission token issued for user {user} (missing, wrong or expired)"
+        ),
     }
 }
 
@@ -93,7 +115,11 @@ fn outcome_json(voucher: u64, user: u64, outcome: &Admission) -> serde_json::Val
             v["end"] = json!(format_ms(*end_ms));
             v["end_ms"] = json!(end_ms);
         }
-        Admission::AlreadyBought | Admission::UnknownVoucher => {}
+        Admission::AlreadyBought
+        | Admission::UnknownVoucher
+        | Admission::Paused
+        | Admission::RateLimited
+        | Admission::BadToken => {}
     }
     v
 }

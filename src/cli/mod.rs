@@ -38,6 +38,7 @@ mod preload;
 mod reconcile;
 mod render;
 mod status;
+mod token;
 mod voucher;
 mod waitlist;
 mod worker;
@@ -102,6 +103,9 @@ pub enum Command {
     Buy(buy::BuyArgs),
     /// Load-test the admission script and report attempts/s and latency
     Bench(bench::BenchArgs),
+    /// Admission tokens for vouchers that require them
+    #[command(subcommand)]
+    Token(token::TokenCommand),
     /// Persist admitted orders to MySQL, cancel unpaid ones at their deadline (layers 2-5)
     Worker(worker::WorkerArgs),
     /// Show stream backlog, pending entries and dead letters; requeue dead letters
@@ -163,6 +167,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Preload(args) => preload::run(&cfg, args).await,
         Command::Buy(args) => buy::run(&cfg, args).await,
         Command::Bench(args) => bench::run(&cfg, args).await,
+        Command::Token(cmd) => token::run(&cfg, cmd).await,
         Command::Worker(args) => worker::run(&cfg, args).await,
         Command::Pending(args) => pending::run(&cfg, args).await,
         Command::Pay(args) => pay::run(&cfg, args).await,

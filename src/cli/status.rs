@@ -86,6 +86,13 @@ fn next_deadline(r: &VoucherStatus, now: i64) -> String {
     }
 }
 
+fn rejected(r: &VoucherStatus) -> String {
+    match (r.rejected.rate_limited, r.rejected.bad_token) {
+        (0, 0) => "-".into(),
+        (rate, token) => format!("rate {rate}, token {token}"),
+    }
+}
+
 pub fn status_table(rows: &[VoucherStatus], now: i64) -> comfy_table::Table {
     let mut t = table(&[
         "voucher",
@@ -100,6 +107,8 @@ pub fn status_table(rows: &[VoucherStatus], now: i64) -> comfy_table::Table {
         "in flight",
         "dead",
         "waitlist",
+        "policy",
+        "rejected",
         "next deadline",
     ]);
     for r in rows {
@@ -121,6 +130,8 @@ pub fn status_table(rows: &[VoucherStatus], now: i64) -> comfy_table::Table {
             r.in_flight().to_string(),
             r.dead_letters.to_string(),
             r.waitlist.to_string(),
+            v.policy.describe(),
+            rejected(r),
             next_deadline(r, now),
         ]);
     }

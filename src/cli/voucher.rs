@@ -6,8 +6,9 @@ use serde::Serialize;
 use super::common::{parse_count, parse_duration, parse_id, Format, FormatOpt};
 use super::render::{print_json, table};
 use crate::exit_code;
+use crate::gate::policy;
 use crate::gate::state::{self, GateState};
-use crate::orders::voucher::{self, NewVoucher, Voucher};
+use crate::orders::voucher::{self, NewVoucher, Policy, Voucher, MAX_USER_RATE};
 use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
@@ -18,6 +19,8 @@ use crate::support::timespec::{format_duration_ms, format_ms, now_ms, parse_time
 pub enum VoucherCommand {
     /// Add a voucher to MySQL (then `seckill preload` opens it at the gate)
     Add(AddArgs),
+    /// Change a voucher's admission policy, in MySQL and at the gate at once
+    Update(UpdateArgs),
     /// List vouchers: MySQL stock and orders beside the Redis gate's state
     List(ListArgs),
 }
@@ -42,6 +45,30 @@ pub struct AddArgs {
     /// Title shown in listings
     #[arg(long, default_value = "")]
     pub title: String,
+    /// At most N attempts per user in any one second at the gate (0: no limit)
+    #[arg(long, default_value_t = 0, value_name = "N", value_parser = parse_rate, allow_hyphen_values = true)]
+    pub user_rate: u32,
+    /// Admission needs a token issued for the user (`seckill token issue`)
+    #[arg(long)]
+    pub require_token: bool,
+    #[command(flatten)]
+    pub format: FormatOpt,
+}
+
+#[derive(Args, Debug)]
+pub struct UpdateArgs {
+    /// Voucher id
+    #[arg(long, value_parser = parse_id, allow_hyphen_values = true)]
+    pub id: u64,
+    /// At most N attempts per user in any one second at the gate (0: no limit)
+    #[arg(long, value_name = "N", value_parser = parse_rate, allow_hyphen_values = true)]
+    pub user_rate: Option<u32>,
+    /// Admission needs a token issued for the user
+    #[arg(long, conflicts_with = "no_require_token")]
+    pub require_token: bool,
+    /// Admission needs no token
+    #[arg(long)]
+    pub no_require_token: bool,
     #[command(flatten)]
     pub format: FormatOpt,
 }
@@ -58,6 +85,7 @@ pub struct ListArgs {
 pub async fn run(cfg: &Config, cmd: VoucherCommand) -> anyhow::Result<u8> {
     match cmd {
         VoucherCommand::Add(args) => add(cfg, args).await,
+        VoucherCommand::Update(args) => update(cfg, args).await,
         VoucherCommand::List(args) => list(cfg, args).await,
     }
 }
@@ -76,6 +104,10 @@ async fn add(cfg: &Config, args: AddArgs) -> anyhow::Result<u8> {
         begin_ms,
         end_ms,
         pay_timeout_ms: i64::try_from(args.pay_timeout.as_millis()).unwrap_or(i64::MAX),
+        policy: Policy {
+            user_rate: args.user_rate,
+            require_token: args.require_token,
+        },
     };
     // Validate before connecting: bad input is reported even with no server.
     new.validate()?;
@@ -98,6 +130,68 @@ async fn add(cfg: &Config, args: AddArgs) -> anyhow::Result<u8> {
         }
     }
     Ok(exit_code::OK)
+}
+
+async fn update(cfg: &Config, args: UpdateArgs) -> anyhow::Result<u8> {
+    let require_token = match (args.require_token, args.no_require_token) {
+        (true, _) => Some(true),
+        (_, true) => Some(false),
+        _ => None,
+    };
+    if args.user_rate.is_none() && require_token.is_none() {
+        anyhow::bail!("nothing to change: give --user-rate, --require-token or --no-require-token");
+    }
+    let db = Db::connect(cfg).await?;
+    let mut redis = redis_conn::connect(cfg).await?;
+    let updated = policy::update(
+        &db,
+        &mut redis,
+        &cfg.prefix,
+        args.id,
+        args.user_rate,
+        require_token,
+    )
+    .await;
+    db.close().await;
+    let (policy, at_gate) = updated?;
+    match args.format.format {
+        Format::Json => print_json(&serde_json::json!({
+            "id": args.id,
+            "user_rate": policy.user_rate,
+            "require_token": policy.require_token,
+            "gate_updated": at_gate,
+        }))?,
+        Format::Table => outln!(
+            "voucher {}: user rate {}, token {}{}",
+            args.id,
+            match policy.user_rate {
+                0 => "off".to_string(),
+                n => format!("{n}/s per user"),
+            },
+            if policy.require_token {
+                "required"
+            } else {
+                "not required"
+            },
+            if at_gate {
+                ""
+            } else {
+                " (not loaded at the gate: preload publishes it)"
+            }
+        )?,
+    }
+    Ok(exit_code::OK)
+}
+
+/// A per-user rate: a whole number 0 ..= 1000.
+fn parse_rate(s: &str) -> Result<u32, String> {
+    let n = parse_count(s)?;
+    u32::try_from(n)
+        .ok()
+        .filter(|n| *n <= MAX_USER_RATE)
+        .ok_or_else(|| {
+            format!("{n} is out of range: it must be between 0 (off) and {MAX_USER_RATE}")
+        })
 }
 
 async fn list(cfg: &Config, args: ListArgs) -> anyhow::Result<u8> {
@@ -137,6 +231,8 @@ pub struct VoucherView<'a> {
     begin_ms: i64,
     end_ms: i64,
     pay_timeout_ms: i64,
+    user_rate: u32,
+    require_token: bool,
     orders: Orders,
     gate: Option<&'a GateState>,
 }
@@ -161,6 +257,8 @@ impl<'a> VoucherView<'a> {
             begin_ms: v.begin_ms,
             end_ms: v.end_ms,
             pay_timeout_ms: v.pay_timeout_ms,
+            user_rate: v.policy.user_rate,
+            require_token: v.policy.require_token,
             orders: Orders {
                 pending: v.orders_pending,
                 paid: v.orders_paid,
@@ -185,6 +283,7 @@ fn list_table(views: &[VoucherView]) -> comfy_table::Table {
         "buyers",
         "waitlist",
         "stream",
+        "policy",
         "sale window (UTC)",
     ]);
     for v in views {
@@ -210,6 +309,11 @@ fn list_table(views: &[VoucherView]) -> comfy_table::Table {
             buyers,
             waitlist,
             stream,
+            Policy {
+                user_rate: v.user_rate,
+                require_token: v.require_token,
+            }
+            .describe(),
             format!("{} -> {}", v.begin, v.end),
         ]);
     }

@@ -22,20 +22,29 @@ pub enum Admission {
     Ended { end_ms: i64 },
     /// Code 5: the voucher is not preloaded.
     UnknownVoucher,
+    /// Code 6: the gate is paused.
+    Paused,
+    /// Code 7: the user tried too often in the last second.
+    RateLimited,
+    /// Code 8: the voucher requires a token and this was not the user's.
+    BadToken,
 }
 
 /// The outcome kinds, in the script's code order, as shown to people and JSON.
-pub const OUTCOME_NAMES: [&str; 6] = [
+pub const OUTCOME_NAMES: [&str; 9] = [
     "success",
     "already_bought",
     "sold_out",
     "not_started",
     "ended",
     "unknown_voucher",
+    "paused",
+    "rate_limited",
+    "bad_token",
 ];
 
 impl Admission {
-    /// The script's return code (0..=5).
+    /// The script's return code (0..=8).
     pub fn code(&self) -> usize {
         match self {
             Admission::Admitted { .. } => 0,
@@ -44,6 +53,9 @@ impl Admission {
             Admission::NotStarted { .. } => 3,
             Admission::Ended { .. } => 4,
             Admission::UnknownVoucher => 5,
+            Admission::Paused => 6,
+            Admission::RateLimited => 7,
+            Admission::BadToken => 8,
         }
     }
 
@@ -52,13 +64,15 @@ impl Admission {
     }
 }
 
-/// Runs the admission script once for `user` with a fresh `order_id`.
+/// Runs the admission script once for `user` with a fresh `order_id` and
+/// the user's admission token, if any.
 pub async fn admit(
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
     voucher: u64,
     user: u64,
     order_id: u64,
+    token: Option<&str>,
 ) -> Result<Admission> {
     let reply: (i64, String, Value) = ADMISSION
         .key(keys.meta())
@@ -66,9 +80,12 @@ pub async fn admit(
         .key(keys.buyers())
         .key(keys.waitlist())
         .key(keys.orders())
+        .key(keys.token(user))
+        .key(keys.rate(user))
         .arg(user)
         .arg(order_id)
         .arg(voucher)
+        .arg(token.unwrap_or(""))
         .invoke_async(conn)
         .await?;
     decode(reply)
@@ -100,6 +117,9 @@ fn decode((code, reason, value): (i64, String, Value)) -> Result<Admission> {
         3 => Admission::NotStarted { begin_ms: n },
         4 => Admission::Ended { end_ms: n },
         5 => Admission::UnknownVoucher,
+        6 => Admission::Paused,
+        7 => Admission::RateLimited,
+        8 => Admission::BadToken,
         _ => return Err(bad()),
     })
 }

@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::gate::admission::{admit, OUTCOME_NAMES};
+use crate::gate::token;
 use crate::orders::voucher::{validate_id, MAX_ID};
 use crate::store::config::Config;
 use crate::store::keys::VoucherKeys;
@@ -31,6 +32,8 @@ pub struct BenchPlan {
     pub connections: usize,
     /// The snowflake node id asked for (none: a free one is leased).
     pub node_id: Option<u16>,
+    /// Issue an admission token to every user first, and attempt with it.
+    pub tokens: bool,
 }
 
 impl BenchPlan {
@@ -75,11 +78,14 @@ pub struct OutcomeCounts {
     pub not_started: u64,
     pub ended: u64,
     pub unknown_voucher: u64,
+    pub paused: u64,
+    pub rate_limited: u64,
+    pub bad_token: u64,
 }
 
-impl From<[u64; 6]> for OutcomeCounts {
+impl From<[u64; OUTCOMES]> for OutcomeCounts {
     /// From counts indexed by the script's return code.
-    fn from(c: [u64; 6]) -> Self {
+    fn from(c: [u64; OUTCOMES]) -> Self {
         OutcomeCounts {
             success: c[0],
             already_bought: c[1],
@@ -87,13 +93,16 @@ impl From<[u64; 6]> for OutcomeCounts {
             not_started: c[3],
             ended: c[4],
             unknown_voucher: c[5],
+            paused: c[6],
+            rate_limited: c[7],
+            bad_token: c[8],
         }
     }
 }
 
 impl OutcomeCounts {
     /// (name, count) in the script's code order, for tables.
-    pub fn pairs(&self) -> [(&'static str, u64); 6] {
+    pub fn pairs(&self) -> [(&'static str, u64); OUTCOMES] {
         let c = [
             self.success,
             self.already_bought,
@@ -101,10 +110,15 @@ impl OutcomeCounts {
             self.not_started,
             self.ended,
             self.unknown_voucher,
+            self.paused,
+            self.rate_limited,
+            self.bad_token,
         ];
         std::array::from_fn(|i| (OUTCOME_NAMES[i], c[i]))
     }
 }
+
+const OUTCOMES: usize = OUTCOME_NAMES.len();
 
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
@@ -118,10 +132,16 @@ pub struct BenchReport {
     pub connections: usize,
     pub outcomes: OutcomeCounts,
     pub latency: Latency,
+    /// With --tokens: how long issuing the users' tokens took (not part of
+    /// `elapsed_ms`).
+    pub tokens_ms: Option<u64>,
 }
 
+/// Tokens issued by the bench live this long.
+const BENCH_TOKEN_TTL_MS: u64 = 3_600_000;
+
 struct TaskResult {
-    counts: [u64; 6],
+    counts: [u64; OUTCOMES],
     errors: u64,
     first_error: Option<String>,
     hist: Histogram<u64>,
@@ -143,21 +163,30 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
         .load_async(&mut conns[0])
         .await?;
 
+    let (tokens, tokens_ms) = if plan.tokens {
+        let t0 = Instant::now();
+        let tokens = issue_tokens(&conns, &keys, plan).await?;
+        (Arc::new(tokens), Some(t0.elapsed().as_millis() as u64))
+    } else {
+        (Arc::new(Vec::new()), None)
+    };
+
     let next = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(plan.concurrency);
     for t in 0..plan.concurrency {
         let mut conn = conns[t % conns.len()].clone();
-        let (keys, ids, next, progress, plan) = (
+        let (keys, ids, next, progress, plan, tokens) = (
             keys.clone(),
             ids.clone(),
             next.clone(),
             progress.clone(),
             plan.clone(),
+            tokens.clone(),
         );
         tasks.push(tokio::spawn(async move {
             let mut r = TaskResult {
-                counts: [0; 6],
+                counts: [0; OUTCOMES],
                 errors: 0,
                 first_error: None,
                 hist: new_histogram(),
@@ -170,7 +199,11 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
                 let user = plan.user_offset + i % plan.users + 1;
                 let t0 = Instant::now();
                 let attempt = match ids.next_id() {
-                    Ok(order) => admit(&mut conn, &keys, plan.voucher, user, order).await,
+                    Ok(order) => {
+                        let token = tokens.get((i % plan.users) as usize);
+                        let token = token.map(String::as_str);
+                        admit(&mut conn, &keys, plan.voucher, user, order, token).await
+                    }
                     Err(e) => Err(e),
                 };
                 match attempt {
@@ -186,7 +219,7 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
             r
         }));
     }
-    let mut counts = [0u64; 6];
+    let mut counts = [0u64; OUTCOMES];
     let mut errors = 0;
     let mut first_error = None;
     let mut hist = new_histogram();
@@ -221,6 +254,7 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
         concurrency: plan.concurrency,
         connections: plan.connections,
         outcomes: OutcomeCounts::from(counts),
+        tokens_ms,
         latency: Latency {
             p50_us: hist.value_at_quantile(0.50),
             p90_us: hist.value_at_quantile(0.90),
@@ -230,6 +264,52 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
             mean_us: hist.mean(),
         },
     })
+}
+
+/// A token for each of the plan's users (index = user - offset - 1), issued
+/// concurrently over the bench's connections.
+async fn issue_tokens(
+    conns: &[redis::aio::MultiplexedConnection],
+    keys: &Arc<VoucherKeys>,
+    plan: &BenchPlan,
+) -> Result<Vec<String>> {
+    let tokens: Vec<String> = (0..plan.users)
+        .map(|_| token::mint())
+        .collect::<Result<_>>()?;
+    let tokens = Arc::new(tokens);
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::with_capacity(plan.concurrency);
+    for t in 0..plan.concurrency {
+        let (mut conn, keys, tokens, next, plan) = (
+            conns[t % conns.len()].clone(),
+            keys.clone(),
+            tokens.clone(),
+            next.clone(),
+            plan.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= plan.users {
+                    return Ok::<(), Error>(());
+                }
+                let user = plan.user_offset + i + 1;
+                token::store(
+                    &mut conn,
+                    &keys,
+                    user,
+                    &tokens[i as usize],
+                    BENCH_TOKEN_TTL_MS,
+                )
+                .await?;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await
+            .map_err(|e| Error::Redis(format!("a token task failed: {e}")))??;
+    }
+    Ok(Arc::try_unwrap(tokens).unwrap_or_else(|shared| (*shared).clone()))
 }
 
 fn new_histogram() -> Histogram<u64> {

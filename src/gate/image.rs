@@ -9,6 +9,7 @@ use redis::AsyncCommands;
 
 use crate::error::Result;
 use crate::gate::witness::Witness;
+use crate::orders::voucher::Policy;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::RedisConn;
 use crate::store::registry;
@@ -25,6 +26,7 @@ pub struct GateImage<'a> {
     pub begin_ms: i64,
     pub end_ms: i64,
     pub pay_timeout_ms: i64,
+    pub policy: Policy,
     pub stock: i64,
     pub buyers: &'a [u64],
     /// Cancelled orders: the stock published counts their units already.
@@ -77,6 +79,8 @@ pub async fn publish_gate<C: RedisConn>(
         .arg(image.pay_timeout_ms)
         .arg(image.stock)
         .arg(seen.args())
+        .arg(image.policy.user_rate)
+        .arg(u8::from(image.policy.require_token))
         .invoke_async(conn)
         .await?;
     if published != 1 {

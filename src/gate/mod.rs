@@ -5,8 +5,10 @@
 pub mod admission;
 pub mod bench;
 pub mod image;
+pub mod policy;
 pub mod preload;
 pub mod requeue;
 pub mod state;
+pub mod token;
 pub mod waitlist;
 pub mod witness;

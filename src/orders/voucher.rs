@@ -14,6 +14,45 @@ pub const DEFAULT_PAY_TIMEOUT_MS: i64 = 15 * 60 * 1000;
 /// 2038-01-19T03:14:07Z: FROM_UNIXTIME's limit on MariaDB 10.11.
 pub const MAX_TIME_MS: i64 = i32::MAX as i64 * 1000;
 
+/// The most attempts per user per second a voucher may allow at the gate.
+pub const MAX_USER_RATE: u32 = 1_000;
+
+/// Who the gate lets try: stored in MySQL, published to the gate's meta.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Policy {
+    /// At most this many attempts per user in any one second (0: no limit).
+    pub user_rate: u32,
+    /// Admission needs a token issued for the user and voucher.
+    pub require_token: bool,
+}
+
+impl Policy {
+    /// For tables: `-` when off, else e.g. `5/s per user, token`.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if self.user_rate > 0 {
+            parts.push(format!("{}/s per user", self.user_rate));
+        }
+        if self.require_token {
+            parts.push("token".to_string());
+        }
+        match parts.is_empty() {
+            true => "-".to_string(),
+            false => parts.join(", "),
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.user_rate > MAX_USER_RATE {
+            return Err(Error::InvalidInput(format!(
+                "user rate {} is out of range: it must be between 0 (off) and {MAX_USER_RATE}",
+                self.user_rate
+            )));
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct NewVoucher {
     pub id: u64,
@@ -22,6 +61,7 @@ pub struct NewVoucher {
     pub begin_ms: i64,
     pub end_ms: i64,
     pub pay_timeout_ms: i64,
+    pub policy: Policy,
 }
 
 impl NewVoucher {
@@ -59,7 +99,7 @@ impl NewVoucher {
         if self.title.chars().count() > 255 {
             return bad("title is longer than 255 characters".into());
         }
-        Ok(())
+        self.policy.validate()
     }
 }
 
@@ -82,6 +122,8 @@ pub struct Voucher {
     pub begin_ms: i64,
     pub end_ms: i64,
     pub pay_timeout_ms: i64,
+    #[serde(flatten)]
+    pub policy: Policy,
     pub orders_pending: i64,
     pub orders_paid: i64,
     pub orders_cancelled: i64,
@@ -106,8 +148,9 @@ pub async fn add(db: &Db, v: &NewVoucher) -> Result<()> {
     let result = conn
         .exec_drop(
             "INSERT INTO seckill_voucher
-                (voucher_id, title, total_stock, stock, begin_time, end_time, pay_timeout_ms)
-             VALUES (?, ?, ?, ?, FROM_UNIXTIME(? / 1000), FROM_UNIXTIME(? / 1000), ?)",
+                (voucher_id, title, total_stock, stock, begin_time, end_time, pay_timeout_ms,
+                 user_rate, require_token)
+             VALUES (?, ?, ?, ?, FROM_UNIXTIME(? / 1000), FROM_UNIXTIME(? / 1000), ?, ?, ?)",
             (
                 v.id,
                 &v.title,
@@ -116,6 +159,8 @@ pub async fn add(db: &Db, v: &NewVoucher) -> Result<()> {
                 v.begin_ms,
                 v.end_ms,
                 v.pay_timeout_ms,
+                v.policy.user_rate,
+                v.policy.require_token,
             ),
         )
         .await;
@@ -128,13 +173,26 @@ pub async fn add(db: &Db, v: &NewVoucher) -> Result<()> {
 const SELECT_VOUCHERS: &str = "SELECT v.voucher_id, v.title, v.total_stock, v.stock,
         CAST(ROUND(UNIX_TIMESTAMP(v.begin_time) * 1000) AS SIGNED),
         CAST(ROUND(UNIX_TIMESTAMP(v.end_time) * 1000) AS SIGNED),
-        v.pay_timeout_ms,
+        v.pay_timeout_ms, v.user_rate, v.require_token,
         (SELECT COUNT(*) FROM seckill_order o WHERE o.voucher_id = v.voucher_id AND o.status = 0), -- pending
         (SELECT COUNT(*) FROM seckill_order o WHERE o.voucher_id = v.voucher_id AND o.status = 1), -- paid
         (SELECT COUNT(*) FROM seckill_order o WHERE o.voucher_id = v.voucher_id AND o.status = -1) -- cancelled
      FROM seckill_voucher v";
 
-type VoucherRow = (u64, String, i64, i64, i64, i64, i64, i64, i64, i64);
+type VoucherRow = (
+    u64,
+    String,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    u32,
+    bool,
+    i64,
+    i64,
+    i64,
+);
 
 fn from_row(r: VoucherRow) -> Voucher {
     Voucher {
@@ -145,9 +203,13 @@ fn from_row(r: VoucherRow) -> Voucher {
         begin_ms: r.4,
         end_ms: r.5,
         pay_timeout_ms: r.6,
-        orders_pending: r.7,
-        orders_paid: r.8,
-        orders_cancelled: r.9,
+        policy: Policy {
+            user_rate: r.7,
+            require_token: r.8,
+        },
+        orders_pending: r.9,
+        orders_paid: r.10,
+        orders_cancelled: r.11,
     }
 }
 
@@ -157,6 +219,29 @@ pub async fn list(db: &Db) -> Result<Vec<Voucher>> {
         .query(format!("{SELECT_VOUCHERS} ORDER BY v.voucher_id"))
         .await?;
     Ok(rows.into_iter().map(from_row).collect())
+}
+
+/// Changes the admission policy in MySQL; what is not given stays. Returns
+/// the policy now in force.
+pub async fn update_policy(
+    db: &Db,
+    id: u64,
+    user_rate: Option<u32>,
+    require_token: Option<bool>,
+) -> Result<Policy> {
+    let current = get(db, id).await?.policy;
+    let policy = Policy {
+        user_rate: user_rate.unwrap_or(current.user_rate),
+        require_token: require_token.unwrap_or(current.require_token),
+    };
+    policy.validate()?;
+    let mut conn = db.conn().await?;
+    conn.exec_drop(
+        "UPDATE seckill_voucher SET user_rate = ?, require_token = ? WHERE voucher_id = ?",
+        (policy.user_rate, policy.require_token, id),
+    )
+    .await?;
+    Ok(policy)
 }
 
 /// Every voucher, or only those in `only` (each of which must exist).
@@ -252,6 +337,7 @@ mod tests {
             begin_ms: 1_000,
             end_ms: 2_000,
             pay_timeout_ms: DEFAULT_PAY_TIMEOUT_MS,
+            policy: Policy::default(),
         }
     }
 

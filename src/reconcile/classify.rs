@@ -31,6 +31,8 @@ pub enum DriftClass {
     DeadlineMissing,
     /// MySQL itself: stock + pending + paid ≠ total.
     MysqlInconsistent,
+    /// The gate's admission policy (rate limit, tokens) is not MySQL's.
+    PolicyDiffers,
 }
 
 impl DriftClass {
@@ -45,6 +47,7 @@ impl DriftClass {
             DriftClass::CancelledNotReleased => "give their units back (release path)",
             DriftClass::DeadlineMissing => "schedule their deadlines",
             DriftClass::MysqlInconsistent => "set stock = total - active (only with --fix-mysql)",
+            DriftClass::PolicyDiffers => "publish MySQL's policy at the gate",
         }
     }
 }
@@ -98,6 +101,14 @@ pub fn classify(s: &Snapshot) -> (Vec<Drift>, i64) {
             amount: 1,
             sample: Vec::new(),
             action: DriftClass::NotRegistered.action(),
+        });
+    }
+    if s.policy != s.gate_policy {
+        out.push(Drift {
+            class: DriftClass::PolicyDiffers,
+            amount: 1,
+            sample: Vec::new(),
+            action: DriftClass::PolicyDiffers.action(),
         });
     }
     let stock = s.gate_stock.unwrap_or(0);

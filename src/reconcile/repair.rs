@@ -7,6 +7,7 @@ use super::snapshot::Snapshot;
 use super::Options;
 use crate::error::{Error, Result};
 use crate::gate::image::{publish_gate, GateImage};
+use crate::gate::policy;
 use crate::orders::deadline;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
@@ -56,6 +57,10 @@ pub(super) async fn repair(
     }
     if has(DriftClass::GateNotLoaded) {
         return rebuild_gate(conn, keys, s).await;
+    }
+    if has(DriftClass::PolicyDiffers) {
+        // MySQL's policy, whatever the gate moved meanwhile: idempotent.
+        policy::publish(conn, keys, s.policy).await?;
     }
     if has(DriftClass::NotRegistered) {
         // Idempotent and outside the gate's own keys: no witness needed.
@@ -135,6 +140,7 @@ async fn rebuild_gate(
         begin_ms: s.begin_ms,
         end_ms: s.end_ms,
         pay_timeout_ms: s.pay_timeout_ms,
+        policy: s.policy,
         stock: (s.mysql_stock - s.unpersisted().len() as i64).max(0),
         buyers: &buyers,
         released: &released,

@@ -7,8 +7,10 @@ use mysql_async::prelude::*;
 use redis::{FromRedisValue, Value};
 
 use crate::error::{Error, Result};
+use crate::gate::policy::{self, META_REQUIRE_TOKEN, META_USER_RATE};
 use crate::gate::witness::{self, Witness};
 use crate::orders::order::OrderStatus;
+use crate::orders::voucher::Policy;
 use crate::store::db::{join_ids, Db};
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::RedisConn;
@@ -24,6 +26,9 @@ pub struct Snapshot {
     pub begin_ms: i64,
     pub end_ms: i64,
     pub pay_timeout_ms: i64,
+    /// The admission policy in MySQL, and as the gate's meta holds it.
+    pub policy: Policy,
+    pub gate_policy: Policy,
     /// (order id, created ms) of pending orders.
     pub pending: Vec<(u64, i64)>,
     pub paid: usize,
@@ -146,7 +151,7 @@ async fn scan_members(conn: &mut impl RedisConn, cmd: &str, key: &str) -> Result
         cursor = next;
     }
 }
-type VoucherRow = (u64, i64, i64, i64, i64, i64);
+type VoucherRow = (u64, i64, i64, i64, i64, i64, u32, bool);
 type OrderRow = (u64, u64, u64, i8, i64, i8);
 
 /// Reads many vouchers with a few round trips in all: the witnesses (one
@@ -181,18 +186,23 @@ pub async fn read_many(
         pipe.zrange(k.timeouts(), 0, WHOLE as isize)
             .xlen(k.dead())
             .xlen(k.orders())
-            .sismember(registry::key(prefix)?, k.voucher());
+            .sismember(registry::key(prefix)?, k.voucher())
+            .hget(k.meta(), META_USER_RATE)
+            .hget(k.meta(), META_REQUIRE_TOKEN);
     }
     let replies: Vec<Value> = pipe.query_async(conn).await?;
     let mut snaps = Vec::with_capacity(keys.len());
     for ((chunk, w), (k, voucher)) in replies
-        .chunks(7)
+        .chunks(9)
         .zip(&before)
         .zip(keys.iter().zip(vouchers))
     {
         let (meta_exists, buyers, released, deadlines, dead_letters, stream_len, registered): GateRow =
-            FromRedisValue::from_redis_value(Value::Array(chunk.to_vec()))
+            FromRedisValue::from_redis_value(Value::Array(chunk[..7].to_vec()))
                 .map_err(|e| Error::Redis(format!("gate of voucher {voucher}: {e}")))?;
+        let (user_rate, require_token): (Option<u32>, Option<String>) =
+            FromRedisValue::from_redis_value(Value::Array(chunk[7..].to_vec()))
+                .map_err(|e| Error::Redis(format!("policy of voucher {voucher}: {e}")))?;
         let in_flight = if stream_len > 0 {
             in_flight_orders(conn, k).await?
         } else {
@@ -224,6 +234,7 @@ pub async fn read_many(
             in_flight,
             dead_letters,
             witness: w.clone(),
+            gate_policy: policy::from_meta(user_rate, require_token),
             ..Default::default()
         });
     }
@@ -241,7 +252,7 @@ pub async fn read_many(
             "SELECT voucher_id, total_stock, stock,
                     CAST(ROUND(UNIX_TIMESTAMP(begin_time) * 1000) AS SIGNED),
                     CAST(ROUND(UNIX_TIMESTAMP(end_time) * 1000) AS SIGNED),
-                    pay_timeout_ms
+                    pay_timeout_ms, user_rate, require_token
                FROM seckill_voucher WHERE voucher_id IN ({list})"
         ))
         .await?;
@@ -265,10 +276,14 @@ pub async fn read_many(
 
     let index: HashMap<u64, usize> = vouchers.iter().enumerate().map(|(i, v)| (*v, i)).collect();
     let mut known = vec![false; vouchers.len()];
-    for (v, total, stock, begin_ms, end_ms, pay_timeout_ms) in rows {
+    for (v, total, stock, begin_ms, end_ms, pay_timeout_ms, user_rate, require_token) in rows {
         if let Some(&i) = index.get(&v) {
             known[i] = true;
             let s = &mut snaps[i];
+            s.policy = Policy {
+                user_rate,
+                require_token,
+            };
             (
                 s.total,
                 s.mysql_stock,

@@ -61,6 +61,14 @@ impl VoucherKeys {
     pub fn events(&self) -> String {
         self.key("events")
     }
+    /// The user's admission token (when the voucher requires tokens).
+    pub fn token(&self, user: u64) -> String {
+        self.key(&format!("token:{user}"))
+    }
+    /// The user's attempts in the last second (when the voucher has a rate).
+    pub fn rate(&self, user: u64) -> String {
+        self.key(&format!("rate:{user}"))
+    }
     /// Failed passes of the workers over this voucher's deadlines (a count
     /// of its own, not in meta: it must not make a lost gate look loaded).
     pub fn deadline_errors(&self) -> String {

@@ -45,6 +45,17 @@ pub const MIGRATIONS: &[Migration] = &[Migration {
             KEY idx_order_voucher_status (voucher_id, status, create_time)
         ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
     ],
+},
+Migration {
+    version: 2,
+    name: "admission policy",
+    statements: &[
+        // user_rate: attempts per user per second at the gate (0: no limit);
+        // require_token: admission needs a token issued for the user.
+        "ALTER TABLE seckill_voucher
+            ADD COLUMN user_rate INT NOT NULL DEFAULT 0,
+            ADD COLUMN require_token TINYINT NOT NULL DEFAULT 0",
+    ],
 }];
 
 pub fn latest() -> u32 {
@@ -127,7 +138,12 @@ async fn apply_missing(conn: &mut Conn) -> Result<MigrateReport> {
     let mut applied = Vec::new();
     for m in MIGRATIONS.iter().filter(|m| m.version > from) {
         for sql in m.statements {
-            conn.query_drop(*sql).await?;
+            match conn.query_drop(*sql).await {
+                // A column an earlier run added before it died (DDL commits
+                // at once, the history row did not follow).
+                Err(e) if crate::error::mysql_code(&e) == Some(mysql_codes::DUP_FIELDNAME) => {}
+                other => other?,
+            }
         }
         conn.exec_drop(
             "INSERT INTO seckill_schema_history (version, name) VALUES (?, ?)",

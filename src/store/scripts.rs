@@ -59,3 +59,11 @@ pub static RECONCILE: LazyLock<Script> =
 /// Leases a snowflake node id (public: application servers take part).
 pub static NODE_LEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/node_lease.lua")));
+
+/// Publishes a voucher's admission policy at its gate.
+pub static POLICY: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/policy.lua")));
+
+/// Stores a user's admission token (public: application servers call it).
+pub static TOKEN: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/token.lua")));

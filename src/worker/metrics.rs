@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::stats::{StatsSnapshot, WorkerStats, BATCH_BUCKETS};
 use crate::error::{Error, Result};
+use crate::gate::policy::{self, Rejections};
 use crate::store::config::Config;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn;
@@ -162,7 +163,7 @@ async fn render(
                 "# HELP seckill_stream_lag Order stream entries not yet delivered to the worker group\n\
                  # TYPE seckill_stream_lag gauge"
             );
-            for (v, lag, _) in &rows {
+            for (v, lag, _, _) in &rows {
                 let _ = writeln!(out, "seckill_stream_lag{{voucher=\"{v}\"}} {lag}");
             }
             let _ = writeln!(
@@ -170,8 +171,21 @@ async fn render(
                 "# HELP seckill_stream_pending Order stream entries delivered but not acknowledged\n\
                  # TYPE seckill_stream_pending gauge"
             );
-            for (v, _, pending) in &rows {
+            for (v, _, pending, _) in &rows {
                 let _ = writeln!(out, "seckill_stream_pending{{voucher=\"{v}\"}} {pending}");
+            }
+            let _ = writeln!(
+                out,
+                "# HELP seckill_gate_rejections_total Admission attempts the voucher's policy turned away\n\
+                 # TYPE seckill_gate_rejections_total counter"
+            );
+            for (v, _, _, r) in &rows {
+                for (reason, n) in [("rate_limited", r.rate_limited), ("bad_token", r.bad_token)] {
+                    let _ = writeln!(
+                        out,
+                        "seckill_gate_rejections_total{{voucher=\"{v}\",reason=\"{reason}\"}} {n}"
+                    );
+                }
             }
         }
         Err(e) => tracing::warn!("metrics: could not read the stream backlog: {e}"),
@@ -179,13 +193,16 @@ async fn render(
     out
 }
 
-async fn stream_backlog(cfg: &Config) -> Result<Vec<(u64, u64, u64)>> {
+/// Per registered voucher: lag, pending, and the gate's policy rejections.
+async fn stream_backlog(cfg: &Config) -> Result<Vec<(u64, u64, u64, Rejections)>> {
     let mut conn = redis_conn::connect(cfg).await?;
     let ids = registry::members(&mut conn, &cfg.prefix).await?;
     let mut out = Vec::with_capacity(ids.len());
     for v in ids {
-        let b = backlog(&mut conn, &VoucherKeys::new(&cfg.prefix, v)?).await?;
-        out.push((v, b.undelivered, b.pending));
+        let keys = VoucherKeys::new(&cfg.prefix, v)?;
+        let b = backlog(&mut conn, &keys).await?;
+        let r = policy::rejections(&mut conn, &keys).await?;
+        out.push((v, b.undelivered, b.pending, r));
     }
     Ok(out)
 }

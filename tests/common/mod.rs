@@ -211,6 +211,7 @@ impl TestEnv {
                 begin_ms: now + begin_offset_ms,
                 end_ms: now + end_offset_ms,
                 pay_timeout_ms,
+                policy: Default::default(),
             },
         )
         .await
@@ -408,8 +409,9 @@ impl TestEnv {
             attempts,
             concurrency,
             connections: concurrency.clamp(1, 4),
-            // A node id per sale: two sales at once never mint one order id.
+            // A leased node id: two sales at once never mint one order id.
             node_id: None,
+            tokens: false,
         };
         tokio::spawn(async move {
             seckill::gate::bench::run(&cfg, &plan, Default::default())

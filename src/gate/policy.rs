@@ -1,0 +1,89 @@
+//! The admission policy at the gate (per-user rate limit, admission
+//! tokens): MySQL holds it, `lua/policy.lua` publishes it to the gate's
+//! meta, where `lua/seckill.lua` reads it on every attempt.
+
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::orders::voucher::{self, Policy};
+use crate::store::db::Db;
+use crate::store::keys::VoucherKeys;
+use crate::store::redis_conn::RedisConn;
+use crate::store::scripts::POLICY;
+
+/// The meta fields the policy is published in.
+pub const META_USER_RATE: &str = "user_rate";
+pub const META_REQUIRE_TOKEN: &str = "require_token";
+
+/// The meta fields lua/seckill.lua counts its policy rejections in.
+pub const META_REJECTED_RATE_LIMITED: &str = "rejected_rate_limited";
+pub const META_REJECTED_BAD_TOKEN: &str = "rejected_bad_token";
+
+/// Attempts the policy turned away at a voucher's gate, per reason (a bot
+/// wave shows up here).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Rejections {
+    pub rate_limited: u64,
+    pub bad_token: u64,
+}
+
+impl Rejections {
+    /// From the two meta fields as read (absent: none).
+    pub fn from_meta(rate_limited: Option<u64>, bad_token: Option<u64>) -> Rejections {
+        Rejections {
+            rate_limited: rate_limited.unwrap_or(0),
+            bad_token: bad_token.unwrap_or(0),
+        }
+    }
+}
+
+/// The voucher's rejections so far.
+pub async fn rejections(conn: &mut impl RedisConn, keys: &VoucherKeys) -> Result<Rejections> {
+    let (rate_limited, bad_token): (Option<u64>, Option<u64>) = redis::cmd("HMGET")
+        .arg(keys.meta())
+        .arg(META_REJECTED_RATE_LIMITED)
+        .arg(META_REJECTED_BAD_TOKEN)
+        .query_async(conn)
+        .await?;
+    Ok(Rejections::from_meta(rate_limited, bad_token))
+}
+
+/// Publishes `policy` at the gate; false when the gate is not loaded.
+pub async fn publish(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    policy: Policy,
+) -> Result<bool> {
+    let published: i64 = POLICY
+        .key(keys.meta())
+        .arg(policy.user_rate)
+        .arg(u8::from(policy.require_token))
+        .invoke_async(conn)
+        .await?;
+    Ok(published == 1)
+}
+
+/// Changes the policy in MySQL, then at the gate (MySQL first: a crash in
+/// between leaves drift that reconcile repairs toward MySQL). Returns the
+/// policy in force and whether the gate took it.
+pub async fn update(
+    db: &Db,
+    conn: &mut impl RedisConn,
+    prefix: &str,
+    voucher_id: u64,
+    user_rate: Option<u32>,
+    require_token: Option<bool>,
+) -> Result<(Policy, bool)> {
+    let keys = VoucherKeys::new(prefix, voucher_id)?;
+    let policy = voucher::update_policy(db, voucher_id, user_rate, require_token).await?;
+    let at_gate = publish(conn, &keys, policy).await?;
+    Ok((policy, at_gate))
+}
+
+/// A policy as the gate's meta holds it (absent fields: off).
+pub fn from_meta(user_rate: Option<u32>, require_token: Option<String>) -> Policy {
+    Policy {
+        user_rate: user_rate.unwrap_or(0),
+        require_token: require_token.as_deref() == Some("1"),
+    }
+}

@@ -1,0 +1,418 @@
+//! Admission policy at the gate: the per-user rate limit (a sliding
+//! one-second window, exact under concurrency) and admission tokens.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::TestEnv;
+use redis::AsyncCommands;
+use seckill::gate::admission::{admit, Admission};
+use seckill::gate::policy;
+use seckill::orders::voucher::Policy;
+use seckill::store::keys::VoucherKeys;
+
+const V: u64 = 1;
+
+async fn set_policy(env: &TestEnv, voucher: u64, user_rate: u32, require_token: bool) {
+    let mut redis = env.redis().await;
+    let (p, at_gate) = policy::update(
+        env.db().await,
+        &mut redis,
+        &env.prefix,
+        voucher,
+        Some(user_rate),
+        Some(require_token),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        p,
+        Policy {
+            user_rate,
+            require_token
+        }
+    );
+    assert!(at_gate);
+}
+
+async fn attempt(env: &TestEnv, user: u64, order: u64, token: Option<&str>) -> Admission {
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    admit(&mut redis, &keys, V, user, order, token)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rate_limit_is_exact_under_many_parallel_attempts_of_one_user() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 1_000).await;
+    set_policy(&env, V, 5, false).await;
+    // 400 attempts by one user, 64 at a time.
+    let report = env.sale_in_background(V, 1, 0, 400, 64).await.unwrap();
+    let o = report.outcomes;
+    let passed = o.success + o.already_bought;
+    assert_eq!(o.success, 1, "{o:?}");
+    assert_eq!(passed + o.rate_limited, 400, "{o:?}");
+    // Within one second exactly 5 pass; a slower run may span more windows.
+    let windows = report.elapsed_ms / 1_000 + 1;
+    if report.elapsed_ms < 1_000 {
+        assert_eq!(passed, 5, "{o:?} in {} ms", report.elapsed_ms);
+    } else {
+        assert!(passed >= 5 && passed <= 5 * windows, "{o:?}");
+    }
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_window_slides_instead_of_resetting_on_a_boundary_and_is_per_user() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 1_000).await;
+    set_policy(&env, V, 3, false).await;
+    let t0 = Instant::now();
+    for i in 0..3 {
+        assert!(matches!(
+            attempt(&env, 1, 100 + i, None).await,
+            Admission::Admitted { .. } | Admission::AlreadyBought
+        ));
+    }
+    assert_eq!(attempt(&env, 1, 110, None).await, Admission::RateLimited);
+    // Another user is not affected.
+    assert!(matches!(
+        attempt(&env, 2, 120, None).await,
+        Admission::Admitted { .. }
+    ));
+    // 600 ms later a fixed window could have rolled over (a second boundary
+    // lies somewhere in any 1 s span); the sliding one has not.
+    tokio::time::sleep(Duration::from_millis(600).saturating_sub(t0.elapsed())).await;
+    for i in 0..3 {
+        assert_eq!(
+            attempt(&env, 1, 130 + i, None).await,
+            Admission::RateLimited,
+            "at {:?}",
+            t0.elapsed()
+        );
+    }
+    // A full second after the three passed, one more passes.
+    tokio::time::sleep(Duration::from_millis(1_100).saturating_sub(t0.elapsed())).await;
+    assert_eq!(attempt(&env, 1, 140, None).await, Admission::AlreadyBought);
+    let mut redis = env.redis().await;
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let r = policy::rejections(&mut redis, &keys).await.unwrap();
+    assert_eq!(r.rate_limited, 4);
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voucher_that_requires_tokens_admits_only_the_users_own_token() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 10).await;
+    env.live_voucher(2, 10).await;
+    set_policy(&env, V, 0, true).await;
+    set_policy(&env, 2, 0, true).await;
+    let issue = |voucher: u64, user: u64, ttl: &str| {
+        let out = env
+            .cmd()
+            .args(["token", "issue", "--voucher", &voucher.to_string()])
+            .args([
+                "--user",
+                &user.to_string(),
+                "--ttl",
+                ttl,
+                "--format",
+                "json",
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        common::json(&out)["token"].as_str().unwrap().to_string()
+    };
+    let mine = issue(V, 1, "10m");
+    let other_users = issue(V, 2, "10m");
+    let other_vouchers = issue(2, 1, "10m");
+    let expiring = issue(V, 3, "100ms");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = env.snapshot().await;
+    for (user, token) in [
+        (1, None),
+        (1, Some("00000000000000000000000000000000")),
+        (1, Some(other_users.as_str())),
+        (1, Some(other_vouchers.as_str())),
+        (3, Some(expiring.as_str())),
+    ] {
+        assert_eq!(
+            attempt(&env, user, 7, token).await,
+            Admission::BadToken,
+            "{token:?}"
+        );
+    }
+    // Nothing written but the rejection counter.
+    let after = env.snapshot().await;
+    let meta = VoucherKeys::new(&env.prefix, V).unwrap().meta();
+    let changed: Vec<&String> = after
+        .redis
+        .iter()
+        .filter(|(k, v)| before.redis.get(*k) != Some(*v))
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(changed, [&meta], "only the counters in meta changed");
+    assert_eq!(before.tables, after.tables);
+    let mut redis = env.redis().await;
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    assert_eq!(
+        policy::rejections(&mut redis, &keys)
+            .await
+            .unwrap()
+            .bad_token,
+        5
+    );
+    // The right token, again and again until it expires.
+    assert!(matches!(
+        attempt(&env, 1, 8, Some(&mine)).await,
+        Admission::Admitted { .. }
+    ));
+    assert_eq!(
+        attempt(&env, 1, 9, Some(&mine)).await,
+        Admission::AlreadyBought
+    );
+    // Through the binary: exit code 17 and the outcome name.
+    let out = env
+        .cmd()
+        .args(["buy", "--voucher", "1", "--user", "4", "--format", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(17));
+    assert_eq!(common::json(&out)["outcome"], "bad_token");
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_changed_during_a_live_sale_takes_effect_at_once() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 100_000).await;
+    let sale = env.sale_in_background(V, 50_000, 0, 50_000, 16);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let out = env
+        .cmd()
+        .args(["voucher", "update", "--id", "1", "--require-token"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let o = sale.await.unwrap().outcomes;
+    assert!(o.success > 0 && o.bad_token > 0, "{o:?}");
+    assert_eq!(o.success + o.bad_token, 50_000, "{o:?}");
+    let status = env
+        .cmd()
+        .args(["status", "--voucher", "1", "--format", "json"])
+        .output()
+        .unwrap();
+    let j = common::json(&status);
+    assert_eq!(j[0]["require_token"], true);
+    assert_eq!(j[0]["rejected"]["bad_token"], o.bad_token);
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preload_and_reconcile_carry_the_policy_from_mysql() {
+    let env = TestEnv::new().await;
+    env.add_voucher(V, 10, -1_000, 3_600_000).await;
+    // Changed while the gate is not loaded: preload publishes it.
+    let out = env
+        .cmd()
+        .args([
+            "voucher",
+            "update",
+            "--id",
+            "1",
+            "--user-rate",
+            "4",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(common::json(&out)["gate_updated"], false);
+    env.preload(V).await;
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let rate: u32 = redis.hget(keys.meta(), "user_rate").await.unwrap();
+    assert_eq!(rate, 4);
+    // The gate drifts from MySQL: reconcile reports, then repairs it.
+    let _: () = redis.hset(keys.meta(), "user_rate", 0).await.unwrap();
+    let _: () = redis.hset(keys.meta(), "require_token", 1).await.unwrap();
+    let look = env
+        .cmd()
+        .args(["reconcile", "--dry-run", "--format", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(look.status.code(), Some(3));
+    let j = common::json(&look);
+    assert_eq!(
+        j["vouchers"][0]["drifts"][0]["class"], "policy_differs",
+        "{j}"
+    );
+    let fix = env
+        .cmd()
+        .args(["reconcile", "--yes", "--format", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(fix.status.code(), Some(4), "{fix:?}");
+    let (rate, token): (u32, String) = redis::cmd("HMGET")
+        .arg(keys.meta())
+        .arg("user_rate")
+        .arg("require_token")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!((rate, token.as_str()), (4, "0"));
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn application_servers_call_the_new_contract_through_redis_cli() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 10).await;
+    set_policy(&env, V, 0, true).await;
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/lua/seckill.lua");
+    let token_script = concat!(env!("CARGO_MANIFEST_DIR"), "/lua/token.lua");
+    let port = env
+        .cfg
+        .redis_url
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .to_string();
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-p", &port])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let user_keys = |user: u64| {
+        vec![
+            keys.meta(),
+            keys.stock(),
+            keys.buyers(),
+            keys.waitlist(),
+            keys.orders(),
+            keys.token(user),
+            keys.rate(user),
+        ]
+    };
+    // The application stores a token it minted, then the user attempts.
+    let token = "app-minted-token-0123456789abcdef";
+    let k = keys.token(9);
+    let stored = cli(&["--eval", token_script, &k, ",", token, "60000"]);
+    assert_eq!(stored.trim(), "1", "{stored}");
+    let mut args: Vec<String> = vec!["--eval".into(), script.into()];
+    args.extend(user_keys(9));
+    args.extend([
+        ",".into(),
+        "9".into(),
+        "5001".into(),
+        "1".into(),
+        "wrong-token-0000000".into(),
+    ]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let bad = cli(&refs);
+    assert!(bad.starts_with("8\nbad token"), "{bad}");
+    let n = args.len();
+    args[n - 1] = token.into();
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let ok = cli(&refs);
+    assert!(ok.starts_with("0\nok\n5001"), "{ok}");
+    // A caller of the old contract (5 keys, 3 args) is told what is missing.
+    let old = cli(&[
+        "--eval",
+        script,
+        &keys.meta(),
+        &keys.stock(),
+        &keys.buyers(),
+        &keys.waitlist(),
+        &keys.orders(),
+        ",",
+        "10",
+        "5002",
+        "1",
+    ]);
+    assert!(old.contains("KEYS[6]"), "{old}");
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_policy_input_is_one_line_and_changes_nothing() {
+    let env = TestEnv::new().await;
+    for (args, needle) in [
+        (
+            vec!["voucher", "update", "--id", "999", "--user-rate", "3"],
+            "voucher 999 does not exist",
+        ),
+        (vec!["voucher", "update", "--id", "1"], "nothing to change"),
+        (
+            vec!["voucher", "update", "--id", "1", "--user-rate", "-2"],
+            "out of range",
+        ),
+        (
+            vec![
+                "voucher",
+                "add",
+                "--id",
+                "5",
+                "--stock",
+                "1",
+                "--user-rate",
+                "5000",
+            ],
+            "out of range",
+        ),
+        (
+            vec![
+                "token",
+                "issue",
+                "--voucher",
+                "1",
+                "--user",
+                "1",
+                "--ttl",
+                "2d",
+            ],
+            "out of range",
+        ),
+        (
+            vec![
+                "token",
+                "issue",
+                "--voucher",
+                "1",
+                "--user",
+                "1",
+                "--ttl",
+                "soon",
+            ],
+            "soon",
+        ),
+        (
+            vec![
+                "voucher",
+                "update",
+                "--id",
+                "1",
+                "--require-token",
+                "--no-require-token",
+            ],
+            "cannot be used with",
+        ),
+    ] {
+        let out = env.cmd().args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+    env.cleanup().await;
+}
