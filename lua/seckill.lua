@@ -12,7 +12,7 @@
 -- KEYS[5]  seckill:{V}:orders    stream the hand-off to `seckill worker`
 -- KEYS[6]  seckill:{V}:token:<U> string the user's admission token (needed only
 --                                 when the voucher requires tokens)
--- KEYS[7]  seckill:{V}:rate:<U>  zset   the user's recent attempts (needed only
+-- KEYS[7]  seckill:{V}:rate      hash   user -> recent attempts (needed only
 --                                 when the voucher has a user rate)
 --
 -- ARGV[1]  user id     decimal integer, 1 .. 9223372036854775807
@@ -100,18 +100,26 @@ end
 local rate = tonumber(meta[4] or '0') or 0
 if rate > 0 then
   if not KEYS[7] then return redis.error_reply('ERR seckill: a user rate is set: pass KEYS[7]') end
-  redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now_us - 1000000)
-  if redis.call('ZCARD', KEYS[7]) >= rate then
+  -- Per user, the passing attempts of the last second, oldest first, as
+  -- decimal microseconds separated by spaces, in one hash per voucher: one
+  -- HGET and one HSET per attempt, no key made per user.
+  local recent, n = {}, 0
+  for t in string.gmatch(redis.call('HGET', KEYS[7], user) or '', '%d+') do
+    if tonumber(t) > now_us - 1000000 then
+      n = n + 1
+      recent[n] = t
+    end
+  end
+  if n >= rate then
     redis.call('HINCRBY', KEYS[1], 'rejected_rate_limited', 1)
     return {7, 'rate limited', 0}
   end
-  -- Members are the scores, strictly increasing: two attempts within one
-  -- microsecond are two entries.
-  local last = redis.call('ZRANGE', KEYS[7], -1, -1, 'WITHSCORES')
-  local at = now_us
-  if last[2] and tonumber(last[2]) >= at then at = tonumber(last[2]) + 1 end
-  redis.call('ZADD', KEYS[7], at, string.format('%d', at))
-  redis.call('PEXPIRE', KEYS[7], 1001)
+  recent[n + 1] = string.format('%d', now_us)
+  if redis.call('HSET', KEYS[7], user, table.concat(recent, ' ')) == 1
+      and redis.call('PTTL', KEYS[7]) < 0 then
+    -- Nothing is checked against it once the sale has ended.
+    redis.call('PEXPIREAT', KEYS[7], tonumber(meta[2]) + 1000)
+  end
 end
 
 if redis.call('SISMEMBER', KEYS[3], user) == 1 then

@@ -301,7 +301,7 @@ async fn application_servers_call_the_new_contract_through_redis_cli() {
             keys.waitlist(),
             keys.orders(),
             keys.token(user),
-            keys.rate(user),
+            keys.rate(),
         ]
     };
     // The application stores a token it minted, then the user attempts.

@@ -81,7 +81,7 @@ pub async fn admit(
         .key(keys.waitlist())
         .key(keys.orders())
         .key(keys.token(user))
-        .key(keys.rate(user))
+        .key(keys.rate())
         .arg(user)
         .arg(order_id)
         .arg(voucher)

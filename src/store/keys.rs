@@ -65,9 +65,9 @@ impl VoucherKeys {
     pub fn token(&self, user: u64) -> String {
         self.key(&format!("token:{user}"))
     }
-    /// The user's attempts in the last second (when the voucher has a rate).
-    pub fn rate(&self, user: u64) -> String {
-        self.key(&format!("rate:{user}"))
+    /// Every user's attempts in the last second (when the voucher has a rate).
+    pub fn rate(&self) -> String {
+        self.key("rate")
     }
     /// Failed passes of the workers over this voucher's deadlines (a count
     /// of its own, not in meta: it must not make a lost gate look loaded).
