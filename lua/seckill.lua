@@ -22,7 +22,8 @@
 -- ARGV[4]  token       the user's admission token, or empty / absent for none
 --
 -- Callers written for KEYS[1..5] and ARGV[1..3] keep working while the
--- voucher has no policy; with one, they get an error reply naming the key.
+-- voucher has no policy; with one, they get an error reply naming the key
+-- (as they do for a KEYS[6] or KEYS[7] that is not this user's/voucher's).
 -- Returns a 3-element array {code, reason, value}; value is a bulk string
 -- for code 0 (the order id as given: 64-bit ids do not survive Lua numbers)
 -- and an integer for every other code:
@@ -88,8 +89,15 @@ if now_ms < tonumber(meta[1]) then return {3, 'not started', tonumber(meta[1])} 
 if now_ms >= tonumber(meta[2]) then return {4, 'ended', tonumber(meta[2])} end
 if meta[3] == '1' then return {6, 'paused', 0} end
 
+-- KEYS[1] is <prefix>:{V}:meta: the policy keys must be this voucher's and
+-- this user's, or a caller's slip would check one user's token for another.
+local base = string.sub(KEYS[1], 1, -5)
+
 if meta[5] == '1' then
   if not KEYS[6] then return redis.error_reply('ERR seckill: tokens are required: pass KEYS[6]') end
+  if KEYS[6] ~= base .. 'token:' .. user then
+    return redis.error_reply('ERR seckill: KEYS[6] is not the token key of this user and voucher')
+  end
   local token = ARGV[4] or ''
   if token == '' or redis.call('GET', KEYS[6]) ~= token then
     redis.call('HINCRBY', KEYS[1], 'rejected_bad_token', 1)
@@ -100,6 +108,9 @@ end
 local rate = tonumber(meta[4] or '0') or 0
 if rate > 0 then
   if not KEYS[7] then return redis.error_reply('ERR seckill: a user rate is set: pass KEYS[7]') end
+  if KEYS[7] ~= base .. 'rate' then
+    return redis.error_reply('ERR seckill: KEYS[7] is not the rate key of this voucher')
+  end
   -- Per user, the passing attempts of the last second, oldest first, as
   -- decimal microseconds separated by spaces, in one hash per voucher: one
   -- HGET and one HSET per attempt, no key made per user.

@@ -4,7 +4,7 @@
 # the success path and the sold-out path. Rounds alternate the two so a
 # noisy neighbour hits both alike; the figure to quote is the ratio.
 # Then the admission policy: the success path with no policy, with a user
-# rate (--user-rate 1000: every attempt checked, none refused) and with
+# rate (--user-rate 100: every attempt checked, none refused) and with
 # tokens required (bench --tokens; issuing them is timed apart), in one run.
 #
 #   scripts/bench-admission.sh [attempts] [rounds]
@@ -78,7 +78,7 @@ printf '%-14s %5s %14s %8s\n' policy round "seckill/s" "vs off"
 for r in $(seq 1 "$rounds"); do
   fresh_voucher $((next_id += 1)) $((attempts * 2))
   off=$(ours "$next_id")
-  fresh_voucher $((next_id += 1)) $((attempts * 2)) --user-rate 1000
+  fresh_voucher $((next_id += 1)) $((attempts * 2)) --user-rate 100
   rate=$(ours "$next_id")
   fresh_voucher $((next_id += 1)) $((attempts * 2)) --require-token
   tokens=$(ours "$next_id" --tokens)

@@ -80,7 +80,6 @@ pub mod mysql_codes {
     pub const ACCESS_DENIED: u16 = 1045;
     pub const BAD_DB: u16 = 1049;
     pub const DUP_ENTRY: u16 = 1062;
-    pub const DUP_FIELDNAME: u16 = 1060;
     pub const NO_SUCH_TABLE: u16 = 1146;
     pub const LOCK_WAIT_TIMEOUT: u16 = 1205;
     pub const LOCK_DEADLOCK: u16 = 1213;

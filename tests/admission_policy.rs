@@ -341,6 +341,24 @@ async fn application_servers_call_the_new_contract_through_redis_cli() {
         "1",
     ]);
     assert!(old.contains("KEYS[6]"), "{old}");
+    // Another user's token key with this user's id: refused, not checked.
+    let mut slip: Vec<String> = vec!["--eval".into(), script.into()];
+    let mut keys9 = user_keys(9);
+    keys9[5] = keys.token(10);
+    slip.extend(keys9);
+    slip.extend([
+        ",".into(),
+        "9".into(),
+        "5003".into(),
+        "1".into(),
+        token.into(),
+    ]);
+    let refs: Vec<&str> = slip.iter().map(String::as_str).collect();
+    let refused = cli(&refs);
+    assert!(
+        refused.contains("KEYS[6] is not the token key"),
+        "{refused}"
+    );
     env.cleanup().await;
 }
 
@@ -407,6 +425,10 @@ async fn bad_policy_input_is_one_line_and_changes_nothing() {
             ],
             "cannot be used with",
         ),
+        (
+            vec!["token", "issue", "--voucher", "42", "--user", "1"],
+            "not loaded at the gate",
+        ),
     ] {
         let out = env.cmd().args(&args).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -414,5 +436,41 @@ async fn bad_policy_input_is_one_line_and_changes_nothing() {
         assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_policy_updates_at_once_both_take_effect() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 10).await;
+    let mut rate = env.cmd();
+    rate.args(["voucher", "update", "--id", "1", "--user-rate", "7"]);
+    let rate = std::thread::spawn(move || rate.output().unwrap());
+    let token = env
+        .cmd()
+        .args(["voucher", "update", "--id", "1", "--require-token"])
+        .output()
+        .unwrap();
+    assert!(token.status.success(), "{token:?}");
+    let rate = rate.join().unwrap();
+    assert!(rate.status.success(), "{rate:?}");
+    let v = seckill::orders::voucher::get(env.db().await, V)
+        .await
+        .unwrap();
+    let both = Policy {
+        user_rate: 7,
+        require_token: true,
+    };
+    assert_eq!(v.policy, both);
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let (rate, token): (u32, String) = redis::cmd("HMGET")
+        .arg(keys.meta())
+        .arg("user_rate")
+        .arg("require_token")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!((rate, token.as_str()), (7, "1"), "the gate holds both too");
     env.cleanup().await;
 }

@@ -23,7 +23,7 @@ pub struct BuyArgs {
     pub user: u64,
     /// The user's admission token (`seckill token issue`), for a voucher
     /// that requires one
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub token: Option<String>,
     #[command(flatten)]
     pub node: NodeIdOpt,

@@ -55,6 +55,9 @@ impl BenchPlan {
         if !(1..=256).contains(&self.connections) {
             return bad("--connections must be between 1 and 256");
         }
+        if self.tokens && self.users > MAX_TOKEN_USERS {
+            return bad("--tokens keeps a token per user in memory: at most 10000000 --users");
+        }
         Ok(())
     }
 }
@@ -137,8 +140,10 @@ pub struct BenchReport {
     pub tokens_ms: Option<u64>,
 }
 
-/// Tokens issued by the bench live this long.
-const BENCH_TOKEN_TTL_MS: u64 = 3_600_000;
+/// Tokens issued by the bench live as long as tokens may.
+const BENCH_TOKEN_TTL_MS: u64 = 24 * 3_600_000;
+/// `--tokens` keeps a token per user in memory: a bound a machine can hold.
+const MAX_TOKEN_USERS: u64 = 10_000_000;
 
 struct TaskResult {
     counts: [u64; OUTCOMES],

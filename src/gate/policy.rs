@@ -63,9 +63,10 @@ pub async fn publish(
     Ok(published == 1)
 }
 
-/// Changes the policy in MySQL, then at the gate (MySQL first: a crash in
-/// between leaves drift that reconcile repairs toward MySQL). Returns the
-/// policy in force and whether the gate took it.
+/// Changes the policy in MySQL (only what is given), then publishes what
+/// MySQL holds at the gate (MySQL first: a crash in between leaves drift
+/// that reconcile repairs toward MySQL). Returns the policy in force and
+/// whether the gate took it.
 pub async fn update(
     db: &Db,
     conn: &mut impl RedisConn,
@@ -75,9 +76,17 @@ pub async fn update(
     require_token: Option<bool>,
 ) -> Result<(Policy, bool)> {
     let keys = VoucherKeys::new(prefix, voucher_id)?;
-    let policy = voucher::update_policy(db, voucher_id, user_rate, require_token).await?;
-    let at_gate = publish(conn, &keys, policy).await?;
-    Ok((policy, at_gate))
+    let mut policy = voucher::update_policy(db, voucher_id, user_rate, require_token).await?;
+    // Publish MySQL's policy until MySQL did not change meanwhile: of two
+    // updates at once, the one that publishes last publishes both.
+    loop {
+        let at_gate = publish(conn, &keys, policy).await?;
+        let now = voucher::get(db, voucher_id).await?.policy;
+        if now == policy || !at_gate {
+            return Ok((policy, at_gate));
+        }
+        policy = now;
+    }
 }
 
 /// A policy as the gate's meta holds it (absent fields: off).

@@ -50,6 +50,16 @@ pub async fn issue(
     ttl: Duration,
 ) -> Result<IssuedToken> {
     let ttl_ms = validate_ttl(ttl)?;
+    let loaded: bool = redis::cmd("EXISTS")
+        .arg(keys.meta())
+        .query_async(conn)
+        .await?;
+    if !loaded {
+        return Err(Error::InvalidInput(format!(
+            "voucher {} is not loaded at the gate (seckill preload --voucher {0}): no token issued",
+            keys.voucher()
+        )));
+    }
     let token = mint()?;
     store(conn, keys, user, &token, ttl_ms).await?;
     Ok(IssuedToken {

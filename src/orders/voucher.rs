@@ -14,8 +14,10 @@ pub const DEFAULT_PAY_TIMEOUT_MS: i64 = 15 * 60 * 1000;
 /// 2038-01-19T03:14:07Z: FROM_UNIXTIME's limit on MariaDB 10.11.
 pub const MAX_TIME_MS: i64 = i32::MAX as i64 * 1000;
 
-/// The most attempts per user per second a voucher may allow at the gate.
-pub const MAX_USER_RATE: u32 = 1_000;
+/// The most attempts per user per second a voucher may allow at the gate:
+/// every attempt reads that user's passing attempts of the last second, so
+/// the bound keeps a refused attempt cheap.
+pub const MAX_USER_RATE: u32 = 100;
 
 /// Who the gate lets try: stored in MySQL, published to the gate's meta.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -27,6 +29,14 @@ pub struct Policy {
 }
 
 impl Policy {
+    /// From the MySQL columns; an out-of-range rate is taken at the bound.
+    pub fn from_columns(user_rate: i64, require_token: i64) -> Policy {
+        Policy {
+            user_rate: user_rate.clamp(0, i64::from(MAX_USER_RATE)) as u32,
+            require_token: require_token != 0,
+        }
+    }
+
     /// For tables: `-` when off, else e.g. `5/s per user, token`.
     pub fn describe(&self) -> String {
         let mut parts = Vec::new();
@@ -179,6 +189,8 @@ const SELECT_VOUCHERS: &str = "SELECT v.voucher_id, v.title, v.total_stock, v.st
         (SELECT COUNT(*) FROM seckill_order o WHERE o.voucher_id = v.voucher_id AND o.status = -1) -- cancelled
      FROM seckill_voucher v";
 
+// The policy columns are read as plain integers: a value another tool wrote
+// out of range must not fail every read of the table.
 type VoucherRow = (
     u64,
     String,
@@ -187,8 +199,8 @@ type VoucherRow = (
     i64,
     i64,
     i64,
-    u32,
-    bool,
+    i64,
+    i64,
     i64,
     i64,
     i64,
@@ -203,10 +215,7 @@ fn from_row(r: VoucherRow) -> Voucher {
         begin_ms: r.4,
         end_ms: r.5,
         pay_timeout_ms: r.6,
-        policy: Policy {
-            user_rate: r.7,
-            require_token: r.8,
-        },
+        policy: Policy::from_columns(r.7, r.8),
         orders_pending: r.9,
         orders_paid: r.10,
         orders_cancelled: r.11,
@@ -229,19 +238,23 @@ pub async fn update_policy(
     user_rate: Option<u32>,
     require_token: Option<bool>,
 ) -> Result<Policy> {
-    let current = get(db, id).await?.policy;
-    let policy = Policy {
-        user_rate: user_rate.unwrap_or(current.user_rate),
-        require_token: require_token.unwrap_or(current.require_token),
-    };
-    policy.validate()?;
+    Policy {
+        user_rate: user_rate.unwrap_or(0),
+        require_token: false,
+    }
+    .validate()?;
     let mut conn = db.conn().await?;
+    // Only what was given, in one statement: two updates at once (one of
+    // the rate, one of tokens) both take effect.
     conn.exec_drop(
-        "UPDATE seckill_voucher SET user_rate = ?, require_token = ? WHERE voucher_id = ?",
-        (policy.user_rate, policy.require_token, id),
+        "UPDATE seckill_voucher
+            SET user_rate = COALESCE(?, user_rate), require_token = COALESCE(?, require_token)
+          WHERE voucher_id = ?",
+        (user_rate, require_token, id),
     )
     .await?;
-    Ok(policy)
+    drop(conn);
+    Ok(get(db, id).await?.policy)
 }
 
 /// Every voucher, or only those in `only` (each of which must exist).

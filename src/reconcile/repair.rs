@@ -59,8 +59,10 @@ pub(super) async fn repair(
         return rebuild_gate(conn, keys, s).await;
     }
     if has(DriftClass::PolicyDiffers) {
-        // MySQL's policy, whatever the gate moved meanwhile: idempotent.
-        policy::publish(conn, keys, s.policy).await?;
+        // MySQL's policy as it is now, not as the snapshot saw it: a
+        // `voucher update` since must not be undone.
+        let now = crate::orders::voucher::get(db, voucher).await?.policy;
+        policy::publish(conn, keys, now).await?;
     }
     if has(DriftClass::NotRegistered) {
         // Idempotent and outside the gate's own keys: no witness needed.

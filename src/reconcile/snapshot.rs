@@ -151,7 +151,7 @@ async fn scan_members(conn: &mut impl RedisConn, cmd: &str, key: &str) -> Result
         cursor = next;
     }
 }
-type VoucherRow = (u64, i64, i64, i64, i64, i64, u32, bool);
+type VoucherRow = (u64, i64, i64, i64, i64, i64, i64, i64);
 type OrderRow = (u64, u64, u64, i8, i64, i8);
 
 /// Reads many vouchers with a few round trips in all: the witnesses (one
@@ -280,10 +280,7 @@ pub async fn read_many(
         if let Some(&i) = index.get(&v) {
             known[i] = true;
             let s = &mut snaps[i];
-            s.policy = Policy {
-                user_rate,
-                require_token,
-            };
+            s.policy = Policy::from_columns(user_rate, require_token);
             (
                 s.total,
                 s.mysql_stock,

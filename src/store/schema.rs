@@ -138,12 +138,7 @@ async fn apply_missing(conn: &mut Conn) -> Result<MigrateReport> {
     let mut applied = Vec::new();
     for m in MIGRATIONS.iter().filter(|m| m.version > from) {
         for sql in m.statements {
-            match conn.query_drop(*sql).await {
-                // A column an earlier run added before it died (DDL commits
-                // at once, the history row did not follow).
-                Err(e) if crate::error::mysql_code(&e) == Some(mysql_codes::DUP_FIELDNAME) => {}
-                other => other?,
-            }
+            conn.query_drop(*sql).await?;
         }
         conn.exec_drop(
             "INSERT INTO seckill_schema_history (version, name) VALUES (?, ?)",
