@@ -202,3 +202,31 @@ async fn a_lease_whose_connection_dropped_is_renewed_on_a_new_one() {
     ids.release().await;
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lease_is_never_minted_with_again_and_another_node_id_is_claimed() {
+    let env = TestEnv::new().await;
+    let ids = seckill::store::node_lease::OrderIds::lease(&env.cfg, None)
+        .await
+        .unwrap();
+    let node = ids.node();
+    // The lease expired (a long pause) and another process took the node.
+    let mut redis = env.redis().await;
+    let lease = seckill::store::keys::node_lease(&env.prefix, node);
+    let _: () = redis::cmd("SET")
+        .arg(&lease)
+        .arg("another-host:1:token")
+        .arg("PX")
+        .arg(30_000)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    ids.renew().await.unwrap();
+    assert_ne!(ids.node(), node, "the taken node id is not used again");
+    let id = ids.next_id().unwrap();
+    assert_ne!(seckill::support::snowflake::decode(id).1, node);
+    let holder: String = redis::AsyncCommands::get(&mut redis, &lease).await.unwrap();
+    assert_eq!(holder, "another-host:1:token", "the other holder keeps it");
+    ids.release().await;
+    env.cleanup().await;
+}
