@@ -14,6 +14,24 @@ use common::{fast_worker, TestEnv};
 const V: u64 = 1;
 const BUYERS: u64 = 200;
 
+/// The token of a lease held by a process other than the one under test.
+const OTHER_HOLDER: &str = "another-host:1:token";
+
+/// Leases node id `node` to another live process; returns its lease key.
+async fn take_node_id(env: &TestEnv, node: u16) -> String {
+    let lease = seckill::store::keys::node_lease(&env.prefix, node);
+    let mut redis = env.redis().await;
+    let _: () = redis::cmd("SET")
+        .arg(&lease)
+        .arg(OTHER_HOLDER)
+        .arg("PX")
+        .arg(30_000)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    lease
+}
+
 /// Whether this machine lets us run a process as pid 1 of a new namespace.
 fn pid_namespaces_work() -> bool {
     Command::new("unshare")
@@ -86,16 +104,7 @@ async fn buyers_that_are_all_pid_1_get_distinct_order_ids() {
 async fn an_explicit_node_id_held_by_a_live_lease_is_refused() {
     let env = TestEnv::new().await;
     env.live_voucher(V, 10).await;
-    let mut redis = env.redis().await;
-    let lease = seckill::store::keys::node_lease(&env.prefix, 7);
-    let _: () = redis::cmd("SET")
-        .arg(&lease)
-        .arg("another-host:1:token")
-        .arg("PX")
-        .arg(30_000)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    take_node_id(&env, 7).await;
     let out = env
         .cmd()
         .args(["buy", "--voucher", "1", "--user", "5", "--node-id", "7"])
@@ -211,22 +220,14 @@ async fn a_lost_lease_is_never_minted_with_again_and_another_node_id_is_claimed(
         .unwrap();
     let node = ids.node();
     // The lease expired (a long pause) and another process took the node.
+    let lease = take_node_id(&env, node).await;
     let mut redis = env.redis().await;
-    let lease = seckill::store::keys::node_lease(&env.prefix, node);
-    let _: () = redis::cmd("SET")
-        .arg(&lease)
-        .arg("another-host:1:token")
-        .arg("PX")
-        .arg(30_000)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
     ids.renew().await.unwrap();
     assert_ne!(ids.node(), node, "the taken node id is not used again");
     let id = ids.next_id().unwrap();
     assert_ne!(seckill::support::snowflake::decode(id).1, node);
     let holder: String = redis::AsyncCommands::get(&mut redis, &lease).await.unwrap();
-    assert_eq!(holder, "another-host:1:token", "the other holder keeps it");
+    assert_eq!(holder, OTHER_HOLDER, "the other holder keeps it");
     ids.release().await;
     env.cleanup().await;
 }

@@ -2,9 +2,6 @@
 //! and publishing it atomically unless the gate moved meanwhile. Preload and
 //! reconcile's rebuild both go through here.
 
-use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
-
 use redis::AsyncCommands;
 
 use crate::error::Result;
@@ -49,7 +46,7 @@ pub async fn publish_gate<C: RedisConn>(
     registry::register(conn, keys).await?;
     // Staging keys of this call's own: two rebuilds at once (preload and
     // reconcile) must not fill or swap in each other's half-built sets.
-    let run = format!("{:016x}", RandomState::new().hash_one(std::process::id()));
+    let run = format!("{:016x}", crate::support::host::random_tag());
     let staging = keys.buyers_staging(&run);
     let released_staging = keys.released_staging(&run);
     for chunk in image.buyers.chunks(STAGING_CHUNK) {

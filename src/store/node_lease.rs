@@ -5,8 +5,6 @@
 //! the id time, so a new holder whose clock is behind a former holder's
 //! never repeats one of its ids.
 
-use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -57,7 +55,7 @@ impl OrderIds {
     pub async fn lease(cfg: &Config, wanted: Option<u16>) -> Result<Arc<OrderIds>> {
         let prefix = cfg.prefix.as_str();
         validate_prefix(prefix)?;
-        let random = RandomState::new().hash_one(std::process::id());
+        let random = crate::support::host::random_tag();
         let conn = lease_connection(cfg, random).await?;
         let host = crate::support::host::name();
         let mut me = OrderIds {
