@@ -96,8 +96,11 @@ mysql_up() {
   if [ ! -d "$data/mysql/data/mysql" ]; then
     fresh=1
     mariadb-install-db --defaults-file="$data/mysql/my.cnf" --user="$(id -un)" \
-      --auth-root-authentication-method=normal --skip-test-db >"$data/mysql/install.log" 2>&1 ||
-      die "mariadb-install-db failed; see $data/mysql/install.log"
+      --auth-root-authentication-method=normal --skip-test-db >"$data/mysql/install.log" 2>&1 || {
+      # CI keeps only what we print, so the log's last lines go with the error.
+      tail -n 15 "$data/mysql/install.log" >&2
+      die "mariadb-install-db failed; see $data/mysql/install.log (free space: $(df -h --output=avail "$data" | tail -n 1 | tr -d ' '))"
+    }
   fi
   # setsid detaches the server from this shell so it outlives the caller.
   setsid mariadbd --defaults-file="$data/mysql/my.cnf" --user="$(id -un)" </dev/null >/dev/null 2>&1 &
@@ -105,7 +108,10 @@ mysql_up() {
     mysql_ping && break
     sleep 0.1
   done
-  mysql_ping || die "MariaDB did not answer on port $mysql_port; see $data/mysql/mysqld.log"
+  mysql_ping || {
+    tail -n 15 "$data/mysql/mysqld.log" >&2
+    die "MariaDB did not answer on port $mysql_port; see $data/mysql/mysqld.log"
+  }
   if [ "$fresh" = 1 ]; then
     mariadb --no-defaults --protocol=socket --socket="$data/mysql/mysqld.sock" -uroot <<SQL
 CREATE USER IF NOT EXISTS '${mysql_user}'@'%' IDENTIFIED BY '${mysql_pass}';

@@ -37,12 +37,13 @@ impl OwnMysql {
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("a free port");
-        let dir = std::env::temp_dir().join(format!("seckill-mysql-{}-{port}", std::process::id()));
-        let m = OwnMysql {
-            dir,
-            port,
-            options: options.to_string(),
-        };
+        // Under target/, not /tmp: CI's /tmp may be small or a tmpfs.
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("seckill-mysql-{}-{port}", std::process::id()));
+        // A test's server holds a few thousand rows: a small redo log and
+        // pool keep several of them side by side cheap in disk and memory.
+        let options = format!("innodb_log_file_size=16M\ninnodb_buffer_pool_size=64M\n{options}");
+        let m = OwnMysql { dir, port, options };
         m.services("up");
         m
     }
