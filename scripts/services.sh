@@ -4,10 +4,16 @@
 #
 #   scripts/services.sh up [redis|mysql]    install if missing, start, wait, print URLs (idempotent)
 #   scripts/services.sh down [redis|mysql]  stop (idempotent)
+#   scripts/services.sh up cluster    a Redis Cluster: 3 masters, 3 replicas (idempotent)
+#   scripts/services.sh down cluster  stop it
 #   scripts/services.sh status   say what runs where
 #   scripts/services.sh env      print `export ...` lines for the URLs
 #
-# Ports: SECKILL_REDIS_PORT (default 16379), SECKILL_MYSQL_PORT (default 13306).
+# Ports: SECKILL_REDIS_PORT (default 16379), SECKILL_MYSQL_PORT (default 13306),
+# SECKILL_CLUSTER_PORT (the cluster's first node, default 17001; the six nodes
+# take it and the five after it, their cluster bus ports those + 10000).
+# SECKILL_CLUSTER_NODE_TIMEOUT: cluster-node-timeout in ms (default 1000, so
+# that a failover plays out in a few seconds).
 # Data: SECKILL_SERVICES_DIR (default .services/). SECKILL_MYSQL_OPTIONS: extra
 # my.cnf lines for a fresh data folder (tests start servers of their own with it).
 set -euo pipefail
@@ -19,7 +25,12 @@ mysql_port=${SECKILL_MYSQL_PORT:-13306}
 mysql_user=seckill
 mysql_pass=seckill
 
+cluster_port=${SECKILL_CLUSTER_PORT:-17001}
+cluster_node_timeout=${SECKILL_CLUSTER_NODE_TIMEOUT:-1000}
+cluster_ports=$(seq "$cluster_port" $((cluster_port + 5)))
+
 redis_url="redis://127.0.0.1:${redis_port}/"
+cluster_url="redis://127.0.0.1:${cluster_port}/,redis://127.0.0.1:$((cluster_port + 1))/,redis://127.0.0.1:$((cluster_port + 2))/"
 mysql_url="mysql://${mysql_user}:${mysql_pass}@127.0.0.1:${mysql_port}/seckill"
 mysql_url_masked="mysql://${mysql_user}:***@127.0.0.1:${mysql_port}/seckill"
 
@@ -138,13 +149,93 @@ mysql_down() {
   done
 }
 
+cluster_node_up() {
+  local port=$1 dir="$data/cluster/$1"
+  redis-cli -p "$port" ping >/dev/null 2>&1 && return 0
+  mkdir -p "$dir"
+  # The same durability as the single node; nodes.conf keeps the node's
+  # identity and role across restarts. A replica may always take over
+  # (validity factor 0): tests fail masters over on purpose.
+  redis-server --bind 127.0.0.1 --port "$port" --dir "$dir" \
+    --cluster-enabled yes --cluster-config-file nodes.conf \
+    --cluster-node-timeout "$cluster_node_timeout" --cluster-replica-validity-factor 0 \
+    --repl-diskless-sync-delay 0 \
+    --appendonly yes --appendfsync everysec --save "" \
+    --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" \
+    --maxclients 10000 >/dev/null
+  for _ in $(seq 1 100); do
+    redis-cli -p "$port" ping >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  tail -n 15 "$dir/redis.log" >&2
+  die "cluster node on port $port did not answer; see $dir/redis.log"
+}
+
+# Every node sees the cluster ok, with three masters and each of them a
+# replica whose link is up (a replica still waiting for its first sync would
+# take over empty).
+cluster_ok() {
+  local port info
+  for port in $cluster_ports; do
+    info=$(redis-cli -p "$port" cluster info 2>/dev/null) || return 1
+    grep -q '^cluster_state:ok' <<<"$info" || return 1
+    grep -q '^cluster_known_nodes:6' <<<"$info" || return 1
+  done
+  local linked=0
+  for port in $cluster_ports; do
+    redis-cli -p "$port" info replication | grep -q '^master_link_status:up' && linked=$((linked + 1))
+  done
+  [ "$linked" -eq 3 ]
+}
+
+cluster_up() {
+  local port
+  for port in $cluster_ports; do cluster_node_up "$port"; done
+  if [ "$(redis-cli -p "$cluster_port" cluster info | sed -n 's/^cluster_known_nodes:\([0-9]*\).*/\1/p')" -lt 6 ]; then
+    local nodes=()
+    for port in $cluster_ports; do nodes+=("127.0.0.1:$port"); done
+    redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >"$data/cluster/create.log" 2>&1 || {
+      tail -n 15 "$data/cluster/create.log" >&2
+      die "redis-cli --cluster create failed; see $data/cluster/create.log"
+    }
+  fi
+  for _ in $(seq 1 300); do
+    cluster_ok && return 0
+    sleep 0.1
+  done
+  die "the cluster on ports $cluster_port-$((cluster_port + 5)) did not become ok; see $data/cluster/*/redis.log"
+}
+
+cluster_down() {
+  local port
+  for port in $cluster_ports; do
+    redis-cli -p "$port" shutdown >/dev/null 2>&1 || true
+  done
+}
+
 print_env() {
   echo "export SECKILL_REDIS_URL=$redis_url"
   echo "export SECKILL_MYSQL_URL=$mysql_url"
+  echo "export SECKILL_CLUSTER_URL=$cluster_url"
 }
 
 which=${2:-all}
-case "$which" in all | redis | mysql) ;; *) die "unknown service '$which' (use redis or mysql)" ;; esac
+case "$which" in all | redis | mysql | cluster) ;; *) die "unknown service '$which' (use redis, mysql or cluster)" ;; esac
+if [ "$which" = cluster ]; then
+  case "${1:-up}" in
+  up)
+    need_packages
+    cluster_up
+    say "Redis Cluster $cluster_url (3 masters, 3 replicas, AOF everysec, node timeout ${cluster_node_timeout}ms, data in $data/cluster)"
+    ;;
+  down)
+    cluster_down
+    say "cluster stopped"
+    ;;
+  *) die "unknown command '$1' for the cluster (use up or down)" ;;
+  esac
+  exit 0
+fi
 case "${1:-up}" in
 up)
   need_packages

@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 scripts/services.sh up
+# The cluster tests' Redis Cluster (3 masters, 3 replicas).
+scripts/services.sh up cluster
 
 # Leftovers of earlier runs that failed before cleaning up after themselves
 # (tests use databases seckill_t* and key prefixes t*; only on our own services).
@@ -15,6 +17,12 @@ mariadb --no-defaults -h127.0.0.1 -P"${SECKILL_MYSQL_PORT:-13306}" -useckill -ps
     mariadb --no-defaults -h127.0.0.1 -P"${SECKILL_MYSQL_PORT:-13306}" -useckill -pseckill -e "DROP DATABASE \`$db\`"
   done
 redis-cli -p "${SECKILL_REDIS_PORT:-16379}" --scan --pattern 't[0-9]*' | xargs -r -n 500 redis-cli -p "${SECKILL_REDIS_PORT:-16379}" del >/dev/null
+# On the cluster, key by key (a DEL of several keys must stay in one slot).
+for port in $(seq "${SECKILL_CLUSTER_PORT:-17001}" $((${SECKILL_CLUSTER_PORT:-17001} + 5))); do
+  if [ "$(redis-cli -p "$port" role | head -n 1)" = master ]; then
+    redis-cli -p "$port" --scan --pattern 't[0-9]*' | sed 's/^/UNLINK /' | redis-cli -p "$port" >/dev/null
+  fi
+done
 
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings

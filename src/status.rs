@@ -1,5 +1,5 @@
 //! `seckill status`: one row per voucher, both stores side by side, read in
-//! batches (a pipeline per chunk of vouchers, one MySQL query).
+//! batches (a pipeline per chunk of vouchers or, on a cluster, per voucher; one MySQL query).
 
 use redis::{FromRedisValue, Value};
 use serde::Serialize;
@@ -9,7 +9,7 @@ use crate::gate::policy::{Rejections, META_REJECTED_BAD_TOKEN, META_REJECTED_RAT
 use crate::orders::voucher::{self, Voucher};
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
-use crate::store::redis_conn::RedisConn;
+use crate::store::redis_conn::{pipeline_per_item, RedisConn};
 use crate::stream::backlog::backlog;
 
 #[derive(Debug, Clone, Serialize)]
@@ -51,29 +51,35 @@ pub async fn read(
     only: &[u64],
 ) -> Result<Vec<VoucherStatus>> {
     let vouchers = voucher::list_only(db, only).await?;
+    let keys: Vec<VoucherKeys> = vouchers
+        .iter()
+        .map(|v| VoucherKeys::new(prefix, v.id))
+        .collect::<Result<_>>()?;
+    // A broken deadlines key (say, of the wrong type) must show up in its
+    // row, not fail the whole report: errors stay in the replies.
+    let rows = pipeline_per_item(conn, &keys, false, true, |pipe, k| {
+        pipe.exists(k.meta())
+            .get(k.stock())
+            .xlen(k.dead())
+            .zcard(k.waitlist())
+            .xlen(k.orders())
+            .get(k.deadline_errors())
+            .hget(k.meta(), META_REJECTED_RATE_LIMITED)
+            .hget(k.meta(), META_REJECTED_BAD_TOKEN)
+            .zrange_withscores(k.timeouts(), 0, 0);
+        Ok(())
+    })
+    .await?;
     let mut out = Vec::with_capacity(vouchers.len());
-    for chunk in vouchers.chunks(500) {
-        let keys: Vec<VoucherKeys> = chunk
-            .iter()
-            .map(|v| VoucherKeys::new(prefix, v.id))
-            .collect::<Result<_>>()?;
-        let mut pipe = redis::pipe();
-        // A broken deadlines key (say, of the wrong type) must show up in
-        // its row, not fail the whole report.
-        pipe.ignore_errors();
-        for k in &keys {
-            pipe.exists(k.meta())
-                .get(k.stock())
-                .xlen(k.dead())
-                .zcard(k.waitlist())
-                .xlen(k.orders())
-                .get(k.deadline_errors())
-                .hget(k.meta(), META_REJECTED_RATE_LIMITED)
-                .hget(k.meta(), META_REJECTED_BAD_TOKEN)
-                .zrange_withscores(k.timeouts(), 0, 0);
-        }
-        let replies: Vec<Value> = pipe.query_async(conn).await?;
-        for ((v, k), row) in chunk.iter().zip(&keys).zip(replies.chunks(9)) {
+    {
+        for ((v, k), row) in vouchers.iter().zip(&keys).zip(&rows) {
+            if row.len() != 9 {
+                return Err(Error::Redis(format!(
+                    "gate of voucher {}: {} replies",
+                    v.id,
+                    row.len()
+                )));
+            }
             let (meta, stock, dead, waitlist, stream_len, deadline_errors): GateRow =
                 FromRedisValue::from_redis_value(Value::Array(row[..6].to_vec()))
                     .map_err(|e| Error::Redis(format!("gate of voucher {}: {e}", v.id)))?;

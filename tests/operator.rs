@@ -7,7 +7,6 @@ mod common;
 use std::time::Duration;
 
 use common::{json, TestEnv};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_shows_both_stores_side_by_side() {
@@ -99,18 +98,6 @@ async fn status_shows_both_stores_side_by_side() {
     env.cleanup().await;
 }
 
-async fn scrape(port: u16) -> String {
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        .await
-        .unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).await.unwrap();
-    body
-}
-
 fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
@@ -130,7 +117,7 @@ async fn the_worker_serves_prometheus_metrics_during_a_drain() {
     let addr = format!("127.0.0.1:{port}");
     let w = env.spawn_worker(&["--batch", "64", "--block", "200ms", "--metrics-addr", &addr]);
     env.wait_orders(1, 1_000, Duration::from_secs(60)).await;
-    let during = scrape(port).await;
+    let during = common::scrape_metrics(port).await;
     assert!(during.starts_with("HTTP/1.1 200 OK"), "{during}");
     assert!(during.contains("# TYPE seckill_batch_duration_seconds histogram"));
     assert!(
@@ -152,7 +139,7 @@ async fn the_worker_serves_prometheus_metrics_during_a_drain() {
         assert!(metric(&during, name).is_some(), "{name} missing");
     }
     env.wait_drained(1, Duration::from_secs(120)).await;
-    let after = scrape(port).await;
+    let after = common::scrape_metrics(port).await;
     assert_eq!(
         metric(&after, "seckill_orders_persisted_total"),
         Some(20_000.0)

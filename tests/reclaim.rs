@@ -16,7 +16,7 @@ const V: u64 = 1;
 /// Resets the idle time of `ids` (still owned by `consumer`), without
 /// counting a delivery: they look like entries a live consumer works on.
 async fn keep_fresh(
-    redis: &mut redis::aio::MultiplexedConnection,
+    redis: &mut seckill::store::redis_conn::Redis,
     keys: &VoucherKeys,
     consumer: &str,
     ids: &[String],

@@ -9,7 +9,7 @@ use redis::AsyncCommands;
 use seckill::store::keys::{VoucherKeys, WORKER_GROUP};
 use seckill::worker::group;
 
-async fn ids(redis: &mut redis::aio::MultiplexedConnection, keys: &VoucherKeys) -> Vec<String> {
+async fn ids(redis: &mut seckill::store::redis_conn::Redis, keys: &VoucherKeys) -> Vec<String> {
     let r: StreamRangeReply = redis.xrange_all(keys.orders()).await.unwrap();
     r.ids.into_iter().map(|e| e.id).collect()
 }

@@ -579,3 +579,27 @@ async fn a_worker_recovers_when_redis_loses_the_stream_and_its_group() {
     assert_invariants(&env, V).await;
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_vouchers_vanish_from_the_registry_registers_them_again_and_consumes_on() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 100).await;
+    let w = env.spawn_worker(&args(&[]));
+    env.admit_users(V, 10, 0).await;
+    env.wait_orders(V, 10, Duration::from_secs(30)).await;
+    // Redis comes back without its last writes: the registry and the
+    // stream with its group are gone; admissions go on.
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let registry = seckill::store::registry::key(&env.prefix).unwrap();
+    let mut redis = env.redis().await;
+    let _: () = redis.del(&[keys.orders(), registry.clone()]).await.unwrap();
+    env.admit_users(V, 10, 100).await;
+    env.wait_orders(V, 20, Duration::from_secs(30)).await;
+    let registered: Vec<u64> = redis.smembers(&registry).await.unwrap();
+    assert_eq!(registered, vec![V]);
+    w.signal("TERM");
+    let log = w.expect_success(Duration::from_secs(20));
+    assert!(log.contains("missing from the registry"), "{log}");
+    assert_invariants(&env, V).await;
+    env.cleanup().await;
+}

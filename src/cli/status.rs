@@ -38,7 +38,7 @@ async fn watch_loop(
     cfg: &Config,
     args: &StatusArgs,
     db: &Db,
-    redis: &mut redis::aio::MultiplexedConnection,
+    redis: &mut crate::store::redis_conn::Redis,
 ) -> anyhow::Result<u8> {
     let in_place = std::io::stdout().is_terminal() && args.format.format == Format::Table;
     loop {

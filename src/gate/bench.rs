@@ -274,7 +274,7 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
 /// A token for each of the plan's users (index = user - offset - 1), issued
 /// concurrently over the bench's connections.
 async fn issue_tokens(
-    conns: &[redis::aio::MultiplexedConnection],
+    conns: &[crate::store::redis_conn::Redis],
     keys: &Arc<VoucherKeys>,
     plan: &BenchPlan,
 ) -> Result<Vec<String>> {

@@ -18,8 +18,8 @@
 
 use std::collections::HashMap;
 
+use crate::store::redis_conn::Redis;
 use mysql_async::prelude::*;
-use redis::aio::MultiplexedConnection;
 use redis::streams::StreamRangeReply;
 use redis::AsyncCommands;
 use serde::Serialize;
@@ -71,7 +71,7 @@ enum Plan {
 pub async fn requeue(
     cfg: &Config,
     db: &Db,
-    conn: &mut MultiplexedConnection,
+    conn: &mut Redis,
     keys: &VoucherKeys,
     ids: &[String],
     node_id: Option<u16>,
@@ -136,7 +136,7 @@ pub async fn requeue(
 
 /// Runs the gate's part (lua/requeue.lua) and reports every dead letter.
 async fn apply(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Redis,
     keys: &VoucherKeys,
     plans: Vec<(String, Plan)>,
 ) -> Result<RequeueReport> {
@@ -221,7 +221,7 @@ fn skipped(id: String, reason: String) -> RequeuedEntry {
 
 /// (dead-letter id, its entry when it exists), in the order asked for.
 async fn read_dead_letters(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Redis,
     keys: &VoucherKeys,
     ids: &[String],
 ) -> Result<Vec<(String, Option<RawEntry>)>> {

@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::store::keys::VoucherKeys;
-use crate::store::redis_conn::RedisConn;
+use crate::store::redis_conn::{pipeline_per_item, RedisConn};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct GateState {
@@ -21,10 +21,6 @@ pub struct GateState {
     pub last_entry_id: Option<String>,
 }
 
-/// Vouchers read per pipeline: one round trip each, none too large for a
-/// server in the middle of a sale.
-const CHUNK: usize = 500;
-
 /// One round trip: meta, stock, buyers, waitlist and stream, read together.
 pub async fn read(conn: &mut impl RedisConn, keys: &VoucherKeys) -> Result<GateState> {
     let mut states = read_many(conn, std::slice::from_ref(keys)).await?;
@@ -33,36 +29,34 @@ pub async fn read(conn: &mut impl RedisConn, keys: &VoucherKeys) -> Result<GateS
         .ok_or_else(|| Error::Redis("an empty reply to the gate's pipeline".into()))
 }
 
-/// The gates of many vouchers, in the order given, one pipeline per chunk.
+/// The gates of many vouchers, in the order given.
 pub async fn read_many(conn: &mut impl RedisConn, keys: &[VoucherKeys]) -> Result<Vec<GateState>> {
-    const PER_VOUCHER: usize = 6;
-    let mut out = Vec::with_capacity(keys.len());
-    for chunk in keys.chunks(CHUNK) {
-        let mut pipe = redis::pipe();
-        for k in chunk {
-            pipe.exists(k.meta())
-                .get(k.stock())
-                .scard(k.buyers())
-                .zcard(k.waitlist())
-                .xlen(k.orders())
-                .xrevrange_count(k.orders(), "+", "-", 1);
-        }
-        let replies: Vec<Value> = pipe.query_async(conn).await?;
-        for (k, row) in chunk.iter().zip(replies.chunks(PER_VOUCHER)) {
+    let replies = pipeline_per_item(conn, keys, false, false, |pipe, k| {
+        pipe.exists(k.meta())
+            .get(k.stock())
+            .scard(k.buyers())
+            .zcard(k.waitlist())
+            .xlen(k.orders())
+            .xrevrange_count(k.orders(), "+", "-", 1);
+        Ok(())
+    })
+    .await?;
+    keys.iter()
+        .zip(replies)
+        .map(|(k, row)| {
             let (meta_exists, stock, buyers, waitlist, stream_length, last): GateRow =
-                FromRedisValue::from_redis_value(Value::Array(row.to_vec()))
+                FromRedisValue::from_redis_value(Value::Array(row))
                     .map_err(|e| Error::Redis(format!("gate of voucher {}: {e}", k.voucher())))?;
-            out.push(GateState {
+            Ok(GateState {
                 loaded: meta_exists && stock.is_some(),
                 stock,
                 buyers,
                 waitlist,
                 stream_length,
                 last_entry_id: last.ids.into_iter().next().map(|e| e.id),
-            });
-        }
-    }
-    Ok(out)
+            })
+        })
+        .collect()
 }
 
 type GateRow = (

@@ -10,7 +10,7 @@ use redis::{FromRedisValue, Value};
 
 use crate::error::{Error, Result};
 use crate::store::keys::VoucherKeys;
-use crate::store::redis_conn::RedisConn;
+use crate::store::redis_conn::{pipeline_per_item, RedisConn};
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Witness {
@@ -37,23 +37,22 @@ pub async fn read(conn: &mut impl RedisConn, keys: &VoucherKeys) -> Result<Witne
         .ok_or_else(|| Error::Redis("an empty reply to the witness read".into()))
 }
 
-/// The witnesses of many vouchers, read in one MULTI (one consistent
-/// moment for all of them on a single node).
+/// The witnesses of many vouchers, each read in one MULTI (a consistent
+/// moment per voucher; on a single node one MULTI holds many of them).
 pub async fn read_many(conn: &mut impl RedisConn, keys: &[VoucherKeys]) -> Result<Vec<Witness>> {
-    let mut pipe = redis::pipe();
-    pipe.atomic();
-    for k in keys {
+    let replies = pipeline_per_item(conn, keys, true, false, |pipe, k| {
         pipe.xrevrange_count(k.orders(), "+", "-", 1)
             .get(k.stock())
             .scard(k.buyers())
             .scard(k.released());
-    }
-    let replies: Vec<Value> = pipe.query_async(conn).await?;
+        Ok(())
+    })
+    .await?;
     replies
-        .chunks(4)
+        .into_iter()
         .map(|c| {
             let (last, stock, buyers, released): (StreamRangeReply, Option<String>, u64, u64) =
-                FromRedisValue::from_redis_value(Value::Array(c.to_vec()))
+                FromRedisValue::from_redis_value(Value::Array(c))
                     .map_err(|e| Error::Redis(format!("witness: {e}")))?;
             Ok(Witness {
                 last_entry_id: last

@@ -13,7 +13,7 @@ use crate::orders::order::OrderStatus;
 use crate::orders::voucher::Policy;
 use crate::store::db::{join_ids, Db};
 use crate::store::keys::VoucherKeys;
-use crate::store::redis_conn::RedisConn;
+use crate::store::redis_conn::{pipeline_per_item, RedisConn};
 use crate::store::registry;
 use crate::stream::backlog::in_flight_orders;
 
@@ -123,7 +123,7 @@ pub async fn read_voucher(
     Ok(reads.pop().unwrap_or(Read::Missing))
 }
 
-type GateRow = (bool, Vec<u64>, Vec<u64>, Vec<u64>, u64, u64, bool);
+type GateRow = (bool, Vec<u64>, Vec<u64>, Vec<u64>, u64, u64);
 
 /// Sets up to this size are read with one command; larger ones by scanning.
 const WHOLE: u64 = 10_000;
@@ -173,8 +173,9 @@ pub async fn read_many(
     // Small sets come whole in the pipeline; a large one is scanned in
     // pieces afterwards, so that no single command holds Redis for long
     // during a sale (the witness check still vouches for the whole read).
-    let mut pipe = redis::pipe();
-    for (k, w) in keys.iter().zip(&before) {
+    let registered: HashSet<u64> = registry::members(conn, prefix).await?.into_iter().collect();
+    let items: Vec<(&VoucherKeys, &Witness)> = keys.iter().zip(&before).collect();
+    let replies = pipeline_per_item(conn, &items, false, false, |pipe, (k, w)| {
         pipe.exists(k.meta());
         for (key, len) in [(k.buyers(), w.buyers), (k.released(), w.released)] {
             if len > WHOLE {
@@ -186,22 +187,29 @@ pub async fn read_many(
         pipe.zrange(k.timeouts(), 0, WHOLE as isize)
             .xlen(k.dead())
             .xlen(k.orders())
-            .sismember(registry::key(prefix)?, k.voucher())
             .hget(k.meta(), META_USER_RATE)
             .hget(k.meta(), META_REQUIRE_TOKEN);
-    }
-    let replies: Vec<Value> = pipe.query_async(conn).await?;
+        Ok(())
+    })
+    .await?;
     let mut snaps = Vec::with_capacity(keys.len());
     for ((chunk, w), (k, voucher)) in replies
-        .chunks(9)
+        .into_iter()
         .zip(&before)
         .zip(keys.iter().zip(vouchers))
     {
-        let (meta_exists, buyers, released, deadlines, dead_letters, stream_len, registered): GateRow =
-            FromRedisValue::from_redis_value(Value::Array(chunk[..7].to_vec()))
+        if chunk.len() != 8 {
+            return Err(Error::Redis(format!(
+                "gate of voucher {voucher}: {} replies",
+                chunk.len()
+            )));
+        }
+        let (meta_exists, buyers, released, deadlines, dead_letters, stream_len): GateRow =
+            FromRedisValue::from_redis_value(Value::Array(chunk[..6].to_vec()))
                 .map_err(|e| Error::Redis(format!("gate of voucher {voucher}: {e}")))?;
+        let registered = registered.contains(voucher);
         let (user_rate, require_token): (Option<u32>, Option<String>) =
-            FromRedisValue::from_redis_value(Value::Array(chunk[7..].to_vec()))
+            FromRedisValue::from_redis_value(Value::Array(chunk[6..].to_vec()))
                 .map_err(|e| Error::Redis(format!("policy of voucher {voucher}: {e}")))?;
         let in_flight = if stream_len > 0 {
             in_flight_orders(conn, k).await?

@@ -8,7 +8,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redis::aio::MultiplexedConnection;
+use crate::store::redis_conn::Redis;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
@@ -26,7 +26,7 @@ pub struct OrderIds {
     cfg: Config,
     /// Replaced after an error: a multiplexed connection does not reconnect
     /// by itself, and a lease that cannot be renewed stops all minting.
-    conn: Mutex<MultiplexedConnection>,
+    conn: Mutex<Redis>,
     prefix: String,
     token: String,
     /// Names the lease's connection (`CLIENT LIST`): `seckill-lease-<hex>`.
@@ -225,7 +225,7 @@ pub fn connection_name(random: u64) -> String {
 }
 
 /// A connection of the lease's own, named so an operator can tell it apart.
-async fn lease_connection(cfg: &Config, random: u64) -> Result<MultiplexedConnection> {
+async fn lease_connection(cfg: &Config, random: u64) -> Result<Redis> {
     let mut conn = redis_conn::connect(cfg).await?;
     let _: () = redis::cmd("CLIENT")
         .arg("SETNAME")

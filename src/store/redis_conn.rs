@@ -1,20 +1,79 @@
-//! Connecting to Redis. Everything else in the library takes
-//! `impl redis::aio::ConnectionLike`, so a cluster connection can be passed
-//! wherever a single-node one is today: the key layout is already slot-safe.
+//! Connecting to Redis, one node or a cluster. Everything else in the
+//! library takes `impl RedisConn`; the key layout keeps each voucher's keys
+//! in one slot, so the only thing code has to ask is whether several
+//! vouchers may share one request ([`RedisConn::is_cluster`]).
 
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::AsyncConnectionConfig;
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisFuture, Value};
 
 use crate::error::{describe_redis, Error, Result};
 use crate::store::config::Config;
 use crate::support::mask::mask_url;
 
-/// Any async Redis connection the library can work with: a single node's
-/// multiplexed connection today, a cluster connection tomorrow.
-pub trait RedisConn: ConnectionLike + Send + Sync {}
-impl<T: ConnectionLike + Send + Sync> RedisConn for T {}
+/// Any async Redis connection the library can work with.
+pub trait RedisConn: ConnectionLike + Send + Sync + Clone {
+    /// A cluster refuses a request whose keys live in several slots: work
+    /// over several vouchers must then be split per voucher.
+    fn is_cluster(&self) -> bool;
+}
+
+impl RedisConn for MultiplexedConnection {
+    fn is_cluster(&self) -> bool {
+        false
+    }
+}
+
+impl RedisConn for ClusterConnection {
+    fn is_cluster(&self) -> bool {
+        true
+    }
+}
+
+/// A connection to one node or to a cluster (found out when connecting):
+/// cheap to clone, pipelines concurrent requests either way.
+#[derive(Clone)]
+pub enum Redis {
+    Node(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Redis {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Redis::Node(c) => c.req_packed_command(cmd),
+            Redis::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Redis::Node(c) => c.req_packed_commands(cmd, offset, count),
+            Redis::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Redis::Node(c) => c.get_db(),
+            Redis::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl RedisConn for Redis {
+    fn is_cluster(&self) -> bool {
+        matches!(self, Redis::Cluster(_))
+    }
+}
 
 /// Redis 6.2 brought XAUTOCLAIM, which the worker needs.
 pub const MIN_REDIS: (u32, u32) = (6, 2);
@@ -23,46 +82,188 @@ pub const MIN_REDIS: (u32, u32) = (6, 2);
 /// connection with a longer timeout).
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// One multiplexed connection: cheap to clone, pipelines concurrent requests.
-pub async fn connect(cfg: &Config) -> Result<MultiplexedConnection> {
+/// One connection: to the node the URL names, or to the cluster it belongs
+/// to (`cluster_enabled:1`; several seed URLs may be given, comma-separated).
+pub async fn connect(cfg: &Config) -> Result<Redis> {
     connect_with_response_timeout(cfg, RESPONSE_TIMEOUT).await
 }
 
 /// A connection for blocking reads (XREADGROUP BLOCK): it is held for the
 /// whole wait, so it must be its own, and its reply timeout must outlast the
 /// block time (the driver's default would cut the wait short).
-pub async fn connect_blocking(cfg: &Config, block: Duration) -> Result<MultiplexedConnection> {
+pub async fn connect_blocking(cfg: &Config, block: Duration) -> Result<Redis> {
     connect_with_response_timeout(cfg, block + RESPONSE_TIMEOUT).await
 }
 
-async fn connect_with_response_timeout(
-    cfg: &Config,
-    response_timeout: Duration,
-) -> Result<MultiplexedConnection> {
-    let url = mask_url(&cfg.redis_url);
+/// The URLs of `--redis-url`: one, or a cluster's seed nodes.
+fn seed_urls(raw: &str) -> Vec<&str> {
+    raw.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect()
+}
+
+async fn connect_with_response_timeout(cfg: &Config, response_timeout: Duration) -> Result<Redis> {
     let fail = |reason: String| Error::RedisConnect {
-        url: url.clone(),
+        url: mask_url(&cfg.redis_url),
         reason,
     };
-    let client =
-        redis::Client::open(cfg.redis_url.as_str()).map_err(|e| fail(describe_redis(&e)))?;
+    let seeds = seed_urls(&cfg.redis_url);
+    if seeds.is_empty() {
+        return Err(fail("no URL given".into()));
+    }
+    // The first seed that answers tells whether this is a cluster.
+    let mut last_error = String::new();
+    for seed in &seeds {
+        let mut node = match connect_node(seed, cfg, response_timeout).await {
+            Ok(node) => node,
+            Err(reason) => {
+                last_error = reason;
+                continue;
+            }
+        };
+        if !cluster_enabled(&mut node).await.map_err(&fail)? {
+            if seeds.len() > 1 {
+                return Err(fail(format!(
+                    "several URLs are a cluster's seed nodes, but {} is not in cluster mode",
+                    mask_url(seed)
+                )));
+            }
+            return Ok(Redis::Node(node));
+        }
+        return connect_cluster(&seeds, cfg, response_timeout)
+            .await
+            .map(Redis::Cluster)
+            .map_err(fail);
+    }
+    Err(fail(last_error))
+}
+
+async fn connect_node(
+    url: &str,
+    cfg: &Config,
+    response_timeout: Duration,
+) -> std::result::Result<MultiplexedConnection, String> {
+    let client = redis::Client::open(url).map_err(|e| describe_redis(&e))?;
     let conn_cfg = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(cfg.connect_timeout))
         .set_response_timeout(Some(response_timeout));
     let attempt = client.get_multiplexed_async_connection_with_config(&conn_cfg);
+    within_connect_timeout(cfg, attempt).await
+}
+
+async fn connect_cluster(
+    seeds: &[&str],
+    cfg: &Config,
+    response_timeout: Duration,
+) -> std::result::Result<ClusterConnection, String> {
+    let client = ClusterClientBuilder::new(seeds.to_vec())
+        .connection_timeout(cfg.connect_timeout)
+        .response_timeout(response_timeout)
+        .build()
+        .map_err(|e| describe_redis(&e))?;
+    within_connect_timeout(cfg, client.get_async_connection()).await
+}
+
+async fn within_connect_timeout<T>(
+    cfg: &Config,
+    attempt: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> std::result::Result<T, String> {
     match tokio::time::timeout(cfg.connect_timeout, attempt).await {
         Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(e)) => Err(fail(describe_redis(&e))),
-        Err(_) => Err(fail(format!(
+        Ok(Err(e)) => Err(describe_redis(&e)),
+        Err(_) => Err(format!(
             "no answer within {}",
             humantime::format_duration(cfg.connect_timeout)
-        ))),
+        )),
     }
+}
+
+async fn cluster_enabled(node: &mut MultiplexedConnection) -> std::result::Result<bool, String> {
+    let info: String = redis::cmd("INFO")
+        .arg("cluster")
+        .query_async(node)
+        .await
+        .map_err(|e| describe_redis(&e))?;
+    Ok(info.lines().any(|l| l.trim() == "cluster_enabled:1"))
+}
+
+/// Runs the same shape of pipeline for many items whose keys each live in
+/// one slot (one voucher's keys), and returns each item's replies in order.
+/// One node gets one pipeline per chunk of items, as before clusters; a
+/// cluster gets one pipeline per item, sent concurrently so that each node
+/// works on its own share. `atomic` wraps each item (a whole chunk on one
+/// node) in MULTI/EXEC; `ignore_errors` leaves a command's error as its
+/// reply instead of failing the call.
+pub async fn pipeline_per_item<T>(
+    conn: &mut impl RedisConn,
+    items: &[T],
+    atomic: bool,
+    ignore_errors: bool,
+    build: impl Fn(&mut Pipeline, &T) -> Result<()>,
+) -> Result<Vec<Vec<Value>>> {
+    const NODE_CHUNK: usize = 500;
+    const CLUSTER_IN_FLIGHT: usize = 64;
+    let mut pipes = Vec::with_capacity(items.len());
+    for item in items {
+        let mut p = redis::pipe();
+        build(&mut p, item)?;
+        pipes.push(p);
+    }
+    let flags = |p: &mut Pipeline| {
+        if atomic {
+            p.atomic();
+        }
+        if ignore_errors {
+            p.ignore_errors();
+        }
+    };
+    let mut out = Vec::with_capacity(items.len());
+    if conn.is_cluster() {
+        for group in pipes.chunks_mut(CLUSTER_IN_FLIGHT) {
+            let calls = group.iter_mut().map(|p| {
+                flags(p);
+                let mut c = conn.clone();
+                let p = p.clone();
+                async move { p.query_async::<Vec<Value>>(&mut c).await }
+            });
+            for replies in futures_util::future::join_all(calls).await {
+                out.push(replies?);
+            }
+        }
+        return Ok(out);
+    }
+    for group in pipes.chunks(NODE_CHUNK) {
+        let mut merged = redis::pipe();
+        flags(&mut merged);
+        let mut counts = Vec::with_capacity(group.len());
+        for p in group {
+            counts.push(p.cmd_iter().count());
+            for c in p.cmd_iter() {
+                merged.add_command(c.clone());
+            }
+        }
+        let replies: Vec<Value> = merged.query_async(conn).await?;
+        let mut replies = replies.into_iter();
+        for n in counts {
+            out.push(replies.by_ref().take(n).collect());
+        }
+    }
+    Ok(out)
 }
 
 /// The server's version, e.g. `7.0.15`.
 pub async fn server_version(conn: &mut impl RedisConn) -> Result<String> {
-    let info: String = redis::cmd("INFO").arg("server").query_async(conn).await?;
+    // A cluster answers INFO from every master (address -> text); any one
+    // of them will do, the version check is about the software.
+    let info = match redis::cmd("INFO").arg("server").query_async(conn).await? {
+        Value::Map(per_node) => per_node
+            .into_iter()
+            .next()
+            .map(|(_, text)| value_text(&text))
+            .unwrap_or_default(),
+        single => value_text(&single),
+    };
     info.lines()
         .find_map(|l| l.strip_prefix("redis_version:"))
         .map(|v| v.trim().to_string())

@@ -6,7 +6,26 @@ const MASK: &str = "***";
 /// `scheme://user:secret@host/...` → `scheme://user:***@host/...`.
 /// Text that does not parse as a URL is masked between `://` and the last `@`
 /// so that a malformed URL still cannot leak its password.
+/// A comma-separated list of URLs (a cluster's seed nodes) is masked URL by
+/// URL; a comma inside a password does not split it.
 pub fn mask_url(raw: &str) -> String {
+    match url_list(raw) {
+        Some(urls) => urls
+            .into_iter()
+            .map(mask_one_url)
+            .collect::<Vec<_>>()
+            .join(","),
+        None => mask_one_url(raw),
+    }
+}
+
+/// The URLs of a comma-separated list, when every piece is one.
+fn url_list(raw: &str) -> Option<Vec<&str>> {
+    let parts: Vec<&str> = raw.split(',').collect();
+    (parts.len() > 1 && parts.iter().all(|p| p.contains("://"))).then_some(parts)
+}
+
+fn mask_one_url(raw: &str) -> String {
     if let Ok(mut url) = url::Url::parse(raw) {
         if url.password().is_some() && url.set_password(Some(MASK)).is_ok() {
             return url.to_string();
@@ -29,11 +48,13 @@ pub fn mask_url(raw: &str) -> String {
 /// either form may appear in a driver's message).
 pub fn secrets_of(raw: &str) -> Vec<String> {
     let mut out = Vec::new();
-    if let Ok(url) = url::Url::parse(raw) {
-        if let Some(p) = url.password() {
-            out.push(p.to_string());
-            if let Ok(decoded) = percent_encoding::percent_decode_str(p).decode_utf8() {
-                out.push(decoded.into_owned());
+    for one in url_list(raw).unwrap_or_else(|| vec![raw]) {
+        if let Ok(url) = url::Url::parse(one) {
+            if let Some(p) = url.password() {
+                out.push(p.to_string());
+                if let Ok(decoded) = percent_encoding::percent_decode_str(p).decode_utf8() {
+                    out.push(decoded.into_owned());
+                }
             }
         }
     }
@@ -82,6 +103,18 @@ mod tests {
             mask_url("redis://127.0.0.1:6379/"),
             "redis://127.0.0.1:6379/"
         );
+    }
+
+    #[test]
+    fn masks_every_url_of_a_seed_list() {
+        let seeds = "redis://:one@a:7001/,redis://u:two@b:7002/";
+        assert_eq!(
+            mask_url(seeds),
+            "redis://:***@a:7001/,redis://u:***@b:7002/"
+        );
+        assert_eq!(secrets_of(seeds), ["one", "one", "two", "two"]);
+        let comma_in_password = "redis://:se,cret@a:7001/";
+        assert!(!mask_url(comma_in_password).contains("se,cret"));
     }
 
     #[test]

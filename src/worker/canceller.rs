@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::aio::MultiplexedConnection;
 use tokio_util::sync::CancellationToken;
 
 use super::options::DeadlineOptions;
@@ -18,13 +17,20 @@ use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
 use crate::store::node_lease::OrderIds;
+use crate::store::redis_conn::{pipeline_per_item, Redis};
 use crate::store::registry;
 use crate::support::backoff::Backoff;
 use redis::AsyncCommands;
 
-/// Redis's clock, the one authority for deadlines (DESIGN.md §7c).
-async fn redis_time_ms(conn: &mut MultiplexedConnection) -> Result<i64> {
-    let t: (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
+/// Redis's clock, the one authority for deadlines (DESIGN.md §7c): on a
+/// cluster, the clock of the node that holds the voucher (the keyed command
+/// beside TIME routes the pipeline there).
+async fn redis_time_ms(conn: &mut Redis, keys: &VoucherKeys) -> Result<i64> {
+    let (t, _): ((i64, i64), bool) = redis::pipe()
+        .cmd("TIME")
+        .exists(keys.timeouts())
+        .query_async(conn)
+        .await?;
     Ok(time_ms(t))
 }
 
@@ -41,7 +47,7 @@ pub struct Canceller {
     pub(super) cfg: Arc<Config>,
     pub(super) opts: DeadlineOptions,
     pub(super) db: Db,
-    pub(super) conn: MultiplexedConnection,
+    pub(super) conn: Redis,
     /// Mints the order ids of promotions.
     pub(super) ids: Arc<OrderIds>,
     pub(super) stats: Arc<WorkerStats>,
@@ -94,18 +100,13 @@ impl Canceller {
         let sweep_now = self
             .last_sweep
             .is_none_or(|t| t.elapsed() >= self.opts.sweep_every);
-        let now = if sweep_now {
-            Some(redis_time_ms(&mut self.conn).await?)
-        } else {
-            None
-        };
         let mut worked = false;
         let mut first_failure = None;
         let mut succeeded = false;
         for &voucher in &vouchers {
             let mut done = self.claim_and_settle(voucher).await;
-            if let (Ok(w), Some(now)) = (&done, now) {
-                done = self.sweep(voucher, now).await.map(|swept| swept || *w);
+            if let (Ok(w), true) = (&done, sweep_now) {
+                done = self.sweep(voucher).await.map(|swept| swept || *w);
             }
             match done {
                 Ok(w) => {
@@ -212,7 +213,9 @@ impl Canceller {
     /// get a deadline due now unless Redis has one. They are cancelled and
     /// released by the claim path like any other, so a crash between the
     /// cancellation and the release is retried after the claim's lease.
-    async fn sweep(&mut self, voucher: u64, now: i64) -> Result<bool> {
+    async fn sweep(&mut self, voucher: u64) -> Result<bool> {
+        let keys = VoucherKeys::new(&self.cfg.prefix, voucher)?;
+        let now = redis_time_ms(&mut self.conn, &keys).await?;
         let timeout = match self.pay_timeouts.get(&voucher) {
             Some(t) => *t,
             None => match deadline::pay_timeout_ms(&self.db, voucher).await {
@@ -231,7 +234,6 @@ impl Canceller {
         if overdue.is_empty() {
             return Ok(false);
         }
-        let keys = VoucherKeys::new(&self.cfg.prefix, voucher)?;
         let missed = deadline::schedule_missing(&mut self.conn, &keys, &overdue, now).await?;
         if missed > 0 {
             tracing::warn!(
@@ -254,30 +256,39 @@ impl Canceller {
     /// (the pass reports it).
     pub async fn until_next_due(&mut self) -> Result<Duration> {
         let vouchers = self.vouchers().await?;
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors().cmd("TIME");
-        for v in &vouchers {
-            pipe.zrange_withscores(VoucherKeys::new(&self.cfg.prefix, *v)?.timeouts(), 0, 0);
-        }
-        let mut replies: Vec<redis::RedisResult<redis::Value>> =
-            pipe.query_async(&mut self.conn).await?;
-        let time = replies.remove(0)?;
-        let now = time_ms(
-            redis::FromRedisValue::from_redis_value(time)
-                .map_err(|e| crate::Error::Redis(format!("TIME: {e}")))?,
-        );
-        let earliest = replies
-            .into_iter()
-            .filter_map(|r| r.ok())
-            .filter_map(|v| <Vec<(String, f64)> as redis::FromRedisValue>::from_redis_value(v).ok())
-            .flatten()
-            .map(|(_, at)| at as i64)
-            .min();
-        Ok(match earliest {
-            Some(t) if t <= now => Duration::ZERO,
-            Some(t) => Duration::from_millis((t - now) as u64).min(MAX_SLEEP),
-            None => MAX_SLEEP,
+        let keys: Vec<VoucherKeys> = vouchers
+            .iter()
+            .map(|v| VoucherKeys::new(&self.cfg.prefix, *v))
+            .collect::<Result<_>>()?;
+        // TIME goes with each voucher's read: on a cluster, the clock that
+        // counts for a voucher is that of the node holding its deadlines.
+        let replies = pipeline_per_item(&mut self.conn, &keys, false, true, |pipe, k| {
+            pipe.cmd("TIME").zrange_withscores(k.timeouts(), 0, 0);
+            Ok(())
         })
+        .await?;
+        let mut wait = MAX_SLEEP;
+        for mut row in replies {
+            if row.len() != 2 {
+                continue;
+            }
+            let first = row.pop().unwrap_or(redis::Value::Nil);
+            let time = row.pop().unwrap_or(redis::Value::Nil);
+            let now = time_ms(
+                redis::FromRedisValue::from_redis_value(time)
+                    .map_err(|e| crate::Error::Redis(format!("TIME: {e}")))?,
+            );
+            // A voucher whose deadlines cannot be read is left out.
+            let Ok(first) = <Vec<(String, f64)> as redis::FromRedisValue>::from_redis_value(first)
+            else {
+                continue;
+            };
+            if let Some((_, at)) = first.first() {
+                let at = *at as i64;
+                wait = wait.min(Duration::from_millis((at - now).max(0) as u64));
+            }
+        }
+        Ok(wait)
     }
 
     /// Whether any deadline is due now (for --until-idle).

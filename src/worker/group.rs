@@ -3,6 +3,7 @@
 //! a batch, and trimming what is safely done.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use redis::streams::{
     StreamAutoClaimReply, StreamInfoConsumersReply, StreamInfoGroupsReply, StreamPendingCountReply,
@@ -48,15 +49,65 @@ pub async fn read_new(
     if streams.is_empty() {
         return Ok(Vec::new());
     }
+    if conn.is_cluster() && streams.len() > 1 {
+        return poll_each(conn, streams, consumer, count, block_ms).await;
+    }
+    xreadgroup(conn, streams, consumer, count, Some(block_ms)).await
+}
+
+/// How often a cluster's streams are looked at while all are empty.
+const CLUSTER_POLL: Duration = Duration::from_millis(50);
+
+/// On a cluster one XREADGROUP names the streams of one slot only, and a
+/// blocking read of one voucher would hold up the reads of the others on
+/// its node: each stream is read without blocking, all at once, again every
+/// [`CLUSTER_POLL`] until something arrives or `block_ms` has passed.
+async fn poll_each(
+    conn: &mut impl RedisConn,
+    streams: &[(u64, String)],
+    consumer: &str,
+    count: usize,
+    block_ms: u64,
+) -> Result<Vec<(u64, Vec<Delivery>)>> {
+    let until = Instant::now() + Duration::from_millis(block_ms);
+    loop {
+        let reads =
+            streams.iter().map(|stream| {
+                let mut c = conn.clone();
+                async move {
+                    xreadgroup(&mut c, std::slice::from_ref(stream), consumer, count, None).await
+                }
+            });
+        let mut out = Vec::new();
+        for read in futures_util::future::join_all(reads).await {
+            out.extend(read?);
+        }
+        let now = Instant::now();
+        if !out.is_empty() || now >= until {
+            return Ok(out);
+        }
+        tokio::time::sleep(CLUSTER_POLL.min(until - now)).await;
+    }
+}
+
+/// One XREADGROUP over `streams` (blocking when `block_ms` is given).
+async fn xreadgroup(
+    conn: &mut impl RedisConn,
+    streams: &[(u64, String)],
+    consumer: &str,
+    count: usize,
+    block_ms: Option<u64>,
+) -> Result<Vec<(u64, Vec<Delivery>)>> {
     let mut cmd = redis::cmd("XREADGROUP");
     cmd.arg("GROUP")
         .arg(WORKER_GROUP)
         .arg(consumer)
         .arg("COUNT")
-        .arg(count)
-        .arg("BLOCK")
-        .arg(block_ms)
-        .arg("STREAMS");
+        .arg(count);
+    if let Some(ms) = block_ms {
+        cmd.arg("BLOCK").arg(ms);
+    }
+    cmd.arg("STREAMS");
     for (_, key) in streams {
         cmd.arg(key);
     }
@@ -70,7 +121,7 @@ pub async fn read_new(
         let Some(voucher) = by_key.get(stream.key.as_str()) else {
             continue;
         };
-        let entries = stream
+        let entries: Vec<Delivery> = stream
             .ids
             .iter()
             .map(|e| Delivery {
@@ -78,7 +129,9 @@ pub async fn read_new(
                 deliveries: 1,
             })
             .collect();
-        out.push((*voucher, entries));
+        if !entries.is_empty() {
+            out.push((*voucher, entries));
+        }
     }
     Ok(out)
 }

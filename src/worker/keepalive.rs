@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
+use crate::store::redis_conn::Redis;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
@@ -38,7 +38,7 @@ impl KeepAlive {
 }
 
 pub fn start(
-    conn: MultiplexedConnection,
+    conn: Redis,
     keys: VoucherKeys,
     consumer: String,
     entry_ids: Vec<String>,

@@ -4,11 +4,11 @@
 //! the batch pipeline. Lanes run side by side so that one batch's MySQL
 //! commit overlaps the next batch's read and lock.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::aio::MultiplexedConnection;
+use crate::store::redis_conn::Redis;
 use tokio_util::sync::CancellationToken;
 
 use super::canceller::Canceller;
@@ -43,8 +43,8 @@ pub(super) struct Lane {
     /// Lane 0 also reclaims, trims and reports progress.
     pub(super) lane: usize,
     pub(super) db: Db,
-    pub(super) conn: MultiplexedConnection,
-    pub(super) blocking: MultiplexedConnection,
+    pub(super) conn: Redis,
+    pub(super) blocking: Redis,
     pub(super) owner: LockOwner,
     pub(super) stats: Arc<WorkerStats>,
     pub(super) stop: CancellationToken,
@@ -52,6 +52,8 @@ pub(super) struct Lane {
     pub(super) streams: BTreeMap<u64, String>,
     /// Why an entry could not be persisted last time (for its dead letter).
     pub(super) last_error: HashMap<String, String>,
+    /// Redis lost a group: create every known voucher's group again.
+    pub(super) recreate_groups: bool,
     /// Where each voucher's next XAUTOCLAIM starts (lane 0 only).
     pub(super) reclaim_cursors: HashMap<u64, StreamId>,
     /// With --until-idle, lane 0 handles the payment deadlines itself, so
@@ -100,9 +102,10 @@ impl Lane {
                     let delay = backoff.next_delay();
                     tracing::warn!("{e}; retrying in {}", humantime::format_duration(delay));
                     if lost_group(&e) {
-                        // Redis lost a stream with its group (a restart without
-                        // persistence): create the groups again on the next round.
-                        self.streams.clear();
+                        // Redis lost a stream with its group (a restart or a
+                        // failover without the last writes): create the
+                        // groups again on the next round.
+                        self.recreate_groups = true;
                         last_refresh = None;
                     }
                     self.pause(delay).await;
@@ -143,18 +146,35 @@ impl Lane {
         }
     }
 
-    /// Picks up vouchers preloaded since the last look, creating the group.
+    /// Picks up vouchers preloaded since the last look, creating the group
+    /// (again for every voucher, after Redis lost groups). A voucher this
+    /// lane consumes that the registry no longer lists (Redis lost the
+    /// registry's last writes, or all of it) is registered again: it is
+    /// still being sold, and operators' commands and other workers find
+    /// vouchers there.
     async fn refresh_streams(&mut self) -> Result<()> {
-        let ids = registry::members(&mut self.conn, &self.cfg.prefix).await?;
-        for id in ids {
-            if self.streams.contains_key(&id) {
+        let registered: BTreeSet<u64> = registry::members(&mut self.conn, &self.cfg.prefix)
+            .await?
+            .into_iter()
+            .collect();
+        for &id in self.streams.keys() {
+            if !registered.contains(&id) {
+                let keys = VoucherKeys::new(&self.cfg.prefix, id)?;
+                registry::register(&mut self.conn, &keys).await?;
+                tracing::warn!("voucher {id} was missing from the registry; registered again");
+            }
+        }
+        let known: BTreeSet<u64> = self.streams.keys().copied().collect();
+        for id in registered.union(&known) {
+            if self.streams.contains_key(id) && !self.recreate_groups {
                 continue;
             }
-            let keys = VoucherKeys::new(&self.cfg.prefix, id)?;
+            let keys = VoucherKeys::new(&self.cfg.prefix, *id)?;
             group::ensure_group(&mut self.conn, &keys).await?;
             tracing::debug!("consuming {}", keys.orders());
-            self.streams.insert(id, keys.orders());
+            self.streams.insert(*id, keys.orders());
         }
+        self.recreate_groups = false;
         Ok(())
     }
 

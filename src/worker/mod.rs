@@ -99,6 +99,7 @@ pub async fn run(
             streams: BTreeMap::new(),
             last_error: HashMap::new(),
             reclaim_cursors: HashMap::new(),
+            recreate_groups: false,
             deadlines: if lane == 0 {
                 inline_deadlines.take()
             } else {

@@ -88,7 +88,7 @@ pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
 }
 
 async fn in_flight(
-    redis: &mut redis::aio::MultiplexedConnection,
+    redis: &mut seckill::store::redis_conn::Redis,
     keys: &VoucherKeys,
 ) -> Vec<(u64, u64)> {
     let all: StreamRangeReply = redis.xrange_all(keys.orders()).await.expect("xrange");

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod invariants;
+pub mod own_cluster;
 pub mod own_mysql;
 pub mod process;
 pub mod terminal;
@@ -13,11 +14,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use mysql_async::prelude::*;
-use redis::aio::MultiplexedConnection;
 use redis::AsyncCommands;
 use seckill::orders::voucher::{self, NewVoucher};
 use seckill::store::config::{Config, DEFAULT_MYSQL_URL, DEFAULT_REDIS_URL};
 use seckill::store::db::Db;
+use seckill::store::redis_conn::{Redis, RedisConn};
 use seckill::support::timespec::now_ms;
 use serde_json::Value;
 use tokio::sync::OnceCell;
@@ -45,6 +46,14 @@ pub fn redis_url() -> String {
     std::env::var("SECKILL_TEST_REDIS_URL").unwrap_or_else(|_| DEFAULT_REDIS_URL.to_string())
 }
 
+/// The project's test cluster (`scripts/services.sh up cluster`): its
+/// masters as seed nodes.
+pub fn cluster_url() -> String {
+    std::env::var("SECKILL_TEST_CLUSTER_URL").unwrap_or_else(|_| {
+        "redis://127.0.0.1:17001/,redis://127.0.0.1:17002/,redis://127.0.0.1:17003/".to_string()
+    })
+}
+
 fn mysql_base_url() -> String {
     std::env::var("SECKILL_TEST_MYSQL_URL").unwrap_or_else(|_| DEFAULT_MYSQL_URL.to_string())
 }
@@ -54,6 +63,20 @@ pub fn mysql_url_for(db_name: &str) -> String {
     let mut url = url::Url::parse(&mysql_base_url()).expect("SECKILL_TEST_MYSQL_URL parses");
     url.set_path(&format!("/{db_name}"));
     url.to_string()
+}
+
+/// The worker's Prometheus page on `port`, with the HTTP head.
+pub async fn scrape_metrics(port: u16) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("the metrics port answers");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .expect("send the request");
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.expect("read the page");
+    body
 }
 
 /// A command's stdout as JSON, failing with everything it printed.
@@ -77,7 +100,7 @@ pub struct TestEnv {
     /// One pool and one Redis connection for the test's own reads, made on
     /// first use (after the test may have pointed `cfg` elsewhere).
     shared_db: OnceCell<Db>,
-    shared_redis: OnceCell<MultiplexedConnection>,
+    shared_redis: OnceCell<Redis>,
     cleaned: bool,
 }
 
@@ -85,6 +108,19 @@ impl TestEnv {
     /// A fresh prefix and a fresh, migrated database.
     pub async fn new() -> TestEnv {
         let env = Self::uninitialised().await;
+        env.create_database().await;
+        env
+    }
+
+    /// Like `new`, with Redis being the test cluster.
+    pub async fn on_cluster() -> TestEnv {
+        Self::on_redis(&cluster_url()).await
+    }
+
+    /// Like `new`, with Redis at `url` (a node or a cluster's seeds).
+    pub async fn on_redis(url: &str) -> TestEnv {
+        let mut env = Self::uninitialised().await;
+        env.cfg.redis_url = url.to_string();
         env.create_database().await;
         env
     }
@@ -133,7 +169,7 @@ impl TestEnv {
     }
 
     /// The test's Redis connection (multiplexed: a clone shares it).
-    pub async fn redis(&self) -> MultiplexedConnection {
+    pub async fn redis(&self) -> Redis {
         self.shared_redis
             .get_or_init(|| self.new_redis_connection())
             .await
@@ -141,7 +177,7 @@ impl TestEnv {
     }
 
     /// A connection of its own, for tests that need several.
-    pub async fn new_redis_connection(&self) -> MultiplexedConnection {
+    pub async fn new_redis_connection(&self) -> Redis {
         seckill::store::redis_conn::connect(&self.cfg)
             .await
             .expect("test Redis is up (scripts/services.sh up)")
@@ -232,16 +268,10 @@ impl TestEnv {
     }
 
     /// Every key under this test's prefix.
-    pub async fn prefix_keys(&self, redis: &mut MultiplexedConnection) -> Vec<String> {
-        let mut keys: Vec<String> = Vec::new();
-        let mut iter: redis::AsyncIter<String> = redis
-            .scan_match(format!("{}:*", self.prefix))
+    pub async fn prefix_keys(&self, redis: &mut Redis) -> Vec<String> {
+        scan_keys(redis, &format!("{}:*", self.prefix))
             .await
-            .expect("scan");
-        while let Some(k) = iter.next_item().await {
-            keys.push(k.expect("scan item"));
-        }
-        keys
+            .expect("scan")
     }
 
     /// Every key of this test's prefix with a dump of its value, and every
@@ -297,6 +327,41 @@ impl TestEnv {
     }
 }
 
+/// Every key matching `pattern`: SCAN on one node, SCAN on every master of
+/// a cluster (each master answers for its own keys only).
+pub async fn scan_keys(redis: &mut Redis, pattern: &str) -> redis::RedisResult<Vec<String>> {
+    let mut nodes = Vec::new();
+    match redis {
+        Redis::Node(c) => nodes.push(c.clone()),
+        Redis::Cluster(_) => {
+            let text: String = redis::cmd("CLUSTER")
+                .arg("NODES")
+                .query_async(redis)
+                .await?;
+            for line in text.lines() {
+                let fields: Vec<&str> = line.split(' ').collect();
+                let (Some(addr), Some(flags)) = (fields.get(1), fields.get(2)) else {
+                    continue;
+                };
+                if !flags.contains("master") || flags.contains("fail") {
+                    continue;
+                }
+                let host_port = addr.split('@').next().unwrap_or_default();
+                let client = redis::Client::open(format!("redis://{host_port}/"))?;
+                nodes.push(client.get_multiplexed_async_connection().await?);
+            }
+        }
+    }
+    let mut keys = Vec::new();
+    for mut node in nodes {
+        let mut iter: redis::AsyncIter<String> = node.scan_match(pattern).await?;
+        while let Some(k) = iter.next_item().await {
+            keys.push(k?);
+        }
+    }
+    Ok(keys)
+}
+
 /// The longest a cleanup may take: a store that does not answer must not
 /// hang the test run.
 const CLEANUP_LIMIT: Duration = Duration::from_secs(20);
@@ -307,19 +372,21 @@ async fn drop_stores(cfg: &Config, prefix: &str, db_name: &str) -> Result<(), St
     let mut redis = seckill::store::redis_conn::connect(cfg)
         .await
         .map_err(|e| format!("redis: {e}"))?;
-    let mut keys: Vec<String> = Vec::new();
-    {
-        let mut iter: redis::AsyncIter<String> = redis
-            .scan_match(format!("{prefix}:*"))
-            .await
-            .map_err(|e| format!("redis scan: {e}"))?;
-        while let Some(k) = iter.next_item().await {
-            keys.push(k.map_err(|e| format!("redis scan: {e}"))?);
+    let keys = scan_keys(&mut redis, &format!("{prefix}:*"))
+        .await
+        .map_err(|e| format!("redis scan: {e}"))?;
+    // One DEL per key: on a cluster the keys of one DEL must share a slot.
+    if redis.is_cluster() {
+        for k in &keys {
+            let _: () = redis.del(k).await.map_err(|e| format!("redis del: {e}"))?;
         }
-    }
-    for chunk in keys.chunks(500) {
-        let _: () = redis
-            .del(chunk)
+    } else {
+        let mut pipe = redis::pipe();
+        for k in &keys {
+            pipe.del(k).ignore();
+        }
+        let _: () = pipe
+            .query_async(&mut redis)
             .await
             .map_err(|e| format!("redis del: {e}"))?;
     }
