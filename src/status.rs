@@ -5,6 +5,7 @@ use redis::{FromRedisValue, Value};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::gate::pause::META_PAUSED;
 use crate::gate::policy::{Rejections, META_REJECTED_BAD_TOKEN, META_REJECTED_RATE_LIMITED};
 use crate::orders::voucher::{self, Voucher};
 use crate::store::db::Db;
@@ -33,6 +34,8 @@ pub struct VoucherStatus {
     pub deadline_read_error: Option<String>,
     /// Attempts the admission policy turned away, per reason.
     pub rejected: Rejections,
+    /// The gate admits nobody while a worker rebuilds it (Redis lost writes).
+    pub paused: bool,
 }
 
 impl VoucherStatus {
@@ -66,14 +69,15 @@ pub async fn read(
             .get(k.deadline_errors())
             .hget(k.meta(), META_REJECTED_RATE_LIMITED)
             .hget(k.meta(), META_REJECTED_BAD_TOKEN)
-            .zrange_withscores(k.timeouts(), 0, 0);
+            .zrange_withscores(k.timeouts(), 0, 0)
+            .hget(k.meta(), META_PAUSED);
         Ok(())
     })
     .await?;
     let mut out = Vec::with_capacity(vouchers.len());
     {
         for ((v, k), row) in vouchers.iter().zip(&keys).zip(&rows) {
-            if row.len() != 9 {
+            if row.len() != 10 {
                 return Err(Error::Redis(format!(
                     "gate of voucher {}: {} replies",
                     v.id,
@@ -91,6 +95,7 @@ pub async fn read(
                     Ok(first) => (first, None),
                     Err(e) => (Vec::new(), Some(e.to_string())),
                 };
+            let paused = matches!(&row[9], Value::BulkString(b) if b.as_slice() == b"1");
             // Only streams with entries need the group's view.
             let b = if stream_len > 0 {
                 backlog(conn, k).await?
@@ -109,6 +114,7 @@ pub async fn read(
                 deadline_errors: deadline_errors.unwrap_or(0),
                 deadline_read_error,
                 rejected: Rejections::from_meta(rate_limited, bad_token),
+                paused,
             });
         }
     }

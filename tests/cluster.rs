@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::invariants::assert_invariants;
 use common::own_cluster::OwnCluster;
-use common::{cluster_url, fast_worker, json, TestEnv};
+use common::{cluster_url, fast_worker, json, one_voucher_per_master, TestEnv};
 use mysql_async::prelude::*;
 use redis::AsyncCommands;
 use seckill::store::keys::VoucherKeys;
@@ -30,31 +30,6 @@ fn run_json(env: &TestEnv, args: &[&str]) -> serde_json::Value {
         String::from_utf8_lossy(&out.stderr)
     );
     json(&out)
-}
-
-/// The slot of voucher `v`'s keys.
-async fn slot_of(env: &TestEnv, v: u64) -> u16 {
-    let mut redis = env.redis().await;
-    redis::cmd("CLUSTER")
-        .arg("KEYSLOT")
-        .arg(format!("{{{v}}}"))
-        .query_async(&mut redis)
-        .await
-        .expect("cluster keyslot")
-}
-
-/// One voucher id per master of a cluster made by `redis-cli --cluster
-/// create` (slots split in three equal ranges).
-async fn one_voucher_per_master(env: &TestEnv) -> Vec<u64> {
-    let mut found: [Option<u64>; 3] = [None; 3];
-    for v in 1.. {
-        let third = (slot_of(env, v).await as usize * 3) / 16384;
-        found[third].get_or_insert(v);
-        if found.iter().all(Option::is_some) {
-            break;
-        }
-    }
-    found.iter().map(|v| v.unwrap_or_default()).collect()
 }
 
 async fn order_ids(env: &TestEnv, voucher: u64) -> Vec<(u64, u64)> {
@@ -91,7 +66,7 @@ async fn every_command_works_on_a_cluster_with_vouchers_on_every_master() {
                 "--begin",
                 "-1m",
                 "--pay-timeout",
-                "2s",
+                "10s",
                 "--format",
                 "json",
             ],
@@ -118,6 +93,11 @@ async fn every_command_works_on_a_cluster_with_vouchers_on_every_master() {
         ],
     );
     assert_eq!(bench["outcomes"]["success"], 50, "{bench}");
+    let waitlist = run_json(
+        &env,
+        &["waitlist", "--voucher", &a.to_string(), "--format", "json"],
+    );
+    assert_eq!(waitlist["length"], 50, "{waitlist}");
     let buy = |v: u64, user: u64, extra: &[&str]| {
         let mut args = vec![
             "buy".to_string(),
@@ -216,6 +196,17 @@ async fn every_command_works_on_a_cluster_with_vouchers_on_every_master() {
             .map(|r| r["dead_letters"].as_u64().unwrap_or(0))
     };
     assert_eq!(dead(&pending, c), Some(1), "{pending}");
+    // Paid well inside its 10 s: it stays when the others run out of time.
+    let (paid, _) = order_ids(&env, b).await[0];
+    run_json(
+        &env,
+        &["pay", "--order", &paid.to_string(), "--format", "json"],
+    );
+    let shown = run_json(
+        &env,
+        &["order", "show", &paid.to_string(), "--format", "json"],
+    );
+    assert_eq!(shown["status"], "paid", "{shown}");
     run_json(
         &env,
         &[
@@ -239,21 +230,6 @@ async fn every_command_works_on_a_cluster_with_vouchers_on_every_master() {
     let worker = env.spawn_worker(&fast_worker(&["--metrics-addr", &addr]));
     env.wait_orders(c, 1, Duration::from_secs(30)).await;
     env.wait_orders(b, 3, Duration::from_secs(30)).await;
-    let (paid, _) = order_ids(&env, b).await[0];
-    run_json(
-        &env,
-        &["pay", "--order", &paid.to_string(), "--format", "json"],
-    );
-    let shown = run_json(
-        &env,
-        &["order", "show", &paid.to_string(), "--format", "json"],
-    );
-    assert_eq!(shown["status"], "paid", "{shown}");
-    let waitlist = run_json(
-        &env,
-        &["waitlist", "--voucher", &a.to_string(), "--format", "json"],
-    );
-    assert!(waitlist["length"].as_u64().unwrap_or(0) > 0, "{waitlist}");
     let metrics = common::scrape_metrics(port).await;
     assert!(
         metrics.contains(&format!("seckill_stream_lag{{voucher=\"{a}\"}}")),
@@ -367,8 +343,6 @@ async fn an_application_server_calls_the_script_with_redis_cli_on_a_cluster() {
         cli(&refs)
     };
     // The owner of the slot answers; it may not have the script yet.
-    let owner = cli(&["CLUSTER", "KEYSLOT", &keys.stock()]);
-    assert!(!owner.is_empty());
     let first = call("1", "900001");
     let reply = if first.contains("NOSCRIPT") {
         // SCRIPT LOAD on the node that owns the slot: EVAL through -c is
@@ -471,11 +445,6 @@ async fn a_master_killed_during_a_live_sale_fails_over_and_nothing_is_oversold()
     assert_eq!(report["consistent"], true, "{report}");
     for v in &vouchers {
         let s = assert_invariants(&env, *v).await;
-        assert!(s.mysql_stock >= 0);
-        let orders = order_ids(&env, *v).await;
-        let users: std::collections::BTreeSet<u64> = orders.iter().map(|o| o.1).collect();
-        assert_eq!(users.len(), orders.len(), "a user with two orders");
-        assert!(orders.len() <= 3_000, "oversold: {}", orders.len());
         // 12,000 buyers for 3,000 units: the sale went on until sold out,
         // on the voucher that failed over too.
         assert_eq!(s.mysql_stock, 0, "voucher {v} did not sell out");

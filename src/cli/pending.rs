@@ -131,6 +131,7 @@ fn summary_table(rows: &[StreamSummary]) -> comfy_table::Table {
         "oldest pending idle",
         "dead letters",
         "consumers",
+        "gate",
     ]);
     for r in rows {
         t.add_row(vec![
@@ -141,6 +142,7 @@ fn summary_table(rows: &[StreamSummary]) -> comfy_table::Table {
             idle(r.oldest_pending_idle_ms),
             r.dead_letters.to_string(),
             r.consumers.to_string(),
+            if r.paused { "paused" } else { "open" }.to_string(),
         ]);
     }
     t

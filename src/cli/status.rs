@@ -115,7 +115,11 @@ pub fn status_table(rows: &[VoucherStatus], now: i64) -> comfy_table::Table {
         let v = &r.voucher;
         t.add_row(vec![
             v.id.to_string(),
-            r.voucher.sale_state(now).to_string(),
+            if r.paused {
+                "paused".to_string()
+            } else {
+                r.voucher.sale_state(now).to_string()
+            },
             format!("{} -> {}", format_ms(v.begin_ms), format_ms(v.end_ms)),
             v.total_stock.to_string(),
             if r.gate_loaded {

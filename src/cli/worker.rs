@@ -49,6 +49,10 @@ pub struct WorkerArgs {
     /// How far past its deadline a pending order must be for the sweep to cancel it
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub sweep_grace: Duration,
+    /// How often the gates are checked for writes Redis lost that MySQL
+    /// holds (then paused, rebuilt from MySQL and reopened); 0s: never
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub gate_check: Duration,
     #[command(flatten)]
     pub node: NodeIdOpt,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464)
@@ -80,6 +84,7 @@ pub async fn run(cfg: &Config, args: WorkerArgs) -> anyhow::Result<u8> {
             batch: args.batch,
         },
         metrics_addr: args.metrics_addr,
+        gate_check: args.gate_check,
     };
     opts.validate()?;
     let stop = shutdown::on_signals()?;
@@ -138,6 +143,14 @@ fn summary_table(s: &Summary) -> comfy_table::Table {
         (
             "failed deadline passes (retried)",
             s.stats.deadline_errors.to_string(),
+        ),
+        (
+            "gates paused (Redis lost writes)",
+            s.stats.gate_pauses.to_string(),
+        ),
+        (
+            "gates rebuilt and reopened",
+            s.stats.gate_reopens.to_string(),
         ),
     ];
     for (k, v) in rows {

@@ -5,6 +5,7 @@
 pub mod admission;
 pub mod bench;
 pub mod image;
+pub mod pause;
 pub mod policy;
 pub mod preload;
 pub mod requeue;

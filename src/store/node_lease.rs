@@ -227,11 +227,16 @@ pub fn connection_name(random: u64) -> String {
 /// A connection of the lease's own, named so an operator can tell it apart.
 async fn lease_connection(cfg: &Config, random: u64) -> Result<Redis> {
     let mut conn = redis_conn::connect(cfg).await?;
-    let _: () = redis::cmd("CLIENT")
+    // Only a label: on a cluster it goes to every node, and one node that
+    // cannot be reached must not stop order ids from being leased.
+    let named: redis::RedisResult<()> = redis::cmd("CLIENT")
         .arg("SETNAME")
         .arg(connection_name(random))
         .query_async(&mut conn)
-        .await?;
+        .await;
+    if let Err(e) = named {
+        tracing::debug!("could not name the node lease's connection: {e}");
+    }
     Ok(conn)
 }
 

@@ -12,7 +12,7 @@ use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisFuture, Value};
 
 use crate::error::{describe_redis, Error, Result};
 use crate::store::config::Config;
-use crate::support::mask::mask_url;
+use crate::support::mask::{mask_url, url_list};
 
 /// Any async Redis connection the library can work with.
 pub trait RedisConn: ConnectionLike + Send + Sync + Clone {
@@ -97,10 +97,13 @@ pub async fn connect_blocking(cfg: &Config, block: Duration) -> Result<Redis> {
 
 /// The URLs of `--redis-url`: one, or a cluster's seed nodes.
 fn seed_urls(raw: &str) -> Vec<&str> {
-    raw.split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .collect()
+    let raw = raw.trim().trim_end_matches(',');
+    if raw.is_empty() {
+        return Vec::new();
+    }
+    url_list(raw)
+        .map(|urls| urls.into_iter().map(str::trim).collect())
+        .unwrap_or_else(|| vec![raw])
 }
 
 async fn connect_with_response_timeout(cfg: &Config, response_timeout: Duration) -> Result<Redis> {
@@ -122,7 +125,14 @@ async fn connect_with_response_timeout(cfg: &Config, response_timeout: Duration)
                 continue;
             }
         };
-        if !cluster_enabled(&mut node).await.map_err(&fail)? {
+        let clustered = match cluster_enabled(&mut node).await {
+            Ok(c) => c,
+            Err(reason) => {
+                last_error = reason;
+                continue;
+            }
+        };
+        if !clustered {
             if seeds.len() > 1 {
                 return Err(fail(format!(
                     "several URLs are a cluster's seed nodes, but {} is not in cluster mode",
@@ -254,19 +264,21 @@ pub async fn pipeline_per_item<T>(
 
 /// The server's version, e.g. `7.0.15`.
 pub async fn server_version(conn: &mut impl RedisConn) -> Result<String> {
-    // A cluster answers INFO from every master (address -> text); any one
-    // of them will do, the version check is about the software.
-    let info = match redis::cmd("INFO").arg("server").query_async(conn).await? {
-        Value::Map(per_node) => per_node
-            .into_iter()
-            .next()
-            .map(|(_, text)| value_text(&text))
-            .unwrap_or_default(),
-        single => value_text(&single),
+    // A cluster answers INFO from every master (address -> text): the
+    // oldest version is the one that counts.
+    let texts = match redis::cmd("INFO").arg("server").query_async(conn).await? {
+        Value::Map(per_node) => per_node.iter().map(|(_, text)| value_text(text)).collect(),
+        single => vec![value_text(&single)],
     };
-    info.lines()
-        .find_map(|l| l.strip_prefix("redis_version:"))
-        .map(|v| v.trim().to_string())
+    texts
+        .iter()
+        .map(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("redis_version:"))
+                .map(|v| v.trim().to_string())
+        })
+        .collect::<Option<Vec<String>>>()
+        .and_then(|versions| versions.into_iter().min_by_key(|v| parse_major_minor(v)))
         .ok_or_else(|| Error::Redis("INFO server has no redis_version".into()))
 }
 
@@ -289,6 +301,7 @@ pub fn value_text(v: &redis::Value) -> String {
     match v {
         redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
         redis::Value::SimpleString(s) => s.clone(),
+        redis::Value::VerbatimString { text, .. } => text.clone(),
         redis::Value::Int(n) => n.to_string(),
         other => format!("{other:?}"),
     }
@@ -305,6 +318,17 @@ pub fn parse_major_minor(version: &str) -> (u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seed_lists_split_between_urls_only() {
+        assert_eq!(seed_urls("redis://a:1/"), ["redis://a:1/"]);
+        assert_eq!(
+            seed_urls("redis://a:1/, redis://b:2/,"),
+            ["redis://a:1/", "redis://b:2/"]
+        );
+        assert_eq!(seed_urls("redis://:pa,ss@h:1/"), ["redis://:pa,ss@h:1/"]);
+        assert!(seed_urls(" ").is_empty());
+    }
 
     #[test]
     fn versions_compare_by_major_then_minor() {

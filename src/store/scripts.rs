@@ -67,3 +67,7 @@ pub static POLICY: LazyLock<Script> =
 /// Stores a user's admission token (public: application servers call it).
 pub static TOKEN: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/token.lua")));
+
+/// Pauses or reopens a gate (the worker's gate guard).
+pub static PAUSE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/pause.lua")));

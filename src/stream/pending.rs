@@ -27,6 +27,8 @@ pub struct StreamSummary {
     pub oldest_pending_idle_ms: Option<u64>,
     pub dead_letters: u64,
     pub consumers: u64,
+    /// The gate admits nobody while a worker rebuilds it (Redis lost writes).
+    pub paused: bool,
 }
 
 pub async fn summary(
@@ -48,8 +50,10 @@ pub async fn summary(
         let c: StreamInfoConsumersReply = conn.xinfo_consumers(keys.orders(), WORKER_GROUP).await?;
         consumers = c.consumers.len() as u64;
     }
+    let paused = crate::gate::pause::is_paused(conn, keys).await?;
     Ok(StreamSummary {
         voucher,
+        paused,
         length: b.length,
         undelivered: b.undelivered,
         pending: b.pending,

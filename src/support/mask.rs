@@ -19,8 +19,9 @@ pub fn mask_url(raw: &str) -> String {
     }
 }
 
-/// The URLs of a comma-separated list, when every piece is one.
-fn url_list(raw: &str) -> Option<Vec<&str>> {
+/// The URLs of a comma-separated list, when every piece is one (a comma
+/// inside a password does not split it).
+pub fn url_list(raw: &str) -> Option<Vec<&str>> {
     let parts: Vec<&str> = raw.split(',').collect();
     (parts.len() > 1 && parts.iter().all(|p| p.contains("://"))).then_some(parts)
 }

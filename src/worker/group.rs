@@ -55,13 +55,20 @@ pub async fn read_new(
     xreadgroup(conn, streams, consumer, count, Some(block_ms)).await
 }
 
-/// How often a cluster's streams are looked at while all are empty.
-const CLUSTER_POLL: Duration = Duration::from_millis(50);
+/// How often a cluster's streams are looked at while all are empty: at
+/// first soon, then less often, up to [`CLUSTER_POLL_MAX`].
+const CLUSTER_POLL_MIN: Duration = Duration::from_millis(10);
+const CLUSTER_POLL_MAX: Duration = Duration::from_millis(200);
+/// Reads in flight at once.
+const CLUSTER_READS_AT_ONCE: usize = 64;
 
 /// On a cluster one XREADGROUP names the streams of one slot only, and a
 /// blocking read of one voucher would hold up the reads of the others on
-/// its node: each stream is read without blocking, all at once, again every
-/// [`CLUSTER_POLL`] until something arrives or `block_ms` has passed.
+/// its node: each stream is read without blocking, many at once, again and
+/// again (less often while all stay empty) until something arrives or
+/// `block_ms` has passed. Entries already handed to this consumer are
+/// returned even when another stream's read failed (they would otherwise
+/// wait for a reclaim); the error comes back once nothing else does.
 async fn poll_each(
     conn: &mut impl RedisConn,
     streams: &[(u64, String)],
@@ -70,23 +77,41 @@ async fn poll_each(
     block_ms: u64,
 ) -> Result<Vec<(u64, Vec<Delivery>)>> {
     let until = Instant::now() + Duration::from_millis(block_ms);
+    let mut pause = CLUSTER_POLL_MIN;
     loop {
-        let reads =
-            streams.iter().map(|stream| {
+        let mut out = Vec::new();
+        let mut failed = None;
+        for group in streams.chunks(CLUSTER_READS_AT_ONCE) {
+            let reads = group.iter().map(|stream| {
                 let mut c = conn.clone();
                 async move {
                     xreadgroup(&mut c, std::slice::from_ref(stream), consumer, count, None).await
                 }
             });
-        let mut out = Vec::new();
-        for read in futures_util::future::join_all(reads).await {
-            out.extend(read?);
+            for read in futures_util::future::join_all(reads).await {
+                match read {
+                    Ok(r) => out.extend(r),
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                    }
+                }
+            }
         }
-        let now = Instant::now();
-        if !out.is_empty() || now >= until {
+        if !out.is_empty() {
+            if let Some(e) = failed {
+                tracing::warn!("{e} (the other streams' entries are handled first)");
+            }
             return Ok(out);
         }
-        tokio::time::sleep(CLUSTER_POLL.min(until - now)).await;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let now = Instant::now();
+        if now >= until {
+            return Ok(out);
+        }
+        tokio::time::sleep(pause.min(until - now)).await;
+        pause = (pause * 2).min(CLUSTER_POLL_MAX);
     }
 }
 

@@ -165,17 +165,31 @@ impl Lane {
             }
         }
         let known: BTreeSet<u64> = self.streams.keys().copied().collect();
+        let mut failed = None;
         for id in registered.union(&known) {
             if self.streams.contains_key(id) && !self.recreate_groups {
                 continue;
             }
             let keys = VoucherKeys::new(&self.cfg.prefix, *id)?;
-            group::ensure_group(&mut self.conn, &keys).await?;
+            // One voucher whose group cannot be made must not keep the
+            // others from being read: it is tried again next refresh.
+            if let Err(e) = group::ensure_group(&mut self.conn, &keys).await {
+                tracing::warn!("{}: could not create the worker group: {e}", keys.orders());
+                failed = Some(e);
+                continue;
+            }
             tracing::debug!("consuming {}", keys.orders());
             self.streams.insert(*id, keys.orders());
         }
-        self.recreate_groups = false;
-        Ok(())
+        match failed {
+            // A store that is down fails them all: back off and reconnect.
+            Some(e) if self.streams.is_empty() => Err(e),
+            Some(_) => Ok(()),
+            None => {
+                self.recreate_groups = false;
+                Ok(())
+            }
+        }
     }
 
     async fn reclaim_all(&mut self) -> Result<bool> {
@@ -288,9 +302,13 @@ impl Lane {
         }
     }
 
-    /// No voucher has an entry undelivered or pending (anyone's), and no
-    /// payment deadline this lane handles is due.
+    /// No voucher has an entry undelivered or pending (anyone's), no
+    /// payment deadline this lane handles is due, and no gate is paused.
     async fn all_idle(&mut self) -> Result<bool> {
+        // A paused gate is being rebuilt: its reopening is work left.
+        if self.stats.gates_paused() > 0 {
+            return Ok(false);
+        }
         if let Some(d) = self.deadlines.as_mut() {
             if d.any_due().await? {
                 return Ok(false);

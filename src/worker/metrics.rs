@@ -71,7 +71,7 @@ async fn render(
     hist: &([u64; BATCH_BUCKETS.len()], u64, f64),
 ) -> String {
     let mut out = String::new();
-    let counters: [(&str, &str, u64); 10] = [
+    let counters: [(&str, &str, u64); 12] = [
         (
             "seckill_orders_persisted_total",
             "Orders inserted into MySQL by this worker",
@@ -122,6 +122,16 @@ async fn render(
             "Voucher passes of the payment deadlines that failed (each retried)",
             s.deadline_errors,
         ),
+        (
+            "seckill_gate_pauses_total",
+            "Gates paused by this worker because Redis lost writes MySQL holds",
+            s.gate_pauses,
+        ),
+        (
+            "seckill_gate_reopens_total",
+            "Paused or lost gates this worker rebuilt from MySQL and reopened",
+            s.gate_reopens,
+        ),
     ];
     for (name, help, value) in counters {
         let _ = writeln!(
@@ -163,15 +173,27 @@ async fn render(
                 "# HELP seckill_stream_lag Order stream entries not yet delivered to the worker group\n\
                  # TYPE seckill_stream_lag gauge"
             );
-            for (v, lag, _, _) in &rows {
+            for (v, lag, ..) in &rows {
                 let _ = writeln!(out, "seckill_stream_lag{{voucher=\"{v}\"}} {lag}");
+            }
+            let _ = writeln!(
+                out,
+                "# HELP seckill_gate_paused 1 while the voucher's gate is paused for a rebuild\n\
+                 # TYPE seckill_gate_paused gauge"
+            );
+            for (v, .., paused) in &rows {
+                let _ = writeln!(
+                    out,
+                    "seckill_gate_paused{{voucher=\"{v}\"}} {}",
+                    u8::from(*paused)
+                );
             }
             let _ = writeln!(
                 out,
                 "# HELP seckill_stream_pending Order stream entries delivered but not acknowledged\n\
                  # TYPE seckill_stream_pending gauge"
             );
-            for (v, _, pending, _) in &rows {
+            for (v, _, pending, ..) in &rows {
                 let _ = writeln!(out, "seckill_stream_pending{{voucher=\"{v}\"}} {pending}");
             }
             let _ = writeln!(
@@ -179,7 +201,7 @@ async fn render(
                 "# HELP seckill_gate_rejections_total Admission attempts the voucher's policy turned away\n\
                  # TYPE seckill_gate_rejections_total counter"
             );
-            for (v, _, _, r) in &rows {
+            for (v, _, _, r, _) in &rows {
                 for (reason, n) in [("rate_limited", r.rate_limited), ("bad_token", r.bad_token)] {
                     let _ = writeln!(
                         out,
@@ -193,8 +215,9 @@ async fn render(
     out
 }
 
-/// Per registered voucher: lag, pending, and the gate's policy rejections.
-async fn stream_backlog(cfg: &Config) -> Result<Vec<(u64, u64, u64, Rejections)>> {
+/// Per registered voucher: lag, pending, the gate's policy rejections and
+/// whether it is paused.
+async fn stream_backlog(cfg: &Config) -> Result<Vec<(u64, u64, u64, Rejections, bool)>> {
     let mut conn = redis_conn::connect(cfg).await?;
     let ids = registry::members(&mut conn, &cfg.prefix).await?;
     let mut out = Vec::with_capacity(ids.len());
@@ -202,7 +225,8 @@ async fn stream_backlog(cfg: &Config) -> Result<Vec<(u64, u64, u64, Rejections)>
         let keys = VoucherKeys::new(&cfg.prefix, v)?;
         let b = backlog(&mut conn, &keys).await?;
         let r = policy::rejections(&mut conn, &keys).await?;
-        out.push((v, b.undelivered, b.pending, r));
+        let paused = crate::gate::pause::is_paused(&mut conn, &keys).await?;
+        out.push((v, b.undelivered, b.pending, r, paused));
     }
     Ok(out)
 }

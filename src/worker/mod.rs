@@ -11,6 +11,7 @@
 mod batch;
 pub mod canceller;
 pub mod group;
+pub mod guard;
 pub mod keepalive;
 mod lane;
 pub mod lock;
@@ -30,6 +31,7 @@ use crate::store::db::Db;
 use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn;
 use canceller::Canceller;
+use guard::GateGuard;
 use lane::Lane;
 use lock::LockOwner;
 pub use options::{default_consumer, DeadlineOptions, WorkerOptions};
@@ -75,6 +77,20 @@ pub async fn run(
         pay_timeouts: HashMap::new(),
         last_sweep: None,
     };
+    let stop_guard = stop.child_token();
+    let guard_task = (!opts.gate_check.is_zero()).then(|| {
+        let guard = GateGuard {
+            cfg: cfg.clone(),
+            db: db.clone(),
+            conn: conn.clone(),
+            ids: ids.clone(),
+            stats: stats.clone(),
+            every: opts.gate_check,
+            known: Default::default(),
+            paused_since: HashMap::new(),
+        };
+        tokio::spawn(guard.run(stop_guard.clone()))
+    });
     let (mut inline_deadlines, deadline_task) = if opts.until_idle {
         (Some(deadline_worker), None)
     } else {
@@ -136,6 +152,10 @@ pub async fn run(
                 outcome = Err(Error::Redis(format!("a worker lane failed: {e}")));
             }
         }
+    }
+    stop_guard.cancel();
+    if let Some(task) = guard_task {
+        task.await.ok();
     }
     if let Some(task) = deadline_task {
         // Lanes stop only on `stop`, which also ends this task's loop.

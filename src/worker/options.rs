@@ -32,6 +32,8 @@ pub struct WorkerOptions {
     pub deadlines: DeadlineOptions,
     /// Where to serve Prometheus metrics (none: no endpoint).
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// How often the gate guard looks for gates that lost writes (zero: off).
+    pub gate_check: Duration,
 }
 
 impl WorkerOptions {

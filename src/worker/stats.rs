@@ -18,6 +18,9 @@ pub struct WorkerStats {
     promoted: AtomicU64,
     max_lateness_ms: AtomicU64,
     deadline_errors: AtomicU64,
+    gate_pauses: AtomicU64,
+    gate_reopens: AtomicU64,
+    gates_paused: AtomicU64,
     batch_buckets: [AtomicU64; BATCH_BUCKETS.len()],
     batch_count: AtomicU64,
     batch_micros: AtomicU64,
@@ -52,6 +55,10 @@ pub struct StatsSnapshot {
     pub max_lateness_ms: u64,
     /// Voucher passes of the payment deadlines that failed (retried).
     pub deadline_errors: u64,
+    /// Gates this worker paused: Redis had lost writes MySQL holds.
+    pub gate_pauses: u64,
+    /// Paused gates this worker rebuilt from MySQL and reopened.
+    pub gate_reopens: u64,
 }
 
 impl WorkerStats {
@@ -78,6 +85,19 @@ impl WorkerStats {
     }
     pub fn add_deadline_error(&self) {
         self.deadline_errors.fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn add_gate_pause(&self) {
+        self.gate_pauses.fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn add_gate_reopen(&self) {
+        self.gate_reopens.fetch_add(1, Ordering::Relaxed);
+    }
+    /// How many gates the guard saw paused on its last pass.
+    pub fn set_gates_paused(&self, n: u64) {
+        self.gates_paused.store(n, Ordering::Relaxed);
+    }
+    pub fn gates_paused(&self) -> u64 {
+        self.gates_paused.load(Ordering::Relaxed)
     }
     pub fn note_lateness(&self, ms: u64) {
         self.max_lateness_ms.fetch_max(ms, Ordering::Relaxed);
@@ -118,6 +138,8 @@ impl WorkerStats {
             promoted: get(&self.promoted),
             max_lateness_ms: get(&self.max_lateness_ms),
             deadline_errors: get(&self.deadline_errors),
+            gate_pauses: get(&self.gate_pauses),
+            gate_reopens: get(&self.gate_reopens),
         }
     }
 }

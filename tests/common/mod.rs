@@ -6,6 +6,7 @@
 pub mod invariants;
 pub mod own_cluster;
 pub mod own_mysql;
+pub mod own_redis;
 pub mod process;
 pub mod terminal;
 
@@ -360,6 +361,36 @@ pub async fn scan_keys(redis: &mut Redis, pattern: &str) -> redis::RedisResult<V
         }
     }
     Ok(keys)
+}
+
+/// The slot of voucher `v`'s keys.
+pub async fn slot_of(env: &TestEnv, v: u64) -> u16 {
+    let mut redis = env.redis().await;
+    redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(format!("{{{v}}}"))
+        .query_async(&mut redis)
+        .await
+        .expect("cluster keyslot")
+}
+
+/// One voucher id per master of a cluster made by `redis-cli --cluster
+/// create` (slots split in three equal ranges).
+pub async fn one_voucher_per_master(env: &TestEnv) -> Vec<u64> {
+    let mut found: [Option<u64>; 3] = [None; 3];
+    for v in 1.. {
+        // redis-cli --cluster create: 0-5460, 5461-10922, 10923-16383.
+        let third = match slot_of(env, v).await {
+            0..=5460 => 0,
+            5461..=10922 => 1,
+            _ => 2,
+        };
+        found[third].get_or_insert(v);
+        if found.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    found.iter().map(|v| v.unwrap_or_default()).collect()
 }
 
 /// The longest a cleanup may take: a store that does not answer must not

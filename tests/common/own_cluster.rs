@@ -197,3 +197,28 @@ impl Drop for OwnCluster {
         std::fs::remove_dir_all(&self.dir).ok();
     }
 }
+
+impl OwnCluster {
+    /// Cuts the replica on `port` off from its master for good (it can no
+    /// longer authenticate): what the master writes from now on, the
+    /// replica never gets — a failover then loses it.
+    pub fn detach_replica(&self, port: u16) {
+        assert_eq!(
+            self.cli(port, &["config", "set", "masterauth", "not-the-password"])
+                .trim(),
+            "OK"
+        );
+        self.cli(port, &["client", "kill", "type", "master"]);
+        let start = Instant::now();
+        while !self
+            .cli(port, &["info", "replication"])
+            .contains("master_link_status:down")
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the replica stays linked"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! A single Redis of one test's own that can lose its last writes: no AOF,
+//! snapshots only when the test says (`SAVE`), so a kill -9 and a restart
+//! bring back exactly the last snapshot.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+pub struct OwnRedis {
+    dir: PathBuf,
+    pub port: u16,
+}
+
+impl OwnRedis {
+    pub fn start() -> OwnRedis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("seckill-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("the Redis folder");
+        let r = OwnRedis { dir, port };
+        r.launch();
+        r
+    }
+
+    fn launch(&self) {
+        let status = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(["--appendonly", "no", "--save", "", "--daemonize", "yes"])
+            .arg("--pidfile")
+            .arg(self.dir.join("redis.pid"))
+            .arg("--logfile")
+            .arg(self.dir.join("redis.log"))
+            .status()
+            .expect("redis-server");
+        assert!(status.success());
+        for _ in 0..100 {
+            if self.cli(&["ping"]).trim() == "PONG" {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("own Redis on port {} did not answer", self.port);
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Writes the snapshot a restart will come back to.
+    pub fn snapshot(&self) {
+        assert_eq!(self.cli(&["save"]).trim(), "OK");
+    }
+
+    /// kill -9, then a start from the last snapshot: every write since is lost.
+    pub fn crash_and_restart(&self) {
+        let pid = std::fs::read_to_string(self.dir.join("redis.pid")).expect("pid file");
+        let status = Command::new("kill")
+            .args(["-9", pid.trim()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        for _ in 0..100 {
+            if self.cli(&["ping"]).trim() != "PONG" {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.launch();
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.cli(&["shutdown", "nosave"]);
+        std::fs::remove_dir_all(&self.dir).ok();
+    }
+}
