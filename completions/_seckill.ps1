@@ -305,6 +305,7 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('--deadline-lease', '--deadline-lease', [CompletionResultType]::ParameterName, 'A claimed payment deadline comes back after this long if its claimer died')
             [CompletionResult]::new('--sweep-every', '--sweep-every', [CompletionResultType]::ParameterName, 'How often MySQL is swept for pending orders whose deadline Redis lost')
             [CompletionResult]::new('--sweep-grace', '--sweep-grace', [CompletionResultType]::ParameterName, 'How far past its deadline a pending order must be for the sweep to cancel it')
+            [CompletionResult]::new('--gate-check', '--gate-check', [CompletionResultType]::ParameterName, 'How often the gates are checked for writes Redis lost that MySQL holds (then paused, rebuilt from MySQL and reopened); 0s: never')
             [CompletionResult]::new('--node-id', '--node-id', [CompletionResultType]::ParameterName, 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]')
             [CompletionResult]::new('--metrics-addr', '--metrics-addr', [CompletionResultType]::ParameterName, 'Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464)')
             [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format')

@@ -282,6 +282,7 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand --deadline-lease 'A claimed payment deadline comes back after this long if its claimer died'
             cand --sweep-every 'How often MySQL is swept for pending orders whose deadline Redis lost'
             cand --sweep-grace 'How far past its deadline a pending order must be for the sweep to cancel it'
+            cand --gate-check 'How often the gates are checked for writes Redis lost that MySQL holds (then paused, rebuilt from MySQL and reopened); 0s: never'
             cand --node-id 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]'
             cand --metrics-addr 'Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464)'
             cand --format 'Output format'

@@ -209,6 +209,7 @@ complete -c seckill -n "__fish_seckill_using_subcommand worker" -l lanes -d 'Bat
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l deadline-lease -d 'A claimed payment deadline comes back after this long if its claimer died' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l sweep-every -d 'How often MySQL is swept for pending orders whose deadline Redis lost' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l sweep-grace -d 'How far past its deadline a pending order must be for the sweep to cancel it' -r
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l gate-check -d 'How often the gates are checked for writes Redis lost that MySQL holds (then paused, rebuilt from MySQL and reopened); 0s: never' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l node-id -d 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l metrics-addr -d 'Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l format -d 'Output format' -r -f -a "table\t'A table for people'

@@ -8,7 +8,8 @@
 //! `after_ack` (acknowledged and unlocked); for payment deadlines
 //! `before_cancel_commit` and `after_cancel` (cancelled in MySQL, the unit not
 //! yet given back in Redis); for preload and reconcile `between_snapshot_reads`
-//! (a voucher's row read, its orders not yet).
+//! (a voucher's row read, its orders not yet); for the gate guard
+//! `gate_paused` (a gate paused, not yet rebuilt).
 
 use std::collections::HashMap;
 use std::sync::LazyLock;

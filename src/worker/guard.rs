@@ -155,6 +155,7 @@ impl GateGuard {
                 "voucher {v}: the gate has {} buyer(s) but MySQL holds {orders} order(s): Redis lost writes; admission paused until the gate is rebuilt from MySQL",
                 look.buyers
             );
+            crate::support::fault::pause("gate_paused").await;
         } else if !look.paused {
             return Ok(false);
         }

@@ -177,6 +177,12 @@ impl TestEnv {
             .clone()
     }
 
+    /// Drops the shared connection (a single node's does not reconnect
+    /// after its server restarted); the next `redis()` makes a new one.
+    pub fn forget_redis(&mut self) {
+        self.shared_redis = OnceCell::new();
+    }
+
     /// A connection of its own, for tests that need several.
     pub async fn new_redis_connection(&self) -> Redis {
         seckill::store::redis_conn::connect(&self.cfg)

@@ -1,0 +1,194 @@
+//! Redis comes back without its last writes while MySQL already holds the
+//! orders they admitted: on one node restarted from an older snapshot, and
+//! on a cluster failing over to a replica that never got them. With a
+//! worker running, the gate is paused, rebuilt from MySQL and reopened by
+//! itself; after that, nobody with an order buys again and no "success"
+//! is dead-lettered for lack of stock.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::invariants::assert_invariants;
+use common::own_cluster::OwnCluster;
+use common::own_redis::OwnRedis;
+use common::process::WorkerProc;
+use common::{fast_worker, json, one_voucher_per_master, TestEnv};
+
+/// Waits for `needle` in the worker's log; how long it took.
+fn wait_log(worker: &WorkerProc, needle: &str, limit: Duration) -> Duration {
+    let start = Instant::now();
+    while !worker.log_text().contains(needle) {
+        assert!(
+            start.elapsed() < limit,
+            "no {needle:?} in the worker's log within {limit:?}:\n{}",
+            worker.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    start.elapsed()
+}
+
+/// The worker's own account of the pause: "reopened after <duration>".
+fn pause_length(worker: &WorkerProc) -> String {
+    let log = worker.log_text();
+    log.lines()
+        .find_map(|l| l.split("reopened after ").nth(1))
+        .unwrap_or("?")
+        .to_string()
+}
+
+/// What every scenario checks once the gate has been rebuilt: the users
+/// whose admissions Redis lost (`lost` = ids offset+1 ..= offset+n) are
+/// buyers again, new buyers get exactly the units MySQL has left, every
+/// order lands, and the stores agree.
+async fn after_the_rebuild(
+    env: &TestEnv,
+    worker: WorkerProc,
+    v: u64,
+    lost: (u64, u64),
+    total: u64,
+) {
+    let (offset, n) = lost;
+    for user in [offset + 1, offset + n / 2, offset + n] {
+        let out = env
+            .cmd()
+            .args([
+                "buy",
+                "--voucher",
+                &v.to_string(),
+                "--user",
+                &user.to_string(),
+            ])
+            .args(["--format", "json"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(10), "user {user}: {}", json(&out));
+    }
+    let held = env.order_count(v).await;
+    let left = total - held;
+    let report = env.admit_users(v, left + 50, 1_000_000).await;
+    assert_eq!(report.outcomes.success, left, "{report:?}");
+    assert_eq!(report.outcomes.sold_out, 50, "{report:?}");
+    assert_eq!(report.outcomes.paused, 0, "{report:?}");
+    env.wait_orders(v, total, Duration::from_secs(60)).await;
+    env.wait_drained(v, Duration::from_secs(60)).await;
+    let pending = json(
+        &env.cmd()
+            .args(["pending", "--format", "json"])
+            .output()
+            .unwrap(),
+    );
+    let row = pending
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["voucher"] == v)
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(row["dead_letters"], 0, "{pending}");
+    assert_eq!(row["paused"], false, "{pending}");
+    worker.signal("TERM");
+    let log = worker.expect_success(Duration::from_secs(30));
+    assert!(log.contains("admission paused"), "{log}");
+    let s = assert_invariants(env, v).await;
+    assert_eq!(s.mysql_stock, 0);
+    let out = env
+        .cmd()
+        .args(["reconcile", "--dry-run", "--format", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(json(&out)["consistent"], true, "{}", json(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restarted_from_an_older_snapshot_is_paused_rebuilt_and_reopened() {
+    const V: u64 = 1;
+    let redis = OwnRedis::start();
+    let mut env = TestEnv::on_redis(&redis.url()).await;
+    env.live_voucher(V, 500).await;
+    // The guard holds the gate paused for a second before rebuilding it,
+    // so that the test sees what buyers and operators see meanwhile.
+    let worker = env.spawn_worker_with(
+        &fast_worker(&[]),
+        &[("SECKILL_TEST_PAUSE", "gate_paused=1s")],
+    );
+    env.admit_users(V, 100, 0).await;
+    env.wait_orders(V, 100, Duration::from_secs(30)).await;
+    redis.snapshot();
+    // Admitted, told "success" and persisted — then Redis forgets them.
+    env.admit_users(V, 200, 100).await;
+    env.wait_orders(V, 300, Duration::from_secs(30)).await;
+    redis.crash_and_restart();
+    env.forget_redis();
+    let paused = wait_log(&worker, "admission paused", Duration::from_secs(10));
+    let buy = env
+        .cmd()
+        .args([
+            "buy",
+            "--voucher",
+            "1",
+            "--user",
+            "999999",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(buy.status.code(), Some(15), "{}", json(&buy));
+    assert_eq!(json(&buy)["outcome"], "paused");
+    let status = json(
+        &env.cmd()
+            .args(["status", "--format", "json"])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(status[0]["paused"], true, "{status}");
+    let pending = json(
+        &env.cmd()
+            .args(["pending", "--format", "json"])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(pending[0]["paused"], true, "{pending}");
+    let table = env.cmd().args(["status"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&table.stdout).contains("paused"));
+    let reopened = wait_log(&worker, "reopened", Duration::from_secs(30));
+    eprintln!(
+        "Redis back -> paused after {paused:?}; paused for {} (reopened {reopened:?} later)",
+        pause_length(&worker)
+    );
+    assert!(paused < Duration::from_secs(2), "detected after {paused:?}");
+    after_the_rebuild(&env, worker, V, (100, 200), 500).await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_to_a_replica_that_missed_the_last_admissions_is_paused_rebuilt_and_reopened() {
+    let cluster = OwnCluster::start();
+    let env = TestEnv::on_redis(&cluster.url()).await;
+    let v = one_voucher_per_master(&env).await[0];
+    env.live_voucher(v, 500).await;
+    let master = cluster.master_of(&format!("{{{v}}}"));
+    let replica = cluster.replica_of(master);
+    let worker = env.spawn_worker(&fast_worker(&[]));
+    env.admit_users(v, 100, 0).await;
+    env.wait_orders(v, 100, Duration::from_secs(30)).await;
+    // From here on the replica gets nothing; the master goes on admitting.
+    cluster.detach_replica(replica);
+    env.admit_users(v, 200, 100).await;
+    env.wait_orders(v, 300, Duration::from_secs(30)).await;
+    cluster.kill9(master);
+    let killed = Instant::now();
+    cluster.wait_master(replica, Duration::from_secs(30));
+    let failover = killed.elapsed();
+    let paused = wait_log(&worker, "admission paused", Duration::from_secs(10));
+    let reopened = wait_log(&worker, "reopened", Duration::from_secs(30));
+    eprintln!(
+        "failover {failover:?}; then paused after {paused:?}; paused for {} (reopened {reopened:?} later)",
+        pause_length(&worker)
+    );
+    assert!(paused < Duration::from_secs(2), "detected after {paused:?}");
+    after_the_rebuild(&env, worker, v, (100, 200), 500).await;
+    env.cleanup().await;
+}
