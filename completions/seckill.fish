@@ -144,6 +144,8 @@ complete -c seckill -n "__fish_seckill_using_subcommand preload" -s V -l version
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l voucher -d 'Voucher id' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l user -d 'User id' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l token -d 'The user\'s admission token (`seckill token issue`), for a voucher that requires one' -r
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l wait-replicas -d 'After a success, wait until N replicas of the voucher\'s master have it (a failover to one of them then keeps it) [default: no wait]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l wait-timeout -d 'The longest --wait-replicas waits before giving up (the admission stands either way)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l node-id -d 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l format -d 'Output format' -r -f -a "table\t'A table for people'
 json\t'JSON for scripts'"
@@ -161,6 +163,8 @@ complete -c seckill -n "__fish_seckill_using_subcommand bench" -l user-offset -d
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l attempts -d 'Admission attempts in all' -r
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l concurrency -d 'Attempts in flight at once' -r
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l connections -d 'Redis connections the attempts are spread over' -r
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l wait-replicas -d 'After a success, wait until N replicas of the voucher\'s master have it (a failover to one of them then keeps it) [default: no wait]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l wait-timeout -d 'The longest --wait-replicas waits before giving up (the admission stands either way)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l node-id -d 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l format -d 'Output format' -r -f -a "table\t'A table for people'
 json\t'JSON for scripts'"

@@ -49,29 +49,16 @@ fresh_voucher() { # url id: a voucher of `attempts` units (added once), preloade
   SECKILL_REDIS_URL=$1 $seckill preload --voucher "$2" >/dev/null
 }
 
-bench() { # url voucher -> attempts/s
-  SECKILL_REDIS_URL=$1 $seckill bench --voucher "$2" --users "$attempts" --attempts "$attempts" \
-    --concurrency "$concurrency" --connections "$connections" --format json |
-    python3 -c 'import json,sys; print(round(json.load(sys.stdin)["attempts_per_sec"]))'
-}
-
 bench_three() { # url v1 v2 v3 -> summed attempts/s of three benches at once
   local url=$1 out
   shift
-  out=$(for v in "$@"; do bench "$url" "$v" & done; wait)
+  out=$(for v in "$@"; do bench_rate "$url" "$v" & done; wait)
   echo "$out" | awk '{ s += $1 } END { print s }'
 }
 
-cleanup() {
-  redis-cli -p "$(echo "$node_url" | sed -n 's#.*:\([0-9]*\)/.*#\1#p')" --scan --pattern "$prefix:*" |
-    xargs -r -n 500 redis-cli -p "$(echo "$node_url" | sed -n 's#.*:\([0-9]*\)/.*#\1#p')" del >/dev/null
-  for port in 17001 17002 17003 17004 17005 17006; do
-    if [ "$(redis-cli -p "$port" role | head -n 1)" = master ]; then
-      redis-cli -p "$port" --scan --pattern "$prefix:*" | sed 's/^/UNLINK /' | redis-cli -p "$port" >/dev/null
-    fi
-  done
-}
-trap cleanup EXIT
+# shellcheck source=scripts/lib/bench.sh
+. scripts/lib/bench.sh
+trap drop_bench_keys EXIT
 
 echo "attempts per voucher: $attempts, concurrency $concurrency over $connections connections per bench"
 printf '| round | 1 voucher: node | 1 voucher: cluster | ratio | 3 vouchers: node | 3 vouchers: cluster | ratio |\n'
@@ -79,8 +66,8 @@ printf '|---|---|---|---|---|---|---|\n'
 for r in $(seq 1 "$rounds"); do
   read -r a b c <<<"$(one_per_master $((next_id + r * 1000)))"
   for v in "$a" "$b" "$c"; do fresh_voucher "$node_url" "$v"; fresh_voucher "$cluster_url" "$v"; done
-  one_node=$(bench "$node_url" "$a")
-  one_cluster=$(bench "$cluster_url" "$a")
+  one_node=$(bench_rate "$node_url" "$a")
+  one_cluster=$(bench_rate "$cluster_url" "$a")
   # Fresh vouchers for the three-voucher round (the first is sold out).
   read -r a b c <<<"$(one_per_master $((next_id + r * 1000 + 500)))"
   for v in "$a" "$b" "$c"; do fresh_voucher "$node_url" "$v"; fresh_voucher "$cluster_url" "$v"; done

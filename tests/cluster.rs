@@ -452,3 +452,61 @@ async fn a_master_killed_during_a_live_sale_fails_over_and_nothing_is_oversold()
     eprintln!("admission errors during the failover: {errors}");
     env.cleanup().await;
 }
+
+/// `buy --voucher 5 --user 1 --wait-replicas 1 --format json` plus `extra`.
+fn buy_waiting_for_a_replica(env: &TestEnv, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "buy",
+        "--voucher",
+        "5",
+        "--user",
+        "1",
+        "--wait-replicas",
+        "1",
+    ];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--format", "json"]);
+    run(env, &args)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buy_can_wait_for_a_replica_and_says_how_many_had_the_admission() {
+    let env = TestEnv::on_cluster().await;
+    env.live_voucher(5, 10).await;
+    let out = buy_waiting_for_a_replica(&env, &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(json(&out)["replicas_acked"], 1, "{}", json(&out));
+    let bench = run_json(
+        &env,
+        &[
+            "bench",
+            "--voucher",
+            "5",
+            "--users",
+            "20",
+            "--user-offset",
+            "100",
+            "--attempts",
+            "20",
+            "--wait-replicas",
+            "1",
+            "--format",
+            "json",
+        ],
+    );
+    assert_eq!(bench["outcomes"]["success"], 9, "{bench}");
+    assert_eq!(bench["replicas_short"], 0, "{bench}");
+    env.cleanup().await;
+
+    // A single node has no replica: the admission stands, the wait says so.
+    let env = TestEnv::new().await;
+    env.live_voucher(5, 10).await;
+    let out = buy_waiting_for_a_replica(&env, &["--wait-timeout", "100ms"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(json(&out)["replicas_acked"], 0, "{}", json(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("only 0 of 1 replica(s)"),
+        "{out:?}"
+    );
+    env.cleanup().await;
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::common::{parse_id, Format, FormatOpt, NodeIdOpt};
+use super::common::{parse_id, Format, FormatOpt, NodeIdOpt, ReplicaWaitOpt};
 use super::render::{print_json, table};
 use crate::exit_code;
 use crate::gate::bench::{self, BenchPlan, BenchReport};
@@ -38,6 +38,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub tokens: bool,
     #[command(flatten)]
+    pub replicas: ReplicaWaitOpt,
+    #[command(flatten)]
     pub node: NodeIdOpt,
     #[command(flatten)]
     pub format: FormatOpt,
@@ -53,6 +55,7 @@ pub async fn run(cfg: &Config, args: BenchArgs) -> anyhow::Result<u8> {
         connections: args.connections,
         node_id: args.node.node_id,
         tokens: args.tokens,
+        wait_replicas: args.replicas.wait(),
     };
     plan.validate()?;
     let done = Arc::new(AtomicU64::new(0));
@@ -118,5 +121,11 @@ fn bench_table(r: &BenchReport) -> comfy_table::Table {
         t.add_row(vec![format!("outcome {name}"), count.to_string()]);
     }
     t.add_row(vec!["errors".to_string(), r.errors.to_string()]);
+    if let Some(short) = r.replicas_short {
+        t.add_row(vec![
+            "successes short of replicas".to_string(),
+            short.to_string(),
+        ]);
+    }
     t
 }

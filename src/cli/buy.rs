@@ -3,10 +3,10 @@
 use clap::Args;
 use serde_json::json;
 
-use super::common::{parse_id, Format, FormatOpt, NodeIdOpt};
+use super::common::{parse_id, Format, FormatOpt, NodeIdOpt, ReplicaWaitOpt};
 use super::render::print_json;
 use crate::exit_code;
-use crate::gate::admission::{admit, Admission};
+use crate::gate::admission::{admit_durably, Admission, Attempt};
 use crate::store::config::Config;
 use crate::store::keys::VoucherKeys;
 use crate::store::node_lease::OrderIds;
@@ -26,6 +26,8 @@ pub struct BuyArgs {
     #[arg(long, allow_hyphen_values = true)]
     pub token: Option<String>,
     #[command(flatten)]
+    pub replicas: ReplicaWaitOpt,
+    #[command(flatten)]
     pub node: NodeIdOpt,
     #[command(flatten)]
     pub format: FormatOpt,
@@ -37,17 +39,31 @@ pub async fn run(cfg: &Config, args: BuyArgs) -> anyhow::Result<u8> {
     let ids = OrderIds::lease(cfg, args.node.node_id).await?;
     let order_id = ids.next_id();
     ids.release().await;
-    let outcome = admit(
-        &mut redis,
-        &keys,
-        args.voucher,
-        args.user,
-        order_id?,
-        args.token.as_deref(),
-    )
-    .await?;
+    let attempt = Attempt {
+        voucher: args.voucher,
+        user: args.user,
+        order_id: order_id?,
+        token: args.token.as_deref(),
+    };
+    let wait = args.replicas.wait();
+    let (outcome, replicas_acked) = admit_durably(&mut redis, &keys, attempt, wait).await?;
+    if let (Some(wait), Some(acked)) = (wait, replicas_acked) {
+        if acked < wait.replicas {
+            tracing::warn!(
+                "only {acked} of {} replica(s) had the admission after {}: a failover now could lose it",
+                wait.replicas,
+                humantime::format_duration(wait.timeout)
+            );
+        }
+    }
     match args.format.format {
-        Format::Json => print_json(&outcome_json(args.voucher, args.user, &outcome))?,
+        Format::Json => {
+            let mut v = outcome_json(args.voucher, args.user, &outcome);
+            if let Some(acked) = replicas_acked {
+                v["replicas_acked"] = json!(acked);
+            }
+            print_json(&v)?
+        }
         Format::Table => outln!("{}", outcome_line(args.voucher, args.user, &outcome))?,
     }
     Ok(exit_code_of(&outcome))

@@ -94,6 +94,29 @@ pub struct NodeIdOpt {
     pub node_id: Option<u16>,
 }
 
+/// Waiting for replicas after a success (Redis WAIT), for `buy` and `bench`.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct ReplicaWaitOpt {
+    /// After a success, wait until N replicas of the voucher's master have
+    /// it (a failover to one of them then keeps it) [default: no wait]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub wait_replicas: Option<u32>,
+    /// The longest --wait-replicas waits before giving up (the admission
+    /// stands either way)
+    #[arg(long, default_value = "500ms", value_parser = parse_duration, requires = "wait_replicas")]
+    pub wait_timeout: Duration,
+}
+
+impl ReplicaWaitOpt {
+    pub fn wait(&self) -> Option<crate::gate::admission::ReplicaWait> {
+        self.wait_replicas
+            .map(|replicas| crate::gate::admission::ReplicaWait {
+                replicas,
+                timeout: self.wait_timeout,
+            })
+    }
+}
+
 /// An id of a voucher, user or order: 1 ..= 9223372036854775807.
 pub fn parse_id(s: &str) -> Result<u64, String> {
     let t = s.trim();

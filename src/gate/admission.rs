@@ -150,3 +150,67 @@ mod tests {
         assert!(decode((9, "?".into(), Value::Int(0))).is_err());
     }
 }
+
+/// After a success, wait until this many replicas of the voucher's master
+/// have the admission (Redis `WAIT`), at most `timeout`: a failover to one
+/// of them then keeps it. Off by default: it costs a round trip and the
+/// replicas' lag on every success.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaWait {
+    pub replicas: u32,
+    pub timeout: std::time::Duration,
+}
+
+/// Redis `WAIT` on the node that holds the voucher (the keyed command beside
+/// it routes the pipeline there on a cluster); how many replicas have
+/// every write this connection made so far.
+pub async fn wait_for_replicas(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    wait: ReplicaWait,
+) -> Result<u32> {
+    let (_, acked): (bool, u32) = redis::pipe()
+        .exists(keys.stock())
+        .cmd("WAIT")
+        .arg(wait.replicas)
+        .arg(wait.timeout.as_millis() as u64)
+        .query_async(conn)
+        .await?;
+    Ok(acked)
+}
+
+/// An admission and, after a success when `wait` asks for it, the wait for
+/// replicas: the outcome, and how many replicas had it (None when no wait
+/// was asked or it was no success).
+pub async fn admit_durably(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    attempt: Attempt<'_>,
+    wait: Option<ReplicaWait>,
+) -> Result<(Admission, Option<u32>)> {
+    let outcome = admit(
+        conn,
+        keys,
+        attempt.voucher,
+        attempt.user,
+        attempt.order_id,
+        attempt.token,
+    )
+    .await?;
+    let acked = match (wait, &outcome) {
+        (Some(wait), Admission::Admitted { .. }) => {
+            Some(wait_for_replicas(conn, keys, wait).await?)
+        }
+        _ => None,
+    };
+    Ok((outcome, acked))
+}
+
+/// Who attempts what, with which fresh order id and token.
+#[derive(Debug, Clone, Copy)]
+pub struct Attempt<'a> {
+    pub voucher: u64,
+    pub user: u64,
+    pub order_id: u64,
+    pub token: Option<&'a str>,
+}

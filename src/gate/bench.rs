@@ -13,7 +13,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::gate::admission::{admit, OUTCOME_NAMES};
+use crate::gate::admission::{admit_durably, Attempt, ReplicaWait, OUTCOME_NAMES};
 use crate::gate::token;
 use crate::orders::voucher::{validate_id, MAX_ID};
 use crate::store::config::Config;
@@ -34,6 +34,8 @@ pub struct BenchPlan {
     pub node_id: Option<u16>,
     /// Issue an admission token to every user first, and attempt with it.
     pub tokens: bool,
+    /// After each success, wait for replicas to have it (Redis WAIT).
+    pub wait_replicas: Option<ReplicaWait>,
 }
 
 impl BenchPlan {
@@ -138,6 +140,9 @@ pub struct BenchReport {
     /// With --tokens: how long issuing the users' tokens took (not part of
     /// `elapsed_ms`).
     pub tokens_ms: Option<u64>,
+    /// With --wait-replicas: successes that fewer replicas than asked had
+    /// acknowledged when the wait timed out.
+    pub replicas_short: Option<u64>,
 }
 
 /// Tokens issued by the bench live as long as tokens may.
@@ -147,6 +152,7 @@ const MAX_TOKEN_USERS: u64 = 10_000_000;
 
 struct TaskResult {
     counts: [u64; OUTCOMES],
+    replicas_short: u64,
     errors: u64,
     first_error: Option<String>,
     hist: Histogram<u64>,
@@ -192,6 +198,7 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
         tasks.push(tokio::spawn(async move {
             let mut r = TaskResult {
                 counts: [0; OUTCOMES],
+                replicas_short: 0,
                 errors: 0,
                 first_error: None,
                 hist: new_histogram(),
@@ -207,12 +214,22 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
                     Ok(order) => {
                         let token = tokens.get((i % plan.users) as usize);
                         let token = token.map(String::as_str);
-                        admit(&mut conn, &keys, plan.voucher, user, order, token).await
+                        let attempt = Attempt {
+                            voucher: plan.voucher,
+                            user,
+                            order_id: order,
+                            token,
+                        };
+                        admit_durably(&mut conn, &keys, attempt, plan.wait_replicas).await
                     }
                     Err(e) => Err(e),
                 };
                 match attempt {
-                    Ok(outcome) => r.counts[outcome.code()] += 1,
+                    Ok((outcome, acked)) => {
+                        r.counts[outcome.code()] += 1;
+                        let asked = plan.wait_replicas.map_or(0, |w| w.replicas);
+                        r.replicas_short += u64::from(acked.is_some_and(|a| a < asked));
+                    }
                     Err(e) => {
                         r.errors += 1;
                         r.first_error.get_or_insert_with(|| e.to_string());
@@ -225,6 +242,7 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
         }));
     }
     let mut counts = [0u64; OUTCOMES];
+    let mut replicas_short = 0;
     let mut errors = 0;
     let mut first_error = None;
     let mut hist = new_histogram();
@@ -236,6 +254,7 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
             *sum += c;
         }
         errors += r.errors;
+        replicas_short += r.replicas_short;
         first_error = first_error.or(r.first_error);
         hist.add(&r.hist).ok();
     }
@@ -260,6 +279,7 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
         connections: plan.connections,
         outcomes: OutcomeCounts::from(counts),
         tokens_ms,
+        replicas_short: plan.wait_replicas.map(|_| replicas_short),
         latency: Latency {
             p50_us: hist.value_at_quantile(0.50),
             p90_us: hist.value_at_quantile(0.90),

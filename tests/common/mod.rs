@@ -516,6 +516,7 @@ impl TestEnv {
             // A leased node id: two sales at once never mint one order id.
             node_id: None,
             tokens: false,
+            wait_replicas: None,
         };
         tokio::spawn(async move {
             seckill::gate::bench::run(&cfg, &plan, Default::default())

@@ -1,0 +1,25 @@
+# Shared by the benchmark scripts that compare the single node with the
+# cluster. Needs: seckill, attempts, concurrency, connections, prefix,
+# node_url (set by the sourcing script).
+
+# url voucher [bench flags...] -> attempts/s of one `seckill bench`
+bench_rate() {
+  local url=$1 v=$2
+  shift 2
+  SECKILL_REDIS_URL=$url $seckill bench --voucher "$v" --users "$attempts" --attempts "$attempts" \
+    --concurrency "$concurrency" --connections "$connections" --format json "$@" |
+    python3 -c 'import json,sys; print(round(json.load(sys.stdin)["attempts_per_sec"]))'
+}
+
+# Drops the bench's keys on the node and on every cluster master, so
+# repeated runs do not grow Redis (key by key on the cluster: one slot each).
+drop_bench_keys() {
+  local node_port port
+  node_port=$(echo "$node_url" | sed -n 's#.*:\([0-9]*\)/.*#\1#p')
+  redis-cli -p "$node_port" --scan --pattern "$prefix:*" | xargs -r -n 500 redis-cli -p "$node_port" del >/dev/null
+  for port in $(seq "${SECKILL_CLUSTER_PORT:-17001}" $((${SECKILL_CLUSTER_PORT:-17001} + 5))); do
+    if [ "$(redis-cli -p "$port" role | head -n 1)" = master ]; then
+      redis-cli -p "$port" --scan --pattern "$prefix:*" | sed 's/^/UNLINK /' | redis-cli -p "$port" >/dev/null
+    fi
+  done
+}
