@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::invariants::assert_invariants;
 use common::own_cluster::OwnCluster;
 use common::own_redis::OwnRedis;
-use common::process::WorkerProc;
+use common::process::{WorkerProc, GATE_PAUSED};
 use common::{fast_worker, json, one_voucher_per_master, TestEnv};
 
 /// Waits for `needle` in the worker's log; how long it took.
@@ -36,6 +36,12 @@ fn pause_length(worker: &WorkerProc) -> String {
         .find_map(|l| l.split("reopened after ").nth(1))
         .unwrap_or("?")
         .to_string()
+}
+
+/// Exactly one pause, and its reopening, in the worker's log.
+fn paused_once(log: &str) {
+    assert_eq!(log.matches(GATE_PAUSED).count(), 1, "{log}");
+    assert_eq!(log.matches("and reopened").count(), 1, "{log}");
 }
 
 /// What every scenario checks once the gate has been rebuilt: the users
@@ -90,7 +96,7 @@ async fn after_the_rebuild(
     assert_eq!(row["paused"], false, "{pending}");
     worker.signal("TERM");
     let log = worker.expect_success(Duration::from_secs(30));
-    assert!(log.contains("admission paused"), "{log}");
+    paused_once(&log);
     let s = assert_invariants(env, v).await;
     assert_eq!(s.mysql_stock, 0);
     let out = env
@@ -107,12 +113,13 @@ async fn a_redis_restarted_from_an_older_snapshot_is_paused_rebuilt_and_reopened
     let redis = OwnRedis::start();
     let mut env = TestEnv::on_redis(&redis.url()).await;
     env.live_voucher(V, 500).await;
-    // The guard holds the gate paused for a second before rebuilding it,
+    // The guard holds the gate paused for a while before rebuilding it,
     // so that the test sees what buyers and operators see meanwhile.
-    let worker = env.spawn_worker_with(
+    let mut worker = env.spawn_worker_with(
         &fast_worker(&[]),
-        &[("SECKILL_TEST_PAUSE", "gate_paused=1s")],
+        &[("SECKILL_TEST_PAUSE", "gate_paused=5s")],
     );
+    worker.expect_gate_pauses();
     env.admit_users(V, 100, 0).await;
     env.wait_orders(V, 100, Duration::from_secs(30)).await;
     redis.snapshot();
@@ -171,7 +178,8 @@ async fn a_failover_to_a_replica_that_missed_the_last_admissions_is_paused_rebui
     env.live_voucher(v, 500).await;
     let master = cluster.master_of(&format!("{{{v}}}"));
     let replica = cluster.replica_of(master);
-    let worker = env.spawn_worker(&fast_worker(&[]));
+    let mut worker = env.spawn_worker(&fast_worker(&[]));
+    worker.expect_gate_pauses();
     env.admit_users(v, 100, 0).await;
     env.wait_orders(v, 100, Duration::from_secs(30)).await;
     // From here on the replica gets nothing; the master goes on admitting.
@@ -190,5 +198,137 @@ async fn a_failover_to_a_replica_that_missed_the_last_admissions_is_paused_rebui
     );
     assert!(paused < Duration::from_secs(2), "detected after {paused:?}");
     after_the_rebuild(&env, worker, v, (100, 200), 500).await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_buyers_buying_again_before_the_guard_looks_do_not_hide_the_loss() {
+    const V: u64 = 1;
+    let redis = OwnRedis::start();
+    let mut env = TestEnv::on_redis(&redis.url()).await;
+    env.live_voucher(V, 500).await;
+    let mut worker = env.spawn_worker(&fast_worker(&[]));
+    worker.expect_gate_pauses();
+    env.admit_users(V, 100, 0).await;
+    env.wait_orders(V, 100, Duration::from_secs(30)).await;
+    redis.snapshot();
+    env.admit_users(V, 200, 100).await;
+    env.wait_orders(V, 300, Duration::from_secs(30)).await;
+    // No worker looks while Redis comes back without users 101..300 and
+    // they press buy again: the gate takes them, and has as many buyers as
+    // MySQL has orders again.
+    worker.signal("STOP");
+    redis.crash_and_restart();
+    env.forget_redis();
+    let again = env.admit_users(V, 200, 100).await;
+    assert_eq!(again.outcomes.success, 200, "{again:?}");
+    worker.signal("CONT");
+    wait_log(&worker, GATE_PAUSED, Duration::from_secs(10));
+    wait_log(&worker, "reopened", Duration::from_secs(30));
+    let out = env
+        .cmd()
+        .args(["buy", "--voucher", "1", "--user", "150"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(10), "{out:?}");
+    // The second admissions were refused by MySQL; the units they took at
+    // the gate come back with a reconcile (the exposure the README names).
+    env.wait_drained(V, Duration::from_secs(60)).await;
+    let pending = json(
+        &env.cmd()
+            .args([
+                "pending",
+                "--voucher",
+                "1",
+                "--limit",
+                "500",
+                "--format",
+                "json",
+            ])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(pending["dead_letters"], 200, "{pending}");
+    let dead = pending["dead"].as_array().unwrap();
+    assert!(
+        dead.iter().all(|d| d["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("already holds"))),
+        "{pending}"
+    );
+    let out = env
+        .cmd()
+        .args(["reconcile", "--yes", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(matches!(out.status.code(), Some(0) | Some(4)), "{out:?}");
+    let left = 500 - env.order_count(V).await;
+    let report = env.admit_users(V, left + 50, 1_000_000).await;
+    assert_eq!(report.outcomes.success, left, "{report:?}");
+    env.wait_orders(V, 500, Duration::from_secs(60)).await;
+    env.wait_drained(V, Duration::from_secs(60)).await;
+    worker.signal("TERM");
+    let log = worker.expect_success(Duration::from_secs(30));
+    paused_once(&log);
+    assert!(log.contains("run id"), "{log}");
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.mysql_stock, 0);
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gate_that_mysql_cannot_vouch_for_stays_paused_until_an_operator_fixes_mysql() {
+    use redis::AsyncCommands;
+    const V: u64 = 1;
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 100).await;
+    let mut worker = env.spawn_worker(&fast_worker(&[]));
+    worker.expect_gate_pauses();
+    env.admit_users(V, 10, 0).await;
+    env.wait_orders(V, 10, Duration::from_secs(30)).await;
+    env.wait_drained(V, Duration::from_secs(30)).await;
+    // MySQL's stock no longer matches its orders, and the gate lost a buyer.
+    let mut db = env.db().await.conn().await.unwrap();
+    mysql_async::prelude::Queryable::exec_drop(
+        &mut db,
+        "UPDATE seckill_voucher SET stock = stock + 5 WHERE voucher_id = ?",
+        (V,),
+    )
+    .await
+    .unwrap();
+    // The pool closes at cleanup only once its connections are back.
+    drop(db);
+    let keys = seckill::store::keys::VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let _: () = redis.srem(keys.buyers(), 3).await.unwrap();
+    wait_log(&worker, GATE_PAUSED, Duration::from_secs(10));
+    wait_log(&worker, "--fix-mysql", Duration::from_secs(10));
+    let buy = |user: &str| {
+        env.cmd()
+            .args(["buy", "--voucher", "1", "--user", user])
+            .output()
+            .unwrap()
+            .status
+            .code()
+    };
+    assert_eq!(buy("500"), Some(15), "still paused");
+    let out = env
+        .cmd()
+        .args(["reconcile", "--yes", "--fix-mysql", "--format", "json"])
+        .output()
+        .unwrap();
+    let report = json(&out);
+    assert_eq!(report["vouchers"][0]["reopened"], true, "{report}");
+    assert_eq!(buy("500"), Some(0), "reopened by the operator's reconcile");
+    assert_eq!(buy("3"), Some(10), "the lost buyer is a buyer again");
+    env.wait_drained(V, Duration::from_secs(30)).await;
+    worker.signal("TERM");
+    let log = worker.expect_success(Duration::from_secs(30));
+    assert_eq!(
+        log.matches("its gate stays paused").count(),
+        1,
+        "said once: {log}"
+    );
+    assert_invariants(&env, V).await;
     env.cleanup().await;
 }

@@ -87,6 +87,9 @@ pub async fn preload<C: RedisConn>(
     if !published {
         return Err(Error::Busy(voucher_id));
     }
+    // The gate is MySQL's image now: one a worker paused (Redis had lost
+    // writes) opens again, if it has a buyer for every order.
+    crate::gate::pause::reopen(conn, &keys, users.len() as u64).await?;
     Ok(PreloadReport {
         voucher: voucher_id,
         total_stock: v.total_stock,

@@ -110,6 +110,17 @@ pub fn needs_order_ids(reports: &[VoucherReport]) -> bool {
         .any(|d| d.class == DriftClass::CancelledNotReleased)
 }
 
+/// A gate a worker paused (Redis had lost writes) that is consistent now
+/// opens again, if it has a buyer for every one of `orders` (the snapshot's
+/// count; orders only grow). True when it was reopened.
+async fn reopen_if_paused(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    orders: u64,
+) -> Result<bool> {
+    Ok(crate::gate::pause::reopen(conn, keys, orders).await? == crate::gate::pause::Reopened::Now)
+}
+
 /// Checks one voucher and, unless dry-run, repairs what it found.
 /// `first` is a read already made (by [`read_many`]); later rounds read again.
 pub async fn reconcile_voucher(
@@ -141,10 +152,14 @@ pub async fn reconcile_voucher(
         };
         let (drifts, expected) = classify(&s);
         let mut report = report_of(&s, drifts, expected);
+        let orders = s.order_ids.len() as u64;
         if report.drifts.is_empty() {
             if !repaired_before.is_empty() {
                 report.drifts = repaired_before;
                 report.outcome = Outcome::Repaired;
+            }
+            if !opts.dry_run {
+                report.reopened = reopen_if_paused(conn, &keys, orders).await?;
             }
             return Ok(report);
         }
@@ -157,6 +172,7 @@ pub async fn reconcile_voucher(
                 report.outcome = if unrepaired {
                     Outcome::NotRepaired
                 } else {
+                    report.reopened = reopen_if_paused(conn, &keys, orders).await?;
                     Outcome::Repaired
                 };
                 report.drifts.splice(0..0, repaired_before);

@@ -34,6 +34,9 @@ pub struct VoucherReport {
     pub dead_letters: u64,
     pub drifts: Vec<Drift>,
     pub outcome: Outcome,
+    /// The gate was paused (a worker found it had lost writes) and this run,
+    /// having found or made it consistent, reopened it.
+    pub reopened: bool,
 }
 
 pub(super) fn busy_report(voucher: u64) -> VoucherReport {
@@ -52,6 +55,7 @@ pub(super) fn busy_report(voucher: u64) -> VoucherReport {
         dead_letters: 0,
         drifts: Vec::new(),
         outcome: Outcome::Busy,
+        reopened: false,
     }
 }
 
@@ -75,5 +79,6 @@ pub(super) fn report_of(s: &Snapshot, drifts: Vec<Drift>, expected: i64) -> Vouc
             Outcome::WouldRepair
         },
         drifts,
+        reopened: false,
     }
 }

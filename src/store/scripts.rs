@@ -71,3 +71,6 @@ pub static TOKEN: LazyLock<Script> =
 /// Pauses or reopens a gate (the worker's gate guard).
 pub static PAUSE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/pause.lua")));
+
+/// The run id of the server holding a voucher (the worker's gate guard).
+pub const RUN_ID_SOURCE: &str = include_str!("../../lua/run_id.lua");

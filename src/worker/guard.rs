@@ -1,19 +1,26 @@
-//! The gate guard: finds a gate that lost writes MySQL already holds (Redis
-//! restarted from older data, or a replica took over before it had them),
-//! pauses its admission, rebuilds it from MySQL with the reconcile logic
-//! (in-flight work accounted for), and reopens it.
+//! The gate guard: finds gates that may have lost writes MySQL already holds
+//! (Redis restarted from older data, or a replica took over before it had
+//! them), pauses their admission, rebuilds them from MySQL with the
+//! reconcile logic (in-flight work accounted for), and reopens them.
 //!
-//! The sign: every order in MySQL was admitted at the gate first, which made
-//! its user a buyer, and nothing takes a buyer with an order away — so a
-//! gate with fewer buyers than MySQL has orders lost writes. MySQL is read
-//! first and the gate second, so an order committed in between had its
-//! buyer recorded before it (no false alarm). A lost admission takes its
-//! stock decrement with it (one script, one write to the AOF and the
-//! replicas), so such a gate also has units MySQL no longer has: left
-//! open, it would tell new buyers "success" for orders MySQL must refuse,
-//! and let earlier buyers buy again.
+//! Two signs, looked at every pass:
+//! - The server holding the voucher is another one than last pass (its run
+//!   id changed: a restart or a failover). Only then can acknowledged
+//!   writes be gone, so the gate is paused and checked in full. This sign
+//!   cannot be hidden by what happens before the pass (a lost user buying
+//!   again, new buyers taking the units MySQL no longer has).
+//! - The gate has fewer buyers than MySQL has orders: every order's user
+//!   became a buyer at the gate before the order could be committed, and
+//!   nothing takes a buyer with an order away. MySQL is read first, so an
+//!   order committed in between had its buyer recorded before it. This
+//!   covers what the first sign cannot see (a restart while no worker ran).
+//!
+//! A lost admission takes its stock decrement with it (one script, one
+//! write to the AOF and the replicas), so such a gate also has units MySQL
+//! no longer has: left open, it would tell new buyers "success" for orders
+//! MySQL must refuse, and let earlier buyers buy again.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::WorkerStats;
 use crate::error::{Error, Result};
-use crate::gate::pause::{self, META_PAUSED};
+use crate::gate::pause::{self, Paused, META_PAUSED};
 use crate::orders::order;
 use crate::reconcile::{self, Outcome};
 use crate::store::config::Config;
@@ -31,11 +38,16 @@ use crate::store::keys::VoucherKeys;
 use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn::{self, pipeline_per_item, Redis};
 use crate::store::registry;
+use crate::store::scripts::RUN_ID_SOURCE;
 use crate::support::backoff::Backoff;
 
 /// Cancellations and new orders younger than this are still a worker's
 /// business, not drift (reconcile's default).
 const SETTLE_MS: i64 = 60_000;
+/// How often a paused gate that needs an operator is checked again.
+const OPERATOR_RETRY: Duration = Duration::from_secs(30);
+/// A gate paused longer than this is worth a warning of its own.
+const LONG_PAUSE: Duration = Duration::from_secs(10);
 
 pub struct GateGuard {
     pub(super) cfg: Arc<Config>,
@@ -44,11 +56,30 @@ pub struct GateGuard {
     pub(super) ids: Arc<OrderIds>,
     pub(super) stats: Arc<WorkerStats>,
     pub(super) every: Duration,
-    /// Every voucher seen in the registry: one the registry lost is still
-    /// watched.
-    pub(super) known: BTreeSet<u64>,
-    /// When each paused gate was found, for the log.
-    pub(super) paused_since: std::collections::HashMap<u64, Instant>,
+    pub(super) state: GuardState,
+}
+
+/// What the guard remembers between passes.
+#[derive(Default)]
+pub struct GuardState {
+    /// Every voucher seen (registry, MySQL): one the registry lost is still
+    /// watched. Seeded on the first pass.
+    known: Option<BTreeSet<u64>>,
+    /// The run id of the server that held each voucher last pass.
+    run_ids: HashMap<u64, String>,
+    /// Paused gates this guard is rebuilding, and since when.
+    paused: HashMap<u64, Pause>,
+}
+
+struct Pause {
+    since: Instant,
+    /// The last rebuild attempt.
+    tried: Option<Instant>,
+    /// Said once that it takes long, or that it needs an operator.
+    warned: bool,
+    /// Reconcile cannot repair it alone (MySQL inconsistent): it waits for
+    /// `seckill reconcile --fix-mysql`, not for this worker.
+    needs_operator: bool,
 }
 
 /// One gate as the guard reads it.
@@ -56,6 +87,7 @@ struct Look {
     loaded: bool,
     buyers: u64,
     paused: bool,
+    run_id: Option<String>,
 }
 
 impl GateGuard {
@@ -68,15 +100,15 @@ impl GateGuard {
                     self.every
                 }
                 Err(e) => {
-                    let delay = backoff
-                        .next_delay()
-                        .min(self.every.max(Duration::from_secs(1)));
+                    let delay = backoff.next_delay();
                     tracing::warn!(
                         "gate guard: {e}; retrying in {}",
                         humantime::format_duration(delay)
                     );
-                    if let Ok(c) = redis_conn::connect(&self.cfg).await {
-                        self.conn = c;
+                    if matches!(e, Error::Redis(_) | Error::RedisConnect { .. }) {
+                        if let Ok(c) = redis_conn::connect(&self.cfg).await {
+                            self.conn = c;
+                        }
                     }
                     delay
                 }
@@ -88,83 +120,143 @@ impl GateGuard {
         }
     }
 
-    /// Looks at every voucher once: pauses those that lost writes, and
-    /// rebuilds and reopens those paused.
+    /// Looks at every voucher once: pauses those that may have lost writes,
+    /// and rebuilds and reopens those paused. One voucher's failure is
+    /// logged and the others go on; the pass fails only when the stores
+    /// cannot be read at all.
     pub async fn pass(&mut self) -> Result<()> {
-        let registered = registry::members(&mut self.conn, &self.cfg.prefix).await?;
-        self.known.extend(registered);
-        let vouchers: Vec<u64> = self.known.iter().copied().collect();
+        let mut known = match self.state.known.take() {
+            Some(k) => k,
+            None => reconcile::candidates(&self.db, &mut self.conn, &self.cfg.prefix)
+                .await?
+                .into_iter()
+                .collect(),
+        };
+        known.extend(registry::members(&mut self.conn, &self.cfg.prefix).await?);
+        let vouchers: Vec<u64> = known.iter().copied().collect();
+        self.state.known = Some(known);
         // MySQL first: see the module comment.
         let orders = order::count_per_voucher(&self.db, &vouchers).await?;
         let keys: Vec<VoucherKeys> = vouchers
             .iter()
             .map(|v| VoucherKeys::new(&self.cfg.prefix, *v))
             .collect::<Result<_>>()?;
-        let rows = pipeline_per_item(&mut self.conn, &keys, false, false, |pipe, k| {
+        let rows = pipeline_per_item(&mut self.conn, &keys, false, true, |pipe, k| {
             pipe.exists(k.meta())
                 .scard(k.buyers())
-                .hget(k.meta(), META_PAUSED);
+                .hget(k.meta(), META_PAUSED)
+                .cmd("EVAL")
+                .arg(RUN_ID_SOURCE)
+                .arg(1)
+                .arg(k.meta());
             Ok(())
         })
         .await?;
-        let mut paused_now = 0;
         for ((v, k), row) in vouchers.iter().zip(&keys).zip(rows) {
-            let (loaded, buyers, paused): (bool, u64, Option<String>) =
-                FromRedisValue::from_redis_value(Value::Array(row))
-                    .map_err(|e| Error::Redis(format!("gate of voucher {v}: {e}")))?;
-            let look = Look {
-                loaded,
-                buyers,
-                paused: paused.as_deref() == Some("1"),
-            };
             let held = orders.get(v).copied().unwrap_or(0);
-            if self.watch(*v, k, &look, held).await? {
-                paused_now += 1;
+            let done = match look_of(row) {
+                Ok(look) => self.watch(*v, k, &look, held).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = done {
+                tracing::warn!("gate guard, voucher {v}: {e}");
             }
         }
-        self.stats.set_gates_paused(paused_now);
+        let working = self
+            .state
+            .paused
+            .values()
+            .filter(|p| !p.needs_operator)
+            .count();
+        self.stats.set_gates_paused(working as u64);
         Ok(())
     }
 
-    /// Handles one gate; true while it stays paused (or lost).
-    async fn watch(
-        &mut self,
-        v: u64,
-        keys: &VoucherKeys,
-        look: &Look,
-        orders: u64,
-    ) -> Result<bool> {
+    /// Handles one gate.
+    async fn watch(&mut self, v: u64, keys: &VoucherKeys, look: &Look, orders: u64) -> Result<()> {
+        let moved = match (&look.run_id, self.state.run_ids.get(&v)) {
+            (Some(now), Some(before)) if now != before => Some((before.clone(), now.clone())),
+            _ => None,
+        };
+        if let Some(id) = &look.run_id {
+            self.state.run_ids.insert(v, id.clone());
+        }
         if !look.loaded {
+            self.state.paused.remove(&v);
             // A gate lost whole admits nobody ("unknown voucher"): nothing
             // to pause. Rebuilt only when MySQL holds orders of it (what
             // Redis lost); one without orders waits for `seckill preload`.
-            if orders == 0 {
-                return Ok(false);
+            if orders > 0 {
+                tracing::warn!(
+                    "voucher {v}: the gate is gone from Redis but MySQL holds {orders} order(s) of it: rebuilding it from MySQL"
+                );
+                self.rebuild(v, keys).await?;
             }
-            tracing::warn!(
-                "voucher {v}: the gate is gone from Redis but MySQL holds {orders} order(s) of it: rebuilding it from MySQL"
-            );
-            self.paused_since.entry(v).or_insert_with(Instant::now);
-            return self.rebuild(v, keys).await;
+            return Ok(());
         }
-        if look.buyers < orders && !look.paused {
-            pause::pause(&mut self.conn, keys).await?;
-            self.stats.add_gate_pause();
-            self.paused_since.insert(v, Instant::now());
-            tracing::warn!(
-                "voucher {v}: the gate has {} buyer(s) but MySQL holds {orders} order(s): Redis lost writes; admission paused until the gate is rebuilt from MySQL",
-                look.buyers
-            );
-            crate::support::fault::pause("gate_paused").await;
+        let why = if let Some((before, now)) = moved {
+            match pause::pause(&mut self.conn, keys, None).await? {
+                Paused::Now => Some(format!(
+                    "the Redis server holding it changed (run id {}.. -> {}..: a restart or a failover), so writes may be lost",
+                    &before[..8.min(before.len())],
+                    &now[..8.min(now.len())]
+                )),
+                _ => None,
+            }
+        } else if look.buyers < orders && !look.paused {
+            match pause::pause(&mut self.conn, keys, Some(orders)).await? {
+                Paused::Now => Some(format!(
+                    "the gate has {} buyer(s) but MySQL holds {orders} order(s): Redis lost writes",
+                    look.buyers
+                )),
+                // Caught up since the look (an admission in between).
+                Paused::NotNeeded | Paused::NotLoaded => return Ok(()),
+                Paused::Already => None,
+            }
         } else if !look.paused {
-            return Ok(false);
+            self.state.paused.remove(&v);
+            return Ok(());
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            self.paused_now(v, &why);
+            crate::support::fault::pause("gate_paused").await;
         }
+        let pause = self.state.paused.entry(v).or_insert_with(|| Pause {
+            since: Instant::now(),
+            tried: None,
+            warned: false,
+            needs_operator: false,
+        });
+        // One that waits for an operator is looked at again now and then,
+        // not every pass (each look is a full reconcile read).
+        if pause.needs_operator && pause.tried.is_some_and(|t| t.elapsed() < OPERATOR_RETRY) {
+            return Ok(());
+        }
+        pause.tried = Some(Instant::now());
         self.rebuild(v, keys).await
     }
 
-    /// Reconcile's repair for the voucher, then a reopening if the gate now
-    /// has a buyer for every order; true while it stays paused.
-    async fn rebuild(&mut self, v: u64, keys: &VoucherKeys) -> Result<bool> {
+    fn paused_now(&mut self, v: u64, why: &str) {
+        self.stats.add_gate_pause();
+        self.state.paused.insert(
+            v,
+            Pause {
+                since: Instant::now(),
+                tried: None,
+                warned: false,
+                needs_operator: false,
+            },
+        );
+        tracing::warn!(
+            "voucher {v}: {why}; admission paused until the gate is checked against MySQL"
+        );
+    }
+
+    /// Reconcile's repair for the voucher (which reopens a gate it finds or
+    /// makes consistent, if it has a buyer for every order).
+    async fn rebuild(&mut self, v: u64, keys: &VoucherKeys) -> Result<()> {
         let opts = reconcile::Options {
             dry_run: false,
             fix_mysql: false,
@@ -183,31 +275,15 @@ impl GateGuard {
         .await
         {
             Ok(r) => r,
-            Err(Error::VoucherNotFound(_)) => return Ok(false),
+            Err(Error::VoucherNotFound(_)) => {
+                // Not a voucher of MySQL's: nothing to rebuild it from.
+                pause::reopen(&mut self.conn, keys, 0).await?;
+                self.state.paused.remove(&v);
+                tracing::warn!("voucher {v}: not in MySQL; its gate is left as it is");
+                return Ok(());
+            }
             Err(e) => return Err(e),
         };
-        if !matches!(report.outcome, Outcome::Consistent | Outcome::Repaired) {
-            tracing::debug!("voucher {v}: gate not rebuilt yet ({:?})", report.outcome);
-            return Ok(true);
-        }
-        let orders = order::count_per_voucher(&self.db, &[v])
-            .await?
-            .get(&v)
-            .copied()
-            .unwrap_or(0);
-        if !pause::reopen(&mut self.conn, keys, orders).await? {
-            return Ok(true);
-        }
-        let since = self
-            .paused_since
-            .remove(&v)
-            .map(|t| {
-                format!(
-                    " after {}",
-                    humantime::format_duration(round_ms(t.elapsed()))
-                )
-            })
-            .unwrap_or_default();
         let repaired: Vec<String> = report
             .drifts
             .iter()
@@ -219,19 +295,76 @@ impl GateGuard {
                 format!("{class} {}", d.amount)
             })
             .collect();
-        self.stats.add_gate_reopen();
-        tracing::warn!(
-            "voucher {v}: gate rebuilt from MySQL ({}) and reopened{since}",
-            if repaired.is_empty() {
-                "nothing to repair".to_string()
-            } else {
-                repaired.join(", ")
+        let what = if repaired.is_empty() {
+            "nothing to repair".to_string()
+        } else {
+            repaired.join(", ")
+        };
+        let pause = self.state.paused.get_mut(&v);
+        if report.reopened {
+            let since = pause
+                .map(|p| format!(" after {}", round_ms(p.since.elapsed())))
+                .unwrap_or_default();
+            self.state.paused.remove(&v);
+            self.stats.add_gate_reopen();
+            tracing::warn!("voucher {v}: gate checked against MySQL ({what}) and reopened{since}");
+            return Ok(());
+        }
+        let Some(pause) = pause else {
+            // Not paused (a gate rebuilt whole): nothing to reopen.
+            return Ok(());
+        };
+        match report.outcome {
+            Outcome::NotRepaired => {
+                if !pause.needs_operator {
+                    tracing::warn!(
+                        "voucher {v}: its gate stays paused: MySQL's stock disagrees with its orders ({what}); run `seckill reconcile --voucher {v} --fix-mysql`"
+                    );
+                }
+                pause.needs_operator = true;
+                pause.warned = true;
             }
-        );
-        Ok(false)
+            // Reopened by someone else meanwhile, or not yet enough buyers:
+            // the next pass looks again.
+            Outcome::Consistent | Outcome::Repaired
+                if !pause::is_paused(&mut self.conn, keys).await? =>
+            {
+                self.state.paused.remove(&v);
+            }
+            _ if !pause.warned && pause.since.elapsed() > LONG_PAUSE => {
+                pause.warned = true;
+                tracing::warn!(
+                    "voucher {v}: its gate has been paused for {} and could not be checked yet ({:?}); retrying",
+                    round_ms(pause.since.elapsed()),
+                    report.outcome
+                );
+            }
+            _ => {}
+        }
+        Ok(())
     }
 }
 
-fn round_ms(d: Duration) -> Duration {
-    Duration::from_millis(d.as_millis() as u64)
+fn look_of(row: Vec<Value>) -> Result<Look> {
+    let mut row = row.into_iter();
+    let mut next = || row.next().unwrap_or(Value::Nil);
+    let loaded: bool =
+        FromRedisValue::from_redis_value(next()).map_err(|e| Error::Redis(format!("gate: {e}")))?;
+    let buyers: u64 = FromRedisValue::from_redis_value(next())
+        .map_err(|e| Error::Redis(format!("buyers: {e}")))?;
+    let paused: Option<String> = FromRedisValue::from_redis_value(next())
+        .map_err(|e| Error::Redis(format!("paused: {e}")))?;
+    // A server that refuses INFO in scripts (an ACL) gives no run id: the
+    // buyer count is then the only sign.
+    let run_id: Option<String> = FromRedisValue::from_redis_value(next()).ok();
+    Ok(Look {
+        loaded,
+        buyers,
+        paused: paused.as_deref() == Some("1"),
+        run_id,
+    })
+}
+
+fn round_ms(d: Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(Duration::from_millis(d.as_millis() as u64))
 }

@@ -86,8 +86,7 @@ pub async fn run(
             ids: ids.clone(),
             stats: stats.clone(),
             every: opts.gate_check,
-            known: Default::default(),
-            paused_since: HashMap::new(),
+            state: Default::default(),
         };
         tokio::spawn(guard.run(stop_guard.clone()))
     });

@@ -13,7 +13,13 @@ pub struct WorkerProc {
     child: Child,
     log: PathBuf,
     out: PathBuf,
+    /// Whether the test makes Redis lose writes: otherwise a gate the
+    /// worker's guard pauses is a false alarm, and fails the test.
+    pauses_expected: bool,
 }
+
+/// What the gate guard logs when it pauses a gate.
+pub const GATE_PAUSED: &str = "admission paused";
 
 impl TestEnv {
     /// `seckill worker <args>` in the background.
@@ -51,11 +57,26 @@ impl TestEnv {
             child: cmd.spawn().expect("spawn seckill worker"),
             log,
             out,
+            pauses_expected: false,
         }
     }
 }
 
 impl WorkerProc {
+    /// This test makes Redis lose writes: the guard pausing a gate is
+    /// what it wants to see, not a false alarm.
+    pub fn expect_gate_pauses(&mut self) {
+        self.pauses_expected = true;
+    }
+
+    /// Fails on a gate paused in a test that loses no writes.
+    fn check_no_false_pause(&self, log: &str) {
+        assert!(
+            self.pauses_expected || !log.contains(GATE_PAUSED),
+            "the gate guard paused a gate although this test loses no writes:\n{log}"
+        );
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -108,6 +129,7 @@ impl WorkerProc {
     fn wait_success(&mut self, limit: Duration) -> String {
         let status = self.wait_for(limit);
         let log = self.log_text();
+        self.check_no_false_pause(&log);
         match status {
             Some(s) if s.success() => log,
             Some(s) => panic!("worker exited with {s}:\n{log}"),
@@ -129,6 +151,9 @@ impl Drop for WorkerProc {
         if let Ok(None) = self.child.try_wait() {
             self.child.kill().ok();
             self.child.wait().ok();
+        }
+        if !std::thread::panicking() {
+            self.check_no_false_pause(&self.log_text());
         }
         std::fs::remove_file(&self.log).ok();
         std::fs::remove_file(&self.out).ok();
