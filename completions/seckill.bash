@@ -176,7 +176,7 @@ _seckill() {
 
     case "${cmd}" in
         seckill)
-            opts="-v -q -h -V --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help"
+            opts="-v -q -h -V --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --verbose --quiet --help --version init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -198,6 +198,14 @@ _seckill() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --redis-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -206,7 +214,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__bench)
-            opts="-v -q -h -V --voucher --users --user-offset --attempts --concurrency --connections --tokens --wait-replicas --wait-timeout --node-id --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            opts="-v -q -h -V --voucher --users --user-offset --attempts --concurrency --connections --tokens --wait-replicas --wait-timeout --node-id --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -268,6 +276,14 @@ _seckill() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --redis-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -276,7 +292,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__buy)
-            opts="-v -q -h -V --voucher --user --token --wait-replicas --wait-timeout --node-id --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            opts="-v -q -h -V --voucher --user --token --wait-replicas --wait-timeout --node-id --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -326,6 +342,14 @@ _seckill() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --redis-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -334,7 +358,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__generate)
-            opts="-v -q -h -V --out-dir --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            opts="-v -q -h -V --out-dir --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -357,6 +381,14 @@ _seckill() {
                     return 0
                     ;;
                 --connect-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --redis-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-password-file)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -662,7 +694,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__init)
-            opts="-v -q -h -V --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            opts="-v -q -h -V --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -688,6 +720,14 @@ _seckill() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --redis-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -696,7 +736,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__order)
-            opts="-v -q -h -V --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version show help"
+            opts="-v -q -h -V --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --verbose --quiet --help --version show help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -715,6 +755,14 @@ _seckill() {
                     return 0
                     ;;
                 --connect-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --redis-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-password-file)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -768,7 +816,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__order__subcmd__show)
-            opts="-v -q -h -V --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            opts="-v -q -h -V --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -794,6 +842,14 @@ _seckill() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --redis-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -802,7 +858,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__pay)
-            opts="-v -q -h -V --order --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            opts="-v -q -h -V --order --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -832,6 +888,14 @@ _seckill() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --redis-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -840,7 +904,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__pending)
-            opts="-y -v -q -h -V --voucher --limit --requeue --entry --yes --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            opts="-y -v -q -h -V --voucher --limit --requeue --entry --yes --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -878,6 +942,14 @@ _seckill() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --redis-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -886,7 +958,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__preload)
-            opts="-v -q -h -V --voucher --all --force --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            opts="-v -q -h -V --voucher --all --force --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -916,6 +988,14 @@ _seckill() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --redis-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -924,7 +1004,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__reconcile)
-            opts="-y -v -q -h -V --voucher --dry-run --fix-mysql --attempts --settle --yes --node-id --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            opts="-y -v -q -h -V --voucher --dry-run --fix-mysql --attempts --settle --yes --node-id --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -966,6 +1046,14 @@ _seckill() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --redis-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -974,7 +1062,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__status)
-            opts="-v -q -h -V --voucher --watch --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            opts="-v -q -h -V --voucher --watch --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1008,6 +1096,14 @@ _seckill() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --redis-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -1016,7 +1112,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__token)
-            opts="-v -q -h -V --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version issue help"
+            opts="-v -q -h -V --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --verbose --quiet --help --version issue help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1035,6 +1131,14 @@ _seckill() {
                     return 0
                     ;;
                 --connect-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --redis-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-password-file)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -1088,7 +1192,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__token__subcmd__issue)
-            opts="-v -q -h -V --voucher --user --ttl --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            opts="-v -q -h -V --voucher --user --ttl --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1126,6 +1230,14 @@ _seckill() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --redis-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -1134,7 +1246,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__voucher)
-            opts="-v -q -h -V --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version add update list help"
+            opts="-v -q -h -V --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --verbose --quiet --help --version add update list help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1156,6 +1268,14 @@ _seckill() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --redis-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -1164,7 +1284,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__voucher__subcmd__add)
-            opts="-v -q -h -V --id --stock --begin --end --pay-timeout --title --user-rate --require-token --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            opts="-v -q -h -V --id --stock --begin --end --pay-timeout --title --user-rate --require-token --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1215,6 +1335,14 @@ _seckill() {
                     return 0
                     ;;
                 --connect-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --redis-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-password-file)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -1296,7 +1424,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__voucher__subcmd__list)
-            opts="-v -q -h -V --voucher --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            opts="-v -q -h -V --voucher --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1326,6 +1454,14 @@ _seckill() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --redis-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -1334,7 +1470,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__voucher__subcmd__update)
-            opts="-v -q -h -V --id --user-rate --require-token --no-require-token --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            opts="-v -q -h -V --id --user-rate --require-token --no-require-token --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1368,6 +1504,14 @@ _seckill() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --redis-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -1376,7 +1520,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__waitlist)
-            opts="-v -q -h -V --voucher --limit --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            opts="-v -q -h -V --voucher --limit --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1410,6 +1554,14 @@ _seckill() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --redis-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -1418,7 +1570,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__worker)
-            opts="-v -q -h -V --consumer --batch --block --claim-idle --max-deliveries --lock-lease --keep --lanes --deadline-lease --sweep-every --sweep-grace --gate-check --node-id --metrics-addr --until-idle --format --redis-url --mysql-url --prefix --connect-timeout --verbose --quiet --help --version"
+            opts="-v -q -h -V --consumer --batch --block --claim-idle --max-deliveries --lock-lease --keep --lanes --deadline-lease --sweep-every --sweep-grace --gate-check --node-id --metrics-addr --until-idle --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1497,6 +1649,14 @@ _seckill() {
                     return 0
                     ;;
                 --connect-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --redis-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-password-file)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

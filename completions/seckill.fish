@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_seckill_global_optspecs
-    string join \n redis-url= mysql-url= prefix= connect-timeout= v/verbose q/quiet h/help V/version
+    string join \n redis-url= mysql-url= prefix= connect-timeout= redis-password-file= mysql-password-file= v/verbose q/quiet h/help V/version
 end
 
 function __fish_seckill_needs_command
@@ -28,6 +28,8 @@ complete -c seckill -n "__fish_seckill_needs_command" -l redis-url -d 'Redis URL
 complete -c seckill -n "__fish_seckill_needs_command" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
 complete -c seckill -n "__fish_seckill_needs_command" -l prefix -d 'Key prefix of every Redis key' -r
 complete -c seckill -n "__fish_seckill_needs_command" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_needs_command" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_needs_command" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_needs_command" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_needs_command" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -53,6 +55,8 @@ complete -c seckill -n "__fish_seckill_using_subcommand init" -l redis-url -d 'R
 complete -c seckill -n "__fish_seckill_using_subcommand init" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand init" -l prefix -d 'Key prefix of every Redis key' -r
 complete -c seckill -n "__fish_seckill_using_subcommand init" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand init" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand init" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand init" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand init" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand init" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -65,6 +69,8 @@ complete -c seckill -n "__fish_seckill_using_subcommand status" -l redis-url -d 
 complete -c seckill -n "__fish_seckill_using_subcommand status" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand status" -l prefix -d 'Key prefix of every Redis key' -r
 complete -c seckill -n "__fish_seckill_using_subcommand status" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand status" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand status" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand status" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand status" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -73,6 +79,8 @@ complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -l prefix -d 'Key prefix of every Redis key' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -s h -l help -d 'Print help'
@@ -94,6 +102,8 @@ complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l prefix -d 'Key prefix of every Redis key' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l require-token -d 'Admission needs a token issued for the user (`seckill token issue`)'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -s q -l quiet -d 'Only errors on stderr'
@@ -107,6 +117,8 @@ complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l prefix -d 'Key prefix of every Redis key' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l require-token -d 'Admission needs a token issued for the user'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l no-require-token -d 'Admission needs no token'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
@@ -120,6 +132,8 @@ complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -l prefix -d 'Key prefix of every Redis key' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -135,6 +149,8 @@ complete -c seckill -n "__fish_seckill_using_subcommand preload" -l redis-url -d
 complete -c seckill -n "__fish_seckill_using_subcommand preload" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand preload" -l prefix -d 'Key prefix of every Redis key' -r
 complete -c seckill -n "__fish_seckill_using_subcommand preload" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand preload" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand preload" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand preload" -l all -d 'Load every voucher in MySQL'
 complete -c seckill -n "__fish_seckill_using_subcommand preload" -l force -d 'Load even while orders are in flight (this can re-admit sold units; prefer `seckill reconcile`)'
 complete -c seckill -n "__fish_seckill_using_subcommand preload" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
@@ -153,6 +169,8 @@ complete -c seckill -n "__fish_seckill_using_subcommand buy" -l redis-url -d 'Re
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l prefix -d 'Key prefix of every Redis key' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -172,6 +190,8 @@ complete -c seckill -n "__fish_seckill_using_subcommand bench" -l redis-url -d '
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l prefix -d 'Key prefix of every Redis key' -r
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l tokens -d 'Issue an admission token to every user first (timed apart from the attempts) and attempt with it'
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -s q -l quiet -d 'Only errors on stderr'
@@ -181,6 +201,8 @@ complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_se
 complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -l prefix -d 'Key prefix of every Redis key' -r
 complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -s h -l help -d 'Print help'
@@ -196,6 +218,8 @@ complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_s
 complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -l prefix -d 'Key prefix of every Redis key' -r
 complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -222,6 +246,8 @@ complete -c seckill -n "__fish_seckill_using_subcommand worker" -l redis-url -d 
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l prefix -d 'Key prefix of every Redis key' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l until-idle -d 'Exit 0 once no voucher has undelivered or pending entries (for cron)'
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -s q -l quiet -d 'Only errors on stderr'
@@ -236,6 +262,8 @@ complete -c seckill -n "__fish_seckill_using_subcommand pending" -l redis-url -d
 complete -c seckill -n "__fish_seckill_using_subcommand pending" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand pending" -l prefix -d 'Key prefix of every Redis key' -r
 complete -c seckill -n "__fish_seckill_using_subcommand pending" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand pending" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand pending" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand pending" -l requeue -d 'Move the voucher\'s dead letters back into its order stream (after fixing their cause); with --entry only those'
 complete -c seckill -n "__fish_seckill_using_subcommand pending" -s y -l yes -d 'Do not ask for confirmation (for cron and scripts)'
 complete -c seckill -n "__fish_seckill_using_subcommand pending" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
@@ -249,6 +277,8 @@ complete -c seckill -n "__fish_seckill_using_subcommand pay" -l redis-url -d 'Re
 complete -c seckill -n "__fish_seckill_using_subcommand pay" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand pay" -l prefix -d 'Key prefix of every Redis key' -r
 complete -c seckill -n "__fish_seckill_using_subcommand pay" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand pay" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand pay" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand pay" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand pay" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand pay" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -257,6 +287,8 @@ complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_se
 complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l prefix -d 'Key prefix of every Redis key' -r
 complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -s h -l help -d 'Print help'
@@ -269,6 +301,8 @@ complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_s
 complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -l prefix -d 'Key prefix of every Redis key' -r
 complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -283,6 +317,8 @@ complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l redis-url -
 complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l prefix -d 'Key prefix of every Redis key' -r
 complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -297,6 +333,8 @@ complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l redis-url 
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l prefix -d 'Key prefix of every Redis key' -r
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l dry-run -d 'Report what would be repaired; change nothing'
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l fix-mysql -d 'Also repair MySQL when its stock + active orders != total'
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -s y -l yes -d 'Do not ask for confirmation (for cron and scripts)'
@@ -309,6 +347,8 @@ complete -c seckill -n "__fish_seckill_using_subcommand generate" -l redis-url -
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -l prefix -d 'Key prefix of every Redis key' -r
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand generate" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand generate" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s h -l help -d 'Print help'

@@ -1,11 +1,13 @@
 //! Options and parsers shared by every command.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
 use crate::orders::voucher::MAX_ID;
 use crate::store::config::{self, Config};
+use crate::store::secret_file;
 use crate::support::snowflake::MAX_NODE_ID;
 
 /// Where the stores are. Flattened into every command, each flag with its
@@ -54,16 +56,51 @@ pub struct ConnectOpts {
         global = true
     )]
     pub connect_timeout: Duration,
+
+    /// Read the Redis password from this file (one trailing newline is
+    /// dropped), e.g. a systemd credential; the URL must then have none
+    #[arg(
+        long,
+        env = "SECKILL_REDIS_PASSWORD_FILE",
+        value_name = "FILE",
+        hide_env_values = true,
+        global = true
+    )]
+    pub redis_password_file: Option<PathBuf>,
+
+    /// Read the MySQL password from this file (one trailing newline is
+    /// dropped), e.g. a systemd credential; the URL must then have none
+    #[arg(
+        long,
+        env = "SECKILL_MYSQL_PASSWORD_FILE",
+        value_name = "FILE",
+        hide_env_values = true,
+        global = true
+    )]
+    pub mysql_password_file: Option<PathBuf>,
 }
 
 impl ConnectOpts {
-    pub fn config(&self) -> Config {
-        Config {
-            redis_url: self.redis_url.clone(),
-            mysql_url: self.mysql_url.clone(),
+    /// The connection settings, with passwords from files put into the URLs.
+    pub fn config(&self) -> crate::error::Result<Config> {
+        let mut redis_url = self.redis_url.clone();
+        if let Some(file) = &self.redis_password_file {
+            let what = "--redis-password-file";
+            let password = secret_file::read_password(file, what)?;
+            redis_url = secret_file::with_password(&redis_url, &password, what)?;
+        }
+        let mut mysql_url = self.mysql_url.clone();
+        if let Some(file) = &self.mysql_password_file {
+            let what = "--mysql-password-file";
+            let password = secret_file::read_password(file, what)?;
+            mysql_url = secret_file::with_password(&mysql_url, &password, what)?;
+        }
+        Ok(Config {
+            redis_url,
+            mysql_url,
             prefix: self.prefix.clone(),
             connect_timeout: self.connect_timeout,
-        }
+        })
     }
 }
 

@@ -131,7 +131,15 @@ pub fn main() -> ExitCode {
         Err(e) => return ExitCode::from(render::clap_error(e)),
     };
     init_logging(cli.verbose, cli.quiet);
-    let secrets = cli.connect.config().secrets();
+    let cfg = match cli.connect.config() {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            // Nothing secret was read yet, or the error does not hold it.
+            render::error_line(&anyhow::Error::from(e), &[]);
+            return ExitCode::from(exit_code::ERROR);
+        }
+    };
+    let secrets = cfg.secrets();
     report_panics_in_one_line(secrets.clone());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -146,7 +154,7 @@ pub fn main() -> ExitCode {
             return ExitCode::from(exit_code::ERROR);
         }
     };
-    match runtime.block_on(run(cli)) {
+    match runtime.block_on(run(cli, cfg)) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             render::error_line(&e, &secrets);
@@ -156,8 +164,7 @@ pub fn main() -> ExitCode {
 }
 
 /// Runs one parsed command; the `u8` is the exit code.
-pub async fn run(cli: Cli) -> anyhow::Result<u8> {
-    let cfg = cli.connect.config();
+pub async fn run(cli: Cli, cfg: crate::store::config::Config) -> anyhow::Result<u8> {
     crate::store::config::validate_prefix(&cfg.prefix)?;
     match cli.command {
         Command::Generate(args) => generate::run(args),

@@ -10,3 +10,4 @@ pub mod redis_conn;
 pub mod registry;
 pub mod schema;
 pub mod scripts;
+pub mod secret_file;

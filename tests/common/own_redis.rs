@@ -9,6 +9,7 @@ use std::time::Duration;
 pub struct OwnRedis {
     dir: PathBuf,
     pub port: u16,
+    password: Option<String>,
 }
 
 impl OwnRedis {
@@ -20,7 +21,11 @@ impl OwnRedis {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("seckill-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("the Redis folder");
-        let r = OwnRedis { dir, port };
+        let r = OwnRedis {
+            dir,
+            port,
+            password: None,
+        };
         r.launch();
         r
     }
@@ -51,9 +56,23 @@ impl OwnRedis {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// Makes the server require `password` (the `default` user's).
+    pub fn require_password(&mut self, password: &str) {
+        assert_eq!(
+            self.cli(&["config", "set", "requirepass", password]).trim(),
+            "OK"
+        );
+        self.password = Some(password.to_string());
+    }
+
     pub fn cli(&self, args: &[&str]) -> String {
+        let mut auth = Vec::new();
+        if let Some(p) = &self.password {
+            auth = vec!["--no-auth-warning".to_string(), "-a".to_string(), p.clone()];
+        }
         let out = Command::new("redis-cli")
             .args(["-p", &self.port.to_string()])
+            .args(&auth)
             .args(args)
             .output()
             .expect("redis-cli");
