@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_seckill_global_optspecs
-    string join \n redis-url= mysql-url= prefix= connect-timeout= redis-password-file= mysql-password-file= v/verbose q/quiet h/help V/version
+    string join \n redis-url= mysql-url= prefix= connect-timeout= redis-password-file= mysql-password-file= redis-ca-cert= redis-client-cert= redis-client-key= mysql-ssl-mode= mysql-ca-cert= mysql-client-cert= mysql-client-key= v/verbose q/quiet h/help V/version
 end
 
 function __fish_seckill_needs_command
@@ -30,6 +30,17 @@ complete -c seckill -n "__fish_seckill_needs_command" -l prefix -d 'Key prefix o
 complete -c seckill -n "__fish_seckill_needs_command" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
 complete -c seckill -n "__fish_seckill_needs_command" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_needs_command" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_needs_command" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
+complete -c seckill -n "__fish_seckill_needs_command" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_needs_command" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_needs_command" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
+preferred\t''
+required\t''
+verify-ca\t''
+verify-identity\t''"
+complete -c seckill -n "__fish_seckill_needs_command" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
+complete -c seckill -n "__fish_seckill_needs_command" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_needs_command" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
 complete -c seckill -n "__fish_seckill_needs_command" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_needs_command" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -57,6 +68,17 @@ complete -c seckill -n "__fish_seckill_using_subcommand init" -l prefix -d 'Key 
 complete -c seckill -n "__fish_seckill_using_subcommand init" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
 complete -c seckill -n "__fish_seckill_using_subcommand init" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand init" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand init" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand init" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand init" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand init" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
+preferred\t''
+required\t''
+verify-ca\t''
+verify-identity\t''"
+complete -c seckill -n "__fish_seckill_using_subcommand init" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand init" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand init" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand init" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand init" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand init" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -71,6 +93,17 @@ complete -c seckill -n "__fish_seckill_using_subcommand status" -l prefix -d 'Ke
 complete -c seckill -n "__fish_seckill_using_subcommand status" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
 complete -c seckill -n "__fish_seckill_using_subcommand status" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand status" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand status" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand status" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand status" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand status" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
+preferred\t''
+required\t''
+verify-ca\t''
+verify-identity\t''"
+complete -c seckill -n "__fish_seckill_using_subcommand status" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand status" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand status" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand status" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand status" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -81,6 +114,17 @@ complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
+preferred\t''
+required\t''
+verify-ca\t''
+verify-identity\t''"
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and not __fish_seen_subcommand_from add update list help" -s h -l help -d 'Print help'
@@ -104,6 +148,17 @@ complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
+preferred\t''
+required\t''
+verify-ca\t''
+verify-identity\t''"
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l require-token -d 'Admission needs a token issued for the user (`seckill token issue`)'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -s q -l quiet -d 'Only errors on stderr'
@@ -119,6 +174,17 @@ complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
+preferred\t''
+required\t''
+verify-ca\t''
+verify-identity\t''"
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l require-token -d 'Admission needs a token issued for the user'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l no-require-token -d 'Admission needs no token'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
@@ -134,6 +200,17 @@ complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
+preferred\t''
+required\t''
+verify-ca\t''
+verify-identity\t''"
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from list" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -151,6 +228,17 @@ complete -c seckill -n "__fish_seckill_using_subcommand preload" -l prefix -d 'K
 complete -c seckill -n "__fish_seckill_using_subcommand preload" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
 complete -c seckill -n "__fish_seckill_using_subcommand preload" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand preload" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand preload" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand preload" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand preload" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand preload" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
+preferred\t''
+required\t''
+verify-ca\t''
+verify-identity\t''"
+complete -c seckill -n "__fish_seckill_using_subcommand preload" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand preload" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand preload" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand preload" -l all -d 'Load every voucher in MySQL'
 complete -c seckill -n "__fish_seckill_using_subcommand preload" -l force -d 'Load even while orders are in flight (this can re-admit sold units; prefer `seckill reconcile`)'
 complete -c seckill -n "__fish_seckill_using_subcommand preload" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
@@ -171,6 +259,17 @@ complete -c seckill -n "__fish_seckill_using_subcommand buy" -l prefix -d 'Key p
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
+preferred\t''
+required\t''
+verify-ca\t''
+verify-identity\t''"
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -192,6 +291,17 @@ complete -c seckill -n "__fish_seckill_using_subcommand bench" -l prefix -d 'Key
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
+preferred\t''
+required\t''
+verify-ca\t''
+verify-identity\t''"
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l tokens -d 'Issue an admission token to every user first (timed apart from the attempts) and attempt with it'
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -s q -l quiet -d 'Only errors on stderr'
@@ -203,6 +313,17 @@ complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_se
 complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
 complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
+preferred\t''
+required\t''
+verify-ca\t''
+verify-identity\t''"
+complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand token; and not __fish_seen_subcommand_from issue help" -s h -l help -d 'Print help'
@@ -220,6 +341,17 @@ complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_s
 complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
 complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
+preferred\t''
+required\t''
+verify-ca\t''
+verify-identity\t''"
+complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from issue" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -248,6 +380,17 @@ complete -c seckill -n "__fish_seckill_using_subcommand worker" -l prefix -d 'Ke
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
+preferred\t''
+required\t''
+verify-ca\t''
+verify-identity\t''"
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l until-idle -d 'Exit 0 once no voucher has undelivered or pending entries (for cron)'
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -s q -l quiet -d 'Only errors on stderr'
@@ -264,6 +407,17 @@ complete -c seckill -n "__fish_seckill_using_subcommand pending" -l prefix -d 'K
 complete -c seckill -n "__fish_seckill_using_subcommand pending" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
 complete -c seckill -n "__fish_seckill_using_subcommand pending" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand pending" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand pending" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand pending" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand pending" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand pending" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
+preferred\t''
+required\t''
+verify-ca\t''
+verify-identity\t''"
+complete -c seckill -n "__fish_seckill_using_subcommand pending" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand pending" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand pending" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand pending" -l requeue -d 'Move the voucher\'s dead letters back into its order stream (after fixing their cause); with --entry only those'
 complete -c seckill -n "__fish_seckill_using_subcommand pending" -s y -l yes -d 'Do not ask for confirmation (for cron and scripts)'
 complete -c seckill -n "__fish_seckill_using_subcommand pending" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
@@ -279,6 +433,17 @@ complete -c seckill -n "__fish_seckill_using_subcommand pay" -l prefix -d 'Key p
 complete -c seckill -n "__fish_seckill_using_subcommand pay" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
 complete -c seckill -n "__fish_seckill_using_subcommand pay" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand pay" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand pay" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand pay" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand pay" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand pay" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
+preferred\t''
+required\t''
+verify-ca\t''
+verify-identity\t''"
+complete -c seckill -n "__fish_seckill_using_subcommand pay" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand pay" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand pay" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand pay" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand pay" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand pay" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -289,6 +454,17 @@ complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_se
 complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
 complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
+preferred\t''
+required\t''
+verify-ca\t''
+verify-identity\t''"
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -s h -l help -d 'Print help'
@@ -303,6 +479,17 @@ complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_s
 complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
 complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
+preferred\t''
+required\t''
+verify-ca\t''
+verify-identity\t''"
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -319,6 +506,17 @@ complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l prefix -d '
 complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
 complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
+preferred\t''
+required\t''
+verify-ca\t''
+verify-identity\t''"
+complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -335,6 +533,17 @@ complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l prefix -d 
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
+preferred\t''
+required\t''
+verify-ca\t''
+verify-identity\t''"
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l dry-run -d 'Report what would be repaired; change nothing'
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l fix-mysql -d 'Also repair MySQL when its stock + active orders != total'
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -s y -l yes -d 'Do not ask for confirmation (for cron and scripts)'
@@ -349,6 +558,17 @@ complete -c seckill -n "__fish_seckill_using_subcommand generate" -l prefix -d '
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand generate" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand generate" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand generate" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand generate" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
+preferred\t''
+required\t''
+verify-ca\t''
+verify-identity\t''"
+complete -c seckill -n "__fish_seckill_using_subcommand generate" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand generate" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand generate" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s h -l help -d 'Print help'

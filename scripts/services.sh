@@ -106,7 +106,11 @@ mysql_up() {
   local fresh=0
   if [ ! -d "$data/mysql/data/mysql" ]; then
     fresh=1
-    mariadb-install-db --defaults-file="$data/mysql/my.cnf" --user="$(id -un)" \
+    # One install at a time on this machine: tests start MariaDBs of their
+    # own in parallel, and two installs at once failed now and then (the
+    # cause was not found; the lock is cheap).
+    flock "${TMPDIR:-/tmp}/seckill-mariadb-install.lock" \
+      mariadb-install-db --defaults-file="$data/mysql/my.cnf" --user="$(id -un)" \
       --auth-root-authentication-method=normal --skip-test-db >"$data/mysql/install.log" 2>&1 || {
       # CI keeps only what we print, so the log's last lines go with the error.
       tail -n 15 "$data/mysql/install.log" >&2

@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::orders::voucher::MAX_ID;
-use crate::store::config::{self, Config};
+use crate::store::config::{self, Config, SslMode, TlsFiles};
 use crate::store::secret_file;
 use crate::support::snowflake::MAX_NODE_ID;
 
@@ -78,6 +78,102 @@ pub struct ConnectOpts {
         global = true
     )]
     pub mysql_password_file: Option<PathBuf>,
+
+    /// CA certificate (PEM) to trust for rediss:// URLs instead of the
+    /// system's roots
+    #[arg(
+        long,
+        env = "SECKILL_REDIS_CA_CERT",
+        value_name = "FILE",
+        hide_env_values = true,
+        global = true
+    )]
+    pub redis_ca_cert: Option<PathBuf>,
+
+    /// Client certificate (PEM) for rediss:// with mutual TLS
+    #[arg(
+        long,
+        env = "SECKILL_REDIS_CLIENT_CERT",
+        value_name = "FILE",
+        hide_env_values = true,
+        global = true
+    )]
+    pub redis_client_cert: Option<PathBuf>,
+
+    /// The client certificate's private key (PEM)
+    #[arg(
+        long,
+        env = "SECKILL_REDIS_CLIENT_KEY",
+        value_name = "FILE",
+        hide_env_values = true,
+        global = true
+    )]
+    pub redis_client_key: Option<PathBuf>,
+
+    /// MySQL TLS, as the mysql client's --ssl-mode: verify-ca checks the
+    /// certificate's chain, verify-identity its host name too
+    #[arg(
+        long,
+        env = "SECKILL_MYSQL_SSL_MODE",
+        value_enum,
+        default_value_t = SslModeArg::Preferred,
+        hide_env_values = true,
+        global = true
+    )]
+    pub mysql_ssl_mode: SslModeArg,
+
+    /// CA certificate (PEM) to check the MySQL server's certificate against
+    /// (verify-ca, verify-identity) instead of the built-in roots
+    #[arg(
+        long,
+        env = "SECKILL_MYSQL_CA_CERT",
+        value_name = "FILE",
+        hide_env_values = true,
+        global = true
+    )]
+    pub mysql_ca_cert: Option<PathBuf>,
+
+    /// Client certificate (PEM) for MySQL with mutual TLS
+    #[arg(
+        long,
+        env = "SECKILL_MYSQL_CLIENT_CERT",
+        value_name = "FILE",
+        hide_env_values = true,
+        global = true
+    )]
+    pub mysql_client_cert: Option<PathBuf>,
+
+    /// The client certificate's private key (PEM)
+    #[arg(
+        long,
+        env = "SECKILL_MYSQL_CLIENT_KEY",
+        value_name = "FILE",
+        hide_env_values = true,
+        global = true
+    )]
+    pub mysql_client_key: Option<PathBuf>,
+}
+
+/// `--mysql-ssl-mode`, the mysql client's words.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SslModeArg {
+    Disabled,
+    Preferred,
+    Required,
+    VerifyCa,
+    VerifyIdentity,
+}
+
+impl From<SslModeArg> for SslMode {
+    fn from(m: SslModeArg) -> SslMode {
+        match m {
+            SslModeArg::Disabled => SslMode::Disabled,
+            SslModeArg::Preferred => SslMode::Preferred,
+            SslModeArg::Required => SslMode::Required,
+            SslModeArg::VerifyCa => SslMode::VerifyCa,
+            SslModeArg::VerifyIdentity => SslMode::VerifyIdentity,
+        }
+    }
 }
 
 impl ConnectOpts {
@@ -95,11 +191,26 @@ impl ConnectOpts {
             let password = secret_file::read_password(file, what)?;
             mysql_url = secret_file::with_password(&mysql_url, &password, what)?;
         }
+        let redis_tls = TlsFiles {
+            ca_cert: self.redis_ca_cert.clone(),
+            client_cert: self.redis_client_cert.clone(),
+            client_key: self.redis_client_key.clone(),
+        };
+        redis_tls.validate("redis")?;
+        let mysql_tls = TlsFiles {
+            ca_cert: self.mysql_ca_cert.clone(),
+            client_cert: self.mysql_client_cert.clone(),
+            client_key: self.mysql_client_key.clone(),
+        };
+        mysql_tls.validate("mysql")?;
         Ok(Config {
             redis_url,
             mysql_url,
             prefix: self.prefix.clone(),
             connect_timeout: self.connect_timeout,
+            redis_tls,
+            mysql_ssl_mode: self.mysql_ssl_mode.into(),
+            mysql_tls,
         })
     }
 }

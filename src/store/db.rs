@@ -5,7 +5,8 @@ use mysql_async::prelude::*;
 use mysql_async::{Conn, Opts, OptsBuilder, Pool};
 
 use crate::error::{describe_mysql, mysql_code, mysql_codes, Error, Result};
-use crate::store::config::Config;
+use crate::store::config::{Config, SslMode};
+use crate::store::mysql_tls;
 use crate::store::redis_conn::parse_major_minor;
 use crate::store::schema;
 use crate::support::mask::mask_url;
@@ -54,21 +55,58 @@ impl Db {
                 fail("the URL names no database (mysql://user:pass@host:port/DATABASE)".into())
             })?;
         validate_db_name(&name)?;
+        let (host, port) = (opts.ip_or_hostname().to_string(), opts.tcp_port());
+        let ssl = mysql_tls::ssl_opts(
+            cfg.mysql_ssl_mode,
+            &cfg.mysql_tls,
+            &host,
+            port,
+            cfg.connect_timeout,
+        )
+        .await
+        .map_err(&fail)?;
         let builder = OptsBuilder::from_opts(opts)
             .db_name(with_db.then(|| name.clone()))
             // Times are written and read as Unix milliseconds through
             // FROM_UNIXTIME / UNIX_TIMESTAMP, which are exact only in UTC.
             .init(vec!["SET time_zone = '+00:00'"]);
+        let secured = builder.clone().ssl_opts(ssl);
         let db = Db {
-            pool: Pool::new(builder),
+            pool: Pool::new(secured),
             name,
         };
         // Probe now so a wrong URL fails here with one clear line.
-        let probe = tokio::time::timeout(cfg.connect_timeout, db.pool.get_conn()).await;
+        let mut probe = tokio::time::timeout(cfg.connect_timeout, db.pool.get_conn()).await;
+        let db = match probe {
+            // preferred: plaintext when the server offers no TLS.
+            Ok(Err(mysql_async::Error::Driver(
+                mysql_async::DriverError::NoClientSslFlagFromServer,
+            ))) if cfg.mysql_ssl_mode == SslMode::Preferred => {
+                let plain = Db {
+                    pool: Pool::new(builder.ssl_opts(None)),
+                    name: db.name.clone(),
+                };
+                probe = tokio::time::timeout(cfg.connect_timeout, plain.pool.get_conn()).await;
+                plain
+            }
+            _ => db,
+        };
         match probe {
             Ok(Ok(_conn)) => Ok(db),
+            Ok(Err(mysql_async::Error::Driver(mysql_async::DriverError::NoClientSslFlagFromServer))) => {
+                Err(fail(format!(
+                    "the server offers no TLS, and --mysql-ssl-mode {} needs it",
+                    mysql_tls::mode_name(cfg.mysql_ssl_mode)
+                )))
+            }
             Ok(Err(e)) => Err(match mysql_code(&e) {
                 Some(mysql_codes::BAD_DB) => Error::NotInitialised(db.name.clone()),
+                Some(mysql_codes::ACCESS_DENIED) if cfg.mysql_ssl_mode == SslMode::Disabled => {
+                    fail(format!(
+                        "access denied (wrong user or password, or a server that requires TLS: --mysql-ssl-mode is disabled): {}",
+                        describe_mysql(&e)
+                    ))
+                }
                 Some(mysql_codes::ACCESS_DENIED) => fail(format!(
                     "access denied (wrong user or password): {}",
                     describe_mysql(&e)

@@ -5,6 +5,7 @@
 pub mod config;
 pub mod db;
 pub mod keys;
+pub mod mysql_tls;
 pub mod node_lease;
 pub mod redis_conn;
 pub mod registry;

@@ -8,7 +8,9 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisFuture, Value};
+use redis::{
+    AsyncConnectionConfig, ClientTlsConfig, Cmd, Pipeline, RedisFuture, TlsCertificates, Value,
+};
 
 use crate::error::{describe_redis, Error, Result};
 use crate::store::config::Config;
@@ -121,7 +123,7 @@ async fn connect_with_response_timeout(cfg: &Config, response_timeout: Duration)
         let mut node = match connect_node(seed, cfg, response_timeout).await {
             Ok(node) => node,
             Err(reason) => {
-                last_error = reason;
+                last_error = with_tls_hint(seed, reason);
                 continue;
             }
         };
@@ -149,12 +151,76 @@ async fn connect_with_response_timeout(cfg: &Config, response_timeout: Duration)
     Err(fail(last_error))
 }
 
+/// The certificates of `--redis-ca-cert` and `--redis-client-cert/-key`,
+/// for `rediss://` URLs (none given: the system's roots).
+fn tls_certificates(cfg: &Config) -> std::result::Result<Option<TlsCertificates>, String> {
+    let t = &cfg.redis_tls;
+    if t.ca_cert.is_none() && t.client_cert.is_none() {
+        return Ok(None);
+    }
+    let read = |flag: &str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| format!("{flag} {}: {e}", path.display()))
+    };
+    let root_cert = match &t.ca_cert {
+        Some(p) => Some(read("--redis-ca-cert", p)?),
+        None => None,
+    };
+    let client_tls = match (&t.client_cert, &t.client_key) {
+        (Some(cert), Some(key)) => Some(ClientTlsConfig {
+            client_cert: read("--redis-client-cert", cert)?,
+            client_key: read("--redis-client-key", key)?,
+        }),
+        _ => None,
+    };
+    Ok(Some(TlsCertificates {
+        client_tls,
+        root_cert,
+    }))
+}
+
+/// TLS settings that only a `rediss://` URL can use.
+fn check_tls_use(url: &str, certs: &Option<TlsCertificates>) -> std::result::Result<(), String> {
+    if certs.is_some() && !url.trim_start().starts_with("rediss://") {
+        return Err(format!(
+            "--redis-ca-cert / --redis-client-cert need a rediss:// URL, not {}",
+            mask_url(url)
+        ));
+    }
+    Ok(())
+}
+
+/// A TLS-only server drops a plaintext client during its first command:
+/// the bare I/O error would not say why.
+fn with_tls_hint(url: &str, reason: String) -> String {
+    let plaintext = !url.trim_start().starts_with("rediss://");
+    let dropped = [
+        "reset by peer",
+        "broken pipe",
+        "unexpected end",
+        "end of file",
+        "EOF",
+    ]
+    .iter()
+    .any(|s| reason.to_lowercase().contains(&s.to_lowercase()));
+    if plaintext && dropped {
+        format!("{reason} (a server that speaks only TLS drops a plaintext redis:// client like this: use rediss://)")
+    } else {
+        reason
+    }
+}
+
 async fn connect_node(
     url: &str,
     cfg: &Config,
     response_timeout: Duration,
 ) -> std::result::Result<MultiplexedConnection, String> {
-    let client = redis::Client::open(url).map_err(|e| describe_redis(&e))?;
+    let certs = tls_certificates(cfg)?;
+    check_tls_use(url, &certs)?;
+    let client = match certs {
+        Some(certs) => redis::Client::build_with_tls(url, certs),
+        None => redis::Client::open(url),
+    }
+    .map_err(|e| describe_redis(&e))?;
     let conn_cfg = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(cfg.connect_timeout))
         .set_response_timeout(Some(response_timeout));
@@ -167,11 +233,13 @@ async fn connect_cluster(
     cfg: &Config,
     response_timeout: Duration,
 ) -> std::result::Result<ClusterConnection, String> {
-    let client = ClusterClientBuilder::new(seeds.to_vec())
+    let mut builder = ClusterClientBuilder::new(seeds.to_vec())
         .connection_timeout(cfg.connect_timeout)
-        .response_timeout(response_timeout)
-        .build()
-        .map_err(|e| describe_redis(&e))?;
+        .response_timeout(response_timeout);
+    if let Some(certs) = tls_certificates(cfg)? {
+        builder = builder.certs(certs);
+    }
+    let client = builder.build().map_err(|e| describe_redis(&e))?;
     within_connect_timeout(cfg, client.get_async_connection()).await
 }
 

@@ -9,6 +9,7 @@ pub mod own_mysql;
 pub mod own_redis;
 pub mod process;
 pub mod terminal;
+pub mod tls;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -158,6 +159,7 @@ impl TestEnv {
             mysql_url: mysql_url_for(&db_name),
             prefix: prefix.clone(),
             connect_timeout: Duration::from_secs(5),
+            ..Config::default()
         };
         TestEnv {
             cfg,
@@ -206,14 +208,58 @@ impl TestEnv {
     /// The real binary, pointed at this test's stores.
     pub fn cmd(&self) -> assert_cmd::Command {
         let mut c = assert_cmd::Command::cargo_bin("seckill").expect("binary built");
-        c.env("SECKILL_REDIS_URL", &self.cfg.redis_url)
-            .env("SECKILL_MYSQL_URL", &self.cfg.mysql_url)
-            .env("SECKILL_PREFIX", &self.prefix)
+        c.envs(self.store_env())
             .env("NO_COLOR", "1")
             .env_remove("RUST_LOG")
             .env_remove("SECKILL_NODE_ID")
             .timeout(Duration::from_secs(120));
         c
+    }
+
+    /// The environment that points the binary at this test's stores,
+    /// TLS settings included.
+    pub fn store_env(&self) -> Vec<(&'static str, String)> {
+        let mut vars = vec![
+            ("SECKILL_REDIS_URL", self.cfg.redis_url.clone()),
+            ("SECKILL_MYSQL_URL", self.cfg.mysql_url.clone()),
+            ("SECKILL_PREFIX", self.prefix.clone()),
+        ];
+        let path = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        let files = [
+            ("SECKILL_REDIS_CA_CERT", path(&self.cfg.redis_tls.ca_cert)),
+            (
+                "SECKILL_REDIS_CLIENT_CERT",
+                path(&self.cfg.redis_tls.client_cert),
+            ),
+            (
+                "SECKILL_REDIS_CLIENT_KEY",
+                path(&self.cfg.redis_tls.client_key),
+            ),
+            ("SECKILL_MYSQL_CA_CERT", path(&self.cfg.mysql_tls.ca_cert)),
+            (
+                "SECKILL_MYSQL_CLIENT_CERT",
+                path(&self.cfg.mysql_tls.client_cert),
+            ),
+            (
+                "SECKILL_MYSQL_CLIENT_KEY",
+                path(&self.cfg.mysql_tls.client_key),
+            ),
+        ];
+        for (k, v) in files {
+            if let Some(v) = v {
+                vars.push((k, v));
+            }
+        }
+        use seckill::store::config::SslMode;
+        let mode = match self.cfg.mysql_ssl_mode {
+            SslMode::Disabled => "disabled",
+            SslMode::Preferred => "preferred",
+            SslMode::Required => "required",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyIdentity => "verify-identity",
+        };
+        vars.push(("SECKILL_MYSQL_SSL_MODE", mode.to_string()));
+        vars
     }
 
     /// Adds a voucher whose sale window is [now + begin_offset_ms, now + end_offset_ms).
@@ -429,7 +475,17 @@ async fn drop_stores(cfg: &Config, prefix: &str, db_name: &str) -> Result<(), St
     }
     // The server of the test's URL, without a database to connect to.
     let opts = mysql_async::Opts::from_url(&cfg.mysql_url).map_err(|e| e.to_string())?;
-    let opts = mysql_async::OptsBuilder::from_opts(opts).db_name(None::<String>);
+    let mut opts = mysql_async::OptsBuilder::from_opts(opts).db_name(None::<String>);
+    // A server that insists on TLS gets it (this is cleanup: no checks).
+    use seckill::store::config::SslMode;
+    if matches!(
+        cfg.mysql_ssl_mode,
+        SslMode::Required | SslMode::VerifyCa | SslMode::VerifyIdentity
+    ) {
+        opts = opts.ssl_opts(Some(
+            mysql_async::SslOpts::default().with_danger_accept_invalid_certs(true),
+        ));
+    }
     let mut conn = mysql_async::Conn::new(opts)
         .await
         .map_err(|e| format!("mysql: {e}"))?;

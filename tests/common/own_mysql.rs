@@ -50,6 +50,11 @@ impl OwnMysql {
 }
 
 impl OwnMysql {
+    /// The URL of database `db` on this server, as the test's user.
+    pub fn url_for(&self, db: &str) -> String {
+        format!("mysql://seckill:seckill@127.0.0.1:{}/{db}", self.port)
+    }
+
     /// A test environment whose MySQL is this server (database migrated).
     pub async fn test_env(&self) -> TestEnv {
         let mut env = TestEnv::uninitialised().await;

@@ -42,9 +42,7 @@ impl TestEnv {
         let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("seckill"));
         cmd.arg("worker")
             .args(args)
-            .env("SECKILL_REDIS_URL", &self.cfg.redis_url)
-            .env("SECKILL_MYSQL_URL", &self.cfg.mysql_url)
-            .env("SECKILL_PREFIX", &self.prefix)
+            .envs(self.store_env())
             .env("NO_COLOR", "1")
             .env("RUST_LOG", "seckill=info")
             .stdin(Stdio::null())
