@@ -42,7 +42,12 @@ async fn env_over_tls(certs: &Certs, redis: &TlsRedis, mysql: &OwnMysql) -> Test
 
 /// What goes wrong, the environment that makes it, what the one line must
 /// say (any of), and the command (one that would write the store).
-type Case<'a> = (&'a str, Vec<(&'a str, String)>, &'a [&'a str], &'a [&'a str]);
+type Case<'a> = (
+    &'a str,
+    Vec<(&'a str, String)>,
+    &'a [&'a str],
+    &'a [&'a str],
+);
 
 fn ok(out: std::process::Output) -> serde_json::Value {
     assert!(out.status.success(), "{out:?}");

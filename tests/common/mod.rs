@@ -459,7 +459,9 @@ async fn drop_stores(cfg: &Config, prefix: &str, db_name: &str) -> Result<(), St
         .await
         .map_err(|e| format!("redis scan: {e}"))?;
     // One DEL per key: on a cluster the keys of one DEL must share a slot.
-    if redis.is_cluster() {
+    if keys.is_empty() {
+        // Nothing to delete (an empty pipeline is an error).
+    } else if redis.is_cluster() {
         for k in &keys {
             let _: () = redis.del(k).await.map_err(|e| format!("redis del: {e}"))?;
         }

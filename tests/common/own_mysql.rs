@@ -50,6 +50,24 @@ impl OwnMysql {
 }
 
 impl OwnMysql {
+    /// Runs `sql` as root (over the server's socket), failing with its error.
+    pub fn root_sql(&self, sql: &str) {
+        let out = Command::new("mariadb")
+            .args(["--no-defaults", "--protocol=socket", "-uroot"])
+            .arg(format!(
+                "--socket={}",
+                self.dir.join("mysql/mysqld.sock").display()
+            ))
+            .args(["-e", sql])
+            .output()
+            .expect("run mariadb");
+        assert!(
+            out.status.success(),
+            "{sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// The URL of database `db` on this server, as the test's user.
     pub fn url_for(&self, db: &str) -> String {
         format!("mysql://seckill:seckill@127.0.0.1:{}/{db}", self.port)

@@ -1,0 +1,172 @@
+//! The documented rights (contrib/redis-acl.conf, contrib/mysql-grants.sql)
+//! are enough: init, the worker, status and reconcile with repair run under
+//! users that hold exactly them; a right taken away is one line naming it.
+
+mod common;
+
+use std::time::Duration;
+
+use common::invariants::assert_invariants;
+use common::own_mysql::OwnMysql;
+use common::own_redis::OwnRedis;
+use common::TestEnv;
+use redis::AsyncCommands;
+
+const PASSWORD: &str = "Least-Privilege-42";
+
+/// The ACL file's users, for this test's key prefix.
+fn apply_redis_acl(redis: &OwnRedis, prefix: &str) {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/contrib/redis-acl.conf"
+    ))
+    .unwrap();
+    for line in text.lines().filter(|l| l.starts_with("user ")) {
+        let line = line
+            .replace(">CHANGE-ME", &format!(">{PASSWORD}"))
+            .replace("~seckill:*", &format!("~{prefix}:*"));
+        let mut args = vec!["acl", "setuser"];
+        args.extend(line.split_whitespace().skip(1));
+        assert_eq!(redis.cli(&args).trim(), "OK", "{line}");
+    }
+}
+
+/// The grants file's users, for this test's database: the part before
+/// `seckill init` (`after_init` false) or the part after it.
+fn apply_mysql_grants(mysql: &OwnMysql, db: &str, after_init: bool) {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/contrib/mysql-grants.sql"
+    ))
+    .unwrap()
+    .replace("`seckill`.", &format!("`{db}`."))
+    .replace("'CHANGE-ME'", &format!("'{PASSWORD}'"));
+    let marker = text
+        .lines()
+        .find(|l| l.starts_with("-- == After `seckill init`"))
+        .expect("the grants file marks what comes after init");
+    let (before, after) = text.split_once(marker).unwrap_or((&text, ""));
+    mysql.root_sql(if after_init { after } else { before });
+}
+
+/// The binary as `redis_user` and `mysql_user`, password from a file.
+fn as_role(
+    env: &TestEnv,
+    redis: &OwnRedis,
+    mysql: &OwnMysql,
+    redis_user: &str,
+    mysql_user: &str,
+) -> assert_cmd::Command {
+    let secret =
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{}-pw", env.prefix));
+    std::fs::write(&secret, PASSWORD).unwrap();
+    let mut cmd = env.cmd();
+    cmd.env(
+        "SECKILL_REDIS_URL",
+        format!("redis://{redis_user}@127.0.0.1:{}/", redis.port),
+    )
+    .env("SECKILL_REDIS_PASSWORD_FILE", &secret)
+    .env(
+        "SECKILL_MYSQL_URL",
+        format!(
+            "mysql://{mysql_user}@127.0.0.1:{}/{}",
+            mysql.port, env.db_name
+        ),
+    )
+    .env("SECKILL_MYSQL_PASSWORD_FILE", &secret);
+    cmd
+}
+
+fn one_error_line(out: &std::process::Output) -> String {
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    err
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_the_worker_status_and_reconcile_run_with_exactly_the_documented_rights() {
+    let redis = OwnRedis::start();
+    let mysql = OwnMysql::start("");
+    let mut env = TestEnv::uninitialised().await;
+    env.cfg.redis_url = redis.url();
+    env.cfg.mysql_url = mysql.url_for(&env.db_name);
+    apply_redis_acl(&redis, &env.prefix);
+    // The database exists before its users get rights on it (a DBA's step).
+    mysql.root_sql(&format!("CREATE DATABASE `{}`", env.db_name));
+    apply_mysql_grants(&mysql, &env.db_name, false);
+
+    let run = |redis_user: &str, mysql_user: &str, args: &[&str]| {
+        as_role(&env, &redis, &mysql, redis_user, mysql_user)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let init = run("seckill-init", "seckill_init", &["init"]);
+    assert!(init.status.success(), "{init:?}");
+    apply_mysql_grants(&mysql, &env.db_name, true);
+    for args in [
+        &[
+            "voucher", "add", "--id", "1", "--stock", "20", "--begin", "-1m",
+        ][..],
+        &["preload", "--voucher", "1"],
+    ] {
+        let out = run("seckill-operator", "seckill_operator", args);
+        assert!(out.status.success(), "{args:?}: {out:?}");
+    }
+    for user in 1..=8 {
+        let out = run(
+            "seckill-worker",
+            "seckill_worker",
+            &["buy", "--voucher", "1", "--user", &user.to_string()],
+        );
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+    }
+    let drained = run(
+        "seckill-worker",
+        "seckill_worker",
+        &[
+            "worker",
+            "--until-idle",
+            "--claim-idle",
+            "500ms",
+            "--block",
+            "200ms",
+        ],
+    );
+    assert!(drained.status.success(), "{drained:?}");
+    assert_eq!(env.order_count(1).await, 8);
+    let status = run(
+        "seckill-operator",
+        "seckill_operator",
+        &["status", "--format", "json"],
+    );
+    assert!(status.status.success(), "{status:?}");
+    let pending = run("seckill-operator", "seckill_operator", &["pending"]);
+    assert!(pending.status.success(), "{pending:?}");
+    // A drift for reconcile to repair under the operator's rights.
+    let keys = seckill::store::keys::VoucherKeys::new(&env.prefix, 1).unwrap();
+    let mut admin = env.redis().await;
+    let _: () = admin.incr(keys.stock(), 3).await.unwrap();
+    let repaired = run(
+        "seckill-operator",
+        "seckill_operator",
+        &["reconcile", "--yes"],
+    );
+    assert_eq!(repaired.status.code(), Some(4), "{repaired:?}");
+    assert_invariants(&env, 1).await;
+
+    // A right taken away: one line that names it.
+    redis.cli(&["acl", "setuser", "seckill-operator", "-xinfo"]);
+    let err = one_error_line(&run("seckill-operator", "seckill_operator", &["status"]));
+    assert!(err.to_lowercase().contains("xinfo"), "{err}");
+    redis.cli(&["acl", "setuser", "seckill-operator", "+xinfo"]);
+    mysql.root_sql(&format!(
+        "REVOKE SELECT ON `{}`.* FROM 'seckill_operator'@'%'",
+        env.db_name
+    ));
+    let err = one_error_line(&run("seckill-operator", "seckill_operator", &["status"]));
+    assert!(err.contains("SELECT") && err.contains("denied"), "{err}");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    env.cleanup().await;
+}
