@@ -13,7 +13,9 @@
 # SECKILL_CLUSTER_PORT (the cluster's first node, default 17001; the six nodes
 # take it and the five after it, their cluster bus ports those + 10000).
 # SECKILL_CLUSTER_NODE_TIMEOUT: cluster-node-timeout in ms (default 1000, so
-# that a failover plays out in a few seconds).
+# that a failover plays out in a few seconds). SECKILL_CLUSTER_TLS_DIR: a
+# folder with ca.pem, server.pem and server.key makes the cluster speak TLS
+# only (tests/tls.rs).
 # Data: SECKILL_SERVICES_DIR (default .services/). SECKILL_MYSQL_OPTIONS: extra
 # my.cnf lines for a fresh data folder (tests start servers of their own with it).
 set -euo pipefail
@@ -153,14 +155,32 @@ mysql_down() {
   done
 }
 
+# SECKILL_CLUSTER_TLS_DIR (ca.pem, server.pem, server.key): the cluster
+# speaks TLS only, between its nodes too (tests of rediss:// on a cluster).
+cluster_tls=${SECKILL_CLUSTER_TLS_DIR:-}
+ccli() {
+  if [ -n "$cluster_tls" ]; then
+    redis-cli --tls --cacert "$cluster_tls/ca.pem" "$@"
+  else
+    redis-cli "$@"
+  fi
+}
+
 cluster_node_up() {
-  local port=$1 dir="$data/cluster/$1"
-  redis-cli -p "$port" ping >/dev/null 2>&1 && return 0
+  local port=$1 dir="$data/cluster/$1" listen=()
+  ccli -p "$port" ping >/dev/null 2>&1 && return 0
   mkdir -p "$dir"
   # The same durability as the single node; nodes.conf keeps the node's
   # identity and role across restarts. A replica may always take over
   # (validity factor 0): tests fail masters over on purpose.
-  redis-server --bind 127.0.0.1 --port "$port" --dir "$dir" \
+  if [ -n "$cluster_tls" ]; then
+    listen=(--port 0 --tls-port "$port" --tls-cluster yes --tls-replication yes
+      --tls-cert-file "$cluster_tls/server.pem" --tls-key-file "$cluster_tls/server.key"
+      --tls-ca-cert-file "$cluster_tls/ca.pem" --tls-auth-clients no)
+  else
+    listen=(--port "$port")
+  fi
+  redis-server --bind 127.0.0.1 "${listen[@]}" --dir "$dir" \
     --cluster-enabled yes --cluster-config-file nodes.conf \
     --cluster-node-timeout "$cluster_node_timeout" --cluster-replica-validity-factor 0 \
     --repl-diskless-sync-delay 0 \
@@ -168,7 +188,7 @@ cluster_node_up() {
     --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" \
     --maxclients 10000 >/dev/null
   for _ in $(seq 1 100); do
-    redis-cli -p "$port" ping >/dev/null 2>&1 && return 0
+    ccli -p "$port" ping >/dev/null 2>&1 && return 0
     sleep 0.1
   done
   tail -n 15 "$dir/redis.log" >&2
@@ -181,13 +201,13 @@ cluster_node_up() {
 cluster_ok() {
   local port info
   for port in $cluster_ports; do
-    info=$(redis-cli -p "$port" cluster info 2>/dev/null) || return 1
+    info=$(ccli -p "$port" cluster info 2>/dev/null) || return 1
     grep -q '^cluster_state:ok' <<<"$info" || return 1
     grep -q '^cluster_known_nodes:6' <<<"$info" || return 1
   done
   local linked=0
   for port in $cluster_ports; do
-    redis-cli -p "$port" info replication | grep -q '^master_link_status:up' && linked=$((linked + 1))
+    ccli -p "$port" info replication | grep -q '^master_link_status:up' && linked=$((linked + 1))
   done
   [ "$linked" -eq 3 ]
 }
@@ -195,10 +215,10 @@ cluster_ok() {
 cluster_up() {
   local port
   for port in $cluster_ports; do cluster_node_up "$port"; done
-  if [ "$(redis-cli -p "$cluster_port" cluster info | sed -n 's/^cluster_known_nodes:\([0-9]*\).*/\1/p')" -lt 6 ]; then
+  if [ "$(ccli -p "$cluster_port" cluster info | sed -n 's/^cluster_known_nodes:\([0-9]*\).*/\1/p')" -lt 6 ]; then
     local nodes=()
     for port in $cluster_ports; do nodes+=("127.0.0.1:$port"); done
-    redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >"$data/cluster/create.log" 2>&1 || {
+    ccli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >"$data/cluster/create.log" 2>&1 || {
       tail -n 15 "$data/cluster/create.log" >&2
       die "redis-cli --cluster create failed; see $data/cluster/create.log"
     }
@@ -213,7 +233,7 @@ cluster_up() {
 cluster_down() {
   local port
   for port in $cluster_ports; do
-    redis-cli -p "$port" shutdown >/dev/null 2>&1 || true
+    ccli -p "$port" shutdown >/dev/null 2>&1 || true
   done
 }
 

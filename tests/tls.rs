@@ -223,3 +223,46 @@ async fn each_tls_problem_is_one_line_naming_it_and_writes_nothing() {
     );
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_that_speaks_only_tls_runs_the_sale_over_rediss() {
+    let certs = Certs::make("cluster");
+    let cluster = common::own_cluster::OwnCluster::start_tls(&certs.dir);
+    let mut env = TestEnv::uninitialised().await;
+    env.cfg.redis_url = cluster.url();
+    env.cfg.redis_tls.ca_cert = Some(certs.ca());
+    env.create_database().await;
+    let vouchers = common::one_voucher_per_master(&env).await;
+    for v in &vouchers {
+        env.live_voucher(*v, 20).await;
+        let bench = ok(env
+            .cmd()
+            .args([
+                "bench",
+                "--voucher",
+                &v.to_string(),
+                "--users",
+                "30",
+                "--attempts",
+                "30",
+            ])
+            .args(["--format", "json"])
+            .output()
+            .unwrap());
+        assert_eq!(bench["outcomes"]["success"], 20, "{bench}");
+    }
+    env.spawn_worker(&fast_worker(&["--until-idle"]))
+        .expect_success(Duration::from_secs(60));
+    ok(env.cmd().args(["status"]).output().unwrap());
+    let report = ok(env
+        .cmd()
+        .args(["reconcile", "--dry-run", "--format", "json"])
+        .output()
+        .unwrap());
+    assert_eq!(report["consistent"], true, "{report}");
+    for v in &vouchers {
+        let s = assert_invariants(&env, *v).await;
+        assert_eq!(s.mysql_stock, 0);
+    }
+    env.cleanup().await;
+}

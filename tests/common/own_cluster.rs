@@ -9,25 +9,46 @@ pub struct OwnCluster {
     dir: PathBuf,
     /// The first node's port; the six nodes take it and the five after it.
     pub port: u16,
+    /// A folder with ca.pem, server.pem, server.key: the cluster speaks TLS
+    /// only.
+    tls: Option<PathBuf>,
 }
 
 impl OwnCluster {
     pub fn start() -> OwnCluster {
+        Self::start_with(None)
+    }
+
+    /// A cluster that speaks TLS only (clients, replication, its bus).
+    pub fn start_tls(certs: &Path) -> OwnCluster {
+        Self::start_with(Some(certs.to_path_buf()))
+    }
+
+    fn start_with(tls: Option<PathBuf>) -> OwnCluster {
         let port = free_port_range();
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("seckill-cluster-{}-{port}", std::process::id()));
-        let c = OwnCluster { dir, port };
+        let c = OwnCluster { dir, port, tls };
         c.services("up");
         c
     }
 
-    fn services(&self, action: &str) {
+    fn services_cmd(&self, action: &str) -> Command {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/services.sh");
-        let out = Command::new("bash")
-            .arg(script)
+        let mut cmd = Command::new("bash");
+        cmd.arg(script)
             .args([action, "cluster"])
             .env("SECKILL_SERVICES_DIR", &self.dir)
-            .env("SECKILL_CLUSTER_PORT", self.port.to_string())
+            .env("SECKILL_CLUSTER_PORT", self.port.to_string());
+        if let Some(tls) = &self.tls {
+            cmd.env("SECKILL_CLUSTER_TLS_DIR", tls);
+        }
+        cmd
+    }
+
+    fn services(&self, action: &str) {
+        let out = self
+            .services_cmd(action)
             .output()
             .expect("run scripts/services.sh");
         assert!(
@@ -39,8 +60,13 @@ impl OwnCluster {
 
     /// Its three first nodes (the masters it was created with) as seeds.
     pub fn url(&self) -> String {
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
         (0..3)
-            .map(|i| format!("redis://127.0.0.1:{}/", self.port + i))
+            .map(|i| format!("{scheme}://127.0.0.1:{}/", self.port + i))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -51,7 +77,11 @@ impl OwnCluster {
 
     /// `redis-cli -p port args…`, its stdout.
     pub fn cli(&self, port: u16, args: &[&str]) -> String {
-        let out = Command::new("redis-cli")
+        let mut cmd = Command::new("redis-cli");
+        if let Some(tls) = &self.tls {
+            cmd.arg("--tls").arg("--cacert").arg(tls.join("ca.pem"));
+        }
+        let out = cmd
             .args(["-p", &port.to_string()])
             .args(args)
             .output()
@@ -186,14 +216,7 @@ fn free_port_range() -> u16 {
 
 impl Drop for OwnCluster {
     fn drop(&mut self) {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/services.sh");
-        Command::new("bash")
-            .arg(script)
-            .args(["down", "cluster"])
-            .env("SECKILL_SERVICES_DIR", &self.dir)
-            .env("SECKILL_CLUSTER_PORT", self.port.to_string())
-            .output()
-            .ok();
+        self.services_cmd("down").output().ok();
         std::fs::remove_dir_all(&self.dir).ok();
     }
 }
