@@ -63,7 +63,12 @@ async fn every_command_runs_over_tls_with_every_certificate_checked() {
     let certs = Certs::make("flow");
     let redis = TlsRedis::start(&certs, true);
     let mysql = OwnMysql::start(&tls_only_mysql(&certs, certs.server()));
-    let env = env_over_tls(&certs, &redis, &mysql).await;
+    // MySQL wants a client certificate from this user too (mutual TLS).
+    mysql.root_sql("ALTER USER 'seckill'@'%' REQUIRE X509");
+    let mut env = env_over_tls(&certs, &redis, &mysql).await;
+    let (cert, key) = certs.client();
+    env.cfg.mysql_tls.client_cert = Some(cert);
+    env.cfg.mysql_tls.client_key = Some(key);
     let run = |args: &[&str]| env.cmd().args(args).output().unwrap();
     ok(run(&["init"]));
     ok(run(&[
@@ -125,6 +130,16 @@ async fn every_command_runs_over_tls_with_every_certificate_checked() {
         "MySQL session not encrypted"
     );
     drop(conn);
+    // Without the client certificate MySQL refuses, in one line.
+    let refused = env
+        .cmd()
+        .env_remove("SECKILL_MYSQL_CLIENT_CERT")
+        .env_remove("SECKILL_MYSQL_CLIENT_KEY")
+        .args(["status"])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    assert_eq!(String::from_utf8_lossy(&refused.stderr).lines().count(), 1);
     assert_invariants(&env, 1).await;
     env.cleanup().await;
 }
