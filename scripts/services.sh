@@ -62,16 +62,26 @@ need_packages() {
   [ "${v:-0}" -ge 7 ] || die "redis-server ${v:-?} found; Redis 7 or newer is needed"
 }
 
+# PONG, not just an answer: a server still loading its AOF answers PING with
+# LOADING, and every command would fail until it is done.
+redis_ready() { [ "$(redis-cli -p "$redis_port" ping 2>/dev/null)" = PONG ]; }
+
 redis_up() {
-  if redis-cli -p "$redis_port" ping >/dev/null 2>&1; then return 0; fi
+  if redis-cli -p "$redis_port" ping >/dev/null 2>&1; then
+    for _ in $(seq 1 600); do
+      redis_ready && return 0
+      sleep 0.1
+    done
+    die "Redis on port $redis_port answers but is not ready (still loading?); see $data/redis/redis.log"
+  fi
   mkdir -p "$data/redis"
   # AOF on (fsync every second), no RDB snapshots: the durability the README documents.
   redis-server --bind 127.0.0.1 --port "$redis_port" --dir "$data/redis" \
     --appendonly yes --appendfsync everysec --save "" \
     --daemonize yes --pidfile "$data/redis/redis.pid" --logfile "$data/redis/redis.log" \
     --maxclients 10000 >/dev/null
-  for _ in $(seq 1 100); do
-    redis-cli -p "$redis_port" ping >/dev/null 2>&1 && return 0
+  for _ in $(seq 1 600); do
+    redis_ready && return 0
     sleep 0.1
   done
   die "Redis did not answer on port $redis_port; see $data/redis/redis.log"
@@ -188,7 +198,7 @@ cluster_node_up() {
     --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" \
     --maxclients 10000 >/dev/null
   for _ in $(seq 1 100); do
-    ccli -p "$port" ping >/dev/null 2>&1 && return 0
+    [ "$(ccli -p "$port" ping 2>/dev/null)" = PONG ] && return 0
     sleep 0.1
   done
   tail -n 15 "$dir/redis.log" >&2
