@@ -27,9 +27,15 @@
 local group, owner = ARGV[1], ARGV[2]
 local i = 3
 local deadlines = tonumber(ARGV[i]); i = i + 1
+-- One ZADD for the batch (in slices: unpack has a limit of its own).
+local scored = {}
 for _ = 1, deadlines do
-  redis.call('ZADD', KEYS[2], ARGV[i + 1], ARGV[i])
+  scored[#scored + 1] = ARGV[i + 1]
+  scored[#scored + 1] = ARGV[i]
   i = i + 2
+end
+for j = 1, #scored, 2000 do
+  redis.call('ZADD', KEYS[2], unpack(scored, j, math.min(j + 1999, #scored)))
 end
 local dead = tonumber(ARGV[i]); i = i + 1
 for _ = 1, dead do
@@ -49,4 +55,5 @@ if i <= #ARGV then
   acked = redis.call('XACK', KEYS[1], group, unpack(ARGV, i))
 end
 for k = 4, #KEYS do unlock(KEYS[k], owner) end
+flush_unlocks()
 return acked

@@ -14,4 +14,5 @@ local released = 0
 for _, key in ipairs(KEYS) do
   if unlock(key, ARGV[1]) then released = released + 1 end
 end
+flush_unlocks()
 return released
