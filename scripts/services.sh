@@ -178,7 +178,13 @@ ccli() {
 
 cluster_node_up() {
   local port=$1 dir="$data/cluster/$1" listen=()
-  ccli -p "$port" ping >/dev/null 2>&1 && return 0
+  if ccli -p "$port" ping >/dev/null 2>&1; then
+    for _ in $(seq 1 600); do
+      [ "$(ccli -p "$port" ping 2>/dev/null)" = PONG ] && return 0
+      sleep 0.1
+    done
+    die "cluster node on port $port answers but is not ready (still loading?)"
+  fi
   mkdir -p "$dir"
   # The same durability as the single node; nodes.conf keeps the node's
   # identity and role across restarts. A replica may always take over
@@ -197,7 +203,7 @@ cluster_node_up() {
     --appendonly yes --appendfsync everysec --save "" \
     --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" \
     --maxclients 10000 >/dev/null
-  for _ in $(seq 1 100); do
+  for _ in $(seq 1 600); do
     [ "$(ccli -p "$port" ping 2>/dev/null)" = PONG ] && return 0
     sleep 0.1
   done

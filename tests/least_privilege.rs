@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::invariants::assert_invariants;
 use common::own_mysql::OwnMysql;
 use common::own_redis::OwnRedis;
@@ -167,6 +165,5 @@ async fn init_the_worker_status_and_reconcile_run_with_exactly_the_documented_ri
     ));
     let err = one_error_line(&run("seckill-operator", "seckill_operator", &["status"]));
     assert!(err.contains("SELECT") && err.contains("denied"), "{err}");
-    tokio::time::sleep(Duration::from_millis(10)).await;
     env.cleanup().await;
 }

@@ -55,22 +55,47 @@ impl Db {
                 fail("the URL names no database (mysql://user:pass@host:port/DATABASE)".into())
             })?;
         validate_db_name(&name)?;
-        let (host, port) = (opts.ip_or_hostname().to_string(), opts.tcp_port());
-        let ssl = mysql_tls::ssl_opts(
-            cfg.mysql_ssl_mode,
-            &cfg.mysql_tls,
-            &host,
-            port,
-            cfg.connect_timeout,
-        )
-        .await
-        .map_err(&fail)?;
+        if opts.ssl_opts().is_some() {
+            return Err(fail(
+                "TLS goes in --mysql-ssl-mode and --mysql-ca-cert, not in the URL (require_ssl, verify_ca, ...)".into(),
+            ));
+        }
+        // The driver wants an IPv6 literal without its brackets.
+        let host = opts
+            .ip_or_hostname()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let port = opts.tcp_port();
+        let mode = match (opts.socket().is_some(), cfg.mysql_ssl_mode) {
+            // A unix socket is not encrypted by the driver; preferred means
+            // plaintext there, and the modes that insist on TLS are refused.
+            (true, SslMode::Preferred) => SslMode::Disabled,
+            (true, SslMode::Disabled) => SslMode::Disabled,
+            (true, other) => {
+                return Err(fail(format!(
+                    "--mysql-ssl-mode {} needs TCP; the URL names a unix socket",
+                    mysql_tls::mode_name(other)
+                )))
+            }
+            (false, m) => m,
+        };
+        let ssl = mysql_tls::ssl_opts(mode, &cfg.mysql_tls, &host, port, cfg.connect_timeout)
+            .await
+            .map_err(&fail)?;
+        let tls = ssl.is_some();
         let builder = OptsBuilder::from_opts(opts)
             .db_name(with_db.then(|| name.clone()))
             // Times are written and read as Unix milliseconds through
             // FROM_UNIXTIME / UNIX_TIMESTAMP, which are exact only in UTC.
             .init(vec!["SET time_zone = '+00:00'"]);
-        let secured = builder.clone().ssl_opts(ssl);
+        // With TLS, stay on TCP: the driver would otherwise try to move a
+        // local connection to the unix socket, where it cannot encrypt.
+        let secured = if tls {
+            builder.clone().ssl_opts(ssl).prefer_socket(false)
+        } else {
+            builder.clone().ssl_opts(ssl)
+        };
         let db = Db {
             pool: Pool::new(secured),
             name,
@@ -81,7 +106,7 @@ impl Db {
             // preferred: plaintext when the server offers no TLS.
             Ok(Err(mysql_async::Error::Driver(
                 mysql_async::DriverError::NoClientSslFlagFromServer,
-            ))) if cfg.mysql_ssl_mode == SslMode::Preferred => {
+            ))) if mode == SslMode::Preferred => {
                 let plain = Db {
                     pool: Pool::new(builder.ssl_opts(None)),
                     name: db.name.clone(),
@@ -96,7 +121,7 @@ impl Db {
             Ok(Err(mysql_async::Error::Driver(mysql_async::DriverError::NoClientSslFlagFromServer))) => {
                 Err(fail(format!(
                     "the server offers no TLS, and --mysql-ssl-mode {} needs it",
-                    mysql_tls::mode_name(cfg.mysql_ssl_mode)
+                    mysql_tls::mode_name(mode)
                 )))
             }
             Ok(Err(e)) => Err(match mysql_code(&e) {

@@ -51,6 +51,12 @@ pub async fn ssl_opts(
         )));
     }
     if !verifies {
+        if files.ca_cert.is_some() {
+            return Err(format!(
+                "--mysql-ca-cert is used by verify-ca and verify-identity only; --mysql-ssl-mode {} checks no certificate",
+                mode_name(mode)
+            ));
+        }
         // preferred and required encrypt without checking who answers.
         return Ok(Some(opts.with_danger_accept_invalid_certs(true)));
     }
@@ -63,11 +69,18 @@ pub async fn ssl_opts(
     }
     let names = certified_names(host, port, &ca, timeout).await?;
     // The driver checks the chain and this name: one the certificate was
-    // issued for (its own host name when it is valid for that one).
-    let name = if names.is_empty() {
-        host.to_string()
-    } else {
-        names[0].clone()
+    // issued for (the host itself when it is valid for it: no names noted).
+    let name = match names {
+        Certified::ForHost => host.to_string(),
+        Certified::ForNames(names) => match names.into_iter().next() {
+            Some(name) => name,
+            None => {
+                return Err(
+                    "verify-ca: the server's certificate names no host in its subjectAltName (rustls ignores the CN); it needs one, for any host"
+                        .into(),
+                )
+            }
+        },
     };
     Ok(Some(opts.with_danger_tls_hostname_override(Some(name))))
 }
@@ -89,15 +102,22 @@ const CLIENT_SSL: u32 = 0x800;
 const CLIENT_SECURE_CONNECTION: u32 = 0x8000;
 const UTF8MB4_GENERAL_CI: u8 = 45;
 
+/// What a certificate whose chain checked out is valid for.
+enum Certified {
+    /// The host we connected to.
+    ForHost,
+    /// Other names (none: its subjectAltName names no host).
+    ForNames(Vec<String>),
+}
+
 /// The names the server's certificate is valid for, after its chain was
-/// checked against `ca` in a handshake of our own (empty: it is valid for
-/// `host` itself).
+/// checked against `ca` in a handshake of our own.
 async fn certified_names(
     host: &str,
     port: u16,
     ca: &std::path::Path,
     timeout: Duration,
-) -> Result<Vec<String>, String> {
+) -> Result<Certified, String> {
     let work = async {
         let mut roots = RootCertStore::empty();
         let certs = CertificateDer::pem_file_iter(ca)
@@ -113,7 +133,7 @@ async fn certified_names(
             .map_err(|e| format!("--mysql-ca-cert {}: {e}", ca.display()))?;
         let verifier = Arc::new(ChainOnly {
             inner,
-            names: Mutex::new(Vec::new()),
+            names: Mutex::new(None),
         });
         let config = rustls::ClientConfig::builder()
             .dangerous()
@@ -129,8 +149,11 @@ async fn certified_names(
             .connect(server_name, tcp)
             .await
             .map_err(|e| format!("TLS: {e}"))?;
-        let names = verifier.names.lock().map(|n| n.clone()).unwrap_or_default();
-        Ok(names)
+        let names = verifier.names.lock().ok().and_then(|n| n.clone());
+        Ok(match names {
+            Some(names) => Certified::ForNames(names),
+            None => Certified::ForHost,
+        })
     };
     tokio::time::timeout(timeout, work).await.map_err(|_| {
         format!(
@@ -191,7 +214,8 @@ async fn request_tls(tcp: &mut tokio::net::TcpStream) -> Result<(), String> {
 #[derive(Debug)]
 struct ChainOnly {
     inner: Arc<WebPkiServerVerifier>,
-    names: Mutex<Vec<String>>,
+    /// Set when the name check failed: the names the certificate is for.
+    names: Mutex<Option<Vec<String>>>,
 }
 
 impl ServerCertVerifier for ChainOnly {
@@ -216,7 +240,7 @@ impl ServerCertVerifier for ChainOnly {
                 ..
             })) => {
                 if let Ok(mut names) = self.names.lock() {
-                    *names = presented.iter().filter_map(|p| usable_name(p)).collect();
+                    *names = Some(presented.iter().filter_map(|p| usable_name(p)).collect());
                 }
                 Ok(ServerCertVerified::assertion())
             }
