@@ -42,7 +42,19 @@ pub async fn backlog<C: RedisConn>(conn: &mut C, keys: &VoucherKeys) -> Result<B
         });
     };
     let undelivered = match group.lag {
-        Some(lag) => lag as u64,
+        Some(0) => 0,
+        // Redis's lag can stay above zero after trims although every entry
+        // was delivered (seen: lag 100, last delivered = last generated):
+        // nothing is undelivered when nothing lies after the group's last id.
+        Some(lag) => {
+            let newest: redis::streams::StreamRangeReply =
+                conn.xrevrange_count(&stream, "+", "-", 1).await?;
+            let delivered = StreamId::lenient(&group.last_delivered_id);
+            match newest.ids.first() {
+                Some(e) if StreamId::lenient(&e.id) > delivered => lag as u64,
+                _ => 0,
+            }
+        }
         // Redis cannot tell the lag after some deletions: count what lies
         // after the group's last delivered id.
         None => count_after(conn, &stream, &group.last_delivered_id).await?,
