@@ -75,48 +75,46 @@ pub async fn read(
     })
     .await?;
     let mut out = Vec::with_capacity(vouchers.len());
-    {
-        for ((v, k), row) in vouchers.iter().zip(&keys).zip(&rows) {
-            if row.len() != 10 {
-                return Err(Error::Redis(format!(
-                    "gate of voucher {}: {} replies",
-                    v.id,
-                    row.len()
-                )));
-            }
-            let (meta, stock, dead, waitlist, stream_len, deadline_errors): GateRow =
-                FromRedisValue::from_redis_value(Value::Array(row[..6].to_vec()))
-                    .map_err(|e| Error::Redis(format!("gate of voucher {}: {e}", v.id)))?;
-            let (rate_limited, bad_token): (Option<u64>, Option<u64>) =
-                FromRedisValue::from_redis_value(Value::Array(row[6..8].to_vec()))
-                    .map_err(|e| Error::Redis(format!("gate of voucher {}: {e}", v.id)))?;
-            let (first, deadline_read_error) =
-                match <Vec<(String, f64)>>::from_redis_value(row[8].clone()) {
-                    Ok(first) => (first, None),
-                    Err(e) => (Vec::new(), Some(e.to_string())),
-                };
-            let paused = matches!(&row[9], Value::BulkString(b) if b.as_slice() == b"1");
-            // Only streams with entries need the group's view.
-            let b = if stream_len > 0 {
-                backlog(conn, k).await?
-            } else {
-                Default::default()
-            };
-            out.push(VoucherStatus {
-                voucher: v.clone(),
-                gate_loaded: meta && stock.is_some(),
-                redis_stock: stock,
-                undelivered: b.undelivered,
-                pending: b.pending,
-                dead_letters: dead,
-                waitlist,
-                next_deadline_ms: first.first().map(|(_, at)| *at as i64),
-                deadline_errors: deadline_errors.unwrap_or(0),
-                deadline_read_error,
-                rejected: Rejections::from_meta(rate_limited, bad_token),
-                paused,
-            });
+    for ((v, k), row) in vouchers.iter().zip(&keys).zip(&rows) {
+        if row.len() != 10 {
+            return Err(Error::Redis(format!(
+                "gate of voucher {}: {} replies",
+                v.id,
+                row.len()
+            )));
         }
+        let (meta, stock, dead, waitlist, stream_len, deadline_errors): GateRow =
+            FromRedisValue::from_redis_value(Value::Array(row[..6].to_vec()))
+                .map_err(|e| Error::Redis(format!("gate of voucher {}: {e}", v.id)))?;
+        let (rate_limited, bad_token): (Option<u64>, Option<u64>) =
+            FromRedisValue::from_redis_value(Value::Array(row[6..8].to_vec()))
+                .map_err(|e| Error::Redis(format!("gate of voucher {}: {e}", v.id)))?;
+        let (first, deadline_read_error) =
+            match <Vec<(String, f64)>>::from_redis_value(row[8].clone()) {
+                Ok(first) => (first, None),
+                Err(e) => (Vec::new(), Some(e.to_string())),
+            };
+        let paused = matches!(&row[9], Value::BulkString(b) if b.as_slice() == b"1");
+        // Only streams with entries need the group's view.
+        let b = if stream_len > 0 {
+            backlog(conn, k).await?
+        } else {
+            Default::default()
+        };
+        out.push(VoucherStatus {
+            voucher: v.clone(),
+            gate_loaded: meta && stock.is_some(),
+            redis_stock: stock,
+            undelivered: b.undelivered,
+            pending: b.pending,
+            dead_letters: dead,
+            waitlist,
+            next_deadline_ms: first.first().map(|(_, at)| *at as i64),
+            deadline_errors: deadline_errors.unwrap_or(0),
+            deadline_read_error,
+            rejected: Rejections::from_meta(rate_limited, bad_token),
+            paused,
+        });
     }
     Ok(out)
 }
