@@ -3,7 +3,7 @@
 -- Called by `seckill worker` after the batch's MySQL transaction committed.
 -- Schedules the payment deadlines, moves refused messages to the dead-letter
 -- stream, only then acknowledges the entries, and releases the batch's lease
--- locks (lua/lib/unlock.lua, as lock_release.lua) in the same step: a crash before this script
+-- locks (lua/lib/lease.lua, as lock_release.lua) in the same step: a crash before this script
 -- leaves every entry pending, and its redelivery completes the same work
 -- (deadlines are derived from the stored orders; a dead letter is written
 -- only while its entry is still pending, so never twice).
@@ -11,18 +11,19 @@
 -- KEYS[1]  seckill:{V}:orders     stream
 -- KEYS[2]  seckill:{V}:timeouts   zset   order id -> payment deadline (ms)
 -- KEYS[3]  seckill:{V}:dead       stream dead letters
--- KEYS[4..] seckill:{V}:lock:<user> the batch's locks to release
+-- KEYS[4]  seckill:{V}:locks      hash   the lease locks (lua/lib/lease.lua)
 --
 -- ARGV[1]  consumer group
 -- ARGV[2]  lock owner token
 -- ARGV[3]  D, the number of deadlines, then D pairs: order id, deadline ms
 -- then     N, the number of dead letters, then N triples: entry id, reason, deliveries
+-- then     U, the number of locks to release, then U user ids
 -- then     the entry ids to acknowledge (dead-lettered ones included)
 --
 -- Returns the number of entries acknowledged.
 --
--- `unlock` comes from lua/lib/unlock.lua, which the binary prepends (to run
--- this file by hand, prepend it too).
+-- `lease_release` comes from lua/lib/lease.lua, which the binary prepends (to
+-- run this file by hand, prepend it too).
 
 local group, owner = ARGV[1], ARGV[2]
 local i = 3
@@ -50,10 +51,15 @@ for _ = 1, dead do
     redis.call('XADD', KEYS[3], '*', unpack(fields))
   end
 end
-local acked = 0
-if i <= #ARGV then
-  acked = redis.call('XACK', KEYS[1], group, unpack(ARGV, i))
+local locked = tonumber(ARGV[i]); i = i + 1
+local users = {}
+for _ = 1, locked do
+  users[#users + 1] = ARGV[i]
+  i = i + 1
 end
-for k = 4, #KEYS do unlock(KEYS[k], owner) end
-flush_unlocks()
+local acked = 0
+for j = i, #ARGV, 1000 do
+  acked = acked + redis.call('XACK', KEYS[1], group, unpack(ARGV, j, math.min(j + 999, #ARGV)))
+end
+lease_release(KEYS[4], owner, users)
 return acked

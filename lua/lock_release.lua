@@ -1,18 +1,13 @@
 -- lock_release.lua — layer 3: give back the owner's locks (one reentry each).
 --
--- KEYS[i]  seckill:{V}:lock:<user>
+-- KEYS[1]  seckill:{V}:locks   (lua/lib/lease.lua, which the binary prepends)
 -- ARGV[1]  owner token
+-- ARGV[2..] user ids
 --
--- Returns how many keys were released. A key whose count drops to 0 is
--- deleted; a key held by someone else is left alone (never release by name
+-- Returns how many locks were released. A lock whose count drops to 0 is
+-- deleted; a lock held by someone else is left alone (never release by name
 -- alone: only the owner's token releases).
---
--- `unlock` comes from lua/lib/unlock.lua, which the binary prepends (to run
--- this file by hand, prepend it too).
 
-local released = 0
-for _, key in ipairs(KEYS) do
-  if unlock(key, ARGV[1]) then released = released + 1 end
-end
-flush_unlocks()
-return released
+local users = {}
+for i = 2, #ARGV do users[#users + 1] = ARGV[i] end
+return lease_release(KEYS[1], ARGV[1], users)

@@ -11,6 +11,7 @@ use common::{json, TestEnv};
 use redis::AsyncCommands;
 use seckill::store::keys::{VoucherKeys, WORKER_GROUP};
 use seckill::store::registry;
+use seckill::worker::lock::LockOwner;
 
 const V: u64 = 1;
 use common::fast_worker as args;
@@ -439,8 +440,12 @@ async fn an_entry_whose_lock_is_held_elsewhere_stays_pending_until_it_can_be_per
     let keys = VoucherKeys::new(&env.prefix, V).unwrap();
     let mut redis = env.redis().await;
     // Another owner holds user 5's lock (for longer than this test runs).
-    let _: () = redis.hset(keys.lock(5), "someone-else", 1).await.unwrap();
-    let _: () = redis.pexpire(keys.lock(5), 120_000).await.unwrap();
+    let someone_else = LockOwner {
+        token: "someone-else".into(),
+        lease: Duration::from_secs(120),
+    };
+    let taken = someone_else.acquire(&mut redis, &keys, &[5]).await.unwrap();
+    assert_eq!(taken, vec![true]);
     let w = env.spawn_worker(&["--claim-idle", "200ms", "--block", "100ms"]);
     env.wait_orders(V, 9, Duration::from_secs(60)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -453,7 +458,8 @@ async fn an_entry_whose_lock_is_held_elsewhere_stays_pending_until_it_can_be_per
     );
     assert_invariants(&env, V).await;
     // The other owner lets go: the entry comes back and is persisted.
-    let _: () = redis.del(keys.lock(5)).await.unwrap();
+    let released = someone_else.release(&mut redis, &keys, &[5]).await.unwrap();
+    assert_eq!(released, 1);
     env.wait_drained(V, Duration::from_secs(30)).await;
     assert_eq!(env.order_count(V).await, 10);
     w.signal("TERM");
@@ -462,25 +468,26 @@ async fn an_entry_whose_lock_is_held_elsewhere_stays_pending_until_it_can_be_per
     env.cleanup().await;
 }
 
-/// The lock keys of the voucher with an owner whose token starts with `owner`.
+/// The users whose lock an owner whose token starts with `owner` holds now
+/// (lease not run out by Redis's clock; lua/lib/lease.lua's layout).
 async fn locks_held_by(env: &TestEnv, keys: &VoucherKeys, owner: &str) -> Vec<String> {
     let mut redis = env.redis().await;
-    let pattern = format!("{}*", keys.lock(0).strip_suffix('0').unwrap());
-    let mut lock_keys: Vec<String> = Vec::new();
-    {
-        let mut iter: redis::AsyncIter<String> = redis.scan_match(pattern).await.unwrap();
-        while let Some(k) = iter.next_item().await {
-            lock_keys.push(k.unwrap());
-        }
-    }
-    let mut held = Vec::new();
-    for k in lock_keys {
-        let owners: Vec<String> = redis.hkeys(&k).await.unwrap();
-        if owners.iter().any(|o| o.starts_with(owner)) {
-            held.push(k);
-        }
-    }
-    held
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut redis).await.unwrap();
+    let now_ms = secs * 1000 + micros / 1000;
+    let locks: Vec<(String, String)> = redis.hgetall(keys.locks()).await.unwrap();
+    locks
+        .into_iter()
+        .filter(|(user, v)| {
+            if user == "encoding" {
+                return false; // keeps the hash's encoding, no lock
+            }
+            let mut parts = v.splitn(3, ' ');
+            let expires: u64 = parts.next().unwrap().parse().unwrap();
+            let _count = parts.next().unwrap();
+            expires > now_ms && parts.next().unwrap().starts_with(owner)
+        })
+        .map(|(user, _)| user)
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

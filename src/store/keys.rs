@@ -74,8 +74,10 @@ impl VoucherKeys {
     pub fn deadline_errors(&self) -> String {
         self.key("deadline_errors")
     }
-    pub fn lock(&self, user: u64) -> String {
-        self.key(&format!("lock:{user}"))
+    /// The voucher's layer-3 lease locks, one field per user
+    /// (lua/lib/lease.lua).
+    pub fn locks(&self) -> String {
+        self.key("locks")
     }
     /// Scratch key for rebuilding the buyers set before swapping it in;
     /// `run` keeps two concurrent rebuilds (preload and reconcile) apart.
@@ -111,7 +113,7 @@ mod tests {
         assert_eq!(k.meta(), "seckill:{42}:meta");
         assert_eq!(k.stock(), "seckill:{42}:stock");
         assert_eq!(k.orders(), "seckill:{42}:orders");
-        assert_eq!(k.lock(7), "seckill:{42}:lock:7");
+        assert_eq!(k.locks(), "seckill:{42}:locks");
     }
 
     #[test]

@@ -14,28 +14,28 @@ pub static ADMISSION: LazyLock<Script> = LazyLock::new(|| Script::new(ADMISSION_
 pub const PRELOAD_SOURCE: &str = include_str!("../../lua/preload.lua");
 pub static PRELOAD: LazyLock<Script> = LazyLock::new(|| Script::new(PRELOAD_SOURCE));
 
-/// Layer 3: take a batch's lease locks (reentrant, by owner token).
-pub static LOCK_ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/lock_acquire.lua")));
-/// Layer 3 watchdog: extend the leases still held.
-pub static LOCK_RENEW: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/lock_renew.lua")));
 // Redis scripts cannot call one another: what several share lives in
 // lua/lib/ and is prepended here.
-const UNLOCK_LIB: &str = include_str!("../../lua/lib/unlock.lua");
+const LEASE_LIB: &str = include_str!("../../lua/lib/lease.lua");
 const VALID_ID_LIB: &str = include_str!("../../lua/lib/valid_id.lua");
 
 fn with_lib(lib: &str, body: &str) -> Script {
     Script::new(&format!("{lib}\n{body}"))
 }
 
+/// Layer 3: take a batch's lease locks (reentrant, by owner token).
+pub static LOCK_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| with_lib(LEASE_LIB, include_str!("../../lua/lock_acquire.lua")));
+/// Layer 3 watchdog: extend the leases still held.
+pub static LOCK_RENEW: LazyLock<Script> =
+    LazyLock::new(|| with_lib(LEASE_LIB, include_str!("../../lua/lock_renew.lua")));
 /// Layer 3: release by owner token.
 pub static LOCK_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| with_lib(UNLOCK_LIB, include_str!("../../lua/lock_release.lua")));
+    LazyLock::new(|| with_lib(LEASE_LIB, include_str!("../../lua/lock_release.lua")));
 
 /// Layers 2/4: deadlines, dead letters, then XACK, after a batch committed.
 pub static FINISH: LazyLock<Script> =
-    LazyLock::new(|| with_lib(UNLOCK_LIB, include_str!("../../lua/finish.lua")));
+    LazyLock::new(|| with_lib(LEASE_LIB, include_str!("../../lua/finish.lua")));
 
 /// Dead letters back into the order stream (`seckill pending --requeue`).
 pub static REQUEUE: LazyLock<Script> =

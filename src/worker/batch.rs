@@ -130,16 +130,16 @@ impl Lane {
             }
         }
 
-        let lock_keys: Vec<String> = valid.iter().map(|(m, _)| keys.lock(m.user)).collect();
+        let users: Vec<u64> = valid.iter().map(|(m, _)| m.user).collect();
         let t_lock = Instant::now();
-        let granted = self.owner.acquire(&mut self.conn, &lock_keys).await?;
+        let granted = self.owner.acquire(&mut self.conn, keys, &users).await?;
         let lock_ms = t_lock.elapsed().as_secs_f64() * 1e3;
         let mut mine: Vec<(OrderMessage, u64)> = Vec::new();
-        let mut held: Vec<String> = Vec::new();
-        for ((m, n), (ok, key)) in valid.into_iter().zip(granted.into_iter().zip(lock_keys)) {
+        let mut held: Vec<u64> = Vec::new();
+        for ((m, n), ok) in valid.into_iter().zip(granted) {
             if ok {
+                held.push(m.user);
                 mine.push((m, n));
-                held.push(key);
             } else {
                 // Someone else works on this user's order: leave it pending
                 // (never ack what was not persisted); it comes back later.
@@ -159,7 +159,7 @@ impl Lane {
             }
             Err(e) => {
                 alive.set_held(Vec::new()).await;
-                if let Err(r) = self.owner.release(&mut self.conn, &held).await {
+                if let Err(r) = self.owner.release(&mut self.conn, keys, &held).await {
                     tracing::warn!("voucher {voucher}: could not release {} lock(s), they expire with their lease: {r}", held.len());
                 }
                 return Err(match e {

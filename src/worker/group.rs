@@ -236,8 +236,8 @@ pub struct Completion<'a> {
     pub dead: Vec<DeadLetter>,
     /// Entry ids to acknowledge (dead-lettered ones included).
     pub acks: Vec<String>,
-    /// Lock keys to release, and their owner's token.
-    pub locks: &'a [String],
+    /// Users whose locks to release, and their owner's token.
+    pub locks: &'a [u64],
     pub owner: &'a str,
 }
 
@@ -250,10 +250,10 @@ pub async fn finish(
 ) -> Result<u64> {
     let (deadlines, dead, acks) = (&c.deadlines, &c.dead, &c.acks);
     let mut inv = FINISH.prepare_invoke();
-    inv.key(keys.orders()).key(keys.timeouts()).key(keys.dead());
-    for lock in c.locks {
-        inv.key(lock);
-    }
+    inv.key(keys.orders())
+        .key(keys.timeouts())
+        .key(keys.dead())
+        .key(keys.locks());
     inv.arg(WORKER_GROUP).arg(c.owner).arg(deadlines.len());
     for (order, deadline) in deadlines {
         inv.arg(*order).arg(*deadline);
@@ -262,6 +262,7 @@ pub async fn finish(
     for d in dead {
         inv.arg(&d.entry_id).arg(&d.reason).arg(d.deliveries);
     }
+    inv.arg(c.locks.len()).arg(c.locks);
     for id in acks {
         inv.arg(id);
     }

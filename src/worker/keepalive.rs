@@ -14,10 +14,11 @@ use super::WorkerStats;
 use crate::store::keys::{VoucherKeys, WORKER_GROUP};
 use crate::worker::lock::LockOwner;
 
-/// The lock keys currently held for the batch; the batch sets them after
-/// acquiring and clears them before releasing. A renewal holds the mutex, so
-/// clearing waits for it and a released lock is never reported as lost.
-pub type HeldLocks = Arc<Mutex<Vec<String>>>;
+/// The users whose locks are currently held for the batch; the batch sets
+/// them after acquiring and clears them before releasing. A renewal holds the
+/// mutex, so clearing waits for it and a released lock is never reported as
+/// lost.
+pub type HeldLocks = Arc<Mutex<Vec<u64>>>;
 
 /// Stops the keep-alive when dropped.
 pub struct KeepAlive {
@@ -32,8 +33,8 @@ impl Drop for KeepAlive {
 }
 
 impl KeepAlive {
-    pub async fn set_held(&self, keys: Vec<String>) {
-        *self.held.lock().await = keys;
+    pub async fn set_held(&self, users: Vec<u64>) {
+        *self.held.lock().await = users;
     }
 }
 
@@ -70,7 +71,7 @@ pub fn start(
                 tracing::warn!("keep-alive could not touch the batch's entries: {e}");
             }
             let mut locks = held_locks.lock().await;
-            match owner.renew(&mut conn, &locks).await {
+            match owner.renew(&mut conn, &keys, &locks).await {
                 Ok(renewed) => {
                     let lost = renewed.iter().filter(|ok| !**ok).count();
                     if lost > 0 {

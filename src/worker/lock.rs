@@ -1,6 +1,8 @@
 //! Layer 3: per-(user, voucher) lease locks, taken, renewed and released for a
 //! whole batch in one round trip each (the worker's keep-alive renews them
-//! while the batch is being persisted).
+//! while the batch is being persisted). A voucher's locks are the fields of
+//! one hash (lua/lib/lease.lua), so a batch costs a few commands, not a key
+//! and two or three commands per user.
 //!
 //! The lock keeps two workers from working on one user's order at once; it
 //! is not what makes the order unique — the UNIQUE keys and the conditional
@@ -10,6 +12,7 @@
 use std::time::Duration;
 
 use crate::error::Result;
+use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::RedisConn;
 use redis::Script;
 
@@ -27,48 +30,65 @@ impl LockOwner {
         self.lease.as_millis().max(1) as u64
     }
 
-    /// Tries every key; returns one flag per key (true = now held by us).
-    pub async fn acquire(&self, conn: &mut impl RedisConn, keys: &[String]) -> Result<Vec<bool>> {
-        self.per_key(&LOCK_ACQUIRE, conn, keys).await
+    /// Tries the lock of every user; returns one flag per user (true = now
+    /// held by us).
+    pub async fn acquire(
+        &self,
+        conn: &mut impl RedisConn,
+        keys: &VoucherKeys,
+        users: &[u64],
+    ) -> Result<Vec<bool>> {
+        self.per_user(&LOCK_ACQUIRE, conn, keys, users).await
     }
 
-    /// Extends the leases; returns one flag per key (false = lost).
-    pub async fn renew(&self, conn: &mut impl RedisConn, keys: &[String]) -> Result<Vec<bool>> {
-        self.per_key(&LOCK_RENEW, conn, keys).await
+    /// Extends the leases; returns one flag per user (false = lost).
+    pub async fn renew(
+        &self,
+        conn: &mut impl RedisConn,
+        keys: &VoucherKeys,
+        users: &[u64],
+    ) -> Result<Vec<bool>> {
+        self.per_user(&LOCK_RENEW, conn, keys, users).await
     }
 
-    /// Runs a script taking (owner, lease) over `keys`, one flag back per key.
-    async fn per_key(
+    /// Runs a script taking (owner, lease, users...), one flag back per user.
+    async fn per_user(
         &self,
         script: &Script,
         conn: &mut impl RedisConn,
-        keys: &[String],
+        keys: &VoucherKeys,
+        users: &[u64],
     ) -> Result<Vec<bool>> {
-        if keys.is_empty() {
+        if users.is_empty() {
             return Ok(Vec::new());
         }
-        let mut inv = script.prepare_invoke();
-        for k in keys {
-            inv.key(k);
-        }
-        let flags: Vec<i64> = inv
+        let flags: Vec<i64> = script
+            .key(keys.locks())
             .arg(&self.token)
             .arg(self.lease_ms())
+            .arg(users)
             .invoke_async(conn)
             .await?;
         Ok(flags.into_iter().map(|f| f == 1).collect())
     }
 
-    /// Gives back one reentry of each key we hold.
-    pub async fn release(&self, conn: &mut impl RedisConn, keys: &[String]) -> Result<usize> {
-        if keys.is_empty() {
+    /// Gives back one reentry of each user's lock we hold; returns how many
+    /// were held.
+    pub async fn release(
+        &self,
+        conn: &mut impl RedisConn,
+        keys: &VoucherKeys,
+        users: &[u64],
+    ) -> Result<usize> {
+        if users.is_empty() {
             return Ok(0);
         }
-        let mut inv = LOCK_RELEASE.prepare_invoke();
-        for k in keys {
-            inv.key(k);
-        }
-        let released: usize = inv.arg(&self.token).invoke_async(conn).await?;
+        let released: usize = LOCK_RELEASE
+            .key(keys.locks())
+            .arg(&self.token)
+            .arg(users)
+            .invoke_async(conn)
+            .await?;
         Ok(released)
     }
 }
