@@ -610,3 +610,37 @@ async fn a_worker_whose_vouchers_vanish_from_the_registry_registers_them_again_a
     assert_invariants(&env, V).await;
     env.cleanup().await;
 }
+
+/// CPU seconds (user + system) process `pid` has used so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name, which is in parentheses.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn until_idle_waits_without_spinning_for_entries_pending_elsewhere_then_takes_them() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 10).await;
+    env.admit_users(V, 10, 0).await;
+    // A consumer that read everything and died: its entries stay pending
+    // until --claim-idle has passed.
+    assert_eq!(env.read_as(V, "gone", 100).await.len(), 10);
+    let w = env.spawn_worker(&["--until-idle", "--claim-idle", "3s", "--block", "2s"]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = cpu_seconds(w.pid());
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let used = cpu_seconds(w.pid()) - before;
+    assert!(
+        used < 0.5,
+        "the waiting worker used {used:.2} CPU s in 1.5 s (it spins)"
+    );
+    assert_eq!(env.order_count(V).await, 0, "nothing is reclaimed early");
+    w.expect_success(Duration::from_secs(30));
+    assert_eq!(env.order_count(V).await, 10);
+    assert_invariants(&env, V).await;
+    env.cleanup().await;
+}

@@ -37,22 +37,23 @@ pub async fn ensure_group(conn: &mut impl RedisConn, keys: &VoucherKeys) -> Resu
     }
 }
 
-/// Reads up to `count` new entries per stream, blocking up to `block_ms`.
+/// Reads up to `count` new entries per stream, blocking up to `block_ms`
+/// (`None`: not at all).
 /// Uses its own connection: a blocking read holds it for the whole wait.
 pub async fn read_new(
     conn: &mut impl RedisConn,
     streams: &[(u64, String)],
     consumer: &str,
     count: usize,
-    block_ms: u64,
+    block_ms: Option<u64>,
 ) -> Result<Vec<(u64, Vec<Delivery>)>> {
     if streams.is_empty() {
         return Ok(Vec::new());
     }
     if conn.is_cluster() && streams.len() > 1 {
-        return poll_each(conn, streams, consumer, count, block_ms).await;
+        return poll_each(conn, streams, consumer, count, block_ms.unwrap_or(0)).await;
     }
-    xreadgroup(conn, streams, consumer, count, Some(block_ms)).await
+    xreadgroup(conn, streams, consumer, count, block_ms).await
 }
 
 /// How often a cluster's streams are looked at while all are empty: at

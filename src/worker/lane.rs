@@ -59,6 +59,8 @@ pub(super) struct Lane {
     /// With --until-idle, lane 0 handles the payment deadlines itself, so
     /// that it never exits while a release is about to add promotions.
     pub(super) deadlines: Option<Canceller>,
+    /// The last read found nothing (--until-idle waits before the next one).
+    pub(super) read_nothing: bool,
 }
 
 impl Lane {
@@ -236,21 +238,27 @@ impl Lane {
             self.pause(self.opts.block.min(REGISTRY_REFRESH)).await;
             return Ok(false);
         }
-        // Waiting long for news only delays the exit of an --until-idle run.
-        let block = if self.opts.until_idle {
-            self.opts.block.min(UNTIL_IDLE_BLOCK)
+        // Waiting for news only delays the exit of an --until-idle run: it
+        // looks without waiting first, and waits (briefly) only when the
+        // last look found nothing and yet work was left (entries pending
+        // elsewhere, deadlines due), so that it does not spin.
+        let block = if !self.opts.until_idle {
+            Some(self.opts.block)
+        } else if self.read_nothing {
+            Some(self.opts.block.min(UNTIL_IDLE_BLOCK))
         } else {
-            self.opts.block
+            None
         };
         let read = group::read_new(
             &mut self.blocking,
             &streams,
             &self.opts.consumer,
             self.opts.batch,
-            block.as_millis() as u64,
+            block.map(|b| b.as_millis() as u64),
         )
         .await?;
         let worked = !read.is_empty();
+        self.read_nothing = !worked;
         for (voucher, deliveries) in read {
             self.process_batch(voucher, deliveries).await?;
         }

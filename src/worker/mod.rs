@@ -115,6 +115,7 @@ pub async fn run(
             last_error: HashMap::new(),
             reclaim_cursors: HashMap::new(),
             recreate_groups: false,
+            read_nothing: false,
             deadlines: if lane == 0 {
                 inline_deadlines.take()
             } else {
