@@ -12,21 +12,37 @@
 -- one, counts one more reentry), 0 when another owner holds it. A held lock
 -- expires after the lease unless renewed (lock_renew.lua).
 
-local owner, lease, users, now, state = lease_args()
-local changed, out = {}, {}
+local owner, lease, users = ARGV[1], tonumber(ARGV[2]), lease_users(3)
+local now, once = lease_now(), lease_once(owner)
+local expires = now + lease
+local vals = lease_values(KEYS[1], users)
+-- user -> the owner's count after this call, or false: someone else's.
+local counts, out = {}, {}
 for i, user in ipairs(users) do
-  local lock = state[user]
-  if lease_held(lock, owner, now) then
-    lock[1], lock[2] = now + lease, lock[2] + 1
-  elseif lock and lock[1] > now then
-    out[i] = 0
-  else
-    state[user] = { now + lease, 1, owner }
+  local c = counts[user]
+  if c == nil then
+    local v = vals[i]
+    c = lease_count(v, owner, now, once)
+    if c == nil then
+      -- Not the owner's: free unless another owner's lease still runs.
+      c = (lease_expiry(v) <= now) and 0 or false
+    end
   end
-  if not out[i] then
+  if c then
+    counts[user] = c + 1
     out[i] = 1
-    changed[user] = true
+  else
+    counts[user] = false
+    out[i] = 0
   end
 end
-lease_write(KEYS[1], state, changed, lease)
+local fresh = string.format('%d', expires) .. once
+local set = {}
+for user, c in pairs(counts) do
+  if c then
+    set[#set + 1] = user
+    set[#set + 1] = (c == 1) and fresh or string.format('%d %d %s', expires, c, owner)
+  end
+end
+lease_store(KEYS[1], set, {}, lease)
 return out

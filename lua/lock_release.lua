@@ -8,6 +8,4 @@
 -- deleted; a lock held by someone else is left alone (never release by name
 -- alone: only the owner's token releases).
 
-local users = {}
-for i = 2, #ARGV do users[#users + 1] = ARGV[i] end
-return lease_release(KEYS[1], ARGV[1], users)
+return lease_release(KEYS[1], ARGV[1], lease_users(2))

@@ -8,17 +8,22 @@
 -- Returns an array with one element per user: 1 renewed, 0 lost (expired,
 -- or taken by another owner after it expired).
 
-local owner, lease, users, now, state = lease_args()
-local changed, out = {}, {}
+local owner, lease, users = ARGV[1], tonumber(ARGV[2]), lease_users(3)
+local now, once = lease_now(), lease_once(owner)
+local vals = lease_values(KEYS[1], users)
+local renewed, set, out = {}, {}, {}
 for i, user in ipairs(users) do
-  local lock = state[user]
-  if lease_held(lock, owner, now) then
-    lock[1] = now + lease
-    changed[user] = true
+  local c = lease_count(vals[i], owner, now, once)
+  if c and c > 0 then
+    if not renewed[user] then
+      renewed[user] = true
+      set[#set + 1] = user
+      set[#set + 1] = string.format('%d %d %s', now + lease, c, owner)
+    end
     out[i] = 1
   else
     out[i] = 0
   end
 end
-lease_write(KEYS[1], state, changed, lease)
+lease_store(KEYS[1], set, {}, lease)
 return out

@@ -243,3 +243,38 @@ async fn a_batch_larger_than_one_lua_unpack_is_locked_whole() {
     assert!(lock_fields(&mut redis, &keys).await.is_empty());
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn an_owner_whose_token_ends_like_another_s_is_another_owner() {
+    let env = TestEnv::new().await;
+    let keys = VoucherKeys::new(&env.prefix, 1).unwrap();
+    let mut redis = env.redis().await;
+    // The stored value of a's lock ends with " 1 b", as b's would.
+    let (a, b) = (owner("x 1 b", 5_000), owner("b", 5_000));
+    assert_eq!(
+        a.acquire(&mut redis, &keys, &[1]).await.unwrap(),
+        vec![true]
+    );
+    assert_eq!(
+        b.acquire(&mut redis, &keys, &[1]).await.unwrap(),
+        vec![false]
+    );
+    assert_eq!(b.renew(&mut redis, &keys, &[1]).await.unwrap(), vec![false]);
+    assert_eq!(b.release(&mut redis, &keys, &[1]).await.unwrap(), 0);
+    let (_, count, holder) = stored(&mut redis, &keys, 1).await.unwrap();
+    assert_eq!((count, holder.as_str()), (1, "x 1 b"));
+    // And the other way round.
+    assert_eq!(
+        b.acquire(&mut redis, &keys, &[2]).await.unwrap(),
+        vec![true]
+    );
+    assert_eq!(
+        a.acquire(&mut redis, &keys, &[2]).await.unwrap(),
+        vec![false]
+    );
+    assert_eq!(a.release(&mut redis, &keys, &[2]).await.unwrap(), 0);
+    assert_eq!(a.release(&mut redis, &keys, &[1]).await.unwrap(), 1);
+    assert_eq!(b.release(&mut redis, &keys, &[2]).await.unwrap(), 1);
+    assert!(lock_fields(&mut redis, &keys).await.is_empty());
+    env.cleanup().await;
+}

@@ -16,37 +16,64 @@
 -- hashtable encoding from its first write. A small hash is a listpack,
 -- searched end to end for every field, and a batch's locks come and go
 -- together: with a listpack, a batch of 256 cost ~6x more Redis time.
+--
+-- These run once per order of every batch: values are taken apart with
+-- plain finds (no patterns, no tables per lock), and a batch's fresh locks
+-- share one value string.
 
 local function lease_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- ARGV[first..] as a table (the users of a batch).
+local function lease_users(first)
+  local users = {}
+  for i = first, #ARGV do users[#users + 1] = ARGV[i] end
+  return users
+end
+
 -- Redis's unpack has a limit of its own: commands are sent in slices.
 local SLICE = 1000
 
--- The locks of `users` as { [user] = {exp, count, owner} or false }.
-local function lease_read(key, users)
-  local state = {}
+-- The stored values of `users`' locks, in the same order (false: none).
+local function lease_values(key, users)
+  local vals = {}
   for j = 1, #users, SLICE do
-    local last = math.min(j + SLICE - 1, #users)
-    local vals = redis.call('HMGET', key, unpack(users, j, last))
-    for k = j, last do
-      local v = vals[k - j + 1]
-      local lock = false
-      if v then
-        local exp, count, owner = string.match(v, '^(%d+) (%d+) (.*)$')
-        if exp then lock = { tonumber(exp), tonumber(count), owner } end
-      end
-      state[users[k]] = lock
-    end
+    local got = redis.call('HMGET', key, unpack(users, j, math.min(j + SLICE - 1, #users)))
+    for k = 1, #got do vals[#vals + 1] = got[k] end
   end
-  return state
+  return vals
 end
 
--- Whether `owner` holds `lock` at `now`.
-local function lease_held(lock, owner, now)
-  return lock and lock[3] == owner and lock[1] > now
+-- When a stored lock expires (0 when the value is not a lock: free).
+local function lease_expiry(v)
+  local a = v and string.find(v, ' ', 1, true)
+  return a and tonumber(string.sub(v, 1, a - 1)) or 0
+end
+
+-- `owner`'s reentry count on a stored lock: nil when the lock is not
+-- `owner`'s (or there is none), 0 when it is but its lease ran out.
+-- `once` is lease_once(owner).
+local function lease_count(v, owner, now, once)
+  if not v then return nil end
+  -- Held once (nearly always): "<digits>" then `once`. What precedes the
+  -- owner in anyone else's value holds spaces, so it is no number.
+  local n = #v - #once
+  if n > 0 and string.sub(v, n + 1) == once then
+    local e = tonumber(string.sub(v, 1, n))
+    if e then return (e > now) and 1 or 0 end
+  end
+  local a = string.find(v, ' ', 1, true)
+  local b = a and string.find(v, ' ', a + 1, true)
+  if not b or string.sub(v, b + 1) ~= owner then return nil end
+  if (tonumber(string.sub(v, 1, a - 1)) or 0) <= now then return 0 end
+  return tonumber(string.sub(v, a + 1, b - 1)) or 0
+end
+
+-- The end of the value of a lock `owner` holds once.
+local function lease_once(owner)
+  return ' 1 ' .. owner
 end
 
 local ENCODING_FIELD = 'encoding'
@@ -54,20 +81,9 @@ local ENCODING_VALUE = 'this field keeps the hash in the hashtable encoding'
   .. ' (a listpack is searched end to end for every field): lua/lib/lease.lua'
   .. string.rep('.', 64)
 
--- Writes the locks of `changed` (user -> true) as they are in `state`:
--- a lock set to false is deleted. `lease_ms` (when set) is how long the
--- hash must live at least.
-local function lease_write(key, state, changed, lease_ms)
-  local set, del = {}, {}
-  for user in pairs(changed) do
-    local lock = state[user]
-    if lock then
-      set[#set + 1] = user
-      set[#set + 1] = string.format('%d %d %s', lock[1], lock[2], lock[3])
-    else
-      del[#del + 1] = user
-    end
-  end
+-- Writes `set` (user, value, user, value...) and deletes `del` (users).
+-- `lease_ms` (when set) is how long the hash must live at least.
+local function lease_store(key, set, del, lease_ms)
   if #set > 0 and redis.call('HEXISTS', key, ENCODING_FIELD) == 0 then
     redis.call('HSET', key, ENCODING_FIELD, ENCODING_VALUE)
   end
@@ -82,35 +98,36 @@ local function lease_write(key, state, changed, lease_ms)
   end
 end
 
--- The arguments of the scripts that take (owner, lease, users...) over
--- KEYS[1]: owner, lease, the users, Redis's time and their locks.
-local function lease_args()
-  local users = {}
-  for i = 3, #ARGV do users[#users + 1] = ARGV[i] end
-  return ARGV[1], tonumber(ARGV[2]), users, lease_now(), lease_read(KEYS[1], users)
-end
-
 -- Gives back one reentry of `owner` on each of `users` (a user listed twice
 -- gives back two); returns how many were held. A lock whose count reaches 0
 -- is deleted, as is the owner's own expired one; a lock held by someone
 -- else is left alone (never release by name alone).
 local function lease_release(key, owner, users)
   if #users == 0 then return 0 end
-  local now = lease_now()
-  local state = lease_read(key, users)
-  local changed, released = {}, 0
-  for _, user in ipairs(users) do
-    local lock = state[user]
-    if lease_held(lock, owner, now) then
+  local now, once = lease_now(), lease_once(owner)
+  local vals = lease_values(key, users)
+  local left, stored, released = {}, {}, 0
+  for i, user in ipairs(users) do
+    local c = left[user]
+    if c == nil then
+      c = lease_count(vals[i], owner, now, once)
+      if c and c > 1 then stored[user] = vals[i] end
+    end
+    if c and c > 0 then
       released = released + 1
-      lock[2] = lock[2] - 1
-      if lock[2] <= 0 then state[user] = false end
-      changed[user] = true
-    elseif lock and lock[3] == owner then
-      state[user] = false
-      changed[user] = true
+      c = c - 1
+    end
+    left[user] = c
+  end
+  local set, del = {}, {}
+  for user, c in pairs(left) do
+    if c == 0 then
+      del[#del + 1] = user
+    else
+      set[#set + 1] = user
+      set[#set + 1] = lease_expiry(stored[user]) .. ' ' .. c .. ' ' .. owner
     end
   end
-  lease_write(key, state, changed, nil)
+  lease_store(key, set, del, nil)
   return released
 end
