@@ -49,6 +49,11 @@ pub struct RawEntry {
 }
 
 impl RawEntry {
+    /// An entry with its fields as stored (in stream order).
+    pub fn new(entry_id: String, fields: Vec<(String, String)>) -> RawEntry {
+        RawEntry { entry_id, fields }
+    }
+
     pub fn from_map(entry_id: &str, map: &HashMap<String, Value>) -> RawEntry {
         let mut fields: Vec<(String, String)> = map
             .iter()

@@ -5,3 +5,4 @@ pub mod backlog;
 pub mod entry;
 pub mod id;
 pub mod pending;
+pub mod read_reply;

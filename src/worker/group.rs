@@ -7,16 +7,17 @@ use std::time::{Duration, Instant};
 
 use redis::streams::{
     StreamAutoClaimReply, StreamInfoConsumersReply, StreamInfoGroupsReply, StreamPendingCountReply,
-    StreamPendingReply, StreamReadReply,
+    StreamPendingReply,
 };
 use redis::AsyncCommands;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::store::keys::{VoucherKeys, WORKER_GROUP};
 use crate::store::redis_conn::RedisConn;
 use crate::store::scripts::{FINISH, FORGET_CONSUMER};
 use crate::stream::entry::RawEntry;
 use crate::stream::id::StreamId;
+use crate::stream::read_reply;
 
 /// An entry handed to this consumer, with how often it has been delivered.
 #[derive(Debug, Clone)]
@@ -140,20 +141,18 @@ async fn xreadgroup(
     for _ in streams {
         cmd.arg(">");
     }
-    let reply: Option<StreamReadReply> = cmd.query_async(conn).await?;
+    let reply: redis::Value = cmd.query_async(conn).await?;
+    let read = read_reply::streams(reply)
+        .map_err(|e| Error::Redis(format!("unexpected XREADGROUP reply: {e}")))?;
     let by_key: HashMap<&str, u64> = streams.iter().map(|(v, k)| (k.as_str(), *v)).collect();
     let mut out = Vec::new();
-    for stream in reply.map(|r| r.keys).unwrap_or_default() {
-        let Some(voucher) = by_key.get(stream.key.as_str()) else {
+    for (key, raw) in read {
+        let Some(voucher) = by_key.get(key.as_str()) else {
             continue;
         };
-        let entries: Vec<Delivery> = stream
-            .ids
-            .iter()
-            .map(|e| Delivery {
-                raw: RawEntry::from_map(&e.id, &e.map),
-                deliveries: 1,
-            })
+        let entries: Vec<Delivery> = raw
+            .into_iter()
+            .map(|raw| Delivery { raw, deliveries: 1 })
             .collect();
         if !entries.is_empty() {
             out.push((*voucher, entries));
