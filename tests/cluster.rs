@@ -456,12 +456,30 @@ async fn a_master_killed_during_a_live_sale_fails_over_and_nothing_is_oversold()
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+    // Whatever the killed master had not yet replicated, the worker's gate
+    // guard checks that gate against MySQL after the failover (on its next
+    // pass, which a quick drain may beat): no operator repair is needed.
+    let seen_until = Instant::now() + Duration::from_secs(30);
+    while !worker.log_text().contains("run id") {
+        assert!(
+            Instant::now() < seen_until,
+            "the gate guard never saw the failover:\n{}",
+            worker.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    while env.in_flight(victim_voucher).await > 0
+        || worker.log_text().matches("reopened").count() == 0
+    {
+        assert!(
+            Instant::now() < seen_until,
+            "the gate guard never reopened the gate:\n{}",
+            worker.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     worker.signal("TERM");
     let log = worker.expect_success(Duration::from_secs(30));
-    // Whatever the killed master had not yet replicated, the worker's gate
-    // guard checked that gate against MySQL after the failover: no operator
-    // repair is needed.
-    assert!(log.contains("run id"), "{log}");
     let report = run_json(&env, &["reconcile", "--dry-run", "--format", "json"]);
     assert_eq!(report["consistent"], true, "{report}\n{log}");
     for v in &vouchers {

@@ -114,21 +114,34 @@ impl OwnCluster {
         panic!("no master serves slot {slot}");
     }
 
-    /// The replica of the master on `port`.
+    /// The replica of the master on `port`. The node asked may not have
+    /// heard of the replication yet (gossip): it is asked again for a while.
     pub fn replica_of(&self, port: u16) -> u16 {
-        let nodes = self.alive_nodes();
-        let master_id = nodes
-            .iter()
-            .map(|l| l.split(' ').collect::<Vec<_>>())
-            .find(|f| node_port(f[1]) == port)
-            .map(|f| f[0].to_string())
-            .expect("the master is known");
-        nodes
-            .iter()
-            .map(|l| l.split(' ').collect::<Vec<_>>())
-            .find(|f| f[3] == master_id)
-            .map(|f| node_port(f[1]))
-            .expect("the master has a replica")
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        loop {
+            let nodes = self.alive_nodes();
+            let master_id = nodes
+                .iter()
+                .map(|l| l.split(' ').collect::<Vec<_>>())
+                .find(|f| node_port(f[1]) == port)
+                .map(|f| f[0].to_string())
+                .expect("the master is known");
+            let replica = nodes
+                .iter()
+                .map(|l| l.split(' ').collect::<Vec<_>>())
+                .find(|f| f[3] == master_id)
+                .map(|f| node_port(f[1]));
+            match replica {
+                Some(r) => return r,
+                None if std::time::Instant::now() < until => {
+                    std::thread::sleep(std::time::Duration::from_millis(100))
+                }
+                None => panic!(
+                    "the master on port {port} has no replica:\n{}",
+                    nodes.join("\n")
+                ),
+            }
+        }
     }
 
     fn alive_nodes(&self) -> Vec<String> {
