@@ -408,6 +408,7 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
         'seckill;worker' {
             [CompletionResult]::new('--consumer', '--consumer', [CompletionResultType]::ParameterName, 'Consumer name in the group, stable per instance [default: host-pid]')
             [CompletionResult]::new('--batch', '--batch', [CompletionResultType]::ParameterName, 'Entries read and persisted per batch (one MySQL transaction)')
+            [CompletionResult]::new('--max-batch', '--max-batch', [CompletionResultType]::ParameterName, 'Largest batch while a backlog lasts: reads that come back full double the next one''s size up to this (--batch or less: no growth)')
             [CompletionResult]::new('--block', '--block', [CompletionResultType]::ParameterName, 'Longest wait of one blocking read for new entries')
             [CompletionResult]::new('--claim-idle', '--claim-idle', [CompletionResultType]::ParameterName, 'Reclaim entries another consumer has left pending this long')
             [CompletionResult]::new('--max-deliveries', '--max-deliveries', [CompletionResultType]::ParameterName, 'Dead-letter a message that cannot be persisted after this many deliveries')

@@ -2102,7 +2102,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__worker)
-            opts="-v -q -h -V --consumer --batch --block --claim-idle --max-deliveries --lock-lease --keep --lanes --deadline-lease --sweep-every --sweep-grace --gate-check --node-id --metrics-addr --until-idle --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
+            opts="-v -q -h -V --consumer --batch --max-batch --block --claim-idle --max-deliveries --lock-lease --keep --lanes --deadline-lease --sweep-every --sweep-grace --gate-check --node-id --metrics-addr --until-idle --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -2113,6 +2113,10 @@ _seckill() {
                     return 0
                     ;;
                 --batch)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-batch)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -385,6 +385,7 @@ set edit:completion:arg-completer[seckill] = {|@words|
         &'seckill;worker'= {
             cand --consumer 'Consumer name in the group, stable per instance [default: host-pid]'
             cand --batch 'Entries read and persisted per batch (one MySQL transaction)'
+            cand --max-batch 'Largest batch while a backlog lasts: reads that come back full double the next one''s size up to this (--batch or less: no growth)'
             cand --block 'Longest wait of one blocking read for new entries'
             cand --claim-idle 'Reclaim entries another consumer has left pending this long'
             cand --max-deliveries 'Dead-letter a message that cannot be persisted after this many deliveries'

@@ -360,6 +360,7 @@ complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_s
 complete -c seckill -n "__fish_seckill_using_subcommand token; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l consumer -d 'Consumer name in the group, stable per instance [default: host-pid]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l batch -d 'Entries read and persisted per batch (one MySQL transaction)' -r
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l max-batch -d 'Largest batch while a backlog lasts: reads that come back full double the next one\'s size up to this (--batch or less: no growth)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l block -d 'Longest wait of one blocking read for new entries' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l claim-idle -d 'Reclaim entries another consumer has left pending this long' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l max-deliveries -d 'Dead-letter a message that cannot be persisted after this many deliveries' -r

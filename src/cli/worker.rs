@@ -22,6 +22,10 @@ pub struct WorkerArgs {
     /// Entries read and persisted per batch (one MySQL transaction)
     #[arg(long, default_value_t = 256)]
     pub batch: usize,
+    /// Largest batch while a backlog lasts: reads that come back full
+    /// double the next one's size up to this (--batch or less: no growth)
+    #[arg(long, default_value_t = 2048)]
+    pub max_batch: usize,
     /// Longest wait of one blocking read for new entries
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub block: Duration,
@@ -69,6 +73,7 @@ pub async fn run(cfg: &Config, args: WorkerArgs) -> anyhow::Result<u8> {
     let opts = WorkerOptions {
         consumer: args.consumer.unwrap_or_else(default_consumer),
         batch: args.batch,
+        max_batch: args.max_batch.max(args.batch),
         block: args.block,
         claim_idle: args.claim_idle,
         max_deliveries: args.max_deliveries,

@@ -61,6 +61,8 @@ pub(super) struct Lane {
     pub(super) deadlines: Option<Canceller>,
     /// The last read found nothing (--until-idle waits before the next one).
     pub(super) read_nothing: bool,
+    /// Entries the next read asks for per stream (adapts to the backlog).
+    pub(super) read_size: usize,
 }
 
 impl Lane {
@@ -253,12 +255,14 @@ impl Lane {
             &mut self.blocking,
             &streams,
             &self.opts.consumer,
-            self.opts.batch,
+            self.read_size,
             block.map(|b| b.as_millis() as u64),
         )
         .await?;
         let worked = !read.is_empty();
         self.read_nothing = !worked;
+        let largest = read.iter().map(|(_, d)| d.len()).max().unwrap_or(0);
+        self.read_size = next_read_size(self.read_size, largest, &self.opts);
         for (voucher, deliveries) in read {
             self.process_batch(voucher, deliveries).await?;
         }
@@ -329,5 +333,74 @@ impl Lane {
             }
         }
         Ok(true)
+    }
+}
+
+/// The size of the next read after one that asked for `asked` entries per
+/// stream and got at most `got` from any: twice as many after a full read
+/// (a backlog), half as many after one less than half full, within
+/// `--batch` and `--max-batch`.
+fn next_read_size(asked: usize, got: usize, opts: &WorkerOptions) -> usize {
+    let (least, most) = (opts.batch, opts.max_batch.max(opts.batch));
+    let next = if got >= asked {
+        asked.saturating_mul(2)
+    } else if got < asked / 2 {
+        asked / 2
+    } else {
+        asked
+    };
+    next.clamp(least, most)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(batch: usize, max_batch: usize) -> WorkerOptions {
+        WorkerOptions {
+            consumer: "t".into(),
+            batch,
+            max_batch,
+            block: Duration::from_secs(1),
+            claim_idle: Duration::from_secs(30),
+            max_deliveries: 5,
+            lock_lease: Duration::from_secs(10),
+            until_idle: false,
+            keep: Duration::from_secs(3600),
+            lanes: 2,
+            node_id: None,
+            deadlines: super::super::options::DeadlineOptions {
+                lease: Duration::from_secs(30),
+                sweep_every: Duration::from_secs(60),
+                sweep_grace: Duration::from_secs(60),
+                batch,
+            },
+            metrics_addr: None,
+            gate_check: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn reads_grow_while_full_and_shrink_back_when_the_backlog_is_gone() {
+        let o = opts(256, 2048);
+        let mut size = 256;
+        let mut seen = vec![];
+        for _ in 0..5 {
+            size = next_read_size(size, size, &o);
+            seen.push(size);
+        }
+        assert_eq!(seen, [512, 1024, 2048, 2048, 2048]);
+        // A read at least half full keeps the size; less, halves it.
+        assert_eq!(next_read_size(2048, 1024, &o), 2048);
+        assert_eq!(next_read_size(2048, 1023, &o), 1024);
+        assert_eq!(next_read_size(512, 0, &o), 256);
+        assert_eq!(next_read_size(256, 0, &o), 256);
+    }
+
+    #[test]
+    fn a_max_batch_at_or_below_batch_keeps_reads_fixed() {
+        let o = opts(256, 100);
+        assert_eq!(next_read_size(256, 256, &o), 256);
+        assert_eq!(next_read_size(256, 0, &o), 256);
     }
 }

@@ -116,6 +116,7 @@ pub async fn run(
             reclaim_cursors: HashMap::new(),
             recreate_groups: false,
             read_nothing: false,
+            read_size: opts.batch,
             deadlines: if lane == 0 {
                 inline_deadlines.take()
             } else {
@@ -124,9 +125,10 @@ pub async fn run(
         });
     }
     tracing::info!(
-        "worker {} started (batch {}, lanes {}, claim idle {}, max deliveries {})",
+        "worker {} started (batch {} up to {}, lanes {}, claim idle {}, max deliveries {})",
         opts.consumer,
         opts.batch,
+        opts.max_batch.max(opts.batch),
         opts.lanes,
         humantime::format_duration(opts.claim_idle),
         opts.max_deliveries

@@ -10,6 +10,12 @@ pub struct WorkerOptions {
     pub consumer: String,
     /// Entries read per stream per round trip.
     pub batch: usize,
+    /// While reads come back full (a backlog), each one reads twice as many
+    /// as the last, up to this; once they come back less than half full,
+    /// the size halves back toward `batch`. Under a sale the gate keeps
+    /// Redis busy and every round trip waits its turn: fewer, larger
+    /// batches are what lets the worker keep up.
+    pub max_batch: usize,
     /// How long one blocking read waits for new entries.
     pub block: Duration,
     /// Entries pending this long with a silent consumer are reclaimed.
@@ -41,6 +47,9 @@ impl WorkerOptions {
         let bad = |m: &str| Err(Error::InvalidInput(m.to_string()));
         if !(1..=4096).contains(&self.batch) {
             return bad("--batch must be between 1 and 4096");
+        }
+        if !(1..=4096).contains(&self.max_batch) {
+            return bad("--max-batch must be between 1 and 4096");
         }
         if self.block < Duration::from_millis(1) || self.block > Duration::from_secs(60) {
             return bad("--block must be between 1ms and 60s");
