@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Drain throughput of `seckill worker`: orders/s from the stream to committed
-# MySQL rows, for 1 and 3 workers and batch sizes 1, 64, 256, 1024, side by
-# side with the ceiling of the same table — a bulk load of the same rows with
-# large multi-row INSERTs. Then the peak RSS of one worker over a long drain.
+# MySQL rows, for 1 and 3 workers at default flags (batches of 256 growing to
+# 2048 while a backlog lasts) and at fixed batch sizes 1, 64, 256, 1024
+# (--max-batch = --batch), side by side with the ceiling of the same table —
+# a bulk load of the same rows with large multi-row INSERTs. Then the peak
+# RSS of one worker (default flags) over a long drain.
 #
 #   scripts/bench-drain.sh [orders] [rss_orders]
 #
@@ -41,12 +43,13 @@ fill() { # voucher orders: a preloaded voucher with that many admitted orders in
 
 now() { date +%s.%N; }
 
-drain() { # voucher workers batch orders -> orders/s
-  local voucher=$1 workers=$2 batch=$3 n=$4 start end pids=()
+drain() { # voucher workers batch orders -> orders/s (batch "default": the default flags)
+  local voucher=$1 workers=$2 batch=$3 n=$4 start end pids=() flags=()
+  [ "$batch" = default ] || flags=(--batch "$batch" --max-batch "$batch")
   fill "$voucher" "$n"
   start=$(now)
   for _ in $(seq 1 "$workers"); do
-    $seckill -q worker --until-idle --batch "$batch" --block 200ms >/dev/null &
+    $seckill -q worker --until-idle "${flags[@]}" --block 200ms >/dev/null &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p"; done
@@ -81,18 +84,18 @@ PY
 
 ceil=$(ceiling "$orders")
 voucher=0
-printf '%-8s %-6s %8s %12s %16s %8s\n' workers batch orders "orders/s" "bulk-load rows/s" ratio
-for batch in 1 64 256 1024; do
+printf '%-8s %-8s %8s %12s %16s %8s\n' workers batch orders "orders/s" "bulk-load rows/s" ratio
+for batch in default 1 64 256 1024; do
   n=$orders
   [ "$batch" = 1 ] && n=$((orders / 10))
   for workers in 1 3; do
     voucher=$((voucher + 1))
     rate=$(drain "$voucher" "$workers" "$batch" "$n")
-    printf '%-8s %-6s %8s %12s %16s %7s%%\n' "$workers" "$batch" "$n" "$rate" "$ceil" \
+    printf '%-8s %-8s %8s %12s %16s %7s%%\n' "$workers" "$batch" "$n" "$rate" "$ceil" \
       "$(awk -v r="$rate" -v c="$ceil" 'BEGIN { printf "%.0f", 100 * r / c }')"
   done
 done
 
 fill $((voucher + 1)) "$rss_orders"
-rss=$( { /usr/bin/time -f '%M' $seckill -q worker --until-idle --batch 256 --block 200ms >/dev/null; } 2>&1 | tail -n 1)
-echo "peak RSS of one worker draining $rss_orders orders (batch 256): ${rss} KiB"
+rss=$( { /usr/bin/time -f '%M' $seckill -q worker --until-idle --block 200ms >/dev/null; } 2>&1 | tail -n 1)
+echo "peak RSS of one worker draining $rss_orders orders (default flags): ${rss} KiB"

@@ -33,7 +33,10 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 /// XAUTOCLAIM calls per voucher per reclaim round, each scanning up to
 /// 10 × --batch pending entries; the cursor carries over to the next round.
 const RECLAIM_CALLS_PER_ROUND: usize = 16;
-const UNTIL_IDLE_BLOCK: Duration = Duration::from_millis(200);
+/// With --until-idle, the longest wait of a read while work is left elsewhere
+/// (often another lane of this worker finishing its batch): short, since
+/// the run exits only after the next read and look.
+const UNTIL_IDLE_BLOCK: Duration = Duration::from_millis(50);
 /// A consumer with nothing pending and silent this long has exited or died.
 const SILENT_CONSUMER: Duration = Duration::from_secs(3600);
 
