@@ -332,3 +332,42 @@ async fn a_gate_that_mysql_cannot_vouch_for_stays_paused_until_an_operator_fixes
     assert_invariants(&env, V).await;
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cron_run_after_redis_lost_buyers_exits_only_with_the_gate_rebuilt_and_open() {
+    use redis::AsyncCommands;
+    const V: u64 = 1;
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 100).await;
+    env.admit_users(V, 10, 0).await;
+    env.spawn_worker(&fast_worker(&["--until-idle"]))
+        .expect_success(Duration::from_secs(60));
+    assert_eq!(env.order_count(V).await, 10);
+    // Redis lost three buyers' admissions; nothing is in the stream, so the
+    // lanes find no work at once: the guard's first look must come first.
+    let keys = seckill::store::keys::VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let _: () = redis.srem(keys.buyers(), &[1, 2, 3]).await.unwrap();
+    let mut cron = env.spawn_worker(&fast_worker(&["--until-idle"]));
+    cron.expect_gate_pauses();
+    let log = cron.expect_success(Duration::from_secs(60));
+    paused_once(&log);
+    // Open again, and the lost buyers are buyers again.
+    let out = env
+        .cmd()
+        .args(["buy", "--voucher", "1", "--user", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(10), "{out:?}\n{log}");
+    let out = env
+        .cmd()
+        .args(["buy", "--voucher", "1", "--user", "50"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}\n{log}");
+    env.spawn_worker(&fast_worker(&["--until-idle"]))
+        .expect_success(Duration::from_secs(60));
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.mysql_stock, 89);
+    env.cleanup().await;
+}

@@ -94,7 +94,9 @@ impl GateGuard {
     pub async fn run(mut self, stop: CancellationToken) {
         let mut backoff = Backoff::default();
         loop {
-            let delay = match self.pass().await {
+            let passed = self.pass().await;
+            self.stats.add_guard_pass();
+            let delay = match passed {
                 Ok(()) => {
                     backoff.reset();
                     self.every

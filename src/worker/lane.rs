@@ -320,8 +320,12 @@ impl Lane {
     /// No voucher has an entry undelivered or pending (anyone's), no
     /// payment deadline this lane handles is due, and no gate is paused.
     async fn all_idle(&mut self) -> Result<bool> {
-        // A paused gate is being rebuilt: its reopening is work left.
-        if self.stats.gates_paused() > 0 {
+        // A paused gate is being rebuilt: its reopening is work left. So
+        // may be a gate the guard has not looked at yet: a run started
+        // after Redis lost writes must not exit before the guard's first
+        // pass has paused (and begun to rebuild) what it finds.
+        let guard_looked = self.opts.gate_check.is_zero() || self.stats.guard_passes() > 0;
+        if self.stats.gates_paused() > 0 || !guard_looked {
             return Ok(false);
         }
         if let Some(d) = self.deadlines.as_mut() {

@@ -21,6 +21,8 @@ pub struct WorkerStats {
     gate_pauses: AtomicU64,
     gate_reopens: AtomicU64,
     gates_paused: AtomicU64,
+    /// Passes the gate guard has completed (succeeded or failed).
+    guard_passes: AtomicU64,
     batch_buckets: [AtomicU64; BATCH_BUCKETS.len()],
     batch_count: AtomicU64,
     batch_micros: AtomicU64,
@@ -98,6 +100,12 @@ impl WorkerStats {
     }
     pub fn gates_paused(&self) -> u64 {
         self.gates_paused.load(Ordering::Relaxed)
+    }
+    pub fn add_guard_pass(&self) {
+        self.guard_passes.fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn guard_passes(&self) -> u64 {
+        self.guard_passes.load(Ordering::Relaxed)
     }
     pub fn note_lateness(&self, ms: u64) {
         self.max_lateness_ms.fetch_max(ms, Ordering::Relaxed);
