@@ -66,9 +66,12 @@ impl RawEntry {
         }
     }
 
+    /// The field's value; of a field given twice, the last (as Redis's own
+    /// map replies and the reclaim path read it).
     pub fn field(&self, name: &str) -> Option<&str> {
         self.fields
             .iter()
+            .rev()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_str())
     }

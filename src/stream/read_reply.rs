@@ -5,6 +5,7 @@
 
 use redis::Value;
 
+use crate::store::redis_conn::value_text;
 use crate::stream::entry::RawEntry;
 
 /// The entries of each stream in the reply, by stream key, in stream order.
@@ -55,8 +56,8 @@ fn entries_of(entries: Value) -> Result<Vec<RawEntry>, String> {
                 Some(Value::Array(flat)) => pairs_of(flat)?,
                 Some(Value::Map(map)) => map
                     .into_iter()
-                    .map(|(k, v)| Ok((text(k)?, text(v)?)))
-                    .collect::<Result<_, String>>()?,
+                    .map(|(k, v)| (field_text(k), field_text(v)))
+                    .collect(),
                 _ => Vec::new(),
             };
             Ok(RawEntry::new(id, fields))
@@ -68,9 +69,19 @@ fn pairs_of(flat: Vec<Value>) -> Result<Vec<(String, String)>, String> {
     let mut out = Vec::with_capacity(flat.len() / 2);
     let mut it = flat.into_iter();
     while let (Some(k), Some(v)) = (it.next(), it.next()) {
-        out.push((text(k)?, text(v)?));
+        out.push((field_text(k), field_text(v)));
     }
     Ok(out)
+}
+
+/// A field name or value as text, whatever its type: an odd one makes its
+/// entry malformed (dead-lettered with what it carried), not the read.
+fn field_text(v: Value) -> String {
+    match v {
+        Value::BulkString(bytes) => String::from_utf8(bytes)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+        other => value_text(&other),
+    }
 }
 
 fn text(v: Value) -> Result<String, String> {
@@ -136,6 +147,27 @@ mod tests {
         let got = streams(reply).unwrap();
         assert_eq!(got[0].1[0].entry_id, "3-0");
         assert!(got[0].1[0].parse(1).is_err());
+    }
+
+    #[test]
+    fn an_odd_field_makes_its_entry_malformed_not_the_read() {
+        let reply = Value::Array(vec![Value::Array(vec![
+            bulk("k"),
+            Value::Array(vec![
+                Value::Array(vec![
+                    bulk("1-0"),
+                    Value::Array(vec![bulk("user"), Value::Nil]),
+                ]),
+                entry(
+                    "2-0",
+                    &["user", "5", "order", "50", "voucher", "1", "user", "6"],
+                ),
+            ]),
+        ])]);
+        let got = streams(reply).unwrap();
+        assert!(got[0].1[0].parse(1).is_err());
+        // A field given twice: the last one counts, as on the reclaim path.
+        assert_eq!(got[0].1[1].parse(1).unwrap().user, 6);
     }
 
     #[test]
