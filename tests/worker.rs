@@ -644,3 +644,66 @@ async fn until_idle_waits_without_spinning_for_entries_pending_elsewhere_then_ta
     assert_invariants(&env, V).await;
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backlog_is_read_in_batches_that_grow_up_to_max_batch() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 10_000).await;
+    env.admit_users(V, 10_000, 0).await;
+    let growing = [
+        "--until-idle",
+        "--batch",
+        "100",
+        "--max-batch",
+        "1600",
+        "--format",
+        "json",
+    ];
+    let (summary, log) = env
+        .spawn_worker(&growing)
+        .expect_summary(Duration::from_secs(120));
+    assert_eq!(env.order_count(V).await, 10_000);
+    // Per lane 100, 200, 400, 800, 1600, 1600...: about a dozen batches
+    // where batches of 100 take a hundred.
+    let batches = summary["batches"].as_u64().unwrap();
+    assert!(batches <= 20, "{batches} batches: {summary}\n{log}");
+    assert!(log.contains("batch 100 up to 1600"), "{log}");
+    assert_invariants(&env, V).await;
+
+    env.live_voucher(V + 1, 2_000).await;
+    env.admit_users(V + 1, 2_000, 0).await;
+    let fixed = [
+        "--until-idle",
+        "--batch",
+        "100",
+        "--max-batch",
+        "100",
+        "--format",
+        "json",
+    ];
+    let (summary, _) = env
+        .spawn_worker(&fixed)
+        .expect_summary(Duration::from_secs(120));
+    assert_eq!(summary["batches"].as_u64().unwrap(), 20, "{summary}");
+    assert_invariants(&env, V + 1).await;
+    env.cleanup().await;
+}
+
+#[test]
+fn a_max_batch_out_of_range_is_one_line_and_starts_nothing() {
+    for bad in ["0", "4097"] {
+        let out = assert_cmd::Command::cargo_bin("seckill")
+            .unwrap()
+            .args(["worker", "--max-batch", bad])
+            .env("SECKILL_REDIS_URL", "redis://127.0.0.1:1/")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}"); // as --batch 0
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(
+            err.contains("--max-batch must be between 1 and 4096"),
+            "{err}"
+        );
+    }
+}

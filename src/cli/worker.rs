@@ -73,7 +73,7 @@ pub async fn run(cfg: &Config, args: WorkerArgs) -> anyhow::Result<u8> {
     let opts = WorkerOptions {
         consumer: args.consumer.unwrap_or_else(default_consumer),
         batch: args.batch,
-        max_batch: args.max_batch.max(args.batch),
+        max_batch: args.max_batch,
         block: args.block,
         claim_idle: args.claim_idle,
         max_deliveries: args.max_deliveries,
