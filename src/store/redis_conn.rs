@@ -193,15 +193,16 @@ fn check_tls_use(url: &str, certs: &Option<TlsCertificates>) -> std::result::Res
 /// the bare I/O error would not say why.
 fn with_tls_hint(url: &str, reason: String) -> String {
     let plaintext = !url.trim_start().starts_with("rediss://");
+    let lower = reason.to_lowercase();
     let dropped = [
         "reset by peer",
         "broken pipe",
         "unexpected end",
         "end of file",
-        "EOF",
+        "eof",
     ]
     .iter()
-    .any(|s| reason.to_lowercase().contains(&s.to_lowercase()));
+    .any(|s| lower.contains(s));
     if plaintext && dropped {
         format!("{reason} (a server that speaks only TLS drops a plaintext redis:// client like this: use rediss://)")
     } else {

@@ -84,12 +84,10 @@ fn field_text(v: Value) -> String {
     }
 }
 
+/// A stream key or entry id: text, or the reply is not a stream reply.
 fn text(v: Value) -> Result<String, String> {
     match v {
-        Value::BulkString(bytes) => Ok(String::from_utf8(bytes)
-            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())),
-        Value::SimpleString(s) => Ok(s),
-        Value::Int(n) => Ok(n.to_string()),
+        Value::BulkString(_) | Value::SimpleString(_) | Value::Int(_) => Ok(field_text(v)),
         other => Err(format!("{other:?} where a string was expected")),
     }
 }

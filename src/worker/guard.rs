@@ -82,6 +82,17 @@ struct Pause {
     needs_operator: bool,
 }
 
+impl Pause {
+    fn new() -> Pause {
+        Pause {
+            since: Instant::now(),
+            tried: None,
+            warned: false,
+            needs_operator: false,
+        }
+    }
+}
+
 /// One gate as the guard reads it.
 struct Look {
     loaded: bool,
@@ -225,12 +236,7 @@ impl GateGuard {
             self.paused_now(v, &why);
             crate::support::fault::pause("gate_paused").await;
         }
-        let pause = self.state.paused.entry(v).or_insert_with(|| Pause {
-            since: Instant::now(),
-            tried: None,
-            warned: false,
-            needs_operator: false,
-        });
+        let pause = self.state.paused.entry(v).or_insert_with(Pause::new);
         // One that waits for an operator is looked at again now and then,
         // not every pass (each look is a full reconcile read).
         if pause.needs_operator && pause.tried.is_some_and(|t| t.elapsed() < OPERATOR_RETRY) {
@@ -242,15 +248,7 @@ impl GateGuard {
 
     fn paused_now(&mut self, v: u64, why: &str) {
         self.stats.add_gate_pause();
-        self.state.paused.insert(
-            v,
-            Pause {
-                since: Instant::now(),
-                tried: None,
-                warned: false,
-                needs_operator: false,
-            },
-        );
+        self.state.paused.insert(v, Pause::new());
         tracing::warn!(
             "voucher {v}: {why}; admission paused until the gate is checked against MySQL"
         );

@@ -348,7 +348,7 @@ impl Lane {
 /// (a backlog), half as many after one less than half full, within
 /// `--batch` and `--max-batch`.
 fn next_read_size(asked: usize, got: usize, opts: &WorkerOptions) -> usize {
-    let (least, most) = (opts.batch, opts.max_batch.max(opts.batch));
+    let (least, most) = (opts.batch, opts.largest_batch());
     let next = if got >= asked {
         asked.saturating_mul(2)
     } else if got < asked / 2 {

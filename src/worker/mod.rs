@@ -128,7 +128,7 @@ pub async fn run(
         "worker {} started (batch {} up to {}, lanes {}, claim idle {}, max deliveries {})",
         opts.consumer,
         opts.batch,
-        opts.max_batch.max(opts.batch),
+        opts.largest_batch(),
         opts.lanes,
         humantime::format_duration(opts.claim_idle),
         opts.max_deliveries

@@ -43,6 +43,12 @@ pub struct WorkerOptions {
 }
 
 impl WorkerOptions {
+    /// The largest read while a backlog lasts (`--max-batch`, never below
+    /// `--batch`).
+    pub fn largest_batch(&self) -> usize {
+        self.max_batch.max(self.batch)
+    }
+
     pub fn validate(&self) -> Result<()> {
         let bad = |m: &str| Err(Error::InvalidInput(m.to_string()));
         if !(1..=4096).contains(&self.batch) {
