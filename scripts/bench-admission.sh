@@ -10,6 +10,8 @@
 #   scripts/bench-admission.sh [attempts] [rounds]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=scripts/lib/bench.sh
+. scripts/lib/bench.sh
 
 attempts=${1:-200000}
 rounds=${2:-3}
@@ -21,7 +23,7 @@ prefix=benchadm
 
 scripts/services.sh up
 eval "$(scripts/services.sh env)"
-port=$(echo "$SECKILL_REDIS_URL" | sed -n 's#.*:\([0-9]*\)/.*#\1#p')
+port=$(port_of "$SECKILL_REDIS_URL")
 # The bench's vouchers live in a database of their own, not the default one.
 export SECKILL_MYSQL_URL="${SECKILL_MYSQL_URL%/*}/seckill_bench"
 cargo build --release --quiet --locked
@@ -54,7 +56,7 @@ ours() { # voucher [bench flags...] -> attempts/s of seckill bench
 }
 
 cleanup() { # drop the bench's keys so repeated runs do not grow Redis
-  redis-cli -p "$port" --scan --pattern "$prefix:*" | xargs -r -n 500 redis-cli -p "$port" del >/dev/null
+  drop_keys "$port" "$prefix:*"
 }
 trap cleanup EXIT
 

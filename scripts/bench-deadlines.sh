@@ -7,6 +7,8 @@
 #   scripts/bench-deadlines.sh [orders] [pay_timeout]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=scripts/lib/bench.sh
+. scripts/lib/bench.sh
 
 orders=${1:-10000}
 timeout=${2:-5s}
@@ -20,10 +22,10 @@ cargo build --release --quiet --locked
 seckill=target/release/seckill
 sql() { mariadb --no-defaults -h127.0.0.1 -P"$port" -useckill -pseckill -N seckill_bench -e "$1"; }
 $seckill init >/dev/null
-redis_port=$(echo "$SECKILL_REDIS_URL" | sed -n 's#.*:\([0-9]*\)/.*#\1#p')
+redis_port=$(port_of "$SECKILL_REDIS_URL")
 summary=$(mktemp)
 cleanup() {
-  redis-cli -p "$redis_port" --scan --pattern 'benchdl:*' | xargs -r -n 500 redis-cli -p "$redis_port" del >/dev/null
+  drop_keys "$redis_port" 'benchdl:*'
   rm -f "$summary"
 }
 trap cleanup EXIT

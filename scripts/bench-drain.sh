@@ -13,6 +13,8 @@
 # (--until-idle), so startup and the idle check are included.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=scripts/lib/bench.sh
+. scripts/lib/bench.sh
 
 orders=${1:-50000}
 rss_orders=${2:-100000}
@@ -29,9 +31,9 @@ sql() { mariadb --no-defaults -h127.0.0.1 -P"$port" -useckill -pseckill -N secki
 
 mariadb --no-defaults -h127.0.0.1 -P"$port" -useckill -pseckill -e "DROP DATABASE IF EXISTS seckill_bench"
 $seckill init >/dev/null
-redis_port=$(echo "$SECKILL_REDIS_URL" | sed -n 's#.*:\([0-9]*\)/.*#\1#p')
+redis_port=$(port_of "$SECKILL_REDIS_URL")
 cleanup() {
-  redis-cli -p "$redis_port" --scan --pattern 'benchdrain:*' | xargs -r -n 500 redis-cli -p "$redis_port" del >/dev/null
+  drop_keys "$redis_port" 'benchdrain:*'
 }
 trap cleanup EXIT
 

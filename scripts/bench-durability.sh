@@ -10,6 +10,8 @@
 #   scripts/bench-durability.sh [attempts] [rounds]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=scripts/lib/bench.sh
+. scripts/lib/bench.sh
 
 attempts=${1:-50000}
 rounds=${2:-3}
@@ -21,7 +23,7 @@ scripts/services.sh up
 scripts/services.sh up cluster
 eval "$(scripts/services.sh env)"
 node_url=$SECKILL_REDIS_URL
-node_port=$(echo "$node_url" | sed -n 's#.*:\([0-9]*\)/.*#\1#p')
+node_port=$(port_of "$node_url")
 cluster_url=$SECKILL_CLUSTER_URL
 export SECKILL_MYSQL_URL="${SECKILL_MYSQL_URL%/*}/seckill_bench"
 cargo build --release --quiet --locked
@@ -34,8 +36,6 @@ fresh_voucher() { # url id: a new voucher of `attempts` units, preloaded there
   SECKILL_REDIS_URL=$1 $seckill preload --voucher "$2" >/dev/null
 }
 
-# shellcheck source=scripts/lib/bench.sh
-. scripts/lib/bench.sh
 
 cleanup() {
   redis-cli -p "$node_port" config set appendfsync everysec >/dev/null

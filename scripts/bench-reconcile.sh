@@ -7,6 +7,8 @@
 #   scripts/bench-reconcile.sh [vouchers] [orders]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=scripts/lib/bench.sh
+. scripts/lib/bench.sh
 
 vouchers=${1:-10000}
 orders=${2:-1000000}
@@ -14,7 +16,7 @@ orders=${2:-1000000}
 scripts/services.sh up
 eval "$(scripts/services.sh env)"
 port=${SECKILL_MYSQL_PORT:-13306}
-redis_port=$(echo "$SECKILL_REDIS_URL" | sed -n 's#.*:\([0-9]*\)/.*#\1#p')
+redis_port=$(port_of "$SECKILL_REDIS_URL")
 export SECKILL_PREFIX=benchrec
 export SECKILL_MYSQL_URL="mysql://seckill:seckill@127.0.0.1:${port}/seckill_bench_rec"
 cargo build --release --quiet --locked
@@ -23,7 +25,7 @@ mariadb --no-defaults -h127.0.0.1 -P"$port" -useckill -pseckill -e "DROP DATABAS
 $seckill init >/dev/null
 sql() { mariadb --no-defaults -h127.0.0.1 -P"$port" -useckill -pseckill seckill_bench_rec; }
 cleanup() {
-  redis-cli -p "$redis_port" --scan --pattern 'benchrec:*' | xargs -r -n 1000 redis-cli -p "$redis_port" del >/dev/null
+  drop_keys "$redis_port" 'benchrec:*'
 }
 trap cleanup EXIT
 cleanup

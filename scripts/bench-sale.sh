@@ -12,6 +12,8 @@
 #      scripts/bench-sale.sh 1000000 100000 500000
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=scripts/lib/bench.sh
+. scripts/lib/bench.sh
 
 attempts=${1:?ATTEMPTS}
 units=${2:?UNITS}
@@ -28,11 +30,11 @@ command -v /usr/bin/time >/dev/null || { [ "$(id -u)" -eq 0 ] && apt-get install
 cargo build --release --quiet --locked
 seckill=target/release/seckill
 sql() { mariadb --no-defaults -h127.0.0.1 -P"$port" -useckill -pseckill -N seckill_bench -e "$1"; }
-redis_port=$(echo "$SECKILL_REDIS_URL" | sed -n 's#.*:\([0-9]*\)/.*#\1#p')
+redis_port=$(port_of "$SECKILL_REDIS_URL")
 worker_pid=
 cleanup() {
   [ -z "$worker_pid" ] || kill "$worker_pid" 2>/dev/null || true
-  redis-cli -p "$redis_port" --scan --pattern 'benchsale:*' | xargs -r -n 500 redis-cli -p "$redis_port" del >/dev/null
+  drop_keys "$redis_port" 'benchsale:*'
 }
 trap cleanup EXIT
 # A fresh database each run: a table grown by earlier runs makes MariaDB
@@ -64,7 +66,7 @@ alone_bench=$(awk '{ printf "%.2f", $1 + $2 }' "$work/bench.cpu")
 # Sale 1's orders are never persisted: its voucher goes before a worker
 # could see it (left registered, the worker drained it during sale 2).
 redis-cli -p "$redis_port" srem "$SECKILL_PREFIX:vouchers" "$a" >/dev/null
-redis-cli -p "$redis_port" --scan --pattern "$SECKILL_PREFIX:{$a}:*" | xargs -r -n 500 redis-cli -p "$redis_port" del >/dev/null
+drop_keys "$redis_port" "$SECKILL_PREFIX:{$a}:*"
 
 # 2. The same sale with a worker running from before it.
 b=$((base + 2))

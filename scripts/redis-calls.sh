@@ -7,16 +7,18 @@
 #   scripts/redis-calls.sh [orders]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=scripts/lib/bench.sh
+. scripts/lib/bench.sh
 
 n=${1:-50000}
 scripts/services.sh up >/dev/null
 eval "$(scripts/services.sh env)"
-redis_port=$(echo "$SECKILL_REDIS_URL" | sed -n 's#.*:\([0-9]*\)/.*#\1#p')
+redis_port=$(port_of "$SECKILL_REDIS_URL")
 export SECKILL_PREFIX=rediscalls
 export SECKILL_MYSQL_URL="${SECKILL_MYSQL_URL%/*}/seckill_bench"
 cargo build --release --quiet --locked
 seckill=target/release/seckill
-trap 'redis-cli -p "$redis_port" --scan --pattern "rediscalls:*" | xargs -r -n 500 redis-cli -p "$redis_port" del >/dev/null' EXIT
+trap 'drop_keys "$redis_port" "rediscalls:*"' EXIT
 $seckill init >/dev/null
 v=$(($(date +%s) % 100000 + 7000000))
 $seckill voucher add --id "$v" --stock "$n" --end +2h --title calls >/dev/null

@@ -1,6 +1,17 @@
-# Shared by the benchmark scripts that compare the single node with the
-# cluster. Needs: seckill, attempts, concurrency, connections, prefix,
-# node_url (set by the sourcing script).
+# Shared by the benchmark scripts. port_of and drop_keys need nothing; the
+# rest, for the scripts that compare the single node with the cluster,
+# needs seckill, attempts, concurrency, connections, prefix and node_url
+# (set by the sourcing script).
+
+# redis://host:port/ -> port
+port_of() {
+  echo "$1" | sed -n 's#.*:\([0-9]*\)/.*#\1#p'
+}
+
+# port pattern: deletes the keys matching the pattern on one node.
+drop_keys() {
+  redis-cli -p "$1" --scan --pattern "$2" | xargs -r -n 500 redis-cli -p "$1" del >/dev/null
+}
 
 # url voucher [bench flags...] -> attempts/s of one `seckill bench`
 bench_rate() {
@@ -15,8 +26,8 @@ bench_rate() {
 # repeated runs do not grow Redis (key by key on the cluster: one slot each).
 drop_bench_keys() {
   local node_port port
-  node_port=$(echo "$node_url" | sed -n 's#.*:\([0-9]*\)/.*#\1#p')
-  redis-cli -p "$node_port" --scan --pattern "$prefix:*" | xargs -r -n 500 redis-cli -p "$node_port" del >/dev/null
+  node_port=$(port_of "$node_url")
+  drop_keys "$node_port" "$prefix:*"
   for port in $(seq "${SECKILL_CLUSTER_PORT:-17001}" $((${SECKILL_CLUSTER_PORT:-17001} + 5))); do
     if [ "$(redis-cli -p "$port" role | head -n 1)" = master ]; then
       redis-cli -p "$port" --scan --pattern "$prefix:*" | sed 's/^/UNLINK /' | redis-cli -p "$port" >/dev/null
