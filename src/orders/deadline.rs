@@ -10,6 +10,7 @@ use redis::Value;
 
 use crate::error::{Error, Result};
 use crate::orders::order::OrderStatus;
+use crate::orders::voucher::RowRead;
 use crate::store::db::{join_ids, Db};
 use crate::store::keys::VoucherKeys;
 use crate::store::node_lease::OrderIds;
@@ -214,7 +215,7 @@ pub async fn schedule_missing(
 /// The payment timeout of a voucher, from MySQL.
 pub async fn pay_timeout_ms(db: &Db, voucher: u64) -> Result<i64> {
     let mut conn = db.conn().await?;
-    crate::orders::voucher::pay_timeout_ms(&mut conn, voucher)
+    crate::orders::voucher::pay_timeout_ms(&mut conn, voucher, RowRead::Plain)
         .await?
         .ok_or(Error::VoucherNotFound(voucher))
 }

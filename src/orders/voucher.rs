@@ -1,5 +1,7 @@
 //! Vouchers in MySQL, the source of truth: creating and reading them.
 
+use std::sync::LazyLock;
+
 use mysql_async::prelude::*;
 use serde::Serialize;
 
@@ -180,14 +182,24 @@ pub async fn add(db: &Db, v: &NewVoucher) -> Result<()> {
     }
 }
 
-const SELECT_VOUCHERS: &str = "SELECT v.voucher_id, v.title, v.total_stock, v.stock,
-        CAST(ROUND(UNIX_TIMESTAMP(v.begin_time) * 1000) AS SIGNED),
-        CAST(ROUND(UNIX_TIMESTAMP(v.end_time) * 1000) AS SIGNED),
-        v.pay_timeout_ms, v.user_rate, v.require_token,
-        (SELECT COUNT(*) FROM seckill_order o WHERE o.voucher_id = v.voucher_id AND o.status = 0), -- pending
-        (SELECT COUNT(*) FROM seckill_order o WHERE o.voucher_id = v.voucher_id AND o.status = 1), -- paid
-        (SELECT COUNT(*) FROM seckill_order o WHERE o.voucher_id = v.voucher_id AND o.status = -1) -- cancelled
-     FROM seckill_voucher v";
+static SELECT_VOUCHERS: LazyLock<String> = LazyLock::new(|| {
+    let count = |status: OrderStatus| {
+        format!(
+            "(SELECT COUNT(*) FROM seckill_order o WHERE o.voucher_id = v.voucher_id AND o.status = {})",
+            status.code()
+        )
+    };
+    format!(
+        "SELECT v.voucher_id, v.title, v.total_stock, v.stock,
+            CAST(ROUND(UNIX_TIMESTAMP(v.begin_time) * 1000) AS SIGNED),
+            CAST(ROUND(UNIX_TIMESTAMP(v.end_time) * 1000) AS SIGNED),
+            v.pay_timeout_ms, v.user_rate, v.require_token, {}, {}, {}
+         FROM seckill_voucher v",
+        count(OrderStatus::Pending),
+        count(OrderStatus::Paid),
+        count(OrderStatus::Cancelled)
+    )
+});
 
 // The policy columns are read as plain integers: a value another tool wrote
 // out of range must not fail every read of the table.
@@ -225,7 +237,7 @@ fn from_row(r: VoucherRow) -> Voucher {
 pub async fn list(db: &Db) -> Result<Vec<Voucher>> {
     let mut conn = db.conn().await?;
     let rows: Vec<VoucherRow> = conn
-        .query(format!("{SELECT_VOUCHERS} ORDER BY v.voucher_id"))
+        .query(format!("{} ORDER BY v.voucher_id", *SELECT_VOUCHERS))
         .await?;
     Ok(rows.into_iter().map(from_row).collect())
 }
@@ -276,9 +288,22 @@ pub async fn list_only(db: &Db, only: &[u64]) -> Result<Vec<Voucher>> {
 pub async fn get(db: &Db, id: u64) -> Result<Voucher> {
     let mut conn = db.conn().await?;
     let row: Option<VoucherRow> = conn
-        .exec_first(format!("{SELECT_VOUCHERS} WHERE v.voucher_id = ?"), (id,))
+        .exec_first(
+            format!("{} WHERE v.voucher_id = ?", *SELECT_VOUCHERS),
+            (id,),
+        )
         .await?;
     row.map(from_row).ok_or(Error::VoucherNotFound(id))
+}
+
+/// How a read of the voucher row takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowRead {
+    /// A plain read.
+    Plain,
+    /// `FOR UPDATE`: locks the row for the rest of the caller's transaction
+    /// and opens no read view.
+    Locking,
 }
 
 /// The voucher's payment timeout (None: MySQL does not know the voucher),
@@ -286,9 +311,14 @@ pub async fn get(db: &Db, id: u64) -> Result<Voucher> {
 pub async fn pay_timeout_ms(
     conn: &mut impl Queryable,
     voucher: u64,
+    read: RowRead,
 ) -> Result<Option<i64>, mysql_async::Error> {
+    let lock = match read {
+        RowRead::Plain => "",
+        RowRead::Locking => " FOR UPDATE",
+    };
     conn.exec_first(
-        "SELECT pay_timeout_ms FROM seckill_voucher WHERE voucher_id = ?",
+        format!("SELECT pay_timeout_ms FROM seckill_voucher WHERE voucher_id = ?{lock}"),
         (voucher,),
     )
     .await
@@ -314,7 +344,10 @@ pub async fn get_with_orders(db: &Db, id: u64) -> Result<(Voucher, Vec<OrderDige
         .start_transaction(crate::store::db::snapshot_tx())
         .await?;
     let row: Option<VoucherRow> = tx
-        .exec_first(format!("{SELECT_VOUCHERS} WHERE v.voucher_id = ?"), (id,))
+        .exec_first(
+            format!("{} WHERE v.voucher_id = ?", *SELECT_VOUCHERS),
+            (id,),
+        )
         .await?;
     let voucher = row.map(from_row).ok_or(Error::VoucherNotFound(id))?;
     crate::support::fault::pause("between_snapshot_reads").await;

@@ -7,9 +7,9 @@ use mysql_async::{Conn, Opts, OptsBuilder, Pool};
 use crate::error::{describe_mysql, mysql_code, mysql_codes, Error, Result};
 use crate::store::config::{Config, SslMode};
 use crate::store::mysql_tls;
-use crate::store::redis_conn::parse_major_minor;
 use crate::store::schema;
 use crate::support::mask::mask_url;
+use crate::support::version;
 
 #[derive(Clone)]
 pub struct Db {
@@ -183,7 +183,7 @@ pub async fn check_version(conn: &mut Conn) -> Result<String> {
     } else {
         ("MySQL 8.0", (8, 0))
     };
-    if parse_major_minor(&version) < min {
+    if version::major_minor(&version) < min {
         return Err(Error::ServerTooOld {
             server: if min.0 == 10 { "MariaDB" } else { "MySQL" },
             found: version,
@@ -193,8 +193,6 @@ pub async fn check_version(conn: &mut Conn) -> Result<String> {
     Ok(version)
 }
 
-/// Integer ids as a SQL list (`1,2,3`). Integers cannot inject anything, and
-/// inlining them spares a prepared statement per list length.
 /// Options of a read-only transaction whose reads are one consistent
 /// snapshot. `WITH CONSISTENT SNAPSHOT` is one only under REPEATABLE READ,
 /// so the level is set here, not left to the server's default (a server
@@ -207,6 +205,8 @@ pub fn snapshot_tx() -> mysql_async::TxOpts {
         .clone()
 }
 
+/// Integer ids as a SQL list (`1,2,3`). Integers cannot inject anything, and
+/// inlining them spares a prepared statement per list length.
 pub fn join_ids(ids: impl IntoIterator<Item = u64>) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();

@@ -15,6 +15,7 @@ use redis::{
 use crate::error::{describe_redis, Error, Result};
 use crate::store::config::Config;
 use crate::support::mask::{mask_url, url_list};
+use crate::support::version;
 
 /// Any async Redis connection the library can work with.
 pub trait RedisConn: ConnectionLike + Send + Sync + Clone {
@@ -347,14 +348,14 @@ pub async fn server_version(conn: &mut impl RedisConn) -> Result<String> {
                 .map(|v| v.trim().to_string())
         })
         .collect::<Option<Vec<String>>>()
-        .and_then(|versions| versions.into_iter().min_by_key(|v| parse_major_minor(v)))
+        .and_then(|versions| versions.into_iter().min_by_key(|v| version::major_minor(v)))
         .ok_or_else(|| Error::Redis("INFO server has no redis_version".into()))
 }
 
 /// Fails unless the server is at least [`MIN_REDIS`].
 pub async fn check_version(conn: &mut impl RedisConn) -> Result<String> {
     let version = server_version(conn).await?;
-    if parse_major_minor(&version) < MIN_REDIS {
+    if version::major_minor(&version) < MIN_REDIS {
         return Err(Error::ServerTooOld {
             server: "Redis",
             found: version,
@@ -376,14 +377,6 @@ pub fn value_text(v: &redis::Value) -> String {
     }
 }
 
-/// `"10.11.19-MariaDB-0+deb12u1"` → `(10, 11)`; unparsable parts count as 0.
-pub fn parse_major_minor(version: &str) -> (u32, u32) {
-    let mut parts = version
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -397,14 +390,5 @@ mod tests {
         );
         assert_eq!(seed_urls("redis://:pa,ss@h:1/"), ["redis://:pa,ss@h:1/"]);
         assert!(seed_urls(" ").is_empty());
-    }
-
-    #[test]
-    fn versions_compare_by_major_then_minor() {
-        assert_eq!(parse_major_minor("7.0.15"), (7, 0));
-        assert_eq!(parse_major_minor("10.11.19-MariaDB-0+deb12u1"), (10, 11));
-        assert!(parse_major_minor("6.0.9") < MIN_REDIS);
-        assert!(parse_major_minor("6.2.0") >= MIN_REDIS);
-        assert_eq!(parse_major_minor("garbage"), (0, 0));
     }
 }

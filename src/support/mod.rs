@@ -1,5 +1,5 @@
 //! Small pieces every layer uses: secret masking, time parsing, order ids,
-//! signals, retry backoff and the test-only fault hook.
+//! signals, retry backoff, server versions and the test-only fault hook.
 
 pub mod backoff;
 pub mod fault;
@@ -8,3 +8,4 @@ pub mod mask;
 pub mod shutdown;
 pub mod snowflake;
 pub mod timespec;
+pub mod version;

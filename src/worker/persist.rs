@@ -18,7 +18,7 @@ use mysql_async::{Conn, TxOpts};
 
 use crate::error::{mysql_code, mysql_codes};
 use crate::orders::order::OrderStatus;
-use crate::orders::voucher;
+use crate::orders::voucher::{self, RowRead};
 use crate::store::db::{join_ids, Db};
 use crate::stream::entry::OrderMessage;
 use crate::stream::pending::NO_STOCK;
@@ -127,7 +127,7 @@ async fn persist_fresh(
         tx.rollback().await?;
         return Ok(None);
     }
-    let pay_timeout_ms = pay_timeout(&mut tx, voucher).await?;
+    let pay_timeout_ms = lock_voucher(&mut tx, voucher).await?;
     insert_orders(&mut tx, voucher, msgs.iter()).await?;
     crate::support::fault::pause("before_commit").await;
     tx.commit().await?;
@@ -137,30 +137,19 @@ async fn persist_fresh(
     }))
 }
 
-/// The voucher's payment timeout; its absence means MySQL does not know it.
-async fn pay_timeout(
-    tx: &mut mysql_async::Transaction<'_>,
-    voucher: u64,
-) -> Result<i64, PersistError> {
-    voucher::pay_timeout_ms(tx, voucher)
-        .await?
-        .ok_or(PersistError::UnknownVoucher(voucher))
-}
-
 /// Locks the voucher's row for the rest of the transaction (a locking read
-/// opens no read view), returning its payment timeout. Taken before any
-/// plain read, so the row cannot change between this transaction's read
-/// view and its stock update (error 1020 under innodb_snapshot_isolation).
+/// opens no read view), returning its payment timeout. On the slow path it
+/// comes before any plain read, so the row cannot change between this
+/// transaction's read view and its stock update (error 1020 under
+/// innodb_snapshot_isolation); after the fast path's UPDATE it holds the
+/// lock already.
 async fn lock_voucher(
     tx: &mut mysql_async::Transaction<'_>,
     voucher: u64,
 ) -> Result<i64, PersistError> {
-    tx.exec_first(
-        "SELECT pay_timeout_ms FROM seckill_voucher WHERE voucher_id = ? FOR UPDATE",
-        (voucher,),
-    )
-    .await?
-    .ok_or(PersistError::UnknownVoucher(voucher))
+    voucher::pay_timeout_ms(tx, voucher, RowRead::Locking)
+        .await?
+        .ok_or(PersistError::UnknownVoucher(voucher))
 }
 
 struct Stored {
