@@ -29,7 +29,8 @@ fn with_env(mut c: Case, key: &'static str, value: String) -> Case {
 /// Runs the case and returns all it printed, stdout and stderr.
 fn run_case(env: &TestEnv, c: &Case) -> String {
     let mut cmd = env.cmd();
-    cmd.args(&c.args);
+    // Set on many developer machines (and on ours): errors stay one line.
+    cmd.args(&c.args).env("RUST_BACKTRACE", "1");
     for (k, v) in &c.env {
         cmd.env(k, v);
     }
@@ -56,6 +57,7 @@ fn run_case(env: &TestEnv, c: &Case) -> String {
         c.needle
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!stderr.to_lowercase().contains("backtrace"), "{stderr}");
     assert!(stdout.is_empty(), "{:?}: printed {stdout:?}", c.args);
     format!("{stdout}{stderr}")
 }
@@ -409,4 +411,28 @@ async fn database_exists(env: &TestEnv) -> bool {
         .unwrap();
     conn.disconnect().await.ok();
     found.is_some()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bug_is_one_line_whatever_rust_backtrace_says() {
+    let env = TestEnv::new().await;
+    for place in ["startup", "command"] {
+        for backtrace in ["1", "full"] {
+            let c = with_env(
+                with_env(
+                    case(&["status"], 101, "a bug in seckill"),
+                    "SECKILL_TEST_PANIC",
+                    place.to_string(),
+                ),
+                "RUST_BACKTRACE",
+                backtrace.to_string(),
+            );
+            let out = run_case(&env, &c);
+            assert!(
+                out.contains(&format!("test panic at {place}")),
+                "{place}: {out}"
+            );
+        }
+    }
+    env.cleanup().await;
 }

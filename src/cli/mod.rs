@@ -126,6 +126,9 @@ pub enum Command {
 
 /// Parses the command line, runs the command and maps the result to an exit code.
 pub fn main() -> ExitCode {
+    // From the first instruction: no secret has been read yet.
+    report_panics_in_one_line(Vec::new());
+    crate::support::fault::panic_at("startup");
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return ExitCode::from(render::clap_error(e)),
@@ -166,6 +169,7 @@ pub fn main() -> ExitCode {
 /// Runs one parsed command; the `u8` is the exit code.
 pub async fn run(cli: Cli, cfg: crate::store::config::Config) -> anyhow::Result<u8> {
     crate::store::config::validate_prefix(&cfg.prefix)?;
+    crate::support::fault::panic_at("command");
     match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::Init(args) => init::run(&cfg, args).await,

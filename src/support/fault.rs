@@ -10,6 +10,11 @@
 //! yet given back in Redis); for preload and reconcile `between_snapshot_reads`
 //! (a voucher's row read, its orders not yet); for the gate guard
 //! `gate_paused` (a gate paused, not yet rebuilt).
+//!
+//! `SECKILL_TEST_PANIC=<place>` panics at `startup` (before the command
+//! line is read) or in `command` (inside the command, on the runtime), so a
+//! test can see what an operator sees of a bug: one line, whatever
+//! RUST_BACKTRACE says.
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -43,6 +48,15 @@ pub async fn pause(step: &str) {
             humantime::format_duration(*d)
         );
         tokio::time::sleep(*d).await;
+    }
+}
+
+pub const PANIC_ENV: &str = "SECKILL_TEST_PANIC";
+
+/// Panics at `place` when the test hook asks for it.
+pub fn panic_at(place: &str) {
+    if std::env::var(PANIC_ENV).is_ok_and(|p| p == place) {
+        panic!("test panic at {place}");
     }
 }
 
