@@ -24,8 +24,8 @@
 -- Returns {released, promoted}: units handled now (not before) and how many
 -- of them went to waitlisted users. meta's `promotions` counts promotions ever.
 --
--- The `promoted` event (KEYS[5]), an application contract; every field is a
--- decimal string:
+-- The `promoted` event (KEYS[5]), an application contract; every field but
+-- `type` is a decimal string:
 --   type            "promoted"
 --   user            the waitlisted user who now holds a unit
 --   order           the new order id (pending payment once the worker

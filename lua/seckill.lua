@@ -60,7 +60,8 @@
 -- only the waitlist (ZADD NX); nothing is written for codes 3, 4, 5 and 6;
 -- codes 7 and 8 only count themselves (meta fields rejected_rate_limited,
 -- rejected_bad_token); an attempt that passes the rate limit is recorded in
--- KEYS[7] (it expires a second later), whatever comes of it.
+-- KEYS[7], whatever comes of it (it stops counting a second later and is
+-- dropped at the user's next attempt; KEYS[7] expires 1 s after the sale).
 
 local function valid_id(s)
   return type(s) == 'string' and string.match(s, '^[1-9][0-9]*$') ~= nil

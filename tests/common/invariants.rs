@@ -7,6 +7,7 @@ use mysql_async::prelude::*;
 use redis::streams::{StreamInfoGroupsReply, StreamRangeReply};
 use redis::AsyncCommands;
 use seckill::store::keys::{VoucherKeys, WORKER_GROUP};
+use seckill::stream::id::StreamId;
 
 use super::TestEnv;
 
@@ -130,14 +131,7 @@ async fn in_flight(
 }
 
 fn id_after(a: &str, b: &str) -> bool {
-    let parse = |s: &str| {
-        let (ms, seq) = s.split_once('-').unwrap_or((s, "0"));
-        (
-            ms.parse::<u64>().unwrap_or(0),
-            seq.parse::<u64>().unwrap_or(0),
-        )
-    };
-    parse(a) > parse(b)
+    StreamId::lenient(a) > StreamId::lenient(b)
 }
 
 impl VoucherState {
