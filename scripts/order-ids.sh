@@ -3,7 +3,9 @@
 # every one is pid 1 of its own pid namespace (as in N containers).
 #   scripts/order-ids.sh [N] [path/to/seckill]      (root: unshare --pid)
 # Uses the project's services, a voucher of its own (id 990001) under the
-# key prefix seckill_ids; prints "N buyers: D distinct order ids".
+# key prefix seckill_ids and a database of its own (seckill_ids, made afresh,
+# so an older binary with an older schema runs it too); prints
+# "N buyers: D distinct order ids".
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 n=${1:-200}
@@ -14,8 +16,9 @@ unset SECKILL_NODE_ID
 voucher=990001
 redis-cli -p "${SECKILL_REDIS_PORT:-16379}" --scan --pattern 'seckill_ids:*' |
   xargs -r redis-cli -p "${SECKILL_REDIS_PORT:-16379}" del >/dev/null
-mariadb --no-defaults -h127.0.0.1 -P"${SECKILL_MYSQL_PORT:-13306}" -useckill -pseckill seckill \
-  -e "DELETE FROM seckill_order WHERE voucher_id = $voucher; DELETE FROM seckill_voucher WHERE voucher_id = $voucher" 2>/dev/null || true
+export SECKILL_MYSQL_URL="${SECKILL_MYSQL_URL%/*}/seckill_ids"
+mariadb --no-defaults -h127.0.0.1 -P"${SECKILL_MYSQL_PORT:-13306}" -useckill -pseckill \
+  -e "DROP DATABASE IF EXISTS seckill_ids"
 "$bin" init >/dev/null
 "$bin" voucher add --id "$voucher" --stock "$n" >/dev/null
 "$bin" preload --voucher "$voucher" >/dev/null

@@ -371,3 +371,58 @@ async fn a_cron_run_after_redis_lost_buyers_exits_only_with_the_gate_rebuilt_and
     assert_eq!(s.mysql_stock, 89);
     env.cleanup().await;
 }
+
+/// What the README's durability table says of a lost Redis tail, seen with
+/// the guard off: the worker had already put the forgotten admissions in
+/// MySQL, so the drift is a gate holding too many units and buyers missing
+/// from it (never too few units, or buyers without an order), and a repair
+/// makes it consistent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_redis_tail_shows_as_stock_high_and_buyers_missing() {
+    const V: u64 = 1;
+    let redis = OwnRedis::start();
+    let mut env = TestEnv::on_redis(&redis.url()).await;
+    env.live_voucher(V, 500).await;
+    let worker = env.spawn_worker(&fast_worker(&["--gate-check", "0s"]));
+    env.admit_users(V, 100, 0).await;
+    env.wait_drained(V, Duration::from_secs(30)).await;
+    redis.snapshot();
+    env.admit_users(V, 30, 100).await;
+    env.wait_drained(V, Duration::from_secs(30)).await;
+    assert_eq!(env.order_count(V).await, 130);
+    worker.signal("TERM");
+    worker.expect_success(Duration::from_secs(30));
+    redis.crash_and_restart();
+    env.forget_redis();
+    let reconcile = |extra: &[&str]| {
+        let out = env
+            .cmd()
+            .args(["reconcile", "--settle", "0s", "--format", "json"])
+            .args(extra)
+            .output()
+            .unwrap();
+        (out.status.code(), json(&out))
+    };
+    let (code, report) = reconcile(&["--dry-run"]);
+    assert_eq!(code, Some(3), "{report:#}");
+    let drifts: Vec<(String, u64)> = report["vouchers"][0]["drifts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| (d["class"].as_str().unwrap().to_string(), d["amount"].as_u64().unwrap()))
+        .collect();
+    // Their payment deadlines went with the tail too (deadline_missing).
+    for found in [("redis_stock_high", 30), ("buyers_missing", 30)] {
+        assert!(
+            drifts.contains(&(found.0.to_string(), found.1)),
+            "no {found:?}: {report:#}"
+        );
+    }
+    for never in ["redis_stock_low", "buyers_without_order"] {
+        assert!(drifts.iter().all(|d| d.0 != never), "{report:#}");
+    }
+    let (code, report) = reconcile(&["--yes"]);
+    assert_eq!(code, Some(4), "{report:#}");
+    assert_invariants(&env, V).await;
+    env.cleanup().await;
+}
