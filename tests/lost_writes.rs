@@ -394,22 +394,18 @@ async fn a_lost_redis_tail_shows_as_stock_high_and_buyers_missing() {
     worker.expect_success(Duration::from_secs(30));
     redis.crash_and_restart();
     env.forget_redis();
-    let reconcile = |extra: &[&str]| {
-        let out = env
-            .cmd()
-            .args(["reconcile", "--settle", "0s", "--format", "json"])
-            .args(extra)
-            .output()
-            .unwrap();
-        (out.status.code(), json(&out))
-    };
-    let (code, report) = reconcile(&["--dry-run"]);
-    assert_eq!(code, Some(3), "{report:#}");
+    let (code, report) = env.reconcile_json(&["--dry-run"]);
+    assert_eq!(code, 3, "{report:#}");
     let drifts: Vec<(String, u64)> = report["vouchers"][0]["drifts"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|d| (d["class"].as_str().unwrap().to_string(), d["amount"].as_u64().unwrap()))
+        .map(|d| {
+            (
+                d["class"].as_str().unwrap().to_string(),
+                d["amount"].as_u64().unwrap(),
+            )
+        })
         .collect();
     // Their payment deadlines went with the tail too (deadline_missing).
     for found in [("redis_stock_high", 30), ("buyers_missing", 30)] {
@@ -421,8 +417,8 @@ async fn a_lost_redis_tail_shows_as_stock_high_and_buyers_missing() {
     for never in ["redis_stock_low", "buyers_without_order"] {
         assert!(drifts.iter().all(|d| d.0 != never), "{report:#}");
     }
-    let (code, report) = reconcile(&["--yes"]);
-    assert_eq!(code, Some(4), "{report:#}");
+    let (code, report) = env.reconcile_json(&["--yes"]);
+    assert_eq!(code, 4, "{report:#}");
     assert_invariants(&env, V).await;
     env.cleanup().await;
 }

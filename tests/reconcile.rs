@@ -27,13 +27,7 @@ async fn quiet_sale() -> TestEnv {
 }
 
 fn reconcile(env: &TestEnv, extra: &[&str]) -> (i32, Value) {
-    let out = env
-        .cmd()
-        .args(["reconcile", "--settle", "0s", "--format", "json"])
-        .args(extra)
-        .output()
-        .unwrap();
-    (out.status.code().unwrap_or(-1), json(&out))
+    env.reconcile_json(extra)
 }
 
 /// The drifts reported for voucher V as (class, amount).

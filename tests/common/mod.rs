@@ -205,6 +205,18 @@ impl TestEnv {
             .ok()
     }
 
+    /// `seckill reconcile --settle 0s --format json` with `extra`: its exit
+    /// code (-1: killed) and its report.
+    pub fn reconcile_json(&self, extra: &[&str]) -> (i32, Value) {
+        let out = self
+            .cmd()
+            .args(["reconcile", "--settle", "0s", "--format", "json"])
+            .args(extra)
+            .output()
+            .expect("run seckill reconcile");
+        (out.status.code().unwrap_or(-1), json(&out))
+    }
+
     /// The real binary, pointed at this test's stores.
     pub fn cmd(&self) -> assert_cmd::Command {
         let mut c = assert_cmd::Command::cargo_bin("seckill").expect("binary built");
