@@ -113,24 +113,29 @@ if rate > 0 then
     return redis.error_reply('ERR seckill: KEYS[7] is not the rate key of this voucher')
   end
   -- Per user, the passing attempts of the last second, oldest first, as
-  -- decimal microseconds separated by spaces, in one hash per voucher: one
-  -- HGET and one HSET per attempt, no key made per user.
-  local recent, n = {}, 0
-  for t in string.gmatch(redis.call('HGET', KEYS[7], user) or '', '%d+') do
-    if tonumber(t) > now_us - 1000000 then
-      n = n + 1
-      recent[n] = t
+  -- decimal microseconds separated by spaces, in one hash per voucher (no
+  -- key made per user). A user's first attempt, the common case in a sale,
+  -- is one HSETNX; a later one reads the list and writes it back.
+  local now_text = string.format('%d', now_us)
+  if redis.call('HSETNX', KEYS[7], user, now_text) == 1 then
+    if redis.call('PTTL', KEYS[7]) < 0 then
+      -- Nothing is checked against it once the sale has ended.
+      redis.call('PEXPIREAT', KEYS[7], tonumber(meta[2]) + 1000)
     end
-  end
-  if n >= rate then
-    redis.call('HINCRBY', KEYS[1], 'rejected_rate_limited', 1)
-    return {7, 'rate limited', 0}
-  end
-  recent[n + 1] = string.format('%d', now_us)
-  if redis.call('HSET', KEYS[7], user, table.concat(recent, ' ')) == 1
-      and redis.call('PTTL', KEYS[7]) < 0 then
-    -- Nothing is checked against it once the sale has ended.
-    redis.call('PEXPIREAT', KEYS[7], tonumber(meta[2]) + 1000)
+  else
+    local recent, n = {}, 0
+    for t in string.gmatch(redis.call('HGET', KEYS[7], user) or '', '%d+') do
+      if tonumber(t) > now_us - 1000000 then
+        n = n + 1
+        recent[n] = t
+      end
+    end
+    if n >= rate then
+      redis.call('HINCRBY', KEYS[1], 'rejected_rate_limited', 1)
+      return {7, 'rate limited', 0}
+    end
+    recent[n + 1] = now_text
+    redis.call('HSET', KEYS[7], user, table.concat(recent, ' '))
   end
 end
 
