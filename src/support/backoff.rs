@@ -25,6 +25,16 @@ impl Backoff {
         delay
     }
 
+    /// After a failed try: logs `<what>; retrying in <delay>` and returns
+    /// the delay. The four retry loops (a batch, a lane's round, the
+    /// deadline pass, the gate guard) end and reconnect each in their own
+    /// way; the policy and what operators read are the same for all.
+    pub fn retry_after(&mut self, what: impl std::fmt::Display) -> Duration {
+        let delay = self.next_delay();
+        tracing::warn!("{what}; retrying in {}", humantime::format_duration(delay));
+        delay
+    }
+
     /// A try succeeded: the next failure waits the shortest time again.
     pub fn reset(&mut self) {
         self.next = FIRST;

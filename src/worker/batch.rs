@@ -86,12 +86,10 @@ impl Lane {
                         );
                         return Ok(());
                     }
-                    let delay = backoff.next_delay();
-                    tracing::warn!(
-                        "voucher {voucher}: batch of {} not persisted: {e}; retrying in {}",
-                        deliveries.len(),
-                        humantime::format_duration(delay)
-                    );
+                    let delay = backoff.retry_after(format_args!(
+                        "voucher {voucher}: batch of {} not persisted: {e}",
+                        deliveries.len()
+                    ));
                     failures += 1;
                     self.pause(delay).await;
                     self.reconnect().await;

@@ -67,11 +67,7 @@ impl Canceller {
                     self.until_next_due().await.unwrap_or(MAX_SLEEP)
                 }
                 Err(e) => {
-                    let b = backoff.next_delay();
-                    tracing::warn!(
-                        "payment deadlines: {e}; retrying in {}",
-                        humantime::format_duration(b)
-                    );
+                    let b = backoff.retry_after(format_args!("payment deadlines: {e}"));
                     if let Ok(c) = crate::store::redis_conn::connect(&self.cfg).await {
                         self.conn = c;
                     }

@@ -113,11 +113,7 @@ impl GateGuard {
                     self.every
                 }
                 Err(e) => {
-                    let delay = backoff.next_delay();
-                    tracing::warn!(
-                        "gate guard: {e}; retrying in {}",
-                        humantime::format_duration(delay)
-                    );
+                    let delay = backoff.retry_after(format_args!("gate guard: {e}"));
                     if matches!(e, Error::Redis(_) | Error::RedisConnect { .. }) {
                         if let Ok(c) = redis_conn::connect(&self.cfg).await {
                             self.conn = c;

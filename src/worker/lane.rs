@@ -106,8 +106,7 @@ impl Lane {
                     }
                 }
                 Err(e) => {
-                    let delay = backoff.next_delay();
-                    tracing::warn!("{e}; retrying in {}", humantime::format_duration(delay));
+                    let delay = backoff.retry_after(&e);
                     if lost_group(&e) {
                         // Redis lost a stream with its group (a restart or a
                         // failover without the last writes): create the
