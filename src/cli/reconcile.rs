@@ -11,7 +11,6 @@ use crate::exit_code;
 use crate::reconcile::{self, Options, Outcome, VoucherReport};
 use crate::store::config::Config;
 use crate::store::db::Db;
-use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn::{self, RedisConn};
 
 #[derive(Args, Debug)]
@@ -73,12 +72,11 @@ async fn reconcile_with(cfg: &Config, args: &ReconcileArgs, db: &Db) -> anyhow::
         attempts: args.attempts.max(1),
         settle_ms: args.settle.as_millis() as i64,
     };
-    let explicit = !args.vouchers.is_empty();
     let mut run = reconcile::Run {
         db,
-        conn: &mut redis.clone(),
+        conn: &mut redis,
         prefix: &cfg.prefix,
-        explicit,
+        explicit: !args.vouchers.is_empty(),
         ids: None,
     };
     let plan = pass_with_progress(&mut run, &vouchers, &look).await?;
@@ -96,33 +94,15 @@ async fn reconcile_with(cfg: &Config, args: &ReconcileArgs, db: &Db) -> anyhow::
             return Ok(exit_code::DRIFT_FOUND);
         }
     }
-    // Giving back a cancelled order's unit may promote a waitlisted user,
-    // minting an order id: only then is a node id leased (a repair that
-    // needs none writes nothing beyond the repair itself).
-    let ids = match reconcile::needs_order_ids(&plan) {
-        true => Some(OrderIds::lease(cfg, args.node.node_id).await?),
-        false => None,
-    };
-    let stop_renewing = tokio_util::sync::CancellationToken::new();
-    let renewing = ids
-        .as_ref()
-        .map(|ids| ids.keep_alive(stop_renewing.clone()));
     let act = Options {
         dry_run: false,
         ..look
     };
-    let mut run = reconcile::Run {
-        db,
-        conn: &mut redis,
-        prefix: &cfg.prefix,
-        explicit,
-        ids: ids.as_deref(),
-    };
-    let done = pass_with_progress(&mut run, &drifting, &act).await;
-    stop_renewing.cancel();
-    if let Some(renewing) = renewing {
-        renewing.await.ok();
-    }
+    let bar = progress_bar(drifting.len());
+    let done = run
+        .repair(cfg, args.node.node_id, &plan, &act, |n| bar.inc(n as u64))
+        .await;
+    bar.finish_and_clear();
     let done = done?;
     render(args, &done)?;
     Ok(exit_code_of(&done))
@@ -158,14 +138,19 @@ async fn pass_with_progress(
     vouchers: &[u64],
     opts: &Options,
 ) -> crate::Result<Vec<VoucherReport>> {
-    let bar = if vouchers.len() > reconcile::CHUNK {
-        ProgressBar::with_draw_target(Some(vouchers.len() as u64), ProgressDrawTarget::stderr())
-    } else {
-        ProgressBar::hidden()
-    };
+    let bar = progress_bar(vouchers.len());
     let reports = run.pass(vouchers, opts, |n| bar.inc(n as u64)).await;
     bar.finish_and_clear();
     reports
+}
+
+/// A bar on stderr for passes over many vouchers; none for a few.
+fn progress_bar(vouchers: usize) -> ProgressBar {
+    if vouchers > reconcile::CHUNK {
+        ProgressBar::with_draw_target(Some(vouchers as u64), ProgressDrawTarget::stderr())
+    } else {
+        ProgressBar::hidden()
+    }
 }
 
 fn render(args: &ReconcileArgs, reports: &[VoucherReport]) -> anyhow::Result<()> {

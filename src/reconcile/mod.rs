@@ -16,6 +16,7 @@ mod report;
 mod snapshot;
 
 use crate::error::{Error, Result};
+use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
 use crate::store::node_lease::OrderIds;
@@ -25,6 +26,7 @@ use repair::{repair, RepairResult};
 use report::{busy_report, report_of};
 pub use report::{Outcome, VoucherReport};
 pub use snapshot::{candidates, read_many, read_voucher, Read, Snapshot};
+use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Clone, Copy)]
 pub struct Options {
@@ -87,6 +89,43 @@ impl<C: RedisConn> Run<'_, C> {
             progress(chunk.len());
         }
         Ok(out)
+    }
+}
+
+impl<C: RedisConn> Run<'_, C> {
+    /// The repair pass over what a look found not consistent (`plan`). A
+    /// node id is leased, and kept alive for the pass, only when a repair
+    /// may mint order ids (a release can promote a waitlisted user): a
+    /// repair that needs none writes nothing beyond the repair itself.
+    pub async fn repair(
+        &mut self,
+        cfg: &Config,
+        node_id: Option<u16>,
+        plan: &[VoucherReport],
+        opts: &Options,
+        progress: impl FnMut(usize),
+    ) -> Result<Vec<VoucherReport>> {
+        let ids = match needs_order_ids(plan) {
+            true => Some(OrderIds::lease(cfg, node_id).await?),
+            false => None,
+        };
+        let stop_renewing = CancellationToken::new();
+        let renewing = ids
+            .as_ref()
+            .map(|ids| ids.keep_alive(stop_renewing.clone()));
+        let mut run = Run {
+            db: self.db,
+            conn: &mut *self.conn,
+            prefix: self.prefix,
+            explicit: self.explicit,
+            ids: ids.as_deref(),
+        };
+        let done = run.pass(&not_consistent(plan), opts, progress).await;
+        stop_renewing.cancel();
+        if let Some(renewing) = renewing {
+            renewing.await.ok();
+        }
+        done
     }
 }
 
