@@ -1,6 +1,7 @@
 //! Payment deadlines on failure paths: a release that dies after the sweep's
 //! cancellation is retried, a worker whose clock runs ahead cancels nothing
-//! early and does not spin, and one broken voucher does not stall the others.
+//! early and does not spin, one whose clock runs behind still sweeps, and
+//! one broken voucher does not stall the others.
 
 mod common;
 
@@ -70,9 +71,10 @@ async fn a_sweep_cancellation_whose_release_died_is_released_later() {
     env.cleanup().await;
 }
 
-/// The environment that runs a process on a clock `offset` ahead of this
-/// machine's (libfaketime; its monotonic clock is left alone so timers work).
-fn clock_ahead(offset: &str) -> Vec<(&'static str, String)> {
+/// The environment that runs a process on a clock `offset` ("+30m", "-30m")
+/// off this machine's (libfaketime; its monotonic clock is left alone so
+/// timers work).
+fn skewed_clock(offset: &str) -> Vec<(&'static str, String)> {
     let lib = [
         "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
         "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
@@ -94,7 +96,7 @@ async fn a_worker_whose_clock_runs_ahead_cancels_nothing_early_and_does_not_spin
     // Ten minutes to pay; the worker's clock is half an hour ahead.
     env.live_voucher_paying_within(V, 10, 600_000).await;
     env.admit_users(V, 10, 0).await;
-    let skew = clock_ahead("+30m");
+    let skew = skewed_clock("+30m");
     let skew: Vec<(&str, &str)> = skew.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let probe = std::process::Command::new("date")
         .arg("+%s")
@@ -135,6 +137,35 @@ async fn a_worker_whose_clock_runs_ahead_cancels_nothing_early_and_does_not_spin
     );
     let s = assert_invariants(&env, V).await;
     assert_eq!(s.mysql_stock, 0);
+    env.cleanup().await;
+}
+
+/// The sweep judges "overdue" by Redis's clock, not the worker's: a worker
+/// half an hour behind still finds orders whose deadlines Redis lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_whose_clock_runs_behind_still_sweeps_lost_deadlines() {
+    let env = TestEnv::new().await;
+    env.live_voucher_paying_within(V, 10, 1_000).await;
+    env.admit_users(V, 10, 0).await;
+    env.spawn_worker(&fast_worker(&["--until-idle"]))
+        .expect_success(Duration::from_secs(60));
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let _: () = redis.del(keys.timeouts()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let skew = skewed_clock("-30m");
+    let skew: Vec<(&str, &str)> = skew.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let behind = env.spawn_worker_with(
+        &fast_worker(&["--sweep-every", "100ms", "--sweep-grace", "0s"]),
+        &skew,
+    );
+    wait_all_cancelled(&env, V, Duration::from_secs(20)).await;
+    behind.signal("TERM");
+    let log = behind.expect_success(Duration::from_secs(30));
+    assert!(log.contains("missed by Redis"), "{log}");
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.mysql_stock, 10);
+    assert_eq!(s.redis_stock, Some(10), "every unit is back at the gate");
     env.cleanup().await;
 }
 
