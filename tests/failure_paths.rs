@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::invariants::assert_invariants;
@@ -54,23 +56,38 @@ async fn reconcile_reads_one_snapshot_on_a_read_committed_server() {
     env.live_voucher(V, 100).await;
     env.admit_users(V, 50, 0).await;
     // Reconcile stops between reading the voucher row and reading its
-    // orders; meanwhile the worker commits the 50 orders in flight.
-    let mut look = env.cmd();
-    look.args([
-        "reconcile",
-        "--dry-run",
-        "--voucher",
-        "1",
-        "--format",
-        "json",
-    ])
-    .env(seckill::support::fault::ENV, "between_snapshot_reads=2s");
-    let look = std::thread::spawn(move || look.output().unwrap());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // orders; the worker commits the 50 orders in flight exactly then.
+    let mut look = Command::new(env!("CARGO_BIN_EXE_seckill"))
+        .args([
+            "reconcile",
+            "--dry-run",
+            "--voucher",
+            "1",
+            "--format",
+            "json",
+        ])
+        .envs(env.store_env())
+        .env_remove("RUST_LOG")
+        .env(seckill::support::fault::ENV, "between_snapshot_reads=3s")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = BufReader::new(look.stderr.take().unwrap()).lines();
+    let paused = said
+        .by_ref()
+        .map_while(|l| l.ok())
+        .any(|l| l.contains("test pause at between_snapshot_reads"));
+    assert!(paused, "reconcile never reached the pause");
     env.spawn_worker(&fast_worker(&["--until-idle"]))
         .expect_success(Duration::from_secs(30));
     assert_eq!(env.order_count(V).await, 50, "committed during the read");
-    let out = look.join().unwrap();
+    assert!(
+        look.try_wait().unwrap().is_none(),
+        "the worker committed after the read, not between its two parts"
+    );
+    std::thread::spawn(move || said.for_each(drop));
+    let out = look.wait_with_output().unwrap();
     let report = common::json(&out);
     assert_eq!(
         out.status.code(),
