@@ -1,6 +1,8 @@
 //! Failure paths of preload and the MySQL transactions: a gate left loaded
 //! but unregistered is repaired by running preload again; reads meant as one
-//! snapshot are one on a server whose default isolation is READ COMMITTED.
+//! snapshot are one on a server whose default isolation is READ COMMITTED;
+//! the batch transaction, on its fast path and on its careful one, meets no
+//! read conflict under innodb_snapshot_isolation.
 
 mod common;
 
@@ -118,6 +120,68 @@ async fn two_workers_under_innodb_snapshot_isolation_meet_no_read_conflict() {
         );
     }
     assert_eq!(env.order_count(V).await, 10_000);
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.mysql_stock, 0);
+    drop(env);
+}
+
+/// The careful path (a batch holding orders already stored: a redelivery)
+/// also takes the voucher row before its first plain read: two workers
+/// under innodb_snapshot_isolation never meet a read conflict there either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redelivered_batches_under_innodb_snapshot_isolation_meet_no_read_conflict() {
+    let mysql = OwnMysql::start("innodb_snapshot_isolation=ON");
+    let env = mysql.test_env().await;
+    env.live_voucher(V, 4_000).await;
+    env.admit_users(V, 2_000, 0).await;
+    env.spawn_worker(&fast_worker(&["--until-idle"]))
+        .expect_success(Duration::from_secs(60));
+    // Every stored order delivered again, between 2,000 fresh admissions,
+    // so that batches mix the two and take the careful path.
+    let keys = seckill::store::keys::VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let stored: redis::streams::StreamRangeReply = redis.xrange_all(keys.orders()).await.unwrap();
+    let sale = env.sale_in_background(V, 2_000, 2_000, 2_000, 2);
+    for group in stored.ids.chunks(20) {
+        let mut pipe = redis::pipe();
+        for e in group {
+            let field = |f: &str| e.get::<String>(f).unwrap();
+            pipe.xadd(
+                keys.orders(),
+                "*",
+                &[
+                    ("user", field("user")),
+                    ("order", field("order")),
+                    ("voucher", field("voucher")),
+                    ("kind", field("kind")),
+                ],
+            )
+            .ignore();
+        }
+        let _: () = pipe.query_async(&mut redis).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(sale.await.unwrap().outcomes.success, 2_000);
+    // A batch classified again after a conflict says so at debug level.
+    let flags = fast_worker(&["--batch", "64", "--until-idle"]);
+    let debug = [("RUST_LOG", "seckill=debug")];
+    let a = env.spawn_worker_with(&flags, &debug);
+    let b = env.spawn_worker_with(&flags, &debug);
+    let logs = [
+        a.expect_success(Duration::from_secs(120)),
+        b.expect_success(Duration::from_secs(120)),
+    ];
+    for log in &logs {
+        assert!(
+            log.contains("DEBUG"),
+            "the worker logs at debug level:\n{log}"
+        );
+        assert!(
+            !log.contains("conflicted") && !log.contains("not persisted"),
+            "a batch met a conflict:\n{log}"
+        );
+    }
+    assert_eq!(env.order_count(V).await, 4_000);
     let s = assert_invariants(&env, V).await;
     assert_eq!(s.mysql_stock, 0);
     drop(env);
