@@ -187,7 +187,13 @@ async fn one_broken_voucher_does_not_stall_the_deadlines_of_the_others() {
     let _: () = redis.del(broken.timeouts()).await.unwrap();
     let _: () = redis.set(broken.timeouts(), "not a zset").await.unwrap();
     tokio::time::sleep(Duration::from_millis(1_200)).await;
-    let worker = env.spawn_worker(&fast_worker(&["--metrics-addr", "127.0.0.1:0"]));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let worker = env.spawn_worker(&fast_worker(&["--metrics-addr", &addr]));
     wait_all_cancelled(&env, FINE, Duration::from_secs(20)).await;
     let start = Instant::now();
     loop {
@@ -214,6 +220,13 @@ async fn one_broken_voucher_does_not_stall_the_deadlines_of_the_others() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let metrics = common::scrape_metrics(port).await;
+    let errors: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("seckill_deadline_errors_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no seckill_deadline_errors_total:\n{metrics}"));
+    assert!(errors >= 2.0, "{metrics}");
     worker.signal("TERM");
     let log = worker.expect_success(Duration::from_secs(30));
     assert!(log.contains("voucher 1: payment deadlines failed"), "{log}");
