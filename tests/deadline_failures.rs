@@ -30,15 +30,9 @@ async fn wait_all_cancelled(env: &TestEnv, voucher: u64, limit: Duration) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sweep_cancellation_whose_release_died_is_released_later() {
     let env = TestEnv::new().await;
-    env.live_voucher_paying_within(V, 10, 1_000).await;
-    env.admit_users(V, 10, 0).await;
-    env.spawn_worker(&fast_worker(&["--until-idle"]))
-        .expect_success(Duration::from_secs(60));
-    // Redis loses every deadline; the orders go overdue.
+    orders_whose_deadlines_redis_lost(&env).await;
     let keys = VoucherKeys::new(&env.prefix, V).unwrap();
     let mut redis = env.redis().await;
-    let _: () = redis.del(keys.timeouts()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1_200)).await;
     // The sweep finds them; the worker dies after cancelling in MySQL and
     // before giving the units back at the gate.
     let sweep = ["--sweep-every", "100ms", "--sweep-grace", "0s"];
@@ -73,8 +67,9 @@ async fn a_sweep_cancellation_whose_release_died_is_released_later() {
 
 /// The environment that runs a process on a clock `offset` ("+30m", "-30m")
 /// off this machine's (libfaketime; its monotonic clock is left alone so
-/// timers work).
-fn skewed_clock(offset: &str) -> Vec<(&'static str, String)> {
+/// timers work), checked to move a process's clock by at least
+/// `at_least_secs` (negative: behind).
+fn skewed_clock(offset: &str, at_least_secs: i64) -> Vec<(&'static str, String)> {
     let lib = [
         "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
         "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
@@ -83,11 +78,53 @@ fn skewed_clock(offset: &str) -> Vec<(&'static str, String)> {
     .into_iter()
     .find(|p| std::path::Path::new(p).exists())
     .expect("libfaketime is installed (scripts/services.sh up installs the faketime package)");
-    vec![
+    let env = vec![
         ("LD_PRELOAD", lib.to_string()),
         ("FAKETIME", offset.to_string()),
         ("DONT_FAKE_MONOTONIC", "1".to_string()),
-    ]
+    ];
+    let probe = std::process::Command::new("date")
+        .arg("+%s")
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    let skewed: i64 = String::from_utf8_lossy(&probe.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    let moved = skewed - seckill::support::timespec::now_ms() / 1000;
+    assert!(
+        if at_least_secs < 0 {
+            moved <= at_least_secs
+        } else {
+            moved >= at_least_secs
+        },
+        "libfaketime moved the clock by {moved} s, not {at_least_secs}"
+    );
+    env
+}
+
+/// Ten orders of voucher V, persisted and pending, whose payment deadlines
+/// Redis has lost and which are overdue now. Three seconds to pay: the
+/// drain before the loss must not cancel them itself.
+async fn orders_whose_deadlines_redis_lost(env: &TestEnv) {
+    const PAY_MS: u64 = 3_000;
+    env.live_voucher_paying_within(V, 10, PAY_MS as i64).await;
+    let admitted = Instant::now();
+    env.admit_users(V, 10, 0).await;
+    env.spawn_worker(&fast_worker(&["--until-idle"]))
+        .expect_success(Duration::from_secs(60));
+    let orders = env.orders(V).await;
+    assert!(
+        orders.len() == 10 && orders.iter().all(|o| o.2 == 0),
+        "the drain took {:?}, past the payment window: {orders:?}",
+        admitted.elapsed()
+    );
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let _: () = redis.del(keys.timeouts()).await.unwrap();
+    let overdue = Duration::from_millis(PAY_MS + 200);
+    tokio::time::sleep(overdue.saturating_sub(admitted.elapsed())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -96,21 +133,8 @@ async fn a_worker_whose_clock_runs_ahead_cancels_nothing_early_and_does_not_spin
     // Ten minutes to pay; the worker's clock is half an hour ahead.
     env.live_voucher_paying_within(V, 10, 600_000).await;
     env.admit_users(V, 10, 0).await;
-    let skew = skewed_clock("+30m");
+    let skew = skewed_clock("+30m", 1_500);
     let skew: Vec<(&str, &str)> = skew.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let probe = std::process::Command::new("date")
-        .arg("+%s")
-        .envs(skew.iter().copied())
-        .output()
-        .unwrap();
-    let ahead: i64 = String::from_utf8_lossy(&probe.stdout)
-        .trim()
-        .parse()
-        .unwrap();
-    assert!(
-        ahead - seckill::support::timespec::now_ms() / 1000 > 1_500,
-        "libfaketime moves the clock"
-    );
     let start = Instant::now();
     let log = env
         .spawn_worker_with(
@@ -145,15 +169,8 @@ async fn a_worker_whose_clock_runs_ahead_cancels_nothing_early_and_does_not_spin
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_worker_whose_clock_runs_behind_still_sweeps_lost_deadlines() {
     let env = TestEnv::new().await;
-    env.live_voucher_paying_within(V, 10, 1_000).await;
-    env.admit_users(V, 10, 0).await;
-    env.spawn_worker(&fast_worker(&["--until-idle"]))
-        .expect_success(Duration::from_secs(60));
-    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
-    let mut redis = env.redis().await;
-    let _: () = redis.del(keys.timeouts()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1_200)).await;
-    let skew = skewed_clock("-30m");
+    orders_whose_deadlines_redis_lost(&env).await;
+    let skew = skewed_clock("-30m", -1_500);
     let skew: Vec<(&str, &str)> = skew.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let behind = env.spawn_worker_with(
         &fast_worker(&["--sweep-every", "100ms", "--sweep-grace", "0s"]),

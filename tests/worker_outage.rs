@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::invariants::assert_invariants;
 use common::own_mysql::OwnMysql;
@@ -38,19 +38,27 @@ async fn mysql_stopped_mid_drain_then_back_loses_nothing() {
 }
 
 /// Deadlines that come due while MySQL is down are claimed, fail to cancel
-/// and wait out their lease; the sweep meanwhile finds those orders overdue
-/// in MySQL. Redis missed nothing, and the log says what did happen: the
-/// cancellation was delayed.
+/// and wait out their lease; once MySQL is back, the sweep finds those
+/// orders overdue in MySQL. Redis missed nothing, and the log says what did
+/// happen: the cancellation was delayed.
+///
+/// Timing: eight seconds to pay leave the set-up time to stop MySQL first;
+/// the outage lasts six seconds past the deadlines, longer than the
+/// deadline pass's longest retry wait (5 s), so a pass claims them while
+/// MySQL is away; their 30 s lease outlasts the first pass after it is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn deadlines_delayed_by_an_outage_are_not_reported_as_missed_by_redis() {
+    const PAY: Duration = Duration::from_secs(8);
     let mysql = OwnMysql::start("");
     let env = mysql.test_env().await;
     let v = 1;
-    env.live_voucher_paying_within(v, 20, 4_000).await;
+    env.live_voucher_paying_within(v, 20, PAY.as_millis() as i64)
+        .await;
+    let admitted = Instant::now();
     env.admit_users(v, 20, 0).await;
     let w = env.spawn_worker(&[
         "--deadline-lease",
-        "10s",
+        "30s",
         "--sweep-every",
         "300ms",
         "--sweep-grace",
@@ -58,10 +66,14 @@ async fn deadlines_delayed_by_an_outage_are_not_reported_as_missed_by_redis() {
     ]);
     env.wait_orders(v, 20, Duration::from_secs(30)).await;
     mysql.services("down");
-    // Past every deadline while MySQL is away.
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(
+        admitted.elapsed() < PAY,
+        "MySQL stopped {:?} after the admissions, past their deadlines",
+        admitted.elapsed()
+    );
+    tokio::time::sleep((PAY + Duration::from_secs(6)).saturating_sub(admitted.elapsed())).await;
     mysql.services("up");
-    env.wait_settled(v, Duration::from_secs(60)).await;
+    env.wait_settled(v, Duration::from_secs(90)).await;
     w.signal("TERM");
     let log = w.expect_success(Duration::from_secs(30));
     assert!(
