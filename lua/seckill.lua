@@ -61,7 +61,8 @@
 -- codes 7 and 8 only count themselves (meta fields rejected_rate_limited,
 -- rejected_bad_token); an attempt that passes the rate limit is recorded in
 -- KEYS[7], whatever comes of it (it stops counting a second later and is
--- dropped at the user's next attempt; KEYS[7] expires 1 s after the sale).
+-- dropped at the user's next passing attempt; KEYS[7] expires 1 s after
+-- the sale).
 
 local function valid_id(s)
   return type(s) == 'string' and string.match(s, '^[1-9][0-9]*$') ~= nil
@@ -113,9 +114,10 @@ if rate > 0 then
     return redis.error_reply('ERR seckill: KEYS[7] is not the rate key of this voucher')
   end
   -- Per user, the passing attempts of the last second, oldest first, as
-  -- decimal microseconds separated by spaces, in one hash per voucher (no
-  -- key made per user). A user's first attempt, the common case in a sale,
-  -- is one HSETNX; a later one reads the list and writes it back.
+  -- decimal microseconds (Redis TIME: 16 digits from 2001 to 2286)
+  -- separated by one space, in one hash per voucher (no key made per
+  -- user). A user's first attempt, the common case in a sale, is one
+  -- HSETNX; a later one reads the list.
   local now_text = string.format('%d', now_us)
   if redis.call('HSETNX', KEYS[7], user, now_text) == 1 then
     if redis.call('PTTL', KEYS[7]) < 0 then
@@ -123,16 +125,22 @@ if rate > 0 then
       redis.call('PEXPIREAT', KEYS[7], tonumber(meta[2]) + 1000)
     end
   else
+    local list = redis.call('HGET', KEYS[7], user) or ''
+    local since = now_us - 1000000
+    -- Refused when the rate-th newest recorded attempt is inside the window
+    -- (then rate attempts passed in the last second): one look at a fixed
+    -- place, so a refusal costs the same however long the list is.
+    local at = #list - 17 * rate + 2
+    if at >= 1 and (tonumber(string.sub(list, at, at + 15)) or 0) > since then
+      redis.call('HINCRBY', KEYS[1], 'rejected_rate_limited', 1)
+      return {7, 'rate limited', 0}
+    end
     local recent, n = {}, 0
-    for t in string.gmatch(redis.call('HGET', KEYS[7], user) or '', '%d+') do
-      if tonumber(t) > now_us - 1000000 then
+    for t in string.gmatch(list, '%d+') do
+      if tonumber(t) > since then
         n = n + 1
         recent[n] = t
       end
-    end
-    if n >= rate then
-      redis.call('HINCRBY', KEYS[1], 'rejected_rate_limited', 1)
-      return {7, 'rate limited', 0}
     end
     recent[n + 1] = now_text
     redis.call('HSET', KEYS[7], user, table.concat(recent, ' '))

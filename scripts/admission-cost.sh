@@ -4,6 +4,10 @@
 # attempt, the success path) and Redis's INFO commandstats gives the
 # microseconds of server time per call. The figure to quote is the ratio:
 # what the rate limiter adds to every attempt, client-side costs aside.
+# A third row is a bot: one user attempting without pause, so that all but
+# 100 attempts a second are refused (rate_limited); a refusal should cost
+# no more than an admission. INFO commandstats is reset on the project's
+# Redis for each row.
 # (Tokens cannot be benchmarked this way: redis-benchmark cannot make the
 # token key match the random user; scripts/bench-admission.sh covers them.)
 #
@@ -19,14 +23,14 @@ prefix=benchcost
 # Another version of the script, to compare (e.g. git show REV:lua/seckill.lua).
 script=${ADMISSION_SCRIPT:-lua/seckill.lua}
 
-scripts/services.sh up >/dev/null 2>&1
+scripts/services.sh up >&2
 eval "$(scripts/services.sh env)"
 port=$(port_of "$SECKILL_REDIS_URL")
 sha=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$script")")
 trap 'drop_keys "$port" "$prefix:*"' EXIT
 
-one() { # voucher user_rate -> "attempts/s usec_per_call"
-  local v=$1 rate=$2 k="$prefix:{$1}"
+one() { # voucher user_rate user -> "attempts/s usec_per_call"
+  local v=$1 rate=$2 user=$3 k="$prefix:{$1}"
   # A gate as preload leaves it, open for an hour, stock for every attempt.
   local now_ms=$(($(date +%s) * 1000))
   redis-cli -p "$port" hset "$k:meta" total "$attempts" begin_ms $((now_ms - 1000)) \
@@ -36,7 +40,7 @@ one() { # voucher user_rate -> "attempts/s usec_per_call"
   local rps usec
   rps=$(redis-benchmark -p "$port" -n "$attempts" -c 50 -P 16 -r 1000000000 --csv \
     EVALSHA "$sha" 7 "$k:meta" "$k:stock" "$k:buyers" "$k:waitlist" "$k:orders" \
-    "$k:token:1" "$k:rate" 1__rand_int__ 2__rand_int__ "$v" "" 2>/dev/null |
+    "$k:token:1" "$k:rate" "$user" 2__rand_int__ "$v" "" 2>/dev/null |
     tail -n 1 | cut -d, -f2 | tr -d '"')
   usec=$(redis-cli -p "$port" info commandstats |
     sed -n 's/^cmdstat_evalsha:.*usec_per_call=\([0-9.]*\).*/\1/p')
@@ -46,11 +50,13 @@ one() { # voucher user_rate -> "attempts/s usec_per_call"
 
 printf '%-10s %5s %12s %14s %8s\n' policy round "attempts/s" "Redis µs/call" "vs off"
 v=$(($(date +%s) % 100000 * 10))
+ratio() { awk -v o="$1" -v r="$2" 'BEGIN { printf "%.0f", 100 * o / r }'; }
 for r in $(seq 1 "$rounds"); do
-  read -r off_rps off_us <<<"$(one $((v += 1)) 0)"
-  read -r rate_rps rate_us <<<"$(one $((v += 1)) 100)"
+  read -r off_rps off_us <<<"$(one $((v += 1)) 0 1__rand_int__)"
+  read -r rate_rps rate_us <<<"$(one $((v += 1)) 100 1__rand_int__)"
+  read -r bot_rps bot_us <<<"$(one $((v += 1)) 100 42)"
   printf '%-10s %5s %12.0f %14s %7s%%\n' off "$r" "$off_rps" "$off_us" 100
-  printf '%-10s %5s %12.0f %14s %7s%%\n' user-rate "$r" "$rate_rps" "$rate_us" \
-    "$(awk -v o="$off_us" -v r="$rate_us" 'BEGIN { printf "%.0f", 100 * o / r }')"
+  printf '%-10s %5s %12.0f %14s %7s%%\n' user-rate "$r" "$rate_rps" "$rate_us" "$(ratio "$off_us" "$rate_us")"
+  printf '%-10s %5s %12.0f %14s %7s%%\n' bot "$r" "$bot_rps" "$bot_us" "$(ratio "$off_us" "$bot_us")"
 done
-echo "(redis-benchmark -c 50 -P 16, $attempts attempts each, a new user per attempt; vs off = Redis time per call, off / user-rate)"
+echo "(redis-benchmark -c 50 -P 16, $attempts attempts each; off and user-rate: a new user per attempt; bot: user 42 only, refused but for 100 a second; vs off = Redis time per call, off / row)"

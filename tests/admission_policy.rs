@@ -104,6 +104,33 @@ async fn the_window_slides_instead_of_resetting_on_a_boundary_and_is_per_user() 
     env.cleanup().await;
 }
 
+/// A rate lowered during a sale counts the attempts already recorded: a
+/// user with more of them in the last second than the new rate is refused
+/// at once; raised again, the same record lets one more through. A refusal
+/// reads only the rate-th newest entry of the user's list, so each step
+/// checks that place for a list longer and shorter than the rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_lowered_or_raised_mid_second_counts_the_attempts_already_made() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 1_000).await;
+    set_policy(&env, V, 10, false).await;
+    for i in 0..6 {
+        assert_ne!(attempt(&env, 1, 100 + i, None).await, Admission::RateLimited);
+    }
+    set_policy(&env, V, 3, false).await;
+    assert_eq!(attempt(&env, 1, 110, None).await, Admission::RateLimited);
+    set_policy(&env, V, 6, false).await;
+    assert_eq!(attempt(&env, 1, 111, None).await, Admission::RateLimited);
+    set_policy(&env, V, 7, false).await;
+    assert_eq!(attempt(&env, 1, 112, None).await, Admission::AlreadyBought);
+    assert_eq!(attempt(&env, 1, 113, None).await, Admission::RateLimited);
+    // A user with one attempt on record, at a rate of one.
+    set_policy(&env, V, 1, false).await;
+    assert_ne!(attempt(&env, 2, 120, None).await, Admission::RateLimited);
+    assert_eq!(attempt(&env, 2, 121, None).await, Admission::RateLimited);
+    env.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_voucher_that_requires_tokens_admits_only_the_users_own_token() {
     let env = TestEnv::new().await;
