@@ -10,6 +10,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 n=${1:-200}
 bin=${2:-target/debug/seckill}
+scripts/services.sh up >&2
 eval "$(scripts/services.sh env)"
 export SECKILL_PREFIX=seckill_ids
 unset SECKILL_NODE_ID
@@ -23,10 +24,17 @@ mariadb --no-defaults -h127.0.0.1 -P"${SECKILL_MYSQL_PORT:-13306}" -useckill -ps
 "$bin" voucher add --id "$voucher" --stock "$n" >/dev/null
 "$bin" preload --voucher "$voucher" >/dev/null
 out=$(mktemp -d)
+cleanup() {
+  rm -rf "$out"
+  redis-cli -p "${SECKILL_REDIS_PORT:-16379}" --scan --pattern 'seckill_ids:*' |
+    xargs -r redis-cli -p "${SECKILL_REDIS_PORT:-16379}" del >/dev/null
+  mariadb --no-defaults -h127.0.0.1 -P"${SECKILL_MYSQL_PORT:-13306}" -useckill -pseckill \
+    -e "DROP DATABASE IF EXISTS seckill_ids"
+}
+trap cleanup EXIT
 for u in $(seq 1 "$n"); do
   unshare --pid --fork "$bin" buy --voucher "$voucher" --user "$u" --format json >"$out/$u" 2>&1 &
 done
 wait
 distinct=$(cat "$out"/* | sed -n 's/.*"order_id": "\([0-9]*\)".*/\1/p' | sort -u | wc -l)
 echo "$n buyers: $distinct distinct order ids"
-rm -rf "$out"

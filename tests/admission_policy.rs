@@ -115,7 +115,10 @@ async fn a_rate_lowered_or_raised_mid_second_counts_the_attempts_already_made() 
     env.live_voucher(V, 1_000).await;
     set_policy(&env, V, 10, false).await;
     for i in 0..6 {
-        assert_ne!(attempt(&env, 1, 100 + i, None).await, Admission::RateLimited);
+        assert_ne!(
+            attempt(&env, 1, 100 + i, None).await,
+            Admission::RateLimited
+        );
     }
     set_policy(&env, V, 3, false).await;
     assert_eq!(attempt(&env, 1, 110, None).await, Admission::RateLimited);

@@ -222,10 +222,7 @@ async fn every_command_works_on_a_cluster_with_vouchers_on_every_master() {
 
     // The worker as a service, with its metrics, while orders are paid and
     // the rest run out of time (their units go to a's waitlist head).
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap();
+    let port = common::free_port();
     let addr = format!("127.0.0.1:{port}");
     let worker = env.spawn_worker(&fast_worker(&["--metrics-addr", &addr]));
     env.wait_orders(c, 1, Duration::from_secs(30)).await;

@@ -204,11 +204,7 @@ async fn one_broken_voucher_does_not_stall_the_deadlines_of_the_others() {
     let _: () = redis.del(broken.timeouts()).await.unwrap();
     let _: () = redis.set(broken.timeouts(), "not a zset").await.unwrap();
     tokio::time::sleep(Duration::from_millis(1_200)).await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let addr = format!("127.0.0.1:{port}");
     let worker = env.spawn_worker(&fast_worker(&["--metrics-addr", &addr]));
     wait_all_cancelled(&env, FINE, Duration::from_secs(20)).await;

@@ -109,11 +109,7 @@ async fn the_worker_serves_prometheus_metrics_during_a_drain() {
     let env = TestEnv::new().await;
     env.live_voucher(1, 20_000).await;
     env.admit_users(1, 20_000, 0).await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let addr = format!("127.0.0.1:{port}");
     let w = env.spawn_worker(&["--batch", "64", "--block", "200ms", "--metrics-addr", &addr]);
     env.wait_orders(1, 1_000, Duration::from_secs(60)).await;

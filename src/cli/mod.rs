@@ -126,7 +126,9 @@ pub enum Command {
 
 /// Parses the command line, runs the command and maps the result to an exit code.
 pub fn main() -> ExitCode {
-    // From the first instruction: no secret has been read yet.
+    // From the first instruction. Until the config is read the hook knows
+    // no secret to scrub (a panic in parsing would print one unmasked, as
+    // Rust's own hook did); it is installed again with them below.
     report_panics_in_one_line(Vec::new());
     crate::support::fault::panic_at("startup");
     let cli = match Cli::try_parse() {

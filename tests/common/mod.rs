@@ -68,6 +68,14 @@ pub fn mysql_url_for(db_name: &str) -> String {
 }
 
 /// The worker's Prometheus page on `port`, with the HTTP head.
+/// A port nothing listens on right now (for a server or endpoint a test starts).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
 pub async fn scrape_metrics(port: u16) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))

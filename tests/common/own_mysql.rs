@@ -33,10 +33,7 @@ impl OwnMysql {
 
     /// A fresh server with `options` (my.cnf lines, newline-separated) added.
     pub fn start(options: &str) -> OwnMysql {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
+        let port = super::free_port();
         // Under target/, not /tmp: CI's /tmp may be small or a tmpfs.
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("seckill-mysql-{}-{port}", std::process::id()));

@@ -138,10 +138,7 @@ pub struct TlsRedis {
 
 impl TlsRedis {
     pub fn start(certs: &Certs, client_certs: bool) -> TlsRedis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
+        let port = super::free_port();
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("seckill-tls-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("the Redis folder");
