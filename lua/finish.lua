@@ -58,8 +58,8 @@ for _ = 1, locked do
   i = i + 1
 end
 local acked = 0
-for j = i, #ARGV, 1000 do
-  acked = acked + redis.call('XACK', KEYS[1], group, unpack(ARGV, j, math.min(j + 999, #ARGV)))
+for j = i, #ARGV, SLICE do
+  acked = acked + redis.call('XACK', KEYS[1], group, unpack(ARGV, j, math.min(j + SLICE - 1, #ARGV)))
 end
 lease_release(KEYS[4], owner, users)
 return acked

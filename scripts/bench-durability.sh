@@ -36,7 +36,6 @@ fresh_voucher() { # url id: a new voucher of `attempts` units, preloaded there
   SECKILL_REDIS_URL=$1 $seckill preload --voucher "$2" >/dev/null
 }
 
-
 cleanup() {
   redis-cli -p "$node_port" config set appendfsync everysec >/dev/null
   drop_bench_keys

@@ -8,30 +8,27 @@
 # "N buyers: D distinct order ids".
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=scripts/lib/bench.sh
+. scripts/lib/bench.sh
 n=${1:-200}
 bin=${2:-target/debug/seckill}
 scripts/services.sh up >&2
 eval "$(scripts/services.sh env)"
 export SECKILL_PREFIX=seckill_ids
+export SECKILL_MYSQL_URL="${SECKILL_MYSQL_URL%/*}/seckill_ids"
 unset SECKILL_NODE_ID
 voucher=990001
-redis-cli -p "${SECKILL_REDIS_PORT:-16379}" --scan --pattern 'seckill_ids:*' |
-  xargs -r redis-cli -p "${SECKILL_REDIS_PORT:-16379}" del >/dev/null
-export SECKILL_MYSQL_URL="${SECKILL_MYSQL_URL%/*}/seckill_ids"
-mariadb --no-defaults -h127.0.0.1 -P"${SECKILL_MYSQL_PORT:-13306}" -useckill -pseckill \
-  -e "DROP DATABASE IF EXISTS seckill_ids"
-"$bin" init >/dev/null
-"$bin" voucher add --id "$voucher" --stock "$n" >/dev/null
-"$bin" preload --voucher "$voucher" >/dev/null
 out=$(mktemp -d)
-cleanup() {
-  rm -rf "$out"
-  redis-cli -p "${SECKILL_REDIS_PORT:-16379}" --scan --pattern 'seckill_ids:*' |
-    xargs -r redis-cli -p "${SECKILL_REDIS_PORT:-16379}" del >/dev/null
+forget() { # the keys and the database of this script
+  drop_keys "$(port_of "$SECKILL_REDIS_URL")" 'seckill_ids:*'
   mariadb --no-defaults -h127.0.0.1 -P"${SECKILL_MYSQL_PORT:-13306}" -useckill -pseckill \
     -e "DROP DATABASE IF EXISTS seckill_ids"
 }
-trap cleanup EXIT
+trap 'forget; rm -rf "$out"' EXIT
+forget
+"$bin" init >/dev/null
+"$bin" voucher add --id "$voucher" --stock "$n" >/dev/null
+"$bin" preload --voucher "$voucher" >/dev/null
 for u in $(seq 1 "$n"); do
   unshare --pid --fork "$bin" buy --voucher "$voucher" --user "$u" --format json >"$out/$u" 2>&1 &
 done

@@ -72,13 +72,7 @@ async fn reconcile_with(cfg: &Config, args: &ReconcileArgs, db: &Db) -> anyhow::
         attempts: args.attempts.max(1),
         settle_ms: args.settle.as_millis() as i64,
     };
-    let mut run = reconcile::Run {
-        db,
-        conn: &mut redis,
-        prefix: &cfg.prefix,
-        explicit: !args.vouchers.is_empty(),
-        ids: None,
-    };
+    let mut run = reconcile::Run::new(db, &mut redis, &cfg.prefix, !args.vouchers.is_empty());
     let plan = pass_with_progress(&mut run, &vouchers, &look).await?;
     // Busy vouchers go to the repair pass too: it reads them again.
     let drifting = reconcile::not_consistent(&plan);

@@ -201,6 +201,11 @@ static SELECT_VOUCHERS: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// The voucher query, with what follows its FROM clause.
+fn select_vouchers(tail: &str) -> String {
+    format!("{} {tail}", *SELECT_VOUCHERS)
+}
+
 // The policy columns are read as plain integers: a value another tool wrote
 // out of range must not fail every read of the table.
 type VoucherRow = (
@@ -236,9 +241,7 @@ fn from_row(r: VoucherRow) -> Voucher {
 
 pub async fn list(db: &Db) -> Result<Vec<Voucher>> {
     let mut conn = db.conn().await?;
-    let rows: Vec<VoucherRow> = conn
-        .query(format!("{} ORDER BY v.voucher_id", *SELECT_VOUCHERS))
-        .await?;
+    let rows: Vec<VoucherRow> = conn.query(select_vouchers("ORDER BY v.voucher_id")).await?;
     Ok(rows.into_iter().map(from_row).collect())
 }
 
@@ -288,10 +291,7 @@ pub async fn list_only(db: &Db, only: &[u64]) -> Result<Vec<Voucher>> {
 pub async fn get(db: &Db, id: u64) -> Result<Voucher> {
     let mut conn = db.conn().await?;
     let row: Option<VoucherRow> = conn
-        .exec_first(
-            format!("{} WHERE v.voucher_id = ?", *SELECT_VOUCHERS),
-            (id,),
-        )
+        .exec_first(select_vouchers("WHERE v.voucher_id = ?"), (id,))
         .await?;
     row.map(from_row).ok_or(Error::VoucherNotFound(id))
 }
@@ -344,10 +344,7 @@ pub async fn get_with_orders(db: &Db, id: u64) -> Result<(Voucher, Vec<OrderDige
         .start_transaction(crate::store::db::snapshot_tx())
         .await?;
     let row: Option<VoucherRow> = tx
-        .exec_first(
-            format!("{} WHERE v.voucher_id = ?", *SELECT_VOUCHERS),
-            (id,),
-        )
+        .exec_first(select_vouchers("WHERE v.voucher_id = ?"), (id,))
         .await?;
     let voucher = row.map(from_row).ok_or(Error::VoucherNotFound(id))?;
     crate::support::fault::pause("between_snapshot_reads").await;

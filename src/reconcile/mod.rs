@@ -50,12 +50,22 @@ pub struct Run<'a, C> {
     /// The operator named the vouchers: one missing from MySQL is an error
     /// (otherwise it was only registered, and is skipped with a warning).
     pub explicit: bool,
-    /// Mints the order ids of promotions a release may make: needed only
-    /// to repair (a dry run leases no node id, so it writes nothing).
-    pub ids: Option<&'a OrderIds>,
+    /// Mints the order ids of promotions a release may make: set only by
+    /// `repair` (a dry run leases no node id, so it writes nothing).
+    ids: Option<&'a OrderIds>,
 }
 
-impl<C: RedisConn> Run<'_, C> {
+impl<'a, C: RedisConn> Run<'a, C> {
+    pub fn new(db: &'a Db, conn: &'a mut C, prefix: &'a str, explicit: bool) -> Self {
+        Run {
+            db,
+            conn,
+            prefix,
+            explicit,
+            ids: None,
+        }
+    }
+
     /// Checks (and, unless dry-run, repairs) every voucher given, reading
     /// them in chunks; `progress` hears how many each chunk finished.
     pub async fn pass(
@@ -90,9 +100,7 @@ impl<C: RedisConn> Run<'_, C> {
         }
         Ok(out)
     }
-}
 
-impl<C: RedisConn> Run<'_, C> {
     /// The repair pass over what a look found not consistent (`plan`). A
     /// node id is leased, and kept alive for the pass, only when a repair
     /// may mint order ids (a release can promote a waitlisted user): a

@@ -53,7 +53,7 @@ fn entries_of(entries: Value) -> Result<Vec<RawEntry>, String> {
             // A pending entry deleted from the stream comes back without
             // fields: it is kept, and dead-lettered as malformed.
             let fields = match parts.next() {
-                Some(Value::Array(flat)) => pairs_of(flat)?,
+                Some(Value::Array(flat)) => pairs_of(flat),
                 Some(Value::Map(map)) => map
                     .into_iter()
                     .map(|(k, v)| (field_text(k), field_text(v)))
@@ -65,13 +65,13 @@ fn entries_of(entries: Value) -> Result<Vec<RawEntry>, String> {
         .collect()
 }
 
-fn pairs_of(flat: Vec<Value>) -> Result<Vec<(String, String)>, String> {
+fn pairs_of(flat: Vec<Value>) -> Vec<(String, String)> {
     let mut out = Vec::with_capacity(flat.len() / 2);
     let mut it = flat.into_iter();
     while let (Some(k), Some(v)) = (it.next(), it.next()) {
         out.push((field_text(k), field_text(v)));
     }
-    Ok(out)
+    out
 }
 
 /// A field name or value as text, whatever its type: an odd one makes its
