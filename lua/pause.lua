@@ -1,21 +1,88 @@
 -- pause.lua — pause or reopen a voucher's gate (the worker's gate guard,
 -- while the gate is rebuilt after Redis lost writes MySQL holds; reconcile
--- and preload reopen a gate they found or made consistent). A paused gate
--- answers every attempt {6, "paused", 0} and writes nothing.
+-- and preload reopen a gate they found or made consistent), and the holds
+-- that keep it paused. A paused gate answers every attempt {6, "paused", 0}
+-- and writes nothing.
 --
--- KEYS[1]  seckill:{V}:meta     hash   field paused = 1 while paused
+-- A hold is a worker's word that it has a batch in hand whose entries the
+-- gate no longer has (Redis lost them): no view of the stores counts that
+-- batch until it is committed, so no gate may reopen on one. A hold lives
+-- for a lease and is renewed while the batch is in hand; a worker that dies
+-- or freezes holds nobody up for longer than that.
+--
+-- KEYS[1]  seckill:{V}:meta     hash   fields paused = 1 while paused, and
+--                                      reopen_after_ms (Redis TIME) while a
+--                                      pause's grace runs
 -- KEYS[2]  seckill:{V}:buyers   set
--- ARGV[1]  "pause" or "reopen"
--- ARGV[2]  how many orders MySQL holds for the voucher, read before this
---          call (every order's user is a buyer unless Redis lost writes):
---          pause: optional; given, the gate is paused only if it has fewer
---                 buyers than that (checked in the same step)
---          reopen: required; the gate reopens only if it has at least that
---                 many buyers
+-- KEYS[3]  seckill:{V}:holds    hash   owner token -> hold expiry (Redis TIME ms);
+--                                      required by reopen, hold and unhold
+-- ARGV[1]  "pause", "reopen", "hold", "unhold" or "held"
+-- pause:   ARGV[2] optional: how many orders MySQL holds for the voucher, read
+--                  before this call (every order's user is a buyer unless
+--                  Redis lost writes); given, the gate is paused only if it
+--                  has fewer buyers than that (checked in the same step)
+--          ARGV[3] optional: a grace in ms (0 when absent) before which no
+--                  reopen succeeds: workers whose batches Redis lost take it
+--                  to notice and hold the gate. A pause of a gate already
+--                  paused extends a shorter grace.
+-- reopen:  ARGV[2] required: the order count; the gate reopens only if it has
+--                  at least that many buyers, its grace has run out and no
+--                  worker holds it
+-- hold:    ARGV[2] owner token, ARGV[3] lease in ms
+-- unhold:  ARGV[2] owner token
+-- held:    (nothing more) whether any worker holds the gate
 --
--- Returns -1 when the gate is not loaded (nothing to pause or reopen);
+-- Returns -1 when the gate is not loaded (nothing to pause or reopen: a hold
+--   is stored all the same, for the gate a rebuild publishes);
 --   pause:  1 paused now, 2 it was paused already, 0 not paused (enough buyers)
---   reopen: 1 reopened, 2 it was not paused, 0 it stays paused (too few buyers)
+--   reopen: 1 reopened, 2 it was not paused, 0 it stays paused (too few
+--           buyers), 3 it stays paused (its grace runs, or a worker holds it)
+--   hold:   1 (the gate is paused), 0 (it is open)
+--   unhold: 1 a hold was given back, 0 there was none
+--   held:   1 a worker holds the gate, 0 none does (whether loaded or not)
+--
+-- Safe to run twice: pause and hold set what they set already (a replayed
+-- grace or hold ends a few ms later), reopen and unhold find nothing left
+-- to do.
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Whether a worker's hold still runs (expired ones are dropped).
+local function held(key, now)
+  local flat = redis.call('HGETALL', key)
+  local live = false
+  for i = 1, #flat, 2 do
+    if (tonumber(flat[i + 1]) or 0) > now then
+      live = true
+    else
+      redis.call('HDEL', key, flat[i])
+    end
+  end
+  return live
+end
+
+local action = ARGV[1]
+if action == 'held' then
+  if not KEYS[3] then return redis.error_reply('ERR pause.lua: held needs the holds key') end
+  return held(KEYS[3], now_ms()) and 1 or 0
+end
+if action == 'hold' or action == 'unhold' then
+  if not KEYS[3] or not ARGV[2] or ARGV[2] == '' then
+    return redis.error_reply('ERR pause.lua: ' .. action .. ' needs the holds key and an owner')
+  end
+  if action == 'unhold' then return redis.call('HDEL', KEYS[3], ARGV[2]) end
+  local lease = tonumber(ARGV[3])
+  if not lease or lease <= 0 then
+    return redis.error_reply('ERR pause.lua: hold needs a lease in ms')
+  end
+  redis.call('HSET', KEYS[3], ARGV[2], string.format('%d', now_ms() + lease))
+  if redis.call('PTTL', KEYS[3]) < lease then redis.call('PEXPIRE', KEYS[3], lease) end
+  if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+  return redis.call('HGET', KEYS[1], 'paused') == '1' and 1 or 0
+end
 
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 local paused = redis.call('HGET', KEYS[1], 'paused') == '1'
@@ -23,16 +90,29 @@ local orders = ARGV[2] and ARGV[2] ~= '' and tonumber(ARGV[2])
 if ARGV[2] and ARGV[2] ~= '' and not orders then
   return redis.error_reply('ERR pause.lua: ARGV[2] must be an order count')
 end
-if ARGV[1] == 'pause' then
+if action == 'pause' then
+  local grace = tonumber(ARGV[3] or '0')
+  if not grace then return redis.error_reply('ERR pause.lua: ARGV[3] must be a grace in ms') end
+  if not paused and orders and redis.call('SCARD', KEYS[2]) >= orders then return 0 end
+  if grace > 0 then
+    local after = now_ms() + grace
+    if after > (tonumber(redis.call('HGET', KEYS[1], 'reopen_after_ms')) or 0) then
+      redis.call('HSET', KEYS[1], 'reopen_after_ms', string.format('%d', after))
+    end
+  end
   if paused then return 2 end
-  if orders and redis.call('SCARD', KEYS[2]) >= orders then return 0 end
   redis.call('HSET', KEYS[1], 'paused', '1')
   return 1
-elseif ARGV[1] == 'reopen' then
+elseif action == 'reopen' then
   if not orders then return redis.error_reply('ERR pause.lua: reopen needs the order count') end
+  if not KEYS[3] then return redis.error_reply('ERR pause.lua: reopen needs the holds key') end
   if not paused then return 2 end
   if redis.call('SCARD', KEYS[2]) < orders then return 0 end
-  redis.call('HDEL', KEYS[1], 'paused')
+  local now = now_ms()
+  if (tonumber(redis.call('HGET', KEYS[1], 'reopen_after_ms')) or 0) > now or held(KEYS[3], now) then
+    return 3
+  end
+  redis.call('HDEL', KEYS[1], 'paused', 'reopen_after_ms')
   return 1
 end
-return redis.error_reply('ERR pause.lua: ARGV[1] must be pause or reopen')
+return redis.error_reply('ERR pause.lua: ARGV[1] must be pause, reopen, hold, unhold or held')

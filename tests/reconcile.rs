@@ -434,3 +434,63 @@ async fn large_sets_are_scanned_in_pieces_and_read_whole() {
     find_and_repair(&env, &[("buyers_missing", 2), ("deadline_missing", 1)]).await;
     env.cleanup().await;
 }
+
+/// Issue 19, item 2: a consistent gate left paused (its guard died between
+/// pausing and reopening; the other workers run without a guard) is
+/// reopened by `reconcile --yes`, and one a worker holds (a batch in hand
+/// that Redis lost) or whose pause's grace still runs stays paused.
+#[tokio::test]
+async fn reconcile_reopens_a_consistent_paused_gate_unless_it_is_held() {
+    let env = quiet_sale().await;
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let buy = |user: &str| {
+        env.cmd()
+            .args(["buy", "--voucher", "1", "--user", user])
+            .output()
+            .unwrap()
+            .status
+            .code()
+    };
+
+    // Held by a worker: paused in the dry run and after --yes.
+    let _: () = redis.hset(keys.meta(), "paused", "1").await.unwrap();
+    let _: () = redis
+        .hset(
+            keys.holds(),
+            "some-worker",
+            seckill::support::timespec::now_ms() + 60_000,
+        )
+        .await
+        .unwrap();
+    let (code, report) = reconcile(&env, &["--dry-run"]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(report["vouchers"][0]["gate_paused"], true, "{report:#}");
+    let (code, report) = reconcile(&env, &["--yes"]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(report["vouchers"][0]["reopened"], false, "{report:#}");
+    assert_eq!(report["vouchers"][0]["gate_paused"], true, "{report:#}");
+    assert_eq!(buy("100"), Some(15), "a held gate stays paused");
+
+    // Its grace still running: paused too.
+    let _: () = redis.del(keys.holds()).await.unwrap();
+    seckill::gate::pause::pause(&mut redis, &keys, None, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let (_, report) = reconcile(&env, &["--yes"]);
+    assert_eq!(report["vouchers"][0]["reopened"], false, "{report:#}");
+    assert_eq!(buy("100"), Some(15));
+
+    // Nobody holds it and no grace runs: reopened.
+    let _: () = redis.hdel(keys.meta(), "reopen_after_ms").await.unwrap();
+    let (code, report) = reconcile(&env, &["--yes"]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(report["vouchers"][0]["outcome"], "consistent", "{report:#}");
+    assert_eq!(report["vouchers"][0]["reopened"], true, "{report:#}");
+    assert_eq!(report["vouchers"][0]["gate_paused"], false, "{report:#}");
+    assert_eq!(buy("100"), Some(0), "the reopened gate admits");
+    env.spawn_worker(&["--until-idle", "--block", "100ms"])
+        .expect_success(Duration::from_secs(60));
+    assert_invariants(&env, V).await;
+    env.cleanup().await;
+}

@@ -74,15 +74,19 @@ async fn reconcile_with(cfg: &Config, args: &ReconcileArgs, db: &Db) -> anyhow::
     };
     let mut run = reconcile::Run::new(db, &mut redis, &cfg.prefix, !args.vouchers.is_empty());
     let plan = pass_with_progress(&mut run, &vouchers, &look).await?;
-    // Busy vouchers go to the repair pass too: it reads them again.
-    let drifting = reconcile::not_consistent(&plan);
+    // Busy vouchers go to the repair pass too (it reads them again), and
+    // paused ones (it reopens those it finds consistent).
+    let drifting = reconcile::to_repair(&plan);
     if args.dry_run || drifting.is_empty() {
         render(args, &plan)?;
         return Ok(exit_code_of(&plan));
     }
     if !args.confirmation.yes {
         render(args, &plan)?;
-        let question = format!("Repair {} voucher(s) as listed?", drifting.len());
+        let question = format!(
+            "Repair (or reopen) {} voucher(s) as listed?",
+            drifting.len()
+        );
         if !confirm(&args.confirmation, &question)? {
             errln!("nothing repaired");
             return Ok(exit_code::DRIFT_FOUND);
@@ -175,6 +179,18 @@ fn outcome_text(o: Outcome) -> &'static str {
     }
 }
 
+/// The outcome, and what became of a paused gate.
+fn state_text(r: &VoucherReport) -> String {
+    let outcome = outcome_text(r.outcome);
+    if r.reopened {
+        format!("{outcome}, reopened")
+    } else if r.gate_paused {
+        format!("{outcome}, paused")
+    } else {
+        outcome.to_string()
+    }
+}
+
 fn numbers_table(reports: &[VoucherReport]) -> comfy_table::Table {
     let mut t = table(&[
         "voucher",
@@ -203,7 +219,7 @@ fn numbers_table(reports: &[VoucherReport]) -> comfy_table::Table {
             r.buyers.to_string(),
             r.in_flight.to_string(),
             r.dead_letters.to_string(),
-            outcome_text(r.outcome).to_string(),
+            state_text(r),
         ]);
     }
     t

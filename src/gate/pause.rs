@@ -1,5 +1,8 @@
-//! Pausing a gate while it is rebuilt, and reopening it (lua/pause.lua).
-//! A paused gate answers every attempt "paused" and writes nothing.
+//! Pausing a gate while it is rebuilt, reopening it, and the holds that keep
+//! it paused (lua/pause.lua). A paused gate answers every attempt "paused"
+//! and writes nothing.
+
+use std::time::Duration;
 
 use redis::AsyncCommands;
 
@@ -28,21 +31,39 @@ pub enum Reopened {
     WasOpen,
     /// Still paused: fewer buyers than orders.
     StaysPaused,
+    /// Still paused: its grace runs, or a worker holds it (a batch in hand
+    /// that Redis lost, not in any view of the stores until it commits).
+    Held,
     NotLoaded,
 }
 
+/// pause.lua with all three keys, for `action`.
+fn call(keys: &VoucherKeys, action: &str) -> redis::ScriptInvocation<'static> {
+    let mut call = PAUSE.key(keys.meta());
+    call.key(keys.buyers()).key(keys.holds()).arg(action);
+    call
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis().min(u64::MAX as u128) as u64
+}
+
 /// Pauses the gate; with `orders` (MySQL's order count, read just before)
-/// only if it has fewer buyers than that, checked in the same step.
+/// only if it has fewer buyers than that, checked in the same step. No
+/// reopen succeeds within `grace`: the time workers take to notice that
+/// Redis lost the batch they hold, and to hold the gate.
 pub async fn pause(
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
     orders: Option<u64>,
+    grace: Duration,
 ) -> Result<Paused> {
-    let mut call = PAUSE.key(keys.meta());
-    call.key(keys.buyers()).arg("pause");
-    if let Some(n) = orders {
-        call.arg(n);
-    }
+    let mut call = call(keys, "pause");
+    match orders {
+        Some(n) => call.arg(n),
+        None => call.arg(""),
+    };
+    call.arg(ms(grace));
     let code: i64 = call.invoke_async(conn).await?;
     Ok(match code {
         1 => Paused::Now,
@@ -52,26 +73,52 @@ pub async fn pause(
     })
 }
 
-/// Reopens the gate if it is paused and has at least `orders` buyers
-/// (MySQL's order count for the voucher, read just before).
+/// Reopens the gate if it is paused, has at least `orders` buyers (MySQL's
+/// order count for the voucher, read just before), its grace ran out and no
+/// worker holds it.
 pub async fn reopen(
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
     orders: u64,
 ) -> Result<Reopened> {
-    let code: i64 = PAUSE
-        .key(keys.meta())
-        .key(keys.buyers())
-        .arg("reopen")
-        .arg(orders)
-        .invoke_async(conn)
-        .await?;
+    let code: i64 = call(keys, "reopen").arg(orders).invoke_async(conn).await?;
     Ok(match code {
         1 => Reopened::Now,
         2 => Reopened::WasOpen,
         0 => Reopened::StaysPaused,
+        3 => Reopened::Held,
         _ => Reopened::NotLoaded,
     })
+}
+
+/// Holds the gate paused for `lease` on behalf of `owner` (renewed by
+/// calling again); true when the gate is paused, false when it is open or
+/// not loaded.
+pub async fn hold(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    owner: &str,
+    lease: Duration,
+) -> Result<bool> {
+    let code: i64 = call(keys, "hold")
+        .arg(owner)
+        .arg(ms(lease).max(1))
+        .invoke_async(conn)
+        .await?;
+    Ok(code == 1)
+}
+
+/// Gives back `owner`'s hold.
+pub async fn unhold(conn: &mut impl RedisConn, keys: &VoucherKeys, owner: &str) -> Result<()> {
+    let _: i64 = call(keys, "unhold").arg(owner).invoke_async(conn).await?;
+    Ok(())
+}
+
+/// Whether a worker holds the gate (loaded or not: a rebuild of a gate
+/// Redis lost whole waits for the holds too).
+pub async fn is_held(conn: &mut impl RedisConn, keys: &VoucherKeys) -> Result<bool> {
+    let code: i64 = call(keys, "held").invoke_async(conn).await?;
+    Ok(code == 1)
 }
 
 /// Whether the gate is paused.

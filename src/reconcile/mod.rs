@@ -16,6 +16,7 @@ mod report;
 mod snapshot;
 
 use crate::error::{Error, Result};
+use crate::gate::pause::Reopened;
 use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
@@ -128,7 +129,7 @@ impl<'a, C: RedisConn> Run<'a, C> {
             explicit: self.explicit,
             ids: ids.as_deref(),
         };
-        let done = run.pass(&not_consistent(plan), opts, progress).await;
+        let done = run.pass(&to_repair(plan), opts, progress).await;
         stop_renewing.cancel();
         if let Some(renewing) = renewing {
             renewing.await.ok();
@@ -138,11 +139,14 @@ impl<'a, C: RedisConn> Run<'a, C> {
 }
 
 /// The vouchers a repair pass must look at again: every one not found
-/// consistent (busy ones included: the repair pass reads them again).
-pub fn not_consistent(reports: &[VoucherReport]) -> Vec<u64> {
+/// consistent (busy ones included: the repair pass reads them again), and
+/// every paused one (the repair pass reopens a gate it finds consistent:
+/// one whose guard died between pausing and reopening stays paused
+/// otherwise).
+pub fn to_repair(reports: &[VoucherReport]) -> Vec<u64> {
     reports
         .iter()
-        .filter(|r| r.outcome != Outcome::Consistent)
+        .filter(|r| r.outcome != Outcome::Consistent || r.gate_paused)
         .map(|r| r.voucher)
         .collect()
 }
@@ -159,13 +163,18 @@ pub fn needs_order_ids(reports: &[VoucherReport]) -> bool {
 
 /// A gate a worker paused (Redis had lost writes) that is consistent now
 /// opens again, if it has a buyer for every one of `orders` (the snapshot's
-/// count; orders only grow). True when it was reopened.
+/// count; orders only grow), its pause's grace ran out and no worker holds
+/// it. Sets whether it was reopened and whether it is paused now.
 async fn reopen_if_paused(
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
     orders: u64,
-) -> Result<bool> {
-    Ok(crate::gate::pause::reopen(conn, keys, orders).await? == crate::gate::pause::Reopened::Now)
+    report: &mut VoucherReport,
+) -> Result<()> {
+    let done = crate::gate::pause::reopen(conn, keys, orders).await?;
+    report.reopened = done == Reopened::Now;
+    report.gate_paused = matches!(done, Reopened::StaysPaused | Reopened::Held);
+    Ok(())
 }
 
 /// Checks one voucher and, unless dry-run, repairs what it found.
@@ -206,7 +215,7 @@ pub async fn reconcile_voucher(
                 report.outcome = Outcome::Repaired;
             }
             if !opts.dry_run {
-                report.reopened = reopen_if_paused(conn, &keys, orders).await?;
+                reopen_if_paused(conn, &keys, orders, &mut report).await?;
             }
             return Ok(report);
         }
@@ -219,7 +228,7 @@ pub async fn reconcile_voucher(
                 report.outcome = if unrepaired {
                     Outcome::NotRepaired
                 } else {
-                    report.reopened = reopen_if_paused(conn, &keys, orders).await?;
+                    reopen_if_paused(conn, &keys, orders, &mut report).await?;
                     Outcome::Repaired
                 };
                 report.drifts.splice(0..0, repaired_before);

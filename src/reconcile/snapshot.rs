@@ -7,6 +7,7 @@ use mysql_async::prelude::*;
 use redis::{FromRedisValue, Value};
 
 use crate::error::{Error, Result};
+use crate::gate::pause::META_PAUSED;
 use crate::gate::policy::{self, META_REQUIRE_TOKEN, META_USER_RATE};
 use crate::gate::witness::{self, Witness};
 use crate::orders::order::OrderStatus;
@@ -40,6 +41,8 @@ pub struct Snapshot {
     pub order_users: BTreeSet<u64>,
     // Redis
     pub gate_loaded: bool,
+    /// Admission paused (a worker found the gate had lost writes).
+    pub gate_paused: bool,
     /// In the registry, where workers find the streams to consume.
     pub registered: bool,
     pub gate_stock: Option<i64>,
@@ -188,7 +191,8 @@ pub async fn read_many(
             .xlen(k.dead())
             .xlen(k.orders())
             .hget(k.meta(), META_USER_RATE)
-            .hget(k.meta(), META_REQUIRE_TOKEN);
+            .hget(k.meta(), META_REQUIRE_TOKEN)
+            .hget(k.meta(), META_PAUSED);
         Ok(())
     })
     .await?;
@@ -198,7 +202,7 @@ pub async fn read_many(
         .zip(&before)
         .zip(keys.iter().zip(vouchers))
     {
-        if chunk.len() != 8 {
+        if chunk.len() != 9 {
             return Err(Error::Redis(format!(
                 "gate of voucher {voucher}: {} replies",
                 chunk.len()
@@ -208,7 +212,7 @@ pub async fn read_many(
             FromRedisValue::from_redis_value(Value::Array(chunk[..6].to_vec()))
                 .map_err(|e| Error::Redis(format!("gate of voucher {voucher}: {e}")))?;
         let registered = registered.contains(voucher);
-        let (user_rate, require_token): (Option<u32>, Option<String>) =
+        let (user_rate, require_token, paused): (Option<u32>, Option<String>, Option<String>) =
             FromRedisValue::from_redis_value(Value::Array(chunk[6..].to_vec()))
                 .map_err(|e| Error::Redis(format!("policy of voucher {voucher}: {e}")))?;
         let in_flight = if stream_len > 0 {
@@ -234,6 +238,7 @@ pub async fn read_many(
         snaps.push(Snapshot {
             voucher: *voucher,
             gate_loaded: meta_exists && !w.stock.is_empty(),
+            gate_paused: paused.as_deref() == Some("1"),
             registered,
             gate_stock: w.stock.parse().ok(),
             buyers: buyers.into_iter().collect(),

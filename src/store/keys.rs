@@ -79,6 +79,11 @@ impl VoucherKeys {
     pub fn locks(&self) -> String {
         self.key("locks")
     }
+    /// Workers holding the gate paused: each has a batch in hand whose
+    /// entries Redis lost (lua/pause.lua).
+    pub fn holds(&self) -> String {
+        self.key("holds")
+    }
     /// Scratch key for rebuilding the buyers set before swapping it in;
     /// `run` keeps two concurrent rebuilds (preload and reconcile) apart.
     pub fn buyers_staging(&self, run: &str) -> String {

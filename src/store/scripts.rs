@@ -73,4 +73,7 @@ pub static PAUSE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/pause.lua")));
 
 /// The run id of the server holding a voucher (the worker's gate guard).
+/// (Also sent as plain EVAL inside the guard's look pipeline.)
 pub const RUN_ID_SOURCE: &str = include_str!("../../lua/run_id.lua");
+/// The same script, recording a run id the guard has dealt with.
+pub static RUN_ID: LazyLock<Script> = LazyLock::new(|| Script::new(RUN_ID_SOURCE));

@@ -3,6 +3,8 @@
 //! on stderr, so a test can kill -9 it exactly there. Unset (always, in
 //! production) it costs one lookup in an empty map.
 //!
+//! `<step>=<duration>*<n>` pauses there only the first n times.
+//!
 //! Steps: `after_lock` (locks held, nothing in MySQL), `before_commit` (the
 //! transaction is open), `after_commit` (committed, not yet acknowledged),
 //! `after_ack` (acknowledged and unlocked); for payment deadlines
@@ -17,24 +19,39 @@
 //! RUST_BACKTRACE says.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
 use std::time::Duration;
 
 pub const ENV: &str = "SECKILL_TEST_PAUSE";
 
-static PAUSES: LazyLock<HashMap<String, Duration>> = LazyLock::new(|| {
+/// How long to pause at a step, and how many more times (`*N`; unbounded
+/// without it).
+struct Pause {
+    length: Duration,
+    left: AtomicU64,
+}
+
+static PAUSES: LazyLock<HashMap<String, Pause>> = LazyLock::new(|| {
     std::env::var(ENV)
         .map(|spec| parse(&spec))
         .unwrap_or_default()
 });
 
-fn parse(spec: &str) -> HashMap<String, Duration> {
+fn parse(spec: &str) -> HashMap<String, Pause> {
     spec.split(',')
         .filter_map(|item| {
             let (step, d) = item.split_once('=')?;
+            let (d, times) = match d.split_once('*') {
+                Some((d, n)) => (d, n.trim().parse().ok()?),
+                None => (d, u64::MAX),
+            };
             Some((
                 step.trim().to_string(),
-                humantime::parse_duration(d.trim()).ok()?,
+                Pause {
+                    length: humantime::parse_duration(d.trim()).ok()?,
+                    left: AtomicU64::new(times),
+                },
             ))
         })
         .collect()
@@ -42,12 +59,16 @@ fn parse(spec: &str) -> HashMap<String, Duration> {
 
 /// Pauses at `step` when the test hook asks for it.
 pub async fn pause(step: &str) {
-    if let Some(d) = PAUSES.get(step) {
+    let Some(p) = PAUSES.get(step) else { return };
+    let taken = p
+        .left
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+    if taken.is_ok() {
         tracing::warn!(
             "test pause at {step} for {}",
-            humantime::format_duration(*d)
+            humantime::format_duration(p.length)
         );
-        tokio::time::sleep(*d).await;
+        tokio::time::sleep(p.length).await;
     }
 }
 
@@ -64,9 +85,10 @@ pub fn panic_at(place: &str) {
 mod tests {
     #[test]
     fn parses_steps_and_ignores_garbage() {
-        let p = super::parse("after_commit=1s, before_commit=250ms,junk,x=forever");
+        let p = super::parse("after_commit=1s, before_commit=250ms*2,junk,x=forever,y=1s*z");
         assert_eq!(p.len(), 2);
-        assert_eq!(p["after_commit"].as_millis(), 1000);
-        assert_eq!(p["before_commit"].as_millis(), 250);
+        assert_eq!(p["after_commit"].length.as_millis(), 1000);
+        assert_eq!(p["before_commit"].length.as_millis(), 250);
+        assert_eq!(p["before_commit"].left.load(super::Ordering::SeqCst), 2);
     }
 }

@@ -48,14 +48,17 @@ impl Lane {
         let keys = VoucherKeys::new(&self.cfg.prefix, voucher)?;
         let ids: Vec<String> = deliveries.iter().map(|d| d.raw.entry_id.clone()).collect();
         let alive = keepalive::start(
-            self.conn.clone(),
-            keys.clone(),
-            self.opts.consumer.clone(),
-            ids,
-            self.owner.clone(),
+            keepalive::Ticker {
+                cfg: self.cfg.clone(),
+                conn: self.conn.clone(),
+                keys: keys.clone(),
+                consumer: self.opts.consumer.clone(),
+                entry_ids: ids,
+                owner: self.owner.clone(),
+                stats: self.stats.clone(),
+            },
             // Often enough that neither a lease nor the reclaim threshold passes.
             self.opts.lock_lease.min(self.opts.claim_idle) / 3,
-            self.stats.clone(),
         );
         let mut backoff = Backoff::default();
         let mut failures = 0u32;
@@ -68,6 +71,7 @@ impl Lane {
                             deliveries.len()
                         );
                     }
+                    alive.finish().await;
                     return Ok(());
                 }
                 Err(e) if lost_group(&e) => {
@@ -76,6 +80,7 @@ impl Lane {
                          the {} entries in hand went with it: `seckill reconcile` repairs what was lost",
                         deliveries.len()
                     );
+                    alive.finish().await;
                     return Ok(());
                 }
                 Err(e) => {
@@ -146,6 +151,9 @@ impl Lane {
         }
         alive.set_held(held.clone()).await;
         crate::support::fault::pause("after_lock").await;
+        // A batch Redis lost must hold the gate before it commits, even if
+        // this process was frozen past its keep-alive's ticks.
+        alive.confirm_within(self.opts.lock_lease / 2).await;
         let t_sql = Instant::now();
         let msgs: Vec<OrderMessage> = mine.iter().map(|(m, _)| m.clone()).collect();
         let persisted = persist(&self.db, voucher, &msgs).await;
@@ -168,11 +176,12 @@ impl Lane {
             }
         };
         crate::support::fault::pause("after_commit").await;
+        let (inserted, duplicates) = completion.counts;
+        alive.committed(inserted).await;
         // Stop renewing before the finish script releases the locks, so a
         // released lock is never taken for a lost one.
         alive.set_held(Vec::new()).await;
         let t_finish = Instant::now();
-        let (inserted, duplicates) = completion.counts;
         let done = group::Completion {
             locks: &held,
             owner: &self.owner.token,

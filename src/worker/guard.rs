@@ -4,16 +4,26 @@
 //! reconcile logic (in-flight work accounted for), and reopens them.
 //!
 //! Two signs, looked at every pass:
-//! - The server holding the voucher is another one than last pass (its run
-//!   id changed: a restart or a failover). Only then can acknowledged
-//!   writes be gone, so the gate is paused and checked in full. This sign
-//!   cannot be hidden by what happens before the pass (a lost user buying
-//!   again, new buyers taking the units MySQL no longer has).
+//! - The server holding the voucher is another one than last pass, or than
+//!   the one the gate's meta records (`run_id`, written by the guard once a
+//!   pass has dealt with it): its run id changed, a restart or a failover.
+//!   Only then can acknowledged writes be gone, so the gate is paused and
+//!   checked in full. This sign cannot be hidden by what happens before the
+//!   pass (a lost user buying again, new buyers taking the units MySQL no
+//!   longer has), and the record in meta gives it to a worker that was not
+//!   running at the time (cron): meta comes back with the old server's id.
+//!   The new id is recorded only once the pause succeeded, so a pause that
+//!   failed is tried again on the next pass.
 //! - The gate has fewer buyers than MySQL has orders: every order's user
 //!   became a buyer at the gate before the order could be committed, and
 //!   nothing takes a buyer with an order away. MySQL is read first, so an
 //!   order committed in between had its buyer recorded before it. This
 //!   covers what the first sign cannot see (a restart while no worker ran).
+//!
+//! A pause carries a grace (`--lock-lease`): a worker holding a batch whose
+//! entries the restart lost notices within a third of its lease and holds
+//! the gate until that batch is committed (lua/pause.lua), so no rebuild
+//! reopens the gate on a view that misses the batch.
 //!
 //! A lost admission takes its stock decrement with it (one script, one
 //! write to the AOF and the replicas), so such a gate also has units MySQL
@@ -38,7 +48,7 @@ use crate::store::keys::VoucherKeys;
 use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn::{self, pipeline_per_item, Redis};
 use crate::store::registry;
-use crate::store::scripts::RUN_ID_SOURCE;
+use crate::store::scripts::{RUN_ID, RUN_ID_SOURCE};
 use crate::support::backoff::Backoff;
 
 /// Cancellations and new orders younger than this are still a worker's
@@ -56,6 +66,8 @@ pub struct GateGuard {
     pub(super) ids: Arc<OrderIds>,
     pub(super) stats: Arc<WorkerStats>,
     pub(super) every: Duration,
+    /// No gate this guard pauses reopens sooner (the workers' lock lease).
+    pub(super) grace: Duration,
     pub(super) state: GuardState,
 }
 
@@ -99,7 +111,13 @@ struct Look {
     buyers: u64,
     paused: bool,
     run_id: Option<String>,
+    /// The run id the gate's meta records (the guard's own, last pass).
+    recorded_run_id: Option<String>,
 }
+
+/// The meta field recording the run id of the server a guard last saw
+/// holding the gate.
+const META_RUN_ID: &str = "run_id";
 
 impl GateGuard {
     pub async fn run(mut self, stop: CancellationToken) {
@@ -157,7 +175,8 @@ impl GateGuard {
                 .cmd("EVAL")
                 .arg(RUN_ID_SOURCE)
                 .arg(1)
-                .arg(k.meta());
+                .arg(k.meta())
+                .hget(k.meta(), META_RUN_ID);
             Ok(())
         })
         .await?;
@@ -183,28 +202,39 @@ impl GateGuard {
 
     /// Handles one gate.
     async fn watch(&mut self, v: u64, keys: &VoucherKeys, look: &Look, orders: u64) -> Result<()> {
-        let moved = match (&look.run_id, self.state.run_ids.get(&v)) {
-            (Some(now), Some(before)) if now != before => Some((before.clone(), now.clone())),
-            _ => None,
-        };
-        if let Some(id) = &look.run_id {
-            self.state.run_ids.insert(v, id.clone());
-        }
+        let moved = look.run_id.as_ref().and_then(|now| {
+            [self.state.run_ids.get(&v), look.recorded_run_id.as_ref()]
+                .into_iter()
+                .flatten()
+                .find(|before| *before != now)
+                .map(|before| (before.clone(), now.clone()))
+        });
         if !look.loaded {
-            self.state.paused.remove(&v);
+            self.record_run_id(v, keys, look).await?;
             // A gate lost whole admits nobody ("unknown voucher"): nothing
             // to pause. Rebuilt only when MySQL holds orders of it (what
             // Redis lost); one without orders waits for `seckill preload`.
-            if orders > 0 {
-                tracing::warn!(
-                    "voucher {v}: the gate is gone from Redis but MySQL holds {orders} order(s) of it: rebuilding it from MySQL"
-                );
-                self.rebuild(v, keys).await?;
+            if orders == 0 {
+                self.state.paused.remove(&v);
+                return Ok(());
             }
-            return Ok(());
+            // Rebuilt open: only after the grace a pause would have, and
+            // when no worker holds it (a batch Redis lost, in hand).
+            let lost = self.state.paused.entry(v).or_insert_with(Pause::new);
+            if lost.since.elapsed() < self.grace || pause::is_held(&mut self.conn, keys).await? {
+                return Ok(());
+            }
+            self.state.paused.remove(&v);
+            tracing::warn!(
+                "voucher {v}: the gate is gone from Redis but MySQL holds {orders} order(s) of it: rebuilding it from MySQL"
+            );
+            return self.rebuild(v, keys).await;
         }
         let why = if let Some((before, now)) = moved {
-            match pause::pause(&mut self.conn, keys, None).await? {
+            let paused = pause::pause(&mut self.conn, keys, None, self.grace).await?;
+            // Only now: a pause that failed is tried again next pass.
+            self.record_run_id(v, keys, look).await?;
+            match paused {
                 Paused::Now => Some(format!(
                     "the Redis server holding it changed (run id {}.. -> {}..: a restart or a failover), so writes may be lost",
                     &before[..8.min(before.len())],
@@ -213,7 +243,8 @@ impl GateGuard {
                 _ => None,
             }
         } else if look.buyers < orders && !look.paused {
-            match pause::pause(&mut self.conn, keys, Some(orders)).await? {
+            self.record_run_id(v, keys, look).await?;
+            match pause::pause(&mut self.conn, keys, Some(orders), self.grace).await? {
                 Paused::Now => Some(format!(
                     "the gate has {} buyer(s) but MySQL holds {orders} order(s): Redis lost writes",
                     look.buyers
@@ -223,9 +254,11 @@ impl GateGuard {
                 Paused::Already => None,
             }
         } else if !look.paused {
+            self.record_run_id(v, keys, look).await?;
             self.state.paused.remove(&v);
             return Ok(());
         } else {
+            self.record_run_id(v, keys, look).await?;
             None
         };
         if let Some(why) = why {
@@ -240,6 +273,23 @@ impl GateGuard {
         }
         pause.tried = Some(Instant::now());
         self.rebuild(v, keys).await
+    }
+
+    /// Remembers the server now holding the gate, here and in its meta
+    /// (where a guard started later finds it).
+    async fn record_run_id(&mut self, v: u64, keys: &VoucherKeys, look: &Look) -> Result<()> {
+        let Some(id) = &look.run_id else {
+            return Ok(());
+        };
+        self.state.run_ids.insert(v, id.clone());
+        if look.loaded && look.recorded_run_id.as_ref() != Some(id) {
+            let _: String = RUN_ID
+                .key(keys.meta())
+                .arg(id)
+                .invoke_async(&mut self.conn)
+                .await?;
+        }
+        Ok(())
     }
 
     fn paused_now(&mut self, v: u64, why: &str) {
@@ -329,10 +379,15 @@ impl GateGuard {
             }
             _ if !pause.warned && pause.since.elapsed() > LONG_PAUSE => {
                 pause.warned = true;
+                let why = match report.outcome {
+                    Outcome::Consistent | Outcome::Repaired => {
+                        "a worker holds it (a batch in hand whose entries Redis lost, not committed yet)".to_string()
+                    }
+                    other => format!("it could not be checked yet ({other:?})"),
+                };
                 tracing::warn!(
-                    "voucher {v}: its gate has been paused for {} and could not be checked yet ({:?}); retrying",
+                    "voucher {v}: its gate has been paused for {} and stays paused: {why}; retrying",
                     round_ms(pause.since.elapsed()),
-                    report.outcome
                 );
             }
             _ => {}
@@ -353,11 +408,14 @@ fn look_of(row: Vec<Value>) -> Result<Look> {
     // A server that refuses INFO in scripts (an ACL) gives no run id: the
     // buyer count is then the only sign.
     let run_id: Option<String> = FromRedisValue::from_redis_value(next()).ok();
+    let recorded_run_id: Option<String> = FromRedisValue::from_redis_value(next())
+        .map_err(|e| Error::Redis(format!("run id: {e}")))?;
     Ok(Look {
         loaded,
         buyers,
         paused: paused.as_deref() == Some("1"),
         run_id,
+        recorded_run_id,
     })
 }
 

@@ -2,28 +2,58 @@
 //! claimed (XCLAIM JUSTID resets their idle time without counting a
 //! delivery), so a slow commit or a store outage does not hand the batch to
 //! another worker or push valid messages toward the dead-letter stream.
+//!
+//! The same XCLAIM says whether Redis still has the batch: it answers only
+//! the entries still pending with us. Until the batch is committed, an entry
+//! missing there is one Redis lost (a restart from older data, a failover
+//! to a replica without it): no view of the stores counts the batch then,
+//! so the keep-alive holds the gate (lua/pause.lua) — a rebuild may not
+//! reopen it on such a view — until the batch is committed and the hold is
+//! given back, or the hold's lease runs out (a worker that died or froze
+//! holds nobody up for longer than its lock lease).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::store::redis_conn::Redis;
+use crate::store::config::Config;
+use crate::store::redis_conn::{self, Redis};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::WorkerStats;
+use crate::gate::pause;
 use crate::store::keys::{VoucherKeys, WORKER_GROUP};
 use crate::worker::lock::LockOwner;
 
-/// The users whose locks are currently held for the batch; the batch sets
-/// them after acquiring and clears them before releasing. A renewal holds the
-/// mutex, so clearing waits for it and a released lock is never reported as
-/// lost.
-pub type HeldLocks = Arc<Mutex<Vec<u64>>>;
+/// What the keep-alive knows of its batch.
+#[derive(Debug)]
+pub struct Standing {
+    /// The users whose locks are currently held for the batch; the batch
+    /// sets them after acquiring and clears them before releasing, so a
+    /// released lock is never reported as lost.
+    pub locks: Vec<u64>,
+    /// Redis no longer has all of the batch's entries pending with us.
+    pub lost: bool,
+    /// We hold the gate (a hold renewed each tick while the batch is in hand).
+    pub holding: bool,
+    /// The batch is committed: entries acknowledged from now on are not lost.
+    pub committed: bool,
+    /// The last tick that found every entry, or renewed the hold.
+    pub confirmed: Instant,
+}
 
 /// Stops the keep-alive when dropped.
 pub struct KeepAlive {
     stop: CancellationToken,
-    pub held: HeldLocks,
+    shared: Arc<Mutex<Shared>>,
+}
+
+/// A tick holds the mutex for its whole length, so what the batch changes
+/// never crosses a tick halfway, and a connection one of them replaced
+/// serves the other.
+struct Shared {
+    standing: Standing,
+    ticker: Ticker,
 }
 
 impl Drop for KeepAlive {
@@ -32,61 +62,199 @@ impl Drop for KeepAlive {
     }
 }
 
+/// What a keep-alive works with: the batch's entries, locks and gate.
+pub struct Ticker {
+    pub cfg: Arc<Config>,
+    /// Its own once an error made it reconnect (the batch's connection is
+    /// the lane's, which reconnects only between attempts).
+    pub conn: Redis,
+    pub keys: VoucherKeys,
+    pub consumer: String,
+    pub entry_ids: Vec<String>,
+    pub owner: LockOwner,
+    pub stats: Arc<WorkerStats>,
+}
+
 impl KeepAlive {
     pub async fn set_held(&self, users: Vec<u64>) {
-        *self.held.lock().await = users;
+        self.shared.lock().await.standing.locks = users;
+    }
+
+    /// Makes sure the batch's standing was confirmed within `max_age` (a
+    /// tick now if not: the process may have been frozen or starved past
+    /// its ticks), so a batch Redis lost holds the gate before it commits.
+    pub async fn confirm_within(&self, max_age: Duration) {
+        let mut shared = self.shared.lock().await;
+        let Shared { standing, ticker } = &mut *shared;
+        if standing.confirmed.elapsed() > max_age {
+            ticker.tick(standing).await;
+        }
+    }
+
+    /// The batch is committed, `inserted` orders of it new: from now on its
+    /// entries go away by our own acknowledgement. If Redis had lost some
+    /// and the gate is open, the gate was rebuilt (or never paused) on a
+    /// view without them and may sell their units again: it is paused, and
+    /// the gate guard rebuilds it with the orders now committed. Tried here
+    /// only (a retry of the batch finds its orders stored, none inserted).
+    pub async fn committed(&self, inserted: u64) {
+        let mut shared = self.shared.lock().await;
+        let Shared { standing, ticker } = &mut *shared;
+        standing.committed = true;
+        if !standing.lost || inserted == 0 {
+            return;
+        }
+        let voucher = ticker.keys.voucher();
+        let grace = ticker.owner.lease;
+        // Once more on a fresh connection: the lane's may be the one broken.
+        let mut paused = pause::pause(&mut ticker.conn, &ticker.keys, None, grace).await;
+        if paused.is_err() {
+            ticker.reconnect().await;
+            paused = pause::pause(&mut ticker.conn, &ticker.keys, None, grace).await;
+        }
+        match paused {
+            Ok(pause::Paused::Now) => tracing::warn!(
+                "voucher {voucher}: committed {inserted} order(s) whose entries Redis had lost while the gate was open; \
+                 admission paused until the gate is checked against MySQL"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(
+                "voucher {voucher}: committed {inserted} order(s) whose entries Redis had lost, but could not pause the gate \
+                 (it may sell their units again: run `seckill reconcile`): {e}"
+            ),
+        }
+    }
+
+    /// Stops the keep-alive and gives back the hold on the gate, if one was
+    /// taken (the batch is committed: a rebuild now counts it).
+    pub async fn finish(self) {
+        self.stop.cancel();
+        let mut shared = self.shared.lock().await;
+        let Shared { standing, ticker } = &mut *shared;
+        if !standing.holding {
+            return;
+        }
+        let voucher = ticker.keys.voucher();
+        let owner = ticker.owner.token.clone();
+        let mut given = pause::unhold(&mut ticker.conn, &ticker.keys, &owner).await;
+        if given.is_err() {
+            ticker.reconnect().await;
+            given = pause::unhold(&mut ticker.conn, &ticker.keys, &owner).await;
+        }
+        match given {
+            Ok(()) => tracing::info!(
+                "voucher {voucher}: batch committed; its hold on the gate is given back"
+            ),
+            Err(e) => tracing::warn!(
+                "voucher {voucher}: could not give back the hold on the gate, it ends with its lease: {e}"
+            ),
+        }
     }
 }
 
-pub fn start(
-    conn: Redis,
-    keys: VoucherKeys,
-    consumer: String,
-    entry_ids: Vec<String>,
-    owner: LockOwner,
-    period: Duration,
-    stats: Arc<WorkerStats>,
-) -> KeepAlive {
+/// Ticks every `period` until the batch is finished (or dropped).
+pub fn start(ticker: Ticker, period: Duration) -> KeepAlive {
     let stop = CancellationToken::new();
-    let held: HeldLocks = Arc::new(Mutex::new(Vec::new()));
-    let (token, held_locks) = (stop.clone(), held.clone());
+    let shared = Arc::new(Mutex::new(Shared {
+        standing: Standing {
+            locks: Vec::new(),
+            lost: false,
+            holding: false,
+            committed: false,
+            confirmed: Instant::now(),
+        },
+        ticker,
+    }));
+    let (token, looping) = (stop.clone(), shared.clone());
     let period = period.max(Duration::from_millis(10));
     tokio::spawn(async move {
-        let mut conn = conn;
         loop {
             tokio::select! {
                 _ = token.cancelled() => return,
                 _ = tokio::time::sleep(period) => {}
             }
-            let touched: redis::RedisResult<redis::Value> = redis::cmd("XCLAIM")
-                .arg(keys.orders())
-                .arg(WORKER_GROUP)
-                .arg(&consumer)
-                .arg(0)
-                .arg(&entry_ids)
-                .arg("JUSTID")
-                .query_async(&mut conn)
-                .await;
-            if let Err(e) = touched {
-                tracing::warn!("keep-alive could not touch the batch's entries: {e}");
+            let mut shared = looping.lock().await;
+            if token.is_cancelled() {
+                return;
             }
-            let mut locks = held_locks.lock().await;
-            match owner.renew(&mut conn, &keys, &locks).await {
-                Ok(renewed) => {
-                    let lost = renewed.iter().filter(|ok| !**ok).count();
-                    if lost > 0 {
-                        tracing::warn!(
-                            "lost {lost} lock lease(s) while persisting a batch; the MySQL keys fence duplicates"
-                        );
-                        stats.add_lock_lost(lost as u64);
-                        // Report each loss once; keep renewing the rest.
-                        let mut still = renewed.into_iter();
-                        locks.retain(|_| still.next().unwrap_or(false));
-                    }
-                }
-                Err(e) => tracing::warn!("keep-alive could not renew lock leases: {e}"),
-            }
+            let Shared { standing, ticker } = &mut *shared;
+            ticker.tick(standing).await;
         }
     });
-    KeepAlive { stop, held }
+    KeepAlive { stop, shared }
+}
+
+impl Ticker {
+    async fn tick(&mut self, standing: &mut Standing) {
+        let touched: redis::RedisResult<Vec<String>> = redis::cmd("XCLAIM")
+            .arg(self.keys.orders())
+            .arg(WORKER_GROUP)
+            .arg(&self.consumer)
+            .arg(0)
+            .arg(&self.entry_ids)
+            .arg("JUSTID")
+            .query_async(&mut self.conn)
+            .await;
+        let all_there = match touched {
+            Ok(ids) => ids.len() >= self.entry_ids.len(),
+            // The group itself is gone: so is every entry it had pending.
+            Err(e) if e.code() == Some("NOGROUP") => false,
+            Err(e) => {
+                // Say nothing of the batch's standing, and come back on a
+                // fresh connection: a multiplexed one does not reconnect.
+                tracing::warn!("keep-alive could not touch the batch's entries: {e}");
+                self.reconnect().await;
+                return;
+            }
+        };
+        if !all_there && !standing.committed && !standing.lost {
+            standing.lost = true;
+            tracing::warn!(
+                "voucher {}: Redis no longer has every entry of the batch in hand (it restarted from older data or failed over?); \
+                 holding the gate paused until the batch is committed",
+                self.keys.voucher()
+            );
+        }
+        if standing.lost {
+            let lease = self.owner.lease;
+            match pause::hold(&mut self.conn, &self.keys, &self.owner.token, lease).await {
+                Ok(_) => {
+                    standing.holding = true;
+                    standing.confirmed = Instant::now();
+                }
+                Err(e) => tracing::warn!("keep-alive could not hold the gate: {e}"),
+            }
+        } else if all_there {
+            standing.confirmed = Instant::now();
+        }
+        self.renew_locks(standing).await;
+    }
+
+    async fn reconnect(&mut self) {
+        if let Ok(c) = redis_conn::connect(&self.cfg).await {
+            self.conn = c;
+        }
+    }
+
+    async fn renew_locks(&mut self, standing: &mut Standing) {
+        match self
+            .owner
+            .renew(&mut self.conn, &self.keys, &standing.locks)
+            .await
+        {
+            Ok(renewed) => {
+                let lost = renewed.iter().filter(|ok| !**ok).count();
+                if lost > 0 {
+                    tracing::warn!(
+                        "lost {lost} lock lease(s) while persisting a batch; the MySQL keys fence duplicates"
+                    );
+                    self.stats.add_lock_lost(lost as u64);
+                    // Report each loss once; keep renewing the rest.
+                    let mut still = renewed.into_iter();
+                    standing.locks.retain(|_| still.next().unwrap_or(false));
+                }
+            }
+            Err(e) => tracing::warn!("keep-alive could not renew lock leases: {e}"),
+        }
+    }
 }

@@ -86,6 +86,7 @@ pub async fn run(
             ids: ids.clone(),
             stats: stats.clone(),
             every: opts.gate_check,
+            grace: opts.lock_lease,
             state: Default::default(),
         };
         tokio::spawn(guard.run(stop_guard.clone()))
