@@ -11,6 +11,11 @@
 --
 -- Returns {now_ms, {order id, deadline ms, order id, deadline ms, ...}} with
 -- the deadlines as they were before the claim (Redis server clock).
+--
+-- Safe to run twice: the replay finds the first run's entries leased (not
+-- due) and returns none of them; the claimer whose reply was lost never
+-- saw them, so they come back to the next claim after their lease — late,
+-- not lost, and their release is idempotent (release.lua).
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -22,6 +22,10 @@
 --
 -- Returns the number of entries acknowledged.
 --
+-- Safe to run twice: the replay ZADDs the same deadlines, writes no dead
+-- letter (its entry is no longer pending), acknowledges nothing (returns
+-- 0; the worker does not use the count) and finds the locks released.
+--
 -- `lease_release` comes from lua/lib/lease.lua, which the binary prepends (to
 -- run this file by hand, prepend it too).
 

@@ -8,6 +8,10 @@
 -- ARGV[2]  consumer name
 --
 -- Returns 1 when the consumer was deleted, 0 when it still has pending entries.
+--
+-- Safe to run twice: the replay finds nothing pending for the deleted
+-- consumer and deletes it again (XGROUP DELCONSUMER of a missing consumer
+-- is no error), returning 1.
 
 if #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2]) > 0 then
   return 0

@@ -8,9 +8,18 @@
 -- ARGV[3..] user ids, one per message of the batch (all of voucher V)
 --
 -- Returns an array with one element per user: 1 when the owner now holds the
--- lock (a second acquisition by the same owner, in this call or an earlier
--- one, counts one more reentry), 0 when another owner holds it. A held lock
--- expires after the lease unless renewed (lock_renew.lua).
+-- lock, 0 when another owner holds it. The lock's count is the number of
+-- times its user is listed in this call, also when the owner held it
+-- already (then it is renewed and its count set, not added to): a worker
+-- lane takes a batch's locks in one call and gives them back in one, so no
+-- caller counts reentries across calls. A held lock expires after the lease
+-- unless renewed (lock_renew.lua).
+--
+-- Safe to run twice: a replay finds the locks its first run took held by
+-- the same owner and sets the same counts again (the lease runs from the
+-- replay), so the caller's one release still frees them (a count added to
+-- would keep the lock past the batch, blocking other workers until the
+-- lease ran out).
 
 local owner, lease, users = ARGV[1], tonumber(ARGV[2]), lease_users(3)
 local now, once = lease_now(), lease_once(owner)
@@ -22,10 +31,12 @@ for i, user in ipairs(users) do
   local c = counts[user]
   if c == nil then
     local v = vals[i]
-    c = lease_count(v, owner, now, once)
-    if c == nil then
-      -- Not the owner's: free unless another owner's lease still runs.
-      c = (lease_expiry(v) <= now) and 0 or false
+    -- The owner's (held or run out) or free: counted from this call alone.
+    -- Another owner's is free only once its lease ran out.
+    if lease_count(v, owner, now, once) ~= nil or lease_expiry(v) <= now then
+      c = 0
+    else
+      c = false
     end
   end
   if c then

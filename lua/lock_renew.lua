@@ -7,6 +7,8 @@
 --
 -- Returns an array with one element per user: 1 renewed, 0 lost (expired,
 -- or taken by another owner after it expired).
+--
+-- Safe to run twice: the replay sets the same leases from a moment later.
 
 local owner, lease, users = ARGV[1], tonumber(ARGV[2]), lease_users(3)
 local now, once = lease_now(), lease_once(owner)

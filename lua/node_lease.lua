@@ -21,7 +21,13 @@
 --   claim    -1 if N is leased by another live holder; otherwise the lease
 --            is taken and the floor F returned: mint only ids with a time
 --            above F (a holder whose clock is behind a former holder's must
---            not repeat its ids). Records max(F, ARGV[5]) + TTL.
+--            not repeat its ids). Records max(F, ARGV[5]) + TTL. A claim
+--            of a lease the caller's token holds already (its claim resent:
+--            the reply was lost) changes nothing and returns max(F,
+--            ARGV[5]), the recorded time less the TTL, which is what the
+--            first claim recorded from: no holder of N used a time above
+--            F, and the caller has minted nothing yet. (A holder never
+--            claims the node id it holds otherwise.)
 --   renew    -1 if the lease is no longer the caller's (it expired, and
 --            maybe another process took it): stop minting with N at once.
 --            Records max(recorded, ARGV[5] + TTL).
@@ -31,6 +37,12 @@
 --            runs them, do not push the floor ahead of the clock).
 -- A holder mints no id with a time at or past what its last claim or
 -- renewal recorded, and none once a TTL has passed since that call was sent.
+--
+-- Safe to run twice: a resent claim is answered as above (it was -1, as if
+-- another process held N: the caller gave up a node id it held, or with
+-- a pinned node id failed). A resent renew sets the same TTL from a moment
+-- later and records the same time. A resent release finds the lease gone
+-- and answers -1, writing nothing (the caller ignores that answer).
 
 local ttl, now = tonumber(ARGV[3]), tonumber(ARGV[5])
 local function recorded()
@@ -42,7 +54,10 @@ end
 
 local op = ARGV[1]
 if op == 'claim' then
-  if not redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ttl) then return -1 end
+  if not redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ttl) then
+    if redis.call('GET', KEYS[1]) == ARGV[2] then return math.max(recorded() - ttl, 0) end
+    return -1
+  end
   local floor = recorded()
   record(math.max(floor, now) + ttl)
   return floor

@@ -10,6 +10,8 @@
 --
 -- Returns 1 when published, 0 when the voucher is not loaded at the gate
 -- (nothing written: `seckill preload` publishes the policy with the gate).
+--
+-- Safe to run twice: the replay writes the same two fields again.
 
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], 'user_rate', ARGV[1], 'require_token', ARGV[2])

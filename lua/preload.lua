@@ -1,10 +1,10 @@
 -- preload.lua — publish one voucher's gate state in a single atomic step.
 --
--- Called by `seckill preload` after it has read MySQL and staged the buyers
--- set; not meant for application servers.
+-- Called by `seckill preload` (and reconcile's rebuild) after it has read
+-- MySQL and staged the buyers set; not meant for application servers.
 --
 -- KEYS[1]  seckill:{V}:meta            hash   written: total, begin_ms, end_ms, pay_timeout_ms,
---                                             user_rate, require_token
+--                                             user_rate, require_token, published_run
 -- KEYS[2]  seckill:{V}:stock           string set to ARGV[5]
 -- KEYS[3]  seckill:{V}:buyers          set    replaced by KEYS[4] (or emptied when KEYS[4] is absent)
 -- KEYS[4]  seckill:{V}:buyers:staging:<run>  set  the rebuilt buyers, consumed
@@ -24,9 +24,34 @@
 --            promotion, release or repair changes at least one of them.
 -- ARGV[10]   user_rate (attempts per user per second, 0: no limit)
 -- ARGV[11]   require_token (1 or 0)
+-- ARGV[12]   the run tag: the <run> of KEYS[4] and KEYS[7], unique per
+--            publish; recorded in meta's published_run when published
+-- ARGV[13]   how many members the caller staged in KEYS[4]
+-- ARGV[14]   how many members the caller staged in KEYS[7]
 --
--- Returns 1 when published, 0 when the voucher moved since it was read:
--- nothing is written then and the staging sets are dropped.
+-- Returns 1 when published (or when this run had published already),
+-- 0 when refused: nothing is written then and the staging sets are dropped.
+-- Refused when the voucher moved since it was read, or when a staging set
+-- does not hold what was staged (it expired, or it was consumed by this
+-- run's publish and another publish has run since).
+--
+-- Safe to run twice: a client resends this call when its reply was lost,
+-- after the first run consumed the staging sets and (for a gate that was
+-- consistent) left the witness as it was; replacing the buyers with the
+-- missing staging set would then empty them. published_run = ARGV[12]
+-- recognises the replay, which writes nothing and answers 1 like the
+-- first run.
+
+local run = ARGV[12]
+if not run or run == '' or not tonumber(ARGV[13]) or not tonumber(ARGV[14]) then
+  return redis.error_reply('ERR preload.lua: ARGV[12..14] must be the run tag and the staged counts')
+end
+if redis.call('HGET', KEYS[1], 'published_run') == run then return 1 end
+if redis.call('SCARD', KEYS[4]) ~= tonumber(ARGV[13])
+    or redis.call('SCARD', KEYS[7]) ~= tonumber(ARGV[14]) then
+  redis.call('DEL', KEYS[4], KEYS[7])
+  return 0
+end
 
 local last = redis.call('XREVRANGE', KEYS[5], '+', '-', 'COUNT', 1)
 local last_id = ''
@@ -40,7 +65,8 @@ if last_id ~= ARGV[6] or stock ~= ARGV[7] or buyers ~= ARGV[8] or released ~= AR
 end
 
 redis.call('HSET', KEYS[1], 'total', ARGV[1], 'begin_ms', ARGV[2], 'end_ms', ARGV[3],
-  'pay_timeout_ms', ARGV[4], 'user_rate', ARGV[10], 'require_token', ARGV[11])
+  'pay_timeout_ms', ARGV[4], 'user_rate', ARGV[10], 'require_token', ARGV[11],
+  'published_run', run)
 redis.call('SET', KEYS[2], ARGV[5])
 for _, pair in ipairs({{KEYS[4], KEYS[3]}, {KEYS[7], KEYS[6]}}) do
   if redis.call('EXISTS', pair[1]) == 1 then

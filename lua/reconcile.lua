@@ -20,6 +20,12 @@
 -- then        D, then D pairs: order id, payment deadline ms
 --
 -- Returns 1 when applied, 0 when the voucher moved (nothing written).
+--
+-- Safe to run twice: a repair that moves the stock or a set's size changes
+-- the witness, so its replay writes nothing and returns 0 (reconcile reads
+-- again and finds nothing left to repair, so it reports the voucher
+-- consistent, not repaired); one that moves neither (as many buyers added
+-- as removed, deadlines) replays set operations that are done.
 
 local last = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
 local last_id = ''

@@ -24,6 +24,10 @@
 -- Returns {released, promoted}: units handled now (not before) and how many
 -- of them went to waitlisted users. meta's `promotions` counts promotions ever.
 --
+-- Safe to run twice: every order of the first run is in `released`, so the
+-- replay gives no unit back, promotes nobody and appends nothing (returns
+-- {0, 0}); its ZREMs remove what is already gone.
+--
 -- The `promoted` event (KEYS[5]), an application contract; every field but
 -- `type` is a decimal string:
 --   type            "promoted"

@@ -8,6 +8,8 @@
 -- KEYS[3]  seckill:{V}:stock     string units left at the gate
 -- KEYS[4]  seckill:{V}:buyers    set
 -- KEYS[5]  seckill:{V}:waitlist  zset
+-- KEYS[6]  seckill:{V}:requeued  hash   dead-letter id -> "<code> <order id>" of
+--                                the letters requeued in the last day
 -- ARGV     triples: a dead-letter entry id, the order id to requeue it
 --          under (its own, or a fresh one where its own collides in MySQL),
 --          and 1 when the unit its admission took is known not to be backed
@@ -24,18 +26,39 @@
 --    0  not requeued: its user is no buyer and the gate has no unit left
 --   -1  not requeued: no such dead letter
 --   -2  not requeued: not a well-formed order of this voucher
--- Requeued dead letters are deleted from KEYS[1]; the rest stay.
+-- Requeued dead letters are deleted from KEYS[1] and recorded in KEYS[6]
+-- (which lives a day after the last requeue); the rest stay.
+--
+-- Safe to run twice: a client resends this call when its reply was lost.
+-- The replay finds the letters the first run requeued gone from KEYS[1];
+-- KEYS[6] gives back the code the first run answered for that letter
+-- under that order id (1 or 2), and nothing is taken or appended again.
+-- A letter the first run kept is looked at afresh (the first run wrote
+-- nothing for it).
 --
 -- `valid_id` comes from lua/lib/valid_id.lua, which the binary prepends (to
 -- run this file by hand, prepend it too).
 
-local out = {}
+-- A replay comes within seconds; a day keeps the record small and gone
+-- long before anyone could mistake an old one for a replay.
+local RECORD_MS = 86400000
+
+local out, requeued = {}, false
 for i = 1, #ARGV, 3 do
   local id, order, unbacked = ARGV[i], ARGV[i + 1], ARGV[i + 2] == '1'
   local e = redis.call('XRANGE', KEYS[1], id, id)
   local code
   if not e[1] then
     code = -1
+    local done = redis.call('HGET', KEYS[6], id)
+    if done then
+      local sp = string.find(done, ' ', 1, true)
+      -- Only under the same order id: a dead-letter stream made anew
+      -- starts its ids again, and another letter may have had this one.
+      if sp and string.sub(done, sp + 1) == order then
+        code = tonumber(string.sub(done, 1, sp - 1))
+      end
+    end
   else
     local f = {}
     local kv = e[1][2]
@@ -61,8 +84,11 @@ for i = 1, #ARGV, 3 do
       redis.call('XADD', KEYS[2], '*', 'user', f.user, 'order', order, 'voucher', f.voucher,
         'kind', kind)
       redis.call('XDEL', KEYS[1], id)
+      redis.call('HSET', KEYS[6], id, code .. ' ' .. order)
+      requeued = true
     end
   end
   out[#out + 1] = code
 end
+if requeued then redis.call('PEXPIRE', KEYS[6], RECORD_MS) end
 return out

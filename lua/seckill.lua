@@ -63,6 +63,13 @@
 -- KEYS[7], whatever comes of it (it stops counting a second later and is
 -- dropped at the user's next passing attempt; KEYS[7] expires 1 s after
 -- the sale).
+--
+-- Safe to run twice: a client resends an attempt whose reply it lost. The
+-- replay of an admission answers {1, "already bought", 0} (with a user
+-- rate of 1, {7, "rate limited", 0}, counted in rejected_rate_limited):
+-- the user holds exactly one unit and one order entry, nothing is taken or
+-- appended twice. A replayed sold-out attempt keeps the user's place (ZADD
+-- NX); a replayed refusal counts itself once more.
 
 local function valid_id(s)
   return type(s) == 'string' and string.match(s, '^[1-9][0-9]*$') ~= nil

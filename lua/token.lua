@@ -12,6 +12,9 @@
 -- ARGV[2]  time to live in ms (1 .. 86400000)
 --
 -- Returns 1. Bad arguments give an error reply starting with "ERR token:".
+--
+-- Safe to run twice: the replay stores the same token, its TTL counted from
+-- the replay (a few ms more).
 
 local token, ttl = ARGV[1], tonumber(ARGV[2])
 if type(token) ~= 'string' or #token < 16 or #token > 128 or not string.match(token, '^[A-Za-z0-9_-]+$') then

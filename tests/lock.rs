@@ -1,4 +1,4 @@
-//! Layer 3 lease locks against real Redis: owner tokens, reentrancy, leases,
+//! Layer 3 lease locks against real Redis: owner tokens, counts, leases,
 //! and the layout of a voucher's locks (one hash, lua/lib/lease.lua).
 
 mod common;
@@ -72,7 +72,7 @@ async fn the_hash_is_kept_in_the_hashtable_encoding() {
 }
 
 #[tokio::test]
-async fn only_the_owner_takes_renews_and_releases_and_reentry_is_counted() {
+async fn only_the_owner_takes_renews_and_releases_and_taking_again_sets_the_count() {
     let env = TestEnv::new().await;
     let keys = VoucherKeys::new(&env.prefix, 1).unwrap();
     let mut redis = env.redis().await;
@@ -83,29 +83,41 @@ async fn only_the_owner_takes_renews_and_releases_and_reentry_is_counted() {
         a.acquire(&mut redis, &keys, &[1, 2]).await.unwrap(),
         vec![true, true]
     );
-    // Another owner is refused; the holder re-enters.
+    let (first_expiry, _, _) = stored(&mut redis, &keys, 1).await.unwrap();
+    // Another owner is refused; the holder takes it again.
     assert_eq!(
         b.acquire(&mut redis, &keys, &[1]).await.unwrap(),
         vec![false]
     );
+    tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(
         a.acquire(&mut redis, &keys, &[1]).await.unwrap(),
         vec![true]
     );
-    let (_, count, holder) = stored(&mut redis, &keys, 1).await.unwrap();
-    assert_eq!((count, holder.as_str()), (2, "host a:1:0"));
+    // Renewed, and counted from this call alone (a resent call must not
+    // leave the lock held after the one release that follows).
+    let (expiry, count, holder) = stored(&mut redis, &keys, 1).await.unwrap();
+    assert_eq!((count, holder.as_str()), (1, "host a:1:0"));
+    assert!(expiry > first_expiry, "renewed: {first_expiry} -> {expiry}");
     let ttl: i64 = redis.pttl(keys.locks()).await.unwrap();
     assert!(ttl > 0 && ttl <= 5_000, "lease {ttl}");
+    // Listed twice in one call: held twice, whatever it held before.
+    assert_eq!(
+        a.acquire(&mut redis, &keys, &[2, 2]).await.unwrap(),
+        vec![true, true]
+    );
+    assert_eq!(stored(&mut redis, &keys, 2).await.map(|s| s.1), Some(2));
 
     // Releasing by someone else's token does nothing.
     assert_eq!(b.release(&mut redis, &keys, &[1, 2]).await.unwrap(), 0);
-    assert_eq!(a.release(&mut redis, &keys, &[1]).await.unwrap(), 1);
-    assert_eq!(
-        stored(&mut redis, &keys, 1).await.map(|s| s.1),
-        Some(1),
-        "one reentry is still held"
-    );
     assert_eq!(a.release(&mut redis, &keys, &[1, 2]).await.unwrap(), 2);
+    assert_eq!(
+        stored(&mut redis, &keys, 2).await.map(|s| s.1),
+        Some(1),
+        "one of the two is still held"
+    );
+    assert_eq!(stored(&mut redis, &keys, 1).await, None);
+    assert_eq!(a.release(&mut redis, &keys, &[1, 2]).await.unwrap(), 1);
     assert_eq!(
         lock_fields(&mut redis, &keys).await,
         Vec::<String>::new(),

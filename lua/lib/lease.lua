@@ -4,7 +4,9 @@
 --
 -- All of a voucher's locks live in one hash, seckill:{V}:locks:
 --   field  <user id>
---   value  "<expires_ms> <reentry count> <owner token>"
+--   value  "<expires_ms> <count> <owner token>", count: how many times the
+--          owner's acquisition listed the user (lua/lock_acquire.lua), each
+--          given back by one release
 -- A lock whose expiry (Redis's clock) has passed is free, whatever the hash
 -- still says. One hash read and at most one write and one delete per batch,
 -- instead of a key and two or three commands per user. The key itself lives
@@ -52,7 +54,7 @@ local function lease_expiry(v)
   return a and tonumber(string.sub(v, 1, a - 1)) or 0
 end
 
--- `owner`'s reentry count on a stored lock: nil when the lock is not
+-- `owner`'s count on a stored lock: nil when the lock is not
 -- `owner`'s (or there is none), 0 when it is but its lease ran out.
 -- `once` is lease_once(owner).
 local function lease_count(v, owner, now, once)
@@ -98,7 +100,7 @@ local function lease_store(key, set, del, lease_ms)
   end
 end
 
--- Gives back one reentry of `owner` on each of `users` (a user listed twice
+-- Gives back one count of `owner` on each of `users` (a user listed twice
 -- gives back two); returns how many were held. A lock whose count reaches 0
 -- is deleted, as is the owner's own expired one; a lock held by someone
 -- else is left alone (never release by name alone).

@@ -33,8 +33,9 @@ pub struct GateImage<'a> {
 }
 
 /// Registers the voucher, stages the sets, swaps everything in with one
-/// script if the gate did not move (false if it did) and re-adds the
-/// deadlines (derived from the stored orders, so adding one again is harmless).
+/// script if the gate did not move (false if it did, or if the staging sets
+/// expired first) and re-adds the deadlines (derived from the stored
+/// orders, so adding one again is harmless).
 pub async fn publish_gate<C: RedisConn>(
     conn: &mut C,
     keys: &VoucherKeys,
@@ -45,8 +46,10 @@ pub async fn publish_gate<C: RedisConn>(
     // leave a loaded gate whose orders no worker consumes.
     registry::register(conn, keys).await?;
     // Staging keys of this call's own: two rebuilds at once (preload and
-    // reconcile) must not fill or swap in each other's half-built sets.
-    let run = format!("{:016x}", crate::support::host::random_tag());
+    // reconcile) must not fill or swap in each other's half-built sets. The
+    // script records the tag, so a resent call (its reply lost) is known as
+    // the publish it repeats; decimal within i64, as every meta field is.
+    let run = (crate::support::host::random_tag() & i64::MAX as u64).to_string();
     let staging = keys.buyers_staging(&run);
     let released_staging = keys.released_staging(&run);
     for chunk in image.buyers.chunks(STAGING_CHUNK) {
@@ -78,6 +81,12 @@ pub async fn publish_gate<C: RedisConn>(
         .arg(seen.args())
         .arg(image.policy.user_rate)
         .arg(u8::from(image.policy.require_token))
+        .arg(&run)
+        // What the staging sets must hold: the script tells one that is
+        // gone (expired, or consumed by this very publish) from one that is
+        // empty because there was nothing to stage.
+        .arg(distinct(image.buyers))
+        .arg(distinct(image.released))
         .invoke_async(conn)
         .await?;
     if published != 1 {
@@ -87,4 +96,9 @@ pub async fn publish_gate<C: RedisConn>(
         let _: () = conn.zadd_multiple(keys.timeouts(), chunk).await?;
     }
     Ok(true)
+}
+
+/// How many members `ids` make as a set.
+fn distinct(ids: &[u64]) -> usize {
+    ids.iter().collect::<std::collections::HashSet<_>>().len()
 }

@@ -162,7 +162,8 @@ async fn apply(
             .key(keys.orders())
             .key(keys.stock())
             .key(keys.buyers())
-            .key(keys.waitlist());
+            .key(keys.waitlist())
+            .key(keys.requeued());
         for (id, order, _, unbacked) in chunk {
             inv.arg(id).arg(*order).arg(u8::from(*unbacked));
         }

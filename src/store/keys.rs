@@ -74,6 +74,11 @@ impl VoucherKeys {
     pub fn deadline_errors(&self) -> String {
         self.key("deadline_errors")
     }
+    /// Dead letters requeued lately (lua/requeue.lua): id -> what was done,
+    /// so a resent requeue reports it instead of "no such dead letter".
+    pub fn requeued(&self) -> String {
+        self.key("requeued")
+    }
     /// The voucher's layer-3 lease locks, one field per user
     /// (lua/lib/lease.lua).
     pub fn locks(&self) -> String {

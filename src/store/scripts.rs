@@ -23,7 +23,7 @@ fn with_lib(lib: &str, body: &str) -> Script {
     Script::new(&format!("{lib}\n{body}"))
 }
 
-/// Layer 3: take a batch's lease locks (reentrant, by owner token).
+/// Layer 3: take a batch's lease locks (by owner token; taking one again sets it, not adds).
 pub static LOCK_ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| with_lib(LEASE_LIB, include_str!("../../lua/lock_acquire.lua")));
 /// Layer 3 watchdog: extend the leases still held.

@@ -31,7 +31,8 @@ impl LockOwner {
     }
 
     /// Tries the lock of every user; returns one flag per user (true = now
-    /// held by us).
+    /// held by us). A lock we held already is renewed, its count set to how
+    /// often this call lists the user (so a resent call changes nothing).
     pub async fn acquire(
         &self,
         conn: &mut impl RedisConn,
@@ -72,8 +73,8 @@ impl LockOwner {
         Ok(flags.into_iter().map(|f| f == 1).collect())
     }
 
-    /// Gives back one reentry of each user's lock we hold; returns how many
-    /// were held.
+    /// Gives back one count of each user's lock we hold (a user listed
+    /// twice, twice); returns how many were held.
     pub async fn release(
         &self,
         conn: &mut impl RedisConn,
