@@ -14,6 +14,11 @@
 --                                       the stock published here already
 --                                       counts their units, so nothing may
 --                                       give them back a second time
+-- KEYS[8]  seckill:{V}:holds           hash   only read (optional): while a worker
+--                                       holds the gate (a batch in hand that
+--                                       Redis lost, lua/pause.lua), the gate is
+--                                       published paused: this image misses
+--                                       that batch
 --
 -- ARGV[1..4]  total, begin_ms, end_ms, pay_timeout_ms
 -- ARGV[5]     stock to publish
@@ -68,6 +73,17 @@ redis.call('HSET', KEYS[1], 'total', ARGV[1], 'begin_ms', ARGV[2], 'end_ms', ARG
   'pay_timeout_ms', ARGV[4], 'user_rate', ARGV[10], 'require_token', ARGV[11],
   'published_run', run)
 redis.call('SET', KEYS[2], ARGV[5])
+if KEYS[8] then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local holds = redis.call('HVALS', KEYS[8])
+  for i = 1, #holds do
+    if (tonumber(holds[i]) or 0) > now then
+      redis.call('HSET', KEYS[1], 'paused', '1')
+      break
+    end
+  end
+end
 for _, pair in ipairs({{KEYS[4], KEYS[3]}, {KEYS[7], KEYS[6]}}) do
   if redis.call('EXISTS', pair[1]) == 1 then
     redis.call('RENAME', pair[1], pair[2])

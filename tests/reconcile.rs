@@ -494,3 +494,43 @@ async fn reconcile_reopens_a_consistent_paused_gate_unless_it_is_held() {
     assert_invariants(&env, V).await;
     env.cleanup().await;
 }
+
+/// A gate published while a worker holds it (a batch in hand that Redis
+/// lost) comes up paused: the image from MySQL misses that batch.
+#[tokio::test]
+async fn a_gate_preloaded_while_a_worker_holds_it_comes_up_paused() {
+    let env = quiet_sale().await;
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let _: () = redis
+        .hset(
+            keys.holds(),
+            "some-worker",
+            seckill::support::timespec::now_ms() + 60_000,
+        )
+        .await
+        .unwrap();
+    let _: () = redis.del(keys.meta()).await.unwrap();
+    let out = env
+        .cmd()
+        .args(["preload", "--voucher", "1"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let buy = env
+        .cmd()
+        .args(["buy", "--voucher", "1", "--user", "100"])
+        .output()
+        .unwrap();
+    assert_eq!(buy.status.code(), Some(15), "published open under a hold");
+    let _: () = redis.del(keys.holds()).await.unwrap();
+    let (code, report) = reconcile(&env, &["--yes"]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(report["vouchers"][0]["reopened"], true, "{report:#}");
+    assert_invariants(&env, V).await;
+    env.cleanup().await;
+}

@@ -73,6 +73,7 @@ pub async fn publish_gate<C: RedisConn>(
         .key(keys.orders())
         .key(keys.released())
         .key(&released_staging)
+        .key(keys.holds())
         .arg(image.total)
         .arg(image.begin_ms)
         .arg(image.end_ms)
