@@ -82,6 +82,8 @@ pub mod mysql_codes {
     pub const DUP_ENTRY: u16 = 1062;
     pub const NO_SUCH_TABLE: u16 = 1146;
     pub const LOCK_WAIT_TIMEOUT: u16 = 1205;
+    /// ER_NO_SUCH_THREAD: KILL of a session that has ended already.
+    pub const NO_SUCH_THREAD: u16 = 1094;
     pub const LOCK_DEADLOCK: u16 = 1213;
     /// ER_CHECKREAD "Record has changed since last read" (MariaDB with
     /// innodb_snapshot_isolation=ON): a write conflict, retried like one.
@@ -94,6 +96,11 @@ pub fn mysql_code(e: &mysql_async::Error) -> Option<u16> {
         mysql_async::Error::Server(s) => Some(s.code),
         _ => None,
     }
+}
+
+/// Whether a MySQL error, made one of ours, was a lock wait that timed out.
+pub fn is_lock_wait_timeout(e: &Error) -> bool {
+    matches!(e, Error::Mysql(m) if m.ends_with(&format!("(error {})", mysql_codes::LOCK_WAIT_TIMEOUT)))
 }
 
 /// One line for a MySQL error, without the driver's nested repetitions.

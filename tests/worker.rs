@@ -708,3 +708,85 @@ fn a_max_batch_out_of_range_is_one_line_and_starts_nothing() {
         );
     }
 }
+
+/// Issue 19, item 3: a worker stopped (SIGSTOP) inside its batch's MySQL
+/// transaction holds the voucher's row lock. Another worker must not wait
+/// on it for longer than the stopped one's lease plus one lock wait: it
+/// ends the stopped session, whose transaction rolls back, and persists
+/// everything; the stopped one, woken, finds its work done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_stopped_inside_its_transaction_holds_the_voucher_up_only_briefly() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 200).await;
+    env.admit_users(V, 200, 0).await;
+    let a = env.spawn_worker_with(
+        &common::fast_worker(&["--batch", "500", "--consumer", "frozen"]),
+        &[(seckill::support::fault::ENV, "before_commit=10s*1")],
+    );
+    wait_for_pause(&a, "before_commit").await;
+    a.signal("STOP");
+    let stopped = std::time::Instant::now();
+    let b = env.spawn_worker(&common::fast_worker(&["--consumer", "taker"]));
+    while env.order_count(V).await < 200 {
+        assert!(
+            stopped.elapsed() < Duration::from_secs(20),
+            "{} of 200 orders persisted 20 s after the holder stopped:\n{}",
+            env.order_count(V).await,
+            b.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let took = stopped.elapsed();
+    eprintln!("200 orders persisted by the taker {took:?} after the holder stopped");
+    assert!(
+        b.log_text().contains("ended MySQL session"),
+        "{}",
+        b.log_text()
+    );
+    a.signal("CONT");
+    env.wait_drained(V, Duration::from_secs(30)).await;
+    a.signal("TERM");
+    b.signal("TERM");
+    a.expect_success(Duration::from_secs(30));
+    b.expect_success(Duration::from_secs(30));
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.mysql_stock, 0);
+    env.cleanup().await;
+}
+
+/// The same for a cancellation: a worker stopped inside the transaction
+/// that cancels unpaid orders holds the voucher's row; another worker's
+/// deadlines go on after the stopped one's lease and one lock wait (I6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_stopped_inside_a_cancellation_does_not_stop_the_deadlines() {
+    let env = TestEnv::new().await;
+    env.live_voucher_paying_within(V, 50, 1_000).await;
+    env.admit_users(V, 50, 0).await;
+    // It persists the orders, then stops in the cancellation a second later.
+    let a = env.spawn_worker_with(
+        &common::fast_worker(&["--consumer", "frozen"]),
+        &[(seckill::support::fault::ENV, "before_cancel_commit=10s*1")],
+    );
+    wait_for_pause(&a, "before_cancel_commit").await;
+    a.signal("STOP");
+    let stopped = std::time::Instant::now();
+    let b = env.spawn_worker(&common::fast_worker(&["--consumer", "taker"]));
+    env.wait_settled(V, Duration::from_secs(20)).await;
+    eprintln!(
+        "50 orders cancelled by the taker {:?} after the holder stopped",
+        stopped.elapsed()
+    );
+    assert!(
+        b.log_text().contains("ended MySQL session"),
+        "{}",
+        b.log_text()
+    );
+    a.signal("CONT");
+    a.signal("TERM");
+    b.signal("TERM");
+    a.expect_success(Duration::from_secs(30));
+    b.expect_success(Duration::from_secs(30));
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.mysql_stock, 50, "every unit back: {s:?}");
+    env.cleanup().await;
+}

@@ -5,7 +5,7 @@
 //! deadline Redis lost.
 
 use mysql_async::prelude::*;
-use mysql_async::TxOpts;
+use mysql_async::{Conn, TxOpts};
 use redis::Value;
 
 use crate::error::{Error, Result};
@@ -72,12 +72,12 @@ pub struct Cancellation {
 /// and `stock + k` for exactly the k rows that changed. A concurrent payment
 /// of the same order waits for the row lock and then finds it cancelled (or
 /// this update finds it paid): exactly one outcome.
-pub async fn cancel_unpaid(db: &Db, voucher: u64, orders: &[u64]) -> Result<Cancellation> {
+/// On `conn` (a session the worker has fenced: worker/fence.rs).
+pub async fn cancel_unpaid(conn: &mut Conn, voucher: u64, orders: &[u64]) -> Result<Cancellation> {
     if orders.is_empty() {
         return Ok(Cancellation::default());
     }
     let ids = join_ids(orders.iter().copied());
-    let mut conn = db.conn().await?;
     let mut tx = conn.start_transaction(TxOpts::default()).await?;
     let (cancelled, pending) = (OrderStatus::Cancelled.code(), OrderStatus::Pending.code());
     tx.query_drop(format!(

@@ -2,6 +2,8 @@
 //! this binary expects before any command touches a table.
 
 use mysql_async::prelude::*;
+use std::time::Duration;
+
 use mysql_async::{Conn, Opts, OptsBuilder, Pool};
 
 use crate::error::{describe_mysql, mysql_code, mysql_codes, Error, Result};
@@ -21,7 +23,14 @@ impl Db {
     /// Connects and checks that `seckill init` has brought the schema to the
     /// version this binary knows.
     pub async fn connect(cfg: &Config) -> Result<Db> {
-        let db = Self::open(cfg, true).await?;
+        Self::connect_waiting(cfg, None).await
+    }
+
+    /// As `connect`, with every session's row lock waits bounded to
+    /// `lock_wait` (the worker: a stopped holder is fenced after one wait,
+    /// see worker/fence.rs, instead of InnoDB's 50 s per attempt).
+    pub async fn connect_waiting(cfg: &Config, lock_wait: Option<Duration>) -> Result<Db> {
+        let db = Self::open(cfg, true, lock_wait).await?;
         let mut conn = db.conn().await?;
         schema::ensure_current(&mut conn, &db.name).await?;
         drop(conn);
@@ -31,16 +40,16 @@ impl Db {
     /// Connects without the schema check, creating the database if it is
     /// missing (for `seckill init`).
     pub async fn connect_for_init(cfg: &Config) -> Result<Db> {
-        let db = Self::open(cfg, false).await?;
+        let db = Self::open(cfg, false, None).await?;
         let mut conn = db.conn().await?;
         conn.query_drop(format!("CREATE DATABASE IF NOT EXISTS `{}`", db.name))
             .await?;
         drop(conn);
         db.pool.clone().disconnect().await.ok();
-        Self::open(cfg, true).await
+        Self::open(cfg, true, None).await
     }
 
-    async fn open(cfg: &Config, with_db: bool) -> Result<Db> {
+    async fn open(cfg: &Config, with_db: bool, lock_wait: Option<Duration>) -> Result<Db> {
         let url = mask_url(&cfg.mysql_url);
         let fail = |reason: String| Error::MysqlConnect {
             url: url.clone(),
@@ -86,9 +95,10 @@ impl Db {
         let tls = ssl.is_some();
         let builder = OptsBuilder::from_opts(opts)
             .db_name(with_db.then(|| name.clone()))
-            // Times are written and read as Unix milliseconds through
-            // FROM_UNIXTIME / UNIX_TIMESTAMP, which are exact only in UTC.
-            .init(vec!["SET time_zone = '+00:00'"]);
+            // `setup`, not `init`: the pool resets a connection it takes back
+            // (COM_RESET_CONNECTION), which clears session variables; setup
+            // commands run again after each reset, init ones only once.
+            .setup(session_setup(lock_wait));
         // With TLS, stay on TCP: the driver would otherwise try to move a
         // local connection to the unix socket, where it cannot encrypt.
         let secured = if tls {
@@ -157,6 +167,20 @@ impl Db {
     pub async fn close(self) {
         self.pool.disconnect().await.ok();
     }
+}
+
+/// What every session runs first. Times are written and read as Unix
+/// milliseconds through FROM_UNIXTIME / UNIX_TIMESTAMP, which are exact only
+/// in UTC.
+fn session_setup(lock_wait: Option<Duration>) -> Vec<String> {
+    let mut setup = vec!["SET time_zone = '+00:00'".to_string()];
+    if let Some(wait) = lock_wait {
+        setup.push(format!(
+            "SET SESSION innodb_lock_wait_timeout = {}",
+            wait.as_secs().max(1)
+        ));
+    }
+    setup
 }
 
 fn validate_db_name(name: &str) -> Result<()> {

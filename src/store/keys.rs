@@ -89,6 +89,11 @@ impl VoucherKeys {
     pub fn holds(&self) -> String {
         self.key("holds")
     }
+    /// MySQL sessions holding the voucher's row lock, under leases
+    /// (lua/fence.lua).
+    pub fn fence(&self) -> String {
+        self.key("fence")
+    }
     /// Scratch key for rebuilding the buyers set before swapping it in;
     /// `run` keeps two concurrent rebuilds (preload and reconcile) apart.
     pub fn buyers_staging(&self, run: &str) -> String {

@@ -68,6 +68,10 @@ pub static POLICY: LazyLock<Script> =
 pub static TOKEN: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/token.lua")));
 
+/// Who holds a voucher's MySQL row lock, under a lease (the worker).
+pub static FENCE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/fence.lua")));
+
 /// Pauses or reopens a gate (the worker's gate guard).
 pub static PAUSE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/pause.lua")));

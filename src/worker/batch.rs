@@ -5,12 +5,13 @@
 
 use std::time::Instant;
 
+use super::fence::{self, Fence};
 use super::group::{self, DeadLetter, Delivery};
 use super::keepalive;
 use super::lane::Lane;
 use super::lost_group;
 use super::persist::{self, persist, Fate, PersistError};
-use crate::error::{Error, Result};
+use crate::error::{is_lock_wait_timeout, mysql_code, mysql_codes, Error, Result};
 use crate::store::keys::VoucherKeys;
 use crate::stream::entry::OrderMessage;
 use crate::support::backoff::Backoff;
@@ -156,7 +157,7 @@ impl Lane {
         alive.confirm_within(self.opts.lock_lease / 2).await;
         let t_sql = Instant::now();
         let msgs: Vec<OrderMessage> = mine.iter().map(|(m, _)| m.clone()).collect();
-        let persisted = persist(&self.db, voucher, &msgs).await;
+        let persisted = self.persist_fenced(keys, &msgs).await;
         let sql_ms = t_sql.elapsed().as_secs_f64() * 1e3;
         let completion = match persisted {
             Ok(p) => self.complete(&mine, p, dead, acks),
@@ -208,6 +209,45 @@ impl Lane {
             .add_batch(inserted, duplicates, done.dead.len() as u64);
         self.stats.observe_batch(started.elapsed());
         Ok(())
+    }
+
+    /// The batch's transaction, its session entered in the voucher's fence
+    /// first (renewed by the keep-alive) and left after. A lock wait that
+    /// timed out ends the sessions of holders whose lease ran out, so the
+    /// retry finds the row free of a stopped worker.
+    async fn persist_fenced(
+        &mut self,
+        keys: &VoucherKeys,
+        msgs: &[OrderMessage],
+    ) -> Result<persist::Persisted, PersistError> {
+        if msgs.is_empty() {
+            return persist(&mut self.db.conn().await?, keys.voucher(), msgs).await;
+        }
+        let fence = Fence {
+            keys,
+            owner: &self.owner.token,
+            lease: self.opts.lock_lease,
+        };
+        let mut mysql = self.db.conn().await?;
+        fence.enter(&mut self.conn, mysql.id()).await?;
+        let persisted = persist(&mut mysql, keys.voucher(), msgs).await;
+        if let Err(e) = fence.leave(&mut self.conn).await {
+            tracing::debug!(
+                "voucher {}: fence entry left to expire: {e}",
+                keys.voucher()
+            );
+        }
+        let waited_out = match &persisted {
+            Err(PersistError::Mysql(e)) => mysql_code(e) == Some(mysql_codes::LOCK_WAIT_TIMEOUT),
+            Err(PersistError::Store(e)) => is_lock_wait_timeout(e),
+            _ => false,
+        };
+        if waited_out {
+            drop(mysql);
+            let mut other = self.db.conn().await?;
+            fence::end_lapsed(&mut self.conn, &mut other, keys).await?;
+        }
+        persisted
     }
 
     /// Deadlines, dead letters and acks for what MySQL decided.

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::options::DeadlineOptions;
 use super::WorkerStats;
-use crate::error::Result;
+use crate::error::{is_lock_wait_timeout, Result};
 use crate::orders::deadline::{self, Due};
 use crate::store::config::Config;
 use crate::store::db::Db;
@@ -20,6 +20,7 @@ use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn::{pipeline_per_item, Redis};
 use crate::store::registry;
 use crate::support::backoff::Backoff;
+use crate::worker::fence::{self, Fence};
 use redis::AsyncCommands;
 
 /// Redis's clock, the one authority for deadlines (DESIGN.md §7c): on a
@@ -54,6 +55,9 @@ pub struct Canceller {
     /// Cached per voucher for the sweep.
     pub(super) pay_timeouts: HashMap<u64, i64>,
     pub(super) last_sweep: Option<Instant>,
+    /// Its entry in a voucher's fence while it cancels, and that lease.
+    pub(super) owner: String,
+    pub(super) fence_lease: Duration,
 }
 
 impl Canceller {
@@ -173,7 +177,7 @@ impl Canceller {
         (redis_now, at): (i64, Instant),
     ) -> Result<()> {
         let orders: Vec<u64> = due.iter().map(|d| d.order).collect();
-        let c = deadline::cancel_unpaid(&self.db, voucher, &orders).await?;
+        let c = self.cancel_fenced(keys, &orders).await?;
         let committed = redis_now + at.elapsed().as_millis() as i64;
         let latest = due
             .iter()
@@ -202,6 +206,37 @@ impl Canceller {
             );
         }
         Ok(())
+    }
+
+    /// The cancellation's transaction locks the voucher's row: fenced as
+    /// a batch's is (worker/fence.rs). It is short and not renewed: one
+    /// that outlives its lease may be ended by another worker, and is then
+    /// tried again.
+    async fn cancel_fenced(
+        &mut self,
+        keys: &VoucherKeys,
+        orders: &[u64],
+    ) -> Result<deadline::Cancellation> {
+        let fence = Fence {
+            keys,
+            owner: &self.owner,
+            lease: self.fence_lease,
+        };
+        let mut mysql = self.db.conn().await?;
+        fence.enter(&mut self.conn, mysql.id()).await?;
+        let cancelled = deadline::cancel_unpaid(&mut mysql, keys.voucher(), orders).await;
+        if let Err(e) = fence.leave(&mut self.conn).await {
+            tracing::debug!(
+                "voucher {}: fence entry left to expire: {e}",
+                keys.voucher()
+            );
+        }
+        if cancelled.as_ref().is_err_and(is_lock_wait_timeout) {
+            drop(mysql);
+            let mut other = self.db.conn().await?;
+            fence::end_lapsed(&mut self.conn, &mut other, keys).await?;
+        }
+        cancelled
     }
 
     /// The backstop for one voucher: pending orders past deadline + grace,

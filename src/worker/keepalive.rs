@@ -3,6 +3,9 @@
 //! delivery), so a slow commit or a store outage does not hand the batch to
 //! another worker or push valid messages toward the dead-letter stream.
 //!
+//! It renews the lease of the batch's MySQL session too (worker/fence.rs),
+//! so a batch that is slow to commit is never taken for a stopped one.
+//!
 //! The same XCLAIM says whether Redis still has the batch: it answers only
 //! the entries still pending with us. Until the batch is committed, an entry
 //! missing there is one Redis lost (a restart from older data, a failover
@@ -23,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use super::WorkerStats;
 use crate::gate::pause;
 use crate::store::keys::{VoucherKeys, WORKER_GROUP};
+use crate::worker::fence::Fence;
 use crate::worker::lock::LockOwner;
 
 /// What the keep-alive knows of its batch.
@@ -228,6 +232,14 @@ impl Ticker {
             standing.confirmed = Instant::now();
         }
         self.renew_locks(standing).await;
+        let fence = Fence {
+            keys: &self.keys,
+            owner: &self.owner.token,
+            lease: self.owner.lease,
+        };
+        if let Err(e) = fence.renew(&mut self.conn).await {
+            tracing::warn!("keep-alive could not renew the MySQL session's fence lease: {e}");
+        }
     }
 
     async fn reconnect(&mut self) {

@@ -10,6 +10,7 @@
 
 mod batch;
 pub mod canceller;
+pub mod fence;
 pub mod group;
 pub mod guard;
 pub mod keepalive;
@@ -55,7 +56,7 @@ pub async fn run(
     let opts = Arc::new(opts.clone());
     let mut conn = redis_conn::connect(&cfg).await?;
     redis_conn::check_version(&mut conn).await?;
-    let db = Db::connect(&cfg).await?;
+    let db = Db::connect_waiting(&cfg, Some(fence::lock_wait(opts.lock_lease))).await?;
     let ids = OrderIds::lease(&cfg, opts.node_id).await?;
     let stop_renewing = CancellationToken::new();
     let renewing = ids.keep_alive(stop_renewing.clone());
@@ -76,6 +77,8 @@ pub async fn run(
         stats: stats.clone(),
         pay_timeouts: HashMap::new(),
         last_sweep: None,
+        owner: format!("{}:{run_id}:deadlines", opts.consumer),
+        fence_lease: opts.lock_lease,
     };
     let stop_guard = stop.child_token();
     let guard_task = (!opts.gate_check.is_zero()).then(|| {

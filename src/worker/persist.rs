@@ -19,7 +19,7 @@ use mysql_async::{Conn, TxOpts};
 use crate::error::{mysql_code, mysql_codes};
 use crate::orders::order::OrderStatus;
 use crate::orders::voucher::{self, RowRead};
-use crate::store::db::{join_ids, Db};
+use crate::store::db::join_ids;
 use crate::stream::entry::OrderMessage;
 use crate::stream::pending::NO_STOCK;
 
@@ -55,8 +55,11 @@ pub enum PersistError {
 const CONFLICT_RETRIES: usize = 5;
 
 /// Persists the messages of one voucher (all `msgs` share `voucher`).
+/// On `conn`, whose session the caller has fenced (worker/fence.rs): a
+/// lock wait that times out is returned at once, for the caller to end a
+/// stopped holder's session before it tries again.
 pub async fn persist(
-    db: &Db,
+    conn: &mut Conn,
     voucher: u64,
     msgs: &[OrderMessage],
 ) -> Result<Persisted, PersistError> {
@@ -66,12 +69,12 @@ pub async fn persist(
             pay_timeout_ms: 0,
         });
     }
-    let mut conn = db.conn().await?;
+    let conn = &mut *conn;
     // The normal case — new orders of distinct users, stock for all — needs
     // no lookup: the UNIQUE keys refuse anything else, and then the careful
     // path below classifies the batch against what is stored.
     if all_distinct(msgs) {
-        match persist_fresh(&mut conn, voucher, msgs).await {
+        match persist_fresh(conn, voucher, msgs).await {
             Ok(Some(p)) => return Ok(p),
             Ok(None) => {}
             Err(PersistError::Mysql(e)) if mysql_code(&e) == Some(mysql_codes::DUP_ENTRY) => {}
@@ -80,7 +83,7 @@ pub async fn persist(
     }
     let mut attempt = 0;
     loop {
-        match persist_once(&mut conn, voucher, msgs).await {
+        match persist_once(conn, voucher, msgs).await {
             Err(PersistError::Mysql(e))
                 if attempt < CONFLICT_RETRIES
                     && matches!(
@@ -88,7 +91,6 @@ pub async fn persist(
                         Some(
                             mysql_codes::DUP_ENTRY
                                 | mysql_codes::LOCK_DEADLOCK
-                                | mysql_codes::LOCK_WAIT_TIMEOUT
                                 | mysql_codes::RECORD_CHANGED
                         )
                     ) =>
