@@ -21,7 +21,10 @@
 --   claim    -1 if N is leased by another live holder; otherwise the lease
 --            is taken and the floor F returned: mint only ids with a time
 --            above F (a holder whose clock is behind a former holder's must
---            not repeat its ids). Records max(F, ARGV[5]) + TTL.
+--            not repeat its ids). Records max(F, ARGV[5]) + TTL. A holder
+--            claiming again after a loss also stays above its own newest
+--            id: F is 0 if Redis lost this hash (a failover to an empty
+--            replica).
 --   renew    -1 if the lease is no longer the caller's (it expired, and
 --            maybe another process took it): stop minting with N at once.
 --            Records max(recorded, ARGV[5] + TTL).
