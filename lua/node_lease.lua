@@ -27,7 +27,9 @@
 --            ARGV[5]), the recorded time less the TTL, which is what the
 --            first claim recorded from: no holder of N used a time above
 --            F, and the caller has minted nothing yet. (A holder never
---            claims the node id it holds otherwise.)
+--            claims the node id it holds otherwise.) A holder claiming
+--            again after a loss also stays above its own newest id: F is 0
+--            if Redis lost this hash (a failover to an empty replica).
 --   renew    -1 if the lease is no longer the caller's (it expired, and
 --            maybe another process took it): stop minting with N at once.
 --            Records max(recorded, ARGV[5] + TTL).

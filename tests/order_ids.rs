@@ -231,3 +231,111 @@ async fn a_lost_lease_is_never_minted_with_again_and_another_node_id_is_claimed(
     ids.release().await;
     env.cleanup().await;
 }
+
+/// Leases node id `node` (any when None) for this process, with a floor
+/// `ahead_ms` past this clock (as a former holder whose clock ran ahead
+/// leaves), and mints `count` ids: all borrowed from the milliseconds just
+/// above the floor.
+async fn lease_ahead_and_mint(
+    env: &TestEnv,
+    node: Option<u16>,
+    ahead_ms: u64,
+    count: usize,
+) -> (
+    std::sync::Arc<seckill::store::node_lease::OrderIds>,
+    Vec<u64>,
+) {
+    let floor = seckill::support::timespec::now_ms() as u64 + ahead_ms;
+    let nodes: Vec<(u16, u64)> = match node {
+        Some(n) => vec![(n, floor)],
+        None => (0..=seckill::support::snowflake::MAX_NODE_ID)
+            .map(|n| (n, floor))
+            .collect(),
+    };
+    let mut redis = env.redis().await;
+    let _: () = redis::AsyncCommands::hset_multiple(
+        &mut redis,
+        seckill::store::keys::node_clock(&env.prefix),
+        &nodes,
+    )
+    .await
+    .unwrap();
+    let ids = seckill::store::node_lease::OrderIds::lease(&env.cfg, node)
+        .await
+        .unwrap();
+    let minted = (0..count).map(|_| ids.next_id().unwrap()).collect();
+    (ids, minted)
+}
+
+/// Deletes node `node`'s lease and every floor: what a failover to a
+/// replica that had none of the `{nodes}` keys leaves.
+async fn lose_leases_and_floors(env: &TestEnv, node: u16) {
+    let mut redis = env.redis().await;
+    let _: () = redis::AsyncCommands::del(
+        &mut redis,
+        &[
+            seckill::store::keys::node_lease(&env.prefix, node),
+            seckill::store::keys::node_clock(&env.prefix),
+        ],
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_claimed_again_after_redis_lost_it_never_repeats_an_id() {
+    use seckill::support::snowflake::decode;
+    let env = TestEnv::new().await;
+    // 16 ms of ids (4,096 a millisecond) from a second ahead of the clock:
+    // minting them takes far less than that second, even on a slow machine.
+    let (ids, before) = lease_ahead_and_mint(&env, Some(11), 1_000, 16 * 4_096).await;
+    let first_ms = decode(*before.iter().min().unwrap()).0;
+    let last_ms = decode(*before.iter().max().unwrap()).0;
+    let mut seen: HashSet<u64> = before.into_iter().collect();
+    lose_leases_and_floors(&env, 11).await;
+    // The renewal finds the lease gone and claims node 11 again, at floor 0.
+    ids.renew().await.unwrap();
+    assert_eq!(ids.node(), 11);
+    // Mint on until the clock has passed every millisecond used before: a
+    // generator that started again from floor 0 would repeat the ids of
+    // those milliseconds as the clock reaches them. Up to a few ms before
+    // them, a pause between ids keeps the count of ids small.
+    let give_up = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let id = ids.next_id().unwrap();
+        assert!(seen.insert(id), "order id {id} minted twice");
+        let ms = decode(id).0;
+        if ms > last_ms {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the clock never passed {last_ms}"
+        );
+        if ms + 5 < first_ms {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    ids.release().await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_claimed_again_under_another_node_id_keeps_its_id_time() {
+    let env = TestEnv::new().await;
+    let (ids, before) = lease_ahead_and_mint(&env, None, 60_000, 1_000).await;
+    let node = ids.node();
+    let last_ms = seckill::support::snowflake::decode(*before.iter().max().unwrap()).0;
+    lose_leases_and_floors(&env, node).await;
+    // Another process claimed the node meanwhile (on the empty replica).
+    take_node_id(&env, node).await;
+    ids.renew().await.unwrap();
+    assert_ne!(ids.node(), node);
+    let (ms, _) = seckill::support::snowflake::decode(ids.next_id().unwrap());
+    assert!(
+        ms >= last_ms,
+        "ids went back from {last_ms} to {ms} under a new node id"
+    );
+    ids.release().await;
+    env.cleanup().await;
+}

@@ -1,7 +1,7 @@
 //! Layer 1: one admission attempt through `lua/seckill.lua`.
 
 use crate::store::redis_conn::RedisConn;
-use redis::Value;
+use redis::{ErrorKind, ScriptInvocation, ServerErrorKind, Value};
 
 use crate::error::{Error, Result};
 use crate::store::keys::VoucherKeys;
@@ -74,21 +74,32 @@ pub async fn admit(
     order_id: u64,
     token: Option<&str>,
 ) -> Result<Admission> {
-    let reply: (i64, String, Value) = ADMISSION
-        .key(keys.meta())
+    let attempt = Attempt {
+        voucher,
+        user,
+        order_id,
+        token,
+    };
+    let reply: (i64, String, Value) = invocation(keys, attempt).invoke_async(conn).await?;
+    decode(reply)
+}
+
+/// The admission script's call for `attempt` (KEYS and ARGV as
+/// lua/seckill.lua documents them).
+fn invocation(keys: &VoucherKeys, attempt: Attempt<'_>) -> ScriptInvocation<'static> {
+    let mut inv = ADMISSION.prepare_invoke();
+    inv.key(keys.meta())
         .key(keys.stock())
         .key(keys.buyers())
         .key(keys.waitlist())
         .key(keys.orders())
-        .key(keys.token(user))
+        .key(keys.token(attempt.user))
         .key(keys.rate())
-        .arg(user)
-        .arg(order_id)
-        .arg(voucher)
-        .arg(token.unwrap_or(""))
-        .invoke_async(conn)
-        .await?;
-    decode(reply)
+        .arg(attempt.user)
+        .arg(attempt.order_id)
+        .arg(attempt.voucher)
+        .arg(attempt.token.unwrap_or(""));
+    inv
 }
 
 fn decode((code, reason, value): (i64, String, Value)) -> Result<Admission> {
@@ -153,56 +164,58 @@ mod tests {
 
 /// After a success, wait until this many replicas of the voucher's master
 /// have the admission (Redis `WAIT`), at most `timeout`: a failover to one
-/// of them then keeps it. Off by default: it costs a round trip and the
-/// replicas' lag on every success.
+/// of them then keeps it. Off by default: every attempt waits for the
+/// replicas' lag (see [`admit_durably`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplicaWait {
     pub replicas: u32,
     pub timeout: std::time::Duration,
 }
 
-/// Redis `WAIT` on the node that holds the voucher (the keyed command beside
-/// it routes the pipeline there on a cluster); how many replicas have
-/// every write this connection made so far.
-pub async fn wait_for_replicas(
-    conn: &mut impl RedisConn,
-    keys: &VoucherKeys,
-    wait: ReplicaWait,
-) -> Result<u32> {
-    let (_, acked): (bool, u32) = redis::pipe()
-        .exists(keys.stock())
-        .cmd("WAIT")
-        .arg(wait.replicas)
-        .arg(wait.timeout.as_millis() as u64)
-        .query_async(conn)
-        .await?;
-    Ok(acked)
-}
-
 /// An admission and, after a success when `wait` asks for it, the wait for
 /// replicas: the outcome, and how many replicas had it (None when no wait
 /// was asked or it was no success).
+///
+/// `WAIT` counts the replicas that have every write its own connection made
+/// so far. Sent as a request of its own, after a reconnect (a failover, a
+/// reset connection) it can run on a fresh connection that wrote nothing
+/// and count replicas that never saw the admission; so it goes out in one
+/// pipeline with the script, on one connection. On a cluster the script's
+/// keys route the pipeline to the voucher's master (`WAIT` itself names no
+/// key). Refusals wait too (the outcome is not known when it is sent), but
+/// report no count. A client that resends the pipeline after losing its
+/// reply (the cluster client does, on a reconnect) runs the script again,
+/// which answers already bought, as for a lone EVALSHA; here that can
+/// happen during the whole wait.
 pub async fn admit_durably(
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
     attempt: Attempt<'_>,
     wait: Option<ReplicaWait>,
 ) -> Result<(Admission, Option<u32>)> {
-    let outcome = admit(
-        conn,
-        keys,
-        attempt.voucher,
-        attempt.user,
-        attempt.order_id,
-        attempt.token,
-    )
-    .await?;
-    let acked = match (wait, &outcome) {
-        (Some(wait), Admission::Admitted { .. }) => {
-            Some(wait_for_replicas(conn, keys, wait).await?)
-        }
-        _ => None,
+    let inv = invocation(keys, attempt);
+    let Some(wait) = wait else {
+        let reply: (i64, String, Value) = inv.invoke_async(conn).await?;
+        return Ok((decode(reply)?, None));
     };
+    let mut pipe = redis::pipe();
+    pipe.invoke_script(&inv)
+        .cmd("WAIT")
+        .arg(wait.replicas)
+        .arg(wait.timeout.as_millis() as u64);
+    type Reply = ((i64, String, Value), u32);
+    let (reply, acked): Reply = match pipe.query_async(conn).await {
+        // A restarted or flushed server lost the script, so the admission
+        // did not run: load it and send both again (invoke_async does this
+        // for a lone EVALSHA, not for one inside a pipeline).
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            inv.load_async(conn).await?;
+            pipe.query_async(conn).await?
+        }
+        other => other?,
+    };
+    let outcome = decode(reply)?;
+    let acked = matches!(outcome, Admission::Admitted { .. }).then_some(acked);
     Ok((outcome, acked))
 }
 

@@ -16,7 +16,7 @@ use crate::store::config::{validate_prefix, Config};
 use crate::store::keys;
 use crate::store::redis_conn;
 use crate::store::scripts::NODE_LEASE;
-use crate::support::snowflake::{Snowflake, MAX_NODE_ID};
+use crate::support::snowflake::{Position, Snowflake, MAX_NODE_ID};
 
 /// How long a lease lives unless renewed; renewed every third of it.
 pub const LEASE_TTL: Duration = Duration::from_secs(30);
@@ -72,7 +72,7 @@ impl OrderIds {
                 horizon_ms: 0,
             }),
         };
-        let held = me.claim_any(random).await?;
+        let held = me.claim_any(random, Position::default()).await?;
         me.held = Mutex::new(held);
         Ok(Arc::new(me))
     }
@@ -102,7 +102,8 @@ impl OrderIds {
     }
 
     /// Extends the lease; if it was lost, claims a node id again (the same
-    /// one when it is free or was asked for, else any).
+    /// one when it is free or was asked for, else any) and goes on minting
+    /// after its own last id even if Redis lost the floor with the lease.
     pub async fn renew(&self) -> Result<()> {
         let (node, now_ms) = {
             let held = self.lock();
@@ -117,9 +118,14 @@ impl OrderIds {
             return Ok(());
         }
         tracing::warn!("the lease of node id {node} was lost; claiming one again");
-        self.lock().valid_until = None;
-        let start = u64::from(node);
-        let held = self.claim_any(start).await?;
+        // Read where the generator stands only once minting has stopped, so
+        // no id is made after it and before the new generator takes over.
+        let after = {
+            let mut held = self.lock();
+            held.valid_until = None;
+            held.ids.position()
+        };
+        let held = self.claim_any(u64::from(node), after).await?;
         *self.lock() = held;
         Ok(())
     }
@@ -159,8 +165,10 @@ impl OrderIds {
         })
     }
 
-    /// Claims `wanted`, or else tries every node id from `start` on.
-    async fn claim_any(&self, start: u64) -> Result<Held> {
+    /// Claims `wanted`, or else tries every node id from `start` on; the
+    /// generator mints after the floor and after `after`, this process's
+    /// own last id.
+    async fn claim_any(&self, start: u64, after: Position) -> Result<Held> {
         let span = u64::from(MAX_NODE_ID) + 1;
         let candidates: Vec<u16> = match self.wanted {
             Some(n) => vec![n],
@@ -169,12 +177,14 @@ impl OrderIds {
         let clock = Snowflake::new(0)?;
         for node in candidates {
             let sent = Instant::now();
-            let now_ms = clock.time_ms();
+            // Ids this process borrowed from future milliseconds count as
+            // used: the floor recorded for the next holder must cover them.
+            let now_ms = clock.time_ms().max(after.time_ms());
             let floor = self.call("claim", node, now_ms).await?;
             if floor >= 0 {
                 return Ok(Held {
                     node,
-                    ids: Snowflake::starting_after(node, floor as u64)?,
+                    ids: Snowflake::resuming(node, floor as u64, after)?,
                     valid_until: Some(sent + usable(LEASE_TTL)),
                     horizon_ms: (floor as u64).max(now_ms) + ttl_ms(),
                 });

@@ -61,6 +61,22 @@ impl Snowflake {
         Ok(gen)
     }
 
+    /// A generator whose ids all come after both `floor_ms` (Unix ms) and
+    /// `after` (where a former generator of this process stood): a process
+    /// that claims a node id again must not fall back to a floor that Redis
+    /// lost (a failover to an empty replica hands out 0) and repeat its own
+    /// ids, nor move its ids back in time under another node id.
+    pub fn resuming(node: u16, floor_ms: u64, after: Position) -> Result<Self> {
+        let gen = Self::starting_after(node, floor_ms)?;
+        gen.state.fetch_max(after.0, Ordering::Relaxed);
+        Ok(gen)
+    }
+
+    /// Where it stands: the time and sequence of the last id it made.
+    pub fn position(&self) -> Position {
+        Position(self.state.load(Ordering::Acquire))
+    }
+
     /// The time (Unix ms) of the next id: the clock, or later if the ids
     /// already made are ahead of it.
     pub fn time_ms(&self) -> u64 {
@@ -86,6 +102,18 @@ impl Snowflake {
                 Err(actual) => last = actual,
             }
         }
+    }
+}
+
+/// The state of a generator (the last id's time and sequence, whatever its
+/// node id); the default is that of one that made no id yet.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Position(u64);
+
+impl Position {
+    /// The time (Unix ms) of the last id made; the epoch if none was.
+    pub fn time_ms(self) -> u64 {
+        (self.0 >> SEQ_BITS) + EPOCH_MS
     }
 }
 
@@ -130,6 +158,26 @@ mod tests {
             EPOCH_MS + 10_000_001,
             "a frozen clock far behind the floor"
         );
+    }
+
+    #[test]
+    fn a_resumed_generator_keeps_the_later_of_its_position_and_the_floor() {
+        // Its ids an hour ahead of this clock (a former holder's floor).
+        let hour_ahead = wall_clock_ms() + 3_600_000;
+        let gen = Snowflake::starting_after(4, hour_ahead).unwrap();
+        let last = (0..5_000).map(|_| gen.next_id()).last().unwrap();
+        assert_eq!(gen.position().time_ms(), decode(last).0);
+        // The floor lost (0): it goes on after its own last id.
+        let again = Snowflake::resuming(4, 0, gen.position()).unwrap();
+        assert_eq!(again.next_id(), last + 1);
+        // A floor ahead of it wins.
+        let later = Snowflake::resuming(4, hour_ahead + 60_000, gen.position()).unwrap();
+        assert!(decode(later.next_id()).0 > hour_ahead + 60_000);
+        // Under another node id, its time does not go back.
+        let other = Snowflake::resuming(8, 0, gen.position()).unwrap();
+        let (ms, node) = decode(other.next_id());
+        assert_eq!((ms, node), (decode(last).0, 8));
+        assert_eq!(Position::default().time_ms(), EPOCH_MS);
     }
 
     #[test]

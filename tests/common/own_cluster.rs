@@ -183,6 +183,17 @@ impl OwnCluster {
         }
     }
 
+    /// Sends `signal` (`-STOP`, `-CONT`) to the node on `port`.
+    pub fn signal(&self, port: u16, signal: &str) {
+        let pidfile = self.dir.join(format!("cluster/{port}/redis.pid"));
+        let pid = std::fs::read_to_string(&pidfile).expect("the node's pid file");
+        let status = Command::new("kill")
+            .args([signal, pid.trim()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
     /// SIGKILL of the node on `port` (no shutdown, no last AOF write).
     pub fn kill9(&self, port: u16) {
         let pidfile = self.dir.join(format!("cluster/{port}/redis.pid"));

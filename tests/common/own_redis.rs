@@ -99,6 +99,82 @@ impl OwnRedis {
     }
 }
 
+/// A replica of an [`OwnRedis`], of the test's own: it can be frozen
+/// (SIGSTOP: still connected, acknowledging nothing) and thawed.
+pub struct OwnReplica {
+    dir: PathBuf,
+    pub port: u16,
+}
+
+impl OwnRedis {
+    /// Starts a replica of this server and waits until the server counts it
+    /// as an online replica that has caught up.
+    pub fn start_replica(&self) -> OwnReplica {
+        let port = super::free_port();
+        let dir = self.dir.join(format!("replica-{port}"));
+        std::fs::create_dir_all(&dir).expect("the replica's folder");
+        let status = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--replicaof", "127.0.0.1", &self.port.to_string()])
+            .arg("--dir")
+            .arg(&dir)
+            .args(["--appendonly", "no", "--save", "", "--daemonize", "yes"])
+            .arg("--pidfile")
+            .arg(dir.join("redis.pid"))
+            .arg("--logfile")
+            .arg(dir.join("redis.log"))
+            .status()
+            .expect("redis-server");
+        assert!(status.success());
+        let replica = OwnReplica { dir, port };
+        for _ in 0..200 {
+            let info = self.cli(&["info", "replication"]);
+            if info.contains("connected_slaves:1") && info.contains("state=online") {
+                return replica;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "the replica on port {port} never came online:\n{}",
+            self.cli(&["info", "replication"])
+        );
+    }
+}
+
+impl OwnReplica {
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// SIGSTOP (`freeze(true)`) or SIGCONT of the replica's process.
+    pub fn freeze(&self, frozen: bool) {
+        assert!(self.signal(if frozen { "-STOP" } else { "-CONT" }));
+    }
+
+    fn signal(&self, signal: &str) -> bool {
+        std::fs::read_to_string(self.dir.join("redis.pid")).is_ok_and(|pid| {
+            Command::new("kill")
+                .args([signal, pid.trim()])
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+    }
+}
+
+impl Drop for OwnReplica {
+    fn drop(&mut self) {
+        // A frozen server cannot act on SHUTDOWN.
+        self.signal("-CONT");
+        self.cli(&["shutdown", "nosave"]);
+        std::fs::remove_dir_all(&self.dir).ok();
+    }
+}
+
 impl Drop for OwnRedis {
     fn drop(&mut self) {
         self.cli(&["shutdown", "nosave"]);
