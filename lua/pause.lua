@@ -10,9 +10,10 @@
 -- for a lease and is renewed while the batch is in hand; a worker that dies
 -- or freezes holds nobody up for longer than that.
 --
--- KEYS[1]  seckill:{V}:meta     hash   fields paused = 1 while paused, and
+-- KEYS[1]  seckill:{V}:meta     hash   fields paused = 1 while paused,
 --                                      reopen_after_ms (Redis TIME) while a
---                                      pause's grace runs
+--                                      pause's grace runs, and pause_token:
+--                                      the Redis time (us) of the latest pause
 -- KEYS[2]  seckill:{V}:buyers   set
 -- KEYS[3]  seckill:{V}:holds    hash   owner token -> hold expiry (Redis TIME ms);
 --                                      required by reopen, hold and unhold
@@ -28,6 +29,10 @@
 -- reopen:  ARGV[2] required: the order count; the gate reopens only if it has
 --                  at least that many buyers, its grace has run out and no
 --                  worker holds it
+--          ARGV[3] optional: the pause_token the caller's view of the gate
+--                  was read with ('' if it saw none); given, the gate
+--                  reopens only if no pause came since (a guard that paused
+--                  it after that view was read knows something it does not)
 -- hold:    ARGV[2] owner token, ARGV[3] lease in ms
 -- unhold:  ARGV[2] owner token
 -- held:    (nothing more) whether any worker holds the gate
@@ -36,7 +41,8 @@
 --   is stored all the same, for the gate a rebuild publishes);
 --   pause:  1 paused now, 2 it was paused already, 0 not paused (enough buyers)
 --   reopen: 1 reopened, 2 it was not paused, 0 it stays paused (too few
---           buyers), 3 it stays paused (its grace runs, or a worker holds it)
+--           buyers), 3 it stays paused (its grace runs, or a worker holds it),
+--           4 it stays paused (paused again since the caller's view)
 --   hold:   1 (the gate is paused), 0 (it is open)
 --   unhold: 1 a hold was given back, 0 there was none
 --   held:   1 a worker holds the gate, 0 none does (whether loaded or not)
@@ -94,6 +100,10 @@ if action == 'pause' then
   local grace = tonumber(ARGV[3] or '0')
   if not grace then return redis.error_reply('ERR pause.lua: ARGV[3] must be a grace in ms') end
   if not paused and orders and redis.call('SCARD', KEYS[2]) >= orders then return 0 end
+  -- Every pause, of an open gate or a paused one, makes views read before
+  -- it too old to reopen on.
+  local t = redis.call('TIME')
+  redis.call('HSET', KEYS[1], 'pause_token', t[1] .. string.format('%06d', tonumber(t[2])))
   if grace > 0 then
     local after = now_ms() + grace
     if after > (tonumber(redis.call('HGET', KEYS[1], 'reopen_after_ms')) or 0) then
@@ -107,12 +117,13 @@ elseif action == 'reopen' then
   if not orders then return redis.error_reply('ERR pause.lua: reopen needs the order count') end
   if not KEYS[3] then return redis.error_reply('ERR pause.lua: reopen needs the holds key') end
   if not paused then return 2 end
+  if ARGV[3] and ARGV[3] ~= (redis.call('HGET', KEYS[1], 'pause_token') or '') then return 4 end
   if redis.call('SCARD', KEYS[2]) < orders then return 0 end
   local now = now_ms()
   if (tonumber(redis.call('HGET', KEYS[1], 'reopen_after_ms')) or 0) > now or held(KEYS[3], now) then
     return 3
   end
-  redis.call('HDEL', KEYS[1], 'paused', 'reopen_after_ms')
+  redis.call('HDEL', KEYS[1], 'paused', 'reopen_after_ms', 'pause_token')
   return 1
 end
 return redis.error_reply('ERR pause.lua: ARGV[1] must be pause, reopen, hold, unhold or held')

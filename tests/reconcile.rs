@@ -534,3 +534,58 @@ async fn a_gate_preloaded_while_a_worker_holds_it_comes_up_paused() {
     assert_invariants(&env, V).await;
     env.cleanup().await;
 }
+
+/// Issue 19, item 6: reconcile reads a paused gate, finds it consistent and
+/// reopens it. A guard that paused it again after that read (Redis lost
+/// writes since) knows what the read does not: the reopen must be refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reopen_is_refused_when_the_gate_was_paused_again_after_the_read() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let env = quiet_sale().await;
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    seckill::gate::pause::pause(&mut redis, &keys, None, Duration::ZERO)
+        .await
+        .unwrap();
+    // The look pass reads once, the repair pass again: stop in the second.
+    let mut run = Command::new(assert_cmd::cargo::cargo_bin("seckill"))
+        .args(["reconcile", "--yes", "--settle", "0s", "--format", "json"])
+        .envs(env.store_env())
+        .env_remove("RUST_LOG")
+        .env(seckill::support::fault::ENV, "between_snapshot_reads=2s*2")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = BufReader::new(run.stderr.take().unwrap()).lines();
+    let second = said
+        .by_ref()
+        .map_while(|l| l.ok())
+        .filter(|l| l.contains("test pause at between_snapshot_reads"))
+        .nth(1);
+    assert!(second.is_some(), "reconcile never reached its repair pass");
+    // A guard pauses it again (its grace already over).
+    seckill::gate::pause::pause(&mut redis, &keys, None, Duration::ZERO)
+        .await
+        .unwrap();
+    std::thread::spawn(move || said.for_each(drop));
+    let out = run.wait_with_output().unwrap();
+    let report = json(&out);
+    assert_eq!(report["vouchers"][0]["reopened"], false, "{report:#}");
+    assert_eq!(report["vouchers"][0]["gate_paused"], true, "{report:#}");
+    let buy = env
+        .cmd()
+        .args(["buy", "--voucher", "1", "--user", "100"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        buy.status.code(),
+        Some(15),
+        "reopened on a view older than the pause"
+    );
+    // A fresh look reopens it.
+    let (_, report) = reconcile(&env, &["--yes"]);
+    assert_eq!(report["vouchers"][0]["reopened"], true, "{report:#}");
+    env.cleanup().await;
+}

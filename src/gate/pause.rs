@@ -13,6 +13,8 @@ use crate::store::scripts::PAUSE;
 
 /// The meta field that pauses the gate (lua/seckill.lua reads it).
 pub const META_PAUSED: &str = "paused";
+/// The meta field naming the latest pause (a reopen checks it).
+pub const META_PAUSE_TOKEN: &str = "pause_token";
 
 /// What pausing did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +36,8 @@ pub enum Reopened {
     /// Still paused: its grace runs, or a worker holds it (a batch in hand
     /// that Redis lost, not in any view of the stores until it commits).
     Held,
+    /// Still paused: paused again since the caller's view was read.
+    PausedSince,
     NotLoaded,
 }
 
@@ -74,19 +78,27 @@ pub async fn pause(
 }
 
 /// Reopens the gate if it is paused, has at least `orders` buyers (MySQL's
-/// order count for the voucher, read just before), its grace ran out and no
-/// worker holds it.
+/// order count for the voucher, read just before), its grace ran out, no
+/// worker holds it and, with `seen` (the pause token the caller's view was
+/// read with), no pause came since that view.
 pub async fn reopen(
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
     orders: u64,
+    seen: Option<&str>,
 ) -> Result<Reopened> {
-    let code: i64 = call(keys, "reopen").arg(orders).invoke_async(conn).await?;
+    let mut call = call(keys, "reopen");
+    call.arg(orders);
+    if let Some(token) = seen {
+        call.arg(token);
+    }
+    let code: i64 = call.invoke_async(conn).await?;
     Ok(match code {
         1 => Reopened::Now,
         2 => Reopened::WasOpen,
         0 => Reopened::StaysPaused,
         3 => Reopened::Held,
+        4 => Reopened::PausedSince,
         _ => Reopened::NotLoaded,
     })
 }

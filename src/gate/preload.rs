@@ -10,10 +10,12 @@
 //! those units a second time.
 
 use crate::store::redis_conn::RedisConn;
+use redis::AsyncCommands;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::gate::image::{publish_gate, GateImage};
+use crate::gate::pause::{self, META_PAUSE_TOKEN};
 use crate::gate::witness;
 use crate::orders::order::OrderStatus;
 use crate::orders::voucher;
@@ -43,6 +45,9 @@ pub async fn preload<C: RedisConn>(
     // Read Redis before MySQL: an admission after this point changes the
     // witness below and the publish step refuses.
     let before = witness::read(conn, &keys).await?;
+    // A pause after this (a guard that saw Redis lose writes) must not be
+    // undone by the reopen below, which relies on this view.
+    let pause_seen: Option<String> = conn.hget(keys.meta(), META_PAUSE_TOKEN).await?;
     let in_flight = backlog(conn, &keys).await?.in_flight();
     if in_flight > 0 && !force {
         // Orders in flight belong to a gate that was loaded: make sure
@@ -89,7 +94,8 @@ pub async fn preload<C: RedisConn>(
     }
     // The gate is MySQL's image now: one a worker paused (Redis had lost
     // writes) opens again, if it has a buyer for every order.
-    crate::gate::pause::reopen(conn, &keys, users.len() as u64).await?;
+    let seen = pause_seen.unwrap_or_default();
+    pause::reopen(conn, &keys, users.len() as u64, Some(&seen)).await?;
     Ok(PreloadReport {
         voucher: voucher_id,
         total_stock: v.total_stock,

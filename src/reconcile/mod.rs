@@ -168,12 +168,16 @@ pub fn needs_order_ids(reports: &[VoucherReport]) -> bool {
 async fn reopen_if_paused(
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
-    orders: u64,
+    s: &Snapshot,
     report: &mut VoucherReport,
 ) -> Result<()> {
-    let done = crate::gate::pause::reopen(conn, keys, orders).await?;
+    let orders = s.order_ids.len() as u64;
+    let done = crate::gate::pause::reopen(conn, keys, orders, Some(&s.pause_token)).await?;
     report.reopened = done == Reopened::Now;
-    report.gate_paused = matches!(done, Reopened::StaysPaused | Reopened::Held);
+    report.gate_paused = matches!(
+        done,
+        Reopened::StaysPaused | Reopened::Held | Reopened::PausedSince
+    );
     Ok(())
 }
 
@@ -208,14 +212,13 @@ pub async fn reconcile_voucher(
         };
         let (drifts, expected) = classify(&s);
         let mut report = report_of(&s, drifts, expected);
-        let orders = s.order_ids.len() as u64;
         if report.drifts.is_empty() {
             if !repaired_before.is_empty() {
                 report.drifts = repaired_before;
                 report.outcome = Outcome::Repaired;
             }
             if !opts.dry_run {
-                reopen_if_paused(conn, &keys, orders, &mut report).await?;
+                reopen_if_paused(conn, &keys, &s, &mut report).await?;
             }
             return Ok(report);
         }
@@ -228,7 +231,7 @@ pub async fn reconcile_voucher(
                 report.outcome = if unrepaired {
                     Outcome::NotRepaired
                 } else {
-                    reopen_if_paused(conn, &keys, orders, &mut report).await?;
+                    reopen_if_paused(conn, &keys, &s, &mut report).await?;
                     Outcome::Repaired
                 };
                 report.drifts.splice(0..0, repaired_before);

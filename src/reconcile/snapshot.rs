@@ -7,7 +7,7 @@ use mysql_async::prelude::*;
 use redis::{FromRedisValue, Value};
 
 use crate::error::{Error, Result};
-use crate::gate::pause::META_PAUSED;
+use crate::gate::pause::{META_PAUSED, META_PAUSE_TOKEN};
 use crate::gate::policy::{self, META_REQUIRE_TOKEN, META_USER_RATE};
 use crate::gate::witness::{self, Witness};
 use crate::orders::order::OrderStatus;
@@ -43,6 +43,9 @@ pub struct Snapshot {
     pub gate_loaded: bool,
     /// Admission paused (a worker found the gate had lost writes).
     pub gate_paused: bool,
+    /// The latest pause this view saw ('' if none): a reopen on this view
+    /// is refused if another pause came since.
+    pub pause_token: String,
     /// In the registry, where workers find the streams to consume.
     pub registered: bool,
     pub gate_stock: Option<i64>,
@@ -192,7 +195,8 @@ pub async fn read_many(
             .xlen(k.orders())
             .hget(k.meta(), META_USER_RATE)
             .hget(k.meta(), META_REQUIRE_TOKEN)
-            .hget(k.meta(), META_PAUSED);
+            .hget(k.meta(), META_PAUSED)
+            .hget(k.meta(), META_PAUSE_TOKEN);
         Ok(())
     })
     .await?;
@@ -202,7 +206,7 @@ pub async fn read_many(
         .zip(&before)
         .zip(keys.iter().zip(vouchers))
     {
-        if chunk.len() != 9 {
+        if chunk.len() != 10 {
             return Err(Error::Redis(format!(
                 "gate of voucher {voucher}: {} replies",
                 chunk.len()
@@ -212,7 +216,8 @@ pub async fn read_many(
             FromRedisValue::from_redis_value(Value::Array(chunk[..6].to_vec()))
                 .map_err(|e| Error::Redis(format!("gate of voucher {voucher}: {e}")))?;
         let registered = registered.contains(voucher);
-        let (user_rate, require_token, paused): (Option<u32>, Option<String>, Option<String>) =
+        type MetaRow = (Option<u32>, Option<String>, Option<String>, Option<String>);
+        let (user_rate, require_token, paused, pause_token): MetaRow =
             FromRedisValue::from_redis_value(Value::Array(chunk[6..].to_vec()))
                 .map_err(|e| Error::Redis(format!("policy of voucher {voucher}: {e}")))?;
         let in_flight = if stream_len > 0 {
@@ -239,6 +244,7 @@ pub async fn read_many(
             voucher: *voucher,
             gate_loaded: meta_exists && !w.stock.is_empty(),
             gate_paused: paused.as_deref() == Some("1"),
+            pause_token: pause_token.unwrap_or_default(),
             registered,
             gate_stock: w.stock.parse().ok(),
             buyers: buyers.into_iter().collect(),

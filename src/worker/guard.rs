@@ -323,7 +323,7 @@ impl GateGuard {
             Ok(r) => r,
             Err(Error::VoucherNotFound(_)) => {
                 // Not a voucher of MySQL's: nothing to rebuild it from.
-                pause::reopen(&mut self.conn, keys, 0).await?;
+                pause::reopen(&mut self.conn, keys, 0, None).await?;
                 self.state.paused.remove(&v);
                 tracing::warn!("voucher {v}: not in MySQL; its gate is left as it is");
                 return Ok(());
