@@ -7,9 +7,10 @@
 -- nothing and returns 0, and reconcile reads again. So a repair computed
 -- from a moving sale is never applied (it could re-admit a sold unit).
 --
--- KEYS[1]  seckill:{V}:stock      KEYS[4]  seckill:{V}:released
--- KEYS[2]  seckill:{V}:buyers     KEYS[5]  seckill:{V}:timeouts
--- KEYS[3]  seckill:{V}:orders
+-- KEYS[1]  seckill:{V}:stock      KEYS[5]  seckill:{V}:timeouts
+-- KEYS[2]  seckill:{V}:buyers     KEYS[6]  seckill:{V}:waitlist  (optional, with 7, 8)
+-- KEYS[3]  seckill:{V}:orders     KEYS[7]  seckill:{V}:events
+-- KEYS[4]  seckill:{V}:released   KEYS[8]  seckill:{V}:meta
 --
 -- ARGV[1..4]  the gate's witness (the same four values lua/preload.lua
 --             checks, src/gate/witness.rs): last order-stream entry id ('' if
@@ -18,6 +19,15 @@
 -- ARGV[6]     A, then A user ids to add to the buyers
 -- then        R, then R user ids to remove from the buyers
 -- then        D, then D pairs: order id, payment deadline ms
+-- then        P, then P fresh order ids (optional, with KEYS[6..8]): units
+--             given back go first to the oldest waitlisted users who are
+--             not buyers, as lua/release.lua gives released units (a
+--             `promote` entry, a `promoted` event whose released_order is
+--             "0", meta's promotions counted); only the rest goes to stock
+-- then        M, then M cancelled order ids (optional) to mark released
+--             without giving a unit back: the gate owes more units than
+--             MySQL has (a release whose promoted order MySQL holds, its
+--             record lost), so their units are spoken for already
 --
 -- Returns 1 when applied, 0 when the voucher moved (nothing written).
 --
@@ -38,7 +48,6 @@ if last_id ~= ARGV[1]
 end
 
 local delta = tonumber(ARGV[5])
-if delta ~= 0 then redis.call('INCRBY', KEYS[1], delta) end
 local i = 6
 local adds = tonumber(ARGV[i]); i = i + 1
 for _ = 1, adds do redis.call('SADD', KEYS[2], ARGV[i]); i = i + 1 end
@@ -49,4 +58,33 @@ for _ = 1, deadlines do
   redis.call('ZADD', KEYS[5], ARGV[i + 1], ARGV[i])
   i = i + 2
 end
+local fresh = tonumber(ARGV[i] or '0'); i = i + 1
+local first_fresh = i
+i = i + fresh
+-- Units given back: the waitlist first (after the buyers were repaired
+-- above, so nobody holding an order is promoted), then the stock.
+if delta > 0 and fresh > 0 and KEYS[8] then
+  local t = redis.call('TIME')
+  local now_ms = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  local voucher = string.match(KEYS[1], '{(%d+)}')
+  local used = 0
+  while delta > 0 and used < fresh do
+    local head = redis.call('ZRANGE', KEYS[6], 0, 0)[1]
+    if not head then break end
+    redis.call('ZREM', KEYS[6], head)
+    if redis.call('SISMEMBER', KEYS[2], head) == 0 then
+      local order = ARGV[first_fresh + used]
+      used = used + 1
+      delta = delta - 1
+      redis.call('SADD', KEYS[2], head)
+      redis.call('XADD', KEYS[3], '*', 'user', head, 'order', order, 'voucher', voucher, 'kind', 'promote')
+      redis.call('XADD', KEYS[7], '*', 'type', 'promoted', 'user', head, 'order', order,
+        'voucher', voucher, 'released_order', '0', 'time_ms', now_ms)
+      redis.call('HINCRBY', KEYS[8], 'promotions', 1)
+    end
+  end
+end
+if delta ~= 0 then redis.call('INCRBY', KEYS[1], delta) end
+local spoken = tonumber(ARGV[i] or '0'); i = i + 1
+for _ = 1, spoken do redis.call('SADD', KEYS[4], ARGV[i]); i = i + 1 end
 return 1

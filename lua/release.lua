@@ -18,15 +18,23 @@
 -- KEYS[4]  seckill:{V}:orders     KEYS[8]  seckill:{V}:meta
 --
 -- ARGV[1]  voucher id
--- ARGV[2]  N, then N pairs: cancelled order id, a fresh order id for a promotion
+-- ARGV[2]  while the gate is paused (meta paused = 1, lua/pause.lua): '' to
+--          defer (the payment deadlines: a paused gate's buyers set may miss
+--          users with an order, who must not be promoted, and its stock is
+--          being rebuilt), or the pause_token of the view the caller has just
+--          repaired the gate on (reconcile): then it goes on if no pause came
+--          since. **Changed in this release**: the count N was ARGV[2].
+-- ARGV[3]  N, then N pairs: cancelled order id, a fresh order id for a promotion
 -- then     order ids whose deadline is simply dropped (paid, or unknown to MySQL)
 --
--- Returns {released, promoted}: units handled now (not before) and how many
--- of them went to waitlisted users. meta's `promotions` counts promotions ever.
+-- Returns {released, promoted, deferred}: units handled now (not before),
+-- how many of them went to waitlisted users, and 1 when nothing was done
+-- because the gate is paused (the caller's claimed deadlines come back
+-- after their lease). meta's `promotions` counts promotions ever.
 --
 -- Safe to run twice: every order of the first run is in `released`, so the
 -- replay gives no unit back, promotes nobody and appends nothing (returns
--- {0, 0}); its ZREMs remove what is already gone.
+-- {0, 0, 0}); its ZREMs remove what is already gone.
 --
 -- The `promoted` event (KEYS[5]), an application contract; every field but
 -- `type` is a decimal string:
@@ -39,7 +47,12 @@
 --   time_ms         Redis server time of the promotion (Unix ms)
 
 local voucher = ARGV[1]
-local n = tonumber(ARGV[2])
+local n = tonumber(ARGV[3])
+if not n then return redis.error_reply('ERR release.lua: ARGV[3] must be the count of cancelled orders') end
+local state = redis.call('HMGET', KEYS[8], 'paused', 'pause_token')
+if state[1] == '1' and (ARGV[2] == '' or ARGV[2] ~= (state[2] or '')) then
+  return {0, 0, 1}
+end
 local released, promoted = 0, 0
 local t = redis.call('TIME')
 local now_ms = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
@@ -54,7 +67,7 @@ local function next_waiting()
 end
 
 for i = 0, n - 1 do
-  local order, fresh = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
+  local order, fresh = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
   redis.call('ZREM', KEYS[6], order)
   if redis.call('SADD', KEYS[7], order) == 1 then
     released = released + 1
@@ -71,7 +84,7 @@ for i = 0, n - 1 do
     end
   end
 end
-for i = 3 + 2 * n, #ARGV do
+for i = 4 + 2 * n, #ARGV do
   redis.call('ZREM', KEYS[6], ARGV[i])
 end
-return {released, promoted}
+return {released, promoted, 0}

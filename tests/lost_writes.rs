@@ -572,3 +572,76 @@ async fn a_worker_started_after_a_restart_sees_the_run_id_change_in_meta() {
     assert_invariants(&env, V).await;
     env.cleanup().await;
 }
+
+/// Issue 19, item 7: while a gate is paused (Redis lost writes; its buyers
+/// set misses users who hold an order), a payment deadline's release must
+/// not promote from it: it would hand the unit to a waitlisted user who
+/// already holds an order (dead-lettered, the unit back to the stock) and
+/// skip the next one. The release waits for the rebuilt gate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_waits_for_a_paused_gate_instead_of_promoting_from_its_lost_buyers() {
+    use redis::AsyncCommands;
+    const V: u64 = 1;
+    let env = TestEnv::new().await;
+    env.live_voucher_paying_within(V, 2, 3_000).await;
+    let buy = |user: &str| {
+        env.cmd()
+            .args(["buy", "--voucher", "1", "--user", user])
+            .output()
+            .unwrap()
+            .status
+            .code()
+    };
+    assert_eq!(buy("1"), Some(0));
+    assert_eq!(buy("2"), Some(0));
+    assert_eq!(buy("3"), Some(11), "user 3 waits");
+    env.spawn_worker(&fast_worker(&["--until-idle"]))
+        .expect_success(Duration::from_secs(30));
+    let order2 = env
+        .orders(V)
+        .await
+        .into_iter()
+        .find(|o| o.1 == 2)
+        .unwrap()
+        .0;
+    let paid = env
+        .cmd()
+        .args(["pay", "--order", &order2.to_string()])
+        .output()
+        .unwrap();
+    assert!(paid.status.success());
+    // Redis lost that user 2 is a buyer, and has them waiting ahead of 3.
+    let keys = seckill::store::keys::VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let third: f64 = redis.zscore(keys.waitlist(), 3).await.unwrap();
+    let _: () = redis.srem(keys.buyers(), 2).await.unwrap();
+    let _: () = redis.zadd(keys.waitlist(), 2, third - 1.0).await.unwrap();
+    // The guard pauses the gate and holds it paused a while: user 1's
+    // deadline comes due meanwhile.
+    let mut worker = env.spawn_worker_with(
+        &fast_worker(&[]),
+        &[("SECKILL_TEST_PAUSE", "gate_paused=4s")],
+    );
+    worker.expect_gate_pauses();
+    let start = Instant::now();
+    while !env.orders(V).await.iter().any(|o| o.1 == 3) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "user 3 never got the unit:\n{}",
+            worker.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    env.wait_drained(V, Duration::from_secs(30)).await;
+    let pending = json(
+        &env.cmd()
+            .args(["pending", "--format", "json"])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(pending[0]["dead_letters"], 0, "{pending}");
+    worker.signal("TERM");
+    worker.expect_success(Duration::from_secs(30));
+    assert_invariants(&env, V).await;
+    env.cleanup().await;
+}

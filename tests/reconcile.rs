@@ -589,3 +589,117 @@ async fn a_reopen_is_refused_when_the_gate_was_paused_again_after_the_read() {
     assert_eq!(report["vouchers"][0]["reopened"], true, "{report:#}");
     env.cleanup().await;
 }
+
+/// Issue 19, item 7: units stuck at the gate that reconcile gives back go
+/// to the waitlist first, as released units do, not straight to the stock
+/// ahead of the users waiting.
+#[tokio::test]
+async fn units_reconcile_gives_back_go_to_the_waitlist_first() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 5).await;
+    env.admit_users(V, 8, 0).await; // three wait
+    env.spawn_worker(&["--until-idle", "--block", "100ms"])
+        .expect_success(Duration::from_secs(60));
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let waiting: Vec<u64> = redis.zrange(keys.waitlist(), 0, -1).await.unwrap();
+    assert_eq!(waiting.len(), 3);
+    // One order cancelled and its release recorded, but its unit went
+    // nowhere (a lost INCR): one unit stuck.
+    let order1 = env.orders(V).await[0].0;
+    let mut db = env.db().await.conn().await.unwrap();
+    db.exec_drop(
+        "UPDATE seckill_order SET status = -1, cancel_time = NOW(3) WHERE id = ?",
+        (order1,),
+    )
+    .await
+    .unwrap();
+    db.exec_drop(
+        "UPDATE seckill_voucher SET stock = stock + 1 WHERE voucher_id = ?",
+        (V,),
+    )
+    .await
+    .unwrap();
+    drop(db);
+    let _: () = redis.sadd(keys.released(), order1).await.unwrap();
+    let _: () = redis.zrem(keys.timeouts(), order1).await.unwrap();
+    find_and_repair(&env, &[("redis_stock_low", 1)]).await;
+    let stock: i64 = redis.get(keys.stock()).await.unwrap();
+    assert_eq!(
+        stock, 0,
+        "the unit went to the stock, ahead of the waitlist"
+    );
+    let head = waiting[0];
+    let promoted: bool = redis.sismember(keys.buyers(), head).await.unwrap();
+    assert!(promoted, "the oldest waitlisted user got the unit");
+    let left: Vec<u64> = redis.zrange(keys.waitlist(), 0, -1).await.unwrap();
+    assert_eq!(left, waiting[1..]);
+    env.spawn_worker(&["--until-idle", "--block", "100ms"])
+        .expect_success(Duration::from_secs(60));
+    assert!(
+        env.orders(V).await.iter().any(|o| o.1 == head),
+        "the promoted user's order"
+    );
+    assert_invariants(&env, V).await;
+    env.cleanup().await;
+}
+
+/// Issue 19, item 11: a release whose promoted order MySQL holds, its
+/// record lost by Redis, on a sold-out voucher: the gate owes a unit MySQL
+/// does not have. Reconcile marks the cancellation released and gives no
+/// unit (before, it gave it again: to the next waitlisted user, sold twice).
+#[tokio::test]
+async fn a_lost_release_record_whose_unit_an_order_holds_is_not_given_again() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 1).await;
+    env.admit_users(V, 1, 0).await;
+    let buy = env
+        .cmd()
+        .args(["buy", "--voucher", "1", "--user", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(buy.status.code(), Some(11), "user 2 waits");
+    env.spawn_worker(&["--until-idle", "--block", "100ms"])
+        .expect_success(Duration::from_secs(60));
+    let order1 = env.orders(V).await[0].0;
+    // User 1's order was cancelled and its unit promoted to user 2, whose
+    // order was persisted and paid; then Redis lost the release's record.
+    let mut db = env.db().await.conn().await.unwrap();
+    db.exec_drop(
+        "UPDATE seckill_order SET status = -1, cancel_time = NOW(3) WHERE id = ?",
+        (order1,),
+    )
+    .await
+    .unwrap();
+    db.exec_drop(
+        "INSERT INTO seckill_order (id, user_id, voucher_id, status, create_time) VALUES (?, 2, ?, 1, NOW(3))",
+        (order1 + 1, V),
+    )
+    .await
+    .unwrap();
+    drop(db);
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let _: () = redis.zrem(keys.waitlist(), 2).await.unwrap();
+    let _: () = redis.sadd(keys.buyers(), 2).await.unwrap();
+    let _: () = redis.zrem(keys.timeouts(), order1).await.unwrap();
+    // User 3 waits now.
+    let buy = env
+        .cmd()
+        .args(["buy", "--voucher", "1", "--user", "3"])
+        .output()
+        .unwrap();
+    assert_eq!(buy.status.code(), Some(11));
+    let (_, report) = reconcile(&env, &["--yes"]);
+    assert_eq!(report["vouchers"][0]["outcome"], "repaired", "{report:#}");
+    let released: bool = redis.sismember(keys.released(), order1).await.unwrap();
+    assert!(released, "{report:#}");
+    let promoted: bool = redis.sismember(keys.buyers(), 3).await.unwrap();
+    assert!(!promoted, "user 3 was sold a unit MySQL does not have");
+    let stock: i64 = redis.get(keys.stock()).await.unwrap();
+    assert_eq!(stock, 0);
+    let (code, report) = reconcile(&env, &["--dry-run"]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_invariants(&env, V).await;
+    env.cleanup().await;
+}

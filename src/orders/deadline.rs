@@ -131,6 +131,19 @@ pub struct Released {
     pub released: u64,
     /// Of those, units handed to waitlisted users.
     pub promoted: u64,
+    /// Nothing was done: the gate is paused (its deadlines come back after
+    /// their lease and are released once it reopens).
+    pub deferred: bool,
+}
+
+/// Whose release it is while the gate is paused (lua/release.lua).
+#[derive(Debug, Clone, Copy)]
+pub enum WhilePaused<'a> {
+    /// A payment deadline: wait for the gate to reopen.
+    Defer,
+    /// A repair made on a view read with this pause token: go on if no
+    /// pause came since.
+    RepairedUnder(&'a str),
 }
 
 /// Gives back the units of `cancelled` orders at the gate, once per order,
@@ -142,6 +155,7 @@ pub async fn release(
     cancelled: &[u64],
     settled: &[u64],
     ids: &OrderIds,
+    paused: WhilePaused<'_>,
 ) -> Result<Released> {
     if cancelled.is_empty() && settled.is_empty() {
         return Ok(Released::default());
@@ -156,6 +170,10 @@ pub async fn release(
         .key(keys.released())
         .key(keys.meta())
         .arg(voucher)
+        .arg(match paused {
+            WhilePaused::Defer => "",
+            WhilePaused::RepairedUnder(token) => token,
+        })
         .arg(cancelled.len());
     for order in cancelled {
         inv.arg(*order).arg(ids.next_id()?);
@@ -163,8 +181,12 @@ pub async fn release(
     for order in settled {
         inv.arg(*order);
     }
-    let (released, promoted): (u64, u64) = inv.invoke_async(conn).await?;
-    Ok(Released { released, promoted })
+    let (released, promoted, deferred): (u64, u64, u8) = inv.invoke_async(conn).await?;
+    Ok(Released {
+        released,
+        promoted,
+        deferred: deferred == 1,
+    })
 }
 
 /// Pending orders of `voucher` created before `created_before_ms`: overdue

@@ -151,14 +151,16 @@ pub fn to_repair(reports: &[VoucherReport]) -> Vec<u64> {
         .collect()
 }
 
-/// Whether repairing what `reports` found may mint order ids (a release
-/// can promote a waitlisted user). A repair pass without them reports such
-/// drift as not repaired.
+/// Whether repairing what `reports` found may mint order ids (a unit given
+/// back, by a release or a repair of stuck units, can promote a waitlisted
+/// user). A repair pass without them reports such drift as not repaired.
 pub fn needs_order_ids(reports: &[VoucherReport]) -> bool {
-    reports
-        .iter()
-        .flat_map(|r| &r.drifts)
-        .any(|d| d.class == DriftClass::CancelledNotReleased)
+    reports.iter().flat_map(|r| &r.drifts).any(|d| {
+        matches!(
+            d.class,
+            DriftClass::CancelledNotReleased | DriftClass::RedisStockLow
+        )
+    })
 }
 
 /// A gate a worker paused (Redis had lost writes) that is consistent now

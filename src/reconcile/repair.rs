@@ -81,17 +81,41 @@ pub(super) async fn repair(
         .into_iter()
         .map(|(order, created)| (order, created + s.pay_timeout_ms))
         .collect();
-    let unreleased: Vec<u64> = s.cancelled_unreleased_settled().into_iter().collect();
-    let release_ids = match (unreleased.is_empty(), ids) {
+    let mut unreleased: Vec<u64> = s.cancelled_unreleased_settled().into_iter().collect();
+    // Units the gate owes beyond MySQL's stock are held by orders already:
+    // that many cancellations are marked released, with no unit given.
+    let spoken_for = usize::try_from(-s.gate_owes())
+        .unwrap_or(0)
+        .min(unreleased.len());
+    let spoken: Vec<u64> = unreleased.drain(..spoken_for).collect();
+    if !spoken.is_empty() {
+        tracing::warn!(
+            "voucher {voucher}: {} cancelled order(s) whose unit an order holds already (a release Redis lost): marked released, no unit given back",
+            spoken.len()
+        );
+    }
+    // Units given back go to waitlisted users first, each with a new order.
+    let promotions = if delta > 0 {
+        (delta as u64).min(s.waiting)
+    } else {
+        0
+    };
+    let ids = match (unreleased.is_empty() && promotions == 0, ids) {
         (true, _) => None,
         (false, Some(ids)) => Some(ids),
         (false, None) => {
             // Found only now (not in the plan that decided on leasing ids).
             tracing::warn!(
-                "voucher {voucher}: cancelled orders to give back turned up during the repair; run reconcile again"
+                "voucher {voucher}: units to give back turned up during the repair; run reconcile again"
             );
             return Ok(RepairResult::Applied { unrepaired: true });
         }
+    };
+    let fresh: Vec<u64> = match ids {
+        Some(ids) => (0..promotions)
+            .map(|_| ids.next_id())
+            .collect::<Result<_>>()?,
+        None => Vec::new(),
     };
     let mut inv = RECONCILE.prepare_invoke();
     inv.key(keys.stock())
@@ -99,6 +123,9 @@ pub(super) async fn repair(
         .key(keys.orders())
         .key(keys.released())
         .key(keys.timeouts())
+        .key(keys.waitlist())
+        .key(keys.events())
+        .key(keys.meta())
         .arg(s.witness.args())
         .arg(delta)
         .arg(add.len());
@@ -113,12 +140,17 @@ pub(super) async fn repair(
     for (order, at) in &deadlines {
         inv.arg(*order).arg(*at);
     }
+    inv.arg(fresh.len()).arg(&fresh);
+    inv.arg(spoken.len()).arg(&spoken);
     let applied: i64 = inv.invoke_async(conn).await?;
     if applied != 1 {
         return Ok(RepairResult::Moved);
     }
-    if let Some(ids) = release_ids {
-        deadline::release(conn, keys, voucher, &unreleased, &[], ids).await?;
+    if let (false, Some(ids)) = (unreleased.is_empty(), ids) {
+        // Under a pause (the guard's rebuild), the buyers were just
+        // repaired on this view: the release may promote from them.
+        let under = deadline::WhilePaused::RepairedUnder(&s.pause_token);
+        deadline::release(conn, keys, voucher, &unreleased, &[], ids, under).await?;
     }
     Ok(RepairResult::Applied { unrepaired: false })
 }

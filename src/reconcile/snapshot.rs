@@ -46,6 +46,8 @@ pub struct Snapshot {
     /// The latest pause this view saw ('' if none): a reopen on this view
     /// is refused if another pause came since.
     pub pause_token: String,
+    /// Users on the waitlist (some may be buyers already).
+    pub waiting: u64,
     /// In the registry, where workers find the streams to consume.
     pub registered: bool,
     pub gate_stock: Option<i64>,
@@ -99,10 +101,18 @@ impl Snapshot {
     /// What the gate's stock should be: MySQL's, less the units admitted but
     /// not yet persisted, less the cancelled units not yet given back.
     pub fn expected_gate_stock(&self) -> i64 {
-        (self.mysql_stock
+        self.gate_owes().max(0)
+    }
+
+    /// MySQL's stock less what the gate owes (units admitted but not yet
+    /// persisted, cancelled units not yet given back). Below 0, the gate
+    /// owes more than MySQL has: some cancelled order's unit is held by an
+    /// order already (a release whose record Redis lost after its promoted
+    /// order was persisted), and giving it back again would oversell.
+    pub fn gate_owes(&self) -> i64 {
+        self.mysql_stock
             - self.unpersisted().len() as i64
-            - self.cancelled_unreleased().len() as i64)
-            .max(0)
+            - self.cancelled_unreleased().len() as i64
     }
 }
 
@@ -196,7 +206,8 @@ pub async fn read_many(
             .hget(k.meta(), META_USER_RATE)
             .hget(k.meta(), META_REQUIRE_TOKEN)
             .hget(k.meta(), META_PAUSED)
-            .hget(k.meta(), META_PAUSE_TOKEN);
+            .hget(k.meta(), META_PAUSE_TOKEN)
+            .zcard(k.waitlist());
         Ok(())
     })
     .await?;
@@ -206,7 +217,7 @@ pub async fn read_many(
         .zip(&before)
         .zip(keys.iter().zip(vouchers))
     {
-        if chunk.len() != 10 {
+        if chunk.len() != 11 {
             return Err(Error::Redis(format!(
                 "gate of voucher {voucher}: {} replies",
                 chunk.len()
@@ -216,8 +227,14 @@ pub async fn read_many(
             FromRedisValue::from_redis_value(Value::Array(chunk[..6].to_vec()))
                 .map_err(|e| Error::Redis(format!("gate of voucher {voucher}: {e}")))?;
         let registered = registered.contains(voucher);
-        type MetaRow = (Option<u32>, Option<String>, Option<String>, Option<String>);
-        let (user_rate, require_token, paused, pause_token): MetaRow =
+        type MetaRow = (
+            Option<u32>,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+            u64,
+        );
+        let (user_rate, require_token, paused, pause_token, waiting): MetaRow =
             FromRedisValue::from_redis_value(Value::Array(chunk[6..].to_vec()))
                 .map_err(|e| Error::Redis(format!("policy of voucher {voucher}: {e}")))?;
         let in_flight = if stream_len > 0 {
@@ -245,6 +262,7 @@ pub async fn read_many(
             gate_loaded: meta_exists && !w.stock.is_empty(),
             gate_paused: paused.as_deref() == Some("1"),
             pause_token: pause_token.unwrap_or_default(),
+            waiting,
             registered,
             gate_stock: w.stock.parse().ok(),
             buyers: buyers.into_iter().collect(),

@@ -193,8 +193,16 @@ impl Canceller {
             &c.cancelled,
             &c.settled,
             &self.ids,
+            deadline::WhilePaused::Defer,
         )
         .await?;
+        if r.deferred {
+            // Claimed, not released: they come back after their lease.
+            tracing::debug!(
+                "voucher {voucher}: its gate is paused; {} cancelled order(s) get their units back once it reopens",
+                c.cancelled.len()
+            );
+        }
         self.stats
             .add_released(c.cancelled_now, r.released, r.promoted);
         if c.cancelled_now > 0 || r.released > 0 {
