@@ -20,6 +20,12 @@
 --                                       Redis lost, lua/pause.lua), the gate is
 --                                       published paused: this image misses
 --                                       that batch
+-- KEYS[9]  seckill:{V}:rate            hash   optional (then KEYS[8] too): its
+--                                       expiry is moved to ARGV[3] + 1000, so a
+--                                       sale extended (or shortened) keeps its
+--                                       users' rate windows until its new end
+--                                       (lua/seckill.lua sets it only on the
+--                                       key's creation)
 --
 -- ARGV[1..4]  total, begin_ms, end_ms, pay_timeout_ms
 -- ARGV[5]     stock to publish
@@ -64,6 +70,9 @@ if version == '' then version = nil end
 if version and (not string.match(version, '^%d+$') or #version > 19) then
   return redis.error_reply('ERR preload.lua: ARGV[15] must be a decimal policy version')
 end
+if KEYS[9] and not tonumber(ARGV[3]) then
+  return redis.error_reply('ERR preload.lua: ARGV[3] must be the end in Unix ms')
+end
 if redis.call('HGET', KEYS[1], 'published_run') == run then return 1 end
 if redis.call('SCARD', KEYS[4]) ~= tonumber(ARGV[13])
     or redis.call('SCARD', KEYS[7]) ~= tonumber(ARGV[14]) then
@@ -106,6 +115,7 @@ if publish_policy then
   end
 end
 redis.call('HSET', KEYS[1], unpack(fields))
+if KEYS[9] then redis.call('PEXPIREAT', KEYS[9], tonumber(ARGV[3]) + 1000) end
 redis.call('SET', KEYS[2], ARGV[5])
 if KEYS[8] then
   local t = redis.call('TIME')

@@ -700,6 +700,49 @@ async fn policy_lua_without_a_version_publishes_unconditionally() {
     env.cleanup().await;
 }
 
+/// Issue 19, item 11b: the rate hash expired 1 s after the end the sale had
+/// when it was created, so extending the sale reset every user's window at
+/// the old end. Its expiry follows the end preload publishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extending_the_sale_keeps_the_rate_windows_past_the_old_end() {
+    let env = TestEnv::new().await;
+    // No stock: the attempt is waitlisted, nothing goes in flight (preload
+    // refuses while orders are).
+    env.add_voucher(V, 0, -1_000, 2_000).await;
+    env.preload(V).await;
+    set_policy(&env, V, 1, false).await;
+    assert!(matches!(
+        attempt(&env, 1, 100, None).await,
+        Admission::SoldOut { .. }
+    ));
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let old_end = voucher::get(env.db().await, V).await.unwrap().end_ms;
+    let new_end = old_end + 60_000;
+    {
+        use mysql_async::prelude::*;
+        let mut conn = env.db().await.conn().await.unwrap();
+        conn.exec_drop(
+            "UPDATE seckill_voucher SET end_time = FROM_UNIXTIME(? / 1000) WHERE voucher_id = ?",
+            (new_end, V),
+        )
+        .await
+        .unwrap();
+    }
+    env.preload(V).await;
+    let expires: i64 = redis::cmd("PEXPIRETIME")
+        .arg(keys.rate())
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(expires, new_end + 1_000);
+    let wait = old_end + 1_300 - seckill::support::timespec::now_ms();
+    tokio::time::sleep(Duration::from_millis(wait.max(0) as u64)).await;
+    let kept: bool = redis.hexists(keys.rate(), "1").await.unwrap();
+    assert!(kept, "the user's rate entry outlives the old end");
+    env.cleanup().await;
+}
+
 /// A gate whose policy version is above MySQL's (MySQL restored from a
 /// backup) would refuse every publish: reconcile replaces it with MySQL's
 /// policy and version, and updates publish again.

@@ -76,6 +76,8 @@ pub async fn publish_gate<C: RedisConn>(
         .key(keys.released())
         .key(&released_staging)
         .key(keys.holds())
+        // Its expiry follows the end published here.
+        .key(keys.rate())
         .arg(image.total)
         .arg(image.begin_ms)
         .arg(image.end_ms)
