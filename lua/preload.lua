@@ -4,7 +4,8 @@
 -- MySQL and staged the buyers set; not meant for application servers.
 --
 -- KEYS[1]  seckill:{V}:meta            hash   written: total, begin_ms, end_ms, pay_timeout_ms,
---                                             user_rate, require_token, published_run
+--                                             user_rate, require_token, policy_version,
+--                                             published_run
 -- KEYS[2]  seckill:{V}:stock           string set to ARGV[5]
 -- KEYS[3]  seckill:{V}:buyers          set    replaced by KEYS[4] (or emptied when KEYS[4] is absent)
 -- KEYS[4]  seckill:{V}:buyers:staging:<run>  set  the rebuilt buyers, consumed
@@ -19,6 +20,12 @@
 --                                       Redis lost, lua/pause.lua), the gate is
 --                                       published paused: this image misses
 --                                       that batch
+-- KEYS[9]  seckill:{V}:rate            hash   optional (then KEYS[8] too): its
+--                                       expiry is moved to ARGV[3] + 1000, so a
+--                                       sale extended (or shortened) keeps its
+--                                       users' rate windows until its new end
+--                                       (lua/seckill.lua sets it only on the
+--                                       key's creation)
 --
 -- ARGV[1..4]  total, begin_ms, end_ms, pay_timeout_ms
 -- ARGV[5]     stock to publish
@@ -33,6 +40,13 @@
 --            publish; recorded in meta's published_run when published
 -- ARGV[13]   how many members the caller staged in KEYS[4]
 -- ARGV[14]   how many members the caller staged in KEYS[7]
+-- ARGV[15]   optional: the version of the policy in ARGV[10..11], MySQL's
+--            policy_version (decimal). Given, as in lua/policy.lua: when
+--            meta holds a greater policy_version (a `voucher update`
+--            published since MySQL was read), meta's policy is kept;
+--            otherwise ARGV[10..11] are written and the version recorded.
+--            Absent or empty: ARGV[10..11] are written and meta's
+--            policy_version is removed.
 --
 -- Returns 1 when published (or when this run had published already),
 -- 0 when refused: nothing is written then and the staging sets are dropped.
@@ -50,6 +64,14 @@
 local run = ARGV[12]
 if not run or run == '' or not tonumber(ARGV[13]) or not tonumber(ARGV[14]) then
   return redis.error_reply('ERR preload.lua: ARGV[12..14] must be the run tag and the staged counts')
+end
+local version = ARGV[15]
+if version == '' then version = nil end
+if version and (not string.match(version, '^%d+$') or #version > 19) then
+  return redis.error_reply('ERR preload.lua: ARGV[15] must be a decimal policy version')
+end
+if KEYS[9] and not tonumber(ARGV[3]) then
+  return redis.error_reply('ERR preload.lua: ARGV[3] must be the end in Unix ms')
 end
 if redis.call('HGET', KEYS[1], 'published_run') == run then return 1 end
 if redis.call('SCARD', KEYS[4]) ~= tonumber(ARGV[13])
@@ -69,9 +91,31 @@ if last_id ~= ARGV[6] or stock ~= ARGV[7] or buyers ~= ARGV[8] or released ~= AR
   return 0
 end
 
-redis.call('HSET', KEYS[1], 'total', ARGV[1], 'begin_ms', ARGV[2], 'end_ms', ARGV[3],
-  'pay_timeout_ms', ARGV[4], 'user_rate', ARGV[10], 'require_token', ARGV[11],
-  'published_run', run)
+local fields = {'total', ARGV[1], 'begin_ms', ARGV[2], 'end_ms', ARGV[3],
+  'pay_timeout_ms', ARGV[4], 'published_run', run}
+local publish_policy = true
+if version then
+  -- Compared as decimal strings: Lua numbers are exact only to 2^53.
+  local held = redis.call('HGET', KEYS[1], 'policy_version')
+  if held and string.match(held, '^%d+$') then
+    held = string.gsub(held, '^0+(%d)', '%1')
+    local mine = string.gsub(version, '^0+(%d)', '%1')
+    publish_policy = not (#held > #mine or (#held == #mine and held > mine))
+  end
+end
+if publish_policy then
+  for _, f in ipairs({'user_rate', ARGV[10], 'require_token', ARGV[11]}) do
+    fields[#fields + 1] = f
+  end
+  if version then
+    fields[#fields + 1] = 'policy_version'
+    fields[#fields + 1] = version
+  else
+    redis.call('HDEL', KEYS[1], 'policy_version')
+  end
+end
+redis.call('HSET', KEYS[1], unpack(fields))
+if KEYS[9] then redis.call('PEXPIREAT', KEYS[9], tonumber(ARGV[3]) + 1000) end
 redis.call('SET', KEYS[2], ARGV[5])
 if KEYS[8] then
   local t = redis.call('TIME')

@@ -9,7 +9,7 @@ use common::TestEnv;
 use redis::AsyncCommands;
 use seckill::gate::admission::{admit, Admission};
 use seckill::gate::policy;
-use seckill::orders::voucher::Policy;
+use seckill::orders::voucher::{self, Policy};
 use seckill::store::keys::VoucherKeys;
 
 const V: u64 = 1;
@@ -502,5 +502,282 @@ async fn two_policy_updates_at_once_both_take_effect() {
         .await
         .unwrap();
     assert_eq!((rate, token.as_str()), (7, "1"), "the gate holds both too");
+    env.cleanup().await;
+}
+
+/// The policy the gate's meta holds.
+async fn gate_policy(env: &TestEnv, voucher: u64) -> Policy {
+    let keys = VoucherKeys::new(&env.prefix, voucher).unwrap();
+    let mut redis = env.redis().await;
+    let (rate, token): (Option<u32>, Option<String>) = redis::cmd("HMGET")
+        .arg(keys.meta())
+        .arg(policy::META_USER_RATE)
+        .arg(policy::META_REQUIRE_TOKEN)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    policy::from_meta(rate, token)
+}
+
+/// The version of the policy the gate's meta holds, as written.
+async fn gate_policy_version(env: &TestEnv, voucher: u64) -> Option<String> {
+    let keys = VoucherKeys::new(&env.prefix, voucher).unwrap();
+    let mut redis = env.redis().await;
+    redis.hget(keys.meta(), "policy_version").await.unwrap()
+}
+
+/// Issue 19, item 10: two `voucher update`s at once each write MySQL, read
+/// their policy back and publish it; the older publish may land last (its
+/// updater then dies, or its read after the publish fails). The gate must
+/// still end with MySQL's policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_policy_published_last_does_not_replace_mysqls() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 10).await;
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let db = env.db().await;
+    let older = voucher::update_policy(db, V, Some(5), Some(true))
+        .await
+        .unwrap();
+    let newer = voucher::update_policy(db, V, Some(0), Some(false))
+        .await
+        .unwrap();
+    let mut redis = env.redis().await;
+    policy::publish(&mut redis, &keys, newer).await.unwrap();
+    policy::publish(&mut redis, &keys, older).await.unwrap();
+    let mysql = voucher::get(db, V).await.unwrap().policy;
+    assert_eq!(mysql, Policy::default());
+    assert_eq!(gate_policy(&env, V).await, mysql, "the gate is MySQL's");
+    env.cleanup().await;
+}
+
+/// Many `seckill voucher update` processes at once, each flipping tokens
+/// and the rate: afterwards the gate holds MySQL's row, version and all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_policy_updates_leave_the_gate_equal_to_mysql() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 10).await;
+    const UPDATES: usize = 24;
+    let mut children = Vec::new();
+    for i in 0..UPDATES {
+        let rate = ((i * 7) % 11).to_string();
+        let token = if i % 2 == 0 {
+            "--require-token"
+        } else {
+            "--no-require-token"
+        };
+        children.push(
+            std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
+                .envs(env.store_env())
+                .env_remove("RUST_LOG")
+                .args([
+                    "voucher",
+                    "update",
+                    "--id",
+                    "1",
+                    "--user-rate",
+                    &rate,
+                    token,
+                ])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+    }
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    let v = voucher::get(env.db().await, V).await.unwrap();
+    assert_eq!(v.policy_version, UPDATES as u64, "one version per update");
+    assert_eq!(gate_policy(&env, V).await, v.policy);
+    assert_eq!(
+        gate_policy_version(&env, V).await,
+        Some(v.policy_version.to_string())
+    );
+    env.cleanup().await;
+}
+
+/// A preload that read MySQL before an update and publishes after that
+/// update's own publish keeps the update's (newer) policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preload_that_read_mysql_before_an_update_keeps_the_newer_policy() {
+    use std::io::{BufRead, BufReader};
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 10).await;
+    let mut preload = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
+        .envs(env.store_env())
+        .env_remove("RUST_LOG")
+        .env(seckill::support::fault::ENV, "between_snapshot_reads=2s")
+        .args(["preload", "--voucher", "1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = BufReader::new(preload.stderr.take().unwrap()).lines();
+    assert!(
+        said.by_ref()
+            .map_while(|l| l.ok())
+            .any(|l| l.contains("test pause at between_snapshot_reads")),
+        "preload never reached the pause"
+    );
+    set_policy(&env, V, 4, true).await;
+    std::thread::spawn(move || said.for_each(drop));
+    assert!(preload.wait().unwrap().success());
+    let v = voucher::get(env.db().await, V).await.unwrap();
+    assert_eq!(
+        v.policy,
+        Policy {
+            user_rate: 4,
+            require_token: true
+        }
+    );
+    assert_eq!(
+        gate_policy(&env, V).await,
+        v.policy,
+        "the update's policy stays"
+    );
+    assert_eq!(gate_policy_version(&env, V).await, Some("1".to_string()));
+    // A preload now publishes the same version again.
+    env.preload(V).await;
+    assert_eq!(gate_policy(&env, V).await, v.policy);
+    env.cleanup().await;
+}
+
+/// An application server written before the version calls policy.lua with
+/// two arguments: it publishes as it always did, and the version it did
+/// not give is no longer claimed for the gate's policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_lua_without_a_version_publishes_unconditionally() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 10).await;
+    set_policy(&env, V, 3, false).await;
+    set_policy(&env, V, 2, true).await;
+    assert_eq!(gate_policy_version(&env, V).await, Some("2".to_string()));
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let published: i64 = seckill::store::scripts::POLICY
+        .key(keys.meta())
+        .arg(9)
+        .arg(0)
+        .invoke_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(published, 1);
+    assert_eq!(
+        gate_policy(&env, V).await,
+        Policy {
+            user_rate: 9,
+            require_token: false
+        }
+    );
+    assert_eq!(gate_policy_version(&env, V).await, None);
+    // A versioned publish is taken again after it; an older one is refused.
+    let v = voucher::get(env.db().await, V).await.unwrap();
+    let published = policy::publish(&mut redis, &keys, v.versioned_policy())
+        .await
+        .unwrap();
+    assert_eq!(published, policy::Published::Published);
+    assert_eq!(gate_policy(&env, V).await, v.policy);
+    let stale = voucher::VersionedPolicy {
+        policy: Policy::default(),
+        version: 1,
+    };
+    let published = policy::publish(&mut redis, &keys, stale).await.unwrap();
+    assert_eq!(published, policy::Published::Newer);
+    assert_eq!(gate_policy(&env, V).await, v.policy);
+    // Not a version: an error reply, nothing written.
+    let bad: redis::RedisResult<i64> = seckill::store::scripts::POLICY
+        .key(keys.meta())
+        .arg(0)
+        .arg(0)
+        .arg("12x")
+        .invoke_async(&mut redis)
+        .await;
+    assert!(bad.is_err(), "{bad:?}");
+    assert_eq!(gate_policy(&env, V).await, v.policy);
+    env.cleanup().await;
+}
+
+/// Issue 19, item 11b: the rate hash expired 1 s after the end the sale had
+/// when it was created, so extending the sale reset every user's window at
+/// the old end. Its expiry follows the end preload publishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extending_the_sale_keeps_the_rate_windows_past_the_old_end() {
+    let env = TestEnv::new().await;
+    // No stock: the attempt is waitlisted, nothing goes in flight (preload
+    // refuses while orders are).
+    env.add_voucher(V, 0, -1_000, 2_000).await;
+    env.preload(V).await;
+    set_policy(&env, V, 1, false).await;
+    assert!(matches!(
+        attempt(&env, 1, 100, None).await,
+        Admission::SoldOut { .. }
+    ));
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let old_end = voucher::get(env.db().await, V).await.unwrap().end_ms;
+    let new_end = old_end + 60_000;
+    {
+        use mysql_async::prelude::*;
+        let mut conn = env.db().await.conn().await.unwrap();
+        conn.exec_drop(
+            "UPDATE seckill_voucher SET end_time = FROM_UNIXTIME(? / 1000) WHERE voucher_id = ?",
+            (new_end, V),
+        )
+        .await
+        .unwrap();
+    }
+    env.preload(V).await;
+    let expires: i64 = redis::cmd("PEXPIRETIME")
+        .arg(keys.rate())
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(expires, new_end + 1_000);
+    let wait = old_end + 1_300 - seckill::support::timespec::now_ms();
+    tokio::time::sleep(Duration::from_millis(wait.max(0) as u64)).await;
+    let kept: bool = redis.hexists(keys.rate(), "1").await.unwrap();
+    assert!(kept, "the user's rate entry outlives the old end");
+    env.cleanup().await;
+}
+
+/// A gate whose policy version is above MySQL's (MySQL restored from a
+/// backup) would refuse every publish: reconcile replaces it with MySQL's
+/// policy and version, and updates publish again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_replaces_a_policy_version_mysql_never_had() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 10).await;
+    set_policy(&env, V, 2, false).await;
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let _: () = redis
+        .hset_multiple(
+            keys.meta(),
+            &[
+                ("user_rate", "0"),
+                ("require_token", "1"),
+                ("policy_version", "99"),
+            ],
+        )
+        .await
+        .unwrap();
+    let (code, report) = env.reconcile_json(&["--yes"]);
+    assert_eq!(code, 4, "{report}");
+    let v = voucher::get(env.db().await, V).await.unwrap();
+    assert_eq!(gate_policy(&env, V).await, v.policy);
+    assert_eq!(gate_policy_version(&env, V).await, Some("1".to_string()));
+    set_policy(&env, V, 3, true).await;
+    assert_eq!(
+        gate_policy(&env, V).await,
+        Policy {
+            user_rate: 3,
+            require_token: true
+        }
+    );
+    let (code, report) = env.reconcile_json(&["--dry-run"]);
+    assert_eq!(code, 0, "{report}");
     env.cleanup().await;
 }

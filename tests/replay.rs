@@ -395,6 +395,37 @@ async fn a_replayed_requeue_reports_what_it_did_and_takes_nothing_twice() {
     env.cleanup().await;
 }
 
+/// `voucher update` publishes with the policy's version: the replay writes
+/// the same fields again; replayed after a later update, it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_policy_publish_never_brings_an_older_policy_back() {
+    let own = OwnRedis::start();
+    let env = own_env(&own).await;
+    env.live_voucher(V, 10).await;
+    let update = |args: &[&str]| {
+        let out = env
+            .cmd()
+            .args(["voucher", "update", "--id", "1"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+
+    let monitor = Monitor::start(&own);
+    update(&["--user-rate", "3", "--require-token"]);
+    let call = monitor.call(&scripts::POLICY);
+    let once = env.snapshot().await;
+    assert_eq!(int(&replay(&env, &call).await), 1);
+    assert_unchanged(&env, &once, "the replay wrote the same fields").await;
+
+    update(&["--user-rate", "0", "--no-require-token"]);
+    let newer = env.snapshot().await;
+    assert_eq!(int(&replay(&env, &call).await), 2, "refused: older");
+    assert_unchanged(&env, &newer, "the refusal wrote nothing").await;
+    env.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replayed_finish_changes_nothing() {
     let own = OwnRedis::start();

@@ -6,7 +6,7 @@ use redis::AsyncCommands;
 
 use crate::error::Result;
 use crate::gate::witness::Witness;
-use crate::orders::voucher::Policy;
+use crate::orders::voucher::VersionedPolicy;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::RedisConn;
 use crate::store::registry;
@@ -23,7 +23,9 @@ pub struct GateImage<'a> {
     pub begin_ms: i64,
     pub end_ms: i64,
     pub pay_timeout_ms: i64,
-    pub policy: Policy,
+    /// Published unless the gate holds a newer version (a `voucher update`
+    /// since MySQL was read).
+    pub policy: VersionedPolicy,
     pub stock: i64,
     pub buyers: &'a [u64],
     /// Cancelled orders: the stock published counts their units already.
@@ -74,20 +76,23 @@ pub async fn publish_gate<C: RedisConn>(
         .key(keys.released())
         .key(&released_staging)
         .key(keys.holds())
+        // Its expiry follows the end published here.
+        .key(keys.rate())
         .arg(image.total)
         .arg(image.begin_ms)
         .arg(image.end_ms)
         .arg(image.pay_timeout_ms)
         .arg(image.stock)
         .arg(seen.args())
-        .arg(image.policy.user_rate)
-        .arg(u8::from(image.policy.require_token))
+        .arg(image.policy.policy.user_rate)
+        .arg(u8::from(image.policy.policy.require_token))
         .arg(&run)
         // What the staging sets must hold: the script tells one that is
         // gone (expired, or consumed by this very publish) from one that is
         // empty because there was nothing to stage.
         .arg(distinct(image.buyers))
         .arg(distinct(image.released))
+        .arg(image.policy.version)
         .invoke_async(conn)
         .await?;
     if published != 1 {

@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::orders::voucher::{self, Policy};
+use crate::orders::voucher::{self, Policy, VersionedPolicy};
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::RedisConn;
@@ -14,6 +14,9 @@ use crate::store::scripts::POLICY;
 /// The meta fields the policy is published in.
 pub const META_USER_RATE: &str = "user_rate";
 pub const META_REQUIRE_TOKEN: &str = "require_token";
+/// The meta field holding the version (MySQL's `policy_version`) of the
+/// policy published.
+pub const META_POLICY_VERSION: &str = "policy_version";
 
 /// The meta fields lua/seckill.lua counts its policy rejections in.
 pub const META_REJECTED_RATE_LIMITED: &str = "rejected_rate_limited";
@@ -48,25 +51,71 @@ pub async fn rejections(conn: &mut impl RedisConn, keys: &VoucherKeys) -> Result
     Ok(Rejections::from_meta(rate_limited, bad_token))
 }
 
-/// Publishes `policy` at the gate; false when the gate is not loaded.
+/// What became of a publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Published {
+    /// The gate holds this policy now.
+    Published,
+    /// The voucher is not loaded at the gate (preload publishes the policy).
+    NotLoaded,
+    /// The gate holds a newer version already: nothing was written.
+    Newer,
+}
+
+/// Publishes `policy` at the gate unless the gate holds a newer version.
 pub async fn publish(
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
+    policy: VersionedPolicy,
+) -> Result<Published> {
+    let published: i64 = POLICY
+        .key(keys.meta())
+        .arg(policy.policy.user_rate)
+        .arg(u8::from(policy.policy.require_token))
+        .arg(policy.version)
+        .invoke_async(conn)
+        .await?;
+    Ok(match published {
+        1 => Published::Published,
+        2 => Published::Newer,
+        _ => Published::NotLoaded,
+    })
+}
+
+/// Publishes `policy` whatever version the gate holds, and leaves it
+/// without one (lua/policy.lua without ARGV[3]).
+pub async fn publish_unversioned(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
     policy: Policy,
-) -> Result<bool> {
+) -> Result<Published> {
     let published: i64 = POLICY
         .key(keys.meta())
         .arg(policy.user_rate)
         .arg(u8::from(policy.require_token))
         .invoke_async(conn)
         .await?;
-    Ok(published == 1)
+    Ok(match published {
+        1 => Published::Published,
+        _ => Published::NotLoaded,
+    })
+}
+
+/// The version of the policy the gate holds (None: unknown, e.g. published
+/// without one, or not loaded).
+pub async fn version_at_gate(conn: &mut impl RedisConn, keys: &VoucherKeys) -> Result<Option<u64>> {
+    let v: Option<String> = redis::cmd("HGET")
+        .arg(keys.meta())
+        .arg(META_POLICY_VERSION)
+        .query_async(conn)
+        .await?;
+    Ok(v.and_then(|v| v.parse().ok()))
 }
 
 /// Changes the policy in MySQL (only what is given), then publishes what
 /// MySQL holds at the gate (MySQL first: a crash in between leaves drift
 /// that reconcile repairs toward MySQL). Returns the policy in force and
-/// whether the gate took it.
+/// whether the gate holds it (or a newer one).
 pub async fn update(
     db: &Db,
     conn: &mut impl RedisConn,
@@ -76,17 +125,17 @@ pub async fn update(
     require_token: Option<bool>,
 ) -> Result<(Policy, bool)> {
     let keys = VoucherKeys::new(prefix, voucher_id)?;
-    let mut policy = voucher::update_policy(db, voucher_id, user_rate, require_token).await?;
-    // Publish MySQL's policy until MySQL did not change meanwhile: of two
-    // updates at once, the one that publishes last publishes both.
-    loop {
-        let at_gate = publish(conn, &keys, policy).await?;
-        let now = voucher::get(db, voucher_id).await?.policy;
-        if now == policy || !at_gate {
-            return Ok((policy, at_gate));
-        }
-        policy = now;
-    }
+    let policy = voucher::update_policy(db, voucher_id, user_rate, require_token).await?;
+    // One publish is enough: of updates at once, the last to change MySQL
+    // reads back the greatest version, and the gate refuses anything older,
+    // in whatever order the publishes land.
+    Ok(match publish(conn, &keys, policy).await? {
+        Published::Published => (policy.policy, true),
+        // A later update took effect and published; report MySQL's policy
+        // as it is, which is at least that one.
+        Published::Newer => (voucher::get(db, voucher_id).await?.policy, true),
+        Published::NotLoaded => (policy.policy, false),
+    })
 }
 
 /// A policy as the gate's meta holds it (absent fields: off).

@@ -80,7 +80,7 @@ pub async fn preload<C: RedisConn>(
             begin_ms: v.begin_ms,
             end_ms: v.end_ms,
             pay_timeout_ms: v.pay_timeout_ms,
-            policy: v.policy,
+            policy: v.versioned_policy(),
             stock: v.stock,
             buyers: &users,
             released: &cancelled,

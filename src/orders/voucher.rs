@@ -3,6 +3,7 @@
 use std::sync::LazyLock;
 
 use mysql_async::prelude::*;
+use mysql_async::{from_value_opt, FromRowError, Row, Value};
 use serde::Serialize;
 
 use crate::error::{mysql_code, mysql_codes, Error, Result};
@@ -63,6 +64,16 @@ impl Policy {
         }
         Ok(())
     }
+}
+
+/// A policy as MySQL held it, with the row's `policy_version` then: every
+/// change of the policy raises the version, so of two publishes the gate
+/// can tell the older one (lua/policy.lua refuses it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct VersionedPolicy {
+    #[serde(flatten)]
+    pub policy: Policy,
+    pub version: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -136,12 +147,21 @@ pub struct Voucher {
     pub pay_timeout_ms: i64,
     #[serde(flatten)]
     pub policy: Policy,
+    /// Raised by every change of the policy (see [`VersionedPolicy`]).
+    pub policy_version: u64,
     pub orders_pending: i64,
     pub orders_paid: i64,
     pub orders_cancelled: i64,
 }
 
 impl Voucher {
+    pub fn versioned_policy(&self) -> VersionedPolicy {
+        VersionedPolicy {
+            policy: self.policy,
+            version: self.policy_version,
+        }
+    }
+
     /// `upcoming`, `live` or `ended` at `now_ms` (the words tables and JSON show).
     pub fn sale_state(&self, now_ms: i64) -> &'static str {
         if now_ms < self.begin_ms {
@@ -193,7 +213,7 @@ static SELECT_VOUCHERS: LazyLock<String> = LazyLock::new(|| {
         "SELECT v.voucher_id, v.title, v.total_stock, v.stock,
             CAST(ROUND(UNIX_TIMESTAMP(v.begin_time) * 1000) AS SIGNED),
             CAST(ROUND(UNIX_TIMESTAMP(v.end_time) * 1000) AS SIGNED),
-            v.pay_timeout_ms, v.user_rate, v.require_token, {}, {}, {}
+            v.pay_timeout_ms, v.user_rate, v.require_token, v.policy_version, {}, {}, {}
          FROM seckill_voucher v",
         count(OrderStatus::Pending),
         count(OrderStatus::Paid),
@@ -206,37 +226,44 @@ fn select_vouchers(tail: &str) -> String {
     format!("{} {tail}", *SELECT_VOUCHERS)
 }
 
-// The policy columns are read as plain integers: a value another tool wrote
-// out of range must not fail every read of the table.
-type VoucherRow = (
-    u64,
-    String,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-);
+/// A row of [`SELECT_VOUCHERS`]: thirteen columns, one more than
+/// mysql_common converts as a tuple.
+struct VoucherRow(Voucher);
+
+impl FromRow for VoucherRow {
+    fn from_row_opt(row: Row) -> std::result::Result<Self, FromRowError> {
+        fn take<T: FromValue>(v: &mut impl Iterator<Item = Option<Value>>) -> Option<T> {
+            from_value_opt(v.next()??).ok()
+        }
+        let mut v = row.clone().unwrap_raw().into_iter();
+        let v = &mut v;
+        // The policy columns are read as plain integers: a value another
+        // tool wrote out of range must not fail every read of the table.
+        let voucher = (|| {
+            Some(Voucher {
+                id: take(v)?,
+                title: take(v)?,
+                total_stock: take(v)?,
+                stock: take(v)?,
+                begin_ms: take(v)?,
+                end_ms: take(v)?,
+                pay_timeout_ms: take(v)?,
+                policy: Policy::from_columns(take(v)?, take(v)?),
+                policy_version: take(v)?,
+                orders_pending: take(v)?,
+                orders_paid: take(v)?,
+                orders_cancelled: take(v)?,
+            })
+        })();
+        match (voucher, v.next()) {
+            (Some(voucher), None) => Ok(VoucherRow(voucher)),
+            _ => Err(FromRowError(row)),
+        }
+    }
+}
 
 fn from_row(r: VoucherRow) -> Voucher {
-    Voucher {
-        id: r.0,
-        title: r.1,
-        total_stock: r.2,
-        stock: r.3,
-        begin_ms: r.4,
-        end_ms: r.5,
-        pay_timeout_ms: r.6,
-        policy: Policy::from_columns(r.7, r.8),
-        orders_pending: r.9,
-        orders_paid: r.10,
-        orders_cancelled: r.11,
-    }
+    r.0
 }
 
 pub async fn list(db: &Db) -> Result<Vec<Voucher>> {
@@ -246,13 +273,14 @@ pub async fn list(db: &Db) -> Result<Vec<Voucher>> {
 }
 
 /// Changes the admission policy in MySQL; what is not given stays. Returns
-/// the policy now in force.
+/// the policy now in force, with its version (a later update's, if one
+/// came in between: the pair is read from one row).
 pub async fn update_policy(
     db: &Db,
     id: u64,
     user_rate: Option<u32>,
     require_token: Option<bool>,
-) -> Result<Policy> {
+) -> Result<VersionedPolicy> {
     Policy {
         user_rate: user_rate.unwrap_or(0),
         require_token: false,
@@ -260,16 +288,19 @@ pub async fn update_policy(
     .validate()?;
     let mut conn = db.conn().await?;
     // Only what was given, in one statement: two updates at once (one of
-    // the rate, one of tokens) both take effect.
+    // the rate, one of tokens) both take effect. The version is raised in
+    // the same statement, under the row lock, so versions follow the order
+    // in which the updates took effect.
     conn.exec_drop(
         "UPDATE seckill_voucher
-            SET user_rate = COALESCE(?, user_rate), require_token = COALESCE(?, require_token)
+            SET user_rate = COALESCE(?, user_rate), require_token = COALESCE(?, require_token),
+                policy_version = policy_version + 1
           WHERE voucher_id = ?",
         (user_rate, require_token, id),
     )
     .await?;
     drop(conn);
-    Ok(get(db, id).await?.policy)
+    Ok(get(db, id).await?.versioned_policy())
 }
 
 /// Every voucher, or only those in `only` (each of which must exist).

@@ -7,8 +7,9 @@ use super::snapshot::Snapshot;
 use super::Options;
 use crate::error::{Error, Result};
 use crate::gate::image::{publish_gate, GateImage};
-use crate::gate::policy;
+use crate::gate::policy::{self, Published};
 use crate::orders::deadline;
+use crate::orders::voucher;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
 use crate::store::node_lease::OrderIds;
@@ -56,13 +57,16 @@ pub(super) async fn repair(
         );
     }
     if has(DriftClass::GateNotLoaded) {
-        return rebuild_gate(conn, keys, s).await;
+        return rebuild_gate(db, conn, keys, voucher, s).await;
     }
     if has(DriftClass::PolicyDiffers) {
-        // MySQL's policy as it is now, not as the snapshot saw it: a
-        // `voucher update` since must not be undone.
-        let now = crate::orders::voucher::get(db, voucher).await?.policy;
-        policy::publish(conn, keys, now).await?;
+        // MySQL's policy as it is now, not as the snapshot saw it, with its
+        // version: a `voucher update` since (or publishing meanwhile) must
+        // not be undone.
+        let now = voucher::get(db, voucher).await?.versioned_policy();
+        if policy::publish(conn, keys, now).await? == Published::Newer {
+            publish_over_foreign_version(db, conn, keys, voucher).await?;
+        }
     }
     if has(DriftClass::NotRegistered) {
         // Idempotent and outside the gate's own keys: no witness needed.
@@ -158,10 +162,15 @@ pub(super) async fn repair(
 /// The gate from MySQL, as preload builds it, but with the units in flight
 /// held back (preload refuses in flight; reconcile accounts for it).
 async fn rebuild_gate(
+    db: &Db,
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
+    voucher: u64,
     s: &Snapshot,
 ) -> Result<RepairResult> {
+    // The policy read now, with its version (the snapshot has none): the
+    // script keeps a newer one that a `voucher update` published meanwhile.
+    let policy = voucher::get(db, voucher).await?.versioned_policy();
     let buyers: Vec<u64> = s.holders().into_iter().collect();
     let released: Vec<u64> = s.cancelled.iter().copied().collect();
     let deadlines: Vec<(i64, u64)> = s
@@ -174,7 +183,7 @@ async fn rebuild_gate(
         begin_ms: s.begin_ms,
         end_ms: s.end_ms,
         pay_timeout_ms: s.pay_timeout_ms,
-        policy: s.policy,
+        policy,
         stock: (s.mysql_stock - s.unpersisted().len() as i64).max(0),
         buyers: &buyers,
         released: &released,
@@ -185,6 +194,35 @@ async fn rebuild_gate(
     } else {
         RepairResult::Moved
     })
+}
+
+/// The gate refused MySQL's policy as older than its own. MySQL's version
+/// only grows, and the gate's was read from MySQL before it was published,
+/// so a gate version above MySQL's current one comes from another database
+/// (MySQL restored from a backup, a prefix pointed at a new database): no
+/// update would ever be published again. Then MySQL's policy replaces it
+/// outright; otherwise an update published since, and the gate is current.
+async fn publish_over_foreign_version(
+    db: &Db,
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    voucher: u64,
+) -> Result<()> {
+    // The gate first: MySQL read after it is at least any version it holds.
+    let Some(at_gate) = policy::version_at_gate(conn, keys).await? else {
+        return Ok(());
+    };
+    let now = voucher::get(db, voucher).await?.versioned_policy();
+    if now.version >= at_gate {
+        return Ok(());
+    }
+    tracing::warn!(
+        "voucher {voucher}: the gate's policy version {at_gate} is above MySQL's {}: replacing it with MySQL's policy",
+        now.version
+    );
+    policy::publish_unversioned(conn, keys, now.policy).await?;
+    policy::publish(conn, keys, now).await?;
+    Ok(())
 }
 
 /// `stock = wanted` only if it is still `seen` (a concurrent order moved it).

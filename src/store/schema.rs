@@ -56,6 +56,19 @@ Migration {
             ADD COLUMN user_rate INT NOT NULL DEFAULT 0,
             ADD COLUMN require_token TINYINT NOT NULL DEFAULT 0",
     ],
+},
+Migration {
+    version: 3,
+    name: "policy version",
+    statements: &[
+        // policy_version: raised by one in every UPDATE of the policy, so
+        // the gate can refuse a policy older than the one it holds (two
+        // `voucher update`s publishing out of order). update_time cannot
+        // serve: two updates may share its millisecond, and a clock that
+        // steps back makes it go backwards.
+        "ALTER TABLE seckill_voucher
+            ADD COLUMN policy_version BIGINT NOT NULL DEFAULT 0",
+    ],
 }];
 
 pub fn latest() -> u32 {
