@@ -50,6 +50,7 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('bench', 'bench', [CompletionResultType]::ParameterValue, 'Load-test the admission script and report attempts/s and latency')
             [CompletionResult]::new('token', 'token', [CompletionResultType]::ParameterValue, 'Admission tokens for vouchers that require them')
             [CompletionResult]::new('worker', 'worker', [CompletionResultType]::ParameterValue, 'Persist admitted orders to MySQL, cancel unpaid ones at their deadline (layers 2-5)')
+            [CompletionResult]::new('serve', 'serve', [CompletionResultType]::ParameterValue, 'The HTTP front door: purchases, tokens, sale state, orders and payment over JSON')
             [CompletionResult]::new('pending', 'pending', [CompletionResultType]::ParameterValue, 'Show stream backlog, pending entries and dead letters; requeue dead letters')
             [CompletionResult]::new('pay', 'pay', [CompletionResultType]::ParameterValue, 'Mark a pending order paid (before its payment deadline)')
             [CompletionResult]::new('order', 'order', [CompletionResultType]::ParameterValue, 'Look up orders')
@@ -446,6 +447,37 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
             break
         }
+        'seckill;serve' {
+            [CompletionResult]::new('--listen', '--listen', [CompletionResultType]::ParameterName, 'Address to listen on (a non-loopback one needs --api-key-file)')
+            [CompletionResult]::new('--api-key-file', '--api-key-file', [CompletionResultType]::ParameterName, 'File of API keys, one per line (blank lines and # comments skipped); every /v1 request must carry one as `Authorization: Bearer <key>`')
+            [CompletionResult]::new('--max-in-flight', '--max-in-flight', [CompletionResultType]::ParameterName, 'Requests handled at once; more are answered 503 at once')
+            [CompletionResult]::new('--request-timeout', '--request-timeout', [CompletionResultType]::ParameterName, 'A request not answered within this is answered 503 (outcome unknown)')
+            [CompletionResult]::new('--drain', '--drain', [CompletionResultType]::ParameterName, 'On SIGTERM/SIGINT, requests in flight get this long to finish')
+            [CompletionResult]::new('--redis-connections', '--redis-connections', [CompletionResultType]::ParameterName, 'Multiplexed Redis connections shared by all requests')
+            [CompletionResult]::new('--node-id', '--node-id', [CompletionResultType]::ParameterName, 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]')
+            [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis URL (redis://[:password@]host:port/[db])')
+            [CompletionResult]::new('--mysql-url', '--mysql-url', [CompletionResultType]::ParameterName, 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]')
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key prefix of every Redis key')
+            [CompletionResult]::new('--connect-timeout', '--connect-timeout', [CompletionResultType]::ParameterName, 'How long to wait for a server to accept a connection')
+            [CompletionResult]::new('--redis-password-file', '--redis-password-file', [CompletionResultType]::ParameterName, 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none')
+            [CompletionResult]::new('--mysql-password-file', '--mysql-password-file', [CompletionResultType]::ParameterName, 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none')
+            [CompletionResult]::new('--redis-ca-cert', '--redis-ca-cert', [CompletionResultType]::ParameterName, 'CA certificate (PEM) to trust for rediss:// URLs instead of the system''s roots')
+            [CompletionResult]::new('--redis-client-cert', '--redis-client-cert', [CompletionResultType]::ParameterName, 'Client certificate (PEM) for rediss:// with mutual TLS')
+            [CompletionResult]::new('--redis-client-key', '--redis-client-key', [CompletionResultType]::ParameterName, 'The client certificate''s private key (PEM)')
+            [CompletionResult]::new('--mysql-ssl-mode', '--mysql-ssl-mode', [CompletionResultType]::ParameterName, 'MySQL TLS, as the mysql client''s --ssl-mode: verify-ca checks the certificate''s chain, verify-identity its host name too')
+            [CompletionResult]::new('--mysql-ca-cert', '--mysql-ca-cert', [CompletionResultType]::ParameterName, 'CA certificate (PEM) to check the MySQL server''s certificate against (verify-ca, verify-identity) instead of the built-in roots')
+            [CompletionResult]::new('--mysql-client-cert', '--mysql-client-cert', [CompletionResultType]::ParameterName, 'Client certificate (PEM) for MySQL with mutual TLS')
+            [CompletionResult]::new('--mysql-client-key', '--mysql-client-key', [CompletionResultType]::ParameterName, 'The client certificate''s private key (PEM)')
+            [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')
+            [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Only errors on stderr')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Only errors on stderr')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')
+            [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
+            [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
+            break
+        }
         'seckill;pending' {
             [CompletionResult]::new('--voucher', '--voucher', [CompletionResultType]::ParameterName, 'Show this voucher''s pending entries and dead letters')
             [CompletionResult]::new('--limit', '--limit', [CompletionResultType]::ParameterName, 'How many pending entries and dead letters to list')
@@ -659,6 +691,7 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('bench', 'bench', [CompletionResultType]::ParameterValue, 'Load-test the admission script and report attempts/s and latency')
             [CompletionResult]::new('token', 'token', [CompletionResultType]::ParameterValue, 'Admission tokens for vouchers that require them')
             [CompletionResult]::new('worker', 'worker', [CompletionResultType]::ParameterValue, 'Persist admitted orders to MySQL, cancel unpaid ones at their deadline (layers 2-5)')
+            [CompletionResult]::new('serve', 'serve', [CompletionResultType]::ParameterValue, 'The HTTP front door: purchases, tokens, sale state, orders and payment over JSON')
             [CompletionResult]::new('pending', 'pending', [CompletionResultType]::ParameterValue, 'Show stream backlog, pending entries and dead letters; requeue dead letters')
             [CompletionResult]::new('pay', 'pay', [CompletionResultType]::ParameterValue, 'Mark a pending order paid (before its payment deadline)')
             [CompletionResult]::new('order', 'order', [CompletionResultType]::ParameterValue, 'Look up orders')
@@ -706,6 +739,9 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             break
         }
         'seckill;help;worker' {
+            break
+        }
+        'seckill;help;serve' {
             break
         }
         'seckill;help;pending' {

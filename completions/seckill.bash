@@ -46,6 +46,9 @@ _seckill() {
             seckill,reconcile)
                 cmd="seckill__subcmd__reconcile"
                 ;;
+            seckill,serve)
+                cmd="seckill__subcmd__serve"
+                ;;
             seckill,status)
                 cmd="seckill__subcmd__status"
                 ;;
@@ -90,6 +93,9 @@ _seckill() {
                 ;;
             seckill__subcmd__help,reconcile)
                 cmd="seckill__subcmd__help__subcmd__reconcile"
+                ;;
+            seckill__subcmd__help,serve)
+                cmd="seckill__subcmd__help__subcmd__serve"
                 ;;
             seckill__subcmd__help,status)
                 cmd="seckill__subcmd__help__subcmd__status"
@@ -176,7 +182,7 @@ _seckill() {
 
     case "${cmd}" in
         seckill)
-            opts="-v -q -h -V --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help"
+            opts="-v -q -h -V --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -512,7 +518,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__help)
-            opts="init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help"
+            opts="init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -666,6 +672,20 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__help__subcmd__reconcile)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        seckill__subcmd__help__subcmd__serve)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -1308,6 +1328,100 @@ _seckill() {
                     ;;
                 --format)
                     COMPREPLY=($(compgen -W "table json" -- "${cur}"))
+                    return 0
+                    ;;
+                --redis-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --connect-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --redis-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --redis-ca-cert)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --redis-client-cert)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --redis-client-key)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-ssl-mode)
+                    COMPREPLY=($(compgen -W "disabled preferred required verify-ca verify-identity" -- "${cur}"))
+                    return 0
+                    ;;
+                --mysql-ca-cert)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-client-cert)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-client-key)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        seckill__subcmd__serve)
+            opts="-v -q -h -V --listen --api-key-file --max-in-flight --request-timeout --drain --redis-connections --node-id --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --listen)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --api-key-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-in-flight)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --request-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --drain)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --redis-connections)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --node-id)
+                    COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 --redis-url)

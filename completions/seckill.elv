@@ -47,6 +47,7 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand bench 'Load-test the admission script and report attempts/s and latency'
             cand token 'Admission tokens for vouchers that require them'
             cand worker 'Persist admitted orders to MySQL, cancel unpaid ones at their deadline (layers 2-5)'
+            cand serve 'The HTTP front door: purchases, tokens, sale state, orders and payment over JSON'
             cand pending 'Show stream backlog, pending entries and dead letters; requeue dead letters'
             cand pay 'Mark a pending order paid (before its payment deadline)'
             cand order 'Look up orders'
@@ -422,6 +423,36 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand -V 'Print version'
             cand --version 'Print version'
         }
+        &'seckill;serve'= {
+            cand --listen 'Address to listen on (a non-loopback one needs --api-key-file)'
+            cand --api-key-file 'File of API keys, one per line (blank lines and # comments skipped); every /v1 request must carry one as `Authorization: Bearer <key>`'
+            cand --max-in-flight 'Requests handled at once; more are answered 503 at once'
+            cand --request-timeout 'A request not answered within this is answered 503 (outcome unknown)'
+            cand --drain 'On SIGTERM/SIGINT, requests in flight get this long to finish'
+            cand --redis-connections 'Multiplexed Redis connections shared by all requests'
+            cand --node-id 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]'
+            cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
+            cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
+            cand --prefix 'Key prefix of every Redis key'
+            cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand --redis-password-file 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none'
+            cand --mysql-password-file 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none'
+            cand --redis-ca-cert 'CA certificate (PEM) to trust for rediss:// URLs instead of the system''s roots'
+            cand --redis-client-cert 'Client certificate (PEM) for rediss:// with mutual TLS'
+            cand --redis-client-key 'The client certificate''s private key (PEM)'
+            cand --mysql-ssl-mode 'MySQL TLS, as the mysql client''s --ssl-mode: verify-ca checks the certificate''s chain, verify-identity its host name too'
+            cand --mysql-ca-cert 'CA certificate (PEM) to check the MySQL server''s certificate against (verify-ca, verify-identity) instead of the built-in roots'
+            cand --mysql-client-cert 'Client certificate (PEM) for MySQL with mutual TLS'
+            cand --mysql-client-key 'The client certificate''s private key (PEM)'
+            cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand -q 'Only errors on stderr'
+            cand --quiet 'Only errors on stderr'
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
         &'seckill;pending'= {
             cand --voucher 'Show this voucher''s pending entries and dead letters'
             cand --limit 'How many pending entries and dead letters to list'
@@ -625,6 +656,7 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand bench 'Load-test the admission script and report attempts/s and latency'
             cand token 'Admission tokens for vouchers that require them'
             cand worker 'Persist admitted orders to MySQL, cancel unpaid ones at their deadline (layers 2-5)'
+            cand serve 'The HTTP front door: purchases, tokens, sale state, orders and payment over JSON'
             cand pending 'Show stream backlog, pending entries and dead letters; requeue dead letters'
             cand pay 'Mark a pending order paid (before its payment deadline)'
             cand order 'Look up orders'
@@ -660,6 +692,8 @@ set edit:completion:arg-completer[seckill] = {|@words|
         &'seckill;help;token;issue'= {
         }
         &'seckill;help;worker'= {
+        }
+        &'seckill;help;serve'= {
         }
         &'seckill;help;pending'= {
         }

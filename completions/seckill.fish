@@ -53,6 +53,7 @@ complete -c seckill -n "__fish_seckill_needs_command" -f -a "buy" -d 'One admiss
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "bench" -d 'Load-test the admission script and report attempts/s and latency'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "token" -d 'Admission tokens for vouchers that require them'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "worker" -d 'Persist admitted orders to MySQL, cancel unpaid ones at their deadline (layers 2-5)'
+complete -c seckill -n "__fish_seckill_needs_command" -f -a "serve" -d 'The HTTP front door: purchases, tokens, sale state, orders and payment over JSON'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "pending" -d 'Show stream backlog, pending entries and dead letters; requeue dead letters'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "pay" -d 'Mark a pending order paid (before its payment deadline)'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "order" -d 'Look up orders'
@@ -397,6 +398,34 @@ complete -c seckill -n "__fish_seckill_using_subcommand worker" -s v -l verbose 
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l listen -d 'Address to listen on (a non-loopback one needs --api-key-file)' -r
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l api-key-file -d 'File of API keys, one per line (blank lines and # comments skipped); every /v1 request must carry one as `Authorization: Bearer <key>`' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l max-in-flight -d 'Requests handled at once; more are answered 503 at once' -r
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l request-timeout -d 'A request not answered within this is answered 503 (outcome unknown)' -r
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l drain -d 'On SIGTERM/SIGINT, requests in flight get this long to finish' -r
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l redis-connections -d 'Multiplexed Redis connections shared by all requests' -r
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l node-id -d 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
+preferred\t''
+required\t''
+verify-ca\t''
+verify-identity\t''"
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -s h -l help -d 'Print help'
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -s V -l version -d 'Print version'
 complete -c seckill -n "__fish_seckill_using_subcommand pending" -l voucher -d 'Show this voucher\'s pending entries and dead letters' -r
 complete -c seckill -n "__fish_seckill_using_subcommand pending" -l limit -d 'How many pending entries and dead letters to list' -r
 complete -c seckill -n "__fish_seckill_using_subcommand pending" -l entry -d 'A dead-letter id to requeue (repeatable)' -r
@@ -574,21 +603,22 @@ complete -c seckill -n "__fish_seckill_using_subcommand generate" -s v -l verbos
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s h -l help -d 'Print help'
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s V -l version -d 'Print version'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "init" -d 'Create or upgrade the MySQL schema and check both servers\' versions'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "status" -d 'One row per voucher: both stores side by side, in flight, dead letters, deadlines'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "voucher" -d 'Add and list vouchers (MySQL, the source of truth)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "preload" -d 'Load vouchers from MySQL into the Redis gate and register them for workers'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "buy" -d 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "bench" -d 'Load-test the admission script and report attempts/s and latency'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "token" -d 'Admission tokens for vouchers that require them'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "worker" -d 'Persist admitted orders to MySQL, cancel unpaid ones at their deadline (layers 2-5)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "pending" -d 'Show stream backlog, pending entries and dead letters; requeue dead letters'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "pay" -d 'Mark a pending order paid (before its payment deadline)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "order" -d 'Look up orders'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "waitlist" -d 'Show a voucher\'s waitlist and how many released units it received'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "reconcile" -d 'Compare Redis with MySQL per voucher, classify drift, repair it safely'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "generate" -d 'Write shell completions and man pages (for packagers)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker pending pay order waitlist reconcile generate help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "init" -d 'Create or upgrade the MySQL schema and check both servers\' versions'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "status" -d 'One row per voucher: both stores side by side, in flight, dead letters, deadlines'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "voucher" -d 'Add and list vouchers (MySQL, the source of truth)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "preload" -d 'Load vouchers from MySQL into the Redis gate and register them for workers'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "buy" -d 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "bench" -d 'Load-test the admission script and report attempts/s and latency'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "token" -d 'Admission tokens for vouchers that require them'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "worker" -d 'Persist admitted orders to MySQL, cancel unpaid ones at their deadline (layers 2-5)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "serve" -d 'The HTTP front door: purchases, tokens, sale state, orders and payment over JSON'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "pending" -d 'Show stream backlog, pending entries and dead letters; requeue dead letters'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "pay" -d 'Mark a pending order paid (before its payment deadline)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "order" -d 'Look up orders'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "waitlist" -d 'Show a voucher\'s waitlist and how many released units it received'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "reconcile" -d 'Compare Redis with MySQL per voucher, classify drift, repair it safely'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "generate" -d 'Write shell completions and man pages (for packagers)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from voucher" -f -a "add" -d 'Add a voucher to MySQL (then `seckill preload` opens it at the gate)'
 complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from voucher" -f -a "update" -d 'Change a voucher\'s admission policy, in MySQL and at the gate at once'
 complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from voucher" -f -a "list" -d 'List vouchers: MySQL stock and orders beside the Redis gate\'s state'

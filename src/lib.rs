@@ -15,6 +15,7 @@ pub mod cli;
 pub mod error;
 pub mod exit_code;
 pub mod gate;
+pub mod http;
 pub mod orders;
 pub mod reconcile;
 pub mod status;

@@ -285,6 +285,31 @@ async fn bad_input_is_one_line_a_non_zero_exit_and_changes_nothing() {
             2,
             "duration 'soon'",
         ),
+        case(
+            &["serve", "--listen", "nowhere"],
+            2,
+            "invalid socket address",
+        ),
+        case(
+            &["serve", "--listen", "0.0.0.0:1"],
+            1,
+            "without --api-key-file",
+        ),
+        case(
+            &["serve", "--api-key-file", "/nonexistent/keys"],
+            1,
+            "cannot read the API key file /nonexistent/keys",
+        ),
+        case(
+            &["serve", "--max-in-flight", "0"],
+            1,
+            "--max-in-flight must be",
+        ),
+        case(
+            &["serve", "--request-timeout", "1ms"],
+            1,
+            "--request-timeout must be",
+        ),
     ];
     for c in &cases {
         run_case(&env, c);

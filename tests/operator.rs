@@ -240,6 +240,7 @@ fn help_text_matches_the_snapshots() {
         &["buy"],
         &["bench"],
         &["worker"],
+        &["serve"],
         &["pending"],
         &["pay"],
         &["order", "show"],

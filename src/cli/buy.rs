@@ -58,7 +58,7 @@ pub async fn run(cfg: &Config, args: BuyArgs) -> anyhow::Result<u8> {
     }
     match args.format.format {
         Format::Json => {
-            let mut v = outcome_json(args.voucher, args.user, &outcome);
+            let mut v = outcome.report(args.voucher, args.user);
             if let Some(acked) = replicas_acked {
                 v["replicas_acked"] = json!(acked);
             }
@@ -113,29 +113,4 @@ fn outcome_line(voucher: u64, user: u64, outcome: &Admission) -> String {
             "bad token: voucher {voucher} needs the admission token issued for user {user} (missing, wrong or expired)"
         ),
     }
-}
-
-/// Order ids are strings in JSON: a 64-bit id does not survive a JavaScript number.
-fn outcome_json(voucher: u64, user: u64, outcome: &Admission) -> serde_json::Value {
-    let mut v = json!({ "outcome": outcome.name(), "voucher": voucher, "user": user });
-    match outcome {
-        Admission::Admitted { order_id } => v["order_id"] = json!(order_id.to_string()),
-        Admission::SoldOut { waitlist_position } => {
-            v["waitlist_position"] = json!(waitlist_position)
-        }
-        Admission::NotStarted { begin_ms } => {
-            v["begin"] = json!(format_ms(*begin_ms));
-            v["begin_ms"] = json!(begin_ms);
-        }
-        Admission::Ended { end_ms } => {
-            v["end"] = json!(format_ms(*end_ms));
-            v["end_ms"] = json!(end_ms);
-        }
-        Admission::AlreadyBought
-        | Admission::UnknownVoucher
-        | Admission::Paused
-        | Admission::RateLimited
-        | Admission::BadToken => {}
-    }
-    v
 }

@@ -37,6 +37,7 @@ mod pending;
 mod preload;
 mod reconcile;
 mod render;
+mod serve;
 mod status;
 mod token;
 mod voucher;
@@ -108,6 +109,8 @@ pub enum Command {
     Token(token::TokenCommand),
     /// Persist admitted orders to MySQL, cancel unpaid ones at their deadline (layers 2-5)
     Worker(worker::WorkerArgs),
+    /// The HTTP front door: purchases, tokens, sale state, orders and payment over JSON
+    Serve(serve::ServeArgs),
     /// Show stream backlog, pending entries and dead letters; requeue dead letters
     Pending(pending::PendingArgs),
     /// Mark a pending order paid (before its payment deadline)
@@ -182,6 +185,7 @@ pub async fn run(cli: Cli, cfg: crate::store::config::Config) -> anyhow::Result<
         Command::Bench(args) => bench::run(&cfg, args).await,
         Command::Token(cmd) => token::run(&cfg, cmd).await,
         Command::Worker(args) => worker::run(&cfg, args).await,
+        Command::Serve(args) => serve::run(&cfg, args).await,
         Command::Pending(args) => pending::run(&cfg, args).await,
         Command::Pay(args) => pay::run(&cfg, args).await,
         Command::Order(cmd) => order::run(&cfg, cmd).await,

@@ -62,6 +62,35 @@ impl Admission {
     pub fn name(&self) -> &'static str {
         OUTCOME_NAMES[self.code()]
     }
+
+    /// The outcome as `seckill buy --format json` and `seckill serve` give
+    /// it. Order ids are strings: a 64-bit id does not survive a JavaScript
+    /// number.
+    pub fn report(&self, voucher: u64, user: u64) -> serde_json::Value {
+        use crate::support::timespec::format_ms;
+        use serde_json::json;
+        let mut v = json!({ "outcome": self.name(), "voucher": voucher, "user": user });
+        match self {
+            Admission::Admitted { order_id } => v["order_id"] = json!(order_id.to_string()),
+            Admission::SoldOut { waitlist_position } => {
+                v["waitlist_position"] = json!(waitlist_position)
+            }
+            Admission::NotStarted { begin_ms } => {
+                v["begin"] = json!(format_ms(*begin_ms));
+                v["begin_ms"] = json!(begin_ms);
+            }
+            Admission::Ended { end_ms } => {
+                v["end"] = json!(format_ms(*end_ms));
+                v["end_ms"] = json!(end_ms);
+            }
+            Admission::AlreadyBought
+            | Admission::UnknownVoucher
+            | Admission::Paused
+            | Admission::RateLimited
+            | Admission::BadToken => {}
+        }
+        v
+    }
 }
 
 /// Runs the admission script once for `user` with a fresh `order_id` and

@@ -67,3 +67,68 @@ type GateRow = (
     u64,
     redis::streams::StreamRangeReply,
 );
+
+/// Where a sale stands, as a caller polling it sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SaleState {
+    Paused,
+    NotStarted,
+    Ended,
+    SoldOut,
+    Open,
+}
+
+/// A loaded gate's sale window and stock, with Redis's clock (the one the
+/// gate decides by).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sale {
+    pub begin_ms: i64,
+    pub end_ms: i64,
+    pub paused: bool,
+    pub stock: i64,
+    pub now_ms: i64,
+}
+
+impl Sale {
+    /// In lua/seckill.lua's order: the window, then the pause, then stock.
+    pub fn state(&self) -> SaleState {
+        if self.now_ms < self.begin_ms {
+            SaleState::NotStarted
+        } else if self.now_ms >= self.end_ms {
+            SaleState::Ended
+        } else if self.paused {
+            SaleState::Paused
+        } else if self.stock <= 0 {
+            SaleState::SoldOut
+        } else {
+            SaleState::Open
+        }
+    }
+}
+
+/// One round trip; None when the voucher is not loaded.
+pub async fn read_sale(conn: &mut impl RedisConn, keys: &VoucherKeys) -> Result<Option<Sale>> {
+    type Row = (
+        (Option<i64>, Option<i64>, Option<String>),
+        Option<i64>,
+        (i64, i64),
+    );
+    let (meta, stock, time): Row = redis::pipe()
+        .cmd("HMGET")
+        .arg(keys.meta())
+        .arg(&["begin_ms", "end_ms", "paused"])
+        .get(keys.stock())
+        .cmd("TIME")
+        .query_async(conn)
+        .await?;
+    let ((Some(begin_ms), Some(end_ms), paused), Some(stock)) = (meta, stock) else {
+        return Ok(None);
+    };
+    Ok(Some(Sale {
+        begin_ms,
+        end_ms,
+        paused: paused.as_deref() == Some("1"),
+        stock,
+        now_ms: time.0 * 1000 + time.1 / 1000,
+    }))
+}

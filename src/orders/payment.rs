@@ -72,6 +72,22 @@ pub async fn pay_and_drop_deadline(cfg: &Config, db: &Db, order: u64) -> Result<
     Ok(outcome)
 }
 
+/// The same on a connection the caller holds (`seckill serve`).
+pub async fn pay_on(
+    db: &Db,
+    conn: &mut impl RedisConn,
+    prefix: &str,
+    order: u64,
+) -> Result<PayOutcome> {
+    let outcome = pay(db, order).await?;
+    if let PayOutcome::Paid { voucher, .. } = outcome {
+        if let Err(e) = forget_deadline(conn, prefix, voucher, order).await {
+            tracing::debug!("could not drop the deadline of order {order}: {e}");
+        }
+    }
+    Ok(outcome)
+}
+
 /// After a payment, the deadline has nothing left to do; dropping it saves
 /// the canceller a MySQL round trip (it would find the order paid anyway).
 pub async fn forget_deadline(

@@ -87,6 +87,12 @@ impl OrderIds {
         self.lock().node
     }
 
+    /// Whether ids can be minted now (the lease is surely held).
+    pub fn holds_lease(&self) -> bool {
+        let held = self.lock();
+        held.valid_until.is_some_and(|t| Instant::now() < t)
+    }
+
     /// A fresh order id; an error once the lease may have been lost (a
     /// renewal failing for a whole lease), never a possibly duplicate id.
     pub fn next_id(&self) -> Result<u64> {

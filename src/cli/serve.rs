@@ -1,0 +1,63 @@
+//! `seckill serve`
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::common::{parse_duration, NodeIdOpt};
+use crate::exit_code;
+use crate::http::{self, ApiKeys, ServeOptions};
+use crate::store::config::Config;
+use crate::support::shutdown;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on (a non-loopback one needs --api-key-file)
+    #[arg(
+        long,
+        env = "SECKILL_LISTEN",
+        hide_env_values = true,
+        default_value = "127.0.0.1:8080"
+    )]
+    pub listen: SocketAddr,
+    /// File of API keys, one per line (blank lines and # comments skipped);
+    /// every /v1 request must carry one as `Authorization: Bearer <key>`
+    #[arg(long, env = "SECKILL_API_KEY_FILE", hide_env_values = true)]
+    pub api_key_file: Option<PathBuf>,
+    /// Requests handled at once; more are answered 503 at once
+    #[arg(long, default_value_t = 4096)]
+    pub max_in_flight: usize,
+    /// A request not answered within this is answered 503 (outcome unknown)
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub request_timeout: std::time::Duration,
+    /// On SIGTERM/SIGINT, requests in flight get this long to finish
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub drain: std::time::Duration,
+    /// Multiplexed Redis connections shared by all requests
+    #[arg(long, default_value_t = 4)]
+    pub redis_connections: usize,
+    #[command(flatten)]
+    pub node: NodeIdOpt,
+}
+
+pub async fn run(cfg: &Config, args: ServeArgs) -> anyhow::Result<u8> {
+    let api_keys = args
+        .api_key_file
+        .as_deref()
+        .map(ApiKeys::from_file)
+        .transpose()?;
+    let opts = ServeOptions {
+        listen: args.listen,
+        api_keys,
+        max_in_flight: args.max_in_flight,
+        request_timeout: args.request_timeout,
+        drain: args.drain,
+        redis_connections: args.redis_connections,
+        node_id: args.node.node_id,
+    };
+    opts.validate()?;
+    let stop = shutdown::on_signals()?;
+    http::serve(cfg, &opts, stop).await?;
+    Ok(exit_code::OK)
+}

@@ -1,0 +1,119 @@
+//! Who may call: application servers holding one of the keys in
+//! `--api-key-file` (one per line, so a new key can be added before the old
+//! one is removed). Compared in constant time; never logged.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::header::AUTHORIZATION;
+use axum::middleware::Next;
+use axum::response::Response;
+
+use super::error::ApiError;
+use super::AppState;
+use crate::error::{Error, Result};
+
+#[derive(Clone)]
+pub struct ApiKeys(Arc<Vec<Vec<u8>>>);
+
+impl std::fmt::Debug for ApiKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ApiKeys({} key(s))", self.0.len())
+    }
+}
+
+/// Shorter keys are guessable.
+const MIN_KEY_LEN: usize = 16;
+
+impl ApiKeys {
+    /// The keys of a file: one per line; blank lines and `#` comments skipped.
+    pub fn from_file(path: &Path) -> Result<ApiKeys> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::InvalidInput(format!(
+                "cannot read the API key file {}: {e}",
+                path.display()
+            ))
+        })?;
+        Self::from_text(&text, &path.display().to_string())
+    }
+
+    fn from_text(text: &str, name: &str) -> Result<ApiKeys> {
+        let keys: Vec<Vec<u8>> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(|l| l.as_bytes().to_vec())
+            .collect();
+        if keys.is_empty() {
+            return Err(Error::InvalidInput(format!(
+                "the API key file {name} holds no key"
+            )));
+        }
+        if let Some(n) = keys.iter().position(|k| k.len() < MIN_KEY_LEN) {
+            return Err(Error::InvalidInput(format!(
+                "key {} of the API key file {name} is shorter than {MIN_KEY_LEN} characters",
+                n + 1
+            )));
+        }
+        Ok(ApiKeys(Arc::new(keys)))
+    }
+
+    /// Whether `presented` is one of the keys. Every key is compared in full
+    /// whatever the outcome, so the time taken says nothing about them.
+    pub fn allows(&self, presented: &[u8]) -> bool {
+        self.0.iter().fold(false, |found, key| {
+            found | equal_in_constant_time(key, presented)
+        })
+    }
+}
+
+fn equal_in_constant_time(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u64;
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= u64::from(x ^ y);
+    }
+    diff == 0
+}
+
+/// Refuses a `/v1` request without one of the keys (401, nothing done).
+pub async fn require_key(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> std::result::Result<Response, ApiError> {
+    if let Some(keys) = &state.keys {
+        let presented = request
+            .headers()
+            .get(AUTHORIZATION)
+            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+        if !presented.is_some_and(|k| keys.allows(k)) {
+            return Err(ApiError::Unauthorized);
+        }
+    }
+    Ok(next.run(request).await)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_read_line_by_line_and_compared_exactly() {
+        let keys = ApiKeys::from_text(
+            "# rotated in December\nnew-key-0123456789abcdef\n\n  old-key-0123456789abcdef  \n",
+            "keys",
+        )
+        .unwrap();
+        assert!(keys.allows(b"new-key-0123456789abcdef"));
+        assert!(keys.allows(b"old-key-0123456789abcdef"));
+        assert!(!keys.allows(b"new-key-0123456789abcde"));
+        assert!(!keys.allows(b"new-key-0123456789abcdefg"));
+        assert!(!keys.allows(b""));
+        assert!(ApiKeys::from_text("# none\n", "k").is_err());
+        assert!(ApiKeys::from_text("short\n", "k").is_err());
+        assert!(!format!("{keys:?}").contains("key-0123"));
+    }
+}

@@ -1,0 +1,215 @@
+//! `seckill serve`: the HTTP front door. Application servers in any language
+//! send one request per purchase instead of re-implementing the gate
+//! protocol (node-id leases, order ids, keys, EVALSHA, routing, tokens).
+//!
+//! Stateless: any number of instances behind a load balancer, each with a
+//! node id of its own and a few multiplexed Redis connections shared by all
+//! requests. Routes live one file per resource; this file builds the router,
+//! its shared state and its limits, and runs it until shutdown.
+
+mod auth;
+mod error;
+mod health;
+mod ids;
+mod order;
+mod purchase;
+mod voucher;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::error_handling::HandleErrorLayer;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceBuilder;
+
+use crate::error::{Error, Result};
+use crate::store::config::Config;
+use crate::store::db::Db;
+use crate::store::node_lease::OrderIds;
+use crate::store::redis_conn::{self, Redis};
+pub use auth::ApiKeys;
+pub use error::ApiError;
+
+/// What `seckill serve` is told to do.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub listen: SocketAddr,
+    /// Keys a `/v1` request must present; none: only loopback is served.
+    pub api_keys: Option<ApiKeys>,
+    /// Requests handled at once; more are answered 503 at once.
+    pub max_in_flight: usize,
+    /// A request not answered within this is answered 503.
+    pub request_timeout: Duration,
+    /// Requests in flight at shutdown get this long to finish.
+    pub drain: Duration,
+    /// Multiplexed Redis connections shared by all requests.
+    pub redis_connections: usize,
+    pub node_id: Option<u16>,
+}
+
+/// Bodies are a few fields: anything larger is refused before parsing.
+pub const MAX_BODY: usize = 4 * 1024;
+
+impl ServeOptions {
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(Error::InvalidInput(m.to_string()));
+        if self.api_keys.is_none() && !self.listen.ip().is_loopback() {
+            return bad(
+                "refusing to listen on a non-loopback address without --api-key-file: anyone who can reach it could buy",
+            );
+        }
+        if !(1..=100_000).contains(&self.max_in_flight) {
+            return bad("--max-in-flight must be between 1 and 100000");
+        }
+        if self.request_timeout < Duration::from_millis(10) {
+            return bad("--request-timeout must be at least 10ms");
+        }
+        if !(1..=64).contains(&self.redis_connections) {
+            return bad("--redis-connections must be between 1 and 64");
+        }
+        Ok(())
+    }
+}
+
+/// Shared by every request.
+pub(crate) struct AppState {
+    pub cfg: Arc<Config>,
+    pub db: Db,
+    pub ids: Arc<OrderIds>,
+    pub keys: Option<ApiKeys>,
+    pub request_timeout: Duration,
+    redis: Vec<Redis>,
+    next: AtomicUsize,
+}
+
+impl AppState {
+    /// One of the shared connections, in turn (each is multiplexed: a
+    /// clone sends on the same socket).
+    pub fn redis(&self) -> Redis {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.redis.len();
+        self.redis[i].clone()
+    }
+}
+
+pub(crate) type State = axum::extract::State<Arc<AppState>>;
+
+/// A JSON body whose every rejection (no JSON content type, malformed,
+/// unknown or missing fields, too large) is a 400 with one line.
+pub(crate) struct Body<T>(pub T);
+
+impl<T, S> axum::extract::FromRequest<S> for Body<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(
+        req: axum::extract::Request,
+        state: &S,
+    ) -> std::result::Result<Self, ApiError> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(Body(v)),
+            Err(rejection) => Err(ApiError::BadRequest(
+                rejection.body_text().replace('\n', " "),
+            )),
+        }
+    }
+}
+
+/// Serves until `stop` is cancelled, then lets requests in flight finish
+/// (at most `opts.drain`) and gives the node id back.
+pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -> Result<()> {
+    opts.validate()?;
+    let cfg = Arc::new(cfg.clone());
+    let mut redis = Vec::with_capacity(opts.redis_connections);
+    for _ in 0..opts.redis_connections {
+        redis.push(redis_conn::connect(&cfg).await?);
+    }
+    redis_conn::check_version(&mut redis[0]).await?;
+    let db = Db::connect(&cfg).await?;
+    let ids = OrderIds::lease(&cfg, opts.node_id).await?;
+    let stop_renewing = CancellationToken::new();
+    let renewing = ids.keep_alive(stop_renewing.clone());
+    let state = Arc::new(AppState {
+        cfg: cfg.clone(),
+        db: db.clone(),
+        ids: ids.clone(),
+        keys: opts.api_keys.clone(),
+        request_timeout: opts.request_timeout,
+        redis,
+        next: AtomicUsize::new(0),
+    });
+    let listener = tokio::net::TcpListener::bind(opts.listen)
+        .await
+        .map_err(|e| Error::InvalidInput(format!("cannot listen on {}: {e}", opts.listen)))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| Error::InvalidInput(format!("cannot listen on {}: {e}", opts.listen)))?;
+    tracing::info!(
+        "serve listening on http://{local} (node id {}, {} in flight at most{})",
+        ids.node(),
+        opts.max_in_flight,
+        if state.keys.is_some() {
+            ""
+        } else {
+            ", no API keys: loopback only"
+        }
+    );
+    let app = router(state, opts);
+    let stopping = stop.clone();
+    let served = axum::serve(listener, app).with_graceful_shutdown(async move {
+        stopping.cancelled().await;
+        tracing::info!("stopping: no new connections; finishing the requests in flight");
+    });
+    let drained = async {
+        stop.cancelled().await;
+        tokio::time::sleep(opts.drain).await;
+    };
+    let result = tokio::select! {
+        r = served => r.map_err(|e| Error::InvalidInput(format!("serving on {local}: {e}"))),
+        _ = drained => {
+            tracing::warn!("requests still in flight after {}: stopping anyway", humantime::format_duration(opts.drain));
+            Ok(())
+        }
+    };
+    stop_renewing.cancel();
+    renewing.await.ok();
+    ids.release().await;
+    db.close().await;
+    tracing::info!("serve stopped");
+    result
+}
+
+fn router(state: Arc<AppState>, opts: &ServeOptions) -> Router {
+    let v1 = Router::new()
+        .route("/v1/vouchers/{voucher}", get(voucher::show))
+        .route("/v1/vouchers/{voucher}/purchases", post(purchase::create))
+        .route("/v1/vouchers/{voucher}/tokens", post(voucher::issue_token))
+        .route("/v1/orders/{order}", get(order::show))
+        .route("/v1/orders/{order}/payment", post(order::pay))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_key,
+        ));
+    Router::new()
+        .merge(v1)
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .fallback(error::not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(
+            ServiceBuilder::new()
+                // Past the cap a request is refused at once, never queued.
+                .layer(HandleErrorLayer::new(error::overloaded))
+                .load_shed()
+                .concurrency_limit(opts.max_in_flight)
+                .timeout(opts.request_timeout),
+        )
+        .with_state(state)
+}

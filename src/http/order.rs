@@ -1,0 +1,40 @@
+//! `GET /v1/orders/{order}` (as `seckill order show`) and
+//! `POST /v1/orders/{order}/payment` (as `seckill pay`: pay and the payment
+//! deadline racing on one order produce exactly one outcome).
+
+use axum::extract::Path;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use super::error::ApiError;
+use super::ids::parse_id;
+use super::State;
+use crate::orders::order;
+use crate::orders::payment::{self, PayOutcome};
+
+pub async fn show(state: State, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let id = parse_id("order", &id)?;
+    match order::get(&state.db, id).await? {
+        Some(o) => Ok(Json(o).into_response()),
+        None => Err(ApiError::NotFound(format!("there is no order {id}"))),
+    }
+}
+
+pub async fn pay(state: State, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let id = parse_id("order", &id)?;
+    let outcome = payment::pay_on(&state.db, &mut state.redis(), &state.cfg.prefix, id).await?;
+    let (status, name) = match outcome {
+        PayOutcome::Paid { .. } => (StatusCode::OK, "paid"),
+        PayOutcome::AlreadyPaid => (StatusCode::CONFLICT, "already_paid"),
+        PayOutcome::Cancelled => (StatusCode::GONE, "cancelled"),
+        PayOutcome::DeadlinePassed => (StatusCode::GONE, "deadline_passed"),
+        PayOutcome::UnknownOrder => (StatusCode::NOT_FOUND, "unknown_order"),
+    };
+    Ok((
+        status,
+        Json(json!({ "outcome": name, "order_id": id.to_string() })),
+    )
+        .into_response())
+}

@@ -1,0 +1,91 @@
+//! `POST /v1/vouchers/{voucher}/purchases`: one admission through the gate.
+
+use axum::extract::Path;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+use super::error::ApiError;
+use super::ids::{parse_id, Id};
+use super::{Body, State};
+use crate::gate::admission::{self, Admission};
+use crate::store::keys::VoucherKeys;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PurchaseBody {
+    user: Id,
+    #[serde(default)]
+    token: Option<String>,
+}
+
+/// Tokens are 32 hex digits (`seckill token issue`); anything much longer
+/// is no token.
+const MAX_TOKEN: usize = 128;
+
+/// One status per outcome (the README's table); 201 for a success only.
+pub fn status_of(outcome: &Admission) -> StatusCode {
+    match outcome {
+        Admission::Admitted { .. } => StatusCode::CREATED,
+        Admission::AlreadyBought => StatusCode::CONFLICT,
+        Admission::SoldOut { .. } => StatusCode::GONE,
+        Admission::NotStarted { .. } => StatusCode::TOO_EARLY,
+        Admission::Ended { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        Admission::UnknownVoucher => StatusCode::NOT_FOUND,
+        Admission::Paused => StatusCode::SERVICE_UNAVAILABLE,
+        Admission::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+        Admission::BadToken => StatusCode::FORBIDDEN,
+    }
+}
+
+pub async fn create(
+    state: State,
+    Path(voucher): Path<String>,
+    Body(body): Body<PurchaseBody>,
+) -> Result<Response, ApiError> {
+    let voucher = parse_id("voucher", &voucher)?;
+    let user = body.user.0;
+    if body.token.as_ref().is_some_and(|t| t.len() > MAX_TOKEN) {
+        return Err(ApiError::BadRequest(format!(
+            "token is longer than {MAX_TOKEN} characters"
+        )));
+    }
+    let keys = VoucherKeys::new(&state.cfg.prefix, voucher)?;
+    // Nothing is sent before this: a refusal here is a plain 503.
+    let order_id = state
+        .ids
+        .next_id()
+        .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    let mut conn = state.redis();
+    let call = admission::admit(
+        &mut conn,
+        &keys,
+        voucher,
+        user,
+        order_id,
+        body.token.as_deref(),
+    );
+    // From here the script may have run: a failure is never told as a
+    // refusal (a retry answers already_bought if it did).
+    let outcome = match tokio::time::timeout(state.request_timeout, call).await {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(e)) => {
+            tracing::warn!("voucher {voucher}: admission of user {user}: {e}");
+            return Err(ApiError::Unknown(format!(
+                "the gate's answer was lost ({e}); the purchase may or may not have happened: retry it"
+            )));
+        }
+        Err(_) => return Err(ApiError::Unknown(
+            "the gate did not answer in time; the purchase may or may not have happened: retry it"
+                .into(),
+        )),
+    };
+    let status = status_of(&outcome);
+    let mut response = (status, axum::Json(outcome.report(voucher, user))).into_response();
+    if matches!(outcome, Admission::Paused | Admission::RateLimited) {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    Ok(response)
+}

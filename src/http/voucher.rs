@@ -1,0 +1,71 @@
+//! `GET /v1/vouchers/{voucher}` (the sale's state, cheap enough to poll) and
+//! `POST /v1/vouchers/{voucher}/tokens` (an admission token for a user).
+
+use axum::extract::Path;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::ids::{parse_id, Id};
+use super::{Body, State};
+use crate::gate::state::{self, SaleState};
+use crate::gate::token;
+use crate::store::keys::VoucherKeys;
+
+pub async fn show(state: State, Path(voucher): Path<String>) -> Result<Json<Value>, ApiError> {
+    let voucher = parse_id("voucher", &voucher)?;
+    let keys = VoucherKeys::new(&state.cfg.prefix, voucher)?;
+    let sale = state::read_sale(&mut state.redis(), &keys).await?;
+    let Some(sale) = sale else {
+        return Err(ApiError::NotFound(format!(
+            "voucher {voucher} is not loaded at the gate"
+        )));
+    };
+    let name = match sale.state() {
+        SaleState::Paused => "paused",
+        SaleState::NotStarted => "not_started",
+        SaleState::Ended => "ended",
+        SaleState::SoldOut => "sold_out",
+        SaleState::Open => "open",
+    };
+    Ok(Json(json!({
+        "voucher": voucher.to_string(),
+        "state": name,
+        "begin_ms": sale.begin_ms,
+        "end_ms": sale.end_ms,
+        "stock": sale.stock,
+        "now_ms": sale.now_ms,
+    })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenBody {
+    user: Id,
+    /// How long the token stays valid, in ms (default 10 minutes).
+    #[serde(default)]
+    ttl_ms: Option<u64>,
+}
+
+const DEFAULT_TTL: std::time::Duration = std::time::Duration::from_secs(600);
+
+pub async fn issue_token(
+    state: State,
+    Path(voucher): Path<String>,
+    Body(body): Body<TokenBody>,
+) -> Result<Json<Value>, ApiError> {
+    let voucher = parse_id("voucher", &voucher)?;
+    let ttl = body
+        .ttl_ms
+        .map_or(DEFAULT_TTL, std::time::Duration::from_millis);
+    token::validate_ttl(ttl)?;
+    let keys = VoucherKeys::new(&state.cfg.prefix, voucher)?;
+    let issued = token::issue(&mut state.redis(), &keys, body.user.0, ttl).await?;
+    Ok(Json(json!({
+        "voucher": issued.voucher.to_string(),
+        "user": issued.user.to_string(),
+        "token": issued.token,
+        "ttl_ms": issued.ttl_ms,
+    })))
+}

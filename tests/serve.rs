@@ -1,0 +1,518 @@
+//! `seckill serve` as a real process against real Redis and MariaDB: every
+//! purchase outcome and its status, bad input and missing keys answered
+//! 400/401 with nothing written, orders and payment, the sale's state,
+//! tokens, exactness under concurrent purchases, and a clean SIGTERM.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::invariants::assert_invariants;
+use common::{free_port, TestEnv};
+use redis::AsyncCommands;
+use seckill::store::keys::VoucherKeys;
+use serde_json::{json, Value};
+
+/// A `seckill serve` of the test's own, killed when dropped.
+struct Serve {
+    child: Child,
+    port: u16,
+    log: std::path::PathBuf,
+}
+
+impl Serve {
+    fn start(env: &TestEnv, extra: &[&str]) -> Serve {
+        let port = free_port();
+        let log = std::env::temp_dir().join(format!("seckill-serve-{}-{port}.log", env.prefix));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(assert_cmd::cargo::cargo_bin("seckill"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(extra)
+            .envs(env.store_env())
+            .env("NO_COLOR", "1")
+            .env("RUST_LOG", "seckill=info")
+            .env_remove("SECKILL_NODE_ID")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .unwrap();
+        let serve = Serve { child, port, log };
+        let start = Instant::now();
+        while serve.get("/healthz", None).0 != 200 {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "serve never answered:\n{}",
+                serve.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        serve
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn agent() -> ureq::Agent {
+        ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(30)))
+            .build()
+            .into()
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// Status, Retry-After and body (JSON if it is, else a string).
+    fn answer(r: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> (u16, Value) {
+        match r {
+            Ok(mut r) => {
+                let status = r.status().as_u16();
+                let retry = r
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
+                let text = r.body_mut().read_to_string().unwrap_or_default();
+                let mut body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+                if let (Some(retry), Value::Object(m)) = (retry, &mut body) {
+                    m.insert("retry_after".into(), json!(retry));
+                }
+                (status, body)
+            }
+            Err(e) => (0, json!(e.to_string())),
+        }
+    }
+
+    fn get(&self, path: &str, key: Option<&str>) -> (u16, Value) {
+        let mut req = Self::agent().get(&self.url(path));
+        if let Some(k) = key {
+            req = req.header("authorization", &format!("Bearer {k}"));
+        }
+        Self::answer(req.call())
+    }
+
+    fn post(&self, path: &str, body: &Value, key: Option<&str>) -> (u16, Value) {
+        self.post_raw(path, "application/json", &body.to_string(), key)
+    }
+
+    fn post_raw(
+        &self,
+        path: &str,
+        content_type: &str,
+        body: &str,
+        key: Option<&str>,
+    ) -> (u16, Value) {
+        let mut req = Self::agent()
+            .post(&self.url(path))
+            .header("content-type", content_type);
+        if let Some(k) = key {
+            req = req.header("authorization", &format!("Bearer {k}"));
+        }
+        Self::answer(req.send(body))
+    }
+
+    fn buy(&self, voucher: u64, user: Value) -> (u16, Value) {
+        self.post(
+            &format!("/v1/vouchers/{voucher}/purchases"),
+            &json!({ "user": user }),
+            None,
+        )
+    }
+
+    fn stop(mut self) -> std::process::ExitStatus {
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "serve did not stop"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        self.child.kill().ok();
+        self.child.wait().ok();
+        std::fs::remove_file(&self.log).ok();
+    }
+}
+
+fn drain(env: &TestEnv) {
+    env.spawn_worker(&["--until-idle", "--block", "100ms"])
+        .expect_success(Duration::from_secs(60));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_purchase_outcome_has_its_own_status() {
+    let env = TestEnv::new().await;
+    env.live_voucher(1, 2).await;
+    env.add_voucher(2, 5, 3_600_000, 7_200_000).await;
+    env.preload(2).await;
+    env.add_voucher(3, 5, -7_200_000, -3_600_000).await;
+    env.preload(3).await;
+    env.live_voucher(4, 5).await;
+    env.live_voucher(5, 5).await;
+    env.live_voucher(6, 5).await;
+    for (v, flag) in [("5", "--user-rate"), ("6", "--require-token")] {
+        let mut args = vec!["voucher", "update", "--id", v, flag];
+        if flag == "--user-rate" {
+            args.push("1");
+        }
+        assert!(env.cmd().args(&args).output().unwrap().status.success());
+    }
+    let keys = VoucherKeys::new(&env.prefix, 4).unwrap();
+    let mut redis = env.redis().await;
+    let _: () = redis.hset(keys.meta(), "paused", "1").await.unwrap();
+    let serve = Serve::start(&env, &[]);
+
+    let (status, body) = serve.buy(1, json!(1));
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["outcome"], "success");
+    assert!(
+        body["order_id"].as_str().unwrap().parse::<u64>().is_ok(),
+        "{body}"
+    );
+    let (status, body) = serve.buy(1, json!("1"));
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (409, Some("already_bought")),
+        "{body}"
+    );
+    assert_eq!(serve.buy(1, json!(2)).0, 201);
+    let (status, body) = serve.buy(1, json!(3));
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (410, Some("sold_out")),
+        "{body}"
+    );
+    assert_eq!(body["waitlist_position"], 1);
+    let (status, body) = serve.buy(2, json!(1));
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (425, Some("not_started")),
+        "{body}"
+    );
+    assert!(body["begin_ms"].is_i64());
+    let (status, body) = serve.buy(3, json!(1));
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (422, Some("ended")),
+        "{body}"
+    );
+    let (status, body) = serve.buy(4, json!(1));
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (503, Some("paused")),
+        "{body}"
+    );
+    assert_eq!(body["retry_after"], "1");
+    assert_eq!(serve.buy(5, json!(1)).0, 201);
+    let (status, body) = serve.buy(5, json!(1));
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (429, Some("rate_limited")),
+        "{body}"
+    );
+    assert_eq!(body["retry_after"], "1");
+    let (status, body) = serve.buy(6, json!(1));
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (403, Some("bad_token")),
+        "{body}"
+    );
+    let (status, body) = serve.buy(99, json!(1));
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (404, Some("unknown_voucher")),
+        "{body}"
+    );
+    // A token issued over HTTP lets the user in.
+    let (status, issued) = serve.post("/v1/vouchers/6/tokens", &json!({ "user": 7 }), None);
+    assert_eq!(status, 200, "{issued}");
+    let (status, body) = serve.post(
+        "/v1/vouchers/6/purchases",
+        &json!({ "user": 7, "token": issued["token"] }),
+        None,
+    );
+    assert_eq!(status, 201, "{body}");
+    let _: () = redis.hdel(keys.meta(), "paused").await.unwrap();
+    drain(&env);
+    for v in [1, 5, 6] {
+        assert_invariants(&env, v).await;
+    }
+    assert_eq!(serve.stop().code(), Some(0));
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_a_400_of_one_line_and_writes_nothing() {
+    let env = TestEnv::new().await;
+    env.live_voucher(1, 10).await;
+    let serve = Serve::start(&env, &[]);
+    let before = env.snapshot().await;
+    let path = "/v1/vouchers/1/purchases";
+    let big = format!("{{\"user\": 1, \"token\": \"{}\"}}", "a".repeat(8_000));
+    let cases: Vec<(&str, String, &str)> = vec![
+        ("malformed JSON", "{\"user\": ".into(), "application/json"),
+        ("a wrong content type", "{\"user\": 1}".into(), "text/plain"),
+        ("user 0", "{\"user\": 0}".into(), "application/json"),
+        (
+            "a negative user",
+            "{\"user\": -1}".into(),
+            "application/json",
+        ),
+        (
+            "a user that is no number",
+            "{\"user\": \"abc\"}".into(),
+            "application/json",
+        ),
+        (
+            "a user past i64",
+            "{\"user\": \"9223372036854775808\"}".into(),
+            "application/json",
+        ),
+        (
+            "a fractional user",
+            "{\"user\": 1.5}".into(),
+            "application/json",
+        ),
+        (
+            "an unknown field",
+            "{\"user\": 1, \"x\": 2}".into(),
+            "application/json",
+        ),
+        ("no user", "{}".into(), "application/json"),
+        ("an oversized body", big, "application/json"),
+        (
+            "a token far too long",
+            format!("{{\"user\": 1, \"token\": \"{}\"}}", "b".repeat(200)),
+            "application/json",
+        ),
+    ];
+    for (what, body, content_type) in &cases {
+        let (status, answer) = serve.post_raw(path, content_type, body, None);
+        assert!(
+            status == 400 || (status == 413 && *what == "an oversized body"),
+            "{what}: {status} {answer}"
+        );
+        let error = answer["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{what}: {answer}"));
+        assert!(
+            !error.is_empty() && !error.contains('\n'),
+            "{what}: {error:?}"
+        );
+    }
+    for bad in ["abc", "0", "-1", "18446744073709551616"] {
+        let (status, answer) = serve.buy_path(bad);
+        assert_eq!(status, 400, "voucher {bad}: {answer}");
+    }
+    assert_eq!(env.snapshot().await, before, "bad input wrote something");
+    assert!(
+        !serve.log_text().contains("panicked"),
+        "{}",
+        serve.log_text()
+    );
+    env.cleanup().await;
+}
+
+impl Serve {
+    fn buy_path(&self, voucher: &str) -> (u16, Value) {
+        self.post(
+            &format!("/v1/vouchers/{voucher}/purchases"),
+            &json!({ "user": 1 }),
+            None,
+        )
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_one_of_the_keys_a_request_is_401_and_writes_nothing() {
+    let env = TestEnv::new().await;
+    env.live_voucher(1, 10).await;
+    let mut file = tempfile_in_target("keys");
+    writeln!(file.1, "# the new key, then the one being rotated out").unwrap();
+    writeln!(file.1, "new-key-0123456789abcdef").unwrap();
+    writeln!(file.1, "old-key-0123456789abcdef").unwrap();
+    let path = file.0.display().to_string();
+    let serve = Serve::start(&env, &["--api-key-file", &path]);
+    let before = env.snapshot().await;
+    let buy =
+        |key: Option<&str>| serve.post("/v1/vouchers/1/purchases", &json!({ "user": 1 }), key);
+    for key in [
+        None,
+        Some("wrong-key-0123456789abcdef"),
+        Some("new-key-0123456789abcde"),
+    ] {
+        let (status, body) = buy(key);
+        assert_eq!(status, 401, "{key:?}: {body}");
+    }
+    assert_eq!(serve.get("/v1/vouchers/1", None).0, 401);
+    assert_eq!(
+        env.snapshot().await,
+        before,
+        "a refused request wrote something"
+    );
+    assert_eq!(serve.get("/healthz", None).0, 200, "health needs no key");
+    assert_eq!(buy(Some("old-key-0123456789abcdef")).0, 201);
+    assert_eq!(
+        buy(Some("new-key-0123456789abcdef")).0,
+        409,
+        "same user again"
+    );
+    assert!(!serve.log_text().contains("key-0123"), "a key was logged");
+    drain(&env);
+    assert_invariants(&env, 1).await;
+    std::fs::remove_file(&file.0).ok();
+    env.cleanup().await;
+}
+
+fn tempfile_in_target(name: &str) -> (std::path::PathBuf, std::fs::File) {
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "{name}-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
+    let file = std::fs::File::create(&path).unwrap();
+    (path, file)
+}
+
+#[tokio::test]
+async fn a_non_loopback_address_without_keys_is_refused() {
+    let env = TestEnv::new().await;
+    let out = env
+        .cmd()
+        .args(["serve", "--listen", &format!("0.0.0.0:{}", free_port())])
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("--api-key-file"), "{stderr}");
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_payment_and_the_sales_state_over_http() {
+    let env = TestEnv::new().await;
+    env.live_voucher(1, 1).await;
+    let serve = Serve::start(&env, &[]);
+    let (status, sale) = serve.get("/v1/vouchers/1", None);
+    assert_eq!(status, 200, "{sale}");
+    assert_eq!(
+        (sale["state"].as_str(), sale["stock"].as_i64()),
+        (Some("open"), Some(1))
+    );
+    assert_eq!(serve.get("/v1/vouchers/99", None).0, 404);
+    let (_, bought) = serve.buy(1, json!(1));
+    let order = bought["order_id"].as_str().unwrap().to_string();
+    let (_, sale) = serve.get("/v1/vouchers/1", None);
+    assert_eq!(sale["state"], "sold_out");
+    drain(&env);
+    let (status, shown) = serve.get(&format!("/v1/orders/{order}"), None);
+    assert_eq!(status, 200, "{shown}");
+    assert_eq!(
+        (shown["id"].as_str(), shown["status"].as_str()),
+        (Some(order.as_str()), Some("pending"))
+    );
+    let pay = |id: &str| serve.post(&format!("/v1/orders/{id}/payment"), &json!({}), None);
+    let (status, paid) = pay(&order);
+    assert_eq!(
+        (status, paid["outcome"].as_str()),
+        (200, Some("paid")),
+        "{paid}"
+    );
+    let (status, again) = pay(&order);
+    assert_eq!(
+        (status, again["outcome"].as_str()),
+        (409, Some("already_paid")),
+        "{again}"
+    );
+    assert_eq!(pay("12345").0, 404);
+    assert_eq!(serve.get("/v1/orders/12345", None).0, 404);
+    assert_eq!(serve.get("/v1/orders/x", None).0, 400);
+    let (status, ready) = serve.get("/readyz", None);
+    assert_eq!(status, 200, "{ready}");
+    assert_invariants(&env, 1).await;
+    env.cleanup().await;
+}
+
+/// Thousands of purchases at once over HTTP: exactly the units admitted,
+/// one per user, and MySQL equal after the worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_purchases_over_http_admit_exactly_the_units() {
+    const UNITS: u64 = 300;
+    const USERS: u64 = 1_000;
+    let env = TestEnv::new().await;
+    env.live_voucher(1, UNITS as i64).await;
+    let serve = std::sync::Arc::new(Serve::start(&env, &[]));
+    let mut threads = Vec::new();
+    for t in 0..32u64 {
+        let serve = serve.clone();
+        threads.push(std::thread::spawn(move || {
+            let mut won = Vec::new();
+            // Every user presses buy twice.
+            for i in 0..(2 * USERS / 32) {
+                let user = 1 + (t + 32 * i) % USERS;
+                let (status, body) = serve.buy(1, json!(user));
+                match status {
+                    201 => won.push(user),
+                    409 | 410 => {}
+                    other => panic!("user {user}: {other} {body}"),
+                }
+            }
+            won
+        }));
+    }
+    let mut winners: Vec<u64> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    let admitted = winners.len();
+    winners.sort_unstable();
+    winners.dedup();
+    assert_eq!(admitted as u64, UNITS, "201s");
+    assert_eq!(winners.len(), admitted, "a user was admitted twice");
+    drain(&env);
+    assert_eq!(env.order_count(1).await, UNITS);
+    let s = assert_invariants(&env, 1).await;
+    assert_eq!(s.mysql_stock, 0);
+    let serve = std::sync::Arc::try_unwrap(serve).ok().unwrap();
+    assert_eq!(serve.stop().code(), Some(0));
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_cleanly_and_gives_the_node_id_back() {
+    let env = TestEnv::new().await;
+    env.live_voucher(1, 10).await;
+    let serve = Serve::start(&env, &["--node-id", "777"]);
+    assert_eq!(serve.buy(1, json!(1)).0, 201);
+    let mut redis = env.redis().await;
+    let lease = seckill::store::keys::node_lease(&env.prefix, 777);
+    let held: bool = redis.exists(&lease).await.unwrap();
+    assert!(held);
+    let log = serve.log_text();
+    assert_eq!(serve.stop().code(), Some(0), "{log}");
+    let held: bool = redis.exists(&lease).await.unwrap();
+    assert!(!held, "the node id lease outlived serve");
+    drain(&env);
+    assert_invariants(&env, 1).await;
+    env.cleanup().await;
+}
