@@ -51,29 +51,24 @@
 -- grace or hold ends a few ms later), reopen and unhold find nothing left
 -- to do.
 
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+-- `holds_now_ms` and `hold_is_live` come from lua/lib/holds.lua, which the
+-- binary prepends (to run this file by hand, prepend it too).
+local now_ms = holds_now_ms
 
--- Whether a worker's hold still runs (expired ones are dropped).
-local function held(key, now)
+-- Whether a worker's hold still runs (expired ones are dropped here).
+local function held(key)
+  local now = now_ms()
   local flat = redis.call('HGETALL', key)
-  local live = false
   for i = 1, #flat, 2 do
-    if (tonumber(flat[i + 1]) or 0) > now then
-      live = true
-    else
-      redis.call('HDEL', key, flat[i])
-    end
+    if (tonumber(flat[i + 1]) or 0) <= now then redis.call('HDEL', key, flat[i]) end
   end
-  return live
+  return hold_is_live(key)
 end
 
 local action = ARGV[1]
 if action == 'held' then
   if not KEYS[3] then return redis.error_reply('ERR pause.lua: held needs the holds key') end
-  return held(KEYS[3], now_ms()) and 1 or 0
+  return held(KEYS[3]) and 1 or 0
 end
 if action == 'hold' or action == 'unhold' then
   if not KEYS[3] or not ARGV[2] or ARGV[2] == '' then
@@ -120,7 +115,7 @@ elseif action == 'reopen' then
   if ARGV[3] and ARGV[3] ~= (redis.call('HGET', KEYS[1], 'pause_token') or '') then return 4 end
   if redis.call('SCARD', KEYS[2]) < orders then return 0 end
   local now = now_ms()
-  if (tonumber(redis.call('HGET', KEYS[1], 'reopen_after_ms')) or 0) > now or held(KEYS[3], now) then
+  if (tonumber(redis.call('HGET', KEYS[1], 'reopen_after_ms')) or 0) > now or held(KEYS[3]) then
     return 3
   end
   redis.call('HDEL', KEYS[1], 'paused', 'reopen_after_ms', 'pause_token')

@@ -27,6 +27,8 @@
 --                                       (lua/seckill.lua sets it only on the
 --                                       key's creation)
 --
+-- `hold_is_live` comes from lua/lib/holds.lua, which the binary prepends.
+--
 -- ARGV[1..4]  total, begin_ms, end_ms, pay_timeout_ms
 -- ARGV[5]     stock to publish
 -- ARGV[6..9] the gate's witness, read before MySQL was: the orders stream's
@@ -117,17 +119,7 @@ end
 redis.call('HSET', KEYS[1], unpack(fields))
 if KEYS[9] then redis.call('PEXPIREAT', KEYS[9], tonumber(ARGV[3]) + 1000) end
 redis.call('SET', KEYS[2], ARGV[5])
-if KEYS[8] then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local holds = redis.call('HVALS', KEYS[8])
-  for i = 1, #holds do
-    if (tonumber(holds[i]) or 0) > now then
-      redis.call('HSET', KEYS[1], 'paused', '1')
-      break
-    end
-  end
-end
+if hold_is_live(KEYS[8]) then redis.call('HSET', KEYS[1], 'paused', '1') end
 for _, pair in ipairs({{KEYS[4], KEYS[3]}, {KEYS[7], KEYS[6]}}) do
   if redis.call('EXISTS', pair[1]) == 1 then
     redis.call('RENAME', pair[1], pair[2])

@@ -11,6 +11,12 @@
 -- KEYS[2]  seckill:{V}:buyers     KEYS[6]  seckill:{V}:waitlist  (optional, with 7, 8)
 -- KEYS[3]  seckill:{V}:orders     KEYS[7]  seckill:{V}:events
 -- KEYS[4]  seckill:{V}:released   KEYS[8]  seckill:{V}:meta
+--                                 KEYS[9]  seckill:{V}:holds     (optional)
+--
+-- While a worker holds the gate (KEYS[9], lua/lib/holds.lua, which the
+-- binary prepends) no unit is given back: the view this repair was computed
+-- on misses that worker's batch. The rest is applied (stock lowered,
+-- buyers, deadlines, spoken-for cancellations) and the reply is 2.
 --
 -- ARGV[1..4]  the gate's witness (the same four values lua/preload.lua
 --             checks, src/gate/witness.rs): last order-stream entry id ('' if
@@ -29,7 +35,8 @@
 --             MySQL has (a release whose promoted order MySQL holds, its
 --             record lost), so their units are spoken for already
 --
--- Returns 1 when applied, 0 when the voucher moved (nothing written).
+-- Returns 1 when applied, 0 when the voucher moved (nothing written), 2 when
+-- applied but for the units to give back (a worker holds the gate).
 --
 -- Safe to run twice: a repair that moves the stock or a set's size changes
 -- the witness, so its replay writes nothing and returns 0 (reconcile reads
@@ -48,6 +55,8 @@ if last_id ~= ARGV[1]
 end
 
 local delta = tonumber(ARGV[5])
+local withheld = delta > 0 and hold_is_live(KEYS[9])
+if withheld then delta = 0 end
 local i = 6
 local adds = tonumber(ARGV[i]); i = i + 1
 for _ = 1, adds do redis.call('SADD', KEYS[2], ARGV[i]); i = i + 1 end
@@ -87,4 +96,4 @@ end
 if delta ~= 0 then redis.call('INCRBY', KEYS[1], delta) end
 local spoken = tonumber(ARGV[i] or '0'); i = i + 1
 for _ = 1, spoken do redis.call('SADD', KEYS[4], ARGV[i]); i = i + 1 end
-return 1
+return withheld and 2 or 1

@@ -16,6 +16,9 @@
 -- KEYS[2]  seckill:{V}:buyers     KEYS[6]  seckill:{V}:timeouts
 -- KEYS[3]  seckill:{V}:waitlist   KEYS[7]  seckill:{V}:released
 -- KEYS[4]  seckill:{V}:orders     KEYS[8]  seckill:{V}:meta
+--                                 KEYS[9]  seckill:{V}:holds  (optional: while a
+--                                          worker holds the gate, a repair's
+--                                          release is deferred too)
 --
 -- ARGV[1]  voucher id
 -- ARGV[2]  while the gate is paused (meta paused = 1, lua/pause.lua): '' to
@@ -46,11 +49,12 @@
 --   released_order  the cancelled order whose unit was handed over
 --   time_ms         Redis server time of the promotion (Unix ms)
 
+-- `hold_is_live` comes from lua/lib/holds.lua, which the binary prepends.
 local voucher = ARGV[1]
 local n = tonumber(ARGV[3])
 if not n then return redis.error_reply('ERR release.lua: ARGV[3] must be the count of cancelled orders') end
 local state = redis.call('HMGET', KEYS[8], 'paused', 'pause_token')
-if state[1] == '1' and (ARGV[2] == '' or ARGV[2] ~= (state[2] or '')) then
+if state[1] == '1' and (ARGV[2] == '' or ARGV[2] ~= (state[2] or '') or hold_is_live(KEYS[9])) then
   return {0, 0, 1}
 end
 local released, promoted = 0, 0

@@ -112,7 +112,7 @@ fn exit_code_of(reports: &[VoucherReport]) -> u8 {
     let left = reports.iter().any(|r| {
         matches!(
             r.outcome,
-            Outcome::WouldRepair | Outcome::Busy | Outcome::NotRepaired
+            Outcome::WouldRepair | Outcome::Busy | Outcome::NotRepaired | Outcome::Held
         )
     });
     if left {
@@ -176,6 +176,7 @@ fn outcome_text(o: Outcome) -> &'static str {
         Outcome::Repaired => "repaired",
         Outcome::Busy => "busy: kept moving, try again",
         Outcome::NotRepaired => "not repaired",
+        Outcome::Held => "held: a worker's batch Redis lost is not committed yet; try again",
     }
 }
 

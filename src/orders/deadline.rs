@@ -169,6 +169,7 @@ pub async fn release(
         .key(keys.timeouts())
         .key(keys.released())
         .key(keys.meta())
+        .key(keys.holds())
         .arg(voucher)
         .arg(match paused {
             WhilePaused::Defer => "",

@@ -130,7 +130,10 @@ pub fn classify(s: &Snapshot) -> (Vec<Drift>, i64) {
     let holders = s.holders();
     let missing: BTreeSet<u64> = holders.difference(&s.buyers).copied().collect();
     let orphans: BTreeSet<u64> = s.buyers.difference(&holders).copied().collect();
-    let unreleased = s.cancelled_unreleased_settled();
+    // Settled ones, and settling ones whose unit an order holds already
+    // (their release must not give it again).
+    let mut unreleased = s.cancelled_unreleased_settled();
+    unreleased.extend(s.spoken_for());
     let no_deadline: BTreeSet<u64> = s.deadlines_missing().iter().map(|(o, _)| *o).collect();
     for (class, ids) in [
         (DriftClass::BuyersMissing, &missing),

@@ -247,6 +247,12 @@ pub async fn reconcile_voucher(
                         .filter(|d| d.class == DriftClass::MysqlInconsistent),
                 );
             }
+            RepairResult::Held => {
+                report.outcome = Outcome::Held;
+                report.gate_paused = s.gate_paused;
+                report.drifts.splice(0..0, repaired_before);
+                return Ok(report);
+            }
             RepairResult::Moved if attempt < opts.attempts => continue,
             RepairResult::Moved => {
                 report.outcome = Outcome::Busy;

@@ -24,6 +24,9 @@ pub(super) enum RepairResult {
     /// MySQL's stock was set right; the gate is decided on a fresh read.
     MysqlFixed,
     Moved,
+    /// Applied but for the units to give back: a worker holds the gate (a
+    /// batch in hand that Redis lost, missing from the view).
+    Held,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -85,13 +88,12 @@ pub(super) async fn repair(
         .into_iter()
         .map(|(order, created)| (order, created + s.pay_timeout_ms))
         .collect();
-    let mut unreleased: Vec<u64> = s.cancelled_unreleased_settled().into_iter().collect();
-    // Units the gate owes beyond MySQL's stock are held by orders already:
-    // that many cancellations are marked released, with no unit given.
-    let spoken_for = usize::try_from(-s.gate_owes())
-        .unwrap_or(0)
-        .min(unreleased.len());
-    let spoken: Vec<u64> = unreleased.drain(..spoken_for).collect();
+    let spoken = s.spoken_for();
+    let unreleased: Vec<u64> = s
+        .cancelled_unreleased_settled()
+        .into_iter()
+        .filter(|o| !spoken.contains(o))
+        .collect();
     if !spoken.is_empty() {
         tracing::warn!(
             "voucher {voucher}: {} cancelled order(s) whose unit an order holds already (a release Redis lost): marked released, no unit given back",
@@ -130,6 +132,7 @@ pub(super) async fn repair(
         .key(keys.waitlist())
         .key(keys.events())
         .key(keys.meta())
+        .key(keys.holds())
         .arg(s.witness.args())
         .arg(delta)
         .arg(add.len());
@@ -147,8 +150,10 @@ pub(super) async fn repair(
     inv.arg(fresh.len()).arg(&fresh);
     inv.arg(spoken.len()).arg(&spoken);
     let applied: i64 = inv.invoke_async(conn).await?;
-    if applied != 1 {
-        return Ok(RepairResult::Moved);
+    match applied {
+        1 => {}
+        2 => return Ok(RepairResult::Held),
+        _ => return Ok(RepairResult::Moved),
     }
     if let (false, Some(ids)) = (unreleased.is_empty(), ids) {
         // Under a pause (the guard's rebuild), the buyers were just

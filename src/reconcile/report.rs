@@ -16,6 +16,10 @@ pub enum Outcome {
     Busy,
     /// Drift that is only reported (MySQL inconsistent without --fix-mysql).
     NotRepaired,
+    /// Repaired but for the units to give back: a worker holds the gate (a
+    /// batch in hand whose entries Redis lost); they go back once it has
+    /// committed. Try again.
+    Held,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -104,6 +104,22 @@ impl Snapshot {
         self.gate_owes().max(0)
     }
 
+    /// Cancelled orders whose unit the gate owes beyond MySQL's stock (see
+    /// [`Snapshot::gate_owes`]): an order holds it already, so they are to
+    /// be marked released with no unit given — settling ones first, since
+    /// their own release, when it comes, must then find them released.
+    pub fn spoken_for(&self) -> Vec<u64> {
+        let owed_beyond = usize::try_from(-self.gate_owes()).unwrap_or(0);
+        let settled = self.cancelled_unreleased_settled();
+        let unreleased = self.cancelled_unreleased();
+        let settling = unreleased.iter().filter(|o| !settled.contains(o));
+        settling
+            .chain(settled.iter())
+            .take(owed_beyond)
+            .copied()
+            .collect()
+    }
+
     /// MySQL's stock less what the gate owes (units admitted but not yet
     /// persisted, cancelled units not yet given back). Below 0, the gate
     /// owes more than MySQL has: some cancelled order's unit is held by an

@@ -11,13 +11,14 @@ pub const ADMISSION_SOURCE: &str = include_str!("../../lua/seckill.lua");
 pub static ADMISSION: LazyLock<Script> = LazyLock::new(|| Script::new(ADMISSION_SOURCE));
 
 /// Publishes a voucher's gate state in one step (used by `seckill preload`).
-pub const PRELOAD_SOURCE: &str = include_str!("../../lua/preload.lua");
-pub static PRELOAD: LazyLock<Script> = LazyLock::new(|| Script::new(PRELOAD_SOURCE));
+pub static PRELOAD: LazyLock<Script> =
+    LazyLock::new(|| with_lib(HOLDS_LIB, include_str!("../../lua/preload.lua")));
 
 // Redis scripts cannot call one another: what several share lives in
 // lua/lib/ and is prepended here.
 const LEASE_LIB: &str = include_str!("../../lua/lib/lease.lua");
 const VALID_ID_LIB: &str = include_str!("../../lua/lib/valid_id.lua");
+const HOLDS_LIB: &str = include_str!("../../lua/lib/holds.lua");
 
 fn with_lib(lib: &str, body: &str) -> Script {
     Script::new(&format!("{lib}\n{body}"))
@@ -50,11 +51,11 @@ pub static CLAIM_DUE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/claim_due.lua")));
 /// Layer 5: give back cancelled orders' units (to the waitlist or the gate), once.
 pub static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/release.lua")));
+    LazyLock::new(|| with_lib(HOLDS_LIB, include_str!("../../lua/release.lua")));
 
 /// Reconciliation: a repair applied only if the voucher did not move.
 pub static RECONCILE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/reconcile.lua")));
+    LazyLock::new(|| with_lib(HOLDS_LIB, include_str!("../../lua/reconcile.lua")));
 
 /// Leases a snowflake node id (public: application servers take part).
 pub static NODE_LEASE: LazyLock<Script> =
@@ -74,7 +75,7 @@ pub static FENCE: LazyLock<Script> =
 
 /// Pauses or reopens a gate (the worker's gate guard).
 pub static PAUSE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/pause.lua")));
+    LazyLock::new(|| with_lib(HOLDS_LIB, include_str!("../../lua/pause.lua")));
 
 /// The run id of the server holding a voucher (the worker's gate guard).
 /// (Also sent as plain EVAL inside the guard's look pipeline.)

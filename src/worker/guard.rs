@@ -380,7 +380,7 @@ impl GateGuard {
             _ if !pause.warned && pause.since.elapsed() > LONG_PAUSE => {
                 pause.warned = true;
                 let why = match report.outcome {
-                    Outcome::Consistent | Outcome::Repaired => {
+                    Outcome::Consistent | Outcome::Repaired | Outcome::Held => {
                         "a worker holds it (a batch in hand whose entries Redis lost, not committed yet)".to_string()
                     }
                     other => format!("it could not be checked yet ({other:?})"),

@@ -1,0 +1,24 @@
+-- lib/holds.lua — whether a worker holds a voucher's gate, prepended by the
+-- binary to lua/pause.lua, lua/preload.lua, lua/reconcile.lua and
+-- lua/release.lua (to run one of them by hand, prepend this file too).
+--
+-- seckill:{V}:holds (written by lua/pause.lua): worker token -> expiry (Redis
+-- TIME, ms). A live hold means a worker has a batch in hand whose entries
+-- Redis lost: no view of the stores counts it until it commits, so nothing
+-- may reopen the gate, publish it open, or give units back on such a view.
+
+local function holds_now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Whether any hold in `key` still runs (no key: none).
+local function hold_is_live(key)
+  if not key then return false end
+  local now = holds_now_ms()
+  local expiries = redis.call('HVALS', key)
+  for i = 1, #expiries do
+    if (tonumber(expiries[i]) or 0) > now then return true end
+  end
+  return false
+end
