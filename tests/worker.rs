@@ -790,3 +790,37 @@ async fn a_worker_stopped_inside_a_cancellation_does_not_stop_the_deadlines() {
     assert_eq!(s.mysql_stock, 50, "every unit back: {s:?}");
     env.cleanup().await;
 }
+
+/// Review finding: a batch whose entries another worker took over and
+/// acknowledged (its holder was frozen past `--claim-idle`) is not lost —
+/// the keep-alive must not hold or pause the gate for it when the holder
+/// wakes (the entries are still in the stream, their orders in MySQL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_taken_over_while_its_holder_was_frozen_is_not_taken_for_lost() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 100).await;
+    env.admit_users(V, 100, 0).await;
+    let a = env.spawn_worker_with(
+        &common::fast_worker(&["--batch", "200", "--consumer", "frozen"]),
+        &[(seckill::support::fault::ENV, "after_lock=3s*1")],
+    );
+    wait_for_pause(&a, "after_lock").await;
+    a.signal("STOP");
+    let b = env.spawn_worker(&common::fast_worker(&["--consumer", "taker"]));
+    env.wait_orders(V, 100, Duration::from_secs(30)).await;
+    env.wait_drained(V, Duration::from_secs(30)).await;
+    a.signal("CONT");
+    // Its keep-alive ticks and its batch finishes (all already stored).
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    a.signal("TERM");
+    b.signal("TERM");
+    let log = a.expect_success(Duration::from_secs(30));
+    b.expect_success(Duration::from_secs(30));
+    assert!(
+        !log.contains("no longer has every entry"),
+        "entries another worker acknowledged were taken for lost:\n{log}"
+    );
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.mysql_stock, 0);
+    env.cleanup().await;
+}

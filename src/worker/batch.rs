@@ -157,7 +157,7 @@ impl Lane {
         alive.confirm_within(self.opts.lock_lease / 2).await;
         let t_sql = Instant::now();
         let msgs: Vec<OrderMessage> = mine.iter().map(|(m, _)| m.clone()).collect();
-        let persisted = self.persist_fenced(keys, &msgs).await;
+        let persisted = self.persist_fenced(keys, &msgs, alive).await;
         let sql_ms = t_sql.elapsed().as_secs_f64() * 1e3;
         let completion = match persisted {
             Ok(p) => self.complete(&mine, p, dead, acks),
@@ -219,6 +219,7 @@ impl Lane {
         &mut self,
         keys: &VoucherKeys,
         msgs: &[OrderMessage],
+        alive: &keepalive::KeepAlive,
     ) -> Result<persist::Persisted, PersistError> {
         if msgs.is_empty() {
             return persist(&mut self.db.conn().await?, keys.voucher(), msgs).await;
@@ -230,7 +231,9 @@ impl Lane {
         };
         let mut mysql = self.db.conn().await?;
         fence.enter(&mut self.conn, mysql.id()).await?;
+        alive.set_mysql(Some(mysql.id())).await;
         let persisted = persist(&mut mysql, keys.voucher(), msgs).await;
+        alive.set_mysql(None).await;
         if let Err(e) = fence.leave(&mut self.conn).await {
             tracing::debug!(
                 "voucher {}: fence entry left to expire: {e}",

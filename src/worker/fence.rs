@@ -49,15 +49,15 @@ impl Fence<'_> {
         Ok(())
     }
 
-    /// Extends the lease, if entered.
-    pub async fn renew(&self, conn: &mut impl RedisConn) -> Result<()> {
-        let _: i64 = FENCE
-            .key(self.keys.fence())
-            .arg("renew")
-            .arg(self.owner)
-            .arg(self.lease_ms())
-            .invoke_async(conn)
-            .await?;
+    /// Extends the lease; enters `mysql_id` again if the entry is gone
+    /// (Redis lost it), so a holder that stops later is still found.
+    pub async fn renew(&self, conn: &mut impl RedisConn, mysql_id: Option<u32>) -> Result<()> {
+        let mut call = FENCE.key(self.keys.fence());
+        call.arg("renew").arg(self.owner).arg(self.lease_ms());
+        if let Some(id) = mysql_id {
+            call.arg(id);
+        }
+        let _: i64 = call.invoke_async(conn).await?;
         Ok(())
     }
 
@@ -74,44 +74,70 @@ impl Fence<'_> {
 }
 
 /// After a lock wait on the voucher's row timed out: ends the MySQL
-/// sessions whose holders' leases ran out; how many. Only a session of our
-/// own user that is idle (a stopped client sends nothing) is ended, so an id
-/// met again on another server after a failover is left alone.
+/// sessions whose holders' leases ran out; how many. A session is ended only
+/// if it is one of our own user's and has been idle since about its
+/// lease's last renewal (a stopped client sends nothing), so an entry left
+/// behind (a lost `leave`, a Redis restored from older data) that names a
+/// connection in use since, or an id met again on another server, is left
+/// alone. An entry is forgotten only once its session is gone.
 pub async fn end_lapsed(
     conn: &mut impl RedisConn,
     mysql: &mut Conn,
     keys: &VoucherKeys,
 ) -> Result<usize> {
-    let ids: Vec<u64> = FENCE
+    let flat: Vec<String> = FENCE
         .key(keys.fence())
         .arg("expired")
         .invoke_async(conn)
         .await?;
     let mut ended = 0;
-    for id in ids {
-        let idle: Option<u64> = mysql
+    for entry in flat.chunks_exact(3) {
+        let (owner, id, since) = (&entry[0], &entry[1], &entry[2]);
+        let (Ok(id), Ok(since_ms)) = (id.parse::<u64>(), since.parse::<u64>()) else {
+            continue;
+        };
+        let session: Option<(String, u64)> = mysql
             .exec_first(
-                "SELECT ID FROM information_schema.PROCESSLIST WHERE ID = ? AND COMMAND = 'Sleep'",
+                "SELECT COMMAND, TIME FROM information_schema.PROCESSLIST
+                  WHERE ID = ? AND USER = SUBSTRING_INDEX(CURRENT_USER(), '@', 1)",
                 (id,),
             )
             .await?;
-        if idle.is_none() {
-            continue;
-        }
-        match mysql.query_drop(format!("KILL {id}")).await {
-            Ok(()) => {
-                ended += 1;
-                tracing::warn!(
-                    "voucher {}: ended MySQL session {id}: its worker stopped inside a transaction holding the voucher's row (its lease ran out)",
-                    keys.voucher()
-                );
+        let gone = match session {
+            None => true,
+            // Idle since before its last renewal, give or take a second.
+            Some((command, idle_s)) if command == "Sleep" && idle_s * 1000 + 1_500 >= since_ms => {
+                match mysql.query_drop(format!("KILL {id}")).await {
+                    Ok(()) => {
+                        ended += 1;
+                        tracing::warn!(
+                            "voucher {}: ended MySQL session {id}: its worker stopped inside a transaction holding the voucher's row (its lease ran out)",
+                            keys.voucher()
+                        );
+                        true
+                    }
+                    Err(e) if mysql_code(&e) == Some(mysql_codes::NO_SUCH_THREAD) => true,
+                    Err(e) => {
+                        tracing::warn!(
+                            "voucher {}: could not end MySQL session {id} of a stopped worker (it holds the voucher's row): {}",
+                            keys.voucher(),
+                            crate::error::describe_mysql(&e)
+                        );
+                        false
+                    }
+                }
             }
-            Err(e) if mysql_code(&e) == Some(mysql_codes::NO_SUCH_THREAD) => {}
-            Err(e) => tracing::warn!(
-                "voucher {}: could not end MySQL session {id} of a stopped worker (it holds the voucher's row): {}",
-                keys.voucher(),
-                crate::error::describe_mysql(&e)
-            ),
+            // Busy, or used since: not (or no longer) the stopped holder.
+            Some(_) => false,
+        };
+        if gone {
+            let _: i64 = FENCE
+                .key(keys.fence())
+                .arg("forget")
+                .arg(owner)
+                .arg(id)
+                .invoke_async(conn)
+                .await?;
         }
     }
     Ok(ended)

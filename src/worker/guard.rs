@@ -81,6 +81,9 @@ pub struct GuardState {
     run_ids: HashMap<u64, String>,
     /// Paused gates this guard is rebuilding, and since when.
     paused: HashMap<u64, Pause>,
+    /// Gates gone from Redis whole (with orders in MySQL), since when this
+    /// guard has seen them so: rebuilt only after the grace.
+    missing_since: HashMap<u64, Instant>,
 }
 
 struct Pause {
@@ -214,22 +217,29 @@ impl GateGuard {
             // A gate lost whole admits nobody ("unknown voucher"): nothing
             // to pause. Rebuilt only when MySQL holds orders of it (what
             // Redis lost); one without orders waits for `seckill preload`.
-            if orders == 0 {
-                self.state.paused.remove(&v);
-                return Ok(());
-            }
-            // Rebuilt open: only after the grace a pause would have, and
-            // when no worker holds it (a batch Redis lost, in hand).
-            let lost = self.state.paused.entry(v).or_insert_with(Pause::new);
-            if lost.since.elapsed() < self.grace || pause::is_held(&mut self.conn, keys).await? {
-                return Ok(());
-            }
             self.state.paused.remove(&v);
+            if orders == 0 {
+                self.state.missing_since.remove(&v);
+                return Ok(());
+            }
+            // Rebuilt open: only after the grace a pause would have (from
+            // when this loss was first seen, not from an earlier pause), and
+            // when no worker holds it (a batch Redis lost, in hand).
+            let since = *self
+                .state
+                .missing_since
+                .entry(v)
+                .or_insert_with(Instant::now);
+            if since.elapsed() < self.grace || pause::is_held(&mut self.conn, keys).await? {
+                return Ok(());
+            }
+            self.state.missing_since.remove(&v);
             tracing::warn!(
                 "voucher {v}: the gate is gone from Redis but MySQL holds {orders} order(s) of it: rebuilding it from MySQL"
             );
             return self.rebuild(v, keys).await;
         }
+        self.state.missing_since.remove(&v);
         let why = if let Some((before, now)) = moved {
             let paused = pause::pause(&mut self.conn, keys, None, self.grace).await?;
             // Only now: a pause that failed is tried again next pass.

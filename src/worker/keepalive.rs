@@ -6,9 +6,10 @@
 //! It renews the lease of the batch's MySQL session too (worker/fence.rs),
 //! so a batch that is slow to commit is never taken for a stopped one.
 //!
-//! The same XCLAIM says whether Redis still has the batch: it answers only
-//! the entries still pending with us. Until the batch is committed, an entry
-//! missing there is one Redis lost (a restart from older data, a failover
+//! The same XCLAIM says whether Redis still has the batch: it answers every
+//! entry still pending with anyone (taking it back); until the batch is
+//! committed, an entry it leaves out that is not in the stream either is
+//! one Redis lost (a restart from older data, a failover
 //! to a replica without it): no view of the stores counts the batch then,
 //! so the keep-alive holds the gate (lua/pause.lua) — a rebuild may not
 //! reopen it on such a view — until the batch is committed and the hold is
@@ -44,6 +45,9 @@ pub struct Standing {
     pub committed: bool,
     /// The last tick that found every entry, or renewed the hold.
     pub confirmed: Instant,
+    /// The MySQL session of the batch's transaction while it runs: its
+    /// fence entry is renewed (and entered again if Redis lost it).
+    pub mysql_id: Option<u32>,
 }
 
 /// Stops the keep-alive when dropped.
@@ -82,6 +86,11 @@ pub struct Ticker {
 impl KeepAlive {
     pub async fn set_held(&self, users: Vec<u64>) {
         self.shared.lock().await.standing.locks = users;
+    }
+
+    /// The MySQL session now inside the batch's transaction (None: none).
+    pub async fn set_mysql(&self, id: Option<u32>) {
+        self.shared.lock().await.standing.mysql_id = id;
     }
 
     /// Makes sure the batch's standing was confirmed within `max_age` (a
@@ -166,6 +175,7 @@ pub fn start(ticker: Ticker, period: Duration) -> KeepAlive {
             holding: false,
             committed: false,
             confirmed: Instant::now(),
+            mysql_id: None,
         },
         ticker,
     }));
@@ -199,16 +209,41 @@ impl Ticker {
             .arg("JUSTID")
             .query_async(&mut self.conn)
             .await;
-        let all_there = match touched {
-            Ok(ids) => ids.len() >= self.entry_ids.len(),
-            // The group itself is gone: so is every entry it had pending.
-            Err(e) if e.code() == Some("NOGROUP") => false,
+        // XCLAIM answers the entries pending with anyone (it takes them back
+        // to us); one it leaves out was acknowledged by another worker, or
+        // is gone from the stream. Only the second is lost: an entry still
+        // in the stream is in every view of the stores (in flight, or its
+        // order in MySQL).
+        let missing: Vec<String> = match touched {
+            Ok(ids) if ids.len() >= self.entry_ids.len() => Vec::new(),
+            Ok(ids) => {
+                let got: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
+                self.entry_ids
+                    .iter()
+                    .filter(|id| !got.contains(id.as_str()))
+                    .cloned()
+                    .collect()
+            }
+            // The group itself is gone (an older copy of the stream).
+            Err(e) if e.code() == Some("NOGROUP") => self.entry_ids.clone(),
             Err(e) => {
                 // Say nothing of the batch's standing, and come back on a
                 // fresh connection: a multiplexed one does not reconnect.
                 tracing::warn!("keep-alive could not touch the batch's entries: {e}");
                 self.reconnect().await;
                 return;
+            }
+        };
+        let all_there = if missing.is_empty() {
+            true
+        } else {
+            match self.all_in_stream(&missing).await {
+                Ok(there) => there,
+                Err(e) => {
+                    tracing::warn!("keep-alive could not look for the batch's entries: {e}");
+                    self.reconnect().await;
+                    return;
+                }
             }
         };
         if !all_there && !standing.committed && !standing.lost {
@@ -222,9 +257,12 @@ impl Ticker {
         if standing.lost {
             let lease = self.owner.lease;
             match pause::hold(&mut self.conn, &self.keys, &self.owner.token, lease).await {
-                Ok(_) => {
+                Ok(paused) => {
                     standing.holding = true;
                     standing.confirmed = Instant::now();
+                    if !paused && !standing.committed {
+                        self.pause_open_gate().await;
+                    }
                 }
                 Err(e) => tracing::warn!("keep-alive could not hold the gate: {e}"),
             }
@@ -237,8 +275,36 @@ impl Ticker {
             owner: &self.owner.token,
             lease: self.owner.lease,
         };
-        if let Err(e) = fence.renew(&mut self.conn).await {
+        if let Err(e) = fence.renew(&mut self.conn, standing.mysql_id).await {
             tracing::warn!("keep-alive could not renew the MySQL session's fence lease: {e}");
+        }
+    }
+
+    /// Whether every one of `ids` is still in the order stream.
+    async fn all_in_stream(&mut self, ids: &[String]) -> redis::RedisResult<bool> {
+        let mut pipe = redis::pipe();
+        for id in ids {
+            pipe.cmd("XRANGE")
+                .arg(self.keys.orders())
+                .arg(id.as_str())
+                .arg(id.as_str())
+                .arg("COUNT")
+                .arg(1);
+        }
+        let found: Vec<Vec<redis::Value>> = pipe.query_async(&mut self.conn).await?;
+        Ok(found.iter().all(|f| !f.is_empty()))
+    }
+
+    /// The gate is open although Redis lost a batch in hand: it was rebuilt
+    /// on a view without it (or no guard runs) and sells its units again.
+    async fn pause_open_gate(&mut self) {
+        let voucher = self.keys.voucher();
+        match pause::pause(&mut self.conn, &self.keys, None, self.owner.lease).await {
+            Ok(pause::Paused::Now) => tracing::warn!(
+                "voucher {voucher}: the gate is open although Redis lost a batch in hand; admission paused until the gate is checked against MySQL"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!("voucher {voucher}: could not pause the gate: {e}"),
         }
     }
 

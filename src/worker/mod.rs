@@ -78,7 +78,9 @@ pub async fn run(
         pay_timeouts: HashMap::new(),
         last_sweep: None,
         owner: format!("{}:{run_id}:deadlines", opts.consumer),
-        fence_lease: opts.lock_lease,
+        // Not renewed while it runs: long enough for its two lock waits
+        // (order rows, then the voucher's), each half the lock lease.
+        fence_lease: opts.lock_lease * 2,
     };
     let stop_guard = stop.child_token();
     let guard_task = (!opts.gate_check.is_zero()).then(|| {
