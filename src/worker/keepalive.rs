@@ -199,8 +199,8 @@ pub fn start(ticker: Ticker, period: Duration) -> KeepAlive {
 }
 
 impl Ticker {
-    async fn tick(&mut self, standing: &mut Standing) {
-        let touched: redis::RedisResult<Vec<String>> = redis::cmd("XCLAIM")
+    async fn touch(&mut self) -> redis::RedisResult<Vec<String>> {
+        redis::cmd("XCLAIM")
             .arg(self.keys.orders())
             .arg(WORKER_GROUP)
             .arg(&self.consumer)
@@ -208,7 +208,17 @@ impl Ticker {
             .arg(&self.entry_ids)
             .arg("JUSTID")
             .query_async(&mut self.conn)
-            .await;
+            .await
+    }
+
+    async fn tick(&mut self, standing: &mut Standing) {
+        let mut touched = self.touch().await;
+        // A connection broken by a restart is the moment that matters:
+        // look again at once on a fresh one, not a tick later.
+        if touched.as_ref().is_err_and(|e| e.code() != Some("NOGROUP")) {
+            self.reconnect().await;
+            touched = self.touch().await;
+        }
         // XCLAIM answers the entries pending with anyone (it takes them back
         // to us); one it leaves out was acknowledged by another worker, or
         // is gone from the stream. Only the second is lost: an entry still
