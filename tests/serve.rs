@@ -516,3 +516,62 @@ async fn sigterm_stops_cleanly_and_gives_the_node_id_back() {
     assert_invariants(&env, 1).await;
     env.cleanup().await;
 }
+
+/// The calls Redis counted for `command` (INFO commandstats).
+fn calls(redis: &common::own_redis::OwnRedis, command: &str) -> u64 {
+    let info = redis.cli(&["info", "commandstats"]);
+    info.lines()
+        .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Before the sale opens and after it ends, attempts are answered from the
+/// process's cached window: no admission script runs for them, and at most
+/// a read of the window a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_outside_the_sale_window_cost_redis_no_script() {
+    let redis = common::own_redis::OwnRedis::start();
+    let env = TestEnv::on_redis(&redis.url()).await;
+    env.add_voucher(1, 5, 3_600_000, 7_200_000).await;
+    env.preload(1).await;
+    env.add_voucher(2, 5, -7_200_000, -3_600_000).await;
+    env.preload(2).await;
+    let serve = Serve::start(&env, &[]);
+    let (scripts, reads) = (calls(&redis, "evalsha"), calls(&redis, "hmget"));
+    let started = Instant::now();
+    for user in 1..=300u64 {
+        let (status, body) = serve.buy(1 + user % 2, json!(user));
+        assert!(status == 425 || status == 422, "{status} {body}");
+    }
+    let seconds = started.elapsed().as_secs() + 1;
+    assert_eq!(
+        calls(&redis, "evalsha"),
+        scripts,
+        "an attempt outside the window ran the script"
+    );
+    let refreshes = calls(&redis, "hmget") - reads;
+    assert!(
+        refreshes <= 2 * (seconds + 1),
+        "{refreshes} window reads in {seconds} s"
+    );
+    eprintln!("300 attempts outside the window: 0 script calls, {refreshes} window reads");
+    // The gate stays the authority: nothing was written, no buyer recorded.
+    let out = env
+        .cmd()
+        .args(["status", "--format", "json"])
+        .output()
+        .unwrap();
+    let status = common::json(&out);
+    assert!(
+        status
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|v| v["redis_stock"] == 5 && v["waitlist"] == 0),
+        "{status}"
+    );
+    env.cleanup().await;
+}

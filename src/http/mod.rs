@@ -14,6 +14,7 @@ mod ids;
 mod order;
 mod purchase;
 mod voucher;
+mod window;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -83,6 +84,8 @@ pub(crate) struct AppState {
     pub ids: Arc<OrderIds>,
     pub keys: Option<ApiKeys>,
     pub request_timeout: Duration,
+    /// Sale windows, so attempts outside them cost Redis nothing.
+    pub windows: window::SaleWindows,
     redis: Vec<Redis>,
     next: AtomicUsize,
 }
@@ -142,6 +145,7 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
         ids: ids.clone(),
         keys: opts.api_keys.clone(),
         request_timeout: opts.request_timeout,
+        windows: window::SaleWindows::default(),
         redis,
         next: AtomicUsize::new(0),
     });

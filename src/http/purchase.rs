@@ -51,12 +51,22 @@ pub async fn create(
         )));
     }
     let keys = VoucherKeys::new(&state.cfg.prefix, voucher)?;
+    let mut conn = state.redis();
+    // Outside the sale window (by a cached window, at most a second old)
+    // nothing can win: answered here, no script run.
+    let early = state
+        .windows
+        .answer(&mut conn, &keys)
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("the gate did not answer: {e}")))?;
+    if let Some(outcome) = early {
+        return Ok(respond(voucher, user, outcome));
+    }
     // Nothing is sent before this: a refusal here is a plain 503.
     let order_id = state
         .ids
         .next_id()
         .map_err(|e| ApiError::Unavailable(e.to_string()))?;
-    let mut conn = state.redis();
     let call = admission::admit(
         &mut conn,
         &keys,
@@ -80,6 +90,10 @@ pub async fn create(
                 .into(),
         )),
     };
+    Ok(respond(voucher, user, outcome))
+}
+
+fn respond(voucher: u64, user: u64, outcome: Admission) -> Response {
     let status = status_of(&outcome);
     let mut response = (status, axum::Json(outcome.report(voucher, user))).into_response();
     if matches!(outcome, Admission::Paused | Admission::RateLimited) {
@@ -87,5 +101,5 @@ pub async fn create(
             .headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
-    Ok(response)
+    response
 }

@@ -1,0 +1,157 @@
+//! Before a sale opens and after it ends, attempts are answered without
+//! touching Redis: each process caches every voucher's sale window it has
+//! seen, refreshed at least every second, with the measured offset between
+//! this host's clock and Redis `TIME` (the gate's clock) and a margin for
+//! that measurement's error. Near the edges the gate's own check decides.
+//! Pre-sale refreshes are most of a hot sale's traffic.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::error::Result;
+use crate::gate::admission::Admission;
+use crate::store::keys::VoucherKeys;
+use crate::store::redis_conn::RedisConn;
+use crate::support::timespec::now_ms;
+
+/// How long a window is trusted (so `voucher update` and preload reach
+/// every process within about this).
+pub const REFRESH: Duration = Duration::from_secs(1);
+/// Added to the measured error of the clock offset.
+const MARGIN_MS: i64 = 50;
+
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    begin_ms: i64,
+    end_ms: i64,
+    /// Redis's clock minus ours, and how far off that may be.
+    offset_ms: i64,
+    error_ms: i64,
+    fetched: Instant,
+}
+
+#[derive(Default)]
+pub struct SaleWindows {
+    known: Mutex<HashMap<u64, Window>>,
+}
+
+impl SaleWindows {
+    /// An answer without Redis when the cached window settles it (before
+    /// the sale or after it, outside the margin); None: ask the gate.
+    pub async fn answer(
+        &self,
+        conn: &mut impl RedisConn,
+        keys: &VoucherKeys,
+    ) -> Result<Option<Admission>> {
+        let voucher = keys.voucher();
+        let cached = self
+            .known
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&voucher).copied());
+        let window = match cached {
+            Some(w) if w.fetched.elapsed() < REFRESH => w,
+            _ => match self.refresh(conn, keys).await? {
+                Some(w) => w,
+                None => return Ok(None),
+            },
+        };
+        Ok(decide(&window, now_ms()))
+    }
+
+    /// Reads the window and Redis's clock in one round trip.
+    async fn refresh(
+        &self,
+        conn: &mut impl RedisConn,
+        keys: &VoucherKeys,
+    ) -> Result<Option<Window>> {
+        let before = now_ms();
+        let sent = Instant::now();
+        type Row = ((Option<i64>, Option<i64>), (i64, i64));
+        let ((begin, end), (secs, micros)): Row = redis::pipe()
+            .cmd("HMGET")
+            .arg(keys.meta())
+            .arg(&["begin_ms", "end_ms"])
+            .cmd("TIME")
+            .query_async(conn)
+            .await?;
+        let rtt_ms = sent.elapsed().as_millis() as i64;
+        let (Some(begin_ms), Some(end_ms)) = (begin, end) else {
+            // Not loaded: the gate answers (and may be loaded any moment).
+            if let Ok(mut m) = self.known.lock() {
+                m.remove(&keys.voucher());
+            }
+            return Ok(None);
+        };
+        let redis_ms = secs * 1000 + micros / 1000;
+        let window = Window {
+            begin_ms,
+            end_ms,
+            // Redis read its clock somewhere within the round trip.
+            offset_ms: redis_ms - (before + rtt_ms / 2),
+            error_ms: rtt_ms / 2 + 1,
+            fetched: Instant::now(),
+        };
+        if let Ok(mut m) = self.known.lock() {
+            m.insert(keys.voucher(), window);
+        }
+        Ok(Some(window))
+    }
+}
+
+/// The answer a window settles at our clock's `local_ms`, if it does.
+fn decide(w: &Window, local_ms: i64) -> Option<Admission> {
+    let margin = w.error_ms + MARGIN_MS;
+    let redis_ms = local_ms + w.offset_ms;
+    if redis_ms + margin < w.begin_ms {
+        Some(Admission::NotStarted {
+            begin_ms: w.begin_ms,
+        })
+    } else if redis_ms - margin >= w.end_ms {
+        Some(Admission::Ended { end_ms: w.end_ms })
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(offset_ms: i64) -> Window {
+        Window {
+            begin_ms: 10_000,
+            end_ms: 20_000,
+            offset_ms,
+            error_ms: 1,
+            fetched: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn only_what_the_margin_settles_is_answered_here() {
+        let w = window(0);
+        assert_eq!(
+            decide(&w, 5_000),
+            Some(Admission::NotStarted { begin_ms: 10_000 })
+        );
+        assert_eq!(
+            decide(&w, 9_990),
+            None,
+            "near the opening: the gate decides"
+        );
+        assert_eq!(decide(&w, 15_000), None, "open: the gate decides");
+        assert_eq!(decide(&w, 20_010), None, "near the end: the gate decides");
+        assert_eq!(
+            decide(&w, 21_000),
+            Some(Admission::Ended { end_ms: 20_000 })
+        );
+        // Our clock 5 s behind Redis's: the sale is open by the gate's clock.
+        assert_eq!(decide(&window(5_000), 6_000), None);
+        assert_eq!(
+            decide(&window(5_000), 16_000),
+            Some(Admission::Ended { end_ms: 20_000 })
+        );
+    }
+}
