@@ -40,3 +40,33 @@ $seckill voucher list --voucher "$voucher"
 echo
 echo "== seckill reconcile --dry-run: nothing to repair"
 $seckill reconcile --dry-run --voucher "$voucher"
+
+# The same sale through the HTTP front door, as an application server
+# calls it: `seckill serve` on loopback, purchases with curl.
+web_voucher=$((voucher * 10 + 1))
+port=${SECKILL_DEMO_PORT:-18080}
+echo
+echo "== seckill serve: the HTTP front door (voucher $web_voucher, 3 units)"
+$seckill voucher add --id "$web_voucher" --stock 3 --begin now --end +1h --pay-timeout 15m --title "demo over HTTP"
+$seckill preload --voucher "$web_voucher"
+$seckill serve --listen "127.0.0.1:$port" 2>/tmp/seckill-demo-serve.log &
+serve_pid=$!
+trap 'kill "$serve_pid" 2>/dev/null || true' EXIT
+for _ in $(seq 100); do
+  curl -fs "http://127.0.0.1:$port/healthz" >/dev/null && break
+  sleep 0.1
+done
+for user in 1 2 3 4 1; do
+  echo "-- POST /v1/vouchers/$web_voucher/purchases {\"user\": $user}"
+  curl -s -w '  (HTTP %{http_code})\n' -H 'content-type: application/json' \
+    -d "{\"user\": $user}" "http://127.0.0.1:$port/v1/vouchers/$web_voucher/purchases"
+done
+echo "-- GET /v1/vouchers/$web_voucher"
+curl -s -w '  (HTTP %{http_code})\n' "http://127.0.0.1:$port/v1/vouchers/$web_voucher"
+kill -TERM "$serve_pid"
+wait "$serve_pid"
+trap - EXIT
+$seckill worker --until-idle --block 500ms >/dev/null
+echo
+echo "== seckill reconcile --dry-run: both vouchers consistent"
+$seckill reconcile --dry-run --voucher "$voucher" --voucher "$web_voucher"
