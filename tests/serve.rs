@@ -250,6 +250,43 @@ async fn every_purchase_outcome_has_its_own_status() {
         None,
     );
     assert_eq!(status, 201, "{body}");
+    // Every outcome counted under its route template, never an id.
+    let (status, page) = serve.get("/metrics", None);
+    assert_eq!(status, 200);
+    let page = page.as_str().unwrap().to_string();
+    for outcome in [
+        "success",
+        "already_bought",
+        "sold_out",
+        "not_started",
+        "ended",
+        "paused",
+        "rate_limited",
+        "bad_token",
+        "unknown_voucher",
+    ] {
+        let line = format!(
+            "seckill_http_requests_total{{route=\"/v1/vouchers/{{voucher}}/purchases\",status=\"{}\",outcome=\"{outcome}\"}}",
+            match outcome {
+                "success" => 201,
+                "already_bought" => 409,
+                "sold_out" => 410,
+                "not_started" => 425,
+                "ended" => 422,
+                "paused" => 503,
+                "rate_limited" => 429,
+                "bad_token" => 403,
+                _ => 404,
+            }
+        );
+        assert!(page.contains(&line), "no {line} in:\n{page}");
+    }
+    assert!(
+        page.contains("seckill_http_request_duration_seconds_bucket{"),
+        "{page}"
+    );
+    assert!(page.contains("seckill_http_requests_in_flight "), "{page}");
+    assert!(page.contains("seckill_http_redis_errors_total 0"), "{page}");
     let _: () = redis.hdel(keys.meta(), "paused").await.unwrap();
     drain(&env);
     for v in [1, 5, 6] {

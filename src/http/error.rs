@@ -43,7 +43,13 @@ impl IntoResponse for ApiError {
                 (StatusCode::SERVICE_UNAVAILABLE, json!({ "error": m }))
             }
         };
+        let unknown = body.get("outcome").is_some();
         let mut response = (status, axum::Json(body)).into_response();
+        if unknown {
+            response
+                .extensions_mut()
+                .insert(super::metrics::OutcomeLabel("unknown"));
+        }
         let headers = response.headers_mut();
         match status {
             StatusCode::UNAUTHORIZED => {

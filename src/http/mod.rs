@@ -11,6 +11,7 @@ mod auth;
 mod error;
 mod health;
 mod ids;
+mod metrics;
 mod order;
 mod purchase;
 mod voucher;
@@ -86,6 +87,7 @@ pub(crate) struct AppState {
     pub request_timeout: Duration,
     /// Sale windows, so attempts outside them cost Redis nothing.
     pub windows: window::SaleWindows,
+    pub metrics: metrics::ServeMetrics,
     redis: Vec<Redis>,
     next: AtomicUsize,
 }
@@ -146,6 +148,7 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
         keys: opts.api_keys.clone(),
         request_timeout: opts.request_timeout,
         windows: window::SaleWindows::default(),
+        metrics: metrics::ServeMetrics::default(),
         redis,
         next: AtomicUsize::new(0),
     });
@@ -205,7 +208,12 @@ fn router(state: Arc<AppState>, opts: &ServeOptions) -> Router {
         .merge(v1)
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
+        .route("/metrics", get(metrics::render))
         .fallback(error::not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            metrics::observe,
+        ))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(
             ServiceBuilder::new()

@@ -10,6 +10,7 @@ use serde_json::json;
 
 use super::error::ApiError;
 use super::ids::parse_id;
+use super::metrics::OutcomeLabel;
 use super::State;
 use crate::orders::order;
 use crate::orders::payment::{self, PayOutcome};
@@ -32,9 +33,8 @@ pub async fn pay(state: State, Path(id): Path<String>) -> Result<Response, ApiEr
         PayOutcome::DeadlinePassed => (StatusCode::GONE, "deadline_passed"),
         PayOutcome::UnknownOrder => (StatusCode::NOT_FOUND, "unknown_order"),
     };
-    Ok((
-        status,
-        Json(json!({ "outcome": name, "order_id": id.to_string() })),
-    )
-        .into_response())
+    let body = json!({ "outcome": name, "order_id": id.to_string() });
+    let mut response = (status, Json(body)).into_response();
+    response.extensions_mut().insert(OutcomeLabel(name));
+    Ok(response)
 }

@@ -7,6 +7,7 @@ use serde::Deserialize;
 
 use super::error::ApiError;
 use super::ids::{parse_id, Id};
+use super::metrics::OutcomeLabel;
 use super::{Body, State};
 use crate::gate::admission::{self, Admission};
 use crate::store::keys::VoucherKeys;
@@ -54,11 +55,10 @@ pub async fn create(
     let mut conn = state.redis();
     // Outside the sale window (by a cached window, at most a second old)
     // nothing can win: answered here, no script run.
-    let early = state
-        .windows
-        .answer(&mut conn, &keys)
-        .await
-        .map_err(|e| ApiError::Unavailable(format!("the gate did not answer: {e}")))?;
+    let early = state.windows.answer(&mut conn, &keys).await.map_err(|e| {
+        state.metrics.redis_error();
+        ApiError::Unavailable(format!("the gate did not answer: {e}"))
+    })?;
     if let Some(outcome) = early {
         return Ok(respond(voucher, user, outcome));
     }
@@ -80,15 +80,19 @@ pub async fn create(
     let outcome = match tokio::time::timeout(state.request_timeout, call).await {
         Ok(Ok(outcome)) => outcome,
         Ok(Err(e)) => {
+            state.metrics.redis_error();
             tracing::warn!("voucher {voucher}: admission of user {user}: {e}");
             return Err(ApiError::Unknown(format!(
                 "the gate's answer was lost ({e}); the purchase may or may not have happened: retry it"
             )));
         }
-        Err(_) => return Err(ApiError::Unknown(
-            "the gate did not answer in time; the purchase may or may not have happened: retry it"
-                .into(),
-        )),
+        Err(_) => {
+            state.metrics.redis_error();
+            return Err(ApiError::Unknown(
+                "the gate did not answer in time; the purchase may or may not have happened: retry it"
+                    .into(),
+            ));
+        }
     };
     Ok(respond(voucher, user, outcome))
 }
@@ -96,6 +100,9 @@ pub async fn create(
 fn respond(voucher: u64, user: u64, outcome: Admission) -> Response {
     let status = status_of(&outcome);
     let mut response = (status, axum::Json(outcome.report(voucher, user))).into_response();
+    response
+        .extensions_mut()
+        .insert(OutcomeLabel(outcome.name()));
     if matches!(outcome, Admission::Paused | Admission::RateLimited) {
         response
             .headers_mut()

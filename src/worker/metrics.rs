@@ -1,13 +1,14 @@
 //! `seckill worker --metrics-addr`: the worker's counters, batch latency and
-//! per-voucher stream backlog in Prometheus text format, on a tiny HTTP
-//! endpoint (GET /metrics). A scrape is rare and small: one connection at a
-//! time is plenty, so this is hand-written rather than a web framework.
+//! per-voucher stream backlog in Prometheus text format (GET /metrics), on
+//! the same HTTP stack as `seckill serve` (axum).
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use axum::http::header;
+use axum::routing::get;
+use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -31,36 +32,22 @@ pub async fn start(
         .await
         .map_err(|e| Error::InvalidInput(format!("--metrics-addr {addr}: {e}")))?;
     tracing::info!("metrics on http://{addr}/metrics");
-    Ok(tokio::spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                _ = stop.cancelled() => return,
-                a = listener.accept() => a,
-            };
-            let Ok((mut sock, _)) = accepted else {
-                continue;
-            };
-            let mut buf = [0u8; 2048];
-            let n =
-                match tokio::time::timeout(std::time::Duration::from_secs(5), sock.read(&mut buf))
-                    .await
-                {
-                    Ok(Ok(n)) => n,
-                    _ => continue,
-                };
-            let request = String::from_utf8_lossy(&buf[..n]);
-            let response = if request.starts_with("GET /metrics") {
+    let page = Router::new().route(
+        "/metrics",
+        get(move || {
+            let (cfg, stats) = (cfg.clone(), stats.clone());
+            async move {
                 let body = render(&cfg, &stats.snapshot(), &stats.batch_histogram()).await;
-                format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                )
-            } else {
-                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                    .to_string()
-            };
-            let _ = sock.write_all(response.as_bytes()).await;
-            let _ = sock.shutdown().await;
+                ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
+            }
+        }),
+    );
+    Ok(tokio::spawn(async move {
+        let served = axum::serve(listener, page)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+        if let Err(e) = served {
+            tracing::warn!("metrics endpoint stopped: {e}");
         }
     }))
 }

@@ -1,0 +1,143 @@
+//! `GET /metrics` of `seckill serve` (Prometheus text format, through the
+//! Prometheus org's own client crate): requests by route, status and
+//! outcome, their latency, requests in flight, and Redis errors. Label sets
+//! are bounded: a route is its template (`/v1/vouchers/{voucher}/...`),
+//! never an id.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use super::AppState;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    route: String,
+    status: u16,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    route: String,
+}
+
+type LatencyFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
+
+/// What a handler says of its request's outcome (a purchase's, a
+/// payment's), for the requests counter; "-" where there is none.
+#[derive(Clone, Copy, Debug)]
+pub struct OutcomeLabel(pub &'static str);
+
+pub struct ServeMetrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    latency: LatencyFamily,
+    in_flight: Gauge,
+    redis_errors: Counter,
+}
+
+fn latency_histogram() -> Histogram {
+    // 100 µs .. ~3.3 s.
+    Histogram::new(exponential_buckets(0.0001, 2.0, 16))
+}
+
+impl Default for ServeMetrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("seckill_http");
+        let requests = Family::<RequestLabels, Counter>::default();
+        let latency: LatencyFamily = Family::new_with_constructor(latency_histogram);
+        let in_flight = Gauge::default();
+        let redis_errors = Counter::default();
+        registry.register(
+            "requests",
+            "HTTP requests answered, by route template, status and outcome",
+            requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Time to answer a request, by route template",
+            latency.clone(),
+        );
+        registry.register(
+            "requests_in_flight",
+            "Requests being handled now",
+            in_flight.clone(),
+        );
+        registry.register(
+            "redis_errors",
+            "Redis calls of requests that failed (timeouts, lost connections)",
+            redis_errors.clone(),
+        );
+        ServeMetrics {
+            registry,
+            requests,
+            latency,
+            in_flight,
+            redis_errors,
+        }
+    }
+}
+
+impl ServeMetrics {
+    pub fn redis_error(&self) {
+        self.redis_errors.inc();
+    }
+}
+
+/// Counts and times every request.
+pub async fn observe(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", MatchedPath::as_str)
+        .to_string();
+    let metrics = &state.metrics;
+    metrics.in_flight.inc();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    metrics.in_flight.dec();
+    metrics
+        .latency
+        .get_or_create(&RouteLabels {
+            route: route.clone(),
+        })
+        .observe(started.elapsed().as_secs_f64());
+    let outcome = response
+        .extensions()
+        .get::<OutcomeLabel>()
+        .map_or("-", |o| o.0);
+    metrics
+        .requests
+        .get_or_create(&RequestLabels {
+            route,
+            status: response.status().as_u16(),
+            outcome,
+        })
+        .inc();
+    response
+}
+
+pub async fn render(State(state): State<Arc<AppState>>) -> Response {
+    let mut body = String::new();
+    if encode(&mut body, &state.metrics.registry).is_err() {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    }
+    let mut response = body.into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    response
+}
