@@ -454,6 +454,8 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('--request-timeout', '--request-timeout', [CompletionResultType]::ParameterName, 'A request not answered within this is answered 503 (outcome unknown)')
             [CompletionResult]::new('--drain', '--drain', [CompletionResultType]::ParameterName, 'On SIGTERM/SIGINT, requests in flight get this long to finish')
             [CompletionResult]::new('--redis-connections', '--redis-connections', [CompletionResultType]::ParameterName, 'Multiplexed Redis connections shared by all requests')
+            [CompletionResult]::new('--tls-cert', '--tls-cert', [CompletionResultType]::ParameterName, 'Serve HTTPS with this certificate chain (PEM; needs --tls-key)')
+            [CompletionResult]::new('--tls-key', '--tls-key', [CompletionResultType]::ParameterName, 'The private key of --tls-cert (PEM)')
             [CompletionResult]::new('--node-id', '--node-id', [CompletionResultType]::ParameterName, 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]')
             [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis URL (redis://[:password@]host:port/[db])')
             [CompletionResult]::new('--mysql-url', '--mysql-url', [CompletionResultType]::ParameterName, 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]')

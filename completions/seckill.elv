@@ -430,6 +430,8 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand --request-timeout 'A request not answered within this is answered 503 (outcome unknown)'
             cand --drain 'On SIGTERM/SIGINT, requests in flight get this long to finish'
             cand --redis-connections 'Multiplexed Redis connections shared by all requests'
+            cand --tls-cert 'Serve HTTPS with this certificate chain (PEM; needs --tls-key)'
+            cand --tls-key 'The private key of --tls-cert (PEM)'
             cand --node-id 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]'
             cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
             cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'

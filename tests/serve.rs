@@ -612,3 +612,90 @@ async fn attempts_outside_the_sale_window_cost_redis_no_script() {
     );
     env.cleanup().await;
 }
+
+/// `--tls-cert`/`--tls-key`: HTTPS with a certificate the caller verifies;
+/// plain HTTP to it gets no answer; a key that is not the certificate's is
+/// one line at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_with_the_given_certificate() {
+    let env = TestEnv::new().await;
+    env.live_voucher(1, 5).await;
+    let certs = common::tls::Certs::make("serve");
+    let (cert, key) = certs.server();
+    let (cert, key) = (cert.display().to_string(), key.display().to_string());
+    let port = free_port();
+    let mut child = Command::new(assert_cmd::cargo::cargo_bin("seckill"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--tls-cert", &cert, "--tls-key", &key])
+        .envs(env.store_env())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let curl = |path: &str, extra: &[&str]| {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "-", "-w", "\n%{http_code}", "--max-time", "5"])
+            .arg("--cacert")
+            .arg(certs.ca())
+            .args(extra)
+            .arg(format!("https://127.0.0.1:{port}{path}"))
+            .output()
+            .expect("curl");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let start = Instant::now();
+    while !curl("/healthz", &[]).ends_with("200") {
+        assert!(start.elapsed() < Duration::from_secs(20), "no HTTPS answer");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let bought = curl(
+        "/v1/vouchers/1/purchases",
+        &[
+            "-H",
+            "content-type: application/json",
+            "-d",
+            "{\"user\": 1}",
+        ],
+    );
+    assert!(
+        bought.ends_with("201") && bought.contains("\"success\""),
+        "{bought}"
+    );
+    let plain = Command::new("curl")
+        .args([
+            "-s",
+            "--max-time",
+            "3",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+        ])
+        .arg(format!("http://127.0.0.1:{port}/healthz"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&plain.stdout),
+        "000",
+        "plain HTTP was answered"
+    );
+    child.kill().ok();
+    child.wait().ok();
+    let (other_cert, _) = certs.other_host();
+    let out = env
+        .cmd()
+        .args(["serve", "--listen", &format!("127.0.0.1:{}", free_port())])
+        .arg("--tls-cert")
+        .arg(&other_cert)
+        .args(["--tls-key", &key])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("do not go together"), "{stderr}");
+    drain(&env);
+    assert_invariants(&env, 1).await;
+    env.cleanup().await;
+}

@@ -37,6 +37,12 @@ pub struct ServeArgs {
     /// Multiplexed Redis connections shared by all requests
     #[arg(long, default_value_t = 4)]
     pub redis_connections: usize,
+    /// Serve HTTPS with this certificate chain (PEM; needs --tls-key)
+    #[arg(long, env = "SECKILL_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM)
+    #[arg(long, env = "SECKILL_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     #[command(flatten)]
     pub node: NodeIdOpt,
 }
@@ -55,6 +61,7 @@ pub async fn run(cfg: &Config, args: ServeArgs) -> anyhow::Result<u8> {
         drain: args.drain,
         redis_connections: args.redis_connections,
         node_id: args.node.node_id,
+        tls: args.tls_cert.zip(args.tls_key),
     };
     opts.validate()?;
     let stop = shutdown::on_signals()?;

@@ -14,6 +14,7 @@ mod ids;
 mod metrics;
 mod order;
 mod purchase;
+mod tls;
 mod voucher;
 mod window;
 
@@ -52,6 +53,8 @@ pub struct ServeOptions {
     /// Multiplexed Redis connections shared by all requests.
     pub redis_connections: usize,
     pub node_id: Option<u16>,
+    /// HTTPS with this certificate chain and key (PEM); none: plain HTTP.
+    pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 /// Bodies are a few fields: anything larger is refused before parsing.
@@ -131,6 +134,12 @@ where
 /// (at most `opts.drain`) and gives the node id back.
 pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -> Result<()> {
     opts.validate()?;
+    // First: a bad certificate fails the start with one line, before any
+    // connection or lease is made.
+    let tls = match &opts.tls {
+        Some((cert, key)) => Some(tls::acceptor(cert, key)?),
+        None => None,
+    };
     let cfg = Arc::new(cfg.clone());
     let mut redis = Vec::with_capacity(opts.redis_connections);
     for _ in 0..opts.redis_connections {
@@ -159,7 +168,8 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
         .local_addr()
         .map_err(|e| Error::InvalidInput(format!("cannot listen on {}: {e}", opts.listen)))?;
     tracing::info!(
-        "serve listening on http://{local} (node id {}, {} in flight at most{})",
+        "serve listening on {}://{local} (node id {}, {} in flight at most{})",
+        if tls.is_some() { "https" } else { "http" },
         ids.node(),
         opts.max_in_flight,
         if state.keys.is_some() {
@@ -170,16 +180,33 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
     );
     let app = router(state, opts);
     let stopping = stop.clone();
-    let served = axum::serve(listener, app).with_graceful_shutdown(async move {
+    let shutdown = async move {
         stopping.cancelled().await;
         tracing::info!("stopping: no new connections; finishing the requests in flight");
-    });
+    };
+    let served = async move {
+        match tls {
+            Some(acceptor) => {
+                let listener = tls::TlsListener::new(listener, acceptor)
+                    .map_err(|e| Error::InvalidInput(format!("cannot listen on {local}: {e}")))?;
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown)
+                    .await
+            }
+            None => {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown)
+                    .await
+            }
+        }
+        .map_err(|e| Error::InvalidInput(format!("serving on {local}: {e}")))
+    };
     let drained = async {
         stop.cancelled().await;
         tokio::time::sleep(opts.drain).await;
     };
     let result = tokio::select! {
-        r = served => r.map_err(|e| Error::InvalidInput(format!("serving on {local}: {e}"))),
+        r = served => r,
         _ = drained => {
             tracing::warn!("requests still in flight after {}: stopping anyway", humantime::format_duration(opts.drain));
             Ok(())
