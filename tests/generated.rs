@@ -1,12 +1,13 @@
-//! The committed completions and man pages are what the current binary
-//! generates; regenerate with `cargo run -- generate` when this fails.
+//! The committed completions, man pages and OpenAPI description are what
+//! the current binary generates; regenerate with `cargo run -- generate`
+//! when this fails.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 fn files_under(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     let mut out = BTreeMap::new();
-    for sub in ["completions", "man"] {
+    for sub in ["completions", "man", "docs"] {
         let Ok(entries) = std::fs::read_dir(dir.join(sub)) else {
             continue;
         };

@@ -699,3 +699,155 @@ async fn https_with_the_given_certificate() {
     assert_invariants(&env, 1).await;
     env.cleanup().await;
 }
+
+/// Every route and status the committed OpenAPI description documents is
+/// answered by a real serve (read back from its own request counter), and
+/// the description it serves is the committed one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_documented_route_and_status_is_answered() {
+    use std::collections::BTreeSet;
+    let own = common::own_redis::OwnRedis::start();
+    let env = TestEnv::on_redis(&own.url()).await;
+    env.live_voucher(1, 2).await;
+    env.add_voucher(2, 5, 3_600_000, 7_200_000).await;
+    env.preload(2).await;
+    env.add_voucher(3, 5, -7_200_000, -3_600_000).await;
+    env.preload(3).await;
+    for (v, flags) in [
+        ("5", &["--user-rate", "1"][..]),
+        ("6", &["--require-token"][..]),
+    ] {
+        env.live_voucher(v.parse().unwrap(), 5).await;
+        let mut args = vec!["voucher", "update", "--id", v];
+        args.extend_from_slice(flags);
+        assert!(env.cmd().args(&args).output().unwrap().status.success());
+    }
+    env.live_voucher(4, 5).await;
+    let mut redis = env.redis().await;
+    let paused = VoucherKeys::new(&env.prefix, 4).unwrap();
+    let _: () = redis.hset(paused.meta(), "paused", "1").await.unwrap();
+    let mut file = tempfile_in_target("openapi-keys");
+    writeln!(file.1, "the-key-0123456789abcdef").unwrap();
+    let serve = Serve::start(&env, &["--api-key-file", &file.0.display().to_string()]);
+    let key = Some("the-key-0123456789abcdef");
+    let buy = |v: u64, user: u64| {
+        serve.post(
+            &format!("/v1/vouchers/{v}/purchases"),
+            &json!({ "user": user }),
+            key,
+        )
+    };
+
+    let (_, first) = buy(1, 1);
+    for (v, user) in [
+        (1, 1),
+        (1, 2),
+        (1, 3),
+        (2, 1),
+        (3, 1),
+        (99, 1),
+        (6, 1),
+        (5, 1),
+        (5, 1),
+        (4, 1),
+    ] {
+        buy(v, user);
+    }
+    serve.post("/v1/vouchers/1/purchases", &json!({ "user": 0 }), key);
+    serve.post("/v1/vouchers/1/purchases", &json!({ "user": 1 }), None);
+    serve.post("/v1/vouchers/6/tokens", &json!({ "user": 1 }), key);
+    serve.post(
+        "/v1/vouchers/6/tokens",
+        &json!({ "user": 1, "ttl_ms": 999_999_999 }),
+        key,
+    );
+    serve.post("/v1/vouchers/6/tokens", &json!({ "user": 1 }), None);
+    for path in ["/v1/vouchers/1", "/v1/vouchers/99", "/v1/vouchers/x"] {
+        serve.get(path, key);
+    }
+    serve.get("/v1/vouchers/1", None);
+    drain(&env);
+    let order = first["order_id"].as_str().unwrap().to_string();
+    for path in [
+        format!("/v1/orders/{order}"),
+        "/v1/orders/12345".into(),
+        "/v1/orders/x".into(),
+    ] {
+        serve.get(&path, key);
+    }
+    serve.get(&format!("/v1/orders/{order}"), None);
+    let pay = |id: &str, key| serve.post(&format!("/v1/orders/{id}/payment"), &json!({}), key);
+    pay(&order, key);
+    pay(&order, key);
+    pay("12345", key);
+    pay(&order, None);
+    // A cancelled order cannot be paid.
+    let second = env
+        .orders(1)
+        .await
+        .into_iter()
+        .find(|o| o.1 == 2)
+        .unwrap()
+        .0;
+    let mut db = env.db().await.conn().await.unwrap();
+    mysql_async::prelude::Queryable::exec_drop(
+        &mut db,
+        "UPDATE seckill_order SET status = -1, cancel_time = NOW(3) WHERE id = ?",
+        (second,),
+    )
+    .await
+    .unwrap();
+    drop(db);
+    pay(&second.to_string(), key);
+    let (status, described) = serve.get("/v1/openapi.json", key);
+    assert_eq!(status, 200);
+    let committed: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        described, committed,
+        "serve describes itself unlike docs/openapi.json"
+    );
+    serve.get("/healthz", None);
+    serve.get("/readyz", None);
+    // Not ready once Redis is gone.
+    own.cli(&["shutdown", "nosave"]);
+    let (status, _) = serve.get("/readyz", None);
+    assert_eq!(status, 503);
+    let (_, page) = serve.get("/metrics", None);
+    let page = page.as_str().unwrap_or_default().to_string();
+
+    let answered: BTreeSet<(String, String)> = page
+        .lines()
+        .filter_map(|l| l.strip_prefix("seckill_http_requests_total{route=\""))
+        .filter_map(|l| {
+            let (route, rest) = l.split_once('"')?;
+            let status = rest.split("status=\"").nth(1)?.split('"').next()?;
+            Some((route.to_string(), status.to_string()))
+        })
+        .collect();
+    let mut missing = Vec::new();
+    for (path, methods) in committed["paths"].as_object().unwrap() {
+        for (_, op) in methods.as_object().unwrap() {
+            for status in op["responses"].as_object().unwrap().keys() {
+                // The metrics page answers itself after this scrape.
+                if path == "/metrics" {
+                    continue;
+                }
+                if !answered.contains(&(path.clone(), status.clone())) {
+                    missing.push(format!("{path} {status}"));
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "documented, never answered: {missing:?}\n{page}"
+    );
+    std::fs::remove_file(&file.0).ok();
+    drop(serve);
+    drop(redis);
+    env.cleanup().await;
+}

@@ -1,5 +1,6 @@
 //! `seckill generate` (hidden): shell completions and man pages from the
-//! command definitions, committed under `completions/` and `man/`.
+//! command definitions, and the OpenAPI description of `seckill serve`,
+//! committed under `completions/`, `man/` and `docs/`.
 
 use std::path::{Path, PathBuf};
 
@@ -22,7 +23,8 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<u8> {
     Ok(exit_code::OK)
 }
 
-/// Writes `completions/seckill.{bash,zsh,fish,elv,ps1}` and `man/*.1` under `dir`.
+/// Writes `completions/seckill.{bash,zsh,fish,elv,ps1}`, `man/*.1` and
+/// `docs/openapi.json` under `dir`.
 pub fn write_all(dir: &Path) -> anyhow::Result<()> {
     let completions = dir.join("completions");
     std::fs::create_dir_all(&completions)
@@ -42,7 +44,12 @@ pub fn write_all(dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(&man).with_context(|| format!("cannot create {}", man.display()))?;
     let mut cmd = Cli::command();
     cmd.build();
-    write_man(&cmd, "seckill", &man)
+    write_man(&cmd, "seckill", &man)?;
+    let docs = dir.join("docs");
+    std::fs::create_dir_all(&docs).with_context(|| format!("cannot create {}", docs.display()))?;
+    let openapi = docs.join("openapi.json");
+    std::fs::write(&openapi, crate::http::openapi::document())
+        .with_context(|| format!("cannot write {}", openapi.display()))
 }
 
 fn write_man(cmd: &clap::Command, name: &str, dir: &Path) -> anyhow::Result<()> {

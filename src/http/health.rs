@@ -9,10 +9,19 @@ use serde_json::json;
 use super::State;
 use crate::store::scripts::ADMISSION;
 
+/// The process is up.
+#[utoipa::path(get, path = "/healthz", tag = "meta", security(()),
+    responses((status = 200, description = "Up", content_type = "text/plain")))]
 pub async fn healthz() -> &'static str {
     "ok\n"
 }
 
+/// It can sell: Redis and MySQL answer, the script is loaded, a node id is held.
+#[utoipa::path(get, path = "/readyz", tag = "meta", security(()),
+    responses(
+        (status = 200, description = "Ready", body = super::openapi::ReadyAnswer),
+        (status = 503, description = "Not ready: which check failed", body = super::openapi::ReadyAnswer),
+    ))]
 pub async fn readyz(state: State) -> Response {
     let mut conn = state.redis();
     let script: redis::RedisResult<Vec<bool>> = redis::cmd("SCRIPT")

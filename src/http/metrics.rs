@@ -129,6 +129,9 @@ pub async fn observe(State(state): State<Arc<AppState>>, request: Request, next:
     response
 }
 
+/// Prometheus metrics (OpenMetrics text).
+#[utoipa::path(get, path = "/metrics", tag = "meta", security(()),
+    responses((status = 200, description = "The metrics", content_type = "application/openmetrics-text")))]
 pub async fn render(State(state): State<Arc<AppState>>) -> Response {
     let mut body = String::new();
     if encode(&mut body, &state.metrics.registry).is_err() {

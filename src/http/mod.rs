@@ -12,6 +12,7 @@ mod error;
 mod health;
 mod ids;
 mod metrics;
+pub mod openapi;
 mod order;
 mod purchase;
 mod tls;
@@ -227,6 +228,7 @@ fn router(state: Arc<AppState>, opts: &ServeOptions) -> Router {
         .route("/v1/vouchers/{voucher}/tokens", post(voucher::issue_token))
         .route("/v1/orders/{order}", get(order::show))
         .route("/v1/orders/{order}/payment", post(order::pay))
+        .route("/v1/openapi.json", get(openapi::document_route))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::require_key,

@@ -15,6 +15,15 @@ use super::State;
 use crate::orders::order;
 use crate::orders::payment::{self, PayOutcome};
 
+/// One order (as `seckill order show`).
+#[utoipa::path(get, path = "/v1/orders/{order}", tag = "orders",
+    params(("order" = String, Path, description = "The order id")),
+    responses(
+        (status = 200, description = "The order", body = super::openapi::OrderAnswer),
+        (status = 404, description = "No such order", body = super::openapi::ErrorAnswer),
+        (status = 400, description = "A bad order id", body = super::openapi::ErrorAnswer),
+        (status = 401, description = "No valid API key", body = super::openapi::ErrorAnswer),
+    ))]
 pub async fn show(state: State, Path(id): Path<String>) -> Result<Response, ApiError> {
     let id = parse_id("order", &id)?;
     match order::get(&state.db, id).await? {
@@ -23,6 +32,17 @@ pub async fn show(state: State, Path(id): Path<String>) -> Result<Response, ApiE
     }
 }
 
+/// Pays the order (as `seckill pay`): pay and the payment deadline racing
+/// on one order produce exactly one outcome.
+#[utoipa::path(post, path = "/v1/orders/{order}/payment", tag = "orders",
+    params(("order" = String, Path, description = "The order id")),
+    responses(
+        (status = 200, description = "paid", body = super::openapi::PaymentAnswer),
+        (status = 409, description = "already_paid", body = super::openapi::PaymentAnswer),
+        (status = 410, description = "cancelled or deadline_passed", body = super::openapi::PaymentAnswer),
+        (status = 404, description = "unknown_order", body = super::openapi::PaymentAnswer),
+        (status = 401, description = "No valid API key", body = super::openapi::ErrorAnswer),
+    ))]
 pub async fn pay(state: State, Path(id): Path<String>) -> Result<Response, ApiError> {
     let id = parse_id("order", &id)?;
     let outcome = payment::pay_on(&state.db, &mut state.redis(), &state.cfg.prefix, id).await?;

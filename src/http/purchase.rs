@@ -12,10 +12,13 @@ use super::{Body, State};
 use crate::gate::admission::{self, Admission};
 use crate::store::keys::VoucherKeys;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PurchaseBody {
+    /// The buyer: 1..=9223372036854775807, a JSON number or a decimal string.
+    #[schema(value_type = String, example = "42")]
     user: Id,
+    /// The user's admission token, for a voucher that requires one.
     #[serde(default)]
     token: Option<String>,
 }
@@ -39,6 +42,23 @@ pub fn status_of(outcome: &Admission) -> StatusCode {
     }
 }
 
+/// One admission through the gate: 201 for a success and only for it.
+#[utoipa::path(post, path = "/v1/vouchers/{voucher}/purchases", tag = "purchases",
+    params(("voucher" = String, Path, description = "The voucher id")),
+    request_body = PurchaseBody,
+    responses(
+        (status = 201, description = "success: the user holds a unit; the order is on its way to MySQL", body = super::openapi::PurchaseAnswer),
+        (status = 409, description = "already_bought (also a retry whose first attempt went through)", body = super::openapi::PurchaseAnswer),
+        (status = 410, description = "sold_out: the user is on the waitlist", body = super::openapi::PurchaseAnswer),
+        (status = 425, description = "not_started", body = super::openapi::PurchaseAnswer),
+        (status = 422, description = "ended", body = super::openapi::PurchaseAnswer),
+        (status = 404, description = "unknown_voucher: not loaded at the gate", body = super::openapi::PurchaseAnswer),
+        (status = 403, description = "bad_token", body = super::openapi::PurchaseAnswer),
+        (status = 429, description = "rate_limited (Retry-After)", body = super::openapi::PurchaseAnswer),
+        (status = 503, description = "paused (Retry-After), or unknown: the gate's answer was lost, retry; or too many requests in flight", body = super::openapi::UnknownAnswer),
+        (status = 400, description = "bad input; nothing written", body = super::openapi::ErrorAnswer),
+        (status = 401, description = "no valid API key; nothing written", body = super::openapi::ErrorAnswer),
+    ))]
 pub async fn create(
     state: State,
     Path(voucher): Path<String>,

@@ -13,6 +13,15 @@ use crate::gate::state::{self, SaleState};
 use crate::gate::token;
 use crate::store::keys::VoucherKeys;
 
+/// The sale's window and state, by the gate's clock; cheap enough to poll.
+#[utoipa::path(get, path = "/v1/vouchers/{voucher}", tag = "vouchers",
+    params(("voucher" = String, Path, description = "The voucher id")),
+    responses(
+        (status = 200, description = "The sale", body = super::openapi::SaleAnswer),
+        (status = 404, description = "Not loaded at the gate", body = super::openapi::ErrorAnswer),
+        (status = 400, description = "A bad voucher id", body = super::openapi::ErrorAnswer),
+        (status = 401, description = "No valid API key", body = super::openapi::ErrorAnswer),
+    ))]
 pub async fn show(state: State, Path(voucher): Path<String>) -> Result<Json<Value>, ApiError> {
     let voucher = parse_id("voucher", &voucher)?;
     let keys = VoucherKeys::new(&state.cfg.prefix, voucher)?;
@@ -39,9 +48,11 @@ pub async fn show(state: State, Path(voucher): Path<String>) -> Result<Json<Valu
     })))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenBody {
+    /// The user: a JSON number or a decimal string.
+    #[schema(value_type = String, example = "42")]
     user: Id,
     /// How long the token stays valid, in ms (default 10 minutes).
     #[serde(default)]
@@ -50,6 +61,15 @@ pub struct TokenBody {
 
 const DEFAULT_TTL: std::time::Duration = std::time::Duration::from_secs(600);
 
+/// An admission token for a user (as `seckill token issue`).
+#[utoipa::path(post, path = "/v1/vouchers/{voucher}/tokens", tag = "vouchers",
+    params(("voucher" = String, Path, description = "The voucher id")),
+    request_body = TokenBody,
+    responses(
+        (status = 200, description = "The token and its lifetime", body = super::openapi::TokenAnswer),
+        (status = 400, description = "Bad input (a ttl over 24 h, say)", body = super::openapi::ErrorAnswer),
+        (status = 401, description = "No valid API key", body = super::openapi::ErrorAnswer),
+    ))]
 pub async fn issue_token(
     state: State,
     Path(voucher): Path<String>,
