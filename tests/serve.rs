@@ -851,3 +851,65 @@ async fn every_documented_route_and_status_is_answered() {
     drop(redis);
     env.cleanup().await;
 }
+
+/// SIGTERM in the middle of a load: every request is answered or refused
+/// cleanly (connection refused once it stopped listening), every 201 has its
+/// order and no order is without its 201, the node id is given back, exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_load_answers_or_refuses_every_request_cleanly() {
+    let env = TestEnv::new().await;
+    env.live_voucher(1, 100_000).await;
+    let serve = Serve::start(&env, &["--node-id", "778"]);
+    let port = serve.port;
+    let stop_at = Instant::now() + Duration::from_millis(400);
+    let threads: Vec<_> = (0..16u64)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let agent = Serve::agent();
+                let (mut won, mut refused, mut other) = (0u64, 0u64, Vec::new());
+                let start = Instant::now();
+                for i in 0.. {
+                    if start.elapsed() > Duration::from_secs(2) {
+                        break;
+                    }
+                    let user = 1 + t + 16 * i;
+                    let r = agent
+                        .post(&format!("http://127.0.0.1:{port}/v1/vouchers/1/purchases"))
+                        .header("content-type", "application/json")
+                        .send(json!({ "user": user }).to_string());
+                    match Serve::answer(r) {
+                        (201, _) => won += 1,
+                        (0, _) => refused += 1,
+                        (status, body) => other.push(format!("{status} {body}")),
+                    }
+                }
+                (won, refused, other)
+            })
+        })
+        .collect();
+    std::thread::sleep(stop_at.saturating_duration_since(Instant::now()));
+    let status = serve.stop();
+    let (mut won, mut refused) = (0, 0);
+    for t in threads {
+        let (w, r, other) = t.join().unwrap();
+        assert!(
+            other.is_empty(),
+            "answers neither 201 nor a clean refusal: {other:?}"
+        );
+        won += w;
+        refused += r;
+    }
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        won > 0 && refused > 0,
+        "{won} admitted, {refused} refused: the stop did not land mid-load"
+    );
+    let mut redis = env.redis().await;
+    let lease = seckill::store::keys::node_lease(&env.prefix, 778);
+    let held: bool = redis.exists(&lease).await.unwrap();
+    assert!(!held, "the node id lease outlived serve");
+    drain(&env);
+    assert_eq!(env.order_count(1).await, won, "201s and orders differ");
+    assert_invariants(&env, 1).await;
+    env.cleanup().await;
+}
