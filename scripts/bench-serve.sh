@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Purchases/s through `seckill serve` (HTTP, driven by wrk, a load generator
+# nobody here wrote) side by side with `seckill bench` (the gate straight
+# from Rust) on the same set-up, same Redis, same run; p50/p90/p99 latency;
+# CPU seconds of serve, Redis and wrk during the HTTP run, and serve's CPU
+# per request. Every request is a new user, so every purchase succeeds
+# (the gate's full path: checks, DECR, SADD, XADD). Rounds alternate the two.
+#
+#   scripts/bench-serve.sh [seconds] [rounds]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=scripts/lib/bench.sh
+. scripts/lib/bench.sh
+
+seconds=${1:-10}
+rounds=${2:-2}
+connections=${BENCH_CONNECTIONS:-64}
+threads=${BENCH_THREADS:-2}
+prefix=benchserve
+port=${BENCH_SERVE_PORT:-18181}
+
+scripts/services.sh up >/dev/null
+eval "$(scripts/services.sh env)"
+command -v wrk >/dev/null || { echo "bench-serve: installing wrk" >&2; apt-get install -y -qq wrk >/dev/null; }
+redis_port=$(port_of "$SECKILL_REDIS_URL")
+export SECKILL_MYSQL_URL="${SECKILL_MYSQL_URL%/*}/seckill_bench"
+cargo build --release --quiet --locked
+seckill="target/release/seckill --prefix $prefix"
+$seckill init >/dev/null
+drop_keys "$redis_port" "$prefix:*"
+
+lua=$(mktemp --suffix .lua)
+trap 'rm -f "$lua"; kill "$serve_pid" 2>/dev/null || true; drop_keys "$redis_port" "$prefix:*"' EXIT
+# Each wrk thread numbers its own users, so no two requests share one.
+cat >"$lua" <<'LUA'
+local counter, base = 0, 0
+local threads = 0
+function setup(thread)
+  thread:set("base", threads * 1000000000 + 1)
+  threads = threads + 1
+end
+function init(args)
+  base = tonumber(wrk.thread:get("base")) or 1
+end
+function request()
+  counter = counter + 1
+  return wrk.format("POST", wrk.path, {["Content-Type"] = "application/json"},
+    '{"user": ' .. (base + counter) .. '}')
+end
+LUA
+
+cpu_of() { # pid -> CPU seconds so far
+  awk '{printf "%.2f", ($14 + $15) / 100}' "/proc/$1/stat"
+}
+
+first_voucher=$(( $(date +%s) * 100 ))
+fresh_voucher() { # id: a new voucher of 10,000,000 units, preloaded
+  $seckill voucher add --id "$1" --stock 10000000 --end +2h --title bench >/dev/null
+  $seckill preload --voucher "$1" >/dev/null
+}
+
+$seckill serve --listen "127.0.0.1:$port" --max-in-flight 100000 2>/tmp/bench-serve.log &
+serve_pid=$!
+for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
+redis_pid=$(redis-cli -p "$redis_port" info server | sed -n 's/^process_id:\([0-9]*\).*/\1/p' | tr -d '\r')
+
+printf '%-6s %14s %14s %8s %9s %9s %9s %12s %10s %10s %10s\n' round "serve req/s" "bench att/s" ratio "p50 ms" "p90 ms" "p99 ms" "serve µs/req" "serve cpu" "redis cpu" "wrk cpu"
+for round in $(seq "$rounds"); do
+  v=$((first_voucher + 2 * round))
+  fresh_voucher "$v"
+  s0=$(cpu_of "$serve_pid"); r0=$(cpu_of "$redis_pid")
+  out=$( { /usr/bin/time -f 'WRKCPU %U %S' wrk -t"$threads" -c"$connections" -d"${seconds}s" --latency -s "$lua" \
+    "http://127.0.0.1:$port/v1/vouchers/$v/purchases"; } 2>&1)
+  s1=$(cpu_of "$serve_pid"); r1=$(cpu_of "$redis_pid")
+  rps=$(echo "$out" | awk '/Requests\/sec/ {printf "%d", $2}')
+  total=$(echo "$out" | awk '/requests in/ {print $1}')
+  non2xx=$(echo "$out" | awk '/Non-2xx/ {print $5}')
+  lat() { echo "$out" | awk -v p="$1" '$1 == p {v=$2; if (v ~ /us$/) {sub(/us/,"",v); v/=1000} else if (v ~ /ms$/) {sub(/ms/,"",v)} else if (v ~ /s$/) {sub(/s/,"",v); v*=1000}; printf "%.2f", v}'; }
+  wrk_cpu=$(echo "$out" | awk '/WRKCPU/ {printf "%.2f", $2 + $3}')
+  v2=$((v + 1))
+  fresh_voucher "$v2"
+  bench=$($seckill bench --voucher "$v2" --users 200000 --attempts 200000 --concurrency "$connections" \
+    --connections 4 --format json | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["attempts_per_sec"]))')
+  serve_cpu=$(awk -v a="$s1" -v b="$s0" 'BEGIN {printf "%.2f", a - b}')
+  redis_cpu=$(awk -v a="$r1" -v b="$r0" 'BEGIN {printf "%.2f", a - b}')
+  per_req=$(awk -v c="$serve_cpu" -v n="$total" 'BEGIN {printf "%.1f", c * 1000000 / n}')
+  ratio=$(awk -v a="$rps" -v b="$bench" 'BEGIN {printf "%.2f", a / b}')
+  printf '%-6s %14s %14s %8s %9s %9s %9s %12s %10s %10s %10s\n' "$round" "$rps" "$bench" \
+    "$ratio" "$(lat 50%)" "$(lat 90%)" "$(lat 99%)" "$per_req" "$serve_cpu" "$redis_cpu" "$wrk_cpu"
+  if [ -n "$non2xx" ]; then echo "  ($non2xx answers were not 2xx: see /tmp/bench-serve.log)"; fi
+done
+echo "(one 2-core machine: wrk, serve and Redis share it; quote the ratio)"
