@@ -19,8 +19,8 @@ pub async fn healthz() -> &'static str {
 /// It can sell: Redis and MySQL answer, the script is loaded, a node id is held.
 #[utoipa::path(get, path = "/readyz", tag = "meta", security(()),
     responses(
-        (status = 200, description = "Ready", body = super::openapi::ReadyAnswer),
-        (status = 503, description = "Not ready: which check failed", body = super::openapi::ReadyAnswer),
+        (status = 200, description = "Ready", body = super::schema::ReadyAnswer),
+        (status = 503, description = "Not ready: which check failed", body = super::schema::ReadyAnswer),
     ))]
 pub async fn readyz(state: State) -> Response {
     let mut conn = state.redis();

@@ -15,6 +15,7 @@ mod metrics;
 pub mod openapi;
 mod order;
 mod purchase;
+mod schema;
 mod tls;
 mod voucher;
 mod window;

@@ -4,12 +4,13 @@
 //! the committed one is stale, and another when a documented route and
 //! status is never answered).
 //!
-//! The types here only describe bodies the handlers build as JSON.
-
-use serde::Serialize;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa::{Modify, OpenApi};
 
+use super::schema::{
+    ErrorAnswer, OrderAnswer, PaymentAnswer, PurchaseAnswer, ReadyAnswer, SaleAnswer, TokenAnswer,
+    UnknownAnswer,
+};
 use super::{health, metrics, order, purchase, voucher};
 
 #[derive(OpenApi)]
@@ -78,91 +79,4 @@ pub async fn document_route() -> axum::response::Response {
         document(),
     )
         .into_response()
-}
-
-/// A purchase's answer: the fields of `seckill buy --format json`.
-#[derive(Serialize, ToSchema)]
-pub struct PurchaseAnswer {
-    /// success, already_bought, sold_out, not_started, ended,
-    /// unknown_voucher, paused, rate_limited or bad_token
-    pub outcome: String,
-    pub voucher: u64,
-    pub user: u64,
-    /// The new order's id (success only), a decimal string.
-    pub order_id: Option<String>,
-    /// The user's 1-based place on the waitlist (sold_out only).
-    pub waitlist_position: Option<u64>,
-    /// When the sale opens, Unix ms (not_started only), and as text.
-    pub begin_ms: Option<i64>,
-    pub begin: Option<String>,
-    /// When the sale closed, Unix ms (ended only), and as text.
-    pub end_ms: Option<i64>,
-    pub end: Option<String>,
-}
-
-/// The gate's answer was lost after the script was sent: the purchase may or
-/// may not have happened. Retry it: a retry answers already_bought if it did.
-#[derive(Serialize, ToSchema)]
-pub struct UnknownAnswer {
-    /// "unknown"
-    pub outcome: String,
-    pub error: String,
-}
-
-/// Bad input, a missing key, an unknown route, or a store that did not answer.
-#[derive(Serialize, ToSchema)]
-pub struct ErrorAnswer {
-    /// One line naming the problem.
-    pub error: String,
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct TokenAnswer {
-    pub voucher: String,
-    pub user: String,
-    pub token: String,
-    pub ttl_ms: u64,
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct SaleAnswer {
-    pub voucher: String,
-    /// open, not_started, ended, sold_out or paused
-    pub state: String,
-    pub begin_ms: i64,
-    pub end_ms: i64,
-    /// Units left at the gate.
-    pub stock: i64,
-    /// Redis's clock (the gate's), Unix ms.
-    pub now_ms: i64,
-}
-
-/// As `seckill order show --format json`.
-#[derive(Serialize, ToSchema)]
-pub struct OrderAnswer {
-    pub id: String,
-    pub user: u64,
-    pub voucher: u64,
-    /// pending, paid or cancelled
-    pub status: String,
-    pub created_ms: i64,
-    pub deadline_ms: i64,
-    pub paid_ms: Option<i64>,
-    pub cancelled_ms: Option<i64>,
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct PaymentAnswer {
-    /// paid, already_paid, cancelled, deadline_passed or unknown_order
-    pub outcome: String,
-    pub order_id: String,
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct ReadyAnswer {
-    pub ready: bool,
-    pub redis: bool,
-    pub script: bool,
-    pub mysql: bool,
-    pub node_id: bool,
 }

@@ -19,10 +19,10 @@ use crate::orders::payment::{self, PayOutcome};
 #[utoipa::path(get, path = "/v1/orders/{order}", tag = "orders",
     params(("order" = String, Path, description = "The order id")),
     responses(
-        (status = 200, description = "The order", body = super::openapi::OrderAnswer),
-        (status = 404, description = "No such order", body = super::openapi::ErrorAnswer),
-        (status = 400, description = "A bad order id", body = super::openapi::ErrorAnswer),
-        (status = 401, description = "No valid API key", body = super::openapi::ErrorAnswer),
+        (status = 200, description = "The order", body = super::schema::OrderAnswer),
+        (status = 404, description = "No such order", body = super::schema::ErrorAnswer),
+        (status = 400, description = "A bad order id", body = super::schema::ErrorAnswer),
+        (status = 401, description = "No valid API key", body = super::schema::ErrorAnswer),
     ))]
 pub async fn show(state: State, Path(id): Path<String>) -> Result<Response, ApiError> {
     let id = parse_id("order", &id)?;
@@ -37,11 +37,11 @@ pub async fn show(state: State, Path(id): Path<String>) -> Result<Response, ApiE
 #[utoipa::path(post, path = "/v1/orders/{order}/payment", tag = "orders",
     params(("order" = String, Path, description = "The order id")),
     responses(
-        (status = 200, description = "paid", body = super::openapi::PaymentAnswer),
-        (status = 409, description = "already_paid", body = super::openapi::PaymentAnswer),
-        (status = 410, description = "cancelled or deadline_passed", body = super::openapi::PaymentAnswer),
-        (status = 404, description = "unknown_order", body = super::openapi::PaymentAnswer),
-        (status = 401, description = "No valid API key", body = super::openapi::ErrorAnswer),
+        (status = 200, description = "paid", body = super::schema::PaymentAnswer),
+        (status = 409, description = "already_paid", body = super::schema::PaymentAnswer),
+        (status = 410, description = "cancelled or deadline_passed", body = super::schema::PaymentAnswer),
+        (status = 404, description = "unknown_order", body = super::schema::PaymentAnswer),
+        (status = 401, description = "No valid API key", body = super::schema::ErrorAnswer),
     ))]
 pub async fn pay(state: State, Path(id): Path<String>) -> Result<Response, ApiError> {
     let id = parse_id("order", &id)?;

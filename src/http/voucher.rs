@@ -17,10 +17,10 @@ use crate::store::keys::VoucherKeys;
 #[utoipa::path(get, path = "/v1/vouchers/{voucher}", tag = "vouchers",
     params(("voucher" = String, Path, description = "The voucher id")),
     responses(
-        (status = 200, description = "The sale", body = super::openapi::SaleAnswer),
-        (status = 404, description = "Not loaded at the gate", body = super::openapi::ErrorAnswer),
-        (status = 400, description = "A bad voucher id", body = super::openapi::ErrorAnswer),
-        (status = 401, description = "No valid API key", body = super::openapi::ErrorAnswer),
+        (status = 200, description = "The sale", body = super::schema::SaleAnswer),
+        (status = 404, description = "Not loaded at the gate", body = super::schema::ErrorAnswer),
+        (status = 400, description = "A bad voucher id", body = super::schema::ErrorAnswer),
+        (status = 401, description = "No valid API key", body = super::schema::ErrorAnswer),
     ))]
 pub async fn show(state: State, Path(voucher): Path<String>) -> Result<Json<Value>, ApiError> {
     let voucher = parse_id("voucher", &voucher)?;
@@ -66,9 +66,9 @@ const DEFAULT_TTL: std::time::Duration = std::time::Duration::from_secs(600);
     params(("voucher" = String, Path, description = "The voucher id")),
     request_body = TokenBody,
     responses(
-        (status = 200, description = "The token and its lifetime", body = super::openapi::TokenAnswer),
-        (status = 400, description = "Bad input (a ttl over 24 h, say)", body = super::openapi::ErrorAnswer),
-        (status = 401, description = "No valid API key", body = super::openapi::ErrorAnswer),
+        (status = 200, description = "The token and its lifetime", body = super::schema::TokenAnswer),
+        (status = 400, description = "Bad input (a ttl over 24 h, say)", body = super::schema::ErrorAnswer),
+        (status = 401, description = "No valid API key", body = super::schema::ErrorAnswer),
     ))]
 pub async fn issue_token(
     state: State,
