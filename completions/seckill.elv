@@ -432,6 +432,8 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand --redis-connections 'Multiplexed Redis connections shared by all requests'
             cand --tls-cert 'Serve HTTPS with this certificate chain (PEM; needs --tls-key)'
             cand --tls-key 'The private key of --tls-cert (PEM)'
+            cand --wait-replicas 'After a success, wait until N replicas of the voucher''s master have it (a failover to one of them then keeps it) [default: no wait]'
+            cand --wait-timeout 'The longest --wait-replicas waits before giving up (the admission stands either way)'
             cand --node-id 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]'
             cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
             cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'

@@ -913,3 +913,87 @@ async fn sigterm_mid_load_answers_or_refuses_every_request_cleanly() {
     assert_invariants(&env, 1).await;
     env.cleanup().await;
 }
+
+/// A cluster master killed under load, serve running `--wait-replicas 1`:
+/// no 201 acknowledged by a replica without its order after the failover,
+/// no refusal for a user who got an order; answers in between are 503
+/// (unknown or paused), never a false outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_failover_under_load_tells_no_false_outcome() {
+    use std::collections::BTreeMap;
+    let cluster = common::own_cluster::OwnCluster::start();
+    let env = TestEnv::on_redis(&cluster.url()).await;
+    let v = common::one_voucher_per_master(&env).await[0];
+    env.live_voucher(v, 1_000_000).await;
+    let victim = cluster.master_of(&format!("{{{v}}}"));
+    let replica = cluster.replica_of(victim);
+    let serve = std::sync::Arc::new(Serve::start(
+        &env,
+        &[
+            "--wait-replicas",
+            "1",
+            "--wait-timeout",
+            "1s",
+            "--request-timeout",
+            "5s",
+        ],
+    ));
+    let running = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let (serve, running) = (serve.clone(), running.clone());
+            std::thread::spawn(move || {
+                let mut seen = Vec::new();
+                let mut i = 0;
+                while running.load(std::sync::atomic::Ordering::Relaxed) {
+                    let user = 1 + t + 8 * i;
+                    i += 1;
+                    let (status, body) = serve.buy(v, json!(user));
+                    seen.push((user, status, body));
+                }
+                seen
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(800));
+    cluster.kill9(victim);
+    cluster.wait_master(replica, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(3));
+    running.store(false, std::sync::atomic::Ordering::Relaxed);
+    let answers: Vec<(u64, u16, Value)> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    let serve = std::sync::Arc::try_unwrap(serve).ok().unwrap();
+    assert_eq!(serve.stop().code(), Some(0));
+    let mut worker = env.spawn_worker(&common::fast_worker(&[]));
+    worker.expect_gate_pauses();
+    std::thread::sleep(Duration::from_secs(2));
+    env.wait_drained(v, Duration::from_secs(60)).await;
+    worker.signal("TERM");
+    worker.expect_success(Duration::from_secs(30));
+    let holders: std::collections::BTreeSet<u64> =
+        env.orders(v).await.into_iter().map(|(_, u, _)| u).collect();
+    let mut by_status: BTreeMap<u16, usize> = BTreeMap::new();
+    for (user, status, body) in &answers {
+        *by_status.entry(*status).or_default() += 1;
+        match status {
+            201 if body["replicas_acked"].as_u64().unwrap_or(0) >= 1 => assert!(
+                holders.contains(user),
+                "user {user} was told success, a replica had it, and has no order"
+            ),
+            201 | 503 => {}
+            _ => assert!(
+                !holders.contains(user),
+                "user {user} was refused ({status} {body}) yet holds an order"
+            ),
+        }
+    }
+    eprintln!("answers by status across the failover: {by_status:?}");
+    assert!(
+        by_status.get(&201).copied().unwrap_or(0) > 100,
+        "{by_status:?}"
+    );
+    assert_invariants(&env, v).await;
+    env.cleanup().await;
+}

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::common::{parse_duration, NodeIdOpt};
+use super::common::{parse_duration, NodeIdOpt, ReplicaWaitOpt};
 use crate::exit_code;
 use crate::http::{self, ApiKeys, ServeOptions};
 use crate::store::config::Config;
@@ -44,6 +44,8 @@ pub struct ServeArgs {
     #[arg(long, env = "SECKILL_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
     #[command(flatten)]
+    pub replicas: ReplicaWaitOpt,
+    #[command(flatten)]
     pub node: NodeIdOpt,
 }
 
@@ -62,6 +64,7 @@ pub async fn run(cfg: &Config, args: ServeArgs) -> anyhow::Result<u8> {
         redis_connections: args.redis_connections,
         node_id: args.node.node_id,
         tls: args.tls_cert.zip(args.tls_key),
+        wait: args.replicas.wait(),
     };
     opts.validate()?;
     let stop = shutdown::on_signals()?;

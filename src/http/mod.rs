@@ -57,6 +57,8 @@ pub struct ServeOptions {
     pub node_id: Option<u16>,
     /// HTTPS with this certificate chain and key (PEM); none: plain HTTP.
     pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// After a success, wait for replicas to have it (`--wait-replicas`).
+    pub wait: Option<crate::gate::admission::ReplicaWait>,
 }
 
 /// Bodies are a few fields: anything larger is refused before parsing.
@@ -90,6 +92,7 @@ pub(crate) struct AppState {
     pub ids: Arc<OrderIds>,
     pub keys: Option<ApiKeys>,
     pub request_timeout: Duration,
+    pub wait: Option<crate::gate::admission::ReplicaWait>,
     /// Sale windows, so attempts outside them cost Redis nothing.
     pub windows: window::SaleWindows,
     pub metrics: metrics::ServeMetrics,
@@ -158,6 +161,7 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
         ids: ids.clone(),
         keys: opts.api_keys.clone(),
         request_timeout: opts.request_timeout,
+        wait: opts.wait,
         windows: window::SaleWindows::default(),
         metrics: metrics::ServeMetrics::default(),
         redis,

@@ -87,18 +87,17 @@ pub async fn create(
         .ids
         .next_id()
         .map_err(|e| ApiError::Unavailable(e.to_string()))?;
-    let call = admission::admit(
-        &mut conn,
-        &keys,
+    let attempt = admission::Attempt {
         voucher,
         user,
         order_id,
-        body.token.as_deref(),
-    );
+        token: body.token.as_deref(),
+    };
+    let call = admission::admit_durably(&mut conn, &keys, attempt, state.wait);
     // From here the script may have run: a failure is never told as a
     // refusal (a retry answers already_bought if it did).
-    let outcome = match tokio::time::timeout(state.request_timeout, call).await {
-        Ok(Ok(outcome)) => outcome,
+    let (outcome, replicas_acked) = match tokio::time::timeout(state.request_timeout, call).await {
+        Ok(Ok(answer)) => answer,
         Ok(Err(e)) => {
             state.metrics.redis_error();
             tracing::warn!("voucher {voucher}: admission of user {user}: {e}");
@@ -114,12 +113,30 @@ pub async fn create(
             ));
         }
     };
-    Ok(respond(voucher, user, outcome))
+    if let (Some(wait), Some(acked)) = (state.wait, replicas_acked) {
+        if acked < wait.replicas {
+            tracing::warn!(
+                "voucher {voucher}: only {acked} of {} replica(s) had user {user}'s admission in time: a failover now could lose it",
+                wait.replicas
+            );
+        }
+    }
+    Ok(respond_acked(voucher, user, outcome, replicas_acked))
 }
 
 fn respond(voucher: u64, user: u64, outcome: Admission) -> Response {
+    respond_acked(voucher, user, outcome, None)
+}
+
+/// The answer; with `--wait-replicas`, a success says how many replicas
+/// had it (`replicas_acked`, as `seckill buy --format json`).
+fn respond_acked(voucher: u64, user: u64, outcome: Admission, acked: Option<u32>) -> Response {
     let status = status_of(&outcome);
-    let mut response = (status, axum::Json(outcome.report(voucher, user))).into_response();
+    let mut report = outcome.report(voucher, user);
+    if let Some(acked) = acked {
+        report["replicas_acked"] = serde_json::json!(acked);
+    }
+    let mut response = (status, axum::Json(report)).into_response();
     response
         .extensions_mut()
         .insert(OutcomeLabel(outcome.name()));

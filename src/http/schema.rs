@@ -23,6 +23,8 @@ pub struct PurchaseAnswer {
     /// When the sale closed, Unix ms (ended only), and as text.
     pub end_ms: Option<i64>,
     pub end: Option<String>,
+    /// With `--wait-replicas`, on a success: how many replicas had it.
+    pub replicas_acked: Option<u32>,
 }
 
 /// The gate's answer was lost after the script was sent: the purchase may or
