@@ -310,6 +310,11 @@ async fn bad_input_is_one_line_a_non_zero_exit_and_changes_nothing() {
             1,
             "--request-timeout must be",
         ),
+        case(
+            &["serve", "--wait-replicas", "1", "--wait-timeout", "3s"],
+            1,
+            "--wait-timeout must be above 0 and at least 200ms below --request-timeout",
+        ),
     ];
     for c in &cases {
         run_case(&env, c);

@@ -78,16 +78,23 @@ pub async fn not_found() -> ApiError {
     ApiError::NotFound("no such route".into())
 }
 
-/// What the limits in front of the routes turn into: 503 at once past the
-/// in-flight cap or the request timeout.
-pub async fn overloaded(e: BoxError) -> Response {
-    if e.is::<tower::timeout::error::Elapsed>() {
-        ApiError::Unknown("the request took too long; its outcome is unknown: retry it".into())
-            .into_response()
+/// What the limits in front of the router turn into: 503 at once past the
+/// in-flight cap or the backstop timeout (counted: the router's own
+/// metrics never saw these requests).
+pub fn overloaded(state: &super::AppState, e: BoxError) -> Response {
+    let (outcome, answer) = if e.is::<tower::timeout::error::Elapsed>() {
+        (
+            "unknown",
+            ApiError::Unknown("the request took too long; its outcome is unknown: retry it".into()),
+        )
     } else if e.is::<tower::load_shed::error::Overloaded>() {
-        ApiError::Unavailable("too many requests in flight; retry in a moment".into())
-            .into_response()
+        (
+            "overloaded",
+            ApiError::Unavailable("too many requests in flight; retry in a moment".into()),
+        )
     } else {
-        ApiError::Internal(format!("request failed: {e}")).into_response()
-    }
+        ("-", ApiError::Internal(format!("request failed: {e}")))
+    };
+    state.metrics.refused(outcome);
+    answer.into_response()
 }

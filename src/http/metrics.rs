@@ -94,6 +94,27 @@ impl ServeMetrics {
     pub fn redis_error(&self) {
         self.redis_errors.inc();
     }
+
+    /// A request refused by the limits in front of the router (route "-").
+    pub fn refused(&self, outcome: &'static str) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                route: "-".to_string(),
+                status: 503,
+                outcome,
+            })
+            .inc();
+    }
+}
+
+/// Counts a request in flight until dropped, also when its future is
+/// dropped midway (a client gone, a timeout).
+struct InFlight<'a>(&'a Gauge);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// Counts and times every request.
@@ -105,9 +126,10 @@ pub async fn observe(State(state): State<Arc<AppState>>, request: Request, next:
         .to_string();
     let metrics = &state.metrics;
     metrics.in_flight.inc();
+    let counted = InFlight(&metrics.in_flight);
     let started = Instant::now();
     let response = next.run(request).await;
-    metrics.in_flight.dec();
+    drop(counted);
     metrics
         .latency
         .get_or_create(&RouteLabels {

@@ -81,6 +81,17 @@ impl ServeOptions {
         if !(1..=64).contains(&self.redis_connections) {
             return bad("--redis-connections must be between 1 and 64");
         }
+        if let Some(wait) = self.wait {
+            // A WAIT longer than the request may take would turn every
+            // success on a lagging replica into "unknown".
+            if wait.timeout.is_zero()
+                || wait.timeout + Duration::from_millis(200) > self.request_timeout
+            {
+                return bad(
+                    "--wait-timeout must be above 0 and at least 200ms below --request-timeout",
+                );
+            }
+        }
         Ok(())
     }
 }
@@ -184,7 +195,7 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
             ", no API keys: loopback only"
         }
     );
-    let app = router(state, opts);
+    let app = limited(state, opts);
     let stopping = stop.clone();
     let shutdown = async move {
         stopping.cancelled().await;
@@ -226,7 +237,7 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
     result
 }
 
-fn router(state: Arc<AppState>, opts: &ServeOptions) -> Router {
+fn router(state: Arc<AppState>) -> Router {
     let v1 = Router::new()
         .route("/v1/vouchers/{voucher}", get(voucher::show))
         .route("/v1/vouchers/{voucher}/purchases", post(purchase::create))
@@ -249,13 +260,38 @@ fn router(state: Arc<AppState>, opts: &ServeOptions) -> Router {
             metrics::observe,
         ))
         .layer(DefaultBodyLimit::max(MAX_BODY))
-        .layer(
-            ServiceBuilder::new()
-                // Past the cap a request is refused at once, never queued.
-                .layer(HandleErrorLayer::new(error::overloaded))
-                .load_shed()
-                .concurrency_limit(opts.max_in_flight)
-                .timeout(opts.request_timeout),
-        )
         .with_state(state)
+}
+
+/// The router behind the limits that hold for the whole process (a layer
+/// added to the router is cloned into every route: a concurrency limit
+/// there would be one per route). Past the in-flight cap a request is
+/// refused at once, never queued; the timeout is a backstop past the
+/// handlers' own (`--request-timeout`, after which a purchase answers
+/// `unknown`).
+fn limited(
+    state: Arc<AppState>,
+    opts: &ServeOptions,
+) -> axum::routing::IntoMakeService<
+    impl tower::Service<
+            axum::extract::Request,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+            Future = impl Send,
+        > + Clone
+        + Send
+        + 'static,
+> {
+    let app = router(state.clone());
+    let refused = move |e: axum::BoxError| {
+        let state = state.clone();
+        async move { error::overloaded(&state, e) }
+    };
+    let service = ServiceBuilder::new()
+        .layer(HandleErrorLayer::new(refused))
+        .load_shed()
+        .concurrency_limit(opts.max_in_flight)
+        .timeout(opts.request_timeout + Duration::from_secs(1))
+        .service(app);
+    axum::ServiceExt::<axum::extract::Request>::into_make_service(service)
 }

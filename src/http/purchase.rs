@@ -133,6 +133,10 @@ fn respond(voucher: u64, user: u64, outcome: Admission) -> Response {
 fn respond_acked(voucher: u64, user: u64, outcome: Admission, acked: Option<u32>) -> Response {
     let status = status_of(&outcome);
     let mut report = outcome.report(voucher, user);
+    // Ids are strings over HTTP: a 64-bit id does not survive a JavaScript
+    // number.
+    report["voucher"] = serde_json::json!(voucher.to_string());
+    report["user"] = serde_json::json!(user.to_string());
     if let Some(acked) = acked {
         report["replicas_acked"] = serde_json::json!(acked);
     }

@@ -11,8 +11,8 @@ pub struct PurchaseAnswer {
     /// success, already_bought, sold_out, not_started, ended,
     /// unknown_voucher, paused, rate_limited or bad_token
     pub outcome: String,
-    pub voucher: u64,
-    pub user: u64,
+    pub voucher: String,
+    pub user: String,
     /// The new order's id (success only), a decimal string.
     pub order_id: Option<String>,
     /// The user's 1-based place on the waitlist (sold_out only).

@@ -13,7 +13,6 @@ use crate::error::Result;
 use crate::gate::admission::Admission;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::RedisConn;
-use crate::support::timespec::now_ms;
 
 /// How long a window is trusted (so `voucher update` and preload reach
 /// every process within about this).
@@ -25,10 +24,19 @@ const MARGIN_MS: i64 = 50;
 struct Window {
     begin_ms: i64,
     end_ms: i64,
-    /// Redis's clock minus ours, and how far off that may be.
-    offset_ms: i64,
+    /// Redis's clock when the reply arrived (`fetched`), estimated from
+    /// its TIME and half the round trip, and how far off that may be. Now
+    /// is that plus the time elapsed since, by the monotonic clock: a host
+    /// clock stepped meanwhile cannot move it.
+    redis_ms: i64,
     error_ms: i64,
     fetched: Instant,
+}
+
+impl Window {
+    fn redis_now_ms(&self) -> i64 {
+        self.redis_ms + self.fetched.elapsed().as_millis() as i64
+    }
 }
 
 #[derive(Default)]
@@ -57,7 +65,7 @@ impl SaleWindows {
                 None => return Ok(None),
             },
         };
-        Ok(decide(&window, now_ms()))
+        Ok(decide(&window, window.redis_now_ms()))
     }
 
     /// Reads the window and Redis's clock in one round trip.
@@ -66,7 +74,6 @@ impl SaleWindows {
         conn: &mut impl RedisConn,
         keys: &VoucherKeys,
     ) -> Result<Option<Window>> {
-        let before = now_ms();
         let sent = Instant::now();
         type Row = ((Option<i64>, Option<i64>), (i64, i64));
         let ((begin, end), (secs, micros)): Row = redis::pipe()
@@ -84,12 +91,12 @@ impl SaleWindows {
             }
             return Ok(None);
         };
-        let redis_ms = secs * 1000 + micros / 1000;
+        let read_ms = secs * 1000 + micros / 1000;
         let window = Window {
             begin_ms,
             end_ms,
             // Redis read its clock somewhere within the round trip.
-            offset_ms: redis_ms - (before + rtt_ms / 2),
+            redis_ms: read_ms + rtt_ms / 2,
             error_ms: rtt_ms / 2 + 1,
             fetched: Instant::now(),
         };
@@ -100,10 +107,10 @@ impl SaleWindows {
     }
 }
 
-/// The answer a window settles at our clock's `local_ms`, if it does.
-fn decide(w: &Window, local_ms: i64) -> Option<Admission> {
+/// The answer a window settles when Redis's clock reads about `redis_ms`,
+/// if it does.
+fn decide(w: &Window, redis_ms: i64) -> Option<Admission> {
     let margin = w.error_ms + MARGIN_MS;
-    let redis_ms = local_ms + w.offset_ms;
     if redis_ms + margin < w.begin_ms {
         Some(Admission::NotStarted {
             begin_ms: w.begin_ms,
@@ -119,19 +126,15 @@ fn decide(w: &Window, local_ms: i64) -> Option<Admission> {
 mod tests {
     use super::*;
 
-    fn window(offset_ms: i64) -> Window {
-        Window {
-            begin_ms: 10_000,
-            end_ms: 20_000,
-            offset_ms,
-            error_ms: 1,
-            fetched: Instant::now(),
-        }
-    }
-
     #[test]
     fn only_what_the_margin_settles_is_answered_here() {
-        let w = window(0);
+        let w = Window {
+            begin_ms: 10_000,
+            end_ms: 20_000,
+            redis_ms: 0,
+            error_ms: 1,
+            fetched: Instant::now(),
+        };
         assert_eq!(
             decide(&w, 5_000),
             Some(Admission::NotStarted { begin_ms: 10_000 })
@@ -147,11 +150,12 @@ mod tests {
             decide(&w, 21_000),
             Some(Admission::Ended { end_ms: 20_000 })
         );
-        // Our clock 5 s behind Redis's: the sale is open by the gate's clock.
-        assert_eq!(decide(&window(5_000), 6_000), None);
+        // A wider error widens the margin.
+        let rough = Window { error_ms: 500, ..w };
+        assert_eq!(decide(&rough, 9_500), None);
         assert_eq!(
-            decide(&window(5_000), 16_000),
-            Some(Admission::Ended { end_ms: 20_000 })
+            decide(&rough, 9_400),
+            Some(Admission::NotStarted { begin_ms: 10_000 })
         );
     }
 }
