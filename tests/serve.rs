@@ -24,6 +24,11 @@ struct Serve {
 
 impl Serve {
     fn start(env: &TestEnv, extra: &[&str]) -> Serve {
+        Self::start_logging(env, extra, "seckill=info")
+    }
+
+    /// With `RUST_LOG` set to `log` (access lines are debug).
+    fn start_logging(env: &TestEnv, extra: &[&str], rust_log: &str) -> Serve {
         let port = free_port();
         let log = std::env::temp_dir().join(format!("seckill-serve-{}-{port}.log", env.prefix));
         let file = std::fs::File::create(&log).unwrap();
@@ -32,7 +37,7 @@ impl Serve {
             .args(extra)
             .envs(env.store_env())
             .env("NO_COLOR", "1")
-            .env("RUST_LOG", "seckill=info")
+            .env("RUST_LOG", rust_log)
             .env_remove("SECKILL_NODE_ID")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -387,7 +392,7 @@ async fn without_one_of_the_keys_a_request_is_401_and_writes_nothing() {
     writeln!(file.1, "new-key-0123456789abcdef").unwrap();
     writeln!(file.1, "old-key-0123456789abcdef").unwrap();
     let path = file.0.display().to_string();
-    let serve = Serve::start(&env, &["--api-key-file", &path]);
+    let serve = Serve::start_logging(&env, &["--api-key-file", &path], "seckill=debug");
     let before = env.snapshot().await;
     let buy =
         |key: Option<&str>| serve.post("/v1/vouchers/1/purchases", &json!({ "user": 1 }), key);
@@ -412,7 +417,20 @@ async fn without_one_of_the_keys_a_request_is_401_and_writes_nothing() {
         409,
         "same user again"
     );
-    assert!(!serve.log_text().contains("key-0123"), "a key was logged");
+    let log = serve.log_text();
+    assert!(
+        log.contains("POST /v1/vouchers/{voucher}/purchases -> 401"),
+        "no access line:\n{log}"
+    );
+    assert!(!log.contains("key-0123"), "a key was logged:\n{log}");
+    // The scheme's name is case-insensitive.
+    let lower = Serve::answer(
+        Serve::agent()
+            .get(&serve.url("/v1/vouchers/1"))
+            .header("authorization", "bearer new-key-0123456789abcdef")
+            .call(),
+    );
+    assert_eq!(lower.0, 200, "{lower:?}");
     drain(&env);
     assert_invariants(&env, 1).await;
     std::fs::remove_file(&file.0).ok();

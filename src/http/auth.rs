@@ -78,6 +78,13 @@ fn equal_in_constant_time(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
+/// The token of an `Authorization: Bearer <token>` value (the scheme's
+/// name is case-insensitive).
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, token) = value.split_at_checked(7)?;
+    scheme.eq_ignore_ascii_case(b"bearer ").then_some(token)
+}
+
 /// Refuses a `/v1` request without one of the keys (401, nothing done).
 pub async fn require_key(
     State(state): State<Arc<AppState>>,
@@ -88,7 +95,7 @@ pub async fn require_key(
         let presented = request
             .headers()
             .get(AUTHORIZATION)
-            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+            .and_then(|v| bearer_token(v.as_bytes()));
         if !presented.is_some_and(|k| keys.allows(k)) {
             return Err(ApiError::Unauthorized);
         }
@@ -115,5 +122,9 @@ mod tests {
         assert!(ApiKeys::from_text("# none\n", "k").is_err());
         assert!(ApiKeys::from_text("short\n", "k").is_err());
         assert!(!format!("{keys:?}").contains("key-0123"));
+        assert_eq!(bearer_token(b"Bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_token(b"bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_token(b"Basic abcdef"), None);
+        assert_eq!(bearer_token(b"Bear"), None);
     }
 }

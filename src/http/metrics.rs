@@ -1,6 +1,7 @@
 //! `GET /metrics` of `seckill serve` (Prometheus text format, through the
 //! Prometheus org's own client crate): requests by route, status and
-//! outcome, their latency, requests in flight, and Redis errors. Label sets
+//! outcome, their latency, requests in flight, and Redis errors; and the
+//! access line of each request at `-v`. Label sets
 //! are bounded: a route is its template (`/v1/vouchers/{voucher}/...`),
 //! never an id.
 
@@ -124,12 +125,19 @@ pub async fn observe(State(state): State<Arc<AppState>>, request: Request, next:
         .get::<MatchedPath>()
         .map_or("unmatched", MatchedPath::as_str)
         .to_string();
+    let method = request.method().clone();
     let metrics = &state.metrics;
     metrics.in_flight.inc();
     let counted = InFlight(&metrics.in_flight);
     let started = Instant::now();
     let response = next.run(request).await;
     drop(counted);
+    // An access line at -v: the route's template, never an id or a body.
+    tracing::debug!(
+        "{method} {route} -> {} in {:.2} ms",
+        response.status().as_u16(),
+        started.elapsed().as_secs_f64() * 1e3
+    );
     metrics
         .latency
         .get_or_create(&RouteLabels {
