@@ -303,14 +303,7 @@ async fn a_gate_that_mysql_cannot_vouch_for_stays_paused_until_an_operator_fixes
     let _: () = redis.srem(keys.buyers(), 3).await.unwrap();
     wait_log(&worker, GATE_PAUSED, Duration::from_secs(10));
     wait_log(&worker, "--fix-mysql", Duration::from_secs(10));
-    let buy = |user: &str| {
-        env.cmd()
-            .args(["buy", "--voucher", "1", "--user", user])
-            .output()
-            .unwrap()
-            .status
-            .code()
-    };
+    let buy = |user: &str| env.buy_exit(1, user);
     assert_eq!(buy("500"), Some(15), "still paused");
     // No reopen, not even the operator's, within the pause's grace (the
     // worker's lock lease, 1s here).
@@ -584,14 +577,7 @@ async fn a_release_waits_for_a_paused_gate_instead_of_promoting_from_its_lost_bu
     const V: u64 = 1;
     let env = TestEnv::new().await;
     env.live_voucher_paying_within(V, 2, 3_000).await;
-    let buy = |user: &str| {
-        env.cmd()
-            .args(["buy", "--voucher", "1", "--user", user])
-            .output()
-            .unwrap()
-            .status
-            .code()
-    };
+    let buy = |user: &str| env.buy_exit(1, user);
     assert_eq!(buy("1"), Some(0));
     assert_eq!(buy("2"), Some(0));
     assert_eq!(buy("3"), Some(11), "user 3 waits");

@@ -444,14 +444,7 @@ async fn reconcile_reopens_a_consistent_paused_gate_unless_it_is_held() {
     let env = quiet_sale().await;
     let keys = VoucherKeys::new(&env.prefix, V).unwrap();
     let mut redis = env.redis().await;
-    let buy = |user: &str| {
-        env.cmd()
-            .args(["buy", "--voucher", "1", "--user", user])
-            .output()
-            .unwrap()
-            .status
-            .code()
-    };
+    let buy = |user: &str| env.buy_exit(1, user);
 
     // Held by a worker: paused in the dry run and after --yes.
     let _: () = redis.hset(keys.meta(), "paused", "1").await.unwrap();

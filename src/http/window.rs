@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::Result;
 use crate::gate::admission::Admission;
+use crate::gate::state;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::RedisConn;
 
@@ -68,35 +69,28 @@ impl SaleWindows {
         Ok(decide(&window, window.redis_now_ms()))
     }
 
-    /// Reads the window and Redis's clock in one round trip.
+    /// Reads the window and Redis's clock in one round trip (the same
+    /// read as `GET /v1/vouchers/{voucher}`).
     async fn refresh(
         &self,
         conn: &mut impl RedisConn,
         keys: &VoucherKeys,
     ) -> Result<Option<Window>> {
         let sent = Instant::now();
-        type Row = ((Option<i64>, Option<i64>), (i64, i64));
-        let ((begin, end), (secs, micros)): Row = redis::pipe()
-            .cmd("HMGET")
-            .arg(keys.meta())
-            .arg(&["begin_ms", "end_ms"])
-            .cmd("TIME")
-            .query_async(conn)
-            .await?;
+        let sale = state::read_sale(conn, keys).await?;
         let rtt_ms = sent.elapsed().as_millis() as i64;
-        let (Some(begin_ms), Some(end_ms)) = (begin, end) else {
+        let Some(sale) = sale else {
             // Not loaded: the gate answers (and may be loaded any moment).
             if let Ok(mut m) = self.known.lock() {
                 m.remove(&keys.voucher());
             }
             return Ok(None);
         };
-        let read_ms = secs * 1000 + micros / 1000;
         let window = Window {
-            begin_ms,
-            end_ms,
+            begin_ms: sale.begin_ms,
+            end_ms: sale.end_ms,
             // Redis read its clock somewhere within the round trip.
-            redis_ms: read_ms + rtt_ms / 2,
+            redis_ms: sale.now_ms + rtt_ms / 2,
             error_ms: rtt_ms / 2 + 1,
             fetched: Instant::now(),
         };

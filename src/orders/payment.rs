@@ -61,12 +61,9 @@ pub async fn pay(db: &Db, order: u64) -> Result<PayOutcome> {
 pub async fn pay_and_drop_deadline(cfg: &Config, db: &Db, order: u64) -> Result<PayOutcome> {
     let outcome = pay(db, order).await?;
     if let PayOutcome::Paid { voucher, .. } = outcome {
-        let dropped = match redis_conn::connect(cfg).await {
-            Ok(mut redis) => forget_deadline(&mut redis, &cfg.prefix, voucher, order).await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = dropped {
-            tracing::debug!("could not drop the deadline of order {order}: {e}");
+        match redis_conn::connect(cfg).await {
+            Ok(mut redis) => forget_quietly(&mut redis, &cfg.prefix, voucher, order).await,
+            Err(e) => tracing::debug!("could not drop the deadline of order {order}: {e}"),
         }
     }
     Ok(outcome)
@@ -81,11 +78,16 @@ pub async fn pay_on(
 ) -> Result<PayOutcome> {
     let outcome = pay(db, order).await?;
     if let PayOutcome::Paid { voucher, .. } = outcome {
-        if let Err(e) = forget_deadline(conn, prefix, voucher, order).await {
-            tracing::debug!("could not drop the deadline of order {order}: {e}");
-        }
+        forget_quietly(conn, prefix, voucher, order).await;
     }
     Ok(outcome)
+}
+
+/// [`forget_deadline`], its failure only logged (the canceller drops it).
+async fn forget_quietly(conn: &mut impl RedisConn, prefix: &str, voucher: u64, order: u64) {
+    if let Err(e) = forget_deadline(conn, prefix, voucher, order).await {
+        tracing::debug!("could not drop the deadline of order {order}: {e}");
+    }
 }
 
 /// After a payment, the deadline has nothing left to do; dropping it saves

@@ -234,12 +234,7 @@ impl Lane {
         alive.set_mysql(Some(mysql.id())).await;
         let persisted = persist(&mut mysql, keys.voucher(), msgs).await;
         alive.set_mysql(None).await;
-        if let Err(e) = fence.leave(&mut self.conn).await {
-            tracing::debug!(
-                "voucher {}: fence entry left to expire: {e}",
-                keys.voucher()
-            );
-        }
+        fence.leave_quietly(&mut self.conn).await;
         let waited_out = match &persisted {
             Err(PersistError::Mysql(e)) => mysql_code(e) == Some(mysql_codes::LOCK_WAIT_TIMEOUT),
             Err(PersistError::Store(e)) => is_lock_wait_timeout(e),
@@ -247,8 +242,7 @@ impl Lane {
         };
         if waited_out {
             drop(mysql);
-            let mut other = self.db.conn().await?;
-            fence::end_lapsed(&mut self.conn, &mut other, keys).await?;
+            fence::end_lapsed_from(&mut self.conn, &self.db, keys).await?;
         }
         persisted
     }

@@ -233,16 +233,10 @@ impl Canceller {
         let mut mysql = self.db.conn().await?;
         fence.enter(&mut self.conn, mysql.id()).await?;
         let cancelled = deadline::cancel_unpaid(&mut mysql, keys.voucher(), orders).await;
-        if let Err(e) = fence.leave(&mut self.conn).await {
-            tracing::debug!(
-                "voucher {}: fence entry left to expire: {e}",
-                keys.voucher()
-            );
-        }
+        fence.leave_quietly(&mut self.conn).await;
         if cancelled.as_ref().is_err_and(is_lock_wait_timeout) {
             drop(mysql);
-            let mut other = self.db.conn().await?;
-            fence::end_lapsed(&mut self.conn, &mut other, keys).await?;
+            fence::end_lapsed_from(&mut self.conn, &self.db, keys).await?;
         }
         cancelled
     }

@@ -61,6 +61,17 @@ impl Fence<'_> {
         Ok(())
     }
 
+    /// The transaction ended; an entry that could not be removed lapses
+    /// with its lease (only logged).
+    pub async fn leave_quietly(&self, conn: &mut impl RedisConn) {
+        if let Err(e) = self.leave(conn).await {
+            tracing::debug!(
+                "voucher {}: fence entry left to expire: {e}",
+                self.keys.voucher()
+            );
+        }
+    }
+
     /// The transaction ended (committed or rolled back).
     pub async fn leave(&self, conn: &mut impl RedisConn) -> Result<()> {
         let _: i64 = FENCE
@@ -71,6 +82,17 @@ impl Fence<'_> {
             .await?;
         Ok(())
     }
+}
+
+/// [`end_lapsed`] on a session of its own from `db` (the caller's waited
+/// out its lock and goes back to the pool).
+pub async fn end_lapsed_from(
+    conn: &mut impl RedisConn,
+    db: &crate::store::db::Db,
+    keys: &VoucherKeys,
+) -> Result<usize> {
+    let mut mysql = db.conn().await?;
+    end_lapsed(conn, &mut mysql, keys).await
 }
 
 /// After a lock wait on the voucher's row timed out: ends the MySQL

@@ -117,25 +117,10 @@ impl KeepAlive {
         if !standing.lost || inserted == 0 {
             return;
         }
-        let voucher = ticker.keys.voucher();
-        let grace = ticker.owner.lease;
-        // Once more on a fresh connection: the lane's may be the one broken.
-        let mut paused = pause::pause(&mut ticker.conn, &ticker.keys, None, grace).await;
-        if paused.is_err() {
-            ticker.reconnect().await;
-            paused = pause::pause(&mut ticker.conn, &ticker.keys, None, grace).await;
-        }
-        match paused {
-            Ok(pause::Paused::Now) => tracing::warn!(
-                "voucher {voucher}: committed {inserted} order(s) whose entries Redis had lost while the gate was open; \
-                 admission paused until the gate is checked against MySQL"
-            ),
-            Ok(_) => {}
-            Err(e) => tracing::warn!(
-                "voucher {voucher}: committed {inserted} order(s) whose entries Redis had lost, but could not pause the gate \
-                 (it may sell their units again: run `seckill reconcile`): {e}"
-            ),
-        }
+        let why = format!(
+            "committed {inserted} order(s) whose entries Redis had lost while the gate was open"
+        );
+        ticker.pause_gate(&why).await;
     }
 
     /// Stops the keep-alive and gives back the hold on the gate, if one was
@@ -271,7 +256,8 @@ impl Ticker {
                     standing.holding = true;
                     standing.confirmed = Instant::now();
                     if !paused && !standing.committed {
-                        self.pause_open_gate().await;
+                        self.pause_gate("the gate is open although Redis lost a batch in hand")
+                            .await;
                     }
                 }
                 Err(e) => tracing::warn!("keep-alive could not hold the gate: {e}"),
@@ -305,16 +291,24 @@ impl Ticker {
         Ok(found.iter().all(|f| !f.is_empty()))
     }
 
-    /// The gate is open although Redis lost a batch in hand: it was rebuilt
-    /// on a view without it (or no guard runs) and sells its units again.
-    async fn pause_open_gate(&mut self) {
+    /// Pauses the gate, `why` a batch Redis lost makes it sell units again
+    /// (once more on a fresh connection: the lane's may be the one broken).
+    async fn pause_gate(&mut self, why: &str) {
         let voucher = self.keys.voucher();
-        match pause::pause(&mut self.conn, &self.keys, None, self.owner.lease).await {
+        let grace = self.owner.lease;
+        let mut paused = pause::pause(&mut self.conn, &self.keys, None, grace).await;
+        if paused.is_err() {
+            self.reconnect().await;
+            paused = pause::pause(&mut self.conn, &self.keys, None, grace).await;
+        }
+        match paused {
             Ok(pause::Paused::Now) => tracing::warn!(
-                "voucher {voucher}: the gate is open although Redis lost a batch in hand; admission paused until the gate is checked against MySQL"
+                "voucher {voucher}: {why}; admission paused until the gate is checked against MySQL"
             ),
             Ok(_) => {}
-            Err(e) => tracing::warn!("voucher {voucher}: could not pause the gate: {e}"),
+            Err(e) => tracing::warn!(
+                "voucher {voucher}: {why}, but could not pause the gate (it may sell their units again: run `seckill reconcile`): {e}"
+            ),
         }
     }
 

@@ -225,6 +225,16 @@ impl TestEnv {
         (out.status.code().unwrap_or(-1), json(&out))
     }
 
+    /// `seckill buy --voucher V --user U`'s exit code (None: killed).
+    pub fn buy_exit(&self, voucher: u64, user: &str) -> Option<i32> {
+        self.cmd()
+            .args(["buy", "--voucher", &voucher.to_string(), "--user", user])
+            .output()
+            .expect("run seckill buy")
+            .status
+            .code()
+    }
+
     /// The real binary, pointed at this test's stores.
     pub fn cmd(&self) -> assert_cmd::Command {
         let mut c = assert_cmd::Command::cargo_bin("seckill").expect("binary built");
