@@ -172,12 +172,19 @@ mysql_down() {
 # SECKILL_CLUSTER_TLS_DIR (ca.pem, server.pem, server.key): the cluster
 # speaks TLS only, between its nodes too (tests of rediss:// on a cluster).
 cluster_tls=${SECKILL_CLUSTER_TLS_DIR:-}
+cluster_tls_args=()
+[ -n "$cluster_tls" ] && cluster_tls_args=(--tls --cacert "$cluster_tls/ca.pem")
+
 ccli() {
-  if [ -n "$cluster_tls" ]; then
-    redis-cli --tls --cacert "$cluster_tls/ca.pem" "$@"
-  else
-    redis-cli "$@"
-  fi
+  redis-cli "${cluster_tls_args[@]}" "$@"
+}
+
+# ccli that gives up after $1 seconds (redis-cli itself waits forever on a
+# node that accepts but does not answer).
+ccli_within() {
+  local seconds=$1
+  shift
+  timeout "$seconds" redis-cli "${cluster_tls_args[@]}" "$@"
 }
 
 cluster_node_up() {
@@ -251,9 +258,14 @@ cluster_up() {
 }
 
 cluster_down() {
-  local port
+  local port pidfile
   for port in $cluster_ports; do
-    ccli -p "$port" shutdown >/dev/null 2>&1 || true
+    # A node a test froze (SIGSTOP) would never answer SHUTDOWN: wake it
+    # first, and give up on asking after a few seconds.
+    pidfile="$data/cluster/$port/redis.pid"
+    [ -f "$pidfile" ] && kill -CONT "$(cat "$pidfile")" 2>/dev/null
+    ccli_within 5 -p "$port" shutdown >/dev/null 2>&1 ||
+      { [ -f "$pidfile" ] && kill -9 "$(cat "$pidfile")" 2>/dev/null; } || true
   done
 }
 

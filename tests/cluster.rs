@@ -546,3 +546,35 @@ async fn buy_can_wait_for_a_replica_and_says_how_many_had_the_admission() {
     );
     env.cleanup().await;
 }
+
+/// A node that accepts connections but answers nothing (frozen, swapping)
+/// is still in the slot map until the cluster flags it failed, a node
+/// timeout later (15 s by default). Meanwhile every connect reaches it: it
+/// costs that connect the connect timeout, and must not fail it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_replica_the_cluster_has_not_flagged_yet_does_not_fail_a_connect() {
+    let cluster = OwnCluster::start();
+    let env = TestEnv::on_redis(&cluster.url()).await;
+    env.live_voucher(5, 10).await;
+    let keys = VoucherKeys::new(&env.prefix, 5).unwrap();
+    let replica = cluster.replica_of(cluster.master_of(&keys.stock()));
+    cluster.wait_in_slot_maps(replica);
+    cluster.signal(replica, "-STOP");
+    // Well inside the test cluster's node timeout (1 s) plus its vote.
+    let out = run(
+        &env,
+        &[
+            "buy",
+            "--voucher",
+            "5",
+            "--user",
+            "1",
+            "--connect-timeout",
+            "300ms",
+        ],
+    );
+    cluster.signal(replica, "-CONT");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(env.in_flight(5).await, 1);
+    env.cleanup().await;
+}

@@ -222,6 +222,11 @@ async fn a_wait_cut_off_by_a_reconnect_never_counts_a_replica_without_the_admiss
         if let Some(id) = waiting {
             break id.to_string();
         }
+        if buy.is_finished() {
+            cluster.signal(replica, "-CONT");
+            let out = buy.join().unwrap();
+            panic!("buy ended before its WAIT was seen: {out:?}");
+        }
         assert!(Instant::now() < until, "buy never waited:\n{list}");
         std::thread::sleep(Duration::from_millis(5));
     };

@@ -227,7 +227,7 @@ async fn connect_node(
         .set_connection_timeout(Some(cfg.connect_timeout))
         .set_response_timeout(Some(response_timeout));
     let attempt = client.get_multiplexed_async_connection_with_config(&conn_cfg);
-    within_connect_timeout(cfg, attempt).await
+    within(cfg.connect_timeout, attempt).await
 }
 
 async fn connect_cluster(
@@ -242,19 +242,31 @@ async fn connect_cluster(
         builder = builder.certs(certs);
     }
     let client = builder.build().map_err(|e| describe_redis(&e))?;
-    within_connect_timeout(cfg, client.get_async_connection()).await
+    // The driver connects in two rounds, each node bounded by the connect
+    // timeout: the seeds, then every node their slot map lists, replicas
+    // too. A node that accepts but never answers (frozen, overloaded) costs
+    // its round the whole timeout and is then left out; bounding the sum by
+    // one timeout would let that one node fail the connect to the cluster.
+    within(
+        2 * cfg.connect_timeout + CLUSTER_CONNECT_MARGIN,
+        client.get_async_connection(),
+    )
+    .await
 }
 
-async fn within_connect_timeout<T>(
-    cfg: &Config,
+/// Time for the slot-map query between the two rounds of a cluster connect.
+const CLUSTER_CONNECT_MARGIN: Duration = Duration::from_secs(1);
+
+async fn within<T>(
+    limit: Duration,
     attempt: impl std::future::Future<Output = redis::RedisResult<T>>,
 ) -> std::result::Result<T, String> {
-    match tokio::time::timeout(cfg.connect_timeout, attempt).await {
+    match tokio::time::timeout(limit, attempt).await {
         Ok(Ok(conn)) => Ok(conn),
         Ok(Err(e)) => Err(describe_redis(&e)),
         Err(_) => Err(format!(
             "no answer within {}",
-            humantime::format_duration(cfg.connect_timeout)
+            humantime::format_duration(limit)
         )),
     }
 }

@@ -144,6 +144,24 @@ impl OwnCluster {
         }
     }
 
+    /// Waits until every seed's CLUSTER SLOTS lists the node on `port`, so
+    /// that a client's slot map has it whichever seed it asks (right after
+    /// the cluster is created, gossip may not have brought it there yet).
+    pub fn wait_in_slot_maps(&self, port: u16) {
+        let until = Instant::now() + Duration::from_secs(15);
+        let wanted = format!("\n{port}\n");
+        while !(0..3).all(|i| {
+            self.cli(self.port + i, &["cluster", "slots"])
+                .contains(&wanted)
+        }) {
+            assert!(
+                Instant::now() < until,
+                "the node on {port} is not in every slot map"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     fn alive_nodes(&self) -> Vec<String> {
         for p in self.ports() {
             let text = self.cli(p, &["cluster", "nodes"]);
