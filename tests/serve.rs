@@ -508,6 +508,71 @@ async fn orders_payment_and_the_sales_state_over_http() {
     env.cleanup().await;
 }
 
+/// A caller whose purchase answer was lost settles it: a retry answers
+/// already_bought, with the order id once MySQL has the order, and
+/// `GET .../purchases/{user}` tells it at any time, after the sale's end too
+/// (when a retry answers `ended`, the gate's check order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_learns_its_order_and_a_purchase_can_be_looked_up_after_the_end() {
+    let env = TestEnv::new().await;
+    env.live_voucher(1, 2).await;
+    let serve = Serve::start(&env, &[]);
+    let (status, first) = serve.buy(1, json!(1));
+    assert_eq!(status, 201, "{first}");
+    let order = first["order_id"].as_str().unwrap().to_string();
+    let look = |user: u64| serve.get(&format!("/v1/vouchers/1/purchases/{user}"), None);
+    // No worker yet: the gate knows the buyer, MySQL not the order.
+    let (status, before) = look(1);
+    assert_eq!(status, 200, "{before}");
+    assert_eq!(
+        (&before["bought"], &before["order"]),
+        (&json!(true), &Value::Null),
+        "{before}"
+    );
+    let (status, retry) = serve.buy(1, json!("1"));
+    assert_eq!((status, &retry["order_id"]), (409, &Value::Null), "{retry}");
+    drain(&env);
+    let (status, retry) = serve.buy(1, json!(1));
+    assert_eq!(status, 409, "{retry}");
+    assert_eq!(retry["order_id"].as_str(), Some(order.as_str()), "{retry}");
+    let (_, after) = look(1);
+    assert_eq!(after["bought"], true, "{after}");
+    assert_eq!(
+        after["order"]["id"].as_str(),
+        Some(order.as_str()),
+        "{after}"
+    );
+    assert_eq!(after["order"]["status"], "pending", "{after}");
+    let (status, stranger) = look(7);
+    assert_eq!(status, 200);
+    assert_eq!(
+        (&stranger["bought"], &stranger["order"]),
+        (&json!(false), &Value::Null)
+    );
+    // The sale ends: a retry is told `ended`, the lookup still the truth.
+    let mut redis = env.redis().await;
+    let keys = VoucherKeys::new(&env.prefix, 1).unwrap();
+    let _: () = redis.hset(keys.meta(), "end_ms", 1).await.unwrap();
+    // Past the cached window's life (a second).
+    std::thread::sleep(Duration::from_millis(1_100));
+    let (status, late) = serve.buy(1, json!(1));
+    assert_eq!(
+        (status, late["outcome"].as_str()),
+        (422, Some("ended")),
+        "{late}"
+    );
+    let (_, still) = look(1);
+    assert_eq!(
+        still["order"]["id"].as_str(),
+        Some(order.as_str()),
+        "{still}"
+    );
+    assert_eq!(serve.get("/v1/vouchers/1/purchases/x", None).0, 400);
+    assert_eq!(serve.get("/v1/vouchers/1/purchases/0", None).0, 400);
+    assert_invariants(&env, 1).await;
+    env.cleanup().await;
+}
+
 /// Thousands of purchases at once over HTTP: exactly the units admitted,
 /// one per user, and MySQL equal after the worker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -615,6 +680,18 @@ async fn attempts_outside_the_sale_window_cost_redis_no_script() {
         "{refreshes} window reads in {seconds} s"
     );
     eprintln!("300 attempts outside the window: 0 script calls, {refreshes} window reads");
+    // Probes too cost Redis at most a round of checks a second.
+    let checks = calls(&redis, "script|exists");
+    let started = Instant::now();
+    for _ in 0..100 {
+        assert_eq!(serve.get("/readyz", None).0, 200);
+    }
+    let seconds = started.elapsed().as_secs() + 1;
+    let probed = calls(&redis, "script|exists") - checks;
+    assert!(
+        probed <= seconds + 1,
+        "100 probes in {seconds} s ran {probed} checks"
+    );
     // The gate stays the authority: nothing was written, no buyer recorded.
     let out = env
         .cmd()
@@ -832,10 +909,20 @@ async fn every_documented_route_and_status_is_answered() {
     );
     serve.get("/healthz", None);
     serve.get("/readyz", None);
-    // Not ready once Redis is gone.
+    for path in ["/v1/vouchers/1/purchases/1", "/v1/vouchers/1/purchases/x"] {
+        serve.get(path, key);
+    }
+    serve.get("/v1/vouchers/1/purchases/1", None);
+    // Not ready once Redis is gone (within the second a check is reused),
+    // and a buyer the gate alone would know cannot be looked up.
     own.cli(&["shutdown", "nosave"]);
-    let (status, _) = serve.get("/readyz", None);
-    assert_eq!(status, 503);
+    let until = Instant::now() + Duration::from_secs(10);
+    while serve.get("/readyz", None).0 != 503 {
+        assert!(Instant::now() < until, "/readyz still 200 with Redis gone");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (status, body) = serve.get("/v1/vouchers/1/purchases/3", key);
+    assert_eq!(status, 503, "{body}");
     let (_, page) = serve.get("/metrics", None);
     let page = page.as_str().unwrap_or_default().to_string();
 
@@ -1019,5 +1106,60 @@ async fn a_cluster_failover_under_load_tells_no_false_outcome() {
         "{by_status:?}"
     );
     assert_invariants(&env, v).await;
+    env.cleanup().await;
+}
+
+/// A purchase's WAIT for a replica that does not answer holds up its
+/// connection: with `--wait-replicas`, purchases have connections of their
+/// own, so reads of the sale meanwhile answer at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_a_frozen_replica_holds_up_no_read_of_the_sale() {
+    let cluster = common::own_cluster::OwnCluster::start();
+    let env = TestEnv::on_redis(&cluster.url()).await;
+    env.live_voucher(5, 10).await;
+    let keys = VoucherKeys::new(&env.prefix, 5).unwrap();
+    let master = cluster.master_of(&keys.stock());
+    let replica = cluster.replica_of(master);
+    let serve = std::sync::Arc::new(Serve::start(
+        &env,
+        &[
+            "--redis-connections",
+            "1",
+            "--wait-replicas",
+            "1",
+            "--wait-timeout",
+            "3s",
+            "--request-timeout",
+            "5s",
+        ],
+    ));
+    // Warm: the window cached, the script loaded.
+    assert_eq!(serve.get("/v1/vouchers/5", None).0, 200);
+    assert_eq!(serve.buy(5, json!(1)).0, 201);
+    cluster.signal(replica, "-STOP");
+    let buyer = {
+        let serve = serve.clone();
+        std::thread::spawn(move || serve.buy(5, json!(2)))
+    };
+    let until = Instant::now() + Duration::from_secs(10);
+    while !cluster
+        .cli(master, &["client", "list"])
+        .lines()
+        .any(|l| l.contains(" flags=b ") && l.contains(" cmd=wait "))
+    {
+        assert!(Instant::now() < until, "the purchase never waited");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let asked = Instant::now();
+    let (status, sale) = serve.get("/v1/vouchers/5", None);
+    let took = asked.elapsed();
+    cluster.signal(replica, "-CONT");
+    assert_eq!(status, 200, "{sale}");
+    assert!(
+        took < Duration::from_millis(1_000),
+        "a read of the sale waited {took:?} behind a purchase's WAIT"
+    );
+    let (status, bought) = buyer.join().unwrap();
+    assert_eq!(status, 201, "{bought}");
     env.cleanup().await;
 }

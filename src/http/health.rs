@@ -1,12 +1,14 @@
 //! `GET /healthz` (the process is up) and `GET /readyz` (it can sell: Redis
 //! and MySQL answer, the admission script is loaded, a node id is held).
 
+use std::time::{Duration, Instant};
+
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use super::State;
+use super::{AppState, State};
 use crate::store::scripts::ADMISSION;
 
 /// The process is up.
@@ -23,44 +25,106 @@ pub async fn healthz() -> &'static str {
         (status = 503, description = "Not ready: which check failed", body = super::schema::ReadyAnswer),
     ))]
 pub async fn readyz(state: State) -> Response {
+    let checks = state.readiness.checks(&state).await;
+    let status = if checks.ready() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = json!({
+        "ready": checks.ready(),
+        "redis": checks.redis,
+        "script": checks.script,
+        "mysql": checks.mysql,
+        "node_id": checks.node_id,
+    });
+    (status, Json(body)).into_response()
+}
+
+/// A probe is answered from checks at most this old: however often load
+/// balancers (or anyone: the route has no key) ask, the stores see one
+/// round of checks a second per process.
+const FRESH: Duration = Duration::from_secs(1);
+/// A store that does not answer within this is not ready (rather than the
+/// probe hanging until the request timeout).
+const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone, Copy)]
+struct Checks {
+    redis: bool,
+    script: bool,
+    mysql: bool,
+    node_id: bool,
+}
+
+impl Checks {
+    fn ready(&self) -> bool {
+        self.redis && self.script && self.mysql && self.node_id
+    }
+}
+
+/// The last checks; one probe at a time runs new ones, the others wait for
+/// them.
+#[derive(Default)]
+pub struct Readiness {
+    last: tokio::sync::Mutex<Option<(Instant, Checks)>>,
+}
+
+impl Readiness {
+    async fn checks(&self, state: &AppState) -> Checks {
+        let mut last = self.last.lock().await;
+        if let Some((at, checks)) = *last {
+            if at.elapsed() < FRESH {
+                return checks;
+            }
+        }
+        let (redis, script) = tokio::time::timeout(CHECK_TIMEOUT, redis_checks(state))
+            .await
+            .unwrap_or((false, false));
+        let mysql = tokio::time::timeout(CHECK_TIMEOUT, mysql_check(state))
+            .await
+            .unwrap_or(false);
+        let checks = Checks {
+            redis,
+            script,
+            mysql,
+            node_id: state.ids.holds_lease(),
+        };
+        *last = Some((Instant::now(), checks));
+        checks
+    }
+}
+
+/// Redis answers, and has the admission script.
+async fn redis_checks(state: &AppState) -> (bool, bool) {
     let mut conn = state.redis();
     let script: redis::RedisResult<Vec<bool>> = redis::cmd("SCRIPT")
         .arg("EXISTS")
         .arg(ADMISSION.get_hash())
         .query_async(&mut conn)
         .await;
-    let redis_ok = script.is_ok();
     // A script missing on this node is loaded by the first purchase; a
     // fresh server must not make the instance look broken, so load it here.
-    let script_ok = match script {
-        Ok(v) if v.first() == Some(&true) => true,
-        Ok(_) => redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(crate::store::scripts::ADMISSION_SOURCE)
-            .query_async::<String>(&mut conn)
-            .await
-            .is_ok(),
-        Err(_) => false,
-    };
-    let mysql_ok = match state.db.conn().await {
+    match script {
+        Ok(v) if v.first() == Some(&true) => (true, true),
+        Ok(_) => {
+            let loaded = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(crate::store::scripts::ADMISSION_SOURCE)
+                .query_async::<String>(&mut conn)
+                .await
+                .is_ok();
+            (true, loaded)
+        }
+        Err(_) => (false, false),
+    }
+}
+
+async fn mysql_check(state: &AppState) -> bool {
+    match state.db.conn().await {
         Ok(mut c) => mysql_async::prelude::Queryable::query_drop(&mut c, "SELECT 1")
             .await
             .is_ok(),
         Err(_) => false,
-    };
-    let node_ok = state.ids.holds_lease();
-    let ready = redis_ok && script_ok && mysql_ok && node_ok;
-    let status = if ready {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    let body = json!({
-        "ready": ready,
-        "redis": redis_ok,
-        "script": script_ok,
-        "mysql": mysql_ok,
-        "node_id": node_ok,
-    });
-    (status, Json(body)).into_response()
+    }
 }

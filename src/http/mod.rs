@@ -52,7 +52,8 @@ pub struct ServeOptions {
     pub request_timeout: Duration,
     /// Requests in flight at shutdown get this long to finish.
     pub drain: Duration,
-    /// Multiplexed Redis connections shared by all requests.
+    /// Multiplexed Redis connections shared by all requests (with
+    /// `wait`, as many again for purchases).
     pub redis_connections: usize,
     pub node_id: Option<u16>,
     /// HTTPS with this certificate chain and key (PEM); none: plain HTTP.
@@ -107,7 +108,12 @@ pub(crate) struct AppState {
     /// Sale windows, so attempts outside them cost Redis nothing.
     pub windows: window::SaleWindows,
     pub metrics: metrics::ServeMetrics,
+    pub readiness: health::Readiness,
     redis: Vec<Redis>,
+    /// With `--wait-replicas`, purchases get connections of their own: a
+    /// WAIT holds up everything behind it on its connection, and a lagging
+    /// replica must slow purchases only, not reads, tokens or payments.
+    purchases: Vec<Redis>,
     next: AtomicUsize,
 }
 
@@ -117,6 +123,15 @@ impl AppState {
     pub fn redis(&self) -> Redis {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.redis.len();
         self.redis[i].clone()
+    }
+
+    /// A connection for an admission (and its WAIT).
+    pub fn purchase_redis(&self) -> Redis {
+        if self.purchases.is_empty() {
+            return self.redis();
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.purchases.len();
+        self.purchases[i].clone()
     }
 }
 
@@ -162,6 +177,12 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
         redis.push(redis_conn::connect(&cfg).await?);
     }
     redis_conn::check_version(&mut redis[0]).await?;
+    let mut purchases = Vec::new();
+    if opts.wait.is_some() {
+        for _ in 0..opts.redis_connections {
+            purchases.push(redis_conn::connect(&cfg).await?);
+        }
+    }
     let db = Db::connect(&cfg).await?;
     let ids = OrderIds::lease(&cfg, opts.node_id).await?;
     let stop_renewing = CancellationToken::new();
@@ -175,7 +196,9 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
         wait: opts.wait,
         windows: window::SaleWindows::default(),
         metrics: metrics::ServeMetrics::default(),
+        readiness: health::Readiness::default(),
         redis,
+        purchases,
         next: AtomicUsize::new(0),
     });
     let listener = tokio::net::TcpListener::bind(opts.listen)
@@ -241,6 +264,10 @@ fn router(state: Arc<AppState>) -> Router {
     let v1 = Router::new()
         .route("/v1/vouchers/{voucher}", get(voucher::show))
         .route("/v1/vouchers/{voucher}/purchases", post(purchase::create))
+        .route(
+            "/v1/vouchers/{voucher}/purchases/{user}",
+            get(purchase::show),
+        )
         .route("/v1/vouchers/{voucher}/tokens", post(voucher::issue_token))
         .route("/v1/orders/{order}", get(order::show))
         .route("/v1/orders/{order}/payment", post(order::pay))

@@ -8,8 +8,8 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::schema::{
-    ErrorAnswer, OrderAnswer, PaymentAnswer, PurchaseAnswer, ReadyAnswer, SaleAnswer, TokenAnswer,
-    UnknownAnswer,
+    BuyerAnswer, ErrorAnswer, OrderAnswer, PaymentAnswer, PurchaseAnswer, ReadyAnswer, SaleAnswer,
+    TokenAnswer, UnknownAnswer,
 };
 use super::{health, metrics, order, purchase, voucher};
 
@@ -22,6 +22,7 @@ use super::{health, metrics, order, purchase, voucher};
     ),
     paths(
         purchase::create,
+        purchase::show,
         voucher::issue_token,
         voucher::show,
         order::show,
@@ -40,6 +41,7 @@ use super::{health, metrics, order, purchase, voucher};
         TokenAnswer,
         SaleAnswer,
         OrderAnswer,
+        BuyerAnswer,
         PaymentAnswer,
         ReadyAnswer,
     )),

@@ -1,15 +1,19 @@
 //! `POST /v1/vouchers/{voucher}/purchases`: one admission through the gate.
 
+use std::time::Duration;
+
 use axum::extract::Path;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use redis::AsyncCommands;
 use serde::Deserialize;
 
 use super::error::ApiError;
 use super::ids::{parse_id, Id};
 use super::metrics::OutcomeLabel;
-use super::{Body, State};
+use super::{AppState, Body, State};
 use crate::gate::admission::{self, Admission};
+use crate::orders::order;
 use crate::store::keys::VoucherKeys;
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -48,7 +52,7 @@ pub fn status_of(outcome: &Admission) -> StatusCode {
     request_body = PurchaseBody,
     responses(
         (status = 201, description = "success: the user holds a unit; the order is on its way to MySQL", body = super::schema::PurchaseAnswer),
-        (status = 409, description = "already_bought (also a retry whose first attempt went through)", body = super::schema::PurchaseAnswer),
+        (status = 409, description = "already_bought (also a retry whose first attempt went through); order_id is the user's order once MySQL has it", body = super::schema::PurchaseAnswer),
         (status = 410, description = "sold_out: the user is on the waitlist", body = super::schema::PurchaseAnswer),
         (status = 425, description = "not_started", body = super::schema::PurchaseAnswer),
         (status = 422, description = "ended", body = super::schema::PurchaseAnswer),
@@ -72,13 +76,16 @@ pub async fn create(
         )));
     }
     let keys = VoucherKeys::new(&state.cfg.prefix, voucher)?;
-    let mut conn = state.redis();
     // Outside the sale window (by a cached window, at most a second old)
     // nothing can win: answered here, no script run.
-    let early = state.windows.answer(&mut conn, &keys).await.map_err(|e| {
-        state.metrics.redis_error();
-        ApiError::Unavailable(format!("the gate did not answer: {e}"))
-    })?;
+    let early = state
+        .windows
+        .answer(&mut state.redis(), &keys)
+        .await
+        .map_err(|e| {
+            state.metrics.redis_error();
+            ApiError::Unavailable(format!("the gate did not answer: {e}"))
+        })?;
     if let Some(outcome) = early {
         return Ok(respond(voucher, user, outcome));
     }
@@ -93,6 +100,7 @@ pub async fn create(
         order_id,
         token: body.token.as_deref(),
     };
+    let mut conn = state.purchase_redis();
     let call = admission::admit_durably(&mut conn, &keys, attempt, state.wait);
     // From here the script may have run: a failure is never told as a
     // refusal (a retry answers already_bought if it did).
@@ -113,6 +121,9 @@ pub async fn create(
             ));
         }
     };
+    if outcome == Admission::AlreadyBought {
+        return Ok(already_bought(&state, voucher, user).await);
+    }
     if let (Some(wait), Some(acked)) = (state.wait, replicas_acked) {
         if acked < wait.replicas {
             tracing::warn!(
@@ -121,24 +132,68 @@ pub async fn create(
             );
         }
     }
-    Ok(respond_acked(voucher, user, outcome, replicas_acked))
+    let extra = Extra {
+        replicas_acked,
+        ..Extra::default()
+    };
+    Ok(answer(voucher, user, outcome, extra))
+}
+
+/// How long an already_bought answer may wait for MySQL to name the order.
+const ORDER_LOOKUP: Duration = Duration::from_millis(300);
+
+/// already_bought, with the user's order id when MySQL has the order (a
+/// retry of a purchase whose answer was lost learns it so). The worker
+/// persists within about a second: until then, or if MySQL is slow, the
+/// answer has no order id and `GET .../purchases/{user}` tells it later.
+async fn already_bought(state: &AppState, voucher: u64, user: u64) -> Response {
+    let lookup = order::of_user(&state.db, voucher, user);
+    let order_id = match tokio::time::timeout(ORDER_LOOKUP, lookup).await {
+        Ok(Ok(found)) => found.map(|o| o.id),
+        Ok(Err(e)) => {
+            tracing::warn!("voucher {voucher}: user {user}'s order: {e}");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(
+                "voucher {voucher}: user {user}'s order: MySQL did not answer within {}",
+                humantime::format_duration(ORDER_LOOKUP)
+            );
+            None
+        }
+    };
+    let extra = Extra {
+        order_id,
+        ..Extra::default()
+    };
+    answer(voucher, user, Admission::AlreadyBought, extra)
 }
 
 fn respond(voucher: u64, user: u64, outcome: Admission) -> Response {
-    respond_acked(voucher, user, outcome, None)
+    answer(voucher, user, outcome, Extra::default())
 }
 
-/// The answer; with `--wait-replicas`, a success says how many replicas
-/// had it (`replicas_acked`, as `seckill buy --format json`).
-fn respond_acked(voucher: u64, user: u64, outcome: Admission, acked: Option<u32>) -> Response {
+/// What an answer may carry beyond `seckill buy --format json`'s fields.
+#[derive(Default)]
+struct Extra {
+    /// With `--wait-replicas`, on a success: how many replicas had it.
+    replicas_acked: Option<u32>,
+    /// already_bought: the user's order, when MySQL has it.
+    order_id: Option<u64>,
+}
+
+fn answer(voucher: u64, user: u64, outcome: Admission, extra: Extra) -> Response {
     let status = status_of(&outcome);
     let mut report = outcome.report(voucher, user);
     // Ids are strings over HTTP: a 64-bit id does not survive a JavaScript
     // number.
     report["voucher"] = serde_json::json!(voucher.to_string());
     report["user"] = serde_json::json!(user.to_string());
-    if let Some(acked) = acked {
+    if let Some(acked) = extra.replicas_acked {
         report["replicas_acked"] = serde_json::json!(acked);
+    }
+    if let Some(id) = extra.order_id {
+        report["order_id"] = serde_json::json!(id.to_string());
     }
     let mut response = (status, axum::Json(report)).into_response();
     response
@@ -150,4 +205,48 @@ fn respond_acked(voucher: u64, user: u64, outcome: Admission, acked: Option<u32>
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
     response
+}
+
+/// Whether the user bought the voucher, and the order once MySQL has it:
+/// how a caller settles a purchase whose answer was lost, at any time (a
+/// retry after the sale ended answers `ended`, the gate's check order).
+#[utoipa::path(get, path = "/v1/vouchers/{voucher}/purchases/{user}", tag = "purchases",
+    params(
+        ("voucher" = String, Path, description = "The voucher id"),
+        ("user" = String, Path, description = "The user id"),
+    ),
+    responses(
+        (status = 200, description = "bought true (the gate counts the user a buyer, or MySQL has the order; order null: on its way to MySQL) or false", body = super::schema::BuyerAnswer),
+        (status = 400, description = "A bad voucher or user id", body = super::schema::ErrorAnswer),
+        (status = 401, description = "No valid API key", body = super::schema::ErrorAnswer),
+        (status = 503, description = "Redis or MySQL did not answer", body = super::schema::ErrorAnswer),
+    ))]
+pub async fn show(
+    state: State,
+    Path((voucher, user)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let voucher = parse_id("voucher", &voucher)?;
+    let user = parse_id("user", &user)?;
+    let keys = VoucherKeys::new(&state.cfg.prefix, voucher)?;
+    // MySQL first: an order persisted before the gate was asked stays
+    // found even if a rebuild moves the buyer meanwhile.
+    let order = order::of_user(&state.db, voucher, user).await?;
+    let bought = match &order {
+        Some(_) => true,
+        None => {
+            let mut conn = state.redis();
+            let member: redis::RedisResult<bool> = conn.sismember(keys.buyers(), user).await;
+            member.map_err(|e| {
+                state.metrics.redis_error();
+                ApiError::Unavailable(format!("the gate did not answer: {e}"))
+            })?
+        }
+    };
+    Ok(axum::Json(serde_json::json!({
+        "voucher": voucher.to_string(),
+        "user": user.to_string(),
+        "bought": bought,
+        "order": order,
+    }))
+    .into_response())
 }

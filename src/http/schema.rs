@@ -78,6 +78,18 @@ pub struct OrderAnswer {
     pub cancelled_ms: Option<i64>,
 }
 
+/// Whether a user bought a voucher (`GET .../purchases/{user}`).
+#[derive(Serialize, ToSchema)]
+pub struct BuyerAnswer {
+    pub voucher: String,
+    pub user: String,
+    /// The gate counts the user a buyer, or MySQL has the user's order.
+    pub bought: bool,
+    /// The order once the worker has persisted it; null until then (or
+    /// when the user has none).
+    pub order: Option<OrderAnswer>,
+}
+
 #[derive(Serialize, ToSchema)]
 pub struct PaymentAnswer {
     /// paid, already_paid, cancelled, deadline_passed or unknown_order

@@ -1,7 +1,8 @@
 //! HTTPS for `seckill serve` (`--tls-cert`, `--tls-key`): rustls, as for
 //! Redis and MySQL. Handshakes run concurrently off the accept loop, so a
 //! client that stalls in its handshake holds up nobody, and one that fails
-//! it is dropped with a debug line.
+//! it is dropped with a debug line; their number is capped, and the loop
+//! ends with the server.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -11,7 +12,7 @@ use std::time::Duration;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
@@ -21,6 +22,8 @@ use crate::error::{Error, Result};
 const HANDSHAKE: Duration = Duration::from_secs(10);
 /// Handshaken connections waiting for the server to take them.
 const QUEUE: usize = 1024;
+/// Handshakes under way at once.
+const HANDSHAKES: usize = 1024;
 
 /// The server's certificate chain and key, from PEM files.
 pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor> {
@@ -59,9 +62,16 @@ impl TlsListener {
     pub fn new(tcp: TcpListener, acceptor: TlsAcceptor) -> std::io::Result<TlsListener> {
         let local = tcp.local_addr()?;
         let (tx, ready) = mpsc::channel(QUEUE);
+        let handshakes = Arc::new(Semaphore::new(HANDSHAKES));
         tokio::spawn(async move {
             loop {
-                let (stream, peer) = match tcp.accept().await {
+                // The server dropping its end (shutdown) ends the loop at
+                // once, not at the next connection.
+                let accepted = tokio::select! {
+                    a = tcp.accept() => a,
+                    _ = tx.closed() => return,
+                };
+                let (stream, peer) = match accepted {
                     Ok(c) => c,
                     Err(e) => {
                         tracing::debug!("accept: {e}");
@@ -69,8 +79,17 @@ impl TlsListener {
                         continue;
                     }
                 };
+                // Past the cap a connection is closed at once: handshakes
+                // cost CPU, and a flood of them must not queue unbounded.
+                let Ok(permit) = handshakes.clone().try_acquire_owned() else {
+                    tracing::debug!(
+                        "TLS handshake with {peer}: {HANDSHAKES} under way already, closed"
+                    );
+                    continue;
+                };
                 let (acceptor, handed) = (acceptor.clone(), tx.clone());
                 tokio::spawn(async move {
+                    let _permit = permit;
                     match tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {
                         Ok(Ok(tls)) => {
                             let _ = handed.send((tls, peer)).await;
@@ -79,9 +98,6 @@ impl TlsListener {
                         Err(_) => tracing::debug!("TLS handshake with {peer}: timed out"),
                     }
                 });
-                if tx.is_closed() {
-                    return;
-                }
             }
         });
         Ok(TlsListener { ready, local })

@@ -40,9 +40,24 @@ impl Window {
     }
 }
 
+/// A window as cached, and since when one request refreshes it (the others
+/// keep answering from it meanwhile, so an expiry under load costs one
+/// read, not one per request in that round trip).
+#[derive(Debug, Clone, Copy)]
+struct Cached {
+    window: Window,
+    refreshing_since: Option<Instant>,
+}
+
 #[derive(Default)]
 pub struct SaleWindows {
-    known: Mutex<HashMap<u64, Window>>,
+    known: Mutex<HashMap<u64, Cached>>,
+}
+
+/// What a request does with the cache.
+enum Step {
+    Use(Window),
+    Refresh,
 }
 
 impl SaleWindows {
@@ -53,20 +68,50 @@ impl SaleWindows {
         conn: &mut impl RedisConn,
         keys: &VoucherKeys,
     ) -> Result<Option<Admission>> {
-        let voucher = keys.voucher();
-        let cached = self
-            .known
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&voucher).copied());
-        let window = match cached {
-            Some(w) if w.fetched.elapsed() < REFRESH => w,
-            _ => match self.refresh(conn, keys).await? {
-                Some(w) => w,
-                None => return Ok(None),
+        let window = match self.step(keys.voucher()) {
+            Step::Use(w) => w,
+            Step::Refresh => match self.refresh(conn, keys).await {
+                Ok(Some(w)) => w,
+                Ok(None) => return Ok(None),
+                Err(e) => {
+                    self.refresh_failed(keys.voucher());
+                    return Err(e);
+                }
             },
         };
         Ok(decide(&window, window.redis_now_ms()))
+    }
+
+    /// Fresh: use it. Stale: the first request refreshes it, and the others
+    /// use it meanwhile unless it is twice as old (a refresher stuck or
+    /// dropped is taken over after REFRESH).
+    fn step(&self, voucher: u64) -> Step {
+        let Ok(mut known) = self.known.lock() else {
+            return Step::Refresh;
+        };
+        let Some(entry) = known.get_mut(&voucher) else {
+            return Step::Refresh;
+        };
+        let age = entry.window.fetched.elapsed();
+        if age < REFRESH {
+            return Step::Use(entry.window);
+        }
+        let someone_refreshes = entry
+            .refreshing_since
+            .is_some_and(|since| since.elapsed() < REFRESH);
+        if someone_refreshes && age < 2 * REFRESH {
+            return Step::Use(entry.window);
+        }
+        entry.refreshing_since = Some(Instant::now());
+        Step::Refresh
+    }
+
+    fn refresh_failed(&self, voucher: u64) {
+        if let Ok(mut known) = self.known.lock() {
+            if let Some(entry) = known.get_mut(&voucher) {
+                entry.refreshing_since = None;
+            }
+        }
     }
 
     /// Reads the window and Redis's clock in one round trip (the same
@@ -95,7 +140,11 @@ impl SaleWindows {
             fetched: Instant::now(),
         };
         if let Ok(mut m) = self.known.lock() {
-            m.insert(keys.voucher(), window);
+            let cached = Cached {
+                window,
+                refreshing_since: None,
+            };
+            m.insert(keys.voucher(), cached);
         }
         Ok(Some(window))
     }
@@ -119,6 +168,46 @@ fn decide(w: &Window, redis_ms: i64) -> Option<Admission> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn cached_aged(windows: &SaleWindows, age: Duration) {
+        let fetched = Instant::now().checked_sub(age).unwrap();
+        let window = Window {
+            begin_ms: 10_000,
+            end_ms: 20_000,
+            redis_ms: 0,
+            error_ms: 1,
+            fetched,
+        };
+        let entry = Cached {
+            window,
+            refreshing_since: None,
+        };
+        windows.known.lock().unwrap().insert(1, entry);
+    }
+
+    #[test]
+    fn a_stale_window_is_read_again_by_one_request_while_the_others_use_it() {
+        let windows = SaleWindows::default();
+        assert!(matches!(windows.step(1), Step::Refresh), "unknown: read it");
+        cached_aged(&windows, Duration::from_millis(100));
+        assert!(matches!(windows.step(1), Step::Use(_)), "fresh");
+        cached_aged(&windows, Duration::from_millis(1_500));
+        assert!(
+            matches!(windows.step(1), Step::Refresh),
+            "stale: the first reads"
+        );
+        assert!(matches!(windows.step(1), Step::Use(_)), "the others use it");
+        assert!(matches!(windows.step(1), Step::Use(_)));
+        windows.refresh_failed(1);
+        assert!(
+            matches!(windows.step(1), Step::Refresh),
+            "a failed read: the next tries"
+        );
+        // Twice as old as trusted: every request reads, whoever refreshes.
+        cached_aged(&windows, Duration::from_millis(2_100));
+        assert!(matches!(windows.step(1), Step::Refresh));
+        assert!(matches!(windows.step(1), Step::Refresh));
+    }
 
     #[test]
     fn only_what_the_margin_settles_is_answered_here() {

@@ -71,19 +71,32 @@ pub fn status_name(code: i8) -> &'static str {
 
 type Row = (u64, u64, u64, i8, i64, Option<i64>, Option<i64>, i64);
 
+const SELECT_VIEW: &str = "SELECT o.id, o.user_id, o.voucher_id, o.status,
+        CAST(ROUND(UNIX_TIMESTAMP(o.create_time) * 1000) AS SIGNED),
+        CAST(ROUND(UNIX_TIMESTAMP(o.pay_time) * 1000) AS SIGNED),
+        CAST(ROUND(UNIX_TIMESTAMP(o.cancel_time) * 1000) AS SIGNED),
+        v.pay_timeout_ms
+   FROM seckill_order o JOIN seckill_voucher v ON v.voucher_id = o.voucher_id";
+
 pub async fn get(db: &Db, id: u64) -> Result<Option<OrderView>> {
+    view_where(db, "o.id = ?", vec![id.into()]).await
+}
+
+/// The user's order for the voucher (one per user: the UNIQUE key), once
+/// the worker has persisted it.
+pub async fn of_user(db: &Db, voucher: u64, user: u64) -> Result<Option<OrderView>> {
+    let filter = "o.user_id = ? AND o.voucher_id = ?";
+    view_where(db, filter, vec![user.into(), voucher.into()]).await
+}
+
+async fn view_where(
+    db: &Db,
+    filter: &str,
+    params: Vec<mysql_async::Value>,
+) -> Result<Option<OrderView>> {
     let mut conn = db.conn().await?;
     let row: Option<Row> = conn
-        .exec_first(
-            "SELECT o.id, o.user_id, o.voucher_id, o.status,
-                    CAST(ROUND(UNIX_TIMESTAMP(o.create_time) * 1000) AS SIGNED),
-                    CAST(ROUND(UNIX_TIMESTAMP(o.pay_time) * 1000) AS SIGNED),
-                    CAST(ROUND(UNIX_TIMESTAMP(o.cancel_time) * 1000) AS SIGNED),
-                    v.pay_timeout_ms
-               FROM seckill_order o JOIN seckill_voucher v ON v.voucher_id = o.voucher_id
-              WHERE o.id = ?",
-            (id,),
-        )
+        .exec_first(format!("{SELECT_VIEW} WHERE {filter}"), params)
         .await?;
     Ok(row.map(|r| OrderView {
         id: r.0,
