@@ -130,6 +130,14 @@ impl Serve {
         )
     }
 
+    fn hangup(&self) {
+        let status = Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
     fn stop(mut self) -> std::process::ExitStatus {
         Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
@@ -431,6 +439,45 @@ async fn without_one_of_the_keys_a_request_is_401_and_writes_nothing() {
             .call(),
     );
     assert_eq!(lower.0, 200, "{lower:?}");
+    // Rotated out without a restart: SIGHUP reads the file again.
+    std::fs::write(&file.0, "new-key-0123456789abcdef\n").unwrap();
+    serve.hangup();
+    let until = Instant::now() + Duration::from_secs(10);
+    while serve
+        .get("/v1/vouchers/1", Some("old-key-0123456789abcdef"))
+        .0
+        != 401
+    {
+        assert!(
+            Instant::now() < until,
+            "the old key still works after SIGHUP"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        serve
+            .get("/v1/vouchers/1", Some("new-key-0123456789abcdef"))
+            .0,
+        200
+    );
+    // A file left without a key changes nothing.
+    std::fs::write(&file.0, "# emptied by mistake\n").unwrap();
+    serve.hangup();
+    let until = Instant::now() + Duration::from_secs(10);
+    while !serve.log_text().contains("the keys in use stay") {
+        assert!(
+            Instant::now() < until,
+            "no WARN for a bad key file:\n{}",
+            serve.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        serve
+            .get("/v1/vouchers/1", Some("new-key-0123456789abcdef"))
+            .0,
+        200
+    );
     drain(&env);
     assert_invariants(&env, 1).await;
     std::fs::remove_file(&file.0).ok();

@@ -1,9 +1,10 @@
 //! Who may call: application servers holding one of the keys in
 //! `--api-key-file` (one per line, so a new key can be added before the old
-//! one is removed). Compared in constant time; never logged.
+//! one is removed; SIGHUP reads the file again). Compared in constant time;
+//! never logged.
 
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 
 use axum::extract::{Request, State};
 use axum::http::header::AUTHORIZATION;
@@ -14,12 +15,16 @@ use super::error::ApiError;
 use super::AppState;
 use crate::error::{Error, Result};
 
+/// The keys, and the file they came from (read again by `reload`).
 #[derive(Clone)]
-pub struct ApiKeys(Arc<Vec<Vec<u8>>>);
+pub struct ApiKeys {
+    keys: Arc<RwLock<Arc<Vec<Vec<u8>>>>>,
+    file: Option<PathBuf>,
+}
 
 impl std::fmt::Debug for ApiKeys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ApiKeys({} key(s))", self.0.len())
+        write!(f, "ApiKeys({} key(s))", self.current().len())
     }
 }
 
@@ -35,10 +40,45 @@ impl ApiKeys {
                 path.display()
             ))
         })?;
-        Self::from_text(&text, &path.display().to_string())
+        let keys = Self::parse(&text, &path.display().to_string())?;
+        Ok(ApiKeys {
+            keys: Arc::new(RwLock::new(Arc::new(keys))),
+            file: Some(path.to_path_buf()),
+        })
     }
 
+    /// Reads the file again (SIGHUP): the new keys replace the old at once.
+    /// A file that cannot be read or holds no valid key changes nothing:
+    /// the error says why, and the keys in use stay.
+    pub fn reload(&self) -> Result<usize> {
+        let Some(path) = &self.file else {
+            return Ok(self.current().len());
+        };
+        let fresh = Self::from_file(path)?.current();
+        let count = fresh.len();
+        if let Ok(mut keys) = self.keys.write() {
+            *keys = fresh;
+        }
+        Ok(count)
+    }
+
+    fn current(&self) -> Arc<Vec<Vec<u8>>> {
+        match self.keys.read() {
+            Ok(keys) => keys.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    #[cfg(test)]
     fn from_text(text: &str, name: &str) -> Result<ApiKeys> {
+        let keys = Self::parse(text, name)?;
+        Ok(ApiKeys {
+            keys: Arc::new(RwLock::new(Arc::new(keys))),
+            file: None,
+        })
+    }
+
+    fn parse(text: &str, name: &str) -> Result<Vec<Vec<u8>>> {
         let keys: Vec<Vec<u8>> = text
             .lines()
             .map(str::trim)
@@ -56,13 +96,13 @@ impl ApiKeys {
                 n + 1
             )));
         }
-        Ok(ApiKeys(Arc::new(keys)))
+        Ok(keys)
     }
 
     /// Whether `presented` is one of the keys. Every key is compared in full
     /// whatever the outcome, so the time taken says nothing about them.
     pub fn allows(&self, presented: &[u8]) -> bool {
-        self.0.iter().fold(false, |found, key| {
+        self.current().iter().fold(false, |found, key| {
             found | equal_in_constant_time(key, presented)
         })
     }

@@ -218,6 +218,9 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
             ", no API keys: loopback only"
         }
     );
+    if let Some(keys) = opts.api_keys.clone() {
+        reload_keys_on_sighup(keys, stop.clone())?;
+    }
     let app = limited(state, opts);
     let stopping = stop.clone();
     let shutdown = async move {
@@ -258,6 +261,27 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
     db.close().await;
     tracing::info!("serve stopped");
     result
+}
+
+/// `systemctl reload` (SIGHUP) reads the key file again: keys rotate
+/// without a restart. A bad file keeps the keys in use (a WARN says why).
+fn reload_keys_on_sighup(keys: ApiKeys, stop: CancellationToken) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangups = signal(SignalKind::hangup())
+        .map_err(|e| Error::InvalidInput(format!("cannot wait for SIGHUP: {e}")))?;
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                got = hangups.recv() => if got.is_none() { return },
+            }
+            match keys.reload() {
+                Ok(n) => tracing::info!("SIGHUP: API keys read again, {n} key(s)"),
+                Err(e) => tracing::warn!("SIGHUP: {e}; the keys in use stay"),
+            }
+        }
+    });
+    Ok(())
 }
 
 fn router(state: Arc<AppState>) -> Router {
