@@ -165,6 +165,15 @@ impl Drop for Serve {
     }
 }
 
+/// Polls `done` until it holds, failing the test after `seconds`.
+fn within_seconds(seconds: u64, what: &str, mut done: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(seconds);
+    while !done() {
+        assert!(Instant::now() < until, "not within {seconds} s: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn drain(env: &TestEnv) {
     env.spawn_worker(&["--until-idle", "--block", "100ms"])
         .expect_success(Duration::from_secs(60));
@@ -440,44 +449,20 @@ async fn without_one_of_the_keys_a_request_is_401_and_writes_nothing() {
     );
     assert_eq!(lower.0, 200, "{lower:?}");
     // Rotated out without a restart: SIGHUP reads the file again.
+    let with_key = |k: &str| serve.get("/v1/vouchers/1", Some(k)).0;
     std::fs::write(&file.0, "new-key-0123456789abcdef\n").unwrap();
     serve.hangup();
-    let until = Instant::now() + Duration::from_secs(10);
-    while serve
-        .get("/v1/vouchers/1", Some("old-key-0123456789abcdef"))
-        .0
-        != 401
-    {
-        assert!(
-            Instant::now() < until,
-            "the old key still works after SIGHUP"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert_eq!(
-        serve
-            .get("/v1/vouchers/1", Some("new-key-0123456789abcdef"))
-            .0,
-        200
-    );
+    within_seconds(10, "the old key refused after SIGHUP", || {
+        with_key("old-key-0123456789abcdef") == 401
+    });
+    assert_eq!(with_key("new-key-0123456789abcdef"), 200);
     // A file left without a key changes nothing.
     std::fs::write(&file.0, "# emptied by mistake\n").unwrap();
     serve.hangup();
-    let until = Instant::now() + Duration::from_secs(10);
-    while !serve.log_text().contains("the keys in use stay") {
-        assert!(
-            Instant::now() < until,
-            "no WARN for a bad key file:\n{}",
-            serve.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert_eq!(
-        serve
-            .get("/v1/vouchers/1", Some("new-key-0123456789abcdef"))
-            .0,
-        200
-    );
+    within_seconds(10, "a WARN for a bad key file", || {
+        serve.log_text().contains("the keys in use stay")
+    });
+    assert_eq!(with_key("new-key-0123456789abcdef"), 200);
     drain(&env);
     assert_invariants(&env, 1).await;
     std::fs::remove_file(&file.0).ok();
