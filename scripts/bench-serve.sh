@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Purchases/s through `seckill serve` (HTTP, driven by wrk, a load generator
 # nobody here wrote) side by side with `seckill bench` (the gate straight
-# from Rust) on the same set-up, same Redis, same run; p50/p90/p99 latency;
+# from Rust) on the same set-up, same Redis, same run; p50/p90/p99/p99.9;
 # CPU seconds of serve, Redis and wrk during the HTTP run, and serve's CPU
 # per request. Every request is a new user, so every purchase succeeds
 # (the gate's full path: checks, DECR, SADD, XADD). Rounds alternate the two.
+# Then a round of attempts before a sale opens: their rate, and every
+# command Redis ran meanwhile (INFO commandstats), which should be the
+# cached window's reads and the node-id lease's renewal alone.
 #
 #   scripts/bench-serve.sh [seconds] [rounds]
 set -euo pipefail
@@ -47,6 +50,10 @@ function request()
   return wrk.format("POST", wrk.path, {["Content-Type"] = "application/json"},
     '{"user": ' .. (base + counter) .. '}')
 end
+-- wrk --latency stops at p99: the tail, in microseconds.
+function done(summary, latency, requests)
+  io.write(string.format("P999 %d\n", latency:percentile(99.9)))
+end
 LUA
 
 cpu_of() { # pid -> CPU seconds so far
@@ -64,7 +71,7 @@ serve_pid=$!
 for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
 redis_pid=$(redis-cli -p "$redis_port" info server | sed -n 's/^process_id:\([0-9]*\).*/\1/p' | tr -d '\r')
 
-printf '%-6s %14s %14s %8s %9s %9s %9s %12s %10s %10s %10s\n' round "serve req/s" "bench att/s" ratio "p50 ms" "p90 ms" "p99 ms" "serve µs/req" "serve cpu" "redis cpu" "wrk cpu"
+printf '%-6s %14s %14s %8s %9s %9s %9s %9s %12s %10s %10s %10s\n' round "serve req/s" "bench att/s" ratio "p50 ms" "p90 ms" "p99 ms" "p99.9 ms" "serve µs/req" "serve cpu" "redis cpu" "wrk cpu"
 for round in $(seq "$rounds"); do
   v=$((first_voucher + 2 * round))
   fresh_voucher "$v"
@@ -77,6 +84,7 @@ for round in $(seq "$rounds"); do
   non2xx=$(echo "$out" | awk '/Non-2xx/ {print $5}')
   lat() { echo "$out" | awk -v p="$1" '$1 == p {v=$2; if (v ~ /us$/) {sub(/us/,"",v); v/=1000} else if (v ~ /ms$/) {sub(/ms/,"",v)} else if (v ~ /s$/) {sub(/s/,"",v); v*=1000}; printf "%.2f", v}'; }
   wrk_cpu=$(echo "$out" | awk '/WRKCPU/ {printf "%.2f", $2 + $3}')
+  p999=$(echo "$out" | awk '/^P999/ {printf "%.2f", $2 / 1000}')
   v2=$((v + 1))
   fresh_voucher "$v2"
   bench=$($seckill bench --voucher "$v2" --users 200000 --attempts 200000 --concurrency "$connections" \
@@ -85,8 +93,30 @@ for round in $(seq "$rounds"); do
   redis_cpu=$(awk -v a="$r1" -v b="$r0" 'BEGIN {printf "%.2f", a - b}')
   per_req=$(awk -v c="$serve_cpu" -v n="$total" 'BEGIN {printf "%.1f", c * 1000000 / n}')
   ratio=$(awk -v a="$rps" -v b="$bench" 'BEGIN {printf "%.2f", a / b}')
-  printf '%-6s %14s %14s %8s %9s %9s %9s %12s %10s %10s %10s\n' "$round" "$rps" "$bench" \
-    "$ratio" "$(lat 50%)" "$(lat 90%)" "$(lat 99%)" "$per_req" "$serve_cpu" "$redis_cpu" "$wrk_cpu"
+  printf '%-6s %14s %14s %8s %9s %9s %9s %9s %12s %10s %10s %10s\n' "$round" "$rps" "$bench" \
+    "$ratio" "$(lat 50%)" "$(lat 90%)" "$(lat 99%)" "$p999" "$per_req" "$serve_cpu" "$redis_cpu" "$wrk_cpu"
   if [ -n "$non2xx" ]; then echo "  ($non2xx answers were not 2xx: see /tmp/bench-serve.log)"; fi
 done
 echo "(one 2-core machine: wrk, serve and Redis share it; quote the ratio)"
+
+# Before the sale: answered from serve's cached window, no script run.
+early=$((first_voucher + 2 * rounds + 2))
+$seckill voucher add --id "$early" --stock 1000 --begin +1h --end +2h --title bench >/dev/null
+$seckill preload --voucher "$early" >/dev/null
+curl -fs -o /dev/null -X POST -H 'content-type: application/json' -d '{"user": 1}' \
+  "http://127.0.0.1:$port/v1/vouchers/$early/purchases" || true
+commands() { # Redis's commands so far: "name calls" per line
+  redis-cli -p "$redis_port" info commandstats | tr -d '\r' |
+    sed -n 's/^cmdstat_\([^:]*\):calls=\([0-9]*\).*/\1 \2/p' | sort
+}
+before=$(commands)
+out=$(wrk -t"$threads" -c"$connections" -d"${seconds}s" -s "$lua" \
+  "http://127.0.0.1:$port/v1/vouchers/$early/purchases" 2>&1)
+after=$(commands)
+rps=$(echo "$out" | awk '/Requests\/sec/ {printf "%d", $2}')
+total=$(echo "$out" | awk '/requests in/ {print $1}')
+calls=$(join -a 2 -e 0 -o 0,1.2,2.2 <(echo "$before") <(echo "$after") |
+  awk '$3 > $2 {printf "%s%s %d", sep, $1, $3 - $2; sep=", "}')
+refused=$(echo "$out" | awk '/Non-2xx/ {print $5}')
+echo "before the sale: $rps attempts/s through serve ($total in ${seconds} s, ${refused:-0} of them non-2xx: 425 not_started);" \
+  "Redis ran meanwhile: ${calls:-nothing} (the cached window's reads are HMGET+GET+TIME a second; the node-id lease's renewal and this script's INFO are in it too)"
