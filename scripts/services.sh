@@ -259,13 +259,25 @@ cluster_up() {
 
 cluster_down() {
   local port pidfile
+  local pid rc
   for port in $cluster_ports; do
     # A node a test froze (SIGSTOP) would never answer SHUTDOWN: wake it
-    # first, and give up on asking after a few seconds.
+    # first, and give up on asking after a few seconds. A node killed
+    # already leaves its pid file behind: its pid may be another process's
+    # now, so only a redis-server that timed out is killed.
     pidfile="$data/cluster/$port/redis.pid"
-    [ -f "$pidfile" ] && kill -CONT "$(cat "$pidfile")" 2>/dev/null
-    ccli_within 5 -p "$port" shutdown >/dev/null 2>&1 ||
-      { [ -f "$pidfile" ] && kill -9 "$(cat "$pidfile")" 2>/dev/null; } || true
+    pid=$(cat "$pidfile" 2>/dev/null || true)
+    if [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = redis-server ]; then
+      kill -CONT "$pid" 2>/dev/null || true
+    else
+      pid=
+    fi
+    rc=0
+    ccli_within 5 -p "$port" shutdown >/dev/null 2>&1 || rc=$?
+    if [ "$rc" = 124 ] && [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = redis-server ]; then
+      kill -9 "$pid" 2>/dev/null || true
+    fi
+    rm -f "$pidfile"
   done
 }
 

@@ -570,7 +570,7 @@ async fn a_frozen_replica_the_cluster_has_not_flagged_yet_does_not_fail_a_connec
             "--user",
             "1",
             "--connect-timeout",
-            "300ms",
+            "1s",
         ],
     );
     cluster.signal(replica, "-CONT");

@@ -656,6 +656,12 @@ async fn sigterm_stops_cleanly_and_gives_the_node_id_back() {
     env.live_voucher(1, 10).await;
     let serve = Serve::start(&env, &["--node-id", "777"]);
     assert_eq!(serve.buy(1, json!(1)).0, 201);
+    // SIGHUP (`systemctl reload`) never stops it, even without a key file.
+    serve.hangup();
+    within_seconds(10, "SIGHUP logged", || {
+        serve.log_text().contains("no --api-key-file to read again")
+    });
+    assert_eq!(serve.get("/healthz", None).0, 200);
     let mut redis = env.redis().await;
     let lease = seckill::store::keys::node_lease(&env.prefix, 777);
     let held: bool = redis.exists(&lease).await.unwrap();

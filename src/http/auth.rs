@@ -56,9 +56,11 @@ impl ApiKeys {
         };
         let fresh = Self::from_file(path)?.current();
         let count = fresh.len();
-        if let Ok(mut keys) = self.keys.write() {
-            *keys = fresh;
-        }
+        let mut keys = match self.keys.write() {
+            Ok(keys) => keys,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        *keys = fresh;
         Ok(count)
     }
 

@@ -45,8 +45,8 @@ pub async fn readyz(state: State) -> Response {
 /// balancers (or anyone: the route has no key) ask, the stores see one
 /// round of checks a second per process.
 const FRESH: Duration = Duration::from_secs(1);
-/// A store that does not answer within this is not ready (rather than the
-/// probe hanging until the request timeout).
+/// A store that does not answer within this (or `--request-timeout`, if
+/// shorter) is not ready, rather than the probe hanging.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone, Copy)]
@@ -78,12 +78,15 @@ impl Readiness {
                 return checks;
             }
         }
-        let (redis, script) = tokio::time::timeout(CHECK_TIMEOUT, redis_checks(state))
-            .await
-            .unwrap_or((false, false));
-        let mysql = tokio::time::timeout(CHECK_TIMEOUT, mysql_check(state))
-            .await
-            .unwrap_or(false);
+        // Both at once, and within the request's own timeout: a probe is
+        // never cut off by the backstop with its round unfinished.
+        let bound = CHECK_TIMEOUT.min(state.request_timeout);
+        let (redis, mysql) = tokio::join!(
+            tokio::time::timeout(bound, redis_checks(state)),
+            tokio::time::timeout(bound, mysql_check(state)),
+        );
+        let (redis, script) = redis.unwrap_or((false, false));
+        let mysql = mysql.unwrap_or(false);
         let checks = Checks {
             redis,
             script,

@@ -62,6 +62,9 @@ pub struct ServeOptions {
     pub wait: Option<crate::gate::admission::ReplicaWait>,
 }
 
+/// MySQL lookups for already_bought answers at once (a pool holds 100).
+const ORDER_LOOKUPS: usize = 8;
+
 /// Bodies are a few fields: anything larger is refused before parsing.
 pub const MAX_BODY: usize = 4 * 1024;
 
@@ -109,6 +112,8 @@ pub(crate) struct AppState {
     pub windows: window::SaleWindows,
     pub metrics: metrics::ServeMetrics,
     pub readiness: health::Readiness,
+    /// MySQL lookups of already_bought answers under way at once.
+    pub order_lookups: tokio::sync::Semaphore,
     redis: Vec<Redis>,
     /// With `--wait-replicas`, purchases get connections of their own: a
     /// WAIT holds up everything behind it on its connection, and a lagging
@@ -165,6 +170,10 @@ where
 /// (at most `opts.drain`) and gives the node id back.
 pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -> Result<()> {
     opts.validate()?;
+    // Taken over before anything slow (connects, the lease): SIGHUP's
+    // default would end the process, e.g. a `systemctl reload` at start.
+    let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(|e| Error::InvalidInput(format!("cannot wait for SIGHUP: {e}")))?;
     // First: a bad certificate fails the start with one line, before any
     // connection or lease is made.
     let tls = match &opts.tls {
@@ -197,6 +206,7 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
         windows: window::SaleWindows::default(),
         metrics: metrics::ServeMetrics::default(),
         readiness: health::Readiness::default(),
+        order_lookups: tokio::sync::Semaphore::new(ORDER_LOOKUPS),
         redis,
         purchases,
         next: AtomicUsize::new(0),
@@ -218,9 +228,7 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
             ", no API keys: loopback only"
         }
     );
-    if let Some(keys) = opts.api_keys.clone() {
-        reload_keys_on_sighup(keys, stop.clone())?;
-    }
+    reload_keys_on_sighup(hangups, opts.api_keys.clone(), stop.clone());
     let app = limited(state, opts);
     let stopping = stop.clone();
     let shutdown = async move {
@@ -265,23 +273,24 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
 
 /// `systemctl reload` (SIGHUP) reads the key file again: keys rotate
 /// without a restart. A bad file keeps the keys in use (a WARN says why).
-fn reload_keys_on_sighup(keys: ApiKeys, stop: CancellationToken) -> Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut hangups = signal(SignalKind::hangup())
-        .map_err(|e| Error::InvalidInput(format!("cannot wait for SIGHUP: {e}")))?;
+fn reload_keys_on_sighup(
+    mut hangups: tokio::signal::unix::Signal,
+    keys: Option<ApiKeys>,
+    stop: CancellationToken,
+) {
     tokio::spawn(async move {
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 got = hangups.recv() => if got.is_none() { return },
             }
-            match keys.reload() {
-                Ok(n) => tracing::info!("SIGHUP: API keys read again, {n} key(s)"),
-                Err(e) => tracing::warn!("SIGHUP: {e}; the keys in use stay"),
+            match keys.as_ref().map(ApiKeys::reload) {
+                Some(Ok(n)) => tracing::info!("SIGHUP: API keys read again, {n} key(s)"),
+                Some(Err(e)) => tracing::warn!("SIGHUP: {e}; the keys in use stay"),
+                None => tracing::info!("SIGHUP: no --api-key-file to read again"),
             }
         }
     });
-    Ok(())
 }
 
 fn router(state: Arc<AppState>) -> Router {

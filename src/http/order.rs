@@ -16,7 +16,7 @@ use crate::orders::order;
 use crate::orders::payment::{self, PayOutcome};
 
 /// One order (as `seckill order show`).
-#[utoipa::path(get, path = "/v1/orders/{order}", tag = "orders",
+#[utoipa::path(get, path = "/v1/orders/{order}", tag = "orders", operation_id = "show_order",
     params(("order" = String, Path, description = "The order id")),
     responses(
         (status = 200, description = "The order", body = super::schema::OrderAnswer),

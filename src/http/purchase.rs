@@ -76,7 +76,7 @@ pub async fn create(
         )));
     }
     let keys = VoucherKeys::new(&state.cfg.prefix, voucher)?;
-    // Outside the sale window (by a cached window, at most a second old)
+    // Outside the sale window (by a cached window, about a second old)
     // nothing can win: answered here, no script run.
     let early = state
         .windows
@@ -147,6 +147,12 @@ const ORDER_LOOKUP: Duration = Duration::from_millis(300);
 /// persists within about a second: until then, or if MySQL is slow, the
 /// answer has no order id and `GET .../purchases/{user}` tells it later.
 async fn already_bought(state: &AppState, voucher: u64, user: u64) -> Response {
+    // Buyers clicking again are most already_bought answers: a few lookups
+    // at a time per process, the rest answered without the id, so repeat
+    // clicks cannot crowd MySQL (and the worker persisting orders) out.
+    let Ok(_turn) = state.order_lookups.try_acquire() else {
+        return respond(voucher, user, Admission::AlreadyBought);
+    };
     let lookup = order::of_user(&state.db, voucher, user);
     let order_id = match tokio::time::timeout(ORDER_LOOKUP, lookup).await {
         Ok(Ok(found)) => found.map(|o| o.id),
@@ -208,9 +214,11 @@ fn answer(voucher: u64, user: u64, outcome: Admission, extra: Extra) -> Response
 }
 
 /// Whether the user bought the voucher, and the order once MySQL has it:
-/// how a caller settles a purchase whose answer was lost, at any time (a
-/// retry after the sale ended answers `ended`, the gate's check order).
-#[utoipa::path(get, path = "/v1/vouchers/{voucher}/purchases/{user}", tag = "purchases",
+/// how a caller settles a purchase whose answer was lost after the sale
+/// ended (a retry then answers `ended`, the gate's check order). While it
+/// runs, `bought: false` is not final: the lost request may still reach the
+/// gate (its driver resends it); retrying the purchase settles it then.
+#[utoipa::path(get, path = "/v1/vouchers/{voucher}/purchases/{user}", tag = "purchases", operation_id = "show_purchase",
     params(
         ("voucher" = String, Path, description = "The voucher id"),
         ("user" = String, Path, description = "The user id"),
@@ -230,7 +238,11 @@ pub async fn show(
     let keys = VoucherKeys::new(&state.cfg.prefix, voucher)?;
     // MySQL first: an order persisted before the gate was asked stays
     // found even if a rebuild moves the buyer meanwhile.
-    let order = order::of_user(&state.db, voucher, user).await?;
+    let lookup = order::of_user(&state.db, voucher, user);
+    let order = match tokio::time::timeout(state.request_timeout / 2, lookup).await {
+        Ok(found) => found?,
+        Err(_) => return Err(ApiError::Unavailable("MySQL did not answer in time".into())),
+    };
     let bought = match &order {
         Some(_) => true,
         None => {

@@ -18,8 +18,9 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::error::{Error, Result};
 
-/// A handshake not done within this is given up.
-const HANDSHAKE: Duration = Duration::from_secs(10);
+/// A handshake not done within this is given up (short: each one under way
+/// holds one of the HANDSHAKES places).
+const HANDSHAKE: Duration = Duration::from_secs(5);
 /// Handshaken connections waiting for the server to take them.
 const QUEUE: usize = 1024;
 /// Handshakes under way at once.

@@ -14,7 +14,7 @@ use crate::gate::token;
 use crate::store::keys::VoucherKeys;
 
 /// The sale's window and state, by the gate's clock; cheap enough to poll.
-#[utoipa::path(get, path = "/v1/vouchers/{voucher}", tag = "vouchers",
+#[utoipa::path(get, path = "/v1/vouchers/{voucher}", tag = "vouchers", operation_id = "show_voucher",
     params(("voucher" = String, Path, description = "The voucher id")),
     responses(
         (status = 200, description = "The sale", body = super::schema::SaleAnswer),

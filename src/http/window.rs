@@ -20,6 +20,9 @@ use crate::store::redis_conn::RedisConn;
 pub const REFRESH: Duration = Duration::from_secs(1);
 /// Added to the measured error of the clock offset.
 const MARGIN_MS: i64 = 50;
+/// How long past REFRESH the others answer from a window one request is
+/// reading again; past it (that request slow, or dropped) each reads.
+const STALE_GRACE: Duration = Duration::from_millis(200);
 
 #[derive(Debug, Clone, Copy)]
 struct Window {
@@ -83,8 +86,8 @@ impl SaleWindows {
     }
 
     /// Fresh: use it. Stale: the first request refreshes it, and the others
-    /// use it meanwhile unless it is twice as old (a refresher stuck or
-    /// dropped is taken over after REFRESH).
+    /// use it meanwhile, for STALE_GRACE at most (a refresher stuck or
+    /// dropped is taken over then).
     fn step(&self, voucher: u64) -> Step {
         let Ok(mut known) = self.known.lock() else {
             return Step::Refresh;
@@ -98,8 +101,8 @@ impl SaleWindows {
         }
         let someone_refreshes = entry
             .refreshing_since
-            .is_some_and(|since| since.elapsed() < REFRESH);
-        if someone_refreshes && age < 2 * REFRESH {
+            .is_some_and(|since| since.elapsed() < STALE_GRACE);
+        if someone_refreshes && age < REFRESH + STALE_GRACE {
             return Step::Use(entry.window);
         }
         entry.refreshing_since = Some(Instant::now());
@@ -191,7 +194,7 @@ mod tests {
         assert!(matches!(windows.step(1), Step::Refresh), "unknown: read it");
         cached_aged(&windows, Duration::from_millis(100));
         assert!(matches!(windows.step(1), Step::Use(_)), "fresh");
-        cached_aged(&windows, Duration::from_millis(1_500));
+        cached_aged(&windows, Duration::from_millis(1_050));
         assert!(
             matches!(windows.step(1), Step::Refresh),
             "stale: the first reads"
@@ -203,8 +206,8 @@ mod tests {
             matches!(windows.step(1), Step::Refresh),
             "a failed read: the next tries"
         );
-        // Twice as old as trusted: every request reads, whoever refreshes.
-        cached_aged(&windows, Duration::from_millis(2_100));
+        // Past the grace: every request reads, whoever refreshes.
+        cached_aged(&windows, Duration::from_millis(1_250));
         assert!(matches!(windows.step(1), Step::Refresh));
         assert!(matches!(windows.step(1), Step::Refresh));
     }
