@@ -64,12 +64,15 @@ pub struct Cancellation {
     pub cancelled: Vec<u64>,
     /// How many of them this transaction cancelled (and restocked in MySQL).
     pub cancelled_now: u64,
+    /// The units those orders held, back in MySQL's stock now.
+    pub units_now: u64,
     /// Paid, or not in MySQL: their deadline is simply dropped.
     pub settled: Vec<u64>,
 }
 
 /// In one transaction: `pending -> cancelled` for these orders of `voucher`,
-/// and `stock + k` for exactly the k rows that changed. A concurrent payment
+/// and `stock + k` for exactly the units k of the rows that changed (their
+/// quantities, read under the rows' locks). A concurrent payment
 /// of the same order waits for the row lock and then finds it cancelled (or
 /// this update finds it paid): exactly one outcome.
 /// On `conn` (a session the worker has fenced: worker/fence.rs).
@@ -80,16 +83,27 @@ pub async fn cancel_unpaid(conn: &mut Conn, voucher: u64, orders: &[u64]) -> Res
     let ids = join_ids(orders.iter().copied());
     let mut tx = conn.start_transaction(TxOpts::default()).await?;
     let (cancelled, pending) = (OrderStatus::Cancelled.code(), OrderStatus::Pending.code());
-    tx.query_drop(format!(
-        "UPDATE seckill_order SET status = {cancelled}, cancel_time = NOW(3)
-          WHERE voucher_id = {voucher} AND id IN ({ids}) AND status = {pending}"
-    ))
-    .await?;
-    let cancelled_now = tx.affected_rows();
-    if cancelled_now > 0 {
+    // Locked first: a payment of one of them waits until this commits, so
+    // the units restocked are exactly those of the rows cancelled below.
+    let unpaid: Vec<(u64, u64)> = tx
+        .query(format!(
+            "SELECT id, quantity FROM seckill_order
+              WHERE voucher_id = {voucher} AND id IN ({ids}) AND status = {pending} FOR UPDATE"
+        ))
+        .await?;
+    let units_now: u64 = unpaid.iter().map(|(_, q)| q).sum();
+    let mut cancelled_now = 0;
+    if !unpaid.is_empty() {
+        let locked = join_ids(unpaid.iter().map(|(id, _)| *id));
+        tx.query_drop(format!(
+            "UPDATE seckill_order SET status = {cancelled}, cancel_time = NOW(3)
+              WHERE voucher_id = {voucher} AND id IN ({locked}) AND status = {pending}"
+        ))
+        .await?;
+        cancelled_now = tx.affected_rows();
         tx.exec_drop(
             "UPDATE seckill_voucher SET stock = stock + ? WHERE voucher_id = ?",
-            (cancelled_now, voucher),
+            (units_now, voucher),
         )
         .await?;
     }
@@ -102,6 +116,7 @@ pub async fn cancel_unpaid(conn: &mut Conn, voucher: u64, orders: &[u64]) -> Res
     tx.commit().await?;
     let mut out = Cancellation {
         cancelled_now,
+        units_now,
         ..Default::default()
     };
     for &order in orders {

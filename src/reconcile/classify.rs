@@ -76,11 +76,12 @@ fn drift(class: DriftClass, ids: &BTreeSet<u64>) -> Drift {
 /// The drifts of a snapshot, and the expected gate stock.
 pub fn classify(s: &Snapshot) -> (Vec<Drift>, i64) {
     let mut out = Vec::new();
-    let active = s.pending.len() + s.paid;
-    if s.mysql_stock + active as i64 != s.total {
+    // I1 in units: stock + Σ quantity(pending, paid) = total.
+    let active = s.active_units();
+    if s.mysql_stock + active != s.total {
         out.push(Drift {
             class: DriftClass::MysqlInconsistent,
-            amount: (s.mysql_stock + active as i64 - s.total).unsigned_abs(),
+            amount: (s.mysql_stock + active - s.total).unsigned_abs(),
             sample: Vec::new(),
             action: DriftClass::MysqlInconsistent.action(),
         });
@@ -162,6 +163,7 @@ mod tests {
             pay_timeout_ms: 1_000,
             pending: vec![(101, 5), (102, 6)],
             paid: 1,
+            paid_units: 1,
             order_ids: [101, 102, 103].into(),
             order_users: [1, 2, 3].into(),
             gate_loaded: true,
@@ -183,6 +185,28 @@ mod tests {
         let (drifts, expected) = classify(&s);
         assert!(drifts.is_empty(), "{drifts:?}");
         assert_eq!(expected, 7);
+    }
+
+    #[test]
+    fn every_count_is_in_units() {
+        let mut s = consistent();
+        // Order 101 holds 3 units and 103 (paid) 2: MySQL's stock is 4.
+        s.quantities = [(101, 3), (103, 2)].into();
+        s.paid_units = 2;
+        s.mysql_stock = 4;
+        s.gate_stock = Some(4);
+        assert_eq!(classes(&s), []);
+        // Two units admitted at the gate, not yet in MySQL.
+        s.in_flight = vec![(4, 104)];
+        s.quantities.insert(104, 2);
+        s.buyers.insert(4);
+        s.gate_stock = Some(2);
+        assert_eq!(classes(&s), []);
+        assert_eq!(classify(&s).1, 2);
+        // MySQL off by one unit.
+        s.mysql_stock = 5;
+        assert_eq!(classify(&s).0[0].class, DriftClass::MysqlInconsistent);
+        assert_eq!(classify(&s).0[0].amount, 1);
     }
 
     #[test]

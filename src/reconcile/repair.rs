@@ -50,7 +50,7 @@ pub(super) async fn repair(
             );
             return Ok(RepairResult::Applied { unrepaired: true });
         }
-        let active = (s.pending.len() + s.paid) as i64;
+        let active = s.active_units();
         return Ok(
             if fix_mysql_stock(db, voucher, s.mysql_stock, s.total - active).await? {
                 RepairResult::MysqlFixed
@@ -189,7 +189,7 @@ async fn rebuild_gate(
         end_ms: s.end_ms,
         pay_timeout_ms: s.pay_timeout_ms,
         policy,
-        stock: (s.mysql_stock - s.unpersisted().len() as i64).max(0),
+        stock: (s.mysql_stock - s.unpersisted_units()).max(0),
         buyers: &buyers,
         released: &released,
         deadlines: &deadlines,

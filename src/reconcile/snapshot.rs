@@ -33,6 +33,11 @@ pub struct Snapshot {
     /// (order id, created ms) of pending orders.
     pub pending: Vec<(u64, i64)>,
     pub paid: usize,
+    /// The units paid orders hold.
+    pub paid_units: u64,
+    /// Order id → units, for MySQL's orders and the entries in flight that
+    /// hold more than one (absent: one).
+    pub quantities: HashMap<u64, u64>,
     pub cancelled: BTreeSet<u64>,
     /// Orders cancelled, or pending orders created, less than the settle
     /// time ago: their release or deadline may still be on its way.
@@ -61,6 +66,18 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// The units an order (in MySQL or in flight) holds.
+    pub fn units(&self, order: u64) -> u64 {
+        self.quantities.get(&order).copied().unwrap_or(1)
+    }
+
+    /// The units pending and paid orders hold: with MySQL's stock, the
+    /// voucher's total (I1).
+    pub fn active_units(&self) -> i64 {
+        let pending: u64 = self.pending.iter().map(|(o, _)| self.units(*o)).sum();
+        (pending + self.paid_units) as i64
+    }
+
     /// In-flight orders MySQL does not have yet: units taken at the gate only.
     pub fn unpersisted(&self) -> Vec<(u64, u64)> {
         self.in_flight
@@ -109,15 +126,26 @@ impl Snapshot {
     /// be marked released with no unit given — settling ones first, since
     /// their own release, when it comes, must then find them released.
     pub fn spoken_for(&self) -> Vec<u64> {
-        let owed_beyond = usize::try_from(-self.gate_owes()).unwrap_or(0);
+        let mut owed_beyond = u64::try_from(-self.gate_owes()).unwrap_or(0);
         let settled = self.cancelled_unreleased_settled();
         let unreleased = self.cancelled_unreleased();
         let settling = unreleased.iter().filter(|o| !settled.contains(o));
-        settling
-            .chain(settled.iter())
-            .take(owed_beyond)
-            .copied()
-            .collect()
+        let mut spoken = Vec::new();
+        // Whole orders, until their units cover what is owed beyond.
+        for &order in settling.chain(settled.iter()) {
+            if owed_beyond == 0 {
+                break;
+            }
+            owed_beyond = owed_beyond.saturating_sub(self.units(order));
+            spoken.push(order);
+        }
+        spoken
+    }
+
+    /// The units of the in-flight orders MySQL does not have yet.
+    pub fn unpersisted_units(&self) -> i64 {
+        let units: u64 = self.unpersisted().iter().map(|(_, o)| self.units(*o)).sum();
+        units as i64
     }
 
     /// MySQL's stock less what the gate owes (units admitted but not yet
@@ -126,9 +154,12 @@ impl Snapshot {
     /// order already (a release whose record Redis lost after its promoted
     /// order was persisted), and giving it back again would oversell.
     pub fn gate_owes(&self) -> i64 {
-        self.mysql_stock
-            - self.unpersisted().len() as i64
-            - self.cancelled_unreleased().len() as i64
+        let unreleased: u64 = self
+            .cancelled_unreleased()
+            .iter()
+            .map(|o| self.units(*o))
+            .sum();
+        self.mysql_stock - self.unpersisted_units() - unreleased as i64
     }
 }
 
@@ -184,7 +215,7 @@ async fn scan_members(conn: &mut impl RedisConn, cmd: &str, key: &str) -> Result
     }
 }
 type VoucherRow = (u64, i64, i64, i64, i64, i64, i64, i64);
-type OrderRow = (u64, u64, u64, i8, i64, i8);
+type OrderRow = (u64, u64, u64, i8, i64, i8, u64);
 
 /// Reads many vouchers with a few round trips in all: the witnesses (one
 /// MULTI), the gates (one pipeline), the streams of those with entries, the
@@ -253,11 +284,17 @@ pub async fn read_many(
         let (user_rate, require_token, paused, pause_token, waiting): MetaRow =
             FromRedisValue::from_redis_value(Value::Array(chunk[6..].to_vec()))
                 .map_err(|e| Error::Redis(format!("policy of voucher {voucher}: {e}")))?;
-        let in_flight = if stream_len > 0 {
+        let entries = if stream_len > 0 {
             in_flight_orders(conn, k).await?
         } else {
             Vec::new()
         };
+        let quantities: HashMap<u64, u64> = entries
+            .iter()
+            .filter(|(_, _, q)| *q != 1)
+            .map(|(_, order, q)| (*order, *q))
+            .collect();
+        let in_flight: Vec<(u64, u64)> = entries.iter().map(|(u, o, _)| (*u, *o)).collect();
         let buyers = if w.buyers > WHOLE {
             scan_members(conn, "SSCAN", &k.buyers()).await?
         } else {
@@ -285,6 +322,7 @@ pub async fn read_many(
             released: released.into_iter().collect(),
             deadlines: deadlines.into_iter().collect(),
             in_flight,
+            quantities,
             dead_letters,
             witness: w.clone(),
             gate_policy: policy::from_meta(user_rate, require_token),
@@ -315,7 +353,8 @@ pub async fn read_many(
             format!(
                 "SELECT voucher_id, id, user_id, status,
                         CAST(ROUND(UNIX_TIMESTAMP(create_time) * 1000) AS SIGNED),
-                        COALESCE(cancel_time, create_time) > NOW(3) - INTERVAL ? MICROSECOND
+                        COALESCE(cancel_time, create_time) > NOW(3) - INTERVAL ? MICROSECOND,
+                        quantity
                    FROM seckill_order WHERE voucher_id IN ({list})"
             ),
             (settle_ms * 1000,),
@@ -343,17 +382,27 @@ pub async fn read_many(
             ) = (total, stock, begin_ms, end_ms, pay_timeout_ms);
         }
     }
-    for (v, id, user, status, created, recent) in orders {
+    for (v, id, user, status, created, recent, quantity) in orders {
         let Some(&i) = index.get(&v) else { continue };
         let s = &mut snaps[i];
         s.order_ids.insert(id);
+        // MySQL's quantity is the truth for a stored order (an in-flight
+        // entry of it says the same).
+        if quantity != 1 {
+            s.quantities.insert(id, quantity);
+        } else {
+            s.quantities.remove(&id);
+        }
         s.order_users.insert(user);
         if recent == 1 {
             s.settling.insert(id);
         }
         match OrderStatus::from_code(status) {
             Some(OrderStatus::Pending) => s.pending.push((id, created)),
-            Some(OrderStatus::Paid) => s.paid += 1,
+            Some(OrderStatus::Paid) => {
+                s.paid += 1;
+                s.paid_units += quantity;
+            }
             _ => {
                 s.cancelled.insert(id);
             }

@@ -69,6 +69,23 @@ Migration {
         "ALTER TABLE seckill_voucher
             ADD COLUMN policy_version BIGINT NOT NULL DEFAULT 0",
     ],
+},
+Migration {
+    version: 4,
+    name: "quantities",
+    statements: &[
+        // quantity: the units an order holds (one order per user and
+        // voucher, of 1 ..= the voucher's per-user limit units).
+        "ALTER TABLE seckill_order
+            ADD COLUMN quantity INT NOT NULL DEFAULT 1,
+            ADD CONSTRAINT chk_order_quantity CHECK (quantity >= 1)",
+        // per_user_limit: the most units one user may hold; waitlist_limit:
+        // the most requests that may wait (NULL: no cap).
+        "ALTER TABLE seckill_voucher
+            ADD COLUMN per_user_limit INT NOT NULL DEFAULT 1,
+            ADD COLUMN waitlist_limit INT NULL,
+            ADD CONSTRAINT chk_voucher_limits CHECK (per_user_limit >= 1 AND (waitlist_limit IS NULL OR waitlist_limit >= 0))",
+    ],
 }];
 
 pub fn latest() -> u32 {

@@ -81,13 +81,14 @@ async fn count_after<C: RedisConn>(conn: &mut C, stream: &str, after: &str) -> R
     }
 }
 
-/// (user, order) of every entry not yet acknowledged — undelivered, or
-/// delivered and pending — whatever its consumer. Malformed entries are
-/// skipped (they are the dead-letter path's business).
+/// (user, order, quantity) of every entry not yet acknowledged —
+/// undelivered, or delivered and pending — whatever its consumer (an entry
+/// without a quantity holds 1 unit). Malformed entries are skipped (they
+/// are the dead-letter path's business).
 pub async fn in_flight_orders<C: RedisConn>(
     conn: &mut C,
     keys: &VoucherKeys,
-) -> Result<Vec<(u64, u64)>> {
+) -> Result<Vec<(u64, u64, u64)>> {
     let stream = keys.orders();
     let length: u64 = conn.xlen(&stream).await?;
     if length == 0 {
@@ -127,7 +128,13 @@ pub async fn in_flight_orders<C: RedisConn>(
                 .filter(|e| {
                     after.is_none_or(|a| StreamId::lenient(&e.id) > a) || pending.contains(&e.id)
                 })
-                .filter_map(|e| Some((e.get::<u64>("user")?, e.get::<u64>("order")?))),
+                .filter_map(|e| {
+                    let quantity = match e.map.get("quantity") {
+                        None => 1,
+                        Some(_) => e.get::<u64>("quantity").filter(|q| *q >= 1)?,
+                    };
+                    Some((e.get::<u64>("user")?, e.get::<u64>("order")?, quantity))
+                }),
         );
         match page.ids.last() {
             Some(last) if page.ids.len() == PAGE => from = format!("({}", last.id),

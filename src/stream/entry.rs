@@ -36,9 +36,16 @@ pub struct OrderMessage {
     pub order: u64,
     pub voucher: u64,
     pub kind: Kind,
+    /// The units the order holds: the entry's `quantity`, 1 when it has
+    /// none (every entry of a release before quantities).
+    pub quantity: u32,
     /// The entry's time (Redis server clock at admission): the order's creation time.
     pub created_ms: i64,
 }
+
+/// A quantity above this is no quantity (the column is a signed INT, and
+/// no per-user limit comes near it).
+pub const MAX_QUANTITY: u32 = 1_000_000;
 
 /// A stream entry as read, valid or not: poison messages are kept whole so
 /// they can be dead-lettered with what they carried.
@@ -101,6 +108,13 @@ impl RawEntry {
             Some("promote") => Kind::Promote,
             Some(other) => return Err(format!("unknown kind '{other}'")),
         };
+        let quantity = match self.field("quantity") {
+            None => 1,
+            Some(text) => match text.parse::<u32>() {
+                Ok(q) if (1..=MAX_QUANTITY).contains(&q) => q,
+                _ => return Err(format!("field 'quantity' is not a quantity: '{text}'")),
+            },
+        };
         let created_ms = self
             .entry_id
             .parse::<StreamId>()?
@@ -112,6 +126,7 @@ impl RawEntry {
             order,
             voucher,
             kind,
+            quantity,
             created_ms,
         })
     }
@@ -146,6 +161,16 @@ mod tests {
             (5, 77, 3, Kind::Promote)
         );
         assert_eq!(m.created_ms, 1_764_400_000_123);
+        assert_eq!(m.quantity, 1, "no quantity field: one unit");
+        let three = raw(&[
+            ("user", "5"),
+            ("order", "77"),
+            ("voucher", "3"),
+            ("quantity", "3"),
+        ])
+        .parse(3)
+        .unwrap();
+        assert_eq!(three.quantity, 3);
     }
 
     #[test]
@@ -175,6 +200,24 @@ mod tests {
                     ("kind", "refund"),
                 ]),
                 "unknown kind",
+            ),
+            (
+                raw(&[
+                    ("user", "5"),
+                    ("order", "77"),
+                    ("voucher", "3"),
+                    ("quantity", "0"),
+                ]),
+                "field 'quantity' is not a quantity",
+            ),
+            (
+                raw(&[
+                    ("user", "5"),
+                    ("order", "77"),
+                    ("voucher", "3"),
+                    ("quantity", "two"),
+                ]),
+                "field 'quantity' is not a quantity",
             ),
         ];
         for (entry, needle) in cases {

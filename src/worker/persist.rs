@@ -1,10 +1,12 @@
 //! Layer 4: one MySQL transaction per batch of one voucher.
 //!
 //! Inside it: the stock is taken with one conditional `UPDATE ... WHERE
-//! stock >= k` and the new orders go in with one multi-row INSERT. When that
-//! fast path fails (a duplicate key: a redelivery; or too little stock), the
-//! careful path looks up what is stored, recognises redelivered orders, takes
-//! what stock is left, and inserts the rest.
+//! stock >= k` (k the batch's units: the sum of its orders' quantities) and
+//! the new orders go in with one multi-row INSERT. When that fast path fails
+//! (a duplicate key: a redelivery; or too little stock), the careful path
+//! looks up what is stored, recognises redelivered orders, gives what stock
+//! is left to whole orders in stream order (an order gets all its units or
+//! none), and inserts those.
 //! The UNIQUE keys are the fence: when a concurrent worker commits one of the
 //! same orders first, the INSERT fails with a duplicate key, the transaction
 //! rolls back whole, and the batch is classified again against what is now
@@ -125,7 +127,7 @@ async fn persist_fresh(
     // The locking UPDATE comes first: with innodb_snapshot_isolation=ON
     // (MariaDB 11.6's default), updating a row another worker changed after
     // this transaction's first plain read fails with error 1020.
-    if !take_exactly(&mut tx, voucher, msgs.len()).await? {
+    if !take_exactly(&mut tx, voucher, units(msgs.iter())).await? {
         tx.rollback().await?;
         return Ok(None);
     }
@@ -215,13 +217,15 @@ async fn persist_once(
         fates[i] = fate;
     }
 
-    let taken = take_stock(&mut tx, voucher, fresh.len()).await?;
-    for &i in &fresh[taken..] {
+    let wanted: Vec<u64> = fresh.iter().map(|&i| u64::from(msgs[i].quantity)).collect();
+    let served = take_stock(&mut tx, voucher, &wanted).await?;
+    let (taken, short): (Vec<_>, Vec<_>) = fresh.iter().zip(&served).partition(|(_, s)| **s);
+    for (&i, _) in short {
         fates[i] = Some(Fate::Dead(NO_STOCK.to_string()));
     }
-    if taken > 0 {
-        insert_orders(&mut tx, voucher, fresh[..taken].iter().map(|&i| &msgs[i])).await?;
-        for &i in &fresh[..taken] {
+    if !taken.is_empty() {
+        insert_orders(&mut tx, voucher, taken.iter().map(|(&i, _)| &msgs[i])).await?;
+        for (&i, _) in taken {
             fates[i] = Some(Fate::Inserted);
         }
     }
@@ -274,19 +278,27 @@ async fn stored_orders(
     Ok((by_id, by_user))
 }
 
-/// Takes up to `wanted` units; returns how many it got.
+/// The units the orders hold.
+fn units<'a>(msgs: impl Iterator<Item = &'a OrderMessage>) -> u64 {
+    msgs.map(|m| u64::from(m.quantity)).sum()
+}
+
+/// Takes stock for orders wanting these units each: all of them when there
+/// is enough, else whole orders in turn while they fit (an order gets all
+/// its units or none). Says which orders got theirs.
 async fn take_stock(
     tx: &mut mysql_async::Transaction<'_>,
     voucher: u64,
-    wanted: usize,
-) -> Result<usize, mysql_async::Error> {
-    if wanted == 0 {
-        return Ok(0);
+    wanted: &[u64],
+) -> Result<Vec<bool>, mysql_async::Error> {
+    let all: u64 = wanted.iter().sum();
+    if all == 0 {
+        return Ok(vec![false; wanted.len()]);
     }
-    if take_exactly(tx, voucher, wanted).await? {
-        return Ok(wanted);
+    if take_exactly(tx, voucher, all).await? {
+        return Ok(vec![true; wanted.len()]);
     }
-    // Short: lock the row, then take what is left, unit by unit in effect.
+    // Short: lock the row, then share out what is left.
     let left: i64 = tx
         .exec_first(
             "SELECT stock FROM seckill_voucher WHERE voucher_id = ? FOR UPDATE",
@@ -294,11 +306,31 @@ async fn take_stock(
         )
         .await?
         .unwrap_or(0);
-    let take = usize::try_from(left.max(0)).unwrap_or(0).min(wanted);
+    let served = share_out(u64::try_from(left).unwrap_or(0), wanted);
+    let take: u64 = wanted
+        .iter()
+        .zip(&served)
+        .filter(|(_, s)| **s)
+        .map(|(w, _)| w)
+        .sum();
     if take > 0 && !take_exactly(tx, voucher, take).await? {
-        return Ok(0);
+        return Ok(vec![false; wanted.len()]);
     }
-    Ok(take)
+    Ok(served)
+}
+
+/// Which orders `left` units serve, in turn, each whole or not at all.
+fn share_out(mut left: u64, wanted: &[u64]) -> Vec<bool> {
+    wanted
+        .iter()
+        .map(|&w| {
+            let fits = w <= left;
+            if fits {
+                left -= w;
+            }
+            fits
+        })
+        .collect()
 }
 
 /// The conditional decrement (DESIGN §5): `k` units or none. It reads the
@@ -306,7 +338,7 @@ async fn take_stock(
 async fn take_exactly(
     tx: &mut mysql_async::Transaction<'_>,
     voucher: u64,
-    k: usize,
+    k: u64,
 ) -> Result<bool, mysql_async::Error> {
     tx.exec_drop(
         "UPDATE seckill_voucher SET stock = stock - ? WHERE voucher_id = ? AND stock >= ?",
@@ -322,7 +354,7 @@ async fn insert_orders<'a>(
     msgs: impl Iterator<Item = &'a OrderMessage>,
 ) -> Result<(), mysql_async::Error> {
     let mut sql = String::from(
-        "INSERT INTO seckill_order (id, user_id, voucher_id, status, create_time) VALUES ",
+        "INSERT INTO seckill_order (id, user_id, voucher_id, status, create_time, quantity) VALUES ",
     );
     for (n, m) in msgs.enumerate() {
         if n > 0 {
@@ -331,13 +363,27 @@ async fn insert_orders<'a>(
         let ms = m.created_ms.max(0);
         let _ = write!(
             sql,
-            "({},{},{voucher},{},FROM_UNIXTIME({}.{:03}))",
+            "({},{},{voucher},{},FROM_UNIXTIME({}.{:03}),{})",
             m.order,
             m.user,
             OrderStatus::Pending.code(),
             ms / 1000,
-            ms % 1000
+            ms % 1000,
+            m.quantity
         );
     }
     tx.query_drop(sql).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::share_out;
+
+    #[test]
+    fn short_stock_goes_to_whole_orders_in_turn() {
+        assert_eq!(share_out(5, &[2, 3]), [true, true]);
+        assert_eq!(share_out(4, &[3, 3, 1]), [true, false, true]);
+        assert_eq!(share_out(0, &[1]), [false]);
+        assert_eq!(share_out(2, &[3]), [false], "never part of an order");
+    }
 }

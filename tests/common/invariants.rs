@@ -18,6 +18,10 @@ pub struct VoucherState {
     pub mysql_stock: i64,
     /// user → (order id, status) of the MySQL orders.
     pub orders: BTreeMap<u64, (u64, i8)>,
+    /// order id → units, of the MySQL orders and the entries in flight
+    /// (an entry without a `quantity` field holds one), read here from the
+    /// rows and the entries themselves, not through the code under test.
+    pub quantities: BTreeMap<u64, u64>,
     pub redis_stock: Option<i64>,
     pub buyers: BTreeSet<u64>,
     pub waitlist: Vec<u64>,
@@ -40,9 +44,9 @@ pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
         .await
         .expect("read voucher")
         .expect("voucher exists in MySQL");
-    let rows: Vec<(u64, u64, i8)> = conn
+    let rows: Vec<(u64, u64, i8, u64)> = conn
         .exec(
-            "SELECT user_id, id, status FROM seckill_order WHERE voucher_id = ?",
+            "SELECT user_id, id, status, quantity FROM seckill_order WHERE voucher_id = ?",
             (voucher,),
         )
         .await
@@ -57,8 +61,11 @@ pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
         )
         .await
         .expect("overdue orders");
-    let orders: BTreeMap<u64, (u64, i8)> =
-        rows.into_iter().map(|(u, id, st)| (u, (id, st))).collect();
+    let mut quantities: BTreeMap<u64, u64> = rows.iter().map(|r| (r.1, r.3)).collect();
+    let orders: BTreeMap<u64, (u64, i8)> = rows
+        .into_iter()
+        .map(|(u, id, st, _)| (u, (id, st)))
+        .collect();
     assert_eq!(
         orders.len(),
         orders_len,
@@ -75,6 +82,10 @@ pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
         .await
         .expect("waitlist");
     let released: Vec<u64> = redis.smembers(keys.released()).await.expect("released");
+    let entries = in_flight(&mut redis, &keys).await;
+    for (_, order, quantity) in &entries {
+        quantities.entry(*order).or_insert(*quantity);
+    }
     VoucherState {
         released: released.into_iter().collect(),
         overdue_pending: overdue_pending.unwrap_or(0),
@@ -84,14 +95,15 @@ pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
         redis_stock,
         buyers: buyers.into_iter().collect(),
         waitlist,
-        in_flight: in_flight(&mut redis, &keys).await,
+        quantities,
+        in_flight: entries.iter().map(|(u, o, _)| (*u, *o)).collect(),
     }
 }
 
 async fn in_flight(
     redis: &mut seckill::store::redis_conn::Redis,
     keys: &VoucherKeys,
-) -> Vec<(u64, u64)> {
+) -> Vec<(u64, u64, u64)> {
     let all: StreamRangeReply = redis.xrange_all(keys.orders()).await.expect("xrange");
     let groups: Option<StreamInfoGroupsReply> = if all.ids.is_empty() {
         None
@@ -125,7 +137,12 @@ async fn in_flight(
                 e.get::<u64>(f)
                     .unwrap_or_else(|| panic!("stream entry {} has no numeric {f}", e.id))
             };
-            (id("user"), id("order"))
+            let quantity = if e.map.contains_key("quantity") {
+                id("quantity")
+            } else {
+                1
+            };
+            (id("user"), id("order"), quantity)
         })
         .collect()
 }
@@ -135,6 +152,20 @@ fn id_after(a: &str, b: &str) -> bool {
 }
 
 impl VoucherState {
+    /// The units of an order (MySQL's or in flight).
+    pub fn units(&self, order: u64) -> u64 {
+        self.quantities.get(&order).copied().unwrap_or(1)
+    }
+
+    /// The units of the in-flight entries MySQL does not have yet.
+    pub fn unpersisted_units(&self) -> i64 {
+        self.in_flight
+            .iter()
+            .filter(|(user, order)| self.orders.get(user).map(|o| o.0) != Some(*order))
+            .map(|(_, order)| self.units(*order) as i64)
+            .sum()
+    }
+
     /// Users of in-flight entries whose order is not in MySQL yet (a pending
     /// entry of a stored order is a crash between commit and ack: not a unit
     /// in flight, and not a duplicate).
@@ -150,12 +181,17 @@ impl VoucherState {
 /// I1–I5 at a quiet moment (no worker racing this check).
 pub async fn assert_invariants(env: &TestEnv, voucher: u64) -> VoucherState {
     let s = read_state(env, voucher).await;
-    let active = s.orders.values().filter(|o| o.1 == 0 || o.1 == 1).count() as i64;
-    // I1: MySQL accounts for every unit.
+    let active: i64 = s
+        .orders
+        .values()
+        .filter(|o| o.1 == 0 || o.1 == 1)
+        .map(|o| s.units(o.0) as i64)
+        .sum();
+    // I1: MySQL accounts for every unit (stock + Σ quantity(pending, paid)).
     assert_eq!(
         s.mysql_stock + active,
         s.total,
-        "I1: mysql stock {} + active orders {active} != total {}",
+        "I1: mysql stock {} + units of active orders {active} != total {}",
         s.mysql_stock,
         s.total
     );
@@ -164,7 +200,7 @@ pub async fn assert_invariants(env: &TestEnv, voucher: u64) -> VoucherState {
     if let Some(rs) = s.redis_stock {
         assert!(rs >= 0, "I3: redis stock {rs} < 0");
         // I2: Redis stock equals MySQL stock less the units admitted but not yet persisted.
-        let in_flight = s.unpersisted_users().len() as i64;
+        let in_flight = s.unpersisted_units();
         assert_eq!(
             rs + in_flight,
             s.mysql_stock,
