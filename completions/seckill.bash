@@ -248,7 +248,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__bench)
-            opts="-v -q -h -V --voucher --users --user-offset --attempts --concurrency --connections --tokens --wait-replicas --wait-timeout --node-id --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
+            opts="-v -q -h -V --voucher --users --user-offset --attempts --concurrency --connections --tokens --quantity --wait-replicas --wait-timeout --node-id --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -275,6 +275,10 @@ _seckill() {
                     return 0
                     ;;
                 --connections)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --quantity)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -354,7 +358,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__buy)
-            opts="-v -q -h -V --voucher --user --token --wait-replicas --wait-timeout --node-id --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
+            opts="-v -q -h -V --voucher --user --token --quantity --wait-replicas --wait-timeout --node-id --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -369,6 +373,10 @@ _seckill() {
                     return 0
                     ;;
                 --token)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --quantity)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -1834,7 +1842,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__voucher__subcmd__add)
-            opts="-v -q -h -V --id --stock --begin --end --pay-timeout --title --user-rate --require-token --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
+            opts="-v -q -h -V --id --stock --begin --end --pay-timeout --title --user-rate --require-token --per-user-limit --waitlist-limit --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1865,6 +1873,14 @@ _seckill() {
                     return 0
                     ;;
                 --user-rate)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --per-user-limit)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --waitlist-limit)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -2076,7 +2092,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__voucher__subcmd__update)
-            opts="-v -q -h -V --id --user-rate --require-token --no-require-token --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
+            opts="-v -q -h -V --id --user-rate --require-token --no-require-token --per-user-limit --waitlist-limit --no-waitlist-limit --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -2087,6 +2103,14 @@ _seckill() {
                     return 0
                     ;;
                 --user-rate)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --per-user-limit)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --waitlist-limit)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

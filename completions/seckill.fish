@@ -141,6 +141,8 @@ complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l pay-timeout -d 'Time a buyer has to pay before the unit is released' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l title -d 'Title shown in listings' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l user-rate -d 'At most N attempts per user in any one second at the gate (0: no limit)' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l per-user-limit -d 'The most units one user may buy (one order of 1..=L units)' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l waitlist-limit -d 'Once W requests wait, a sold-out attempt writes nothing (default: no cap)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l format -d 'Output format' -r -f -a "table\t'A table for people'
 json\t'JSON for scripts'"
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
@@ -167,6 +169,8 @@ complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -s V -l version -d 'Print version'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l id -d 'Voucher id' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l user-rate -d 'At most N attempts per user in any one second at the gate (0: no limit)' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l per-user-limit -d 'The most units one user may buy (one order of 1..=L units)' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l waitlist-limit -d 'Once W requests wait, a sold-out attempt writes nothing' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l format -d 'Output format' -r -f -a "table\t'A table for people'
 json\t'JSON for scripts'"
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
@@ -188,6 +192,7 @@ complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l require-token -d 'Admission needs a token issued for the user'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l no-require-token -d 'Admission needs no token'
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l no-waitlist-limit -d 'No cap on the waitlist'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -249,6 +254,7 @@ complete -c seckill -n "__fish_seckill_using_subcommand preload" -s V -l version
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l voucher -d 'Voucher id' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l user -d 'User id' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l token -d 'The user\'s admission token (`seckill token issue`), for a voucher that requires one' -r
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l quantity -d 'Units to buy, all or none (1 ..= the voucher\'s per-user limit)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l wait-replicas -d 'After a success, wait until N replicas of the voucher\'s master have it (a failover to one of them then keeps it) [default: no wait]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l wait-timeout -d 'The longest --wait-replicas waits before giving up (the admission stands either way)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l node-id -d 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]' -r
@@ -281,6 +287,7 @@ complete -c seckill -n "__fish_seckill_using_subcommand bench" -l user-offset -d
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l attempts -d 'Admission attempts in all' -r
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l concurrency -d 'Attempts in flight at once' -r
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l connections -d 'Redis connections the attempts are spread over' -r
+complete -c seckill -n "__fish_seckill_using_subcommand bench" -l quantity -d 'Units per attempt: K, or a range K-M drawn per attempt' -r
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l wait-replicas -d 'After a success, wait until N replicas of the voucher\'s master have it (a failover to one of them then keeps it) [default: no wait]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l wait-timeout -d 'The longest --wait-replicas waits before giving up (the admission stands either way)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand bench" -l node-id -d 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]' -r

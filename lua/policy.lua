@@ -3,7 +3,8 @@
 -- from MySQL). lua/seckill.lua reads it on every attempt, so it takes
 -- effect at once, during a sale.
 --
--- KEYS[1]  seckill:{V}:meta   hash   fields user_rate, require_token, policy_version
+-- KEYS[1]  seckill:{V}:meta   hash   fields user_rate, require_token, policy_version,
+--                                    per_user_limit, waitlist_limit
 -- ARGV[1]  user_rate: at most this many attempts per user in any one second
 --          (0: no limit)
 -- ARGV[2]  require_token: 1 when admission needs a token, else 0
@@ -14,6 +15,10 @@
 --          at once, the older one cannot land last. Absent or empty (a
 --          caller older than the version): published unconditionally, and
 --          meta's policy_version is removed, as the policy it named is gone.
+-- ARGV[4]  optional (**new**): per_user_limit, the most units one purchase
+--          may take (1 .. 100); absent: meta's stays as it is
+-- ARGV[5]  optional, with ARGV[4] (**new**): waitlist_limit, the most
+--          requests that may wait (decimal), or '' for no cap (removed)
 --
 -- Returns 1 when published, 0 when the voucher is not loaded at the gate
 -- (nothing written: `seckill preload` publishes the policy with the gate),
@@ -28,10 +33,28 @@ if version == '' then version = nil end
 if version and (not string.match(version, '^%d+$') or #version > 19) then
   return redis.error_reply('ERR policy.lua: ARGV[3] must be a decimal version')
 end
+local limit, cap = ARGV[4], ARGV[5]
+if limit and (not string.match(limit, '^%d+$') or tonumber(limit) < 1) then
+  return redis.error_reply('ERR policy.lua: ARGV[4] must be a per-user limit of 1 or more')
+end
+if limit and cap ~= '' and not string.match(cap or '', '^%d+$') then
+  return redis.error_reply("ERR policy.lua: ARGV[5] must be a waitlist limit or ''")
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+-- The quantity fields, written with the rest of the policy.
+local function write_limits()
+  if not limit then return end
+  redis.call('HSET', KEYS[1], 'per_user_limit', limit)
+  if cap == '' then
+    redis.call('HDEL', KEYS[1], 'waitlist_limit')
+  else
+    redis.call('HSET', KEYS[1], 'waitlist_limit', cap)
+  end
+end
 if not version then
   redis.call('HSET', KEYS[1], 'user_rate', ARGV[1], 'require_token', ARGV[2])
   redis.call('HDEL', KEYS[1], 'policy_version')
+  write_limits()
   return 1
 end
 -- Compared as decimal strings: Lua numbers are doubles, exact only to 2^53.
@@ -44,4 +67,5 @@ if held and string.match(held, '^%d+$') then
 end
 redis.call('HSET', KEYS[1], 'user_rate', ARGV[1], 'require_token', ARGV[2],
   'policy_version', version)
+write_limits()
 return 1

@@ -5,7 +5,7 @@
 --
 -- KEYS[1]  seckill:{V}:meta            hash   written: total, begin_ms, end_ms, pay_timeout_ms,
 --                                             user_rate, require_token, policy_version,
---                                             published_run
+--                                             per_user_limit, waitlist_limit, published_run
 -- KEYS[2]  seckill:{V}:stock           string set to ARGV[5]
 -- KEYS[3]  seckill:{V}:buyers          set    replaced by KEYS[4] (or emptied when KEYS[4] is absent)
 -- KEYS[4]  seckill:{V}:buyers:staging:<run>  set  the rebuilt buyers, consumed
@@ -49,6 +49,9 @@
 --            otherwise ARGV[10..11] are written and the version recorded.
 --            Absent or empty: ARGV[10..11] are written and meta's
 --            policy_version is removed.
+-- ARGV[16]   optional (**new**): per_user_limit, written with ARGV[10..11]
+-- ARGV[17]   optional, with ARGV[16] (**new**): waitlist_limit, '' for no
+--            cap (meta's field is removed)
 --
 -- Returns 1 when published (or when this run had published already),
 -- 0 when refused: nothing is written then and the staging sets are dropped.
@@ -108,6 +111,16 @@ end
 if publish_policy then
   for _, f in ipairs({'user_rate', ARGV[10], 'require_token', ARGV[11]}) do
     fields[#fields + 1] = f
+  end
+  if ARGV[16] then
+    fields[#fields + 1] = 'per_user_limit'
+    fields[#fields + 1] = ARGV[16]
+    if (ARGV[17] or '') == '' then
+      redis.call('HDEL', KEYS[1], 'waitlist_limit')
+    else
+      fields[#fields + 1] = 'waitlist_limit'
+      fields[#fields + 1] = ARGV[17]
+    end
   end
   if version then
     fields[#fields + 1] = 'policy_version'

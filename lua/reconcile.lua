@@ -12,6 +12,8 @@
 -- KEYS[3]  seckill:{V}:orders     KEYS[7]  seckill:{V}:events
 -- KEYS[4]  seckill:{V}:released   KEYS[8]  seckill:{V}:meta
 --                                 KEYS[9]  seckill:{V}:holds     (optional)
+--                                 KEYS[10] seckill:{V}:waitlist_quantity (optional,
+--                                          with KEYS[9]; **new**)
 --
 -- While a worker holds the gate (KEYS[9], lua/lib/holds.lua, which the
 -- binary prepends) no unit is given back: the view this repair was computed
@@ -26,10 +28,11 @@
 -- then        R, then R user ids to remove from the buyers
 -- then        D, then D pairs: order id, payment deadline ms
 -- then        P, then P fresh order ids (optional, with KEYS[6..8]): units
---             given back go first to the oldest waitlisted users who are
---             not buyers, as lua/release.lua gives released units (a
---             `promote` entry, a `promoted` event whose released_order is
---             "0", meta's promotions counted); only the rest goes to stock
+--             given back and the gate's stock serve waiting requests first,
+--             in order, each whole or passed over (KEYS[10] their units),
+--             as lua/release.lua serves released units (a `promote` entry,
+--             a `promoted` event whose released_order is "0", meta's
+--             promotions counted); only the rest goes to stock
 -- then        M, then M cancelled order ids (optional) to mark released
 --             without giving a unit back: the gate owes more units than
 --             MySQL has (a release whose promoted order MySQL holds, its
@@ -76,20 +79,36 @@ if delta > 0 and fresh > 0 and KEYS[8] then
   local t = redis.call('TIME')
   local now_ms = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
   local voucher = string.match(KEYS[1], '{(%d+)}')
-  local used = 0
-  while delta > 0 and used < fresh do
-    local head = redis.call('ZRANGE', KEYS[6], 0, 0)[1]
+  local used, at, looked = 0, 0, 0
+  local pool = delta + math.max(tonumber(redis.call('GET', KEYS[1]) or '0') or 0, 0)
+  while pool > 0 and used < fresh and looked < 1000 do
+    local head = redis.call('ZRANGE', KEYS[6], at, at)[1]
     if not head then break end
-    redis.call('ZREM', KEYS[6], head)
-    if redis.call('SISMEMBER', KEYS[2], head) == 0 then
+    looked = looked + 1
+    local wants = 1
+    if KEYS[10] then wants = tonumber(redis.call('HGET', KEYS[10], head) or '1') or 1 end
+    if redis.call('SISMEMBER', KEYS[2], head) == 1 then
+      redis.call('ZREM', KEYS[6], head)
+      if KEYS[10] then redis.call('HDEL', KEYS[10], head) end
+    elseif wants <= pool then
       local order = ARGV[first_fresh + used]
       used = used + 1
-      delta = delta - 1
+      pool = pool - wants
+      delta = delta - wants
+      redis.call('ZREM', KEYS[6], head)
+      if KEYS[10] then redis.call('HDEL', KEYS[10], head) end
       redis.call('SADD', KEYS[2], head)
-      redis.call('XADD', KEYS[3], '*', 'user', head, 'order', order, 'voucher', voucher, 'kind', 'promote')
+      if wants > 1 then
+        redis.call('XADD', KEYS[3], '*', 'user', head, 'order', order, 'voucher', voucher,
+          'kind', 'promote', 'quantity', tostring(wants))
+      else
+        redis.call('XADD', KEYS[3], '*', 'user', head, 'order', order, 'voucher', voucher, 'kind', 'promote')
+      end
       redis.call('XADD', KEYS[7], '*', 'type', 'promoted', 'user', head, 'order', order,
-        'voucher', voucher, 'released_order', '0', 'time_ms', now_ms)
+        'voucher', voucher, 'released_order', '0', 'quantity', tostring(wants), 'time_ms', now_ms)
       redis.call('HINCRBY', KEYS[8], 'promotions', 1)
+    else
+      at = at + 1
     end
   end
 end

@@ -5,12 +5,19 @@
 -- by order id: the `released` set remembers every order already handled, so
 -- a redelivered deadline or a second caller changes nothing.
 --
--- For each cancelled order, the unit goes to the oldest waitlisted user who
--- is not a buyer yet: that user becomes a buyer, a `promote` order (with the
--- new order id given here) enters the order stream for the worker to persist,
--- and a `promoted` event is appended for the application to notify them.
--- Waitlisted users who already hold a unit are dropped from the waitlist.
--- With nobody waiting, the unit goes back to the gate's stock.
+-- The units of the orders released now (each order's quantity) and the
+-- gate's free stock are one pool, which serves the waitlist in order of
+-- arrival, each request whole (its units, from KEYS[10]; 1 when absent) or
+-- not at all: a request the pool cannot serve is passed over and keeps its
+-- place, and the next one that fits is served (a later, smaller request
+-- can so be served before an earlier, larger one). A served user becomes a
+-- buyer, a `promote` order (with one of the fresh order ids given here)
+-- enters the order stream for the worker to persist, and a `promoted` event
+-- is appended for the application to notify them. Waitlisted users who
+-- already hold an order are dropped from the waitlist. What no waiting
+-- request fits stays in the gate's stock, so after a release no waiting
+-- request fits the stock. At most 1,000 waiting requests are looked at per
+-- call (a request further back is served by a later release).
 --
 -- KEYS[1]  seckill:{V}:stock      KEYS[5]  seckill:{V}:events
 -- KEYS[2]  seckill:{V}:buyers     KEYS[6]  seckill:{V}:timeouts
@@ -19,6 +26,9 @@
 --                                 KEYS[9]  seckill:{V}:holds  (optional: while a
 --                                          worker holds the gate, a repair's
 --                                          release is deferred too)
+--                                 KEYS[10] seckill:{V}:waitlist_quantity (optional,
+--                                          with KEYS[9]; **new**: the units
+--                                          waiting requests want, absent: 1)
 --
 -- ARGV[1]  voucher id
 -- ARGV[2]  while the gate is paused (meta paused = 1, lua/pause.lua): '' to
@@ -26,14 +36,21 @@
 --          users with an order, who must not be promoted, and its stock is
 --          being rebuilt), or the pause_token of the view the caller has just
 --          repaired the gate on (reconcile): then it goes on if no pause came
---          since. **Changed in this release**: the count N was ARGV[2].
--- ARGV[3]  N, then N pairs: cancelled order id, a fresh order id for a promotion
+--          since.
+-- ARGV[3]  N, then N triples (**changed in this release**: pairs before):
+--          cancelled order id, the units it holds (its quantity), a fresh
+--          order id for a promotion
+-- then     F, then F more fresh order ids (**new**): promotions may be more
+--          than the orders released (one order of 3 units serves three
+--          requests of 1); pass the units released less N plus the
+--          voucher's per-user limit, enough for any release
 -- then     order ids whose deadline is simply dropped (paid, or unknown to MySQL)
 --
--- Returns {released, promoted, deferred}: units handled now (not before),
--- how many of them went to waitlisted users, and 1 when nothing was done
--- because the gate is paused (the caller's claimed deadlines come back
--- after their lease). meta's `promotions` counts promotions ever.
+-- Returns {released, promoted, deferred}: units given back now (orders
+-- released before count nothing), how many of them went to waitlisted
+-- users, and 1 when nothing was done because the gate is paused (the
+-- caller's claimed deadlines come back after their lease). meta's
+-- `promotions` counts promotions (orders) ever.
 --
 -- Safe to run twice: every order of the first run is in `released`, so the
 -- replay gives no unit back, promotes nobody and appends nothing (returns
@@ -46,49 +63,82 @@
 --   order           the new order id (pending payment once the worker
 --                   persists it; its deadline runs from the promote entry)
 --   voucher         the voucher id
---   released_order  the cancelled order whose unit was handed over
+--   released_order  a cancelled order released in the same call (its units
+--                   joined the pool the promotion was served from)
+--   quantity        the units the promoted order holds (**new**)
 --   time_ms         Redis server time of the promotion (Unix ms)
 
 -- `hold_is_live` comes from lua/lib/holds.lua, which the binary prepends.
 local voucher = ARGV[1]
 local n = tonumber(ARGV[3])
 if not n then return redis.error_reply('ERR release.lua: ARGV[3] must be the count of cancelled orders') end
+local extra = tonumber(ARGV[4 + 3 * n])
+if not extra then return redis.error_reply('ERR release.lua: the count of extra fresh ids must follow the N triples') end
 local state = redis.call('HMGET', KEYS[8], 'paused', 'pause_token')
 if state[1] == '1' and (ARGV[2] == '' or ARGV[2] ~= (state[2] or '') or hold_is_live(KEYS[9])) then
   return {0, 0, 1}
 end
-local released, promoted = 0, 0
 local t = redis.call('TIME')
 local now_ms = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 
-local function next_waiting()
-  while true do
-    local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-    if not head then return nil end
-    redis.call('ZREM', KEYS[3], head)
-    if redis.call('SISMEMBER', KEYS[2], head) == 0 then return head end
-  end
-end
-
+-- The units coming back now, each order once; their fresh ids, then the extras.
+local pool, released, fresh, released_from = 0, 0, {}, {}
 for i = 0, n - 1 do
-  local order, fresh = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
+  local order, units, id = ARGV[4 + 3 * i], tonumber(ARGV[5 + 3 * i]), ARGV[6 + 3 * i]
+  if not units or units < 1 then
+    return redis.error_reply('ERR release.lua: the units of order ' .. tostring(order) .. ' must be 1 or more')
+  end
   redis.call('ZREM', KEYS[6], order)
   if redis.call('SADD', KEYS[7], order) == 1 then
-    released = released + 1
-    local user = next_waiting()
-    if user then
-      redis.call('SADD', KEYS[2], user)
-      redis.call('XADD', KEYS[4], '*', 'user', user, 'order', fresh, 'voucher', voucher, 'kind', 'promote')
-      redis.call('XADD', KEYS[5], '*', 'type', 'promoted', 'user', user, 'order', fresh,
-        'voucher', voucher, 'released_order', order, 'time_ms', now_ms)
-      redis.call('HINCRBY', KEYS[8], 'promotions', 1)
-      promoted = promoted + 1
-    else
-      redis.call('INCR', KEYS[1])
-    end
+    pool = pool + units
+    released = released + units
+    fresh[#fresh + 1] = id
+    released_from[#released_from + 1] = order
   end
 end
-for i = 4 + 2 * n, #ARGV do
+for i = 1, extra do fresh[#fresh + 1] = ARGV[4 + 3 * n + i] end
+
+local promoted = 0
+if pool > 0 then
+  -- The gate's free units join: a waiting request must never fit them.
+  pool = pool + math.max(tonumber(redis.call('GET', KEYS[1]) or '0') or 0, 0)
+  local looked, used, at = 0, 0, 0
+  while pool > 0 and used < #fresh and looked < 1000 do
+    local head = redis.call('ZRANGE', KEYS[3], at, at)[1]
+    if not head then break end
+    looked = looked + 1
+    local wants = 1
+    if KEYS[10] then wants = tonumber(redis.call('HGET', KEYS[10], head) or '1') or 1 end
+    if redis.call('SISMEMBER', KEYS[2], head) == 1 then
+      -- Holds an order already: never promoted, off the list.
+      redis.call('ZREM', KEYS[3], head)
+      if KEYS[10] then redis.call('HDEL', KEYS[10], head) end
+    elseif wants <= pool then
+      used = used + 1
+      local order = fresh[used]
+      redis.call('ZREM', KEYS[3], head)
+      if KEYS[10] then redis.call('HDEL', KEYS[10], head) end
+      redis.call('SADD', KEYS[2], head)
+      if wants > 1 then
+        redis.call('XADD', KEYS[4], '*', 'user', head, 'order', order, 'voucher', voucher,
+          'kind', 'promote', 'quantity', tostring(wants))
+      else
+        redis.call('XADD', KEYS[4], '*', 'user', head, 'order', order, 'voucher', voucher, 'kind', 'promote')
+      end
+      redis.call('XADD', KEYS[5], '*', 'type', 'promoted', 'user', head, 'order', order,
+        'voucher', voucher, 'released_order', released_from[math.min(used, #released_from)],
+        'quantity', tostring(wants), 'time_ms', now_ms)
+      redis.call('HINCRBY', KEYS[8], 'promotions', 1)
+      pool = pool - wants
+      promoted = promoted + wants
+    else
+      -- Wants more than the pool holds: passed over, keeps its place.
+      at = at + 1
+    end
+  end
+  redis.call('SET', KEYS[1], pool)
+end
+for i = 4 + 3 * n + extra + 1, #ARGV do
   redis.call('ZREM', KEYS[6], ARGV[i])
 end
 return {released, promoted, 0}

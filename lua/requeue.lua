@@ -23,7 +23,8 @@
 --       (`seckill reconcile` frees buyers without an order), or was never
 --       backed, so one was taken at the gate (DECR stock, SADD buyers, ZREM
 --       waitlist)
---    0  not requeued: its user is no buyer and the gate has no unit left
+--    0  not requeued: its user is no buyer and the gate has fewer units left
+--       than the order holds (its quantity, 1 when absent)
 --   -1  not requeued: no such dead letter
 --   -2  not requeued: not a well-formed order of this voucher
 -- Requeued dead letters are deleted from KEYS[1] and recorded in KEYS[6]
@@ -66,23 +67,31 @@ for i = 1, #ARGV, 3 do
       if f[kv[j]] == nil then f[kv[j]] = kv[j + 1] end
     end
     local kind = f.kind or 'admit'
+    -- The order's units (an entry without a quantity holds 1), all or none.
+    local units = tonumber(f.quantity or '1')
     if not (valid_id(f.user) and valid_id(order) and valid_id(f.voucher)
         and string.find(KEYS[2], '{' .. f.voucher .. '}', 1, true)
-        and (kind == 'admit' or kind == 'promote')) then
+        and (kind == 'admit' or kind == 'promote')
+        and units and units >= 1 and units == math.floor(units)) then
       code = -2
     elseif not unbacked and redis.call('SISMEMBER', KEYS[4], f.user) == 1 then
       code = 1
-    elseif tonumber(redis.call('GET', KEYS[3]) or '0') > 0 then
-      redis.call('DECR', KEYS[3])
+    elseif tonumber(redis.call('GET', KEYS[3]) or '0') >= units then
+      redis.call('DECRBY', KEYS[3], units)
       redis.call('SADD', KEYS[4], f.user)
       redis.call('ZREM', KEYS[5], f.user)
       code = 2
     else
       code = 0
     end
-    if code > 0 then
+    if code > 0 and units > 1 then
+      redis.call('XADD', KEYS[2], '*', 'user', f.user, 'order', order, 'voucher', f.voucher,
+        'kind', kind, 'quantity', f.quantity)
+    elseif code > 0 then
       redis.call('XADD', KEYS[2], '*', 'user', f.user, 'order', order, 'voucher', f.voucher,
         'kind', kind)
+    end
+    if code > 0 then
       redis.call('XDEL', KEYS[1], id)
       redis.call('HSET', KEYS[6], id, code .. ' ' .. order)
       requeued = true

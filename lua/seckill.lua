@@ -1,4 +1,5 @@
--- seckill.lua — layer 1 admission: one attempt by one user to buy one unit.
+-- seckill.lua — layer 1 admission: one attempt by one user to buy k units
+-- (one order, all or nothing; k = 1 unless asked).
 --
 -- Public contract: application servers in any language call this script with
 -- EVALSHA (load it once with SCRIPT LOAD; on NOSCRIPT, SCRIPT LOAD again).
@@ -14,12 +15,18 @@
 --                                 when the voucher requires tokens)
 -- KEYS[7]  seckill:{V}:rate      hash   user -> recent attempts (needed only
 --                                 when the voucher has a user rate)
+-- KEYS[8]  seckill:{V}:waitlist_quantity  hash  user -> units wanted, for
+--                                 waitlisted requests of more than one unit
+--                                 (**new**; needed only with ARGV[5] > 1)
 --
 -- ARGV[1]  user id     decimal integer, 1 .. 9223372036854775807
 -- ARGV[2]  order id    decimal integer, 1 .. 9223372036854775807, a snowflake id
 --                      made by the caller (unique per attempt)
 -- ARGV[3]  voucher id  decimal integer, the V of the keys (written into the stream entry)
 -- ARGV[4]  token       the user's admission token, or empty / absent for none
+-- ARGV[5]  quantity    **new**, optional: the units wanted, 1 .. the voucher's
+--                      per-user limit (meta per_user_limit, 1 when absent);
+--                      empty / absent for 1
 --
 -- Callers written for KEYS[1..5] and ARGV[1..3] keep working while the
 -- voucher has no policy; with one, they get an error reply naming the key
@@ -43,6 +50,11 @@
 --   {8, "bad token", 0}            the voucher requires a token and ARGV[4] is
 --                                  not the one issued for this user (missing,
 --                                  wrong, expired, or another user's/voucher's)
+--   {9, "not enough stock", left}  **new**: fewer units left than asked for
+--                                  (but some): nothing written, never a
+--                                  partial order
+-- Code 2 with position 0 (**new**): sold out and the waitlist is full (meta
+-- waitlist_limit requests wait): nothing written.
 -- Bad arguments are an error reply starting with "ERR seckill:".
 --
 -- The rate limit is a sliding window, exact under any concurrency: an
@@ -51,10 +63,10 @@
 -- it refuses do not count. So no one-second span, wherever it starts, holds
 -- more than user_rate attempts that went on to the later checks.
 --
--- Guarantees: checks run in this order — voucher loaded, sale window (Redis
--- server clock, never the caller's), paused, token, rate limit, already a
--- buyer, stock — and the writes
--- (DECR stock, SADD buyers, ZREM waitlist, XADD orders) come only after every
+-- Guarantees: checks run in this order — voucher loaded, quantity (an error
+-- reply), sale window (Redis server clock, never the caller's), paused,
+-- token, rate limit, already a buyer, stock — and the writes
+-- (DECRBY stock, SADD buyers, ZREM waitlist, XADD orders) come only after every
 -- check passed, inside this one atomic script, so no unit is sold twice and
 -- no user holds two. A user who bought is never waitlisted. Code 2 writes
 -- only the waitlist (ZADD NX); nothing is written for codes 3, 4, 5 and 6;
@@ -85,10 +97,24 @@ if not string.find(KEYS[1], '{' .. voucher .. '}', 1, true) then
 end
 
 local meta = redis.call('HMGET', KEYS[1], 'begin_ms', 'end_ms', 'paused', 'user_rate',
-  'require_token')
+  'require_token', 'per_user_limit', 'waitlist_limit')
 local stock = redis.call('GET', KEYS[2])
 if not meta[1] or not meta[2] or not stock then
   return {5, 'unknown voucher', 0}
+end
+
+local wanted = ARGV[5]
+if wanted == nil or wanted == '' then wanted = '1' end
+local limit = tonumber(meta[6] or '1') or 1
+if not string.match(wanted, '^[1-9][0-9]*$') or #wanted > 6 or tonumber(wanted) > limit then
+  return redis.error_reply('ERR seckill: quantity must be between 1 and ' .. limit .. ' (the per-user limit)')
+end
+local quantity = tonumber(wanted)
+if quantity > 1 and not KEYS[8] then
+  return redis.error_reply('ERR seckill: a quantity above 1 needs KEYS[8]')
+end
+if KEYS[8] and KEYS[8] ~= string.sub(KEYS[1], 1, -5) .. 'waitlist_quantity' then
+  return redis.error_reply('ERR seckill: KEYS[8] is not the waitlist_quantity key of this voucher')
 end
 
 local now = redis.call('TIME')
@@ -158,21 +184,34 @@ if redis.call('SISMEMBER', KEYS[3], user) == 1 then
   return {1, 'already bought', 0}
 end
 
-if tonumber(stock) <= 0 then
+local left = tonumber(stock)
+if left <= 0 then
   -- Scores strictly increase, so the queue is first come, first served even
   -- when two users arrive within the same microsecond.
   local queued_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
   if not redis.call('ZSCORE', KEYS[4], user) then
+    -- A full waitlist: the losing path of a hot sale writes nothing.
+    local cap = tonumber(meta[7] or '')
+    if cap and redis.call('ZCARD', KEYS[4]) >= cap then return {2, 'sold out', 0} end
     local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
     if last[2] and tonumber(last[2]) >= queued_us then queued_us = tonumber(last[2]) + 1 end
     redis.call('ZADD', KEYS[4], 'NX', queued_us, user)
+    -- The request waits with what it asked for (queued once: a later
+    -- attempt of a waiting user changes nothing).
+    if quantity > 1 then redis.call('HSET', KEYS[8], user, quantity) end
   end
   return {2, 'sold out', redis.call('ZRANK', KEYS[4], user) + 1}
 end
+if left < quantity then return {9, 'not enough stock', left} end
 
-redis.call('DECR', KEYS[2])
+redis.call('DECRBY', KEYS[2], quantity)
 redis.call('SADD', KEYS[3], user)
 -- A user admitted after a unit came back must not also be promoted later.
-redis.call('ZREM', KEYS[4], user)
-redis.call('XADD', KEYS[5], '*', 'user', user, 'order', order, 'voucher', voucher, 'kind', 'admit')
+if redis.call('ZREM', KEYS[4], user) == 1 and KEYS[8] then redis.call('HDEL', KEYS[8], user) end
+if quantity > 1 then
+  redis.call('XADD', KEYS[5], '*', 'user', user, 'order', order, 'voucher', voucher, 'kind', 'admit',
+    'quantity', wanted)
+else
+  redis.call('XADD', KEYS[5], '*', 'user', user, 'order', order, 'voucher', voucher, 'kind', 'admit')
+end
 return {0, 'ok', order}

@@ -80,6 +80,8 @@ pub mod mysql_codes {
     pub const ACCESS_DENIED: u16 = 1045;
     pub const BAD_DB: u16 = 1049;
     pub const DUP_ENTRY: u16 = 1062;
+    /// ALTER TABLE ... ADD COLUMN of a column that exists.
+    pub const DUP_FIELDNAME: u16 = 1060;
     pub const NO_SUCH_TABLE: u16 = 1146;
     pub const LOCK_WAIT_TIMEOUT: u16 = 1205;
     /// ER_NO_SUCH_THREAD: KILL of a session that has ended already.

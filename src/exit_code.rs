@@ -28,6 +28,8 @@ pub const PAUSED: u8 = 15;
 pub const RATE_LIMITED: u8 = 16;
 /// `buy`: the voucher requires an admission token and this was not the user's.
 pub const BAD_TOKEN: u8 = 17;
+/// `buy`: fewer units left than the quantity asked for (nothing taken).
+pub const NOT_ENOUGH_STOCK: u8 = 18;
 
 /// `pay`: the order was already paid.
 pub const ALREADY_PAID: u8 = 20;
@@ -52,6 +54,7 @@ Exit codes:
   15  buy: the gate is paused
   16  buy: rate limited (too many attempts by the user in the last second)
   17  buy: bad token (missing, wrong, expired, another user's or voucher's)
+  18  buy: not enough stock for the quantity asked (nothing taken)
   20  pay: already paid
   21  pay: cancelled at (or past) its payment deadline
   22  pay, order show: unknown order";

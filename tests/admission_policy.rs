@@ -21,8 +21,11 @@ async fn set_policy(env: &TestEnv, voucher: u64, user_rate: u32, require_token: 
         &mut redis,
         &env.prefix,
         voucher,
-        Some(user_rate),
-        Some(require_token),
+        voucher::PolicyChange {
+            user_rate: Some(user_rate),
+            require_token: Some(require_token),
+            ..Default::default()
+        },
     )
     .await
     .unwrap();
@@ -30,7 +33,8 @@ async fn set_policy(env: &TestEnv, voucher: u64, user_rate: u32, require_token: 
         p,
         Policy {
             user_rate,
-            require_token
+            require_token,
+            ..Policy::default()
         }
     );
     assert!(at_gate);
@@ -490,6 +494,7 @@ async fn two_policy_updates_at_once_both_take_effect() {
     let both = Policy {
         user_rate: 7,
         require_token: true,
+        ..Policy::default()
     };
     assert_eq!(v.policy, both);
     let keys = VoucherKeys::new(&env.prefix, V).unwrap();
@@ -516,7 +521,11 @@ async fn gate_policy(env: &TestEnv, voucher: u64) -> Policy {
         .query_async(&mut redis)
         .await
         .unwrap();
-    policy::from_meta(rate, token)
+    policy::from_meta(policy::MetaPolicy {
+        user_rate: rate,
+        require_token: token,
+        ..Default::default()
+    })
 }
 
 /// The version of the policy the gate's meta holds, as written.
@@ -536,12 +545,28 @@ async fn an_older_policy_published_last_does_not_replace_mysqls() {
     env.live_voucher(V, 10).await;
     let keys = VoucherKeys::new(&env.prefix, V).unwrap();
     let db = env.db().await;
-    let older = voucher::update_policy(db, V, Some(5), Some(true))
-        .await
-        .unwrap();
-    let newer = voucher::update_policy(db, V, Some(0), Some(false))
-        .await
-        .unwrap();
+    let older = voucher::update_policy(
+        db,
+        V,
+        voucher::PolicyChange {
+            user_rate: Some(5),
+            require_token: Some(true),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let newer = voucher::update_policy(
+        db,
+        V,
+        voucher::PolicyChange {
+            user_rate: Some(0),
+            require_token: Some(false),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
     let mut redis = env.redis().await;
     policy::publish(&mut redis, &keys, newer).await.unwrap();
     policy::publish(&mut redis, &keys, older).await.unwrap();
@@ -630,7 +655,8 @@ async fn a_preload_that_read_mysql_before_an_update_keeps_the_newer_policy() {
         v.policy,
         Policy {
             user_rate: 4,
-            require_token: true
+            require_token: true,
+            ..Policy::default()
         }
     );
     assert_eq!(
@@ -669,7 +695,8 @@ async fn policy_lua_without_a_version_publishes_unconditionally() {
         gate_policy(&env, V).await,
         Policy {
             user_rate: 9,
-            require_token: false
+            require_token: false,
+            ..Policy::default()
         }
     );
     assert_eq!(gate_policy_version(&env, V).await, None);
@@ -774,7 +801,8 @@ async fn reconcile_replaces_a_policy_version_mysql_never_had() {
         gate_policy(&env, V).await,
         Policy {
             user_rate: 3,
-            require_token: true
+            require_token: true,
+            ..Policy::default()
         }
     );
     let (code, report) = env.reconcile_json(&["--dry-run"]);

@@ -873,6 +873,16 @@ async fn every_documented_route_and_status_is_answered() {
         )
     };
 
+    env.live_voucher(7, 2).await;
+    let limit = ["voucher", "update", "--id", "7", "--per-user-limit", "3"];
+    assert!(env.cmd().args(limit).output().unwrap().status.success());
+    let (status, short) = serve.post(
+        "/v1/vouchers/7/purchases",
+        &json!({ "user": 1, "quantity": 3 }),
+        key,
+    );
+    assert_eq!(status, 412, "{short}");
+    assert_eq!(short["units_left"], 2, "{short}");
     let (_, first) = buy(1, 1);
     for (v, user) in [
         (1, 1),

@@ -37,6 +37,9 @@ pub struct BenchArgs {
     /// attempts) and attempt with it
     #[arg(long)]
     pub tokens: bool,
+    /// Units per attempt: K, or a range K-M drawn per attempt
+    #[arg(long, default_value = "1", value_name = "K[-M]", value_parser = parse_quantity_range)]
+    pub quantity: (u32, u32),
     #[command(flatten)]
     pub replicas: ReplicaWaitOpt,
     #[command(flatten)]
@@ -56,6 +59,7 @@ pub async fn run(cfg: &Config, args: BenchArgs) -> anyhow::Result<u8> {
         node_id: args.node.node_id,
         tokens: args.tokens,
         wait_replicas: args.replicas.wait(),
+        quantity: args.quantity,
     };
     plan.validate()?;
     let done = Arc::new(AtomicU64::new(0));
@@ -120,6 +124,10 @@ fn bench_table(r: &BenchReport) -> comfy_table::Table {
     for (name, count) in r.outcomes.pairs() {
         t.add_row(vec![format!("outcome {name}"), count.to_string()]);
     }
+    t.add_row(vec![
+        "units admitted".to_string(),
+        r.units_admitted.to_string(),
+    ]);
     t.add_row(vec!["errors".to_string(), r.errors.to_string()]);
     if let Some(short) = r.replicas_short {
         t.add_row(vec![
@@ -128,4 +136,18 @@ fn bench_table(r: &BenchReport) -> comfy_table::Table {
         ]);
     }
     t
+}
+
+/// `K` or `K-M` (1 <= K <= M).
+fn parse_quantity_range(s: &str) -> Result<(u32, u32), String> {
+    let (lo, hi) = match s.split_once('-') {
+        Some((lo, hi)) => (lo, hi),
+        None => (s, s),
+    };
+    let lo = super::buy::parse_quantity(lo)?;
+    let hi = super::buy::parse_quantity(hi)?;
+    if lo > hi {
+        return Err(format!("'{s}': the range's low end is above its high end"));
+    }
+    Ok((lo, hi))
 }

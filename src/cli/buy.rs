@@ -25,6 +25,9 @@ pub struct BuyArgs {
     /// that requires one
     #[arg(long, allow_hyphen_values = true)]
     pub token: Option<String>,
+    /// Units to buy, all or none (1 ..= the voucher's per-user limit)
+    #[arg(long, default_value_t = 1, value_name = "K", value_parser = parse_quantity, allow_hyphen_values = true)]
+    pub quantity: u32,
     #[command(flatten)]
     pub replicas: ReplicaWaitOpt,
     #[command(flatten)]
@@ -44,6 +47,7 @@ pub async fn run(cfg: &Config, args: BuyArgs) -> anyhow::Result<u8> {
         user: args.user,
         order_id: order_id?,
         token: args.token.as_deref(),
+        quantity: args.quantity,
     };
     let wait = args.replicas.wait();
     let (outcome, replicas_acked) = admit_durably(&mut redis, &keys, attempt, wait).await?;
@@ -80,6 +84,19 @@ pub fn exit_code_of(outcome: &Admission) -> u8 {
         Admission::Paused => exit_code::PAUSED,
         Admission::RateLimited => exit_code::RATE_LIMITED,
         Admission::BadToken => exit_code::BAD_TOKEN,
+        Admission::NotEnoughStock { .. } => exit_code::NOT_ENOUGH_STOCK,
+    }
+}
+
+/// A quantity: a whole number from 1 (the script checks it against the
+/// voucher's per-user limit).
+pub fn parse_quantity(s: &str) -> Result<u32, String> {
+    match s.trim().parse::<u32>() {
+        Ok(q) if (1..=crate::orders::voucher::MAX_PER_USER_LIMIT).contains(&q) => Ok(q),
+        _ => Err(format!(
+            "'{s}' is not a quantity: a whole number from 1 to {}",
+            crate::orders::voucher::MAX_PER_USER_LIMIT
+        )),
     }
 }
 
@@ -91,8 +108,16 @@ fn outcome_line(voucher: u64, user: u64, outcome: &Admission) -> String {
         Admission::AlreadyBought => {
             format!("already bought: user {user} already holds a unit of voucher {voucher}")
         }
+        Admission::SoldOut {
+            waitlist_position: 0,
+        } => format!(
+            "sold out: voucher {voucher} has no unit left and its waitlist is full; user {user} is not on it"
+        ),
         Admission::SoldOut { waitlist_position } => format!(
             "sold out: voucher {voucher} has no unit left; user {user} is number {waitlist_position} on the waitlist"
+        ),
+        Admission::NotEnoughStock { left } => format!(
+            "not enough stock: voucher {voucher} has {left} unit(s) left, fewer than asked; nothing taken"
         ),
         Admission::NotStarted { begin_ms } => format!(
             "not started: the sale of voucher {voucher} opens at {}",

@@ -8,7 +8,10 @@ use super::render::{print_json, table};
 use crate::exit_code;
 use crate::gate::policy;
 use crate::gate::state::{self, GateState};
-use crate::orders::voucher::{self, NewVoucher, Policy, Voucher, MAX_USER_RATE};
+use crate::orders::voucher::{
+    self, NewVoucher, Policy, PolicyChange, Voucher, MAX_PER_USER_LIMIT, MAX_USER_RATE,
+    MAX_WAITLIST_LIMIT,
+};
 use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
@@ -51,6 +54,12 @@ pub struct AddArgs {
     /// Admission needs a token issued for the user (`seckill token issue`)
     #[arg(long)]
     pub require_token: bool,
+    /// The most units one user may buy (one order of 1..=L units)
+    #[arg(long, default_value_t = 1, value_name = "L", value_parser = parse_limit, allow_hyphen_values = true)]
+    pub per_user_limit: u32,
+    /// Once W requests wait, a sold-out attempt writes nothing (default: no cap)
+    #[arg(long, value_name = "W", value_parser = parse_waitlist_limit, allow_hyphen_values = true)]
+    pub waitlist_limit: Option<u32>,
     #[command(flatten)]
     pub format: FormatOpt,
 }
@@ -69,6 +78,15 @@ pub struct UpdateArgs {
     /// Admission needs no token
     #[arg(long)]
     pub no_require_token: bool,
+    /// The most units one user may buy (one order of 1..=L units)
+    #[arg(long, value_name = "L", value_parser = parse_limit, allow_hyphen_values = true)]
+    pub per_user_limit: Option<u32>,
+    /// Once W requests wait, a sold-out attempt writes nothing
+    #[arg(long, value_name = "W", value_parser = parse_waitlist_limit, allow_hyphen_values = true, conflicts_with = "no_waitlist_limit")]
+    pub waitlist_limit: Option<u32>,
+    /// No cap on the waitlist
+    #[arg(long)]
+    pub no_waitlist_limit: bool,
     #[command(flatten)]
     pub format: FormatOpt,
 }
@@ -107,6 +125,8 @@ async fn add(cfg: &Config, args: AddArgs) -> anyhow::Result<u8> {
         policy: Policy {
             user_rate: args.user_rate,
             require_token: args.require_token,
+            per_user_limit: args.per_user_limit,
+            waitlist_limit: args.waitlist_limit,
         },
     };
     // Validate before connecting: bad input is reported even with no server.
@@ -138,20 +158,22 @@ async fn update(cfg: &Config, args: UpdateArgs) -> anyhow::Result<u8> {
         (_, true) => Some(false),
         _ => None,
     };
-    if args.user_rate.is_none() && require_token.is_none() {
-        anyhow::bail!("nothing to change: give --user-rate, --require-token or --no-require-token");
+    let change = PolicyChange {
+        user_rate: args.user_rate,
+        require_token,
+        per_user_limit: args.per_user_limit,
+        waitlist_limit: match (args.waitlist_limit, args.no_waitlist_limit) {
+            (Some(w), _) => Some(Some(w)),
+            (_, true) => Some(None),
+            _ => None,
+        },
+    };
+    if change.is_empty() {
+        anyhow::bail!("nothing to change: give --user-rate, --require-token, --no-require-token, --per-user-limit, --waitlist-limit or --no-waitlist-limit");
     }
     let db = Db::connect(cfg).await?;
     let mut redis = redis_conn::connect(cfg).await?;
-    let updated = policy::update(
-        &db,
-        &mut redis,
-        &cfg.prefix,
-        args.id,
-        args.user_rate,
-        require_token,
-    )
-    .await;
+    let updated = policy::update(&db, &mut redis, &cfg.prefix, args.id, change).await;
     db.close().await;
     let (policy, at_gate) = updated?;
     match args.format.format {
@@ -159,10 +181,12 @@ async fn update(cfg: &Config, args: UpdateArgs) -> anyhow::Result<u8> {
             "id": args.id,
             "user_rate": policy.user_rate,
             "require_token": policy.require_token,
+            "per_user_limit": policy.per_user_limit,
+            "waitlist_limit": policy.waitlist_limit,
             "gate_updated": at_gate,
         }))?,
         Format::Table => outln!(
-            "voucher {}: user rate {}, token {}{}",
+            "voucher {}: user rate {}, token {}, up to {} per user, waitlist {}{}",
             args.id,
             match policy.user_rate {
                 0 => "off".to_string(),
@@ -173,6 +197,11 @@ async fn update(cfg: &Config, args: UpdateArgs) -> anyhow::Result<u8> {
             } else {
                 "not required"
             },
+            policy.per_user_limit,
+            match policy.waitlist_limit {
+                None => "uncapped".to_string(),
+                Some(w) => format!("capped at {w}"),
+            },
             if at_gate {
                 ""
             } else {
@@ -181,6 +210,28 @@ async fn update(cfg: &Config, args: UpdateArgs) -> anyhow::Result<u8> {
         )?,
     }
     Ok(exit_code::OK)
+}
+
+/// A per-user limit: a whole number 1 ..= MAX_PER_USER_LIMIT.
+fn parse_limit(s: &str) -> Result<u32, String> {
+    let n = parse_count(s)?;
+    u32::try_from(n)
+        .ok()
+        .filter(|n| (1..=MAX_PER_USER_LIMIT).contains(n))
+        .ok_or_else(|| {
+            format!("{n} is out of range: it must be between 1 and {MAX_PER_USER_LIMIT}")
+        })
+}
+
+/// A waitlist cap: a whole number 0 ..= MAX_WAITLIST_LIMIT.
+fn parse_waitlist_limit(s: &str) -> Result<u32, String> {
+    let n = parse_count(s)?;
+    u32::try_from(n)
+        .ok()
+        .filter(|n| *n <= MAX_WAITLIST_LIMIT)
+        .ok_or_else(|| {
+            format!("{n} is out of range: it must be between 0 and {MAX_WAITLIST_LIMIT}")
+        })
 }
 
 /// A per-user rate: a whole number 0 ..= 1000.
@@ -233,6 +284,8 @@ pub struct VoucherView<'a> {
     pay_timeout_ms: i64,
     user_rate: u32,
     require_token: bool,
+    per_user_limit: u32,
+    waitlist_limit: Option<u32>,
     orders: Orders,
     gate: Option<&'a GateState>,
 }
@@ -259,6 +312,8 @@ impl<'a> VoucherView<'a> {
             pay_timeout_ms: v.pay_timeout_ms,
             user_rate: v.policy.user_rate,
             require_token: v.policy.require_token,
+            per_user_limit: v.policy.per_user_limit,
+            waitlist_limit: v.policy.waitlist_limit,
             orders: Orders {
                 pending: v.orders_pending,
                 paid: v.orders_paid,
@@ -312,6 +367,8 @@ fn list_table(views: &[VoucherView]) -> comfy_table::Table {
             Policy {
                 user_rate: v.user_rate,
                 require_token: v.require_token,
+                per_user_limit: v.per_user_limit,
+                waitlist_limit: v.waitlist_limit,
             }
             .describe(),
             format!("{} -> {}", v.begin, v.end),

@@ -14,7 +14,9 @@ pub enum Admission {
     Admitted { order_id: u64 },
     /// Code 1.
     AlreadyBought,
-    /// Code 2: the user waits at this 1-based position of the waitlist.
+    /// Code 2: the user waits at this 1-based position of the waitlist;
+    /// 0: the waitlist is full (the voucher's waitlist limit) and nothing
+    /// was written.
     SoldOut { waitlist_position: u64 },
     /// Code 3: the sale opens at `begin_ms` (Unix ms).
     NotStarted { begin_ms: i64 },
@@ -28,10 +30,12 @@ pub enum Admission {
     RateLimited,
     /// Code 8: the voucher requires a token and this was not the user's.
     BadToken,
+    /// Code 9: fewer units left than asked for (but some): nothing taken.
+    NotEnoughStock { left: i64 },
 }
 
 /// The outcome kinds, in the script's code order, as shown to people and JSON.
-pub const OUTCOME_NAMES: [&str; 9] = [
+pub const OUTCOME_NAMES: [&str; 10] = [
     "success",
     "already_bought",
     "sold_out",
@@ -41,10 +45,11 @@ pub const OUTCOME_NAMES: [&str; 9] = [
     "paused",
     "rate_limited",
     "bad_token",
+    "not_enough_stock",
 ];
 
 impl Admission {
-    /// The script's return code (0..=8).
+    /// The script's return code (0..=9).
     pub fn code(&self) -> usize {
         match self {
             Admission::Admitted { .. } => 0,
@@ -56,6 +61,7 @@ impl Admission {
             Admission::Paused => 6,
             Admission::RateLimited => 7,
             Admission::BadToken => 8,
+            Admission::NotEnoughStock { .. } => 9,
         }
     }
 
@@ -72,9 +78,15 @@ impl Admission {
         let mut v = json!({ "outcome": self.name(), "voucher": voucher, "user": user });
         match self {
             Admission::Admitted { order_id } => v["order_id"] = json!(order_id.to_string()),
+            // 0: the waitlist is full, the user is not on it.
             Admission::SoldOut { waitlist_position } => {
-                v["waitlist_position"] = json!(waitlist_position)
+                v["waitlist_position"] = match waitlist_position {
+                    0 => serde_json::Value::Null,
+                    p => json!(p),
+                };
+                v["waitlist_full"] = json!(*waitlist_position == 0);
             }
+            Admission::NotEnoughStock { left } => v["units_left"] = json!(left),
             Admission::NotStarted { begin_ms } => {
                 v["begin"] = json!(format_ms(*begin_ms));
                 v["begin_ms"] = json!(begin_ms);
@@ -108,9 +120,24 @@ pub async fn admit(
         user,
         order_id,
         token,
+        quantity: 1,
     };
-    let reply: (i64, String, Value) = invocation(keys, attempt).invoke_async(conn).await?;
+    let reply: (i64, String, Value) = invocation(keys, attempt)
+        .invoke_async(conn)
+        .await
+        .map_err(refused_input)?;
     decode(reply)
+}
+
+/// The script refuses a quantity outside 1 ..= the voucher's per-user
+/// limit with an error reply, before writing anything: bad input, not a
+/// failure of the store.
+fn refused_input(e: redis::RedisError) -> Error {
+    let text = e.to_string();
+    match text.find("seckill: quantity") {
+        Some(at) => Error::InvalidInput(text[at + "seckill: ".len()..].trim().to_string()),
+        None => e.into(),
+    }
 }
 
 /// The admission script's call for `attempt` (KEYS and ARGV as
@@ -124,10 +151,12 @@ fn invocation(keys: &VoucherKeys, attempt: Attempt<'_>) -> ScriptInvocation<'sta
         .key(keys.orders())
         .key(keys.token(attempt.user))
         .key(keys.rate())
+        .key(keys.waitlist_quantity())
         .arg(attempt.user)
         .arg(attempt.order_id)
         .arg(attempt.voucher)
-        .arg(attempt.token.unwrap_or(""));
+        .arg(attempt.token.unwrap_or(""))
+        .arg(attempt.quantity);
     inv
 }
 
@@ -160,6 +189,7 @@ fn decode((code, reason, value): (i64, String, Value)) -> Result<Admission> {
         6 => Admission::Paused,
         7 => Admission::RateLimited,
         8 => Admission::BadToken,
+        9 => Admission::NotEnoughStock { left: n },
         _ => return Err(bad()),
     })
 }
@@ -187,7 +217,11 @@ mod tests {
             decode((5, "unknown voucher".into(), Value::Int(0))).unwrap(),
             Admission::UnknownVoucher
         );
-        assert!(decode((9, "?".into(), Value::Int(0))).is_err());
+        assert_eq!(
+            decode((9, "not enough stock".into(), Value::Int(2))).unwrap(),
+            Admission::NotEnoughStock { left: 2 }
+        );
+        assert!(decode((10, "?".into(), Value::Int(0))).is_err());
     }
 }
 
@@ -224,7 +258,7 @@ pub async fn admit_durably(
 ) -> Result<(Admission, Option<u32>)> {
     let inv = invocation(keys, attempt);
     let Some(wait) = wait else {
-        let reply: (i64, String, Value) = inv.invoke_async(conn).await?;
+        let reply: (i64, String, Value) = inv.invoke_async(conn).await.map_err(refused_input)?;
         return Ok((decode(reply)?, None));
     };
     let mut pipe = redis::pipe();
@@ -239,9 +273,9 @@ pub async fn admit_durably(
         // for a lone EVALSHA, not for one inside a pipeline).
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
             inv.load_async(conn).await?;
-            pipe.query_async(conn).await?
+            pipe.query_async(conn).await.map_err(refused_input)?
         }
-        other => other?,
+        other => other.map_err(refused_input)?,
     };
     let outcome = decode(reply)?;
     let acked = matches!(outcome, Admission::Admitted { .. }).then_some(acked);
@@ -255,4 +289,6 @@ pub struct Attempt<'a> {
     pub user: u64,
     pub order_id: u64,
     pub token: Option<&'a str>,
+    /// The units wanted (1 ..= the voucher's per-user limit).
+    pub quantity: u32,
 }

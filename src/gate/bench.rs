@@ -36,6 +36,19 @@ pub struct BenchPlan {
     pub tokens: bool,
     /// After each success, wait for replicas to have it (Redis WAIT).
     pub wait_replicas: Option<ReplicaWait>,
+    /// Units per attempt: drawn from this range (inclusive) per attempt.
+    pub quantity: (u32, u32),
+}
+
+impl BenchPlan {
+    /// The quantity of attempt `i`: spread over the range by a fixed mix of
+    /// `i`, so two runs of one plan ask alike.
+    fn quantity_of(&self, i: u64) -> u32 {
+        let (lo, hi) = self.quantity;
+        let span = u64::from(hi.saturating_sub(lo)) + 1;
+        let mixed = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17;
+        lo + (mixed % span) as u32
+    }
 }
 
 impl BenchPlan {
@@ -143,6 +156,8 @@ pub struct BenchReport {
     /// With --wait-replicas: successes that fewer replicas than asked had
     /// acknowledged when the wait timed out.
     pub replicas_short: Option<u64>,
+    /// Units the successes took (beside `outcomes.success`, the orders).
+    pub units_admitted: u64,
 }
 
 /// Tokens issued by the bench live as long as tokens may.
@@ -153,6 +168,7 @@ const MAX_TOKEN_USERS: u64 = 10_000_000;
 struct TaskResult {
     counts: [u64; OUTCOMES],
     replicas_short: u64,
+    units: u64,
     errors: u64,
     first_error: Option<String>,
     hist: Histogram<u64>,
@@ -199,6 +215,7 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
             let mut r = TaskResult {
                 counts: [0; OUTCOMES],
                 replicas_short: 0,
+                units: 0,
                 errors: 0,
                 first_error: None,
                 hist: new_histogram(),
@@ -210,6 +227,7 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
                 }
                 let user = plan.user_offset + i % plan.users + 1;
                 let t0 = Instant::now();
+                let quantity = plan.quantity_of(i);
                 let attempt = match ids.next_id() {
                     Ok(order) => {
                         let token = tokens.get((i % plan.users) as usize);
@@ -219,6 +237,7 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
                             user,
                             order_id: order,
                             token,
+                            quantity,
                         };
                         admit_durably(&mut conn, &keys, attempt, plan.wait_replicas).await
                     }
@@ -227,6 +246,9 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
                 match attempt {
                     Ok((outcome, acked)) => {
                         r.counts[outcome.code()] += 1;
+                        if matches!(outcome, crate::gate::admission::Admission::Admitted { .. }) {
+                            r.units += u64::from(quantity);
+                        }
                         let asked = plan.wait_replicas.map_or(0, |w| w.replicas);
                         r.replicas_short += u64::from(acked.is_some_and(|a| a < asked));
                     }
@@ -243,6 +265,7 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
     }
     let mut counts = [0u64; OUTCOMES];
     let mut replicas_short = 0;
+    let mut units_admitted = 0;
     let mut errors = 0;
     let mut first_error = None;
     let mut hist = new_histogram();
@@ -255,6 +278,7 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
         }
         errors += r.errors;
         replicas_short += r.replicas_short;
+        units_admitted += r.units;
         first_error = first_error.or(r.first_error);
         hist.add(&r.hist).ok();
     }
@@ -280,6 +304,7 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
         outcomes: OutcomeCounts::from(counts),
         tokens_ms,
         replicas_short: plan.wait_replicas.map(|_| replicas_short),
+        units_admitted,
         latency: Latency {
             p50_us: hist.value_at_quantile(0.50),
             p90_us: hist.value_at_quantile(0.90),

@@ -93,6 +93,10 @@ pub async fn publish_gate<C: RedisConn>(
         .arg(distinct(image.buyers))
         .arg(distinct(image.released))
         .arg(image.policy.version)
+        .arg(image.policy.policy.per_user_limit)
+        .arg(crate::gate::policy::waitlist_limit_arg(
+            &image.policy.policy,
+        ))
         .invoke_async(conn)
         .await?;
     if published != 1 {

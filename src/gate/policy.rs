@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::orders::voucher::{self, Policy, VersionedPolicy};
+use crate::orders::voucher::{self, Policy, PolicyChange, VersionedPolicy};
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::RedisConn;
@@ -14,6 +14,8 @@ use crate::store::scripts::POLICY;
 /// The meta fields the policy is published in.
 pub const META_USER_RATE: &str = "user_rate";
 pub const META_REQUIRE_TOKEN: &str = "require_token";
+pub const META_PER_USER_LIMIT: &str = "per_user_limit";
+pub const META_WAITLIST_LIMIT: &str = "waitlist_limit";
 /// The meta field holding the version (MySQL's `policy_version`) of the
 /// policy published.
 pub const META_POLICY_VERSION: &str = "policy_version";
@@ -73,6 +75,8 @@ pub async fn publish(
         .arg(policy.policy.user_rate)
         .arg(u8::from(policy.policy.require_token))
         .arg(policy.version)
+        .arg(policy.policy.per_user_limit)
+        .arg(waitlist_limit_arg(&policy.policy))
         .invoke_async(conn)
         .await?;
     Ok(match published {
@@ -93,12 +97,23 @@ pub async fn publish_unversioned(
         .key(keys.meta())
         .arg(policy.user_rate)
         .arg(u8::from(policy.require_token))
+        .arg("")
+        .arg(policy.per_user_limit)
+        .arg(waitlist_limit_arg(&policy))
         .invoke_async(conn)
         .await?;
     Ok(match published {
         1 => Published::Published,
         _ => Published::NotLoaded,
     })
+}
+
+/// The waitlist cap as the scripts take it: '' for none.
+pub fn waitlist_limit_arg(policy: &Policy) -> String {
+    policy
+        .waitlist_limit
+        .map(|w| w.to_string())
+        .unwrap_or_default()
 }
 
 /// The version of the policy the gate holds (None: unknown, e.g. published
@@ -121,11 +136,10 @@ pub async fn update(
     conn: &mut impl RedisConn,
     prefix: &str,
     voucher_id: u64,
-    user_rate: Option<u32>,
-    require_token: Option<bool>,
+    change: PolicyChange,
 ) -> Result<(Policy, bool)> {
     let keys = VoucherKeys::new(prefix, voucher_id)?;
-    let policy = voucher::update_policy(db, voucher_id, user_rate, require_token).await?;
+    let policy = voucher::update_policy(db, voucher_id, change).await?;
     // One publish is enough: of updates at once, the last to change MySQL
     // reads back the greatest version, and the gate refuses anything older,
     // in whatever order the publishes land.
@@ -138,10 +152,22 @@ pub async fn update(
     })
 }
 
-/// A policy as the gate's meta holds it (absent fields: off).
-pub fn from_meta(user_rate: Option<u32>, require_token: Option<String>) -> Policy {
+/// The policy fields of a gate's meta, as read.
+#[derive(Debug, Clone, Default)]
+pub struct MetaPolicy {
+    pub user_rate: Option<u32>,
+    pub require_token: Option<String>,
+    pub per_user_limit: Option<u32>,
+    pub waitlist_limit: Option<String>,
+}
+
+/// A policy as the gate's meta holds it (absent fields: off, a limit of 1,
+/// no cap).
+pub fn from_meta(m: MetaPolicy) -> Policy {
     Policy {
-        user_rate: user_rate.unwrap_or(0),
-        require_token: require_token.as_deref() == Some("1"),
+        user_rate: m.user_rate.unwrap_or(0),
+        require_token: m.require_token.as_deref() == Some("1"),
+        per_user_limit: m.per_user_limit.unwrap_or(1).max(1),
+        waitlist_limit: m.waitlist_limit.and_then(|w| w.parse().ok()),
     }
 }

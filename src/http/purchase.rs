@@ -25,6 +25,10 @@ pub struct PurchaseBody {
     /// The user's admission token, for a voucher that requires one.
     #[serde(default)]
     token: Option<String>,
+    /// Units to buy, all or none: 1 (the default) ..= the voucher's
+    /// per-user limit.
+    #[serde(default)]
+    quantity: Option<u32>,
 }
 
 /// Tokens are 32 hex digits (`seckill token issue`); anything much longer
@@ -43,6 +47,7 @@ pub fn status_of(outcome: &Admission) -> StatusCode {
         Admission::Paused => StatusCode::SERVICE_UNAVAILABLE,
         Admission::RateLimited => StatusCode::TOO_MANY_REQUESTS,
         Admission::BadToken => StatusCode::FORBIDDEN,
+        Admission::NotEnoughStock { .. } => StatusCode::PRECONDITION_FAILED,
     }
 }
 
@@ -53,7 +58,8 @@ pub fn status_of(outcome: &Admission) -> StatusCode {
     responses(
         (status = 201, description = "success: the user holds a unit; the order is on its way to MySQL", body = super::schema::PurchaseAnswer),
         (status = 409, description = "already_bought (also a retry whose first attempt went through); order_id is the user's order once MySQL has it", body = super::schema::PurchaseAnswer),
-        (status = 410, description = "sold_out: the user is on the waitlist", body = super::schema::PurchaseAnswer),
+        (status = 410, description = "sold_out: the user is on the waitlist (waitlist_position), or not when it is full (waitlist_full, no position)", body = super::schema::PurchaseAnswer),
+        (status = 412, description = "not_enough_stock: fewer units left (units_left) than the quantity asked; nothing taken", body = super::schema::PurchaseAnswer),
         (status = 425, description = "not_started", body = super::schema::PurchaseAnswer),
         (status = 422, description = "ended", body = super::schema::PurchaseAnswer),
         (status = 404, description = "unknown_voucher: not loaded at the gate", body = super::schema::PurchaseAnswer),
@@ -70,6 +76,12 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let voucher = parse_id("voucher", &voucher)?;
     let user = body.user.0;
+    let quantity = body.quantity.unwrap_or(1);
+    if !(1..=crate::orders::voucher::MAX_PER_USER_LIMIT).contains(&quantity) {
+        return Err(ApiError::BadRequest(format!(
+            "quantity {quantity} is out of range: 1 to the voucher's per-user limit"
+        )));
+    }
     if body.token.as_ref().is_some_and(|t| t.len() > MAX_TOKEN) {
         return Err(ApiError::BadRequest(format!(
             "token is longer than {MAX_TOKEN} characters"
@@ -99,6 +111,7 @@ pub async fn create(
         user,
         order_id,
         token: body.token.as_deref(),
+        quantity,
     };
     let mut conn = state.purchase_redis();
     let call = admission::admit_durably(&mut conn, &keys, attempt, state.wait);
@@ -106,6 +119,9 @@ pub async fn create(
     // refusal (a retry answers already_bought if it did).
     let (outcome, replicas_acked) = match tokio::time::timeout(state.request_timeout, call).await {
         Ok(Ok(answer)) => answer,
+        // Refused by the script before any write (a quantity above the
+        // voucher's limit).
+        Ok(Err(crate::error::Error::InvalidInput(m))) => return Err(ApiError::BadRequest(m)),
         Ok(Err(e)) => {
             state.metrics.redis_error();
             tracing::warn!("voucher {voucher}: admission of user {user}: {e}");

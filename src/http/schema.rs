@@ -9,14 +9,19 @@ use utoipa::ToSchema;
 #[derive(Serialize, ToSchema)]
 pub struct PurchaseAnswer {
     /// success, already_bought, sold_out, not_started, ended,
-    /// unknown_voucher, paused, rate_limited or bad_token
+    /// unknown_voucher, paused, rate_limited, bad_token or not_enough_stock
     pub outcome: String,
     pub voucher: String,
     pub user: String,
     /// The new order's id (success only), a decimal string.
     pub order_id: Option<String>,
-    /// The user's 1-based place on the waitlist (sold_out only).
+    /// The user's 1-based place on the waitlist (sold_out only; null when
+    /// the waitlist is full and the user is not on it).
     pub waitlist_position: Option<u64>,
+    /// sold_out only: the waitlist is full (the voucher's waitlist limit).
+    pub waitlist_full: Option<bool>,
+    /// not_enough_stock only: the units left, fewer than asked.
+    pub units_left: Option<i64>,
     /// When the sale opens, Unix ms (not_started only), and as text.
     pub begin_ms: Option<i64>,
     pub begin: Option<String>,

@@ -59,9 +59,11 @@ pub async fn claim_due(
 /// What MySQL said about orders whose deadline came.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Cancellation {
-    /// Cancelled now or earlier: their unit must be given back at the gate
-    /// (release.lua makes that happen once per order).
-    pub cancelled: Vec<u64>,
+    /// (order, units) cancelled now or earlier: their units must be given
+    /// back at the gate (release.lua makes that happen once per order).
+    pub cancelled: Vec<(u64, u64)>,
+    /// The voucher's per-user limit (how many fresh ids a release needs).
+    pub per_user_limit: u32,
     /// How many of them this transaction cancelled (and restocked in MySQL).
     pub cancelled_now: u64,
     /// The units those orders held, back in MySQL's stock now.
@@ -107,26 +109,35 @@ pub async fn cancel_unpaid(conn: &mut Conn, voucher: u64, orders: &[u64]) -> Res
         )
         .await?;
     }
-    let rows: Vec<(u64, u64, i8)> = tx
+    let rows: Vec<(u64, u64, i8, u64)> = tx
         .query(format!(
-            "SELECT id, voucher_id, status FROM seckill_order WHERE id IN ({ids})"
+            "SELECT id, voucher_id, status, quantity FROM seckill_order WHERE id IN ({ids})"
         ))
+        .await?;
+    let per_user_limit: Option<i64> = tx
+        .exec_first(
+            "SELECT per_user_limit FROM seckill_voucher WHERE voucher_id = ?",
+            (voucher,),
+        )
         .await?;
     crate::support::fault::pause("before_cancel_commit").await;
     tx.commit().await?;
     let mut out = Cancellation {
         cancelled_now,
         units_now,
+        per_user_limit: per_user_limit.map_or(1, |l| l.clamp(1, i64::from(u32::MAX)) as u32),
         ..Default::default()
     };
     for &order in orders {
         let found = rows
             .iter()
             .find(|r| r.0 == order)
-            .map(|&(_, v, status)| (v, OrderStatus::from_code(status)));
+            .map(|&(_, v, status, units)| (v, OrderStatus::from_code(status), units));
         match found {
-            Some((v, Some(OrderStatus::Cancelled))) if v == voucher => out.cancelled.push(order),
-            Some((v, Some(OrderStatus::Pending))) if v == voucher => {
+            Some((v, Some(OrderStatus::Cancelled), units)) if v == voucher => {
+                out.cancelled.push((order, units.max(1)))
+            }
+            Some((v, Some(OrderStatus::Pending), _)) if v == voucher => {
                 // Not possible after the update above; keep the deadline.
                 tracing::warn!("order {order} is still pending after its cancellation");
             }
@@ -161,13 +172,17 @@ pub enum WhilePaused<'a> {
     RepairedUnder(&'a str),
 }
 
-/// Gives back the units of `cancelled` orders at the gate, once per order,
-/// and drops the deadlines of `settled` ones (release.lua).
+/// Gives back the units of `cancelled` orders, (order, units), at the
+/// gate, once per order, and drops the deadlines of `settled` ones
+/// (release.lua). `per_user_limit` is the voucher's: with the units it
+/// bounds the promotions one release can make, each needing a fresh id.
+#[allow(clippy::too_many_arguments)]
 pub async fn release(
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
     voucher: u64,
-    cancelled: &[u64],
+    cancelled: &[(u64, u64)],
+    per_user_limit: u32,
     settled: &[u64],
     ids: &OrderIds,
     paused: WhilePaused<'_>,
@@ -185,14 +200,23 @@ pub async fn release(
         .key(keys.released())
         .key(keys.meta())
         .key(keys.holds())
+        .key(keys.waitlist_quantity())
         .arg(voucher)
         .arg(match paused {
             WhilePaused::Defer => "",
             WhilePaused::RepairedUnder(token) => token,
         })
         .arg(cancelled.len());
-    for order in cancelled {
-        inv.arg(*order).arg(ids.next_id()?);
+    for (order, units) in cancelled {
+        inv.arg(*order).arg(*units).arg(ids.next_id()?);
+    }
+    // Promotions can reach the units released plus what the gate's stock
+    // held (less than one request's worth when anyone waits).
+    let units: u64 = cancelled.iter().map(|(_, u)| u).sum();
+    let extra = (units + u64::from(per_user_limit)).saturating_sub(cancelled.len() as u64);
+    inv.arg(extra);
+    for _ in 0..extra {
+        inv.arg(ids.next_id()?);
     }
     for order in settled {
         inv.arg(*order);

@@ -22,21 +22,51 @@ pub const MAX_TIME_MS: i64 = i32::MAX as i64 * 1000;
 /// the bound keeps a refused attempt cheap.
 pub const MAX_USER_RATE: u32 = 100;
 
-/// Who the gate lets try: stored in MySQL, published to the gate's meta.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+/// The most units one user may hold of a voucher.
+pub const MAX_PER_USER_LIMIT: u32 = 100;
+/// The most requests a waitlist may be capped at.
+pub const MAX_WAITLIST_LIMIT: u32 = 100_000_000;
+
+/// Who the gate lets try, and for how much: stored in MySQL, published to
+/// the gate's meta.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Policy {
     /// At most this many attempts per user in any one second (0: no limit).
     pub user_rate: u32,
     /// Admission needs a token issued for the user and voucher.
     pub require_token: bool,
+    /// The most units one purchase (one user's one order) may take.
+    pub per_user_limit: u32,
+    /// Once this many requests wait, a sold-out attempt writes nothing
+    /// (None: no cap).
+    pub waitlist_limit: Option<u32>,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            user_rate: 0,
+            require_token: false,
+            per_user_limit: 1,
+            waitlist_limit: None,
+        }
+    }
 }
 
 impl Policy {
-    /// From the MySQL columns; an out-of-range rate is taken at the bound.
-    pub fn from_columns(user_rate: i64, require_token: i64) -> Policy {
+    /// From the MySQL columns; out-of-range values are taken at the bounds.
+    pub fn from_columns(
+        user_rate: i64,
+        require_token: i64,
+        per_user_limit: i64,
+        waitlist_limit: Option<i64>,
+    ) -> Policy {
         Policy {
             user_rate: user_rate.clamp(0, i64::from(MAX_USER_RATE)) as u32,
             require_token: require_token != 0,
+            per_user_limit: per_user_limit.clamp(1, i64::from(MAX_PER_USER_LIMIT)) as u32,
+            waitlist_limit: waitlist_limit
+                .map(|w| w.clamp(0, i64::from(MAX_WAITLIST_LIMIT)) as u32),
         }
     }
 
@@ -48,6 +78,12 @@ impl Policy {
         }
         if self.require_token {
             parts.push("token".to_string());
+        }
+        if self.per_user_limit > 1 {
+            parts.push(format!("up to {} per user", self.per_user_limit));
+        }
+        if let Some(w) = self.waitlist_limit {
+            parts.push(format!("waitlist of {w} at most"));
         }
         match parts.is_empty() {
             true => "-".to_string(),
@@ -62,7 +98,37 @@ impl Policy {
                 self.user_rate
             )));
         }
+        if !(1..=MAX_PER_USER_LIMIT).contains(&self.per_user_limit) {
+            return Err(Error::InvalidInput(format!(
+                "per-user limit {} is out of range: it must be between 1 and {MAX_PER_USER_LIMIT}",
+                self.per_user_limit
+            )));
+        }
+        if self.waitlist_limit.is_some_and(|w| w > MAX_WAITLIST_LIMIT) {
+            return Err(Error::InvalidInput(format!(
+                "waitlist limit is out of range: it must be between 0 and {MAX_WAITLIST_LIMIT}"
+            )));
+        }
         Ok(())
+    }
+}
+
+/// What `voucher update` changes of the policy (None: it stays).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PolicyChange {
+    pub user_rate: Option<u32>,
+    pub require_token: Option<bool>,
+    pub per_user_limit: Option<u32>,
+    /// Some(None): no cap from now on.
+    pub waitlist_limit: Option<Option<u32>>,
+}
+
+impl PolicyChange {
+    pub fn is_empty(&self) -> bool {
+        self.user_rate.is_none()
+            && self.require_token.is_none()
+            && self.per_user_limit.is_none()
+            && self.waitlist_limit.is_none()
     }
 }
 
@@ -181,8 +247,8 @@ pub async fn add(db: &Db, v: &NewVoucher) -> Result<()> {
         .exec_drop(
             "INSERT INTO seckill_voucher
                 (voucher_id, title, total_stock, stock, begin_time, end_time, pay_timeout_ms,
-                 user_rate, require_token)
-             VALUES (?, ?, ?, ?, FROM_UNIXTIME(? / 1000), FROM_UNIXTIME(? / 1000), ?, ?, ?)",
+                 user_rate, require_token, per_user_limit, waitlist_limit)
+             VALUES (?, ?, ?, ?, FROM_UNIXTIME(? / 1000), FROM_UNIXTIME(? / 1000), ?, ?, ?, ?, ?)",
             (
                 v.id,
                 &v.title,
@@ -193,6 +259,8 @@ pub async fn add(db: &Db, v: &NewVoucher) -> Result<()> {
                 v.pay_timeout_ms,
                 v.policy.user_rate,
                 v.policy.require_token,
+                v.policy.per_user_limit,
+                v.policy.waitlist_limit,
             ),
         )
         .await;
@@ -213,7 +281,8 @@ static SELECT_VOUCHERS: LazyLock<String> = LazyLock::new(|| {
         "SELECT v.voucher_id, v.title, v.total_stock, v.stock,
             CAST(ROUND(UNIX_TIMESTAMP(v.begin_time) * 1000) AS SIGNED),
             CAST(ROUND(UNIX_TIMESTAMP(v.end_time) * 1000) AS SIGNED),
-            v.pay_timeout_ms, v.user_rate, v.require_token, v.policy_version, {}, {}, {}
+            v.pay_timeout_ms, v.user_rate, v.require_token, v.per_user_limit,
+            v.waitlist_limit, v.policy_version, {}, {}, {}
          FROM seckill_voucher v",
         count(OrderStatus::Pending),
         count(OrderStatus::Paid),
@@ -226,7 +295,7 @@ fn select_vouchers(tail: &str) -> String {
     format!("{} {tail}", *SELECT_VOUCHERS)
 }
 
-/// A row of [`SELECT_VOUCHERS`]: thirteen columns, one more than
+/// A row of [`SELECT_VOUCHERS`]: fifteen columns, more than
 /// mysql_common converts as a tuple.
 struct VoucherRow(Voucher);
 
@@ -248,7 +317,7 @@ impl FromRow for VoucherRow {
                 begin_ms: take(v)?,
                 end_ms: take(v)?,
                 pay_timeout_ms: take(v)?,
-                policy: Policy::from_columns(take(v)?, take(v)?),
+                policy: Policy::from_columns(take(v)?, take(v)?, take(v)?, take(v)?),
                 policy_version: take(v)?,
                 orders_pending: take(v)?,
                 orders_paid: take(v)?,
@@ -275,15 +344,12 @@ pub async fn list(db: &Db) -> Result<Vec<Voucher>> {
 /// Changes the admission policy in MySQL; what is not given stays. Returns
 /// the policy now in force, with its version (a later update's, if one
 /// came in between: the pair is read from one row).
-pub async fn update_policy(
-    db: &Db,
-    id: u64,
-    user_rate: Option<u32>,
-    require_token: Option<bool>,
-) -> Result<VersionedPolicy> {
+pub async fn update_policy(db: &Db, id: u64, change: PolicyChange) -> Result<VersionedPolicy> {
     Policy {
-        user_rate: user_rate.unwrap_or(0),
-        require_token: false,
+        user_rate: change.user_rate.unwrap_or(0),
+        per_user_limit: change.per_user_limit.unwrap_or(1),
+        waitlist_limit: change.waitlist_limit.flatten(),
+        ..Policy::default()
     }
     .validate()?;
     let mut conn = db.conn().await?;
@@ -294,9 +360,18 @@ pub async fn update_policy(
     conn.exec_drop(
         "UPDATE seckill_voucher
             SET user_rate = COALESCE(?, user_rate), require_token = COALESCE(?, require_token),
+                per_user_limit = COALESCE(?, per_user_limit),
+                waitlist_limit = IF(?, ?, waitlist_limit),
                 policy_version = policy_version + 1
           WHERE voucher_id = ?",
-        (user_rate, require_token, id),
+        (
+            change.user_rate,
+            change.require_token,
+            change.per_user_limit,
+            change.waitlist_limit.is_some(),
+            change.waitlist_limit.flatten(),
+            id,
+        ),
     )
     .await?;
     drop(conn);

@@ -100,9 +100,11 @@ pub(super) async fn repair(
             spoken.len()
         );
     }
-    // Units given back go to waitlisted users first, each with a new order.
+    // Units given back go to waitlisted users first, each with a new order:
+    // with the gate's own stock (less than one request's worth when anyone
+    // waits), they serve at most this many requests.
     let promotions = if delta > 0 {
-        (delta as u64).min(s.waiting)
+        (delta as u64 + u64::from(s.policy.per_user_limit)).min(s.waiting)
     } else {
         0
     };
@@ -133,6 +135,7 @@ pub(super) async fn repair(
         .key(keys.events())
         .key(keys.meta())
         .key(keys.holds())
+        .key(keys.waitlist_quantity())
         .arg(s.witness.args())
         .arg(delta)
         .arg(add.len());
@@ -159,7 +162,9 @@ pub(super) async fn repair(
         // Under a pause (the guard's rebuild), the buyers were just
         // repaired on this view: the release may promote from them.
         let under = deadline::WhilePaused::RepairedUnder(&s.pause_token);
-        deadline::release(conn, keys, voucher, &unreleased, &[], ids, under).await?;
+        let with_units: Vec<(u64, u64)> = unreleased.iter().map(|o| (*o, s.units(*o))).collect();
+        let limit = s.policy.per_user_limit;
+        deadline::release(conn, keys, voucher, &with_units, limit, &[], ids, under).await?;
     }
     Ok(RepairResult::Applied { unrepaired: false })
 }

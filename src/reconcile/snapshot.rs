@@ -8,7 +8,9 @@ use redis::{FromRedisValue, Value};
 
 use crate::error::{Error, Result};
 use crate::gate::pause::{META_PAUSED, META_PAUSE_TOKEN};
-use crate::gate::policy::{self, META_REQUIRE_TOKEN, META_USER_RATE};
+use crate::gate::policy::{
+    self, META_PER_USER_LIMIT, META_REQUIRE_TOKEN, META_USER_RATE, META_WAITLIST_LIMIT,
+};
 use crate::gate::witness::{self, Witness};
 use crate::orders::order::OrderStatus;
 use crate::orders::voucher::Policy;
@@ -214,7 +216,7 @@ async fn scan_members(conn: &mut impl RedisConn, cmd: &str, key: &str) -> Result
         cursor = next;
     }
 }
-type VoucherRow = (u64, i64, i64, i64, i64, i64, i64, i64);
+type VoucherRow = (u64, i64, i64, i64, i64, i64, i64, i64, i64, Option<i64>);
 type OrderRow = (u64, u64, u64, i8, i64, i8, u64);
 
 /// Reads many vouchers with a few round trips in all: the witnesses (one
@@ -254,7 +256,9 @@ pub async fn read_many(
             .hget(k.meta(), META_REQUIRE_TOKEN)
             .hget(k.meta(), META_PAUSED)
             .hget(k.meta(), META_PAUSE_TOKEN)
-            .zcard(k.waitlist());
+            .zcard(k.waitlist())
+            .hget(k.meta(), META_PER_USER_LIMIT)
+            .hget(k.meta(), META_WAITLIST_LIMIT);
         Ok(())
     })
     .await?;
@@ -264,7 +268,7 @@ pub async fn read_many(
         .zip(&before)
         .zip(keys.iter().zip(vouchers))
     {
-        if chunk.len() != 11 {
+        if chunk.len() != 13 {
             return Err(Error::Redis(format!(
                 "gate of voucher {voucher}: {} replies",
                 chunk.len()
@@ -280,10 +284,19 @@ pub async fn read_many(
             Option<String>,
             Option<String>,
             u64,
+            Option<u32>,
+            Option<String>,
         );
-        let (user_rate, require_token, paused, pause_token, waiting): MetaRow =
-            FromRedisValue::from_redis_value(Value::Array(chunk[6..].to_vec()))
-                .map_err(|e| Error::Redis(format!("policy of voucher {voucher}: {e}")))?;
+        let (
+            user_rate,
+            require_token,
+            paused,
+            pause_token,
+            waiting,
+            per_user_limit,
+            waitlist_limit,
+        ): MetaRow = FromRedisValue::from_redis_value(Value::Array(chunk[6..].to_vec()))
+            .map_err(|e| Error::Redis(format!("policy of voucher {voucher}: {e}")))?;
         let entries = if stream_len > 0 {
             in_flight_orders(conn, k).await?
         } else {
@@ -325,7 +338,12 @@ pub async fn read_many(
             quantities,
             dead_letters,
             witness: w.clone(),
-            gate_policy: policy::from_meta(user_rate, require_token),
+            gate_policy: policy::from_meta(policy::MetaPolicy {
+                user_rate,
+                require_token,
+                per_user_limit,
+                waitlist_limit,
+            }),
             ..Default::default()
         });
     }
@@ -343,7 +361,7 @@ pub async fn read_many(
             "SELECT voucher_id, total_stock, stock,
                     CAST(ROUND(UNIX_TIMESTAMP(begin_time) * 1000) AS SIGNED),
                     CAST(ROUND(UNIX_TIMESTAMP(end_time) * 1000) AS SIGNED),
-                    pay_timeout_ms, user_rate, require_token
+                    pay_timeout_ms, user_rate, require_token, per_user_limit, waitlist_limit
                FROM seckill_voucher WHERE voucher_id IN ({list})"
         ))
         .await?;
@@ -368,11 +386,13 @@ pub async fn read_many(
 
     let index: HashMap<u64, usize> = vouchers.iter().enumerate().map(|(i, v)| (*v, i)).collect();
     let mut known = vec![false; vouchers.len()];
-    for (v, total, stock, begin_ms, end_ms, pay_timeout_ms, user_rate, require_token) in rows {
+    for (v, total, stock, begin_ms, end_ms, pay_timeout_ms, user_rate, require_token, limit, cap) in
+        rows
+    {
         if let Some(&i) = index.get(&v) {
             known[i] = true;
             let s = &mut snaps[i];
-            s.policy = Policy::from_columns(user_rate, require_token);
+            s.policy = Policy::from_columns(user_rate, require_token, limit, cap);
             (
                 s.total,
                 s.mysql_stock,

@@ -69,6 +69,10 @@ impl VoucherKeys {
     pub fn rate(&self) -> String {
         self.key("rate")
     }
+    /// User → units wanted, for waitlisted requests of more than one unit.
+    pub fn waitlist_quantity(&self) -> String {
+        self.key("waitlist_quantity")
+    }
     /// Failed passes of the workers over this voucher's deadlines (a count
     /// of its own, not in meta: it must not make a lost gate look loaded).
     pub fn deadline_errors(&self) -> String {

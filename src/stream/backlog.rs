@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::error::Result;
 use crate::store::keys::{VoucherKeys, WORKER_GROUP};
+use crate::stream::entry::MAX_QUANTITY;
 use crate::stream::id::StreamId;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -131,7 +132,9 @@ pub async fn in_flight_orders<C: RedisConn>(
                 .filter_map(|e| {
                     let quantity = match e.map.get("quantity") {
                         None => 1,
-                        Some(_) => e.get::<u64>("quantity").filter(|q| *q >= 1)?,
+                        Some(_) => e
+                            .get::<u64>("quantity")
+                            .filter(|q| (1..=u64::from(MAX_QUANTITY)).contains(q))?,
                     };
                     Some((e.get::<u64>("user")?, e.get::<u64>("order")?, quantity))
                 }),

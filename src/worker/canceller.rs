@@ -191,6 +191,7 @@ impl Canceller {
             keys,
             voucher,
             &c.cancelled,
+            c.per_user_limit,
             &c.settled,
             &self.ids,
             deadline::WhilePaused::Defer,

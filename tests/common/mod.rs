@@ -593,6 +593,20 @@ impl TestEnv {
         attempts: u64,
         concurrency: usize,
     ) -> tokio::task::JoinHandle<seckill::gate::bench::BenchReport> {
+        self.sale_of_quantities_in_background(voucher, users, offset, attempts, concurrency, (1, 1))
+    }
+
+    /// As [`TestEnv::sale_in_background`], each attempt asking a quantity
+    /// drawn from `quantity` (inclusive).
+    pub fn sale_of_quantities_in_background(
+        &self,
+        voucher: u64,
+        users: u64,
+        offset: u64,
+        attempts: u64,
+        concurrency: usize,
+        quantity: (u32, u32),
+    ) -> tokio::task::JoinHandle<seckill::gate::bench::BenchReport> {
         let cfg = self.cfg.clone();
         let plan = seckill::gate::bench::BenchPlan {
             voucher,
@@ -605,6 +619,7 @@ impl TestEnv {
             node_id: None,
             tokens: false,
             wait_replicas: None,
+            quantity,
         };
         tokio::spawn(async move {
             seckill::gate::bench::run(&cfg, &plan, Default::default())
