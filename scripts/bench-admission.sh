@@ -6,6 +6,8 @@
 # Then the admission policy: the success path with no policy, with a user
 # rate (--user-rate 100: every attempt checked, none refused) and with
 # tokens required (bench --tokens; issuing them is timed apart), in one run.
+# Then quantities: 1 unit, 1-3 units, and the sold-out path with the
+# waitlist full (read-only) beside the ordinary one.
 #
 #   scripts/bench-admission.sh [attempts] [rounds]
 set -euo pipefail
@@ -90,3 +92,26 @@ for r in $(seq 1 "$rounds"); do
   done
   cleanup
 done
+
+# Quantities in the same run: the success path asking 1 unit (as above),
+# asking 1-3 (a per-user limit of 3, a quantity drawn per attempt), and
+# the losing path with the waitlist full (--waitlist-limit 0: read-only)
+# beside the ordinary sold-out path (each loser joins the waitlist).
+echo
+printf '%-22s %5s %14s %8s\n' quantities round "seckill/s" "vs base"
+for r in $(seq 1 "$rounds"); do
+  fresh_voucher $((next_id += 1)) $((attempts * 2))
+  one=$(ours "$next_id")
+  fresh_voucher $((next_id += 1)) $((attempts * 4)) --per-user-limit 3
+  mixed=$(ours "$next_id" --quantity 1-3)
+  fresh_voucher $((next_id += 1)) 0
+  waitlisted=$(ours "$next_id")
+  fresh_voucher $((next_id += 1)) 0 --waitlist-limit 0
+  full=$(ours "$next_id")
+  for row in "quantity-1 $one $one" "quantity-1-3 $mixed $one" "sold-out-waitlisted $waitlisted $waitlisted" "sold-out-waitlist-full $full $waitlisted"; do
+    set -- $row
+    printf '%-22s %5s %14s %7s%%\n' "$1" "$r" "$2" "$(awk -v o="$2" -v c="$3" 'BEGIN { printf "%.0f", 100 * o / c }')"
+  done
+  cleanup
+done
+echo "(vs base: quantity rows against quantity-1, sold-out rows against sold-out-waitlisted, same round)"

@@ -99,6 +99,7 @@ pub struct OutcomeCounts {
     pub paused: u64,
     pub rate_limited: u64,
     pub bad_token: u64,
+    pub not_enough_stock: u64,
 }
 
 impl From<[u64; OUTCOMES]> for OutcomeCounts {
@@ -114,6 +115,7 @@ impl From<[u64; OUTCOMES]> for OutcomeCounts {
             paused: c[6],
             rate_limited: c[7],
             bad_token: c[8],
+            not_enough_stock: c[9],
         }
     }
 }
@@ -121,7 +123,7 @@ impl From<[u64; OUTCOMES]> for OutcomeCounts {
 impl OutcomeCounts {
     /// (name, count) in the script's code order, for tables.
     pub fn pairs(&self) -> [(&'static str, u64); OUTCOMES] {
-        let c = [
+        let c: [u64; OUTCOMES] = [
             self.success,
             self.already_bought,
             self.sold_out,
@@ -131,6 +133,7 @@ impl OutcomeCounts {
             self.paused,
             self.rate_limited,
             self.bad_token,
+            self.not_enough_stock,
         ];
         std::array::from_fn(|i| (OUTCOME_NAMES[i], c[i]))
     }
