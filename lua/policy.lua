@@ -33,7 +33,7 @@ if version == '' then version = nil end
 if version and (not string.match(version, '^%d+$') or #version > 19) then
   return redis.error_reply('ERR policy.lua: ARGV[3] must be a decimal version')
 end
-local limit, cap = ARGV[4], ARGV[5]
+local limit, cap = ARGV[4], ARGV[5] or ''
 if limit and (not string.match(limit, '^%d+$') or tonumber(limit) < 1) then
   return redis.error_reply('ERR policy.lua: ARGV[4] must be a per-user limit of 1 or more')
 end

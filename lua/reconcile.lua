@@ -86,7 +86,7 @@ if delta > 0 and fresh > 0 and KEYS[8] then
     if not head then break end
     looked = looked + 1
     local wants = 1
-    if KEYS[10] then wants = tonumber(redis.call('HGET', KEYS[10], head) or '1') or 1 end
+    if KEYS[10] then wants = math.max(tonumber(redis.call('HGET', KEYS[10], head) or '1') or 1, 1) end
     if redis.call('SISMEMBER', KEYS[2], head) == 1 then
       redis.call('ZREM', KEYS[6], head)
       if KEYS[10] then redis.call('HDEL', KEYS[10], head) end

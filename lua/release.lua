@@ -16,8 +16,9 @@
 -- is appended for the application to notify them. Waitlisted users who
 -- already hold an order are dropped from the waitlist. What no waiting
 -- request fits stays in the gate's stock, so after a release no waiting
--- request fits the stock. At most 1,000 waiting requests are looked at per
--- call (a request further back is served by a later release).
+-- request among those looked at fits the stock: at most 1,000 waiting
+-- requests per call (one further back is served by a later release), and
+-- promotions stop when the fresh ids given run out.
 --
 -- KEYS[1]  seckill:{V}:stock      KEYS[5]  seckill:{V}:events
 -- KEYS[2]  seckill:{V}:buyers     KEYS[6]  seckill:{V}:timeouts
@@ -108,7 +109,7 @@ if pool > 0 then
     if not head then break end
     looked = looked + 1
     local wants = 1
-    if KEYS[10] then wants = tonumber(redis.call('HGET', KEYS[10], head) or '1') or 1 end
+    if KEYS[10] then wants = math.max(tonumber(redis.call('HGET', KEYS[10], head) or '1') or 1, 1) end
     if redis.call('SISMEMBER', KEYS[2], head) == 1 then
       -- Holds an order already: never promoted, off the list.
       redis.call('ZREM', KEYS[3], head)

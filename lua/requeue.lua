@@ -10,6 +10,9 @@
 -- KEYS[5]  seckill:{V}:waitlist  zset
 -- KEYS[6]  seckill:{V}:requeued  hash   dead-letter id -> "<code> <order id>" of
 --                                the letters requeued in the last day
+-- KEYS[7]  seckill:{V}:waitlist_quantity  hash  (optional, **new**): the
+--                                units a re-admitted user waited for go
+--                                with the user's place on the waitlist
 -- ARGV     triples: a dead-letter entry id, the order id to requeue it
 --          under (its own, or a fresh one where its own collides in MySQL),
 --          and 1 when the unit its admission took is known not to be backed
@@ -80,6 +83,7 @@ for i = 1, #ARGV, 3 do
       redis.call('DECRBY', KEYS[3], units)
       redis.call('SADD', KEYS[4], f.user)
       redis.call('ZREM', KEYS[5], f.user)
+      if KEYS[7] then redis.call('HDEL', KEYS[7], f.user) end
       code = 2
     else
       code = 0

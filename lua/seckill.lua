@@ -105,7 +105,7 @@ end
 
 local wanted = ARGV[5]
 if wanted == nil or wanted == '' then wanted = '1' end
-local limit = tonumber(meta[6] or '1') or 1
+local limit = math.max(tonumber(meta[6] or '1') or 1, 1)
 if not string.match(wanted, '^[1-9][0-9]*$') or #wanted > 6 or tonumber(wanted) > limit then
   return redis.error_reply('ERR seckill: quantity must be between 1 and ' .. limit .. ' (the per-user limit)')
 end
@@ -198,7 +198,12 @@ if left <= 0 then
     redis.call('ZADD', KEYS[4], 'NX', queued_us, user)
     -- The request waits with what it asked for (queued once: a later
     -- attempt of a waiting user changes nothing).
-    if quantity > 1 then redis.call('HSET', KEYS[8], user, quantity) end
+    if quantity > 1 then
+      redis.call('HSET', KEYS[8], user, quantity)
+    elseif KEYS[8] then
+      -- A want left by an earlier request of this user (freed by a repair).
+      redis.call('HDEL', KEYS[8], user)
+    end
   end
   return {2, 'sold out', redis.call('ZRANK', KEYS[4], user) + 1}
 end

@@ -305,7 +305,9 @@ async fn a_full_waitlist_answers_sold_out_and_writes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_released_order_serves_waiting_requests_whole_in_order() {
     let env = TestEnv::new().await;
-    env.live_voucher_paying_within(1, 3, 2_000).await;
+    // Long enough for the test to pay the promoted orders in time on a
+    // loaded machine.
+    env.live_voucher_paying_within(1, 3, 4_000).await;
     update(&env, 1, &["--per-user-limit", "3"]);
     assert_eq!(buy(&env, 1, 1, "3").status.code(), Some(0));
     for (user, quantity) in [(2, "1"), (3, "3"), (4, "2"), (5, "1")] {

@@ -48,6 +48,7 @@ fn order_table(o: &OrderView) -> comfy_table::Table {
         ("status", o.status.to_string()),
         ("user", o.user.to_string()),
         ("voucher", o.voucher.to_string()),
+        ("units", o.quantity.to_string()),
         ("created", format_ms(o.created_ms)),
         ("payment deadline", format_ms(o.deadline_ms)),
         ("paid", time(o.paid_ms)),

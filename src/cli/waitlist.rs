@@ -31,7 +31,7 @@ pub async fn run(cfg: &Config, args: WaitlistArgs) -> anyhow::Result<u8> {
         Format::Json => print_json(&w)?,
         Format::Table => {
             outln!(
-                "voucher {}: {} waiting, {} released unit(s) handed to the waitlist so far",
+                "voucher {}: {} waiting, {} promoted so far (an order each)",
                 w.voucher,
                 w.length,
                 w.promotions
@@ -45,13 +45,14 @@ pub async fn run(cfg: &Config, args: WaitlistArgs) -> anyhow::Result<u8> {
 }
 
 fn waitlist_table(w: &Waitlist, now: i64) -> comfy_table::Table {
-    let mut t = table(&["position", "user", "queued at", "waiting for"]);
+    let mut t = table(&["position", "user", "units", "queued at", "waiting for"]);
     for e in &w.head {
         // Whole seconds read better than humantime's milliseconds here.
         let waited = (now - e.queued_ms).max(0) / 1000 * 1000;
         t.add_row(vec![
             e.position.to_string(),
             e.user.to_string(),
+            e.quantity.to_string(),
             format_ms(e.queued_ms),
             format_duration_ms(waited),
         ]);

@@ -163,7 +163,8 @@ async fn apply(
             .key(keys.stock())
             .key(keys.buyers())
             .key(keys.waitlist())
-            .key(keys.requeued());
+            .key(keys.requeued())
+            .key(keys.waitlist_quantity());
         for (id, order, _, unbacked) in chunk {
             inv.arg(id).arg(*order).arg(u8::from(*unbacked));
         }

@@ -12,13 +12,15 @@ pub struct Waiting {
     pub user: u64,
     /// When the user was first queued (Unix ms).
     pub queued_ms: i64,
+    /// The units the request waits for.
+    pub quantity: u64,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Waitlist {
     pub voucher: u64,
     pub length: u64,
-    /// Released units handed to waitlisted users so far.
+    /// Promotions so far: waiting requests served, one order each.
     pub promotions: u64,
     pub head: Vec<Waiting>,
 }
@@ -36,18 +38,31 @@ pub async fn read(
         .hget(keys.meta(), "promotions")
         .query_async(conn)
         .await?;
+    // Requests of one unit have no entry (absent: 1).
+    let wants: Vec<Option<u64>> = if entries.is_empty() {
+        Vec::new()
+    } else {
+        let mut cmd = redis::cmd("HMGET");
+        cmd.arg(keys.waitlist_quantity());
+        for (user, _) in &entries {
+            cmd.arg(*user);
+        }
+        cmd.query_async(conn).await?
+    };
     Ok(Waitlist {
         voucher,
         length,
         promotions: promotions.unwrap_or(0),
         head: entries
             .into_iter()
+            .zip(wants.into_iter().chain(std::iter::repeat(None)))
             .enumerate()
-            .map(|(i, (user, score))| Waiting {
+            .map(|(i, ((user, score), wants))| Waiting {
                 position: i as u64 + 1,
                 user,
                 // Scores are microseconds.
                 queued_ms: (score / 1000.0) as i64,
+                quantity: wants.unwrap_or(1).max(1),
             })
             .collect(),
     })

@@ -77,6 +77,8 @@ pub struct OrderAnswer {
     pub voucher: u64,
     /// pending, paid or cancelled
     pub status: String,
+    /// The units the order holds.
+    pub quantity: u64,
     pub created_ms: i64,
     pub deadline_ms: i64,
     pub paid_ms: Option<i64>,

@@ -125,7 +125,9 @@ pub async fn cancel_unpaid(conn: &mut Conn, voucher: u64, orders: &[u64]) -> Res
     let mut out = Cancellation {
         cancelled_now,
         units_now,
-        per_user_limit: per_user_limit.map_or(1, |l| l.clamp(1, i64::from(u32::MAX)) as u32),
+        per_user_limit: per_user_limit.map_or(1, |l| {
+            l.clamp(1, i64::from(crate::orders::voucher::MAX_PER_USER_LIMIT)) as u32
+        }),
         ..Default::default()
     };
     for &order in orders {
@@ -155,7 +157,8 @@ pub async fn cancel_unpaid(conn: &mut Conn, voucher: u64, orders: &[u64]) -> Res
 pub struct Released {
     /// Units given back now (an order already released counts 0).
     pub released: u64,
-    /// Of those, units handed to waitlisted users.
+    /// Units handed to waitlisted users: from those released and from the
+    /// gate's stock, which joins them (so it may exceed `released`).
     pub promoted: u64,
     /// Nothing was done: the gate is paused (its deadlines come back after
     /// their lease and are released once it reopens).

@@ -15,6 +15,8 @@ pub struct OrderView {
     pub voucher: u64,
     /// `pending`, `paid` or `cancelled`.
     pub status: &'static str,
+    /// The units the order holds.
+    pub quantity: u64,
     pub created_ms: i64,
     pub deadline_ms: i64,
     pub paid_ms: Option<i64>,
@@ -69,13 +71,13 @@ pub fn status_name(code: i8) -> &'static str {
     OrderStatus::from_code(code).map_or("unknown", OrderStatus::name)
 }
 
-type Row = (u64, u64, u64, i8, i64, Option<i64>, Option<i64>, i64);
+type Row = (u64, u64, u64, i8, i64, Option<i64>, Option<i64>, i64, u64);
 
 const SELECT_VIEW: &str = "SELECT o.id, o.user_id, o.voucher_id, o.status,
         CAST(ROUND(UNIX_TIMESTAMP(o.create_time) * 1000) AS SIGNED),
         CAST(ROUND(UNIX_TIMESTAMP(o.pay_time) * 1000) AS SIGNED),
         CAST(ROUND(UNIX_TIMESTAMP(o.cancel_time) * 1000) AS SIGNED),
-        v.pay_timeout_ms
+        v.pay_timeout_ms, o.quantity
    FROM seckill_order o JOIN seckill_voucher v ON v.voucher_id = o.voucher_id";
 
 pub async fn get(db: &Db, id: u64) -> Result<Option<OrderView>> {
@@ -107,6 +109,7 @@ async fn view_where(
         deadline_ms: r.4 + r.7,
         paid_ms: r.5,
         cancelled_ms: r.6,
+        quantity: r.8,
     }))
 }
 

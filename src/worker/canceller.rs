@@ -208,7 +208,7 @@ impl Canceller {
             .add_released(c.cancelled_now, r.released, r.promoted);
         if c.cancelled_now > 0 || r.released > 0 {
             tracing::debug!(
-                "voucher {voucher}: {} unpaid order(s) cancelled, {} unit(s) given back ({} to the waitlist)",
+                "voucher {voucher}: {} unpaid order(s) cancelled, {} unit(s) given back, {} unit(s) to the waitlist",
                 c.cancelled_now,
                 r.released,
                 r.promoted

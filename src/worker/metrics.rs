@@ -101,7 +101,7 @@ async fn render(
         ),
         (
             "seckill_promotions_total",
-            "Released units handed to waitlisted users",
+            "Units handed to waitlisted users (released ones and the gate's stock they joined)",
             s.promoted,
         ),
         (
