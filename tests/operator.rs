@@ -140,6 +140,11 @@ async fn the_worker_serves_prometheus_metrics_during_a_drain() {
         metric(&after, "seckill_orders_persisted_total"),
         Some(20_000.0)
     );
+    assert_eq!(
+        metric(&after, "seckill_units_persisted_total"),
+        Some(20_000.0),
+        "one unit each"
+    );
     assert!(after.contains("seckill_stream_lag{voucher=\"1\"} 0"));
     w.signal("TERM");
     w.expect_success(Duration::from_secs(20));

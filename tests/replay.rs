@@ -579,3 +579,62 @@ async fn a_replayed_node_id_claim_keeps_the_lease_it_took() {
     ids.release().await;
     env.cleanup().await;
 }
+
+/// Quantities: a sold-out attempt that waits for 2 units, resent, keeps
+/// its place and its want; the release of a 3-unit order that serves it
+/// (and passes over a request of 3), resent, gives nothing back twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replayed_calls_with_quantities_take_and_give_nothing_twice() {
+    let own = OwnRedis::start();
+    let env = own_env(&own).await;
+    // Long enough that user 2's promoted order is not overdue when the
+    // invariants are checked on a loaded machine.
+    env.live_voucher_paying_within(V, 3, 3_000).await;
+    let limit = ["voucher", "update", "--id", "1", "--per-user-limit", "3"];
+    assert!(env.cmd().args(limit).output().unwrap().status.success());
+    let buy = |user: &str, quantity: &str| {
+        env.cmd()
+            .args([
+                "buy",
+                "--voucher",
+                "1",
+                "--user",
+                user,
+                "--quantity",
+                quantity,
+            ])
+            .output()
+            .unwrap()
+            .status
+            .code()
+    };
+    assert_eq!(buy("1", "3"), Some(0));
+    assert_eq!(buy("2", "3"), Some(11));
+    let monitor = Monitor::start(&own);
+    assert_eq!(buy("3", "2"), Some(11));
+    let call = monitor.call(&scripts::ADMISSION);
+    let once = env.snapshot().await;
+    let reply: (i64, String, i64) = redis::from_redis_value(replay(&env, &call).await).unwrap();
+    assert_eq!(reply, (2, "sold out".to_string(), 2));
+    assert_unchanged(&env, &once, "the replayed wait wrote nothing").await;
+    drop(monitor);
+    drain(&env);
+    tokio::time::sleep(Duration::from_millis(3_300)).await;
+    // User 1's deadline: 3 units back, user 2 (3 units) served first.
+    let monitor = Monitor::start(&own);
+    drain(&env);
+    let calls = monitor.calls(&scripts::RELEASE, 1);
+    let once = env.snapshot().await;
+    for call in &calls {
+        assert_eq!(ints(&replay(&env, call).await), vec![0, 0, 0]);
+    }
+    assert_unchanged(&env, &once, "the replayed release wrote nothing").await;
+    let s = assert_invariants(&env, V).await;
+    assert!(s.buyers.contains(&2), "user 2 was served whole");
+    assert_eq!(
+        s.waitlist,
+        [3],
+        "user 3's 2 units did not fit what was left"
+    );
+    env.cleanup().await;
+}

@@ -21,6 +21,8 @@ struct Planned {
     redis: group::Completion<'static>,
     /// (inserted, already stored)
     counts: (u64, u64),
+    /// The units of the orders inserted.
+    units: u64,
 }
 
 impl Planned {
@@ -32,6 +34,7 @@ impl Planned {
                 ..Default::default()
             },
             counts: (0, 0),
+            units: 0,
         }
     }
 }
@@ -178,6 +181,7 @@ impl Lane {
         };
         crate::support::fault::pause("after_commit").await;
         let (inserted, duplicates) = completion.counts;
+        let units = completion.units;
         alive.committed(inserted).await;
         // Stop renewing before the finish script releases the locks, so a
         // released lock is never taken for a lost one.
@@ -206,7 +210,7 @@ impl Lane {
             self.last_error.remove(id);
         }
         self.stats
-            .add_batch(inserted, duplicates, done.dead.len() as u64);
+            .add_batch(inserted, units, duplicates, done.dead.len() as u64);
         self.stats.observe_batch(started.elapsed());
         Ok(())
     }
@@ -260,6 +264,7 @@ impl Lane {
             match fate {
                 Fate::Inserted => {
                     plan.counts.0 += 1;
+                    plan.units += u64::from(m.quantity);
                     plan.redis
                         .deadlines
                         .push((m.order, m.created_ms + p.pay_timeout_ms));

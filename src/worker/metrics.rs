@@ -58,11 +58,16 @@ async fn render(
     hist: &([u64; BATCH_BUCKETS.len()], u64, f64),
 ) -> String {
     let mut out = String::new();
-    let counters: [(&str, &str, u64); 12] = [
+    let counters: [(&str, &str, u64); 13] = [
         (
             "seckill_orders_persisted_total",
             "Orders inserted into MySQL by this worker",
             s.persisted,
+        ),
+        (
+            "seckill_units_persisted_total",
+            "Units the orders inserted into MySQL by this worker hold",
+            s.units_persisted,
         ),
         (
             "seckill_orders_duplicate_total",

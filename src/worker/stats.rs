@@ -7,6 +7,7 @@ use serde::Serialize;
 #[derive(Debug, Default)]
 pub struct WorkerStats {
     persisted: AtomicU64,
+    units_persisted: AtomicU64,
     duplicates: AtomicU64,
     dead_lettered: AtomicU64,
     batches: AtomicU64,
@@ -37,6 +38,8 @@ pub const BATCH_BUCKETS: [f64; 11] = [
 pub struct StatsSnapshot {
     /// Orders inserted into MySQL by this worker.
     pub persisted: u64,
+    /// The units those orders hold.
+    pub units_persisted: u64,
     /// Redelivered entries whose order was already stored.
     pub duplicates: u64,
     pub dead_lettered: u64,
@@ -64,8 +67,9 @@ pub struct StatsSnapshot {
 }
 
 impl WorkerStats {
-    pub fn add_batch(&self, persisted: u64, duplicates: u64, dead: u64) {
+    pub fn add_batch(&self, persisted: u64, units: u64, duplicates: u64, dead: u64) {
         self.persisted.fetch_add(persisted, Ordering::Relaxed);
+        self.units_persisted.fetch_add(units, Ordering::Relaxed);
         self.duplicates.fetch_add(duplicates, Ordering::Relaxed);
         self.dead_lettered.fetch_add(dead, Ordering::Relaxed);
         self.batches.fetch_add(1, Ordering::Relaxed);
@@ -135,6 +139,7 @@ impl WorkerStats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         StatsSnapshot {
             persisted: get(&self.persisted),
+            units_persisted: get(&self.units_persisted),
             duplicates: get(&self.duplicates),
             dead_lettered: get(&self.dead_lettered),
             batches: get(&self.batches),
