@@ -105,6 +105,14 @@ async fn a_short_stock_refuses_whole_orders_only() {
     let dead: redis::streams::StreamRangeReply = redis.xrange_all(keys.dead()).await.unwrap();
     let users: Vec<u64> = dead.ids.iter().filter_map(|e| e.get("user")).collect();
     assert_eq!(users, [2], "{dead:?}");
+    // The operator sees what the letter holds.
+    let out = env
+        .cmd()
+        .args(["pending", "--voucher", "1", "--format", "json"])
+        .output()
+        .unwrap();
+    let j = common::json(&out);
+    assert_eq!(j["dead"][0]["quantity"], "3", "{j}");
     env.cleanup().await;
 }
 

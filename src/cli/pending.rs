@@ -149,12 +149,21 @@ fn summary_table(rows: &[StreamSummary]) -> comfy_table::Table {
 }
 
 fn pending_table(rows: &[PendingEntry]) -> comfy_table::Table {
-    let mut t = table(&["entry", "user", "order", "consumer", "idle", "deliveries"]);
+    let mut t = table(&[
+        "entry",
+        "user",
+        "order",
+        "units",
+        "consumer",
+        "idle",
+        "deliveries",
+    ]);
     for r in rows {
         t.add_row(vec![
             r.entry_id.clone(),
             r.user.clone().unwrap_or_else(|| "?".into()),
             r.order.clone().unwrap_or_else(|| "?".into()),
+            r.quantity.clone().unwrap_or_else(|| "?".into()),
             r.consumer.clone(),
             idle(Some(r.idle_ms)),
             r.deliveries.to_string(),
@@ -169,6 +178,7 @@ fn dead_table(rows: &[DeadLetterView]) -> comfy_table::Table {
         "entry",
         "user",
         "order",
+        "units",
         "deliveries",
         "reason",
     ]);
@@ -179,6 +189,7 @@ fn dead_table(rows: &[DeadLetterView]) -> comfy_table::Table {
             opt(&r.entry),
             opt(&r.user),
             opt(&r.order),
+            opt(&r.quantity),
             r.deliveries.map_or("?".into(), |d| d.to_string()),
             opt(&r.reason),
         ]);

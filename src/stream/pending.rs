@@ -83,6 +83,8 @@ pub struct PendingEntry {
     pub entry_id: String,
     pub user: Option<String>,
     pub order: Option<String>,
+    /// The units the order holds ("1" for an entry without a quantity).
+    pub quantity: Option<String>,
     pub consumer: String,
     pub idle_ms: u64,
     pub deliveries: u64,
@@ -108,6 +110,9 @@ pub async fn pending_entries(
         out.push(PendingEntry {
             user: field("user"),
             order: field("order"),
+            quantity: raw
+                .as_ref()
+                .map(|r| r.field("quantity").unwrap_or("1").to_string()),
             entry_id: p.id,
             consumer: p.consumer,
             idle_ms: p.last_delivered_ms as u64,
@@ -128,6 +133,8 @@ pub struct DeadLetterView {
     pub user: Option<String>,
     pub order: Option<String>,
     pub kind: Option<String>,
+    /// The units the order holds ("1" for a letter without a quantity).
+    pub quantity: Option<String>,
 }
 
 pub async fn dead_letters(
@@ -150,6 +157,7 @@ pub async fn dead_letters(
                 user: f("user"),
                 order: f("order"),
                 kind: f("kind"),
+                quantity: Some(f("quantity").unwrap_or_else(|| "1".into())),
             }
         })
         .collect())
