@@ -116,7 +116,18 @@ mysql_ping() { mariadb-admin --no-defaults --protocol=socket --socket="$data/mys
 mysql_ping_tcp() { mariadb-admin --no-defaults -h127.0.0.1 -P"$mysql_port" -u"$mysql_user" -p"$mysql_pass" ping >/dev/null 2>&1; }
 
 mysql_up() {
-  if mysql_ping || mysql_ping_tcp; then return 0; fi
+  if mysql_ping; then return 0; fi
+  if mysql_ping_tcp; then
+    # Another checkout's server: usable only while its data is still there
+    # (a checkout deleted under its running server leaves one that answers
+    # but cannot create a database).
+    local dir
+    dir=$(mariadb --no-defaults -h127.0.0.1 -P"$mysql_port" -u"$mysql_user" -p"$mysql_pass" \
+      -N -e 'SELECT @@datadir' 2>/dev/null || true)
+    [ -z "$dir" ] || [ -d "$dir" ] ||
+      die "the MariaDB on port $mysql_port runs from $dir, which is gone (its checkout was deleted): stop that server first"
+    return 0
+  fi
   mkdir -p "$data/mysql"
   mysql_cnf
   local fresh=0
