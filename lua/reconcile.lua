@@ -15,6 +15,9 @@
 --                                 KEYS[10] seckill:{V}:waitlist_quantity (optional,
 --                                          with KEYS[9]; **new**)
 --
+-- `serve_waitlist` comes from lua/lib/waitlist.lua, which the binary
+-- prepends with lua/lib/holds.lua.
+--
 -- While a worker holds the gate (KEYS[9], lua/lib/holds.lua, which the
 -- binary prepends) no unit is given back: the view this repair was computed
 -- on misses that worker's batch. The rest is applied (stock lowered,
@@ -79,38 +82,13 @@ if delta > 0 and fresh > 0 and KEYS[8] then
   local t = redis.call('TIME')
   local now_ms = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
   local voucher = string.match(KEYS[1], '{(%d+)}')
-  local used, at, looked = 0, 0, 0
   local pool = delta + math.max(tonumber(redis.call('GET', KEYS[1]) or '0') or 0, 0)
-  while pool > 0 and used < fresh and looked < 1000 do
-    local head = redis.call('ZRANGE', KEYS[6], at, at)[1]
-    if not head then break end
-    looked = looked + 1
-    local wants = 1
-    if KEYS[10] then wants = math.max(tonumber(redis.call('HGET', KEYS[10], head) or '1') or 1, 1) end
-    if redis.call('SISMEMBER', KEYS[2], head) == 1 then
-      redis.call('ZREM', KEYS[6], head)
-      if KEYS[10] then redis.call('HDEL', KEYS[10], head) end
-    elseif wants <= pool then
-      local order = ARGV[first_fresh + used]
-      used = used + 1
-      pool = pool - wants
-      delta = delta - wants
-      redis.call('ZREM', KEYS[6], head)
-      if KEYS[10] then redis.call('HDEL', KEYS[10], head) end
-      redis.call('SADD', KEYS[2], head)
-      if wants > 1 then
-        redis.call('XADD', KEYS[3], '*', 'user', head, 'order', order, 'voucher', voucher,
-          'kind', 'promote', 'quantity', tostring(wants))
-      else
-        redis.call('XADD', KEYS[3], '*', 'user', head, 'order', order, 'voucher', voucher, 'kind', 'promote')
-      end
-      redis.call('XADD', KEYS[7], '*', 'type', 'promoted', 'user', head, 'order', order,
-        'voucher', voucher, 'released_order', '0', 'quantity', tostring(wants), 'time_ms', now_ms)
-      redis.call('HINCRBY', KEYS[8], 'promotions', 1)
-    else
-      at = at + 1
-    end
-  end
+  local ids = {}
+  for n = 0, fresh - 1 do ids[#ids + 1] = ARGV[first_fresh + n] end
+  local k = {waitlist = KEYS[6], buyers = KEYS[2], orders = KEYS[3], events = KEYS[7],
+    meta = KEYS[8], wants = KEYS[10]}
+  local _, promoted = serve_waitlist(k, voucher, pool, ids, function() return '0' end, now_ms)
+  delta = delta - promoted
 end
 if delta ~= 0 then redis.call('INCRBY', KEYS[1], delta) end
 local spoken = tonumber(ARGV[i] or '0'); i = i + 1

@@ -69,7 +69,8 @@
 --   quantity        the units the promoted order holds (**new**)
 --   time_ms         Redis server time of the promotion (Unix ms)
 
--- `hold_is_live` comes from lua/lib/holds.lua, which the binary prepends.
+-- `hold_is_live` comes from lua/lib/holds.lua, `serve_waitlist` from
+-- lua/lib/waitlist.lua; the binary prepends both.
 local voucher = ARGV[1]
 local n = tonumber(ARGV[3])
 if not n then return redis.error_reply('ERR release.lua: ARGV[3] must be the count of cancelled orders') end
@@ -103,40 +104,10 @@ local promoted = 0
 if pool > 0 then
   -- The gate's free units join: a waiting request must never fit them.
   pool = pool + math.max(tonumber(redis.call('GET', KEYS[1]) or '0') or 0, 0)
-  local looked, used, at = 0, 0, 0
-  while pool > 0 and used < #fresh and looked < 1000 do
-    local head = redis.call('ZRANGE', KEYS[3], at, at)[1]
-    if not head then break end
-    looked = looked + 1
-    local wants = 1
-    if KEYS[10] then wants = math.max(tonumber(redis.call('HGET', KEYS[10], head) or '1') or 1, 1) end
-    if redis.call('SISMEMBER', KEYS[2], head) == 1 then
-      -- Holds an order already: never promoted, off the list.
-      redis.call('ZREM', KEYS[3], head)
-      if KEYS[10] then redis.call('HDEL', KEYS[10], head) end
-    elseif wants <= pool then
-      used = used + 1
-      local order = fresh[used]
-      redis.call('ZREM', KEYS[3], head)
-      if KEYS[10] then redis.call('HDEL', KEYS[10], head) end
-      redis.call('SADD', KEYS[2], head)
-      if wants > 1 then
-        redis.call('XADD', KEYS[4], '*', 'user', head, 'order', order, 'voucher', voucher,
-          'kind', 'promote', 'quantity', tostring(wants))
-      else
-        redis.call('XADD', KEYS[4], '*', 'user', head, 'order', order, 'voucher', voucher, 'kind', 'promote')
-      end
-      redis.call('XADD', KEYS[5], '*', 'type', 'promoted', 'user', head, 'order', order,
-        'voucher', voucher, 'released_order', released_from[math.min(used, #released_from)],
-        'quantity', tostring(wants), 'time_ms', now_ms)
-      redis.call('HINCRBY', KEYS[8], 'promotions', 1)
-      pool = pool - wants
-      promoted = promoted + wants
-    else
-      -- Wants more than the pool holds: passed over, keeps its place.
-      at = at + 1
-    end
-  end
+  local k = {waitlist = KEYS[3], buyers = KEYS[2], orders = KEYS[4], events = KEYS[5],
+    meta = KEYS[8], wants = KEYS[10]}
+  local function released_of(n) return released_from[math.min(n, #released_from)] end
+  pool, promoted = serve_waitlist(k, voucher, pool, fresh, released_of, now_ms)
   redis.call('SET', KEYS[1], pool)
 end
 for i = 4 + 3 * n + extra + 1, #ARGV do

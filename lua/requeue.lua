@@ -40,8 +40,9 @@
 -- A letter the first run kept is looked at afresh (the first run wrote
 -- nothing for it).
 --
--- `valid_id` comes from lua/lib/valid_id.lua, which the binary prepends (to
--- run this file by hand, prepend it too).
+-- `valid_id` comes from lua/lib/valid_id.lua and `append_order` from
+-- lua/lib/waitlist.lua, which the binary prepends (to run this file by
+-- hand, prepend them too).
 
 -- A replay comes within seconds; a day keeps the record small and gone
 -- long before anyone could mistake an old one for a replay.
@@ -88,14 +89,8 @@ for i = 1, #ARGV, 3 do
     else
       code = 0
     end
-    if code > 0 and units > 1 then
-      redis.call('XADD', KEYS[2], '*', 'user', f.user, 'order', order, 'voucher', f.voucher,
-        'kind', kind, 'quantity', f.quantity)
-    elseif code > 0 then
-      redis.call('XADD', KEYS[2], '*', 'user', f.user, 'order', order, 'voucher', f.voucher,
-        'kind', kind)
-    end
     if code > 0 then
+      append_order(KEYS[2], f.user, order, f.voucher, kind, units)
       redis.call('XDEL', KEYS[1], id)
       redis.call('HSET', KEYS[6], id, code .. ' ' .. order)
       requeued = true

@@ -214,34 +214,31 @@ async fn update(cfg: &Config, args: UpdateArgs) -> anyhow::Result<u8> {
 
 /// A per-user limit: a whole number 1 ..= MAX_PER_USER_LIMIT.
 fn parse_limit(s: &str) -> Result<u32, String> {
-    let n = parse_count(s)?;
-    u32::try_from(n)
-        .ok()
-        .filter(|n| (1..=MAX_PER_USER_LIMIT).contains(n))
-        .ok_or_else(|| {
-            format!("{n} is out of range: it must be between 1 and {MAX_PER_USER_LIMIT}")
-        })
+    parse_between(s, 1..=MAX_PER_USER_LIMIT, "1")
 }
 
 /// A waitlist cap: a whole number 0 ..= MAX_WAITLIST_LIMIT.
 fn parse_waitlist_limit(s: &str) -> Result<u32, String> {
-    let n = parse_count(s)?;
-    u32::try_from(n)
-        .ok()
-        .filter(|n| *n <= MAX_WAITLIST_LIMIT)
-        .ok_or_else(|| {
-            format!("{n} is out of range: it must be between 0 and {MAX_WAITLIST_LIMIT}")
-        })
+    parse_between(s, 0..=MAX_WAITLIST_LIMIT, "0")
 }
 
-/// A per-user rate: a whole number 0 ..= 1000.
+/// A per-user rate: a whole number 0 ..= MAX_USER_RATE.
 fn parse_rate(s: &str) -> Result<u32, String> {
+    parse_between(s, 0..=MAX_USER_RATE, "0 (off)")
+}
+
+/// A whole number in `range`; the error names the range, its low end as
+/// `low` says it.
+fn parse_between(s: &str, range: std::ops::RangeInclusive<u32>, low: &str) -> Result<u32, String> {
     let n = parse_count(s)?;
     u32::try_from(n)
         .ok()
-        .filter(|n| *n <= MAX_USER_RATE)
+        .filter(|n| range.contains(n))
         .ok_or_else(|| {
-            format!("{n} is out of range: it must be between 0 (off) and {MAX_USER_RATE}")
+            format!(
+                "{n} is out of range: it must be between {low} and {}",
+                range.end()
+            )
         })
 }
 

@@ -19,9 +19,14 @@ pub static PRELOAD: LazyLock<Script> =
 const LEASE_LIB: &str = include_str!("../../lua/lib/lease.lua");
 const VALID_ID_LIB: &str = include_str!("../../lua/lib/valid_id.lua");
 const HOLDS_LIB: &str = include_str!("../../lua/lib/holds.lua");
+const WAITLIST_LIB: &str = include_str!("../../lua/lib/waitlist.lua");
 
 fn with_lib(lib: &str, body: &str) -> Script {
-    Script::new(&format!("{lib}\n{body}"))
+    with_libs(&[lib], body)
+}
+
+fn with_libs(libs: &[&str], body: &str) -> Script {
+    Script::new(&format!("{}\n{body}", libs.join("\n")))
 }
 
 /// Layer 3: take a batch's lease locks (by owner token; taking one again sets it, not adds).
@@ -39,8 +44,12 @@ pub static FINISH: LazyLock<Script> =
     LazyLock::new(|| with_lib(LEASE_LIB, include_str!("../../lua/finish.lua")));
 
 /// Dead letters back into the order stream (`seckill pending --requeue`).
-pub static REQUEUE: LazyLock<Script> =
-    LazyLock::new(|| with_lib(VALID_ID_LIB, include_str!("../../lua/requeue.lua")));
+pub static REQUEUE: LazyLock<Script> = LazyLock::new(|| {
+    with_libs(
+        &[VALID_ID_LIB, WAITLIST_LIB],
+        include_str!("../../lua/requeue.lua"),
+    )
+});
 
 /// Deletes a consumer from the group only while it has nothing pending.
 pub static FORGET_CONSUMER: LazyLock<Script> =
@@ -50,12 +59,20 @@ pub static FORGET_CONSUMER: LazyLock<Script> =
 pub static CLAIM_DUE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/claim_due.lua")));
 /// Layer 5: give back cancelled orders' units (to the waitlist or the gate), once.
-pub static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| with_lib(HOLDS_LIB, include_str!("../../lua/release.lua")));
+pub static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    with_libs(
+        &[HOLDS_LIB, WAITLIST_LIB],
+        include_str!("../../lua/release.lua"),
+    )
+});
 
 /// Reconciliation: a repair applied only if the voucher did not move.
-pub static RECONCILE: LazyLock<Script> =
-    LazyLock::new(|| with_lib(HOLDS_LIB, include_str!("../../lua/reconcile.lua")));
+pub static RECONCILE: LazyLock<Script> = LazyLock::new(|| {
+    with_libs(
+        &[HOLDS_LIB, WAITLIST_LIB],
+        include_str!("../../lua/reconcile.lua"),
+    )
+});
 
 /// Leases a snowflake node id (public: application servers take part).
 pub static NODE_LEASE: LazyLock<Script> =

@@ -1,0 +1,54 @@
+-- lib/waitlist.lua — order entries and serving the waitlist, prepended by the
+-- binary to lua/release.lua, lua/reconcile.lua and lua/requeue.lua (to run
+-- one of them by hand, prepend this file too).
+
+-- Appends an order entry to `stream`; the `quantity` field only above one
+-- unit, so entries of one unit stay as every release wrote them.
+local function append_order(stream, user, order, voucher, kind, quantity)
+  if quantity > 1 then
+    redis.call('XADD', stream, '*', 'user', user, 'order', order, 'voucher', voucher,
+      'kind', kind, 'quantity', tostring(quantity))
+  else
+    redis.call('XADD', stream, '*', 'user', user, 'order', order, 'voucher', voucher, 'kind', kind)
+  end
+end
+
+-- Serves waiting requests from `pool` units, in order of arrival, each whole
+-- or passed over (it keeps its place); at most 1,000 looked at, one fresh
+-- order id of `fresh` per promotion. `k` names the keys: waitlist, buyers,
+-- orders, events, meta, and wants (seckill:{V}:waitlist_quantity, optional:
+-- every request wants 1 without it). A waiting user who holds an order
+-- already is dropped from the list. `released_of(n)` is the released order
+-- the n-th promotion's event names. Returns the units left in the pool and
+-- the units promoted.
+local function serve_waitlist(k, voucher, pool, fresh, released_of, now_ms)
+  local looked, used, at, promoted = 0, 0, 0, 0
+  while pool > 0 and used < #fresh and looked < 1000 do
+    local head = redis.call('ZRANGE', k.waitlist, at, at)[1]
+    if not head then break end
+    looked = looked + 1
+    local wants = 1
+    if k.wants then wants = math.max(tonumber(redis.call('HGET', k.wants, head) or '1') or 1, 1) end
+    if redis.call('SISMEMBER', k.buyers, head) == 1 then
+      redis.call('ZREM', k.waitlist, head)
+      if k.wants then redis.call('HDEL', k.wants, head) end
+    elseif wants <= pool then
+      used = used + 1
+      local order = fresh[used]
+      redis.call('ZREM', k.waitlist, head)
+      if k.wants then redis.call('HDEL', k.wants, head) end
+      redis.call('SADD', k.buyers, head)
+      append_order(k.orders, head, order, voucher, 'promote', wants)
+      redis.call('XADD', k.events, '*', 'type', 'promoted', 'user', head, 'order', order,
+        'voucher', voucher, 'released_order', released_of(used),
+        'quantity', tostring(wants), 'time_ms', now_ms)
+      redis.call('HINCRBY', k.meta, 'promotions', 1)
+      pool = pool - wants
+      promoted = promoted + wants
+    else
+      -- Wants more than the pool holds: passed over, keeps its place.
+      at = at + 1
+    end
+  end
+  return pool, promoted
+end
