@@ -13,16 +13,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 vouchers=${1:-10000}
 orders=${2:-1000000}
 
-scripts/services.sh up
-eval "$(scripts/services.sh env)"
-port=${SECKILL_MYSQL_PORT:-13306}
-redis_port=$(port_of "$SECKILL_REDIS_URL")
-export SECKILL_PREFIX=benchrec
-export SECKILL_MYSQL_URL="mysql://seckill:seckill@127.0.0.1:${port}/seckill_bench_rec"
-cargo build --release --quiet --locked
-seckill=target/release/seckill
-mariadb --no-defaults -h127.0.0.1 -P"$port" -useckill -pseckill -e "DROP DATABASE IF EXISTS seckill_bench_rec"
-$seckill init >/dev/null
+bench_setup seckill_bench_rec benchrec
 sql() { mariadb --no-defaults -h127.0.0.1 -P"$port" -useckill -pseckill seckill_bench_rec; }
 cleanup() {
   drop_keys "$redis_port" 'benchrec:*'
@@ -36,8 +27,8 @@ import sys, time
 n = int(sys.argv[1]); now = int(time.time())
 for start in range(1, n + 1, 2000):
     ids = range(start, min(n, start + 1999) + 1)
-    print("INSERT INTO seckill_voucher (voucher_id, title, total_stock, stock, begin_time, end_time, pay_timeout_ms) VALUES "
-          + ",".join(f"({v},'bench',10,5,FROM_UNIXTIME({now - 60}),FROM_UNIXTIME({now + 3600}),3600000)" for v in ids) + ";")
+    print("INSERT INTO seckill_voucher (voucher_id, title, total_stock, stock, begin_time, end_time, pay_timeout_ms, orders_total, units_total) VALUES "
+          + ",".join(f"({v},'bench',10,5,FROM_UNIXTIME({now - 60}),FROM_UNIXTIME({now + 3600}),3600000,5,5)" for v in ids) + ";")
     print("INSERT INTO seckill_order (id, user_id, voucher_id, status, create_time) VALUES "
           + ",".join(f"({v * 10 + u},{u},{v},0,FROM_UNIXTIME({now - 120}))" for v in ids for u in range(1, 6)) + ";")
 PY
@@ -66,30 +57,8 @@ echo "dry run over $vouchers vouchers: $(awk -v s="$start" -v e="$end" 'BEGIN { 
 
 # One voucher with many orders (half pending, half paid), a matching gate.
 big=$((vouchers + 1))
-python3 - "$big" "$orders" <<'PY' | sql
-import sys, time
-v, n = int(sys.argv[1]), int(sys.argv[2]); now = int(time.time())
-print(f"INSERT INTO seckill_voucher (voucher_id, title, total_stock, stock, begin_time, end_time, pay_timeout_ms) VALUES ({v},'big',{n},0,FROM_UNIXTIME({now - 60}),FROM_UNIXTIME({now + 3600}),3600000);")
-for start in range(0, n, 10000):
-    print("INSERT INTO seckill_order (id, user_id, voucher_id, status, create_time) VALUES "
-          + ",".join(f"({10**12 + i},{i + 1},{v},{i % 2},FROM_UNIXTIME({now - 120}))" for i in range(start, min(n, start + 10000))) + ";")
-PY
-python3 - "$big" "$orders" <<'PY' | redis-cli -p "$redis_port" --pipe >/dev/null
-import sys, time
-v, n = int(sys.argv[1]), int(sys.argv[2]); now = int(time.time())
-def cmd(*args):
-    out = f"*{len(args)}\r\n"
-    for a in args:
-        a = str(a); out += f"${len(a.encode())}\r\n{a}\r\n"
-    sys.stdout.write(out)
-k = f"benchrec:{{{v}}}"
-cmd("HSET", f"{k}:meta", "total", n, "begin_ms", (now - 60) * 1000, "end_ms", (now + 3600) * 1000, "pay_timeout_ms", 3600000)
-cmd("SET", f"{k}:stock", 0)
-for start in range(0, n, 1000):
-    cmd("SADD", f"{k}:buyers", *range(start + 1, min(n, start + 1000) + 1))
-    cmd("ZADD", f"{k}:timeouts", *[x for i in range(start, min(n, start + 1000)) if i % 2 == 0 for x in ((now - 120) * 1000 + 3600000, 10**12 + i)])
-cmd("SADD", "benchrec:vouchers", v)
-PY
+python3 scripts/lib/big_voucher.py sql "$big" 0 "$orders" | sql
+python3 scripts/lib/big_voucher.py redis "$big" 0 "$orders" benchrec | redis-cli -p "$redis_port" --pipe >/dev/null
 start=$(date +%s.%N)
 code=0
 $seckill reconcile --dry-run --voucher "$big" --format json >/tmp/bench-reconcile.json || code=$?

@@ -37,6 +37,41 @@ async fn init_is_idempotent_and_reports_versions() {
     env.cleanup().await;
 }
 
+/// Schema 5 counts the orders a database already holds into the voucher
+/// rows (and counts again when a crashed run left it half done).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_counters_migration_counts_the_orders_already_there() {
+    let env = TestEnv::new().await;
+    env.live_voucher(1, 20).await;
+    env.admit_users(1, 7, 0).await;
+    env.spawn_worker(&["--until-idle", "--block", "100ms"])
+        .expect_success(std::time::Duration::from_secs(60));
+    let order = env.orders(1).await[0].0;
+    assert!(run(&env, &["pay", "--order", &order.to_string()])
+        .status
+        .success());
+    // As a schema-4 database would hold them: no counters, migration 5 not
+    // recorded (its columns added by a run that crashed before the count).
+    {
+        let mut conn = env.db().await.conn().await.unwrap();
+        conn.query_drop(
+            "UPDATE seckill_voucher SET orders_total = 0, units_total = 0, orders_paid = 0,
+                    units_paid = 0, orders_cancelled = 0, units_cancelled = 0;
+             DELETE FROM seckill_schema_history WHERE version = 5",
+        )
+        .await
+        .unwrap();
+    }
+    let init = json(&run(&env, &["init", "--format", "json"]));
+    assert_eq!(init["schema"]["from"], 4, "{init:#}");
+    assert_eq!(init["schema"]["applied"][0], "5 order counters");
+    let list = json(&run(&env, &["voucher", "list", "--format", "json"]));
+    assert_eq!(list[0]["orders"]["pending"], 6);
+    assert_eq!(list[0]["orders"]["paid"], 1);
+    assert_invariants(&env, 1).await;
+    env.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buy_exit_codes_and_json_per_outcome() {
     let env = TestEnv::new().await;
@@ -198,9 +233,13 @@ async fn preload_rebuilds_the_gate_from_mysql_and_is_idempotent() {
         )
         .await
         .unwrap();
-        conn.query_drop("UPDATE seckill_voucher SET stock = stock - 2 WHERE voucher_id = 1")
-            .await
-            .unwrap();
+        conn.query_drop(
+            "UPDATE seckill_voucher SET stock = stock - 2, orders_total = 3, units_total = 3,
+                    orders_paid = 1, units_paid = 1, orders_cancelled = 1, units_cancelled = 1
+              WHERE voucher_id = 1",
+        )
+        .await
+        .unwrap();
     }
     let keys = seckill::store::keys::VoucherKeys::new(&env.prefix, 1).unwrap();
     let mut redis = env.redis().await;

@@ -156,7 +156,8 @@ async fn a_cancelled_order_whose_unit_never_came_back_is_released_once() {
         &env,
         &format!(
             "UPDATE seckill_order SET status = -1, cancel_time = NOW(3) - INTERVAL 5 MINUTE WHERE id = {order};
-             UPDATE seckill_voucher SET stock = stock + 1 WHERE voucher_id = 1"
+             UPDATE seckill_voucher SET stock = stock + 1, orders_cancelled = orders_cancelled + 1,
+                    units_cancelled = units_cancelled + 1 WHERE voucher_id = 1"
         ),
     )
     .await;
@@ -608,7 +609,8 @@ async fn units_reconcile_gives_back_go_to_the_waitlist_first() {
     .await
     .unwrap();
     db.exec_drop(
-        "UPDATE seckill_voucher SET stock = stock + 1 WHERE voucher_id = ?",
+        "UPDATE seckill_voucher SET stock = stock + 1, orders_cancelled = orders_cancelled + 1,
+                units_cancelled = units_cancelled + 1 WHERE voucher_id = ?",
         (V,),
     )
     .await
@@ -689,6 +691,17 @@ async fn a_lost_release_record_whose_unit_an_order_holds_is_not_given_again() {
     )
     .await
     .unwrap();
+    // The counters as the cancellation and the paid promotion kept them.
+    db.exec_drop(
+        "UPDATE seckill_voucher SET orders_cancelled = orders_cancelled + 1,
+                units_cancelled = units_cancelled + 1, orders_total = orders_total + 1,
+                units_total = units_total + 1, orders_paid = orders_paid + 1,
+                units_paid = units_paid + 1
+          WHERE voucher_id = ?",
+        (V,),
+    )
+    .await
+    .unwrap();
     drop(db);
     let keys = VoucherKeys::new(&env.prefix, V).unwrap();
     let mut redis = env.redis().await;
@@ -720,6 +733,53 @@ async fn a_lost_release_record_whose_unit_an_order_holds_is_not_given_again() {
     assert_eq!(stock, 0);
     let (code, report) = reconcile(&env, &["--dry-run"]);
     assert_eq!(code, 0, "{report:#}");
+    assert_invariants(&env, V).await;
+    env.cleanup().await;
+}
+
+/// Issue 24: the voucher row's order counters (what the gate guard,
+/// `status` and `voucher list` read instead of counting orders) are checked
+/// against the rows; one that drifted (changed by a tool that does not keep
+/// them) is found and counted again, and what reads it is right again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_that_drifted_from_the_orders_is_found_and_counted_again() {
+    let env = quiet_sale().await;
+    let order = env.orders(V).await[0].0;
+    assert!(env
+        .cmd()
+        .args(["pay", "--order", &order.to_string()])
+        .output()
+        .unwrap()
+        .status
+        .success());
+    // Three orders too many, one paid too few.
+    mysql(
+        &env,
+        "UPDATE seckill_voucher SET orders_total = orders_total + 3, orders_paid = 0
+          WHERE voucher_id = 1",
+    )
+    .await;
+    let list = env
+        .cmd()
+        .args(["voucher", "list", "--format", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        json(&list)[0]["orders"]["paid"],
+        0,
+        "the list reads the counter"
+    );
+    find_and_repair(&env, &[("counters_drift", 3)]).await;
+    let list = env
+        .cmd()
+        .args(["voucher", "list", "--format", "json"])
+        .output()
+        .unwrap();
+    let orders = &json(&list)[0]["orders"];
+    assert_eq!(
+        (orders["pending"].as_u64(), orders["paid"].as_u64()),
+        (Some(9), Some(1))
+    );
     assert_invariants(&env, V).await;
     env.cleanup().await;
 }

@@ -91,6 +91,10 @@ async fn orders_mysql_has_no_stock_for_are_dead_lettered_not_acked_away() {
     assert_eq!(s.mysql_stock, 0);
     assert_eq!(s.orders.len(), 10);
     assert_eq!(s.buyers.len(), 15);
+    assert_eq!(
+        s.counters, s.counted,
+        "the orders counted as the batch took them"
+    );
     env.cleanup().await;
 }
 

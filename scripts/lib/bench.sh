@@ -8,6 +8,22 @@ port_of() {
   echo "$1" | sed -n 's#.*:\([0-9]*\)/.*#\1#p'
 }
 
+# database prefix: the services up, a database (dropped and initialised)
+# and key prefix of the benchmark's own, and the release binary. Sets port,
+# redis_port and seckill; exports SECKILL_PREFIX and SECKILL_MYSQL_URL.
+bench_setup() {
+  scripts/services.sh up
+  eval "$(scripts/services.sh env)"
+  port=${SECKILL_MYSQL_PORT:-13306}
+  redis_port=$(port_of "$SECKILL_REDIS_URL")
+  export SECKILL_PREFIX=$2
+  export SECKILL_MYSQL_URL="mysql://seckill:seckill@127.0.0.1:${port}/$1"
+  cargo build --release --quiet --locked
+  seckill=target/release/seckill
+  mariadb --no-defaults -h127.0.0.1 -P"$port" -useckill -pseckill -e "DROP DATABASE IF EXISTS $1"
+  $seckill init >/dev/null
+}
+
 # port pattern: deletes the keys matching the pattern on one node.
 drop_keys() {
   redis-cli -p "$1" --scan --pattern "$2" | xargs -r -n 500 redis-cli -p "$1" del >/dev/null

@@ -104,8 +104,11 @@ pub async fn cancel_unpaid(conn: &mut Conn, voucher: u64, orders: &[u64]) -> Res
         .await?;
         cancelled_now = tx.affected_rows();
         tx.exec_drop(
-            "UPDATE seckill_voucher SET stock = stock + ? WHERE voucher_id = ?",
-            (units_now, voucher),
+            "UPDATE seckill_voucher
+                SET stock = stock + ?, orders_cancelled = orders_cancelled + ?,
+                    units_cancelled = units_cancelled + ?
+              WHERE voucher_id = ?",
+            (units_now, cancelled_now, units_now, voucher),
         )
         .await?;
     }

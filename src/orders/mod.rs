@@ -1,6 +1,7 @@
 //! MySQL's side of a sale, the source of truth: vouchers, orders and their
 //! status, payment, and the payment deadline's cancel-and-release.
 
+pub mod counters;
 pub mod deadline;
 pub mod order;
 pub mod payment;

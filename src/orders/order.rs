@@ -113,27 +113,6 @@ async fn view_where(
     }))
 }
 
-/// How many orders (of any status) MySQL holds per voucher: one per user,
-/// so also how many users must be buyers at each gate. Vouchers without
-/// orders are absent.
-pub async fn count_per_voucher(
-    db: &Db,
-    vouchers: &[u64],
-) -> Result<std::collections::HashMap<u64, u64>> {
-    if vouchers.is_empty() {
-        return Ok(Default::default());
-    }
-    let mut conn = db.conn().await?;
-    let rows: Vec<(u64, u64)> = conn
-        .query(format!(
-            "SELECT voucher_id, COUNT(*) FROM seckill_order
-              WHERE voucher_id IN ({}) GROUP BY voucher_id",
-            crate::store::db::join_ids(vouchers.iter().copied())
-        ))
-        .await?;
-    Ok(rows.into_iter().collect())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

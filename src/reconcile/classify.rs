@@ -31,6 +31,9 @@ pub enum DriftClass {
     DeadlineMissing,
     /// MySQL itself: stock + pending + paid ≠ total.
     MysqlInconsistent,
+    /// The voucher row's order counters are not what its orders add up to
+    /// (an order changed by a tool that does not keep them).
+    CountersDrift,
     /// The gate's admission policy (rate limit, tokens) is not MySQL's.
     PolicyDiffers,
 }
@@ -47,6 +50,7 @@ impl DriftClass {
             DriftClass::CancelledNotReleased => "give their units back (release path)",
             DriftClass::DeadlineMissing => "schedule their deadlines",
             DriftClass::MysqlInconsistent => "set stock = total - active (only with --fix-mysql)",
+            DriftClass::CountersDrift => "count the orders again into the voucher row",
             DriftClass::PolicyDiffers => "publish MySQL's policy at the gate",
         }
     }
@@ -84,6 +88,14 @@ pub fn classify(s: &Snapshot) -> (Vec<Drift>, i64) {
             amount: (s.mysql_stock + active - s.total).unsigned_abs(),
             sample: Vec::new(),
             action: DriftClass::MysqlInconsistent.action(),
+        });
+    }
+    if s.counters != s.recounted {
+        out.push(Drift {
+            class: DriftClass::CountersDrift,
+            amount: s.counters.distance(&s.recounted),
+            sample: Vec::new(),
+            action: DriftClass::CountersDrift.action(),
         });
     }
     let expected = s.expected_gate_stock();
@@ -284,6 +296,17 @@ mod tests {
         s.gate_stock = None;
         s.buyers.clear();
         assert_eq!(classes(&s), [(DriftClass::GateNotLoaded, 1)]);
+    }
+
+    #[test]
+    fn a_counter_that_is_not_what_the_rows_add_up_to_is_drift() {
+        let mut s = consistent();
+        s.counters.orders_total = 3;
+        s.recounted.orders_total = 3;
+        assert_eq!(classes(&s), []);
+        s.counters.orders_paid = 2;
+        s.recounted.orders_paid = 1;
+        assert_eq!(classes(&s), [(DriftClass::CountersDrift, 1)]);
     }
 
     #[test]

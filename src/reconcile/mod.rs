@@ -244,7 +244,13 @@ pub async fn reconcile_voucher(
                     report
                         .drifts
                         .into_iter()
-                        .filter(|d| d.class == DriftClass::MysqlInconsistent),
+                        // Counters were counted again on the way (repair.rs).
+                        .filter(|d| {
+                            matches!(
+                                d.class,
+                                DriftClass::MysqlInconsistent | DriftClass::CountersDrift
+                            )
+                        }),
                 );
             }
             RepairResult::Held => {

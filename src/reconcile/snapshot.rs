@@ -12,6 +12,7 @@ use crate::gate::policy::{
     self, META_PER_USER_LIMIT, META_REQUIRE_TOKEN, META_USER_RATE, META_WAITLIST_LIMIT,
 };
 use crate::gate::witness::{self, Witness};
+use crate::orders::counters::Counters;
 use crate::orders::order::OrderStatus;
 use crate::orders::voucher::Policy;
 use crate::store::db::{join_ids, Db};
@@ -46,6 +47,10 @@ pub struct Snapshot {
     pub settling: HashSet<u64>,
     pub order_ids: HashSet<u64>,
     pub order_users: BTreeSet<u64>,
+    /// The voucher row's order counters, and the same counted from the
+    /// rows read with it (one snapshot: they agree unless a counter drifted).
+    pub counters: Counters,
+    pub recounted: Counters,
     // Redis
     pub gate_loaded: bool,
     /// Admission paused (a worker found the gate had lost writes).
@@ -217,6 +222,7 @@ async fn scan_members(conn: &mut impl RedisConn, cmd: &str, key: &str) -> Result
     }
 }
 type VoucherRow = (u64, i64, i64, i64, i64, i64, i64, i64, i64, Option<i64>);
+type CounterRow = (u64, u64, u64, u64, u64, u64, u64);
 type OrderRow = (u64, u64, u64, i8, i64, i8, u64);
 
 /// Reads many vouchers with a few round trips in all: the witnesses (one
@@ -365,6 +371,12 @@ pub async fn read_many(
                FROM seckill_voucher WHERE voucher_id IN ({list})"
         ))
         .await?;
+    let counters: Vec<CounterRow> = tx
+        .query(format!(
+            "SELECT voucher_id, {} FROM seckill_voucher WHERE voucher_id IN ({list})",
+            crate::orders::counters::COLUMNS
+        ))
+        .await?;
     crate::support::fault::pause("between_snapshot_reads").await;
     let orders: Vec<OrderRow> = tx
         .exec(
@@ -402,9 +414,15 @@ pub async fn read_many(
             ) = (total, stock, begin_ms, end_ms, pay_timeout_ms);
         }
     }
+    for (v, a, b, c, d, e, f) in counters {
+        if let Some(&i) = index.get(&v) {
+            snaps[i].counters = Counters::from_tuple((a, b, c, d, e, f));
+        }
+    }
     for (v, id, user, status, created, recent, quantity) in orders {
         let Some(&i) = index.get(&v) else { continue };
         let s = &mut snaps[i];
+        s.recounted.count(status, quantity);
         s.order_ids.insert(id);
         // MySQL's quantity is the truth for a stored order (an in-flight
         // entry of it says the same).

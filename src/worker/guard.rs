@@ -40,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 use super::WorkerStats;
 use crate::error::{Error, Result};
 use crate::gate::pause::{self, Paused, META_PAUSED};
-use crate::orders::order;
+use crate::orders::counters;
 use crate::reconcile::{self, Outcome};
 use crate::store::config::Config;
 use crate::store::db::Db;
@@ -166,7 +166,7 @@ impl GateGuard {
         let vouchers: Vec<u64> = known.iter().copied().collect();
         self.state.known = Some(known);
         // MySQL first: see the module comment.
-        let orders = order::count_per_voucher(&self.db, &vouchers).await?;
+        let orders = counters::orders_per_voucher(&self.db, &vouchers).await?;
         let keys: Vec<VoucherKeys> = vouchers
             .iter()
             .map(|v| VoucherKeys::new(&self.cfg.prefix, *v))

@@ -58,7 +58,7 @@ async fn render(
     hist: &([u64; BATCH_BUCKETS.len()], u64, f64),
 ) -> String {
     let mut out = String::new();
-    let counters: [(&str, &str, u64); 13] = [
+    let counters: [(&str, &str, u64); 14] = [
         (
             "seckill_orders_persisted_total",
             "Orders inserted into MySQL by this worker",
@@ -123,6 +123,11 @@ async fn render(
             "seckill_gate_reopens_total",
             "Paused or lost gates this worker rebuilt from MySQL and reopened",
             s.gate_reopens,
+        ),
+        (
+            "seckill_gate_guard_passes_total",
+            "Passes of this worker's gate guard over every voucher it watches",
+            s.guard_passes,
         ),
     ];
     for (name, help, value) in counters {

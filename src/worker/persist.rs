@@ -127,7 +127,7 @@ async fn persist_fresh(
     // The locking UPDATE comes first: with innodb_snapshot_isolation=ON
     // (MariaDB 11.6's default), updating a row another worker changed after
     // this transaction's first plain read fails with error 1020.
-    if !take_exactly(&mut tx, voucher, units(msgs.iter())).await? {
+    if !take_exactly(&mut tx, voucher, units(msgs.iter()), msgs.len()).await? {
         tx.rollback().await?;
         return Ok(None);
     }
@@ -295,7 +295,7 @@ async fn take_stock(
     if all == 0 {
         return Ok(vec![false; wanted.len()]);
     }
-    if take_exactly(tx, voucher, all).await? {
+    if take_exactly(tx, voucher, all, wanted.len()).await? {
         return Ok(vec![true; wanted.len()]);
     }
     // Short: lock the row, then share out what is left.
@@ -307,13 +307,12 @@ async fn take_stock(
         .await?
         .unwrap_or(0);
     let served = share_out(u64::try_from(left).unwrap_or(0), wanted);
-    let take: u64 = wanted
+    let (take, orders) = wanted
         .iter()
         .zip(&served)
         .filter(|(_, s)| **s)
-        .map(|(w, _)| w)
-        .sum();
-    if take > 0 && !take_exactly(tx, voucher, take).await? {
+        .fold((0, 0), |(units, n), (w, _)| (units + w, n + 1));
+    if take > 0 && !take_exactly(tx, voucher, take, orders).await? {
         return Ok(vec![false; wanted.len()]);
     }
     Ok(served)
@@ -334,15 +333,20 @@ fn share_out(mut left: u64, wanted: &[u64]) -> Vec<bool> {
 }
 
 /// The conditional decrement (DESIGN §5): `k` units or none. It reads the
-/// current row, so it is safe where a SELECT-then-UPDATE is not.
+/// current row, so it is safe where a SELECT-then-UPDATE is not. The
+/// `orders` that take them are counted in the same statement (their
+/// INSERT follows in this transaction, or the whole of it rolls back).
 async fn take_exactly(
     tx: &mut mysql_async::Transaction<'_>,
     voucher: u64,
     k: u64,
+    orders: usize,
 ) -> Result<bool, mysql_async::Error> {
     tx.exec_drop(
-        "UPDATE seckill_voucher SET stock = stock - ? WHERE voucher_id = ? AND stock >= ?",
-        (k, voucher, k),
+        "UPDATE seckill_voucher
+            SET stock = stock - ?, orders_total = orders_total + ?, units_total = units_total + ?
+          WHERE voucher_id = ? AND stock >= ?",
+        (k, orders, k, voucher, k),
     )
     .await?;
     Ok(tx.affected_rows() == 1)

@@ -64,6 +64,8 @@ pub struct StatsSnapshot {
     pub gate_pauses: u64,
     /// Paused gates this worker rebuilt from MySQL and reopened.
     pub gate_reopens: u64,
+    /// Passes of the gate guard over every voucher.
+    pub guard_passes: u64,
 }
 
 impl WorkerStats {
@@ -153,6 +155,7 @@ impl WorkerStats {
             deadline_errors: get(&self.deadline_errors),
             gate_pauses: get(&self.gate_pauses),
             gate_reopens: get(&self.gate_reopens),
+            guard_passes: get(&self.guard_passes),
         }
     }
 }

@@ -32,13 +32,20 @@ pub struct VoucherState {
     /// (user, order) of the stream entries not yet acknowledged
     /// (undelivered or pending; a pending one may already be in MySQL).
     pub in_flight: Vec<(u64, u64)>,
+    /// The voucher row's order counters (orders and units: all, paid,
+    /// cancelled), and the same counted here from the rows.
+    pub counters: [u64; 6],
+    pub counted: [u64; 6],
 }
 
 pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
     let mut conn = env.db().await.conn().await.expect("mysql");
-    let (total, mysql_stock): (i64, i64) = conn
+    type Row = (i64, i64, u64, u64, u64, u64, u64, u64);
+    let (total, mysql_stock, c0, c1, c2, c3, c4, c5): Row = conn
         .exec_first(
-            "SELECT total_stock, stock FROM seckill_voucher WHERE voucher_id = ?",
+            "SELECT total_stock, stock, orders_total, units_total, orders_paid, units_paid,
+                    orders_cancelled, units_cancelled
+               FROM seckill_voucher WHERE voucher_id = ?",
             (voucher,),
         )
         .await
@@ -52,6 +59,17 @@ pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
         .await
         .expect("read orders");
     let orders_len = rows.len();
+    let mut counted = [orders_len as u64, 0, 0, 0, 0, 0];
+    for (_, _, status, quantity) in &rows {
+        counted[1] += quantity;
+        let at = match status {
+            1 => 2,
+            -1 => 4,
+            _ => continue,
+        };
+        counted[at] += 1;
+        counted[at + 1] += quantity;
+    }
     let overdue_pending: Option<u64> = conn
         .exec_first(
             "SELECT COUNT(*) FROM seckill_order o JOIN seckill_voucher v ON v.voucher_id = o.voucher_id
@@ -97,6 +115,8 @@ pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
         waitlist,
         quantities,
         in_flight: entries.iter().map(|(u, o, _)| (*u, *o)).collect(),
+        counters: [c0, c1, c2, c3, c4, c5],
+        counted,
     }
 }
 
@@ -194,6 +214,12 @@ pub async fn assert_invariants(env: &TestEnv, voucher: u64) -> VoucherState {
         "I1: mysql stock {} + units of active orders {active} != total {}",
         s.mysql_stock,
         s.total
+    );
+    // The voucher row's counters are what its orders add up to.
+    assert_eq!(
+        s.counters, s.counted,
+        "order counters (orders, units: all, paid, cancelled) {:?} != counted from the rows {:?}",
+        s.counters, s.counted
     );
     // I3: no negative stock anywhere.
     assert!(s.mysql_stock >= 0, "I3: mysql stock {} < 0", s.mysql_stock);
