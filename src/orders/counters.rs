@@ -2,9 +2,11 @@
 //! orders add up to, changed by the same transactions that change the
 //! orders (persist, cancel, pay), so what runs every second (the gate
 //! guard, `status`, `voucher list`) reads one row per voucher however many
-//! orders it has. The rows stay the truth: reconcile recounts them and
-//! reports a counter that drifted (`counters_drift`), and [`repair`] sets it
-//! from the rows.
+//! orders it has, and reconcile compares the voucher's sets with the gate's
+//! by their digests (support/set_digest.rs) instead of reading them. The
+//! rows stay the truth: `reconcile --deep` counts them again and reports a
+//! counter that drifted (`counters_drift`), and [`repair`] sets it from the
+//! rows.
 
 use std::collections::HashMap;
 
@@ -15,9 +17,11 @@ use serde::Serialize;
 use crate::error::Result;
 use crate::orders::order::OrderStatus;
 use crate::store::db::{join_ids, Db};
+use crate::support::set_digest::{sql_hash, sql_modulus, SetDigest};
 
 /// A voucher's orders counted: all of them, and the paid and cancelled
-/// ones, each as orders and as units. Pending is what is left.
+/// ones, each as orders and as units (pending is what is left), and the
+/// digests of its users, of its pending orders and of its cancelled ones.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Counters {
     pub orders_total: u64,
@@ -26,7 +30,16 @@ pub struct Counters {
     pub units_paid: u64,
     pub orders_cancelled: u64,
     pub units_cancelled: u64,
+    /// Every order's user: the gate's buyers, less those in flight.
+    pub users_digest: SetDigest,
+    /// The pending orders' ids: the gate's payment deadlines.
+    pub pending_digest: SetDigest,
+    /// The cancelled orders' ids: the gate's released set.
+    pub cancelled_digest: SetDigest,
 }
+
+/// A counters row as read: nine integers in [`COLUMNS`]' order.
+pub type CountersRow = (u64, u64, u64, u64, u64, u64, u64, u64, u64);
 
 impl Counters {
     /// The units pending and paid orders hold: with MySQL's stock, the
@@ -35,22 +48,33 @@ impl Counters {
         self.units_total.saturating_sub(self.units_cancelled)
     }
 
+    /// Pending orders: neither paid nor cancelled.
+    pub fn orders_pending(&self) -> u64 {
+        self.orders_total
+            .saturating_sub(self.orders_paid)
+            .saturating_sub(self.orders_cancelled)
+    }
+
     /// How far `self` is from `other`: the largest difference of any one
-    /// counter (0 when they agree).
+    /// count, at least 1 when only a digest differs (0 when they agree).
     pub fn distance(&self, other: &Counters) -> u64 {
-        self.fields()
+        let counts = self
+            .counts()
             .into_iter()
-            .zip(other.fields())
+            .zip(other.counts())
             .map(|(a, b)| a.abs_diff(b))
             .max()
-            .unwrap_or(0)
+            .unwrap_or(0);
+        counts.max(u64::from(self != other))
     }
 
     /// Counts one order row as [`RECOUNT_ALL`] does.
-    pub fn count(&mut self, status: i8, quantity: u64) {
+    pub fn count(&mut self, id: u64, user: u64, status: i8, quantity: u64) {
         self.orders_total += 1;
         self.units_total += quantity;
+        self.users_digest.add(user);
         match OrderStatus::from_code(status) {
+            Some(OrderStatus::Pending) => self.pending_digest.add(id),
             Some(OrderStatus::Paid) => {
                 self.orders_paid += 1;
                 self.units_paid += quantity;
@@ -58,12 +82,13 @@ impl Counters {
             Some(OrderStatus::Cancelled) => {
                 self.orders_cancelled += 1;
                 self.units_cancelled += quantity;
+                self.cancelled_digest.add(id);
             }
-            _ => {}
+            None => {}
         }
     }
 
-    fn fields(&self) -> [u64; 6] {
+    fn counts(&self) -> [u64; 6] {
         [
             self.orders_total,
             self.units_total,
@@ -74,40 +99,113 @@ impl Counters {
         ]
     }
 
-    /// From the six columns of [`COLUMNS`], in order.
-    pub fn from_tuple(t: (u64, u64, u64, u64, u64, u64)) -> Counters {
+    /// From the columns of [`COLUMNS`], in order.
+    pub fn from_row(r: CountersRow) -> Counters {
         Counters {
-            orders_total: t.0,
-            units_total: t.1,
-            orders_paid: t.2,
-            units_paid: t.3,
-            orders_cancelled: t.4,
-            units_cancelled: t.5,
+            orders_total: r.0,
+            units_total: r.1,
+            orders_paid: r.2,
+            units_paid: r.3,
+            orders_cancelled: r.4,
+            units_cancelled: r.5,
+            users_digest: SetDigest(r.6),
+            pending_digest: SetDigest(r.7),
+            cancelled_digest: SetDigest(r.8),
         }
     }
 }
 
 /// The counter columns of `seckill_voucher`, in [`Counters`]' order.
-pub const COLUMNS: &str =
-    "orders_total, units_total, orders_paid, units_paid, orders_cancelled, units_cancelled";
+pub const COLUMNS: &str = "orders_total, units_total, orders_paid, units_paid, orders_cancelled, \
+     units_cancelled, users_digest, pending_digest, cancelled_digest";
+
+/// The aggregates over `seckill_order` rows that make the counters, in
+/// [`COLUMNS`]' order and named n, u, np, up, nc, uc, du, dp, dc (a status this tool never writes counts in the
+/// totals only, as pending, but in no digest).
+macro_rules! recount_columns {
+    () => {
+        concat!(
+            "COUNT(*) AS n, COALESCE(SUM(quantity), 0) AS u, ",
+            "COALESCE(SUM(status = 1), 0) AS np, COALESCE(SUM(IF(status = 1, quantity, 0)), 0) AS up, ",
+            "COALESCE(SUM(status = -1), 0) AS nc, COALESCE(SUM(IF(status = -1, quantity, 0)), 0) AS uc, ",
+            "COALESCE(SUM(", sql_hash!("user_id"), ") % ", sql_modulus!(), ", 0) AS du, ",
+            "COALESCE(SUM(IF(status = 0, ", sql_hash!("id"), ", 0)) % ", sql_modulus!(), ", 0) AS dp, ",
+            "COALESCE(SUM(IF(status = -1, ", sql_hash!("id"), ", 0)) % ", sql_modulus!(), ", 0) AS dc"
+        )
+    };
+}
 
 /// Every voucher's counters from its rows, in one statement (the schema 5
-/// migration; idempotent). A status this tool never writes counts in the
-/// totals only, as pending.
-pub const RECOUNT_ALL: &str = "UPDATE seckill_voucher v
-      LEFT JOIN (SELECT voucher_id, COUNT(*) AS n, SUM(quantity) AS u,
-                        SUM(status = 1) AS np, SUM(IF(status = 1, quantity, 0)) AS up,
-                        SUM(status = -1) AS nc, SUM(IF(status = -1, quantity, 0)) AS uc
-                   FROM seckill_order GROUP BY voucher_id) c ON c.voucher_id = v.voucher_id
-        SET v.orders_total = COALESCE(c.n, 0), v.units_total = COALESCE(c.u, 0),
-            v.orders_paid = COALESCE(c.np, 0), v.units_paid = COALESCE(c.up, 0),
-            v.orders_cancelled = COALESCE(c.nc, 0), v.units_cancelled = COALESCE(c.uc, 0)";
+/// migration; idempotent).
+pub const RECOUNT_ALL: &str = concat!(
+    "UPDATE seckill_voucher v LEFT JOIN (SELECT voucher_id, ",
+    recount_columns!(),
+    " FROM seckill_order GROUP BY voucher_id) ",
+    "AS c ON c.voucher_id = v.voucher_id ",
+    "SET v.orders_total = COALESCE(c.n, 0), v.units_total = COALESCE(c.u, 0), ",
+    "v.orders_paid = COALESCE(c.np, 0), v.units_paid = COALESCE(c.up, 0), ",
+    "v.orders_cancelled = COALESCE(c.nc, 0), v.units_cancelled = COALESCE(c.uc, 0), ",
+    "v.users_digest = COALESCE(c.du, 0), v.pending_digest = COALESCE(c.dp, 0), ",
+    "v.cancelled_digest = COALESCE(c.dc, 0)"
+);
 
 /// One voucher's counters from its rows, as [`RECOUNT_ALL`] counts them.
-const RECOUNT_ONE: &str = "SELECT COUNT(*), COALESCE(SUM(quantity), 0),
-        COALESCE(SUM(status = 1), 0), COALESCE(SUM(IF(status = 1, quantity, 0)), 0),
-        COALESCE(SUM(status = -1), 0), COALESCE(SUM(IF(status = -1, quantity, 0)), 0)
-   FROM seckill_order WHERE voucher_id = ?";
+const RECOUNT_ONE: &str = concat!(
+    "SELECT ",
+    recount_columns!(),
+    " FROM seckill_order WHERE voucher_id = ?"
+);
+
+/// What a batch adds to the counters, in its conditional stock update
+/// (worker/persist.rs).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Taking {
+    pub orders: u64,
+    pub units: u64,
+    pub users: SetDigest,
+    pub orders_digest: SetDigest,
+}
+
+impl Taking {
+    pub fn add(&mut self, order: u64, user: u64, units: u64) {
+        self.orders += 1;
+        self.units += units;
+        self.users.add(user);
+        self.orders_digest.add(order);
+    }
+}
+
+/// The SET clause that adds a [`Taking`] (four parameters: orders, units,
+/// the users' digest, the orders' digest).
+pub const ADD_TAKING: &str = concat!(
+    "orders_total = orders_total + ?, units_total = units_total + ?, ",
+    "users_digest = (users_digest + ?) % ",
+    sql_modulus!(),
+    ", pending_digest = (pending_digest + ?) % ",
+    sql_modulus!()
+);
+
+/// The SET clause that cancels pending orders (three parameters: orders,
+/// units, their ids' digest).
+pub const ADD_CANCELLED: &str = concat!(
+    "orders_cancelled = orders_cancelled + ?, units_cancelled = units_cancelled + ?, ",
+    "pending_digest = (pending_digest + ",
+    sql_modulus!(),
+    " - ?) % ",
+    sql_modulus!(),
+    ", cancelled_digest = (cancelled_digest + ?) % ",
+    sql_modulus!()
+);
+
+/// The SET clause that pays one pending order `o` of the voucher `v` (one
+/// parameter: the order's hash).
+pub const ADD_PAID: &str = concat!(
+    "v.orders_paid = v.orders_paid + 1, v.units_paid = v.units_paid + o.quantity, ",
+    "v.pending_digest = (v.pending_digest + ",
+    sql_modulus!(),
+    " - ?) % ",
+    sql_modulus!()
+);
 
 /// How many orders (of any status) MySQL holds per voucher, from the
 /// counters: one per user, so also how many users must be buyers at each
@@ -138,18 +236,18 @@ pub struct Recount {
 /// first: every transaction that changes this voucher's orders changes its
 /// row too, so none is half done while the rows are counted (the count's
 /// read view opens after the lock). It holds the row for as long as the
-/// count takes (about a second per million orders here): workers and
-/// payments of this voucher wait that long.
+/// count takes (see the README): workers and payments of this voucher wait
+/// that long.
 pub async fn repair(db: &Db, voucher: u64) -> Result<Option<Recount>> {
     let mut conn = db.conn().await?;
     let mut tx = conn.start_transaction(TxOpts::default()).await?;
-    let was: Option<(u64, u64, u64, u64, u64, u64)> = tx
+    let was: Option<CountersRow> = tx
         .exec_first(
             format!("SELECT {COLUMNS} FROM seckill_voucher WHERE voucher_id = ? FOR UPDATE"),
             (voucher,),
         )
         .await?;
-    let Some(was) = was.map(Counters::from_tuple) else {
+    let Some(was) = was.map(Counters::from_row) else {
         tx.rollback().await?;
         return Ok(None);
     };
@@ -158,7 +256,8 @@ pub async fn repair(db: &Db, voucher: u64) -> Result<Option<Recount>> {
         tx.exec_drop(
             "UPDATE seckill_voucher
                 SET orders_total = ?, units_total = ?, orders_paid = ?, units_paid = ?,
-                    orders_cancelled = ?, units_cancelled = ?
+                    orders_cancelled = ?, units_cancelled = ?, users_digest = ?,
+                    pending_digest = ?, cancelled_digest = ?
               WHERE voucher_id = ?",
             (
                 now.orders_total,
@@ -167,6 +266,9 @@ pub async fn repair(db: &Db, voucher: u64) -> Result<Option<Recount>> {
                 now.units_paid,
                 now.orders_cancelled,
                 now.units_cancelled,
+                now.users_digest.0,
+                now.pending_digest.0,
+                now.cancelled_digest.0,
                 voucher,
             ),
         )
@@ -178,9 +280,8 @@ pub async fn repair(db: &Db, voucher: u64) -> Result<Option<Recount>> {
 
 /// The voucher's counters counted from its rows (a full read of them).
 pub async fn recount(conn: &mut impl Queryable, voucher: u64) -> Result<Counters> {
-    let row: Option<(u64, u64, u64, u64, u64, u64)> =
-        conn.exec_first(RECOUNT_ONE, (voucher,)).await?;
-    Ok(row.map(Counters::from_tuple).unwrap_or_default())
+    let row: Option<CountersRow> = conn.exec_first(RECOUNT_ONE, (voucher,)).await?;
+    Ok(row.map(Counters::from_row).unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -188,7 +289,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn distance_is_the_largest_difference_of_any_counter() {
+    fn distance_is_the_largest_difference_of_any_count() {
         let a = Counters {
             orders_total: 10,
             units_total: 12,
@@ -200,15 +301,22 @@ mod tests {
         b.orders_paid = 1;
         assert_eq!(a.distance(&b), 3);
         assert_eq!(b.distance(&a), 3);
+        let mut c = a;
+        c.users_digest.add(7);
+        assert_eq!(a.distance(&c), 1, "a digest alone");
     }
 
     #[test]
-    fn active_units_leave_the_cancelled_out() {
-        let c = Counters {
-            units_total: 7,
-            units_cancelled: 2,
-            ..Default::default()
-        };
-        assert_eq!(c.units_active(), 5);
+    fn a_row_counts_into_its_status() {
+        let mut c = Counters::default();
+        c.count(101, 1, 0, 2);
+        c.count(102, 2, 1, 1);
+        c.count(103, 3, -1, 3);
+        assert_eq!((c.orders_total, c.units_total), (3, 6));
+        assert_eq!(c.orders_pending(), 1);
+        assert_eq!(c.units_active(), 3);
+        assert_eq!(c.users_digest, SetDigest::of([1, 2, 3]));
+        assert_eq!(c.pending_digest, SetDigest::of([101]));
+        assert_eq!(c.cancelled_digest, SetDigest::of([103]));
     }
 }

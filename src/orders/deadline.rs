@@ -9,6 +9,7 @@ use mysql_async::{Conn, TxOpts};
 use redis::Value;
 
 use crate::error::{Error, Result};
+use crate::orders::counters::ADD_CANCELLED;
 use crate::orders::order::OrderStatus;
 use crate::orders::voucher::RowRead;
 use crate::store::db::{join_ids, Db};
@@ -16,6 +17,7 @@ use crate::store::keys::VoucherKeys;
 use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn::{value_text, RedisConn};
 use crate::store::scripts::{CLAIM_DUE, RELEASE};
+use crate::support::set_digest::SetDigest;
 
 /// A claimed deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,12 +105,10 @@ pub async fn cancel_unpaid(conn: &mut Conn, voucher: u64, orders: &[u64]) -> Res
         ))
         .await?;
         cancelled_now = tx.affected_rows();
+        let ids = SetDigest::of(unpaid.iter().map(|(id, _)| *id));
         tx.exec_drop(
-            "UPDATE seckill_voucher
-                SET stock = stock + ?, orders_cancelled = orders_cancelled + ?,
-                    units_cancelled = units_cancelled + ?
-              WHERE voucher_id = ?",
-            (units_now, cancelled_now, units_now, voucher),
+            format!("UPDATE seckill_voucher SET stock = stock + ?, {ADD_CANCELLED} WHERE voucher_id = ?"),
+            (units_now, cancelled_now, units_now, ids.0, ids.0, voucher),
         )
         .await?;
     }

@@ -6,12 +6,14 @@ use mysql_async::prelude::*;
 use redis::AsyncCommands;
 
 use crate::error::Result;
+use crate::orders::counters::ADD_PAID;
 use crate::orders::order::OrderStatus;
 use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn;
 use crate::store::redis_conn::RedisConn;
+use crate::support::set_digest;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PayOutcome {
@@ -32,20 +34,26 @@ pub async fn pay(db: &Db, order: u64) -> Result<PayOutcome> {
     // One statement, the voucher's counters with the order: a payer that
     // stops mid-way (a frozen `serve`) cannot hold the voucher row, which
     // every batch of the voucher needs, past the statement.
-    const PAY: &str = "UPDATE seckill_order o JOIN seckill_voucher v ON v.voucher_id = o.voucher_id
-            SET o.status = ?, o.pay_time = NOW(3),
-                v.orders_paid = v.orders_paid + 1, v.units_paid = v.units_paid + o.quantity
+    let pay = format!(
+        "UPDATE seckill_order o JOIN seckill_voucher v ON v.voucher_id = o.voucher_id
+            SET o.status = ?, o.pay_time = NOW(3), {ADD_PAID}
           WHERE o.id = ? AND o.status = ?
-            AND o.create_time > NOW(3) - INTERVAL v.pay_timeout_ms * 1000 MICROSECOND";
-    let params = (OrderStatus::Paid.code(), order, OrderStatus::Pending.code());
+            AND o.create_time > NOW(3) - INTERVAL v.pay_timeout_ms * 1000 MICROSECOND"
+    );
+    let params = (
+        OrderStatus::Paid.code(),
+        set_digest::hash(order),
+        order,
+        OrderStatus::Pending.code(),
+    );
     // A deadlock with a batch of the voucher (it holds the row and waits
     // for this order's lock: a redelivery of it) rolls this statement back
     // whole; InnoDB lets the batch through, so once more succeeds.
-    if let Err(e) = conn.exec_drop(PAY, params).await {
+    if let Err(e) = conn.exec_drop(&pay, params).await {
         if crate::error::mysql_code(&e) != Some(crate::error::mysql_codes::LOCK_DEADLOCK) {
             return Err(e.into());
         }
-        conn.exec_drop(PAY, params).await?;
+        conn.exec_drop(&pay, params).await?;
     }
     let paid_now = conn.affected_rows() > 0;
     let row: Option<(u64, u64, i8)> = conn

@@ -12,7 +12,7 @@ use crate::gate::policy::{
     self, META_PER_USER_LIMIT, META_REQUIRE_TOKEN, META_USER_RATE, META_WAITLIST_LIMIT,
 };
 use crate::gate::witness::{self, Witness};
-use crate::orders::counters::Counters;
+use crate::orders::counters::{Counters, COLUMNS};
 use crate::orders::order::OrderStatus;
 use crate::orders::voucher::Policy;
 use crate::store::db::{join_ids, Db};
@@ -222,7 +222,6 @@ async fn scan_members(conn: &mut impl RedisConn, cmd: &str, key: &str) -> Result
     }
 }
 type VoucherRow = (u64, i64, i64, i64, i64, i64, i64, i64, i64, Option<i64>);
-type CounterRow = (u64, u64, u64, u64, u64, u64, u64);
 type OrderRow = (u64, u64, u64, i8, i64, i8, u64);
 
 /// Reads many vouchers with a few round trips in all: the witnesses (one
@@ -371,10 +370,10 @@ pub async fn read_many(
                FROM seckill_voucher WHERE voucher_id IN ({list})"
         ))
         .await?;
-    let counters: Vec<CounterRow> = tx
+    type Row = (u64, u64, u64, u64, u64, u64, u64, u64, u64, u64);
+    let counters: Vec<Row> = tx
         .query(format!(
-            "SELECT voucher_id, {} FROM seckill_voucher WHERE voucher_id IN ({list})",
-            crate::orders::counters::COLUMNS
+            "SELECT voucher_id, {COLUMNS} FROM seckill_voucher WHERE voucher_id IN ({list})"
         ))
         .await?;
     crate::support::fault::pause("between_snapshot_reads").await;
@@ -414,15 +413,15 @@ pub async fn read_many(
             ) = (total, stock, begin_ms, end_ms, pay_timeout_ms);
         }
     }
-    for (v, a, b, c, d, e, f) in counters {
+    for (v, a, b, c, d, e, f, g, h, k) in counters {
         if let Some(&i) = index.get(&v) {
-            snaps[i].counters = Counters::from_tuple((a, b, c, d, e, f));
+            snaps[i].counters = Counters::from_row((a, b, c, d, e, f, g, h, k));
         }
     }
     for (v, id, user, status, created, recent, quantity) in orders {
         let Some(&i) = index.get(&v) else { continue };
         let s = &mut snaps[i];
-        s.recounted.count(status, quantity);
+        s.recounted.count(id, user, status, quantity);
         s.order_ids.insert(id);
         // MySQL's quantity is the truth for a stored order (an in-flight
         // entry of it says the same).

@@ -93,15 +93,21 @@ Migration {
         // What the voucher's orders add up to, kept by the transactions that
         // change them (persist, cancel, pay), so a reader that runs every
         // second (the gate guard, status) reads one row instead of counting
-        // millions. Pending = total - paid - cancelled. `reconcile` checks
-        // them against the rows (counters_drift).
+        // millions. Pending = total - paid - cancelled. The digests
+        // (support/set_digest.rs) of the users, the pending orders and the
+        // cancelled ones let reconcile compare the sets with the gate's
+        // without reading them. `reconcile --deep` checks all of them
+        // against the rows (counters_drift).
         "ALTER TABLE seckill_voucher
             ADD COLUMN orders_total BIGINT NOT NULL DEFAULT 0,
             ADD COLUMN units_total BIGINT NOT NULL DEFAULT 0,
             ADD COLUMN orders_paid BIGINT NOT NULL DEFAULT 0,
             ADD COLUMN units_paid BIGINT NOT NULL DEFAULT 0,
             ADD COLUMN orders_cancelled BIGINT NOT NULL DEFAULT 0,
-            ADD COLUMN units_cancelled BIGINT NOT NULL DEFAULT 0",
+            ADD COLUMN units_cancelled BIGINT NOT NULL DEFAULT 0,
+            ADD COLUMN users_digest BIGINT NOT NULL DEFAULT 0,
+            ADD COLUMN pending_digest BIGINT NOT NULL DEFAULT 0,
+            ADD COLUMN cancelled_digest BIGINT NOT NULL DEFAULT 0",
         // The orders already there. Run again after a crash, it counts
         // again. Orders an older binary commits after this are not
         // counted: upgrade every worker, then `seckill reconcile --yes`.

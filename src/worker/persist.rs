@@ -19,6 +19,7 @@ use mysql_async::prelude::*;
 use mysql_async::{Conn, TxOpts};
 
 use crate::error::{mysql_code, mysql_codes};
+use crate::orders::counters::{Taking, ADD_TAKING};
 use crate::orders::order::OrderStatus;
 use crate::orders::voucher::{self, RowRead};
 use crate::store::db::join_ids;
@@ -127,7 +128,7 @@ async fn persist_fresh(
     // The locking UPDATE comes first: with innodb_snapshot_isolation=ON
     // (MariaDB 11.6's default), updating a row another worker changed after
     // this transaction's first plain read fails with error 1020.
-    if !take_exactly(&mut tx, voucher, units(msgs.iter()), msgs.len()).await? {
+    if !take_exactly(&mut tx, voucher, &taking(msgs.iter())).await? {
         tx.rollback().await?;
         return Ok(None);
     }
@@ -217,8 +218,8 @@ async fn persist_once(
         fates[i] = fate;
     }
 
-    let wanted: Vec<u64> = fresh.iter().map(|&i| u64::from(msgs[i].quantity)).collect();
-    let served = take_stock(&mut tx, voucher, &wanted).await?;
+    let wanting: Vec<&OrderMessage> = fresh.iter().map(|&i| &msgs[i]).collect();
+    let served = take_stock(&mut tx, voucher, &wanting).await?;
     let (taken, short): (Vec<_>, Vec<_>) = fresh.iter().zip(&served).partition(|(_, s)| **s);
     for (&i, _) in short {
         fates[i] = Some(Fate::Dead(NO_STOCK.to_string()));
@@ -278,25 +279,29 @@ async fn stored_orders(
     Ok((by_id, by_user))
 }
 
-/// The units the orders hold.
-fn units<'a>(msgs: impl Iterator<Item = &'a OrderMessage>) -> u64 {
-    msgs.map(|m| u64::from(m.quantity)).sum()
+/// What the orders add to the voucher's counters.
+fn taking<'a>(msgs: impl Iterator<Item = &'a OrderMessage>) -> Taking {
+    let mut t = Taking::default();
+    for m in msgs {
+        t.add(m.order, m.user, u64::from(m.quantity));
+    }
+    t
 }
 
-/// Takes stock for orders wanting these units each: all of them when there
-/// is enough, else whole orders in turn while they fit (an order gets all
-/// its units or none). Says which orders got theirs.
+/// Takes stock for these orders: all of them when there is enough, else
+/// whole orders in turn while they fit (an order gets all its units or
+/// none). Says which orders got theirs.
 async fn take_stock(
     tx: &mut mysql_async::Transaction<'_>,
     voucher: u64,
-    wanted: &[u64],
+    wanting: &[&OrderMessage],
 ) -> Result<Vec<bool>, mysql_async::Error> {
-    let all: u64 = wanted.iter().sum();
-    if all == 0 {
-        return Ok(vec![false; wanted.len()]);
+    let all = taking(wanting.iter().copied());
+    if all.units == 0 {
+        return Ok(vec![false; wanting.len()]);
     }
-    if take_exactly(tx, voucher, all, wanted.len()).await? {
-        return Ok(vec![true; wanted.len()]);
+    if take_exactly(tx, voucher, &all).await? {
+        return Ok(vec![true; wanting.len()]);
     }
     // Short: lock the row, then share out what is left.
     let left: i64 = tx
@@ -306,14 +311,17 @@ async fn take_stock(
         )
         .await?
         .unwrap_or(0);
-    let served = share_out(u64::try_from(left).unwrap_or(0), wanted);
-    let (take, orders) = wanted
-        .iter()
-        .zip(&served)
-        .filter(|(_, s)| **s)
-        .fold((0, 0), |(units, n), (w, _)| (units + w, n + 1));
-    if take > 0 && !take_exactly(tx, voucher, take, orders).await? {
-        return Ok(vec![false; wanted.len()]);
+    let wanted: Vec<u64> = wanting.iter().map(|m| u64::from(m.quantity)).collect();
+    let served = share_out(u64::try_from(left).unwrap_or(0), &wanted);
+    let take = taking(
+        wanting
+            .iter()
+            .zip(&served)
+            .filter(|(_, s)| **s)
+            .map(|(m, _)| *m),
+    );
+    if take.units > 0 && !take_exactly(tx, voucher, &take).await? {
+        return Ok(vec![false; wanting.len()]);
     }
     Ok(served)
 }
@@ -332,21 +340,29 @@ fn share_out(mut left: u64, wanted: &[u64]) -> Vec<bool> {
         .collect()
 }
 
-/// The conditional decrement (DESIGN §5): `k` units or none. It reads the
-/// current row, so it is safe where a SELECT-then-UPDATE is not. The
-/// `orders` that take them are counted in the same statement (their
-/// INSERT follows in this transaction, or the whole of it rolls back).
+/// The conditional decrement (DESIGN §5): the units of `take` or none. It
+/// reads the current row, so it is safe where a SELECT-then-UPDATE is not.
+/// Its orders are counted in the same statement (their INSERT follows in
+/// this transaction, or the whole of it rolls back).
 async fn take_exactly(
     tx: &mut mysql_async::Transaction<'_>,
     voucher: u64,
-    k: u64,
-    orders: usize,
+    take: &Taking,
 ) -> Result<bool, mysql_async::Error> {
     tx.exec_drop(
-        "UPDATE seckill_voucher
-            SET stock = stock - ?, orders_total = orders_total + ?, units_total = units_total + ?
-          WHERE voucher_id = ? AND stock >= ?",
-        (k, orders, k, voucher, k),
+        format!(
+            "UPDATE seckill_voucher SET stock = stock - ?, {ADD_TAKING}
+              WHERE voucher_id = ? AND stock >= ?"
+        ),
+        (
+            take.units,
+            take.orders,
+            take.units,
+            take.users.0,
+            take.orders_digest.0,
+            voucher,
+            take.units,
+        ),
     )
     .await?;
     Ok(tx.affected_rows() == 1)

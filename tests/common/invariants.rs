@@ -33,18 +33,21 @@ pub struct VoucherState {
     /// (undelivered or pending; a pending one may already be in MySQL).
     pub in_flight: Vec<(u64, u64)>,
     /// The voucher row's order counters (orders and units: all, paid,
-    /// cancelled), and the same counted here from the rows.
-    pub counters: [u64; 6],
-    pub counted: [u64; 6],
+    /// cancelled; the digests of the users, the pending and the cancelled
+    /// orders), and the same counted here from the rows (the digests by
+    /// MySQL's SHA1(), independently of the code under test).
+    pub counters: [u64; 9],
+    pub counted: [u64; 9],
 }
 
 pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
     let mut conn = env.db().await.conn().await.expect("mysql");
-    type Row = (i64, i64, u64, u64, u64, u64, u64, u64);
-    let (total, mysql_stock, c0, c1, c2, c3, c4, c5): Row = conn
+    type Row = (i64, i64, u64, u64, u64, u64, u64, u64, u64, u64, u64);
+    let (total, mysql_stock, c0, c1, c2, c3, c4, c5, c6, c7, c8): Row = conn
         .exec_first(
             "SELECT total_stock, stock, orders_total, units_total, orders_paid, units_paid,
-                    orders_cancelled, units_cancelled
+                    orders_cancelled, units_cancelled, users_digest, pending_digest,
+                    cancelled_digest
                FROM seckill_voucher WHERE voucher_id = ?",
             (voucher,),
         )
@@ -59,7 +62,28 @@ pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
         .await
         .expect("read orders");
     let orders_len = rows.len();
-    let mut counted = [orders_len as u64, 0, 0, 0, 0, 0];
+    let digests: (u64, u64, u64) = conn
+        .exec_first(
+            "SELECT COALESCE(SUM(CAST(CONV(LEFT(SHA1(user_id), 13), 16, 10) AS UNSIGNED)) % 4503599627370496, 0),
+                    COALESCE(SUM(IF(status = 0, CAST(CONV(LEFT(SHA1(id), 13), 16, 10) AS UNSIGNED), 0)) % 4503599627370496, 0),
+                    COALESCE(SUM(IF(status = -1, CAST(CONV(LEFT(SHA1(id), 13), 16, 10) AS UNSIGNED), 0)) % 4503599627370496, 0)
+               FROM seckill_order WHERE voucher_id = ?",
+            (voucher,),
+        )
+        .await
+        .expect("digests of the orders")
+        .unwrap_or_default();
+    let mut counted = [
+        orders_len as u64,
+        0,
+        0,
+        0,
+        0,
+        0,
+        digests.0,
+        digests.1,
+        digests.2,
+    ];
     for (_, _, status, quantity) in &rows {
         counted[1] += quantity;
         let at = match status {
@@ -115,7 +139,7 @@ pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
         waitlist,
         quantities,
         in_flight: entries.iter().map(|(u, o, _)| (*u, *o)).collect(),
-        counters: [c0, c1, c2, c3, c4, c5],
+        counters: [c0, c1, c2, c3, c4, c5, c6, c7, c8],
         counted,
     }
 }
@@ -218,7 +242,7 @@ pub async fn assert_invariants(env: &TestEnv, voucher: u64) -> VoucherState {
     // The voucher row's counters are what its orders add up to.
     assert_eq!(
         s.counters, s.counted,
-        "order counters (orders, units: all, paid, cancelled) {:?} != counted from the rows {:?}",
+        "order counters (orders, units: all, paid, cancelled; digests: users, pending, cancelled) {:?} != counted from the rows {:?}",
         s.counters, s.counted
     );
     // I3: no negative stock anywhere.
