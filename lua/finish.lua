@@ -12,6 +12,9 @@
 -- KEYS[2]  seckill:{V}:timeouts   zset   order id -> payment deadline (ms)
 -- KEYS[3]  seckill:{V}:dead       stream dead letters
 -- KEYS[4]  seckill:{V}:locks      hash   the lease locks (lua/lib/lease.lua)
+-- KEYS[5]  seckill:{V}:meta       hash   optional (**new**): its timeouts_digest
+--                                        follows the deadlines added
+--                                        (lua/lib/digest.lua)
 --
 -- ARGV[1]  consumer group
 -- ARGV[2]  lock owner token
@@ -26,22 +29,20 @@
 -- letter (its entry is no longer pending), acknowledges nothing (returns
 -- 0; the worker does not use the count) and finds the locks released.
 --
--- `lease_release` comes from lua/lib/lease.lua, which the binary prepends (to
--- run this file by hand, prepend it too).
+-- `lease_release` comes from lua/lib/lease.lua and `zadd_counted` from
+-- lua/lib/digest.lua, which the binary prepends (to run this file by hand,
+-- prepend them too).
 
 local group, owner = ARGV[1], ARGV[2]
 local i = 3
 local deadlines = tonumber(ARGV[i]); i = i + 1
 -- One ZADD for the batch (in slices: unpack has a limit of its own).
-local scored = {}
+local scheduled = {}
 for _ = 1, deadlines do
-  scored[#scored + 1] = ARGV[i + 1]
-  scored[#scored + 1] = ARGV[i]
+  scheduled[#scheduled + 1] = {ARGV[i], ARGV[i + 1]}
   i = i + 2
 end
-for j = 1, #scored, 2000 do
-  redis.call('ZADD', KEYS[2], unpack(scored, j, math.min(j + 1999, #scored)))
-end
+zadd_counted(KEYS[2], KEYS[5], 'timeouts_digest', scheduled)
 local dead = tonumber(ARGV[i]); i = i + 1
 for _ = 1, dead do
   local id, reason, deliveries = ARGV[i], ARGV[i + 1], ARGV[i + 2]

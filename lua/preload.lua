@@ -52,6 +52,11 @@
 -- ARGV[16]   optional (**new**): per_user_limit, written with ARGV[10..11]
 -- ARGV[17]   optional, with ARGV[16] (**new**): waitlist_limit, '' for no
 --            cap (meta's field is removed)
+-- ARGV[18..19] optional, with ARGV[16..17] (**new**): the digests
+--            (lua/lib/digest.lua) of the members staged in KEYS[4] and
+--            KEYS[7], written to meta's buyers_digest and released_digest
+--            with the sets; absent, both fields are removed (a digest of
+--            the sets replaced would be wrong)
 --
 -- Returns 1 when published (or when this run had published already),
 -- 0 when refused: nothing is written then and the staging sets are dropped.
@@ -133,6 +138,11 @@ redis.call('HSET', KEYS[1], unpack(fields))
 if KEYS[9] then redis.call('PEXPIREAT', KEYS[9], tonumber(ARGV[3]) + 1000) end
 redis.call('SET', KEYS[2], ARGV[5])
 if hold_is_live(KEYS[8]) then redis.call('HSET', KEYS[1], 'paused', '1') end
+if ARGV[18] and ARGV[19] then
+  redis.call('HSET', KEYS[1], 'buyers_digest', ARGV[18], 'released_digest', ARGV[19])
+else
+  redis.call('HDEL', KEYS[1], 'buyers_digest', 'released_digest')
+end
 for _, pair in ipairs({{KEYS[4], KEYS[3]}, {KEYS[7], KEYS[6]}}) do
   if redis.call('EXISTS', pair[1]) == 1 then
     redis.call('RENAME', pair[1], pair[2])

@@ -64,14 +64,36 @@ local delta = tonumber(ARGV[5])
 local withheld = delta > 0 and hold_is_live(KEYS[9])
 if withheld then delta = 0 end
 local i = 6
+-- The digests (lua/lib/digest.lua) follow every member added or removed;
+-- a caller without KEYS[8] leaves them behind (reconcile --deep finds that).
+local meta = KEYS[8]
+local function counted(field, members, sign)
+  if meta then digest_move(meta, field, members, sign) end
+end
 local adds = tonumber(ARGV[i]); i = i + 1
-for _ = 1, adds do redis.call('SADD', KEYS[2], ARGV[i]); i = i + 1 end
+local changed = {}
+for _ = 1, adds do
+  if redis.call('SADD', KEYS[2], ARGV[i]) == 1 then changed[#changed + 1] = ARGV[i] end
+  i = i + 1
+end
+counted('buyers_digest', changed, 1)
 local removes = tonumber(ARGV[i]); i = i + 1
-for _ = 1, removes do redis.call('SREM', KEYS[2], ARGV[i]); i = i + 1 end
+changed = {}
+for _ = 1, removes do
+  if redis.call('SREM', KEYS[2], ARGV[i]) == 1 then changed[#changed + 1] = ARGV[i] end
+  i = i + 1
+end
+counted('buyers_digest', changed, -1)
 local deadlines = tonumber(ARGV[i]); i = i + 1
+local scheduled = {}
 for _ = 1, deadlines do
-  redis.call('ZADD', KEYS[5], ARGV[i + 1], ARGV[i])
+  scheduled[#scheduled + 1] = {ARGV[i], ARGV[i + 1]}
   i = i + 2
+end
+if meta then
+  zadd_counted(KEYS[5], meta, 'timeouts_digest', scheduled)
+else
+  for _, p in ipairs(scheduled) do redis.call('ZADD', KEYS[5], p[2], p[1]) end
 end
 local fresh = tonumber(ARGV[i] or '0'); i = i + 1
 local first_fresh = i
@@ -92,5 +114,10 @@ if delta > 0 and fresh > 0 and KEYS[8] then
 end
 if delta ~= 0 then redis.call('INCRBY', KEYS[1], delta) end
 local spoken = tonumber(ARGV[i] or '0'); i = i + 1
-for _ = 1, spoken do redis.call('SADD', KEYS[4], ARGV[i]); i = i + 1 end
+changed = {}
+for _ = 1, spoken do
+  if redis.call('SADD', KEYS[4], ARGV[i]) == 1 then changed[#changed + 1] = ARGV[i] end
+  i = i + 1
+end
+counted('released_digest', changed, 1)
 return withheld and 2 or 1

@@ -85,13 +85,15 @@ local now_ms = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000
 
 -- The units coming back now, each order once; their fresh ids, then the extras.
 local pool, released, fresh, released_from = 0, 0, {}, {}
+local timeouts_gone, released_now = {}, {}
 for i = 0, n - 1 do
   local order, units, id = ARGV[4 + 3 * i], tonumber(ARGV[5 + 3 * i]), ARGV[6 + 3 * i]
   if not units or units < 1 then
     return redis.error_reply('ERR release.lua: the units of order ' .. tostring(order) .. ' must be 1 or more')
   end
-  redis.call('ZREM', KEYS[6], order)
+  if redis.call('ZREM', KEYS[6], order) == 1 then timeouts_gone[#timeouts_gone + 1] = order end
   if redis.call('SADD', KEYS[7], order) == 1 then
+    released_now[#released_now + 1] = order
     pool = pool + units
     released = released + units
     fresh[#fresh + 1] = id
@@ -111,6 +113,8 @@ if pool > 0 then
   redis.call('SET', KEYS[1], pool)
 end
 for i = 4 + 3 * n + extra + 1, #ARGV do
-  redis.call('ZREM', KEYS[6], ARGV[i])
+  if redis.call('ZREM', KEYS[6], ARGV[i]) == 1 then timeouts_gone[#timeouts_gone + 1] = ARGV[i] end
 end
+digest_move(KEYS[8], 'timeouts_digest', timeouts_gone, -1)
+digest_move(KEYS[8], 'released_digest', released_now, 1)
 return {released, promoted, 0}

@@ -13,6 +13,9 @@
 -- KEYS[7]  seckill:{V}:waitlist_quantity  hash  (optional, **new**): the
 --                                units a re-admitted user waited for go
 --                                with the user's place on the waitlist
+-- KEYS[8]  seckill:{V}:meta      hash   (optional, with KEYS[7]; **new**): its
+--                                buyers_digest follows a user re-admitted
+--                                (lua/lib/digest.lua)
 -- ARGV     triples: a dead-letter entry id, the order id to requeue it
 --          under (its own, or a fresh one where its own collides in MySQL),
 --          and 1 when the unit its admission took is known not to be backed
@@ -82,7 +85,9 @@ for i = 1, #ARGV, 3 do
       code = 1
     elseif tonumber(redis.call('GET', KEYS[3]) or '0') >= units then
       redis.call('DECRBY', KEYS[3], units)
-      redis.call('SADD', KEYS[4], f.user)
+      if redis.call('SADD', KEYS[4], f.user) == 1 and KEYS[8] then
+        digest_move(KEYS[8], 'buyers_digest', {f.user}, 1)
+      end
       redis.call('ZREM', KEYS[5], f.user)
       if KEYS[7] then redis.call('HDEL', KEYS[7], f.user) end
       code = 2

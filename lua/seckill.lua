@@ -6,7 +6,9 @@
 -- All keys carry the voucher's hash tag, so the script runs on one Redis
 -- Cluster slot. With the default prefix `seckill` and voucher V:
 --
--- KEYS[1]  seckill:{V}:meta      hash   total, begin_ms, end_ms, pay_timeout_ms
+-- KEYS[1]  seckill:{V}:meta      hash   total, begin_ms, end_ms, pay_timeout_ms;
+--                                 an admission updates its buyers_digest
+--                                 (**new**, lua/lib/digest.lua)
 -- KEYS[2]  seckill:{V}:stock     string remaining units at the gate
 -- KEYS[3]  seckill:{V}:buyers    set    user ids that hold a unit
 -- KEYS[4]  seckill:{V}:waitlist  zset   user id -> first queued time (microseconds)
@@ -211,6 +213,12 @@ if left < quantity then return {9, 'not enough stock', left} end
 
 redis.call('DECRBY', KEYS[2], quantity)
 redis.call('SADD', KEYS[3], user)
+-- The buyers' digest, which reconcile compares with MySQL's: the rule of
+-- lua/lib/digest.lua, written out here because application servers load
+-- this file alone.
+local digest = tonumber(redis.call('HGET', KEYS[1], 'buyers_digest') or '0') or 0
+digest = (digest + tonumber(string.sub(redis.sha1hex(user), 1, 13), 16)) % 4503599627370496
+redis.call('HSET', KEYS[1], 'buyers_digest', string.format('%.0f', digest))
 -- A user admitted after a unit came back must not also be promoted later.
 if redis.call('ZREM', KEYS[4], user) == 1 and KEYS[8] then redis.call('HDEL', KEYS[8], user) end
 if quantity > 1 then

@@ -7,7 +7,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::invariants::assert_invariants;
 use common::{json, TestEnv};
@@ -127,6 +127,13 @@ async fn pay_racing_the_deadline_ends_paid_or_cancelled_never_both() {
     // Each order's deadline, as the worker scheduled it.
     let keys = VoucherKeys::new(&env.prefix, V).unwrap();
     let mut redis = env.redis().await;
+    // Scheduled once each batch's finish has run, just after its commit.
+    let scheduled = Instant::now();
+    while redis.zcard::<_, usize>(keys.timeouts()).await.unwrap() < 500
+        && scheduled.elapsed() < Duration::from_secs(10)
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let deadlines: Vec<(u64, f64)> = redis
         .zrange_withscores(keys.timeouts(), 0, -1)
         .await
@@ -333,6 +340,7 @@ async fn deadlines_lost_from_redis_are_caught_by_the_mysql_sweep() {
     let keys = VoucherKeys::new(&env.prefix, V).unwrap();
     let mut redis = env.redis().await;
     let _: () = redis.del(keys.timeouts()).await.unwrap();
+    let _: () = redis.hdel(keys.meta(), "timeouts_digest").await.unwrap();
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     let log = env
         .spawn_worker(&worker_args(&[

@@ -123,6 +123,7 @@ async fn orders_whose_deadlines_redis_lost(env: &TestEnv) {
     let keys = VoucherKeys::new(&env.prefix, V).unwrap();
     let mut redis = env.redis().await;
     let _: () = redis.del(keys.timeouts()).await.unwrap();
+    let _: () = redis.hdel(keys.meta(), "timeouts_digest").await.unwrap();
     let overdue = Duration::from_millis(PAY_MS + 200);
     tokio::time::sleep(overdue.saturating_sub(admitted.elapsed())).await;
 }

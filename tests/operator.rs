@@ -135,7 +135,15 @@ async fn the_worker_serves_prometheus_metrics_during_a_drain() {
         assert!(metric(&during, name).is_some(), "{name} missing");
     }
     env.wait_drained(1, Duration::from_secs(120)).await;
-    let after = common::scrape_metrics(port).await;
+    // The counters move just after a batch's finish acknowledged it.
+    let counted = std::time::Instant::now();
+    let mut after = common::scrape_metrics(port).await;
+    while metric(&after, "seckill_orders_persisted_total") != Some(20_000.0)
+        && counted.elapsed() < Duration::from_secs(10)
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        after = common::scrape_metrics(port).await;
+    }
     assert_eq!(
         metric(&after, "seckill_orders_persisted_total"),
         Some(20_000.0)

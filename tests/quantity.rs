@@ -35,6 +35,7 @@ async fn admit(env: &TestEnv, voucher: u64, user: u64, order: u64, quantity: u64
             ],
         );
     let _: () = pipe.query_async(&mut redis).await.unwrap();
+    env.move_digest(voucher, "buyers_digest", &[user], 1).await;
 }
 
 fn drain(env: &TestEnv) {

@@ -359,7 +359,8 @@ async fn a_replayed_requeue_reports_what_it_did_and_takes_nothing_twice() {
     let held = admit_and_dead_letter(&env, 4, 9_000_004, "voucher 1 is not in MySQL").await;
     // Freed by reconcile since: a unit is taken again.
     let freed = admit_and_dead_letter(&env, 5, 9_000_005, "no stock in MySQL").await;
-    let _: () = redis.srem(keys.buyers(), 5).await.unwrap();
+    let changed: i64 = redis.srem(keys.buyers(), 5).await.unwrap();
+    env.move_digest(V, "buyers_digest", &[5], -changed).await;
     let _: () = redis.incr(keys.stock(), 1).await.unwrap();
     let stock_before: i64 = redis.get(keys.stock()).await.unwrap();
     let entries_before: u64 = redis.xlen(keys.orders()).await.unwrap();

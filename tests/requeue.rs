@@ -66,7 +66,8 @@ async fn every_kind_of_dead_letter_is_requeued_or_kept_without_breaking_the_gate
     // Reconcile freed its user and gave the unit back since: requeueing
     // must take a unit at the gate again.
     let freed = admit_and_dead_letter(&env, 5, 9_000_005, "no stock in MySQL").await;
-    let _: () = redis.srem(keys.buyers(), 5).await.unwrap();
+    let changed: i64 = redis.srem(keys.buyers(), 5).await.unwrap();
+    env.move_digest(V, "buyers_digest", &[5], -changed).await;
     let _: () = redis.incr(keys.stock(), 1).await.unwrap();
     // Its order id is another order's: requeued under a fresh one.
     let collided = admit_and_dead_letter(
@@ -77,7 +78,8 @@ async fn every_kind_of_dead_letter_is_requeued_or_kept_without_breaking_the_gate
     )
     .await;
     // A second admission of a user who holds an order: kept.
-    let _: () = redis.srem(keys.buyers(), 1).await.unwrap();
+    let changed: i64 = redis.srem(keys.buyers(), 1).await.unwrap();
+    env.move_digest(V, "buyers_digest", &[1], -changed).await;
     let second = admit_and_dead_letter(&env, 1, 9_000_011, "user 1 already holds an order").await;
     // The gate was one unit ahead of MySQL (Redis lost a write): the unit
     // its admission took was never backed, so requeueing must take one at
@@ -155,7 +157,8 @@ async fn every_kind_of_dead_letter_is_requeued_or_kept_without_breaking_the_gate
 
     // The second admission's gate unit is not an order's: give it back as
     // reconcile would, so that the gate agrees with MySQL again.
-    let _: () = redis.sadd(keys.buyers(), 1).await.unwrap();
+    let changed: i64 = redis.sadd(keys.buyers(), 1).await.unwrap();
+    env.move_digest(V, "buyers_digest", &[1], changed).await;
     let _: () = redis.incr(keys.stock(), 1).await.unwrap();
     env.spawn_worker(&fast_worker(&["--until-idle"]))
         .expect_success(Duration::from_secs(60));
@@ -177,7 +180,8 @@ async fn a_dead_letter_whose_unit_went_elsewhere_is_not_requeued_when_none_is_le
     let mut redis = env.redis().await;
     let freed = admit_and_dead_letter(&env, 8, 9_000_008, "no stock in MySQL").await;
     // Reconcile gave its unit back; another user bought it.
-    let _: () = redis.srem(keys.buyers(), 8).await.unwrap();
+    let changed: i64 = redis.srem(keys.buyers(), 8).await.unwrap();
+    env.move_digest(V, "buyers_digest", &[8], -changed).await;
     let _: () = redis.incr(keys.stock(), 1).await.unwrap();
     assert_eq!(
         admit(&mut redis, &keys, V, 9, 9_000_009, None)

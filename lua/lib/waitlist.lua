@@ -1,6 +1,6 @@
 -- lib/waitlist.lua — order entries and serving the waitlist, prepended by the
 -- binary to lua/release.lua, lua/reconcile.lua and lua/requeue.lua (to run
--- one of them by hand, prepend this file too).
+-- one of them by hand, prepend this file too, after lua/lib/digest.lua).
 
 -- Appends an order entry to `stream`; the `quantity` field only above one
 -- unit, so entries of one unit stay as every release wrote them.
@@ -38,6 +38,7 @@ local function serve_waitlist(k, voucher, pool, fresh, released_of, now_ms)
       redis.call('ZREM', k.waitlist, head)
       if k.wants then redis.call('HDEL', k.wants, head) end
       redis.call('SADD', k.buyers, head)
+      digest_move(k.meta, 'buyers_digest', {head}, 1)
       append_order(k.orders, head, order, voucher, 'promote', wants)
       redis.call('XADD', k.events, '*', 'type', 'promoted', 'user', head, 'order', order,
         'voucher', voucher, 'released_order', released_of(used),

@@ -5,12 +5,14 @@
 use redis::AsyncCommands;
 
 use crate::error::Result;
+use crate::gate::timeouts::{self, Existing};
 use crate::gate::witness::Witness;
 use crate::orders::voucher::VersionedPolicy;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::RedisConn;
 use crate::store::registry;
 use crate::store::scripts::PRELOAD;
+use crate::support::set_digest::SetDigest;
 
 /// Sets are staged in chunks of this many members per SADD / ZADD.
 const STAGING_CHUNK: usize = 1_000;
@@ -97,18 +99,24 @@ pub async fn publish_gate<C: RedisConn>(
         .arg(crate::gate::policy::waitlist_limit_arg(
             &image.policy.policy,
         ))
+        .arg(SetDigest::of(distinct_ids(image.buyers)).0)
+        .arg(SetDigest::of(distinct_ids(image.released)).0)
         .invoke_async(conn)
         .await?;
     if published != 1 {
         return Ok(false);
     }
-    for chunk in image.deadlines.chunks(STAGING_CHUNK) {
-        let _: () = conn.zadd_multiple(keys.timeouts(), chunk).await?;
-    }
+    let deadlines: Vec<(u64, i64)> = image.deadlines.iter().map(|(at, o)| (*o, *at)).collect();
+    timeouts::schedule(conn, keys, &deadlines, Existing::Moves).await?;
     Ok(true)
 }
 
 /// How many members `ids` make as a set.
 fn distinct(ids: &[u64]) -> usize {
-    ids.iter().collect::<std::collections::HashSet<_>>().len()
+    distinct_ids(ids).len()
+}
+
+/// The members `ids` make as a set.
+fn distinct_ids(ids: &[u64]) -> std::collections::HashSet<u64> {
+    ids.iter().copied().collect()
 }

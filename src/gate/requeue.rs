@@ -164,7 +164,8 @@ async fn apply(
             .key(keys.buyers())
             .key(keys.waitlist())
             .key(keys.requeued())
-            .key(keys.waitlist_quantity());
+            .key(keys.waitlist_quantity())
+            .key(keys.meta());
         for (id, order, _, unbacked) in chunk {
             inv.arg(id).arg(*order).arg(u8::from(*unbacked));
         }

@@ -37,24 +37,64 @@ pub async fn read(conn: &mut impl RedisConn, keys: &VoucherKeys) -> Result<Witne
         .ok_or_else(|| Error::Redis("an empty reply to the witness read".into()))
 }
 
+/// The gate's set digests as its meta holds them (`lua/lib/digest.lua`;
+/// None where absent): reconcile compares them with MySQL's.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GateDigests {
+    pub buyers: Option<String>,
+    pub released: Option<String>,
+    pub timeouts: Option<String>,
+}
+
+/// The meta fields of [`GateDigests`], in its order.
+pub const DIGEST_FIELDS: [&str; 3] = ["buyers_digest", "released_digest", "timeouts_digest"];
+
+impl GateDigests {
+    pub fn fields(&self) -> [&Option<String>; 3] {
+        [&self.buyers, &self.released, &self.timeouts]
+    }
+}
+
 /// The witnesses of many vouchers, each read in one MULTI (a consistent
 /// moment per voucher; on a single node one MULTI holds many of them).
 pub async fn read_many(conn: &mut impl RedisConn, keys: &[VoucherKeys]) -> Result<Vec<Witness>> {
+    Ok(read_many_with_digests(conn, keys)
+        .await?
+        .into_iter()
+        .map(|(w, _)| w)
+        .collect())
+}
+
+/// The witnesses and the set digests, each voucher's in one MULTI.
+pub async fn read_many_with_digests(
+    conn: &mut impl RedisConn,
+    keys: &[VoucherKeys],
+) -> Result<Vec<(Witness, GateDigests)>> {
     let replies = pipeline_per_item(conn, keys, true, false, |pipe, k| {
         pipe.xrevrange_count(k.orders(), "+", "-", 1)
             .get(k.stock())
             .scard(k.buyers())
-            .scard(k.released());
+            .scard(k.released())
+            .cmd("HMGET")
+            .arg(k.meta())
+            .arg(&DIGEST_FIELDS[..]);
         Ok(())
     })
     .await?;
     replies
         .into_iter()
         .map(|c| {
-            let (last, stock, buyers, released): (StreamRangeReply, Option<String>, u64, u64) =
+            type Row = (
+                StreamRangeReply,
+                Option<String>,
+                u64,
+                u64,
+                (Option<String>, Option<String>, Option<String>),
+            );
+            let (last, stock, buyers, released, (b, r, t)): Row =
                 FromRedisValue::from_redis_value(Value::Array(c))
                     .map_err(|e| Error::Redis(format!("witness: {e}")))?;
-            Ok(Witness {
+            let witness = Witness {
                 last_entry_id: last
                     .ids
                     .into_iter()
@@ -64,7 +104,13 @@ pub async fn read_many(conn: &mut impl RedisConn, keys: &[VoucherKeys]) -> Resul
                 stock: stock.unwrap_or_default(),
                 buyers,
                 released,
-            })
+            };
+            let digests = GateDigests {
+                buyers: b,
+                released: r,
+                timeouts: t,
+            };
+            Ok((witness, digests))
         })
         .collect()
 }

@@ -9,6 +9,7 @@ use mysql_async::{Conn, TxOpts};
 use redis::Value;
 
 use crate::error::{Error, Result};
+use crate::gate::timeouts::Existing;
 use crate::orders::counters::ADD_CANCELLED;
 use crate::orders::order::OrderStatus;
 use crate::orders::voucher::RowRead;
@@ -260,8 +261,8 @@ pub async fn overdue_in_mysql(
 }
 
 /// Gives each of `orders` that has no deadline in Redis one due at `at_ms`
-/// (ZADD NX: a scheduled or claimed deadline is left as it is). Returns how
-/// many had none.
+/// (a scheduled or claimed deadline is left as it is). Returns how many had
+/// none.
 pub async fn schedule_missing(
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
@@ -271,13 +272,8 @@ pub async fn schedule_missing(
     if orders.is_empty() {
         return Ok(0);
     }
-    let mut cmd = redis::cmd("ZADD");
-    cmd.arg(keys.timeouts()).arg("NX");
-    for order in orders {
-        cmd.arg(at_ms).arg(*order);
-    }
-    let added: usize = cmd.query_async(conn).await?;
-    Ok(added)
+    let pairs: Vec<(u64, i64)> = orders.iter().map(|o| (*o, at_ms)).collect();
+    crate::gate::timeouts::schedule(conn, keys, &pairs, Existing::Stays).await
 }
 
 /// The payment timeout of a voucher, from MySQL.

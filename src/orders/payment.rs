@@ -3,7 +3,6 @@
 //! changes the row.
 
 use mysql_async::prelude::*;
-use redis::AsyncCommands;
 
 use crate::error::Result;
 use crate::orders::counters::ADD_PAID;
@@ -117,6 +116,6 @@ pub async fn forget_deadline(
     order: u64,
 ) -> Result<()> {
     let keys = VoucherKeys::new(prefix, voucher)?;
-    let _: () = conn.zrem(keys.timeouts(), order).await?;
+    crate::gate::timeouts::drop_deadlines(conn, &keys, &[order]).await?;
     Ok(())
 }

@@ -14,6 +14,7 @@ mod classify;
 mod repair;
 mod report;
 mod snapshot;
+mod voucher_rows;
 
 use crate::error::{Error, Result};
 use crate::gate::pause::Reopened;
@@ -23,7 +24,7 @@ use crate::store::keys::VoucherKeys;
 use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn::RedisConn;
 pub use classify::{classify, Drift, DriftClass};
-use repair::{repair, RepairResult};
+use repair::{repair, sync_digests, RepairResult};
 use report::{busy_report, report_of};
 pub use report::{Outcome, VoucherReport};
 pub use snapshot::{candidates, read_many, read_voucher, Read, Snapshot};
@@ -146,7 +147,7 @@ impl<'a, C: RedisConn> Run<'a, C> {
 pub fn to_repair(reports: &[VoucherReport]) -> Vec<u64> {
     reports
         .iter()
-        .filter(|r| r.outcome != Outcome::Consistent || r.gate_paused)
+        .filter(|r| r.outcome != Outcome::Consistent || r.gate_paused || r.gate_digests_behind)
         .map(|r| r.voucher)
         .collect()
 }
@@ -214,6 +215,11 @@ pub async fn reconcile_voucher(
         };
         let (drifts, expected) = classify(&s);
         let mut report = report_of(&s, drifts, expected);
+        let behind = s.digests_behind();
+        report.gate_digests_behind = !behind.is_empty();
+        if !opts.dry_run && !behind.is_empty() {
+            report.gate_digests_behind = !sync_digests(conn, &keys, &behind).await?;
+        }
         if report.drifts.is_empty() {
             if !repaired_before.is_empty() {
                 report.drifts = repaired_before;

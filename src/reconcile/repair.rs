@@ -16,7 +16,7 @@ use crate::store::keys::VoucherKeys;
 use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn::RedisConn;
 use crate::store::registry;
-use crate::store::scripts::RECONCILE;
+use crate::store::scripts::{DIGEST_SYNC, RECONCILE};
 
 pub(super) enum RepairResult {
     Applied {
@@ -183,6 +183,24 @@ pub(super) async fn repair(
         deadline::release(conn, keys, voucher, &with_units, limit, &[], ids, under).await?;
     }
     Ok(RepairResult::Applied { unrepaired: false })
+}
+
+/// Sets the gate's digests that left their sets behind to the sets' (the
+/// triples of [`Snapshot::digests_behind`]), each only if it still holds the
+/// value read (`lua/digest_sync.lua`). Before any other repair of the gate:
+/// those move the digests from there. Returns whether all were set.
+pub(super) async fn sync_digests(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    behind: &[(&'static str, String, String)],
+) -> Result<bool> {
+    let mut inv = DIGEST_SYNC.prepare_invoke();
+    inv.key(keys.meta());
+    for (field, seen, digest) in behind {
+        inv.arg(*field).arg(seen).arg(digest);
+    }
+    let written: usize = inv.invoke_async(conn).await?;
+    Ok(written == behind.len())
 }
 
 /// The gate from MySQL, as preload builds it, but with the units in flight

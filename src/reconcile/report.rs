@@ -43,6 +43,21 @@ pub struct VoucherReport {
     /// The gate was paused (a worker found it had lost writes) and this run,
     /// having found or made it consistent, reopened it.
     pub reopened: bool,
+    /// How the voucher was read: `quick` (counts and digests, compared
+    /// without reading the sets) or `full` (every order, buyer, release and
+    /// deadline: `--deep`, or a quick look that could not tell).
+    pub read: ReadKind,
+    /// A set digest at the gate is not its set's (a tool that changed the
+    /// set without it): every look reads the voucher in full until a run
+    /// without `--dry-run` sets it right.
+    pub gate_digests_behind: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReadKind {
+    Quick,
+    Full,
 }
 
 pub(super) fn busy_report(voucher: u64) -> VoucherReport {
@@ -63,6 +78,8 @@ pub(super) fn busy_report(voucher: u64) -> VoucherReport {
         drifts: Vec::new(),
         outcome: Outcome::Busy,
         reopened: false,
+        read: ReadKind::Full,
+        gate_digests_behind: false,
     }
 }
 
@@ -88,5 +105,7 @@ pub(super) fn report_of(s: &Snapshot, drifts: Vec<Drift>, expected: i64) -> Vouc
         },
         drifts,
         reopened: false,
+        read: ReadKind::Full,
+        gate_digests_behind: false,
     }
 }

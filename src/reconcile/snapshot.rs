@@ -6,13 +6,14 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use mysql_async::prelude::*;
 use redis::{FromRedisValue, Value};
 
+use super::voucher_rows;
 use crate::error::{Error, Result};
 use crate::gate::pause::{META_PAUSED, META_PAUSE_TOKEN};
 use crate::gate::policy::{
     self, META_PER_USER_LIMIT, META_REQUIRE_TOKEN, META_USER_RATE, META_WAITLIST_LIMIT,
 };
-use crate::gate::witness::{self, Witness};
-use crate::orders::counters::{Counters, COLUMNS};
+use crate::gate::witness::{self, GateDigests, Witness, DIGEST_FIELDS};
+use crate::orders::counters::Counters;
 use crate::orders::order::OrderStatus;
 use crate::orders::voucher::Policy;
 use crate::store::db::{join_ids, Db};
@@ -20,6 +21,7 @@ use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::{pipeline_per_item, RedisConn};
 use crate::store::registry;
 use crate::stream::backlog::in_flight_orders;
+use crate::support::set_digest::SetDigest;
 
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
@@ -70,9 +72,37 @@ pub struct Snapshot {
     pub in_flight: Vec<(u64, u64)>,
     pub dead_letters: u64,
     pub witness: Witness,
+    /// The gate's set digests as read before the sets, and which of them
+    /// were the same after (no script changed that set meanwhile).
+    pub gate_digests: GateDigests,
+    pub digests_stable: [bool; 3],
 }
 
 impl Snapshot {
+    /// The gate's digests that are not their sets' (a set changed by a
+    /// tool that does not keep its digest, or a gate from a release without
+    /// them), as (meta field, value read, the set's digest), for
+    /// `lua/digest_sync.lua`. Only those stable across the read: the sets
+    /// were read in full and did not move.
+    pub fn digests_behind(&self) -> Vec<(&'static str, String, String)> {
+        let sets = [
+            SetDigest::of(self.buyers.iter().copied()),
+            SetDigest::of(self.released.iter().copied()),
+            SetDigest::of(self.deadlines.iter().copied()),
+        ];
+        DIGEST_FIELDS
+            .into_iter()
+            .zip(self.gate_digests.fields())
+            .zip(sets)
+            .zip(self.digests_stable)
+            .filter(|(_, stable)| *stable)
+            .filter(|(((_, seen), set), _)| SetDigest::parse(seen.as_deref()) != Some(*set))
+            .map(|(((field, seen), set), _)| {
+                (field, seen.clone().unwrap_or_default(), set.0.to_string())
+            })
+            .collect()
+    }
+
     /// The units an order (in MySQL or in flight) holds.
     pub fn units(&self, order: u64) -> u64 {
         self.quantities.get(&order).copied().unwrap_or(1)
@@ -221,7 +251,6 @@ async fn scan_members(conn: &mut impl RedisConn, cmd: &str, key: &str) -> Result
         cursor = next;
     }
 }
-type VoucherRow = (u64, i64, i64, i64, i64, i64, i64, i64, i64, Option<i64>);
 type OrderRow = (u64, u64, u64, i8, i64, i8, u64);
 
 /// Reads many vouchers with a few round trips in all: the witnesses (one
@@ -239,7 +268,8 @@ pub async fn read_many(
         .iter()
         .map(|v| VoucherKeys::new(prefix, *v))
         .collect::<Result<_>>()?;
-    let before = witness::read_many(conn, &keys).await?;
+    let looked = witness::read_many_with_digests(conn, &keys).await?;
+    let (before, digests): (Vec<Witness>, Vec<GateDigests>) = looked.into_iter().unzip();
     // Small sets come whole in the pipeline; a large one is scanned in
     // pieces afterwards, so that no single command holds Redis for long
     // during a sale (the witness check still vouches for the whole read).
@@ -361,21 +391,7 @@ pub async fn read_many(
     let mut tx = mysql
         .start_transaction(crate::store::db::snapshot_tx())
         .await?;
-    let rows: Vec<VoucherRow> = tx
-        .query(format!(
-            "SELECT voucher_id, total_stock, stock,
-                    CAST(ROUND(UNIX_TIMESTAMP(begin_time) * 1000) AS SIGNED),
-                    CAST(ROUND(UNIX_TIMESTAMP(end_time) * 1000) AS SIGNED),
-                    pay_timeout_ms, user_rate, require_token, per_user_limit, waitlist_limit
-               FROM seckill_voucher WHERE voucher_id IN ({list})"
-        ))
-        .await?;
-    type Row = (u64, u64, u64, u64, u64, u64, u64, u64, u64, u64);
-    let counters: Vec<Row> = tx
-        .query(format!(
-            "SELECT voucher_id, {COLUMNS} FROM seckill_voucher WHERE voucher_id IN ({list})"
-        ))
-        .await?;
+    let rows = voucher_rows::read(&mut tx, &list).await?;
     crate::support::fault::pause("between_snapshot_reads").await;
     let orders: Vec<OrderRow> = tx
         .exec(
@@ -393,29 +409,38 @@ pub async fn read_many(
     drop(mysql);
     // The gate must not have moved during the MySQL reads either: then every
     // difference left is either drift or younger than the settle time.
-    let after = witness::read_many(conn, &keys).await?;
+    let looked = witness::read_many_with_digests(conn, &keys).await?;
+    let (after, digests_after): (Vec<Witness>, Vec<GateDigests>) = looked.into_iter().unzip();
+    for ((s, seen), again) in snaps.iter_mut().zip(digests).zip(&digests_after) {
+        s.digests_stable = [
+            seen.buyers == again.buyers,
+            seen.released == again.released,
+            seen.timeouts == again.timeouts,
+        ];
+        s.gate_digests = seen;
+    }
 
     let index: HashMap<u64, usize> = vouchers.iter().enumerate().map(|(i, v)| (*v, i)).collect();
     let mut known = vec![false; vouchers.len()];
-    for (v, total, stock, begin_ms, end_ms, pay_timeout_ms, user_rate, require_token, limit, cap) in
-        rows
-    {
+    for (v, row) in rows {
         if let Some(&i) = index.get(&v) {
             known[i] = true;
             let s = &mut snaps[i];
-            s.policy = Policy::from_columns(user_rate, require_token, limit, cap);
+            s.policy = row.policy;
+            s.counters = row.counters;
             (
                 s.total,
                 s.mysql_stock,
                 s.begin_ms,
                 s.end_ms,
                 s.pay_timeout_ms,
-            ) = (total, stock, begin_ms, end_ms, pay_timeout_ms);
-        }
-    }
-    for (v, a, b, c, d, e, f, g, h, k) in counters {
-        if let Some(&i) = index.get(&v) {
-            snaps[i].counters = Counters::from_row((a, b, c, d, e, f, g, h, k));
+            ) = (
+                row.total,
+                row.stock,
+                row.begin_ms,
+                row.end_ms,
+                row.pay_timeout_ms,
+            );
         }
     }
     for (v, id, user, status, created, recent, quantity) in orders {

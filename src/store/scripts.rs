@@ -20,6 +20,7 @@ const LEASE_LIB: &str = include_str!("../../lua/lib/lease.lua");
 const VALID_ID_LIB: &str = include_str!("../../lua/lib/valid_id.lua");
 const HOLDS_LIB: &str = include_str!("../../lua/lib/holds.lua");
 const WAITLIST_LIB: &str = include_str!("../../lua/lib/waitlist.lua");
+const DIGEST_LIB: &str = include_str!("../../lua/lib/digest.lua");
 
 fn with_lib(lib: &str, body: &str) -> Script {
     with_libs(&[lib], body)
@@ -40,13 +41,25 @@ pub static LOCK_RELEASE: LazyLock<Script> =
     LazyLock::new(|| with_lib(LEASE_LIB, include_str!("../../lua/lock_release.lua")));
 
 /// Layers 2/4: deadlines, dead letters, then XACK, after a batch committed.
-pub static FINISH: LazyLock<Script> =
-    LazyLock::new(|| with_lib(LEASE_LIB, include_str!("../../lua/finish.lua")));
+pub static FINISH: LazyLock<Script> = LazyLock::new(|| {
+    with_libs(
+        &[LEASE_LIB, DIGEST_LIB],
+        include_str!("../../lua/finish.lua"),
+    )
+});
+
+/// Layer 5: add or drop payment deadlines with the timeouts digest.
+pub static TIMEOUTS: LazyLock<Script> =
+    LazyLock::new(|| with_lib(DIGEST_LIB, include_str!("../../lua/timeouts.lua")));
+
+/// Reconciliation: a meta digest set to its set's, if it did not move.
+pub static DIGEST_SYNC: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/digest_sync.lua")));
 
 /// Dead letters back into the order stream (`seckill pending --requeue`).
 pub static REQUEUE: LazyLock<Script> = LazyLock::new(|| {
     with_libs(
-        &[VALID_ID_LIB, WAITLIST_LIB],
+        &[VALID_ID_LIB, DIGEST_LIB, WAITLIST_LIB],
         include_str!("../../lua/requeue.lua"),
     )
 });
@@ -61,7 +74,7 @@ pub static CLAIM_DUE: LazyLock<Script> =
 /// Layer 5: give back cancelled orders' units (to the waitlist or the gate), once.
 pub static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     with_libs(
-        &[HOLDS_LIB, WAITLIST_LIB],
+        &[HOLDS_LIB, DIGEST_LIB, WAITLIST_LIB],
         include_str!("../../lua/release.lua"),
     )
 });
@@ -69,7 +82,7 @@ pub static RELEASE: LazyLock<Script> = LazyLock::new(|| {
 /// Reconciliation: a repair applied only if the voucher did not move.
 pub static RECONCILE: LazyLock<Script> = LazyLock::new(|| {
     with_libs(
-        &[HOLDS_LIB, WAITLIST_LIB],
+        &[HOLDS_LIB, DIGEST_LIB, WAITLIST_LIB],
         include_str!("../../lua/reconcile.lua"),
     )
 });

@@ -253,7 +253,8 @@ pub async fn finish(
     inv.key(keys.orders())
         .key(keys.timeouts())
         .key(keys.dead())
-        .key(keys.locks());
+        .key(keys.locks())
+        .key(keys.meta());
     inv.arg(WORKER_GROUP).arg(c.owner).arg(deadlines.len());
     for (order, deadline) in deadlines {
         inv.arg(*order).arg(*deadline);

@@ -38,6 +38,21 @@ pub struct VoucherState {
     /// MySQL's SHA1(), independently of the code under test).
     pub counters: [u64; 9],
     pub counted: [u64; 9],
+    /// The gate's set digests (meta buyers_digest, released_digest,
+    /// timeouts_digest; absent: 0), and the same computed here from the
+    /// sets' members.
+    pub gate_digests: [u64; 3],
+    pub set_digests: [u64; 3],
+}
+
+/// A set's digest as DESIGN's reconcile compares it: the sum of the members'
+/// first 52 bits of SHA-1 (of the decimal form) mod 2^52, computed here
+/// apart from the code under test.
+pub fn digest_of<'a>(members: impl IntoIterator<Item = &'a String>) -> u64 {
+    members.into_iter().fold(0u64, |d, m| {
+        let hex = sha1_smol::Sha1::from(m.as_bytes()).digest().to_string();
+        (d + u64::from_str_radix(&hex[..13], 16).unwrap()) % (1 << 52)
+    })
 }
 
 pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
@@ -124,6 +139,24 @@ pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
         .await
         .expect("waitlist");
     let released: Vec<u64> = redis.smembers(keys.released()).await.expect("released");
+    let fields: Vec<Option<u64>> = redis::cmd("HMGET")
+        .arg(keys.meta())
+        .arg(&["buyers_digest", "released_digest", "timeouts_digest"])
+        .query_async(&mut redis)
+        .await
+        .expect("digests");
+    let gate_digests = [0, 1, 2].map(|i| fields.get(i).copied().flatten().unwrap_or(0));
+    let raw_buyers: Vec<String> = redis.smembers(keys.buyers()).await.expect("buyers");
+    let raw_released: Vec<String> = redis.smembers(keys.released()).await.expect("released");
+    let raw_timeouts: Vec<String> = redis
+        .zrange(keys.timeouts(), 0, -1)
+        .await
+        .expect("timeouts");
+    let set_digests = [
+        digest_of(&raw_buyers),
+        digest_of(&raw_released),
+        digest_of(&raw_timeouts),
+    ];
     let entries = in_flight(&mut redis, &keys).await;
     for (_, order, quantity) in &entries {
         quantities.entry(*order).or_insert(*quantity);
@@ -141,6 +174,8 @@ pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
         in_flight: entries.iter().map(|(u, o, _)| (*u, *o)).collect(),
         counters: [c0, c1, c2, c3, c4, c5, c6, c7, c8],
         counted,
+        gate_digests,
+        set_digests,
     }
 }
 
@@ -245,6 +280,13 @@ pub async fn assert_invariants(env: &TestEnv, voucher: u64) -> VoucherState {
         "order counters (orders, units: all, paid, cancelled; digests: users, pending, cancelled) {:?} != counted from the rows {:?}",
         s.counters, s.counted
     );
+    // So are the gate's digests (what reconcile's quick look compares).
+    if s.redis_stock.is_some() {
+        assert_eq!(
+            s.gate_digests, s.set_digests,
+            "the gate's digests (buyers, released, timeouts) are not its sets'"
+        );
+    }
     // I3: no negative stock anywhere.
     assert!(s.mysql_stock >= 0, "I3: mysql stock {} < 0", s.mysql_stock);
     if let Some(rs) = s.redis_stock {

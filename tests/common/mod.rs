@@ -338,6 +338,28 @@ impl TestEnv {
     }
 
     /// Adds a live voucher (open for an hour) and preloads it.
+    /// After a test changed a gate set by hand (simulating a write Redis
+    /// lost), the set's digest in meta as it would be with the set: a lost
+    /// write loses the digest's move too. `field` is `buyers_digest`,
+    /// `released_digest` or `timeouts_digest`; `sign` 1 for members added,
+    /// -1 for members removed, 0 when the write changed nothing.
+    pub async fn move_digest(&self, voucher: u64, field: &str, members: &[u64], sign: i64) {
+        if sign == 0 {
+            return;
+        }
+        let keys = seckill::store::keys::VoucherKeys::new(&self.prefix, voucher).expect("keys");
+        let mut redis = self.redis().await;
+        let held: Option<u64> = redis.hget(keys.meta(), field).await.expect("digest");
+        let moved =
+            invariants::digest_of(&members.iter().map(|m| m.to_string()).collect::<Vec<_>>());
+        let m = 1u64 << 52;
+        let now = match sign > 0 {
+            true => (held.unwrap_or(0) + moved) % m,
+            false => (held.unwrap_or(0) + m - moved) % m,
+        };
+        let _: () = redis.hset(keys.meta(), field, now).await.expect("digest");
+    }
+
     /// After a test changed orders by hand (simulating what the product
     /// or a lost write did), the voucher row's counters as the product
     /// would have kept them.
