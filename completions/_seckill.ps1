@@ -656,6 +656,7 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('--mysql-client-key', '--mysql-client-key', [CompletionResultType]::ParameterName, 'The client certificate''s private key (PEM)')
             [CompletionResult]::new('--dry-run', '--dry-run', [CompletionResultType]::ParameterName, 'Report what would be repaired; change nothing')
             [CompletionResult]::new('--fix-mysql', '--fix-mysql', [CompletionResultType]::ParameterName, 'Also repair MySQL when its stock + active orders != total')
+            [CompletionResult]::new('--deep', '--deep', [CompletionResultType]::ParameterName, 'Read every voucher in full (every order, buyer, release and deadline) and count MySQL''s orders again, instead of comparing counts and digests first; finds a counter or digest that drifted from its rows')
             [CompletionResult]::new('-y', '-y', [CompletionResultType]::ParameterName, 'Do not ask for confirmation (for cron and scripts)')
             [CompletionResult]::new('--yes', '--yes', [CompletionResultType]::ParameterName, 'Do not ask for confirmation (for cron and scripts)')
             [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')

@@ -623,6 +623,7 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand --mysql-client-key 'The client certificate''s private key (PEM)'
             cand --dry-run 'Report what would be repaired; change nothing'
             cand --fix-mysql 'Also repair MySQL when its stock + active orders != total'
+            cand --deep 'Read every voucher in full (every order, buyer, release and deadline) and count MySQL''s orders again, instead of comparing counts and digests first; finds a counter or digest that drifted from its rows'
             cand -y 'Do not ask for confirmation (for cron and scripts)'
             cand --yes 'Do not ask for confirmation (for cron and scripts)'
             cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'

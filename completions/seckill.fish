@@ -587,6 +587,7 @@ complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l mysql-clie
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l dry-run -d 'Report what would be repaired; change nothing'
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l fix-mysql -d 'Also repair MySQL when its stock + active orders != total'
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l deep -d 'Read every voucher in full (every order, buyer, release and deadline) and count MySQL\'s orders again, instead of comparing counts and digests first; finds a counter or digest that drifted from its rows'
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -s y -l yes -d 'Do not ask for confirmation (for cron and scripts)'
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -s q -l quiet -d 'Only errors on stderr'

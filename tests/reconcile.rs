@@ -774,3 +774,74 @@ async fn a_counter_that_drifted_from_the_orders_is_found_and_counted_again() {
     assert_invariants(&env, V).await;
     env.cleanup().await;
 }
+
+/// Issue 24: a consistent voucher is compared by counts and digests (the
+/// quick look) without reading its sets; a gate whose digests are missing
+/// (a gate from before them) is read in full until a run without --dry-run
+/// sets them, and then looked at quickly again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consistent_voucher_is_looked_at_by_its_digests_and_missing_ones_are_set() {
+    let env = quiet_sale().await;
+    let (code, report) = reconcile(&env, &["--dry-run"]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(report["vouchers"][0]["read"], "quick", "{report:#}");
+    assert_eq!(report["vouchers"][0]["orders_pending"], 10);
+    let (_, report) = reconcile(&env, &["--dry-run", "--deep"]);
+    assert_eq!(report["vouchers"][0]["read"], "full", "{report:#}");
+    assert_eq!(report["consistent"], true);
+
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let _: () = redis.hdel(keys.meta(), "buyers_digest").await.unwrap();
+    let before = env.snapshot().await;
+    let (code, report) = reconcile(&env, &["--dry-run"]);
+    assert_eq!(code, 0, "consistent all the same: {report:#}");
+    let v = &report["vouchers"][0];
+    assert_eq!(
+        (&v["read"], &v["gate_digests_behind"]),
+        (&"full".into(), &true.into())
+    );
+    assert_eq!(env.snapshot().await, before, "--dry-run changed something");
+    let (code, report) = reconcile(&env, &["--yes"]);
+    assert_eq!(code, 0, "setting a digest is no repair: {report:#}");
+    assert_eq!(report["vouchers"][0]["gate_digests_behind"], false);
+    let (_, report) = reconcile(&env, &["--dry-run"]);
+    assert_eq!(report["vouchers"][0]["read"], "quick", "{report:#}");
+    assert_invariants(&env, V).await;
+    env.cleanup().await;
+}
+
+/// What the quick look cannot see: a set changed by hand without its
+/// digest, as many members in as out. `--deep` reads every member, finds
+/// the drift, repairs it and sets the digest, after which the quick look is
+/// exact again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_edited_without_its_digest_is_found_by_a_deep_read() {
+    let env = quiet_sale().await;
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let _: () = redis.srem(keys.buyers(), 2).await.unwrap();
+    let _: () = redis.sadd(keys.buyers(), 99).await.unwrap();
+    let (code, report) = reconcile(&env, &["--dry-run"]);
+    assert_eq!(
+        (code, &report["vouchers"][0]["read"]),
+        (0, &"quick".into()),
+        "the blind spot the README states: {report:#}"
+    );
+    let (code, report) = reconcile(&env, &["--dry-run", "--deep"]);
+    assert_eq!(code, 3, "{report:#}");
+    assert_eq!(
+        drifts(&report),
+        [
+            ("buyers_missing".to_string(), 1),
+            ("buyers_without_order".to_string(), 1)
+        ]
+    );
+    assert_eq!(report["vouchers"][0]["gate_digests_behind"], true);
+    let (code, report) = reconcile(&env, &["--yes", "--deep"]);
+    assert_eq!(code, 4, "{report:#}");
+    let (code, report) = reconcile(&env, &["--dry-run"]);
+    assert_eq!((code, &report["vouchers"][0]["read"]), (0, &"quick".into()));
+    assert_invariants(&env, V).await;
+    env.cleanup().await;
+}

@@ -489,6 +489,7 @@ async fn a_replayed_reconcile_repair_is_applied_once() {
     // stock and the buyers count, so its witness no longer matches.
     let _: () = redis.decr(keys.stock(), 2).await.unwrap();
     let _: () = redis.srem(keys.buyers(), 1).await.unwrap();
+    env.move_digest(V, "buyers_digest", &[1], -1).await;
     let monitor = Monitor::start(&own);
     let (code, report) = env.reconcile_json(&["--voucher", "1", "--yes"]);
     assert_eq!(
@@ -511,6 +512,8 @@ async fn a_replayed_reconcile_repair_is_applied_once() {
     // and the replay runs; it must find its work done.
     let _: () = redis.srem(keys.buyers(), 2).await.unwrap();
     let _: () = redis.sadd(keys.buyers(), 99).await.unwrap();
+    env.move_digest(V, "buyers_digest", &[2], -1).await;
+    env.move_digest(V, "buyers_digest", &[99], 1).await;
     let monitor = Monitor::start(&own);
     let (code, report) = env.reconcile_json(&["--voucher", "1", "--yes"]);
     assert_eq!(

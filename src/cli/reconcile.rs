@@ -25,6 +25,11 @@ pub struct ReconcileArgs {
     /// Also repair MySQL when its stock + active orders != total
     #[arg(long)]
     pub fix_mysql: bool,
+    /// Read every voucher in full (every order, buyer, release and deadline)
+    /// and count MySQL's orders again, instead of comparing counts and
+    /// digests first; finds a counter or digest that drifted from its rows
+    #[arg(long)]
+    pub deep: bool,
     /// How often to re-read a voucher that keeps moving before calling it busy
     #[arg(long, default_value_t = 5)]
     pub attempts: usize,
@@ -71,6 +76,7 @@ async fn reconcile_with(cfg: &Config, args: &ReconcileArgs, db: &Db) -> anyhow::
         fix_mysql: args.fix_mysql,
         attempts: args.attempts.max(1),
         settle_ms: args.settle.as_millis() as i64,
+        deep: args.deep,
     };
     let mut run = reconcile::Run::new(db, &mut redis, &cfg.prefix, !args.vouchers.is_empty());
     let plan = pass_with_progress(&mut run, &vouchers, &look).await?;

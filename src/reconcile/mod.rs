@@ -11,10 +11,13 @@
 //! cancelled units not yet given back.
 
 mod classify;
+mod quick;
 mod repair;
 mod report;
 mod snapshot;
 mod voucher_rows;
+
+use std::collections::HashMap;
 
 use crate::error::{Error, Result};
 use crate::gate::pause::Reopened;
@@ -24,6 +27,7 @@ use crate::store::keys::VoucherKeys;
 use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn::RedisConn;
 pub use classify::{classify, Drift, DriftClass};
+use quick::Quick;
 use repair::{repair, sync_digests, RepairResult};
 use report::{busy_report, report_of};
 pub use report::{Outcome, VoucherReport};
@@ -39,7 +43,16 @@ pub struct Options {
     /// Cancellations and new orders younger than this are still being
     /// handled by a worker (release, deadline), not drift.
     pub settle_ms: i64,
+    /// Read every voucher in full (every order, buyer, release, deadline)
+    /// and check MySQL's counters against the rows, instead of comparing
+    /// counts and digests first.
+    pub deep: bool,
 }
+
+/// Quick looks at a voucher that is moving or not yet agreed (work between
+/// the stores takes milliseconds), before it is read in full.
+const QUICK_ROUNDS: usize = 3;
+const QUICK_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Vouchers read per chunk: a few round trips per chunk, not per voucher.
 pub const CHUNK: usize = 500;
@@ -78,8 +91,15 @@ impl<'a, C: RedisConn> Run<'a, C> {
     ) -> Result<Vec<VoucherReport>> {
         let mut out = Vec::with_capacity(vouchers.len());
         for chunk in vouchers.chunks(CHUNK) {
-            let reads = read_many(self.db, self.conn, self.prefix, chunk, opts.settle_ms).await?;
-            for (&v, read) in chunk.iter().zip(reads) {
+            let (mut agreed, full) = match opts.deep {
+                true => (HashMap::new(), chunk.to_vec()),
+                false => self.quick_rounds(chunk, opts).await?,
+            };
+            let reads = match full.is_empty() {
+                true => Vec::new(),
+                false => read_many(self.db, self.conn, self.prefix, &full, opts.settle_ms).await?,
+            };
+            for (&v, read) in full.iter().zip(reads) {
                 if matches!(read, Read::Missing) && !self.explicit {
                     tracing::warn!(
                         "voucher {v} is registered at the gate but not in MySQL; skipped"
@@ -96,11 +116,54 @@ impl<'a, C: RedisConn> Run<'a, C> {
                     self.ids,
                 )
                 .await?;
-                out.push(report);
+                agreed.insert(v, report);
             }
+            out.extend(chunk.iter().filter_map(|v| agreed.remove(v)));
             progress(chunk.len());
         }
         Ok(out)
+    }
+
+    /// Quick looks at `chunk`: the reports of the vouchers both stores
+    /// agree on, and the vouchers left to read in full.
+    async fn quick_rounds(
+        &mut self,
+        chunk: &[u64],
+        opts: &Options,
+    ) -> Result<(HashMap<u64, VoucherReport>, Vec<u64>)> {
+        let mut reports = HashMap::new();
+        let mut left = chunk.to_vec();
+        // A full read says what is missing, or skips it.
+        let mut full = Vec::new();
+        for round in 0..QUICK_ROUNDS {
+            if left.is_empty() {
+                break;
+            }
+            if round > 0 {
+                tokio::time::sleep(QUICK_PAUSE).await;
+            }
+            let looks = quick::look_many(self.db, self.conn, self.prefix, &left).await?;
+            let mut again = Vec::new();
+            for (v, look) in left.iter().zip(looks) {
+                match look {
+                    Quick::Agreed(a) => {
+                        let mut report = report::agreed_report(&a);
+                        if !opts.dry_run && a.gate_paused {
+                            let keys = VoucherKeys::new(self.prefix, *v)?;
+                            let orders = a.row.counters.orders_total;
+                            reopen_if_paused(self.conn, &keys, orders, &a.pause_token, &mut report)
+                                .await?;
+                        }
+                        reports.insert(*v, report);
+                    }
+                    Quick::Missing => full.push(*v),
+                    Quick::Unsure | Quick::Moved => again.push(*v),
+                }
+            }
+            left = again;
+        }
+        full.extend(left);
+        Ok((reports, full))
     }
 
     /// The repair pass over what a look found not consistent (`plan`). A
@@ -165,23 +228,34 @@ pub fn needs_order_ids(reports: &[VoucherReport]) -> bool {
 }
 
 /// A gate a worker paused (Redis had lost writes) that is consistent now
-/// opens again, if it has a buyer for every one of `orders` (the snapshot's
-/// count; orders only grow), its pause's grace ran out and no worker holds
-/// it. Sets whether it was reopened and whether it is paused now.
+/// opens again, if it has a buyer for every one of `orders` (the view's
+/// count; orders only grow), its pause's grace ran out, no worker holds it
+/// and no pause came since `pause_token` was read. Sets whether it was
+/// reopened and whether it is paused now.
 async fn reopen_if_paused(
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
-    s: &Snapshot,
+    orders: u64,
+    pause_token: &str,
     report: &mut VoucherReport,
 ) -> Result<()> {
-    let orders = s.order_ids.len() as u64;
-    let done = crate::gate::pause::reopen(conn, keys, orders, Some(&s.pause_token)).await?;
+    let done = crate::gate::pause::reopen(conn, keys, orders, Some(pause_token)).await?;
     report.reopened = done == Reopened::Now;
     report.gate_paused = matches!(
         done,
         Reopened::StaysPaused | Reopened::Held | Reopened::PausedSince
     );
     Ok(())
+}
+
+/// [`reopen_if_paused`] on a full read.
+async fn reopen_on_read(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    s: &Snapshot,
+    report: &mut VoucherReport,
+) -> Result<()> {
+    reopen_if_paused(conn, keys, s.order_ids.len() as u64, &s.pause_token, report).await
 }
 
 /// Checks one voucher and, unless dry-run, repairs what it found.
@@ -226,7 +300,7 @@ pub async fn reconcile_voucher(
                 report.outcome = Outcome::Repaired;
             }
             if !opts.dry_run {
-                reopen_if_paused(conn, &keys, &s, &mut report).await?;
+                reopen_on_read(conn, &keys, &s, &mut report).await?;
             }
             return Ok(report);
         }
@@ -239,7 +313,7 @@ pub async fn reconcile_voucher(
                 report.outcome = if unrepaired {
                     Outcome::NotRepaired
                 } else {
-                    reopen_if_paused(conn, &keys, &s, &mut report).await?;
+                    reopen_on_read(conn, &keys, &s, &mut report).await?;
                     Outcome::Repaired
                 };
                 report.drifts.splice(0..0, repaired_before);

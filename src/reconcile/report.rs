@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use super::classify::Drift;
+use super::quick::Agreed;
 use super::snapshot::Snapshot;
 
 /// What reconcile did (or would do) about a voucher.
@@ -79,6 +80,31 @@ pub(super) fn busy_report(voucher: u64) -> VoucherReport {
         outcome: Outcome::Busy,
         reopened: false,
         read: ReadKind::Full,
+        gate_digests_behind: false,
+    }
+}
+
+/// A voucher the quick look found consistent.
+pub(super) fn agreed_report(a: &Agreed) -> VoucherReport {
+    let c = &a.row.counters;
+    VoucherReport {
+        voucher: a.voucher,
+        mysql_total: a.row.total,
+        mysql_stock: a.row.stock,
+        orders_pending: c.orders_pending(),
+        orders_paid: c.orders_paid,
+        orders_cancelled: c.orders_cancelled,
+        gate_loaded: true,
+        gate_paused: a.gate_paused,
+        gate_stock: Some(a.gate_stock),
+        expected_gate_stock: a.expected_gate_stock,
+        buyers: a.buyers,
+        in_flight: a.in_flight,
+        dead_letters: a.dead_letters,
+        drifts: Vec::new(),
+        outcome: Outcome::Consistent,
+        reopened: false,
+        read: ReadKind::Quick,
         gate_digests_behind: false,
     }
 }

@@ -264,10 +264,7 @@ pub async fn read_many(
     vouchers: &[u64],
     settle_ms: i64,
 ) -> Result<Vec<Read>> {
-    let keys: Vec<VoucherKeys> = vouchers
-        .iter()
-        .map(|v| VoucherKeys::new(prefix, *v))
-        .collect::<Result<_>>()?;
+    let keys = VoucherKeys::of_all(prefix, vouchers)?;
     let looked = witness::read_many_with_digests(conn, &keys).await?;
     let (before, digests): (Vec<Witness>, Vec<GateDigests>) = looked.into_iter().unzip();
     // Small sets come whole in the pipeline; a large one is scanned in
@@ -392,7 +389,6 @@ pub async fn read_many(
         .start_transaction(crate::store::db::snapshot_tx())
         .await?;
     let rows = voucher_rows::read(&mut tx, &list).await?;
-    crate::support::fault::pause("between_snapshot_reads").await;
     let orders: Vec<OrderRow> = tx
         .exec(
             format!(

@@ -61,5 +61,7 @@ pub async fn read(tx: &mut impl Queryable, list: &str) -> Result<HashMap<u64, Vo
             row.counters = Counters::from_row((a, b, c, d, e, f, g, h, k));
         }
     }
+    // Where a test stops between the rows and the rest of the snapshot.
+    crate::support::fault::pause("between_snapshot_reads").await;
     Ok(out)
 }

@@ -13,6 +13,11 @@ pub struct VoucherKeys {
 }
 
 impl VoucherKeys {
+    /// The keys of each of `vouchers`.
+    pub fn of_all(prefix: &str, vouchers: &[u64]) -> Result<Vec<Self>> {
+        vouchers.iter().map(|v| Self::new(prefix, *v)).collect()
+    }
+
     pub fn new(prefix: &str, voucher: u64) -> Result<Self> {
         validate_prefix(prefix)?;
         Ok(VoucherKeys {

@@ -290,10 +290,7 @@ impl Canceller {
     /// (the pass reports it).
     pub async fn until_next_due(&mut self) -> Result<Duration> {
         let vouchers = self.vouchers().await?;
-        let keys: Vec<VoucherKeys> = vouchers
-            .iter()
-            .map(|v| VoucherKeys::new(&self.cfg.prefix, *v))
-            .collect::<Result<_>>()?;
+        let keys = VoucherKeys::of_all(&self.cfg.prefix, &vouchers)?;
         // TIME goes with each voucher's read: on a cluster, the clock that
         // counts for a voucher is that of the node holding its deadlines.
         let replies = pipeline_per_item(&mut self.conn, &keys, false, true, |pipe, k| {

@@ -167,10 +167,7 @@ impl GateGuard {
         self.state.known = Some(known);
         // MySQL first: see the module comment.
         let orders = counters::orders_per_voucher(&self.db, &vouchers).await?;
-        let keys: Vec<VoucherKeys> = vouchers
-            .iter()
-            .map(|v| VoucherKeys::new(&self.cfg.prefix, *v))
-            .collect::<Result<_>>()?;
+        let keys = VoucherKeys::of_all(&self.cfg.prefix, &vouchers)?;
         let rows = pipeline_per_item(&mut self.conn, &keys, false, true, |pipe, k| {
             pipe.exists(k.meta())
                 .scard(k.buyers())
@@ -318,6 +315,8 @@ impl GateGuard {
             fix_mysql: false,
             attempts: 5,
             settle_ms: SETTLE_MS,
+            // It rebuilds from what it reads: every member, not digests.
+            deep: true,
         };
         let report = match reconcile::reconcile_voucher(
             &self.db,
