@@ -9,7 +9,7 @@
 #               read from its metrics (all of the worker's MySQL work is
 #               counted: an upper bound for its guard), less MariaDB's idle
 #               CPU over the same time.
-# The orders are bulk-loaded (scripts/lib/big_voucher.py), growing from one
+# The orders are bulk-loaded (scripts/lib/bench_data.py), growing from one
 # size to the next, into a database and key prefix of their own.
 #
 #   scripts/bench-guard.sh [orders ...]     (default: 10000 1000000 10000000)
@@ -58,8 +58,8 @@ passes() {
 printf '%-12s %14s %14s %14s %10s %12s\n' orders "count ms/pass" "counters ms/q" "worker ms/pass" passes "count/worker"
 loaded=0
 for n in "${sizes[@]}"; do
-  python3 scripts/lib/big_voucher.py sql 1 "$loaded" "$n" | sql
-  python3 scripts/lib/big_voucher.py redis 1 "$loaded" "$n" benchguard |
+  python3 scripts/lib/bench_data.py big-sql 1 "$loaded" "$n" | sql
+  python3 scripts/lib/bench_data.py big-redis 1 "$loaded" "$n" benchguard |
     redis-cli -p "$redis_port" --pipe >/dev/null
   loaded=$n
   client seckill_bench_guard -e "ANALYZE TABLE seckill_order" >/dev/null

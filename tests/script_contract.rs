@@ -136,3 +136,59 @@ async fn bad_arguments_are_error_replies_and_write_nothing() {
     assert_eq!(env.snapshot().await, before);
     env.cleanup().await;
 }
+
+/// The gate's digests move only by what a write did: a deadline scheduled
+/// twice in one call (a batch that carried one order twice), or again by a
+/// resent call, counts once; dropping it twice takes it out once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_given_twice_is_counted_once_in_its_digest() {
+    use seckill::gate::timeouts::{self, Existing};
+    let env = TestEnv::new().await;
+    env.live_voucher(1, 5).await;
+    let keys = VoucherKeys::new(&env.prefix, 1).unwrap();
+    let mut redis = env.redis().await;
+    let digest = |redis: &mut seckill::store::redis_conn::Redis| {
+        let meta = keys.meta();
+        let mut redis = redis.clone();
+        async move {
+            let d: Option<u64> = redis.hget(meta, "timeouts_digest").await.unwrap();
+            d.unwrap_or(0)
+        }
+    };
+    let added = timeouts::schedule(
+        &mut redis,
+        &keys,
+        &[(7, 100), (7, 100), (8, 100)],
+        Existing::Moves,
+    )
+    .await
+    .unwrap();
+    assert_eq!(added, 2);
+    let once = digest(&mut redis).await;
+    let members: Vec<String> = vec!["7".into(), "8".into()];
+    assert_eq!(once, common::invariants::digest_of(&members));
+    timeouts::schedule(&mut redis, &keys, &[(7, 200)], Existing::Stays)
+        .await
+        .unwrap();
+    assert_eq!(digest(&mut redis).await, once, "a resent schedule");
+    let score: Option<f64> = redis.zscore(keys.timeouts(), 7).await.unwrap();
+    assert_eq!(score, Some(100.0), "left as it was");
+    assert_eq!(
+        timeouts::drop_deadlines(&mut redis, &keys, &[7, 7])
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        timeouts::drop_deadlines(&mut redis, &keys, &[7])
+            .await
+            .unwrap(),
+        0
+    );
+    let left: Vec<String> = vec!["8".into()];
+    assert_eq!(
+        digest(&mut redis).await,
+        common::invariants::digest_of(&left)
+    );
+    env.cleanup().await;
+}

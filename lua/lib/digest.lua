@@ -34,14 +34,16 @@ end
 -- With `nx`, members already there keep their score. Returns how many were
 -- new.
 local function zadd_counted(key, meta, field, pairs, nx)
-  local added = {}
+  -- A member given twice (a batch may carry one order twice) is new once.
+  local added, seen = {}, {}
   for j = 1, #pairs, 2000 do
     local members = {}
     for p = j, math.min(j + 1999, #pairs) do members[#members + 1] = pairs[p][1] end
     local scores = redis.call('ZMSCORE', key, unpack(members))
     local scored = {}
     for m = 1, #members do
-      local new = not scores[m]
+      local new = not scores[m] and not seen[members[m]]
+      seen[members[m]] = true
       if new then added[#added + 1] = members[m] end
       if new or not nx then
         scored[#scored + 1] = pairs[j + m - 1][2]

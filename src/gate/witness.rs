@@ -44,6 +44,9 @@ pub struct GateDigests {
     pub buyers: Option<String>,
     pub released: Option<String>,
     pub timeouts: Option<String>,
+    /// How many deadlines the timeouts set holds (the witness counts the
+    /// other two sets).
+    pub timeouts_len: u64,
 }
 
 /// The meta fields of [`GateDigests`], in its order.
@@ -77,7 +80,8 @@ pub async fn read_many_with_digests(
             .scard(k.released())
             .cmd("HMGET")
             .arg(k.meta())
-            .arg(&DIGEST_FIELDS[..]);
+            .arg(&DIGEST_FIELDS[..])
+            .zcard(k.timeouts());
         Ok(())
     })
     .await?;
@@ -90,8 +94,9 @@ pub async fn read_many_with_digests(
                 u64,
                 u64,
                 (Option<String>, Option<String>, Option<String>),
+                u64,
             );
-            let (last, stock, buyers, released, (b, r, t)): Row =
+            let (last, stock, buyers, released, (b, r, t), timeouts_len): Row =
                 FromRedisValue::from_redis_value(Value::Array(c))
                     .map_err(|e| Error::Redis(format!("witness: {e}")))?;
             let witness = Witness {
@@ -109,6 +114,7 @@ pub async fn read_many_with_digests(
                 buyers: b,
                 released: r,
                 timeouts: t,
+                timeouts_len,
             };
             Ok((witness, digests))
         })

@@ -79,12 +79,13 @@ impl Counters {
                 self.orders_paid += 1;
                 self.units_paid += quantity;
             }
-            Some(OrderStatus::Cancelled) => {
+            // A status this tool never writes counts as cancelled, as the
+            // full read classifies it.
+            Some(OrderStatus::Cancelled) | None => {
                 self.orders_cancelled += 1;
                 self.units_cancelled += quantity;
                 self.cancelled_digest.add(id);
             }
-            None => {}
         }
     }
 
@@ -120,17 +121,18 @@ pub const COLUMNS: &str = "orders_total, units_total, orders_paid, units_paid, o
      units_cancelled, users_digest, pending_digest, cancelled_digest";
 
 /// The aggregates over `seckill_order` rows that make the counters, in
-/// [`COLUMNS`]' order and named n, u, np, up, nc, uc, du, dp, dc (a status this tool never writes counts in the
-/// totals only, as pending, but in no digest).
+/// [`COLUMNS`]' order and named n, u, np, up, nc, uc, du, dp, dc (a status
+/// this tool never writes counts as cancelled, as the full read has it).
 macro_rules! recount_columns {
     () => {
         concat!(
             "COUNT(*) AS n, COALESCE(SUM(quantity), 0) AS u, ",
             "COALESCE(SUM(status = 1), 0) AS np, COALESCE(SUM(IF(status = 1, quantity, 0)), 0) AS up, ",
-            "COALESCE(SUM(status = -1), 0) AS nc, COALESCE(SUM(IF(status = -1, quantity, 0)), 0) AS uc, ",
+            "COALESCE(SUM(status NOT IN (0, 1)), 0) AS nc, ",
+            "COALESCE(SUM(IF(status NOT IN (0, 1), quantity, 0)), 0) AS uc, ",
             "COALESCE(SUM(", sql_hash!("user_id"), ") % ", sql_modulus!(), ", 0) AS du, ",
             "COALESCE(SUM(IF(status = 0, ", sql_hash!("id"), ", 0)) % ", sql_modulus!(), ", 0) AS dp, ",
-            "COALESCE(SUM(IF(status = -1, ", sql_hash!("id"), ", 0)) % ", sql_modulus!(), ", 0) AS dc"
+            "COALESCE(SUM(IF(status NOT IN (0, 1), ", sql_hash!("id"), ", 0)) % ", sql_modulus!(), ", 0) AS dc"
         )
     };
 }

@@ -408,10 +408,15 @@ pub async fn read_many(
     let looked = witness::read_many_with_digests(conn, &keys).await?;
     let (after, digests_after): (Vec<Witness>, Vec<GateDigests>) = looked.into_iter().unzip();
     for ((s, seen), again) in snaps.iter_mut().zip(digests).zip(&digests_after) {
+        // Stable: the field did not move, and the set read has the size
+        // it had before and after (a member added and taken out again
+        // during the read leaves the field as it was, but may be in it).
         s.digests_stable = [
-            seen.buyers == again.buyers,
-            seen.released == again.released,
-            seen.timeouts == again.timeouts,
+            seen.buyers == again.buyers && s.buyers.len() as u64 == s.witness.buyers,
+            seen.released == again.released && s.released.len() as u64 == s.witness.released,
+            seen.timeouts == again.timeouts
+                && seen.timeouts_len == again.timeouts_len
+                && s.deadlines.len() as u64 == seen.timeouts_len,
         ];
         s.gate_digests = seen;
     }

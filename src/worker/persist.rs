@@ -80,7 +80,13 @@ pub async fn persist(
         match persist_fresh(conn, voucher, msgs).await {
             Ok(Some(p)) => return Ok(p),
             Ok(None) => {}
-            Err(PersistError::Mysql(e)) if mysql_code(&e) == Some(mysql_codes::DUP_ENTRY) => {}
+            // A duplicate, or a deadlock with a payment of a redelivered
+            // order: the careful path classifies the batch again.
+            Err(PersistError::Mysql(e))
+                if matches!(
+                    mysql_code(&e),
+                    Some(mysql_codes::DUP_ENTRY | mysql_codes::LOCK_DEADLOCK)
+                ) => {}
             Err(e) => return Err(e),
         }
     }

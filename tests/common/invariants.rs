@@ -81,7 +81,7 @@ pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
         .exec_first(
             "SELECT COALESCE(SUM(CAST(CONV(LEFT(SHA1(user_id), 13), 16, 10) AS UNSIGNED)) % 4503599627370496, 0),
                     COALESCE(SUM(IF(status = 0, CAST(CONV(LEFT(SHA1(id), 13), 16, 10) AS UNSIGNED), 0)) % 4503599627370496, 0),
-                    COALESCE(SUM(IF(status = -1, CAST(CONV(LEFT(SHA1(id), 13), 16, 10) AS UNSIGNED), 0)) % 4503599627370496, 0)
+                    COALESCE(SUM(IF(status NOT IN (0, 1), CAST(CONV(LEFT(SHA1(id), 13), 16, 10) AS UNSIGNED), 0)) % 4503599627370496, 0)
                FROM seckill_order WHERE voucher_id = ?",
             (voucher,),
         )
@@ -101,10 +101,11 @@ pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
     ];
     for (_, _, status, quantity) in &rows {
         counted[1] += quantity;
+        // A status other than pending or paid counts as cancelled.
         let at = match status {
+            0 => continue,
             1 => 2,
-            -1 => 4,
-            _ => continue,
+            _ => 4,
         };
         counted[at] += 1;
         counted[at + 1] += quantity;
