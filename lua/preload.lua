@@ -86,7 +86,7 @@ end
 if redis.call('HGET', KEYS[1], 'published_run') == run then return 1 end
 if redis.call('SCARD', KEYS[4]) ~= tonumber(ARGV[13])
     or redis.call('SCARD', KEYS[7]) ~= tonumber(ARGV[14]) then
-  redis.call('DEL', KEYS[4], KEYS[7])
+  redis.call('UNLINK', KEYS[4], KEYS[7])
   return 0
 end
 
@@ -97,7 +97,7 @@ local stock = redis.call('GET', KEYS[2]) or ''
 local buyers = tostring(redis.call('SCARD', KEYS[3]))
 local released = tostring(redis.call('SCARD', KEYS[6]))
 if last_id ~= ARGV[6] or stock ~= ARGV[7] or buyers ~= ARGV[8] or released ~= ARGV[9] then
-  redis.call('DEL', KEYS[4], KEYS[7])
+  redis.call('UNLINK', KEYS[4], KEYS[7])
   return 0
 end
 
@@ -145,11 +145,14 @@ else
 end
 for _, pair in ipairs({{KEYS[4], KEYS[3]}, {KEYS[7], KEYS[6]}}) do
   if redis.call('EXISTS', pair[1]) == 1 then
+    -- The set replaced may hold millions: freed in the background
+    -- (RENAME over it would free it here, holding Redis meanwhile).
+    redis.call('UNLINK', pair[2])
     redis.call('RENAME', pair[1], pair[2])
     -- The staging set carried an expiry (in case its publisher died).
     redis.call('PERSIST', pair[2])
   else
-    redis.call('DEL', pair[2])
+    redis.call('UNLINK', pair[2])
   end
 end
 return 1
