@@ -142,7 +142,7 @@ async fn bad_arguments_are_error_replies_and_write_nothing() {
 /// resent call, counts once; dropping it twice takes it out once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deadline_given_twice_is_counted_once_in_its_digest() {
-    use seckill::gate::timeouts::{self, Existing};
+    use seckill::orders::timeouts::{self, Existing};
     let env = TestEnv::new().await;
     env.live_voucher(1, 5).await;
     let keys = VoucherKeys::new(&env.prefix, 1).unwrap();

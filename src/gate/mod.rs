@@ -10,7 +10,6 @@ pub mod policy;
 pub mod preload;
 pub mod requeue;
 pub mod state;
-pub mod timeouts;
 pub mod token;
 pub mod waitlist;
 pub mod witness;

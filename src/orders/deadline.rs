@@ -9,9 +9,9 @@ use mysql_async::{Conn, TxOpts};
 use redis::Value;
 
 use crate::error::{Error, Result};
-use crate::gate::timeouts::Existing;
 use crate::orders::counters::ADD_CANCELLED;
 use crate::orders::order::OrderStatus;
+use crate::orders::timeouts::Existing;
 use crate::orders::voucher::RowRead;
 use crate::store::db::{join_ids, Db};
 use crate::store::keys::VoucherKeys;
@@ -273,7 +273,7 @@ pub async fn schedule_missing(
         return Ok(0);
     }
     let pairs: Vec<(u64, i64)> = orders.iter().map(|o| (*o, at_ms)).collect();
-    crate::gate::timeouts::schedule(conn, keys, &pairs, Existing::Stays).await
+    crate::orders::timeouts::schedule(conn, keys, &pairs, Existing::Stays).await
 }
 
 /// The payment timeout of a voucher, from MySQL.

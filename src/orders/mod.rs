@@ -5,4 +5,5 @@ pub mod counters;
 pub mod deadline;
 pub mod order;
 pub mod payment;
+pub mod timeouts;
 pub mod voucher;

@@ -116,6 +116,6 @@ pub async fn forget_deadline(
     order: u64,
 ) -> Result<()> {
     let keys = VoucherKeys::new(prefix, voucher)?;
-    crate::gate::timeouts::drop_deadlines(conn, &keys, &[order]).await?;
+    crate::orders::timeouts::drop_deadlines(conn, &keys, &[order]).await?;
     Ok(())
 }

@@ -6,8 +6,9 @@ use std::collections::HashMap;
 use mysql_async::prelude::*;
 
 use crate::error::Result;
-use crate::orders::counters::{Counters, COLUMNS};
+use crate::orders::counters::Counters;
 use crate::orders::voucher::Policy;
+use crate::store::counter_sql::COLUMNS;
 
 #[derive(Debug, Clone, Default)]
 pub struct VoucherRow {

@@ -1,8 +1,9 @@
 //! Where the data lives and how to reach it: connection settings, the MySQL
-//! pool and schema, the Redis connection, the key layout, the embedded Lua
+//! pool, schema and the SQL that counts orders, the Redis connection, the key layout, the embedded Lua
 //! scripts and the voucher registry.
 
 pub mod config;
+pub mod counter_sql;
 pub mod db;
 pub mod keys;
 pub mod mysql_tls;

@@ -111,7 +111,7 @@ Migration {
         // The orders already there. Run again after a crash, it counts
         // again. Orders an older binary commits after this are not
         // counted: upgrade every worker, then `seckill reconcile --yes`.
-        crate::orders::counters::RECOUNT_ALL,
+        crate::store::counter_sql::RECOUNT_ALL,
     ],
 }];
 
