@@ -80,7 +80,7 @@ pub async fn look_many(
 ) -> Result<Vec<Quick>> {
     let keys = VoucherKeys::of_all(prefix, vouchers)?;
     let before = witness::read_many_with_digests(conn, &keys).await?;
-    let registered: HashSet<u64> = registry::members(conn, prefix).await?.into_iter().collect();
+    let registered = registry::registered(conn, prefix, vouchers).await?;
     let gates = read_gates(conn, &keys).await?;
 
     let list = join_ids(vouchers.iter().copied());

@@ -270,7 +270,7 @@ pub async fn read_many(
     // Small sets come whole in the pipeline; a large one is scanned in
     // pieces afterwards, so that no single command holds Redis for long
     // during a sale (the witness check still vouches for the whole read).
-    let registered: HashSet<u64> = registry::members(conn, prefix).await?.into_iter().collect();
+    let registered = registry::registered(conn, prefix, vouchers).await?;
     let items: Vec<(&VoucherKeys, &Witness)> = keys.iter().zip(&before).collect();
     let replies = pipeline_per_item(conn, &items, false, false, |pipe, (k, w)| {
         pipe.exists(k.meta());

@@ -2,6 +2,8 @@
 //! workers discover the streams to consume and operators' commands find the
 //! vouchers to report on. Every read and write of it goes through here.
 
+use std::collections::HashSet;
+
 use redis::AsyncCommands;
 
 use crate::error::Result;
@@ -20,6 +22,29 @@ pub async fn members(conn: &mut impl RedisConn, prefix: &str) -> Result<Vec<u64>
     let mut ids: Vec<u64> = conn.smembers(key(prefix)?).await?;
     ids.sort_unstable();
     Ok(ids)
+}
+
+/// Which of `vouchers` are registered: the registry's set of vouchers that
+/// holds them, one command for any number, however large the registry.
+pub async fn registered(
+    conn: &mut impl RedisConn,
+    prefix: &str,
+    vouchers: &[u64],
+) -> Result<HashSet<u64>> {
+    if vouchers.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let found: Vec<bool> = redis::cmd("SMISMEMBER")
+        .arg(key(prefix)?)
+        .arg(vouchers)
+        .query_async(conn)
+        .await?;
+    Ok(vouchers
+        .iter()
+        .zip(found)
+        .filter(|(_, is)| *is)
+        .map(|(v, _)| *v)
+        .collect())
 }
 
 /// Registers the voucher (idempotent): workers start consuming its stream.
