@@ -23,6 +23,7 @@ end
 -- the units promoted.
 local function serve_waitlist(k, voucher, pool, fresh, released_of, now_ms)
   local looked, used, at, promoted = 0, 0, 0, 0
+  local admitted = {}
   while pool > 0 and used < #fresh and looked < 1000 do
     local head = redis.call('ZRANGE', k.waitlist, at, at)[1]
     if not head then break end
@@ -38,7 +39,7 @@ local function serve_waitlist(k, voucher, pool, fresh, released_of, now_ms)
       redis.call('ZREM', k.waitlist, head)
       if k.wants then redis.call('HDEL', k.wants, head) end
       redis.call('SADD', k.buyers, head)
-      digest_move(k.meta, 'buyers_digest', {head}, 1)
+      admitted[#admitted + 1] = head
       append_order(k.orders, head, order, voucher, 'promote', wants)
       redis.call('XADD', k.events, '*', 'type', 'promoted', 'user', head, 'order', order,
         'voucher', voucher, 'released_order', released_of(used),
@@ -51,5 +52,6 @@ local function serve_waitlist(k, voucher, pool, fresh, released_of, now_ms)
       at = at + 1
     end
   end
+  digest_move(k.meta, 'buyers_digest', admitted, 1)
   return pool, promoted
 end

@@ -69,6 +69,9 @@ pub async fn publish_gate<C: RedisConn>(
         .pexpire(&released_staging, STAGING_TTL_MS)
         .query_async(conn)
         .await?;
+    // The staged sets as sets: what the script checks it received, and
+    // the digests it records.
+    let (buyers, released) = (distinct_ids(image.buyers), distinct_ids(image.released));
     let published: i64 = PRELOAD
         .key(keys.meta())
         .key(keys.stock())
@@ -92,15 +95,15 @@ pub async fn publish_gate<C: RedisConn>(
         // What the staging sets must hold: the script tells one that is
         // gone (expired, or consumed by this very publish) from one that is
         // empty because there was nothing to stage.
-        .arg(distinct(image.buyers))
-        .arg(distinct(image.released))
+        .arg(buyers.len())
+        .arg(released.len())
         .arg(image.policy.version)
         .arg(image.policy.policy.per_user_limit)
         .arg(crate::gate::policy::waitlist_limit_arg(
             &image.policy.policy,
         ))
-        .arg(SetDigest::of(distinct_ids(image.buyers)).0)
-        .arg(SetDigest::of(distinct_ids(image.released)).0)
+        .arg(SetDigest::of(buyers.iter().copied()).0)
+        .arg(SetDigest::of(released.iter().copied()).0)
         .invoke_async(conn)
         .await?;
     if published != 1 {
@@ -109,11 +112,6 @@ pub async fn publish_gate<C: RedisConn>(
     let deadlines: Vec<(u64, i64)> = image.deadlines.iter().map(|(at, o)| (*o, *at)).collect();
     timeouts::schedule(conn, keys, &deadlines, Existing::Moves).await?;
     Ok(true)
-}
-
-/// How many members `ids` make as a set.
-fn distinct(ids: &[u64]) -> usize {
-    distinct_ids(ids).len()
 }
 
 /// The members `ids` make as a set.
