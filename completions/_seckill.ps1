@@ -56,6 +56,7 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('order', 'order', [CompletionResultType]::ParameterValue, 'Look up orders')
             [CompletionResult]::new('waitlist', 'waitlist', [CompletionResultType]::ParameterValue, 'Show a voucher''s waitlist and how many released units it received')
             [CompletionResult]::new('reconcile', 'reconcile', [CompletionResultType]::ParameterValue, 'Compare Redis with MySQL per voucher, classify drift, repair it safely')
+            [CompletionResult]::new('doctor', 'doctor', [CompletionResultType]::ParameterValue, 'Check that the servers are set up so the guarantees hold (exit 5: warnings, 6: failures)')
             [CompletionResult]::new('generate', 'generate', [CompletionResultType]::ParameterValue, 'Write shell completions and man pages (for packagers)')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
@@ -669,6 +670,32 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
             break
         }
+        'seckill;doctor' {
+            [CompletionResult]::new('--role', '--role', [CompletionResultType]::ParameterName, 'Also try the rights this role''s users need (contrib/redis-acl.conf, contrib/mysql-grants.sql), as the users of the URLs, writing nothing')
+            [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format')
+            [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis URL (redis://[:password@]host:port/[db])')
+            [CompletionResult]::new('--mysql-url', '--mysql-url', [CompletionResultType]::ParameterName, 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]')
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key prefix of every Redis key')
+            [CompletionResult]::new('--connect-timeout', '--connect-timeout', [CompletionResultType]::ParameterName, 'How long to wait for a server to accept a connection')
+            [CompletionResult]::new('--redis-password-file', '--redis-password-file', [CompletionResultType]::ParameterName, 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none')
+            [CompletionResult]::new('--mysql-password-file', '--mysql-password-file', [CompletionResultType]::ParameterName, 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none')
+            [CompletionResult]::new('--redis-ca-cert', '--redis-ca-cert', [CompletionResultType]::ParameterName, 'CA certificate (PEM) to trust for rediss:// URLs instead of the system''s roots')
+            [CompletionResult]::new('--redis-client-cert', '--redis-client-cert', [CompletionResultType]::ParameterName, 'Client certificate (PEM) for rediss:// with mutual TLS')
+            [CompletionResult]::new('--redis-client-key', '--redis-client-key', [CompletionResultType]::ParameterName, 'The client certificate''s private key (PEM)')
+            [CompletionResult]::new('--mysql-ssl-mode', '--mysql-ssl-mode', [CompletionResultType]::ParameterName, 'MySQL TLS, as the mysql client''s --ssl-mode: verify-ca checks the certificate''s chain, verify-identity its host name too')
+            [CompletionResult]::new('--mysql-ca-cert', '--mysql-ca-cert', [CompletionResultType]::ParameterName, 'CA certificate (PEM) to check the MySQL server''s certificate against (verify-ca, verify-identity) instead of the built-in roots')
+            [CompletionResult]::new('--mysql-client-cert', '--mysql-client-cert', [CompletionResultType]::ParameterName, 'Client certificate (PEM) for MySQL with mutual TLS')
+            [CompletionResult]::new('--mysql-client-key', '--mysql-client-key', [CompletionResultType]::ParameterName, 'The client certificate''s private key (PEM)')
+            [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')
+            [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Only errors on stderr')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Only errors on stderr')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
+            [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
+            break
+        }
         'seckill;generate' {
             [CompletionResult]::new('--out-dir', '--out-dir', [CompletionResultType]::ParameterName, 'Directory that receives completions/ and man/')
             [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis URL (redis://[:password@]host:port/[db])')
@@ -709,6 +736,7 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('order', 'order', [CompletionResultType]::ParameterValue, 'Look up orders')
             [CompletionResult]::new('waitlist', 'waitlist', [CompletionResultType]::ParameterValue, 'Show a voucher''s waitlist and how many released units it received')
             [CompletionResult]::new('reconcile', 'reconcile', [CompletionResultType]::ParameterValue, 'Compare Redis with MySQL per voucher, classify drift, repair it safely')
+            [CompletionResult]::new('doctor', 'doctor', [CompletionResultType]::ParameterValue, 'Check that the servers are set up so the guarantees hold (exit 5: warnings, 6: failures)')
             [CompletionResult]::new('generate', 'generate', [CompletionResultType]::ParameterValue, 'Write shell completions and man pages (for packagers)')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
@@ -773,6 +801,9 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             break
         }
         'seckill;help;reconcile' {
+            break
+        }
+        'seckill;help;doctor' {
             break
         }
         'seckill;help;generate' {

@@ -53,6 +53,7 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand order 'Look up orders'
             cand waitlist 'Show a voucher''s waitlist and how many released units it received'
             cand reconcile 'Compare Redis with MySQL per voucher, classify drift, repair it safely'
+            cand doctor 'Check that the servers are set up so the guarantees hold (exit 5: warnings, 6: failures)'
             cand generate 'Write shell completions and man pages (for packagers)'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
@@ -635,6 +636,31 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand -V 'Print version'
             cand --version 'Print version'
         }
+        &'seckill;doctor'= {
+            cand --role 'Also try the rights this role''s users need (contrib/redis-acl.conf, contrib/mysql-grants.sql), as the users of the URLs, writing nothing'
+            cand --format 'Output format'
+            cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
+            cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
+            cand --prefix 'Key prefix of every Redis key'
+            cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand --redis-password-file 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none'
+            cand --mysql-password-file 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none'
+            cand --redis-ca-cert 'CA certificate (PEM) to trust for rediss:// URLs instead of the system''s roots'
+            cand --redis-client-cert 'Client certificate (PEM) for rediss:// with mutual TLS'
+            cand --redis-client-key 'The client certificate''s private key (PEM)'
+            cand --mysql-ssl-mode 'MySQL TLS, as the mysql client''s --ssl-mode: verify-ca checks the certificate''s chain, verify-identity its host name too'
+            cand --mysql-ca-cert 'CA certificate (PEM) to check the MySQL server''s certificate against (verify-ca, verify-identity) instead of the built-in roots'
+            cand --mysql-client-cert 'Client certificate (PEM) for MySQL with mutual TLS'
+            cand --mysql-client-key 'The client certificate''s private key (PEM)'
+            cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand -q 'Only errors on stderr'
+            cand --quiet 'Only errors on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
         &'seckill;generate'= {
             cand --out-dir 'Directory that receives completions/ and man/'
             cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
@@ -674,6 +700,7 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand order 'Look up orders'
             cand waitlist 'Show a voucher''s waitlist and how many released units it received'
             cand reconcile 'Compare Redis with MySQL per voucher, classify drift, repair it safely'
+            cand doctor 'Check that the servers are set up so the guarantees hold (exit 5: warnings, 6: failures)'
             cand generate 'Write shell completions and man pages (for packagers)'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
@@ -719,6 +746,8 @@ set edit:completion:arg-completer[seckill] = {|@words|
         &'seckill;help;waitlist'= {
         }
         &'seckill;help;reconcile'= {
+        }
+        &'seckill;help;doctor'= {
         }
         &'seckill;help;generate'= {
         }

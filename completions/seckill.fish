@@ -59,6 +59,7 @@ complete -c seckill -n "__fish_seckill_needs_command" -f -a "pay" -d 'Mark a pen
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "order" -d 'Look up orders'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "waitlist" -d 'Show a voucher\'s waitlist and how many released units it received'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "reconcile" -d 'Compare Redis with MySQL per voucher, classify drift, repair it safely'
+complete -c seckill -n "__fish_seckill_needs_command" -f -a "doctor" -d 'Check that the servers are set up so the guarantees hold (exit 5: warnings, 6: failures)'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "generate" -d 'Write shell completions and man pages (for packagers)'
 complete -c seckill -n "__fish_seckill_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c seckill -n "__fish_seckill_using_subcommand init" -l format -d 'Output format' -r -f -a "table\t'A table for people'
@@ -593,6 +594,33 @@ complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -s v -l verbo
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand doctor" -l role -d 'Also try the rights this role\'s users need (contrib/redis-acl.conf, contrib/mysql-grants.sql), as the users of the URLs, writing nothing' -r -f -a "worker\t''
+serve\t''
+operator\t''
+schema\t''"
+complete -c seckill -n "__fish_seckill_using_subcommand doctor" -l format -d 'Output format' -r -f -a "table\t'A table for people'
+json\t'JSON for scripts'"
+complete -c seckill -n "__fish_seckill_using_subcommand doctor" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_using_subcommand doctor" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand doctor" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_using_subcommand doctor" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand doctor" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand doctor" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand doctor" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand doctor" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand doctor" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand doctor" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
+preferred\t''
+required\t''
+verify-ca\t''
+verify-identity\t''"
+complete -c seckill -n "__fish_seckill_using_subcommand doctor" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand doctor" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand doctor" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand doctor" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_using_subcommand doctor" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_using_subcommand doctor" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c seckill -n "__fish_seckill_using_subcommand doctor" -s V -l version -d 'Print version'
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -l out-dir -d 'Directory that receives completions/ and man/' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
@@ -615,22 +643,23 @@ complete -c seckill -n "__fish_seckill_using_subcommand generate" -s v -l verbos
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s h -l help -d 'Print help'
 complete -c seckill -n "__fish_seckill_using_subcommand generate" -s V -l version -d 'Print version'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "init" -d 'Create or upgrade the MySQL schema and check both servers\' versions'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "status" -d 'One row per voucher: both stores side by side, in flight, dead letters, deadlines'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "voucher" -d 'Add and list vouchers (MySQL, the source of truth)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "preload" -d 'Load vouchers from MySQL into the Redis gate and register them for workers'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "buy" -d 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "bench" -d 'Load-test the admission script and report attempts/s and latency'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "token" -d 'Admission tokens for vouchers that require them'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "worker" -d 'Persist admitted orders to MySQL, cancel unpaid ones at their deadline (layers 2-5)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "serve" -d 'The HTTP front door: purchases, tokens, sale state, orders and payment over JSON'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "pending" -d 'Show stream backlog, pending entries and dead letters; requeue dead letters'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "pay" -d 'Mark a pending order paid (before its payment deadline)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "order" -d 'Look up orders'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "waitlist" -d 'Show a voucher\'s waitlist and how many released units it received'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "reconcile" -d 'Compare Redis with MySQL per voucher, classify drift, repair it safely'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "generate" -d 'Write shell completions and man pages (for packagers)'
-complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile generate help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile doctor generate help" -f -a "init" -d 'Create or upgrade the MySQL schema and check both servers\' versions'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile doctor generate help" -f -a "status" -d 'One row per voucher: both stores side by side, in flight, dead letters, deadlines'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile doctor generate help" -f -a "voucher" -d 'Add and list vouchers (MySQL, the source of truth)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile doctor generate help" -f -a "preload" -d 'Load vouchers from MySQL into the Redis gate and register them for workers'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile doctor generate help" -f -a "buy" -d 'One admission attempt through lua/seckill.lua (exit code tells the outcome)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile doctor generate help" -f -a "bench" -d 'Load-test the admission script and report attempts/s and latency'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile doctor generate help" -f -a "token" -d 'Admission tokens for vouchers that require them'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile doctor generate help" -f -a "worker" -d 'Persist admitted orders to MySQL, cancel unpaid ones at their deadline (layers 2-5)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile doctor generate help" -f -a "serve" -d 'The HTTP front door: purchases, tokens, sale state, orders and payment over JSON'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile doctor generate help" -f -a "pending" -d 'Show stream backlog, pending entries and dead letters; requeue dead letters'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile doctor generate help" -f -a "pay" -d 'Mark a pending order paid (before its payment deadline)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile doctor generate help" -f -a "order" -d 'Look up orders'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile doctor generate help" -f -a "waitlist" -d 'Show a voucher\'s waitlist and how many released units it received'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile doctor generate help" -f -a "reconcile" -d 'Compare Redis with MySQL per voucher, classify drift, repair it safely'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile doctor generate help" -f -a "doctor" -d 'Check that the servers are set up so the guarantees hold (exit 5: warnings, 6: failures)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile doctor generate help" -f -a "generate" -d 'Write shell completions and man pages (for packagers)'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and not __fish_seen_subcommand_from init status voucher preload buy bench token worker serve pending pay order waitlist reconcile doctor generate help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from voucher" -f -a "add" -d 'Add a voucher to MySQL (then `seckill preload` opens it at the gate)'
 complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from voucher" -f -a "update" -d 'Change a voucher\'s admission policy, in MySQL and at the gate at once'
 complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from voucher" -f -a "list" -d 'List vouchers: MySQL stock and orders beside the Redis gate\'s state'

@@ -11,6 +11,10 @@ pub const USAGE: u8 = 2;
 pub const DRIFT_FOUND: u8 = 3;
 /// `reconcile`: drift found and all of it repaired.
 pub const DRIFT_REPAIRED: u8 = 4;
+/// `doctor`: some checks warn, none fails.
+pub const DOCTOR_WARNINGS: u8 = 5;
+/// `doctor`: at least one check fails.
+pub const DOCTOR_FAILURES: u8 = 6;
 /// `buy`: the user already holds a unit of this voucher.
 pub const ALREADY_BOUGHT: u8 = 10;
 /// `buy`: sold out; the user is on the waitlist.
@@ -46,6 +50,8 @@ Exit codes:
    2  usage error (the command line could not be parsed)
    3  reconcile: drift found (dry run, or not all of it repaired)
    4  reconcile: drift found and all of it repaired
+   5  doctor: warnings (no failure)
+   6  doctor: at least one check failed
   10  buy: already bought
   11  buy: sold out, waitlisted
   12  buy: sale not started

@@ -9,9 +9,11 @@
 //! - `worker`: layers 2–5 as one long-running process
 //! - `orders`: MySQL's vouchers and orders, payment, deadline cancellation
 //! - `reconcile`, `status`: both stores side by side
+//! - `doctor`: the servers' settings and the roles' rights, checked
 //! - `support`: masking, time, ids, signals, backoff
 
 pub mod cli;
+pub mod doctor;
 pub mod error;
 pub mod exit_code;
 pub mod gate;

@@ -5,75 +5,8 @@
 mod common;
 
 use common::invariants::assert_invariants;
-use common::own_mysql::OwnMysql;
-use common::own_redis::OwnRedis;
-use common::TestEnv;
+use common::rights::{apply_mysql_grants, as_role, documented_users_before_init};
 use redis::AsyncCommands;
-
-const PASSWORD: &str = "Least-Privilege-42";
-
-/// The ACL file's users, for this test's key prefix.
-fn apply_redis_acl(redis: &OwnRedis, prefix: &str) {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/contrib/redis-acl.conf"
-    ))
-    .unwrap();
-    for line in text.lines().filter(|l| l.starts_with("user ")) {
-        let line = line
-            .replace(">CHANGE-ME", &format!(">{PASSWORD}"))
-            .replace("~seckill:*", &format!("~{prefix}:*"));
-        let mut args = vec!["acl", "setuser"];
-        args.extend(line.split_whitespace().skip(1));
-        assert_eq!(redis.cli(&args).trim(), "OK", "{line}");
-    }
-}
-
-/// The grants file's users, for this test's database: the part before
-/// `seckill init` (`after_init` false) or the part after it.
-fn apply_mysql_grants(mysql: &OwnMysql, db: &str, after_init: bool) {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/contrib/mysql-grants.sql"
-    ))
-    .unwrap()
-    .replace("`seckill`.", &format!("`{db}`."))
-    .replace("'CHANGE-ME'", &format!("'{PASSWORD}'"));
-    let marker = text
-        .lines()
-        .find(|l| l.starts_with("-- == After `seckill init`"))
-        .expect("the grants file marks what comes after init");
-    let (before, after) = text.split_once(marker).unwrap_or((&text, ""));
-    mysql.root_sql(if after_init { after } else { before });
-}
-
-/// The binary as `redis_user` and `mysql_user`, password from a file.
-fn as_role(
-    env: &TestEnv,
-    redis: &OwnRedis,
-    mysql: &OwnMysql,
-    redis_user: &str,
-    mysql_user: &str,
-) -> assert_cmd::Command {
-    let secret =
-        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{}-pw", env.prefix));
-    std::fs::write(&secret, PASSWORD).unwrap();
-    let mut cmd = env.cmd();
-    cmd.env(
-        "SECKILL_REDIS_URL",
-        format!("redis://{redis_user}@127.0.0.1:{}/", redis.port),
-    )
-    .env("SECKILL_REDIS_PASSWORD_FILE", &secret)
-    .env(
-        "SECKILL_MYSQL_URL",
-        format!(
-            "mysql://{mysql_user}@127.0.0.1:{}/{}",
-            mysql.port, env.db_name
-        ),
-    )
-    .env("SECKILL_MYSQL_PASSWORD_FILE", &secret);
-    cmd
-}
 
 fn one_error_line(out: &std::process::Output) -> String {
     assert_eq!(out.status.code(), Some(1), "{out:?}");
@@ -84,15 +17,7 @@ fn one_error_line(out: &std::process::Output) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn init_the_worker_status_and_reconcile_run_with_exactly_the_documented_rights() {
-    let redis = OwnRedis::start();
-    let mysql = OwnMysql::start("");
-    let mut env = TestEnv::uninitialised().await;
-    env.cfg.redis_url = redis.url();
-    env.cfg.mysql_url = mysql.url_for(&env.db_name);
-    apply_redis_acl(&redis, &env.prefix);
-    // The database exists before its users get rights on it (a DBA's step).
-    mysql.root_sql(&format!("CREATE DATABASE `{}`", env.db_name));
-    apply_mysql_grants(&mysql, &env.db_name, false);
+    let (redis, mysql, env) = documented_users_before_init().await;
 
     let run = |redis_user: &str, mysql_user: &str, args: &[&str]| {
         as_role(&env, &redis, &mysql, redis_user, mysql_user)

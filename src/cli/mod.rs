@@ -29,6 +29,7 @@ mod bench;
 mod buy;
 mod common;
 mod confirm;
+mod doctor;
 pub mod generate;
 mod init;
 mod order;
@@ -122,6 +123,8 @@ pub enum Command {
     Waitlist(waitlist::WaitlistArgs),
     /// Compare Redis with MySQL per voucher, classify drift, repair it safely
     Reconcile(reconcile::ReconcileArgs),
+    /// Check that the servers are set up so the guarantees hold (exit 5: warnings, 6: failures)
+    Doctor(doctor::DoctorArgs),
     /// Write shell completions and man pages (for packagers)
     #[command(hide = true)]
     Generate(generate::GenerateArgs),
@@ -191,6 +194,7 @@ pub async fn run(cli: Cli, cfg: crate::store::config::Config) -> anyhow::Result<
         Command::Order(cmd) => order::run(&cfg, cmd).await,
         Command::Waitlist(args) => waitlist::run(&cfg, args).await,
         Command::Reconcile(args) => reconcile::run(&cfg, args).await,
+        Command::Doctor(args) => doctor::run(&cfg, args).await,
     }
 }
 

@@ -37,6 +37,12 @@ impl Db {
         Ok(db)
     }
 
+    /// Connects without the schema check and without creating anything
+    /// (`seckill doctor` reports the schema's version itself).
+    pub async fn connect_unchecked(cfg: &Config) -> Result<Db> {
+        Self::open(cfg, true, None).await
+    }
+
     /// Connects without the schema check, creating the database if it is
     /// missing (for `seckill init`).
     pub async fn connect_for_init(cfg: &Config) -> Result<Db> {

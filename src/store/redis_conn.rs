@@ -99,7 +99,7 @@ pub async fn connect_blocking(cfg: &Config, block: Duration) -> Result<Redis> {
 }
 
 /// The URLs of `--redis-url`: one, or a cluster's seed nodes.
-fn seed_urls(raw: &str) -> Vec<&str> {
+pub(crate) fn seed_urls(raw: &str) -> Vec<&str> {
     let raw = raw.trim().trim_end_matches(',');
     if raw.is_empty() {
         return Vec::new();

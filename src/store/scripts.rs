@@ -112,3 +112,53 @@ pub static PAUSE: LazyLock<Script> =
 pub const RUN_ID_SOURCE: &str = include_str!("../../lua/run_id.lua");
 /// The same script, recording a run id the guard has dealt with.
 pub static RUN_ID: LazyLock<Script> = LazyLock::new(|| Script::new(RUN_ID_SOURCE));
+
+/// Which commands the caller may run, asked of the ACL (`seckill doctor`).
+pub static ACL_CHECK: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/acl_check.lua")));
+
+/// Every script the binary runs, by file name, for `seckill doctor` to
+/// load.
+pub fn all() -> Vec<(&'static str, &'static Script)> {
+    vec![
+        ("seckill.lua", &ADMISSION),
+        ("preload.lua", &PRELOAD),
+        ("lock_acquire.lua", &LOCK_ACQUIRE),
+        ("lock_renew.lua", &LOCK_RENEW),
+        ("lock_release.lua", &LOCK_RELEASE),
+        ("finish.lua", &FINISH),
+        ("timeouts.lua", &TIMEOUTS),
+        ("digest_sync.lua", &DIGEST_SYNC),
+        ("requeue.lua", &REQUEUE),
+        ("forget_consumer.lua", &FORGET_CONSUMER),
+        ("claim_due.lua", &CLAIM_DUE),
+        ("release.lua", &RELEASE),
+        ("reconcile.lua", &RECONCILE),
+        ("node_lease.lua", &NODE_LEASE),
+        ("policy.lua", &POLICY),
+        ("token.lua", &TOKEN),
+        ("fence.lua", &FENCE),
+        ("pause.lua", &PAUSE),
+        ("run_id.lua", &RUN_ID),
+        ("acl_check.lua", &ACL_CHECK),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_script_of_lua_is_in_the_list_doctor_loads() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/lua");
+        let mut files: Vec<String> = std::fs::read_dir(dir)
+            .map(|d| {
+                d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .filter(|n| n.ends_with(".lua"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        files.sort();
+        let mut listed: Vec<String> = super::all().iter().map(|(n, _)| n.to_string()).collect();
+        listed.sort();
+        assert_eq!(listed, files);
+    }
+}

@@ -8,6 +8,7 @@ pub mod own_cluster;
 pub mod own_mysql;
 pub mod own_redis;
 pub mod process;
+pub mod rights;
 pub mod terminal;
 pub mod tls;
 

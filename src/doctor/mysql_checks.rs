@@ -1,0 +1,358 @@
+//! MySQL: reachable and new enough, durable commits, an isolation level the
+//! worker's reads are right under, lock waits, the schema's version, and
+//! the rights of the role.
+
+use std::collections::HashMap;
+
+use mysql_async::prelude::*;
+use mysql_async::Conn;
+
+use super::{Check, Role, Status};
+use crate::error::describe_mysql;
+use crate::store::config::Config;
+use crate::store::db::{self, Db};
+use crate::store::schema;
+use crate::support::mask::redact;
+
+pub async fn checks(cfg: &Config, role: Option<Role>) -> Vec<Check> {
+    let (db, mut conn) = match connect(cfg).await {
+        Ok(pair) => pair,
+        Err(e) => {
+            return vec![Check::fail("mysql reachable", redact(&e, &cfg.secrets()))
+                .why("orders are stored in MySQL: the worker and every payment need it")
+                .fix("check --mysql-url and that the server runs")]
+        }
+    };
+    let mut out = Vec::new();
+    match db::check_version(&mut conn).await {
+        Ok(v) => out.push(Check::ok("mysql reachable", v)),
+        Err(e) => {
+            out.push(
+                Check::fail("mysql reachable", e.to_string())
+                    .why("the SQL is the subset MySQL 8.0 and MariaDB 10.11 both run")
+                    .fix("upgrade the server"),
+            );
+            return out;
+        }
+    }
+    match variables(&mut conn).await {
+        Ok(vars) => {
+            out.push(flush_log(&vars));
+            out.push(sync_binlog(&vars));
+            out.push(isolation(&vars));
+            out.push(lock_waits(&vars));
+        }
+        Err(e) => out.push(Check::fail("mysql settings", e)),
+    }
+    out.push(schema_version(&mut conn, db.name(), role).await);
+    if let Some(role) = role {
+        out.push(rights(&mut conn, db.name(), role).await);
+    }
+    drop(conn);
+    db.close().await;
+    out
+}
+
+async fn connect(cfg: &Config) -> Result<(Db, Conn), String> {
+    let db = Db::connect_unchecked(cfg)
+        .await
+        .map_err(|e| e.to_string())?;
+    match db.conn().await {
+        Ok(conn) => Ok((db, conn)),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+type Vars = HashMap<String, String>;
+
+async fn variables(conn: &mut Conn) -> Result<Vars, String> {
+    let rows: Vec<(String, String)> = conn
+        .query(
+            "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('innodb_flush_log_at_trx_commit', \
+             'log_bin', 'sync_binlog', 'tx_isolation', 'transaction_isolation', \
+             'innodb_snapshot_isolation', 'innodb_lock_wait_timeout')",
+        )
+        .await
+        .map_err(|e| describe_mysql(&e))?;
+    Ok(rows
+        .into_iter()
+        .map(|(k, v)| (k.to_ascii_lowercase(), v))
+        .collect())
+}
+
+fn flush_log(vars: &Vars) -> Check {
+    let name = "mysql innodb_flush_log_at_trx_commit";
+    let value = vars
+        .get("innodb_flush_log_at_trx_commit")
+        .cloned()
+        .unwrap_or_default();
+    let check = if value == "1" {
+        Check::ok(name, value)
+    } else {
+        Check::fail(name, value)
+    };
+    check
+        .why("with 0 or 2 a commit is on disk only about once a second: a crash of the host loses orders the worker acknowledged, and the users were told they bought")
+        .fix("SET GLOBAL innodb_flush_log_at_trx_commit = 1 (and in my.cnf)")
+}
+
+fn sync_binlog(vars: &Vars) -> Check {
+    let name = "mysql sync_binlog";
+    let log_bin = vars.get("log_bin").map(String::as_str).unwrap_or("OFF");
+    let sync = vars.get("sync_binlog").cloned().unwrap_or_default();
+    let check = if !log_bin.eq_ignore_ascii_case("ON") {
+        Check::ok(name, "binary log off")
+    } else if sync == "1" {
+        Check::ok(name, "1, binary log on")
+    } else {
+        Check::fail(name, format!("{sync}, binary log on"))
+    };
+    check
+        .why("a commit whose binary log event is not on disk is lost to replicas: after a crash and a failover to one, acknowledged orders are gone")
+        .fix("SET GLOBAL sync_binlog = 1 (and in my.cnf)")
+}
+
+fn isolation(vars: &Vars) -> Check {
+    let name = "mysql isolation";
+    let level = vars
+        .get("transaction_isolation")
+        .or_else(|| vars.get("tx_isolation"))
+        .cloned()
+        .unwrap_or_default();
+    let snapshot = vars
+        .get("innodb_snapshot_isolation")
+        .map(|v| format!(", innodb_snapshot_isolation {v}"))
+        .unwrap_or_default();
+    let found = format!("{level}{snapshot}");
+    let check = match level.to_ascii_uppercase().as_str() {
+        "REPEATABLE-READ" | "READ-COMMITTED" => Check::ok(name, found),
+        "SERIALIZABLE" => Check::warn(name, found),
+        _ => Check::fail(name, found),
+    };
+    check
+        .why("the worker's dedupe reads must not see orders another transaction may still roll back (READ-UNCOMMITTED would let an order be skipped as stored and then lost); SERIALIZABLE turns every read into a locking one (more lock waits); reconcile sets REPEATABLE-READ for its own reads, and the worker retries the write conflicts innodb_snapshot_isolation reports")
+        .fix("SET GLOBAL transaction_isolation = 'REPEATABLE-READ' (tx_isolation before MariaDB 11.1; and in my.cnf)")
+}
+
+/// Longer than this, a payment or a repair behind a stopped session waits
+/// too long to be told anything (the worker bounds its own waits).
+const LOCK_WAIT_BOUND_S: u64 = 50;
+
+fn lock_waits(vars: &Vars) -> Check {
+    let name = "mysql innodb_lock_wait_timeout";
+    let value = vars
+        .get("innodb_lock_wait_timeout")
+        .cloned()
+        .unwrap_or_default();
+    let check = match value.parse::<u64>() {
+        Ok(s) if s <= LOCK_WAIT_BOUND_S => Check::ok(name, format!("{s} s")),
+        Ok(s) => Check::warn(name, format!("{s} s")),
+        Err(_) => Check::warn(name, format!("unreadable: {value:?}")),
+    };
+    check
+        .why(format!("a payment, a repair or `serve` waits this long behind a session that stopped holding a voucher's row before it is told anything (the worker sets its own shorter wait and fences a stopped holder); above {LOCK_WAIT_BOUND_S} s callers time out first"))
+        .fix(format!("SET GLOBAL innodb_lock_wait_timeout = {LOCK_WAIT_BOUND_S} (the default) or less"))
+}
+
+async fn schema_version(conn: &mut Conn, db_name: &str, role: Option<Role>) -> Check {
+    let name = "mysql schema";
+    let known = schema::latest();
+    let found = match schema::current_version(conn).await {
+        Ok(v) => v.unwrap_or(0),
+        Err(e) => {
+            return Check::fail(name, e.to_string())
+                .why("every command checks the schema version before it touches a table")
+                .fix("run `seckill init`")
+        }
+    };
+    let check = if found == known {
+        Check::ok(name, format!("version {found} in {db_name}"))
+    } else if found > known {
+        Check::fail(
+            name,
+            format!("version {found} in {db_name}, newer than this binary's {known}"),
+        )
+        .fix("upgrade seckill on this host")
+    } else {
+        let what = if found == 0 {
+            format!("{db_name} not initialised")
+        } else {
+            format!("version {found} in {db_name}, this binary needs {known}")
+        };
+        // Upgrading is the schema role's job: for it, an older schema is
+        // the work ahead, not a fault.
+        let check = if role == Some(Role::Schema) {
+            Check::warn(name, what)
+        } else {
+            Check::fail(name, what)
+        };
+        check.fix("run `seckill init` (as the schema user)")
+    };
+    check.why("every command refuses a schema it does not know")
+}
+
+/// A statement the role runs, reduced to one that touches no row.
+struct Probe {
+    right: &'static str,
+    sql: &'static str,
+}
+
+const fn probe(right: &'static str, sql: &'static str) -> Probe {
+    Probe { right, sql }
+}
+
+const SELECT_ALL: [Probe; 3] = [
+    probe(
+        "SELECT on seckill_order",
+        "SELECT 1 FROM seckill_order LIMIT 0",
+    ),
+    probe(
+        "SELECT on seckill_voucher",
+        "SELECT 1 FROM seckill_voucher LIMIT 0",
+    ),
+    probe(
+        "SELECT on seckill_schema_history",
+        "SELECT 1 FROM seckill_schema_history LIMIT 0",
+    ),
+];
+const INSERT_ORDER: Probe = probe(
+    "INSERT on seckill_order",
+    "INSERT INTO seckill_order (id, user_id, voucher_id, create_time) \
+     SELECT 1, 1, 1, NOW() FROM DUAL WHERE FALSE",
+);
+const INSERT_VOUCHER: Probe = probe(
+    "INSERT on seckill_voucher",
+    "INSERT INTO seckill_voucher (voucher_id, total_stock, stock, begin_time, end_time) \
+     SELECT 1, 1, 1, NOW(), NOW() FROM DUAL WHERE FALSE",
+);
+const UPDATE_ORDER: Probe = probe(
+    "UPDATE on seckill_order",
+    "UPDATE seckill_order SET status = 0 WHERE FALSE",
+);
+const UPDATE_VOUCHER: Probe = probe(
+    "UPDATE on seckill_voucher",
+    "UPDATE seckill_voucher SET stock = 0 WHERE FALSE",
+);
+
+fn probes(role: Role) -> Vec<Probe> {
+    let mut all: Vec<Probe> = SELECT_ALL.into();
+    match role {
+        Role::Worker | Role::Serve => all.extend([INSERT_ORDER, UPDATE_ORDER, UPDATE_VOUCHER]),
+        Role::Operator => all.extend([INSERT_VOUCHER, UPDATE_VOUCHER, UPDATE_ORDER]),
+        Role::Schema => {}
+    }
+    all
+}
+
+/// The rights `contrib/mysql-grants.sql` gives the role, each tried with a
+/// statement that matches no row, in a transaction rolled back.
+async fn rights(conn: &mut Conn, db_name: &str, role: Role) -> Check {
+    let check = format!("mysql rights ({})", role.name());
+    let mut denied = Vec::new();
+    let mut untried = Vec::new();
+    if role == Role::Schema {
+        match schema_rights_missing(conn, db_name).await {
+            Ok(missing) => denied.extend(missing),
+            Err(e) => return Check::fail(check, e),
+        }
+    }
+    let tried = probes(role);
+    let schema_missing = matches!(schema::current_version(conn).await, Ok(None));
+    if !(role == Role::Schema && schema_missing) {
+        if let Err(e) = conn.query_drop("START TRANSACTION").await {
+            return Check::fail(check, describe_mysql(&e));
+        }
+        for p in &tried {
+            match conn.query_drop(p.sql).await {
+                Ok(()) => {}
+                Err(e) if is_denied(&e) => denied.push(p.right.to_string()),
+                Err(e) => untried.push(format!("{} ({})", p.right, describe_mysql(&e))),
+            }
+        }
+        if let Err(e) = conn.query_drop("ROLLBACK").await {
+            return Check::fail(check, describe_mysql(&e));
+        }
+    }
+    let found = match (denied.is_empty(), untried.is_empty()) {
+        (true, true) => {
+            return Check::ok(
+                check,
+                format!("all {} rights of the role held", tried.len()),
+            )
+        }
+        (false, true) => format!("missing: {}", denied.join(", ")),
+        (true, false) => format!("not tried: {}", untried.join("; ")),
+        (false, false) => format!(
+            "missing: {}; not tried: {}",
+            denied.join(", "),
+            untried.join("; ")
+        ),
+    };
+    Check::new(check, Status::Fail, found)
+        .why(format!(
+            "the {} runs these statements; a right missing is found only when one is refused",
+            role.name()
+        ))
+        .fix("GRANT the role's rights in contrib/mysql-grants.sql")
+}
+
+/// MySQL's refusals of a right: on a table, a column, a database.
+fn is_denied(e: &mysql_async::Error) -> bool {
+    matches!(crate::error::mysql_code(e), Some(1142 | 1143 | 1044))
+}
+
+/// `seckill init` creates and alters tables: rights read from the
+/// privilege tables, since trying them would change the schema.
+async fn schema_rights_missing(conn: &mut Conn, db_name: &str) -> Result<Vec<String>, String> {
+    let held: Vec<String> = conn
+        .exec(
+            "SELECT privilege_type FROM information_schema.user_privileges \
+             UNION SELECT privilege_type FROM information_schema.schema_privileges \
+             WHERE table_schema = ?",
+            (db_name,),
+        )
+        .await
+        .map_err(|e| describe_mysql(&e))?;
+    Ok(["CREATE", "ALTER", "INDEX"]
+        .into_iter()
+        .filter(|r| !held.iter().any(|h| h.eq_ignore_ascii_case(r)))
+        .map(|r| format!("{r} on {db_name}.*"))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> Vars {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_binary_log_counts_only_when_it_is_on() {
+        assert_eq!(
+            sync_binlog(&vars(&[("log_bin", "OFF"), ("sync_binlog", "0")])).status,
+            Status::Ok
+        );
+        assert_eq!(
+            sync_binlog(&vars(&[("log_bin", "ON"), ("sync_binlog", "0")])).status,
+            Status::Fail
+        );
+        assert_eq!(
+            sync_binlog(&vars(&[("log_bin", "ON"), ("sync_binlog", "1")])).status,
+            Status::Ok
+        );
+    }
+
+    #[test]
+    fn isolation_levels_are_judged_by_what_the_worker_reads() {
+        let level = |l| isolation(&vars(&[("tx_isolation", l)])).status;
+        assert_eq!(level("REPEATABLE-READ"), Status::Ok);
+        assert_eq!(level("READ-COMMITTED"), Status::Ok);
+        assert_eq!(level("SERIALIZABLE"), Status::Warn);
+        assert_eq!(level("READ-UNCOMMITTED"), Status::Fail);
+    }
+}

@@ -1,0 +1,287 @@
+//! `seckill doctor` against servers set up wrong on purpose, each fault
+//! produced for real (a policy that evicts, AOF off, a log flushed once a
+//! second, a clock shifted with libfaketime, a right taken away), and
+//! against the project's own services, where every check passes.
+
+mod common;
+
+use common::own_mysql::OwnMysql;
+use common::own_redis::OwnRedis;
+use common::rights::{apply_mysql_grants, as_role, documented_users_before_init};
+use common::TestEnv;
+use serde_json::Value;
+
+/// The report's rows by check name, and the exit code.
+fn doctor(cmd: &mut assert_cmd::Command, args: &[&str]) -> (i32, Vec<Value>) {
+    let out = cmd
+        .args(["doctor", "--format", "json"])
+        .args(args)
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    let checks = report["checks"].as_array().cloned().unwrap_or_default();
+    for c in &checks {
+        for field in ["check", "status", "found", "why", "fix"] {
+            assert!(c[field].is_string(), "{field} in {c}");
+        }
+    }
+    (out.status.code().unwrap_or(-1), checks)
+}
+
+fn status_of<'a>(checks: &'a [Value], check: &str) -> &'a str {
+    checks
+        .iter()
+        .find(|c| c["check"] == check)
+        .and_then(|c| c["status"].as_str())
+        .unwrap_or_else(|| panic!("no check {check} in {checks:?}"))
+}
+
+fn found_of(checks: &[Value], check: &str) -> String {
+    checks
+        .iter()
+        .find(|c| c["check"] == check)
+        .map(|c| c["found"].as_str().unwrap_or_default().to_string())
+        .unwrap_or_default()
+}
+
+fn not_ok(checks: &[Value]) -> Vec<&Value> {
+    checks.iter().filter(|c| c["status"] != "ok").collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_check_passes_on_the_projects_own_services() {
+    let env = TestEnv::new().await;
+    let (code, checks) = doctor(&mut env.cmd(), &["--role", "worker"]);
+    assert_eq!(not_ok(&checks), Vec::<&Value>::new());
+    assert_eq!(code, 0);
+    assert!(status_of(&checks, "redis rights (worker)") == "ok");
+    assert!(status_of(&checks, "mysql rights (worker)") == "ok");
+
+    // The table says the same, with a summary line.
+    let out = env.cmd().arg("doctor").output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("redis maxmemory-policy"), "{text}");
+    assert!(text.trim_end().ends_with("0 warn, 0 fail"), "{text}");
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_check_passes_on_the_projects_own_cluster() {
+    let env = TestEnv::on_cluster().await;
+    let (code, checks) = doctor(&mut env.cmd(), &["--role", "serve"]);
+    assert_eq!(not_ok(&checks), Vec::<&Value>::new());
+    assert_eq!(code, 0);
+    // Six servers asked, three masters with a replica each.
+    assert!(found_of(&checks, "redis appendonly").contains("all 6 servers"));
+    assert_eq!(
+        found_of(&checks, "redis cluster replicas")
+            .matches(": 1")
+            .count(),
+        3
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_that_lose_acknowledged_writes_fail_and_pass_once_set_right() {
+    let redis = OwnRedis::start();
+    let mysql = OwnMysql::start("");
+    let mut env = mysql.test_env().await;
+    env.cfg.redis_url = redis.url();
+    // The test's own Redis starts without AOF (it is made to lose writes).
+    for set in [
+        ["maxmemory-policy", "allkeys-lru"],
+        ["maxmemory", "1gb"],
+        ["appendfsync", "no"],
+        ["lazyfree-lazy-server-del", "no"],
+    ] {
+        assert_eq!(redis.cli(&["config", "set", set[0], set[1]]).trim(), "OK");
+    }
+    mysql.root_sql("SET GLOBAL innodb_flush_log_at_trx_commit = 2");
+    mysql.root_sql("SET GLOBAL tx_isolation = 'READ-UNCOMMITTED'");
+    let (code, checks) = doctor(&mut env.cmd(), &[]);
+    assert_eq!(code, 6, "{checks:?}");
+    for failed in [
+        "redis maxmemory-policy",
+        "redis appendonly",
+        "redis appendfsync",
+        "mysql innodb_flush_log_at_trx_commit",
+        "mysql isolation",
+    ] {
+        assert_eq!(status_of(&checks, failed), "fail", "{failed}: {checks:?}");
+    }
+    assert_eq!(status_of(&checks, "redis lazyfree"), "warn");
+    assert!(found_of(&checks, "redis maxmemory-policy").contains("allkeys-lru"));
+    assert!(found_of(&checks, "mysql innodb_flush_log_at_trx_commit").contains('2'));
+
+    // A warning alone is exit 5.
+    for set in [
+        ["maxmemory-policy", "noeviction"],
+        ["appendonly", "yes"],
+        ["appendfsync", "always"],
+    ] {
+        assert_eq!(redis.cli(&["config", "set", set[0], set[1]]).trim(), "OK");
+    }
+    mysql.root_sql("SET GLOBAL innodb_flush_log_at_trx_commit = 1");
+    mysql.root_sql("SET GLOBAL tx_isolation = 'REPEATABLE-READ'");
+    let (code, checks) = doctor(&mut env.cmd(), &[]);
+    assert_eq!(
+        not_ok(&checks)
+            .iter()
+            .map(|c| c["check"].as_str().unwrap_or_default())
+            .collect::<Vec<_>>(),
+        ["redis lazyfree"]
+    );
+    assert_eq!(code, 5);
+    for set in ["lazyfree-lazy-server-del", "lazyfree-lazy-expire"] {
+        assert_eq!(redis.cli(&["config", "set", set, "yes"]).trim(), "OK");
+    }
+    let (code, checks) = doctor(&mut env.cmd(), &[]);
+    assert_eq!((code, not_ok(&checks)), (0, Vec::<&Value>::new()));
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binary_log_not_synced_at_each_commit_fails() {
+    let mysql = OwnMysql::start("log_bin=binlog\nsync_binlog=0");
+    let env = mysql.test_env().await;
+    let (_, checks) = doctor(&mut env.cmd(), &[]);
+    assert_eq!(status_of(&checks, "mysql sync_binlog"), "fail");
+    assert_eq!(found_of(&checks, "mysql sync_binlog"), "0, binary log on");
+    mysql.root_sql("SET GLOBAL sync_binlog = 1");
+    let (_, checks) = doctor(&mut env.cmd(), &[]);
+    assert_eq!(status_of(&checks, "mysql sync_binlog"), "ok");
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_shifted_against_the_servers_fails() {
+    let env = TestEnv::new().await;
+    let libfaketime = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+    assert!(
+        std::path::Path::new(libfaketime).exists(),
+        "libfaketime (package faketime)"
+    );
+    let mut cmd = env.cmd();
+    cmd.env("LD_PRELOAD", libfaketime)
+        .env("FAKETIME", "+30s")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .env("FAKETIME_NO_CACHE", "1");
+    let (code, checks) = doctor(&mut cmd, &[]);
+    assert_eq!(code, 6, "{checks:?}");
+    assert_eq!(status_of(&checks, "clock skew"), "fail");
+    // This host is 30 s ahead: both servers read 30 s behind it.
+    let found = found_of(&checks, "clock skew");
+    assert!(
+        found.contains("Redis -30") || found.contains("Redis -29"),
+        "{found}"
+    );
+    assert!(
+        found.contains("MySQL -30") || found.contains("MySQL -29"),
+        "{found}"
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_right_taken_away_is_named_and_the_documented_rights_pass() {
+    let (redis, mysql, env) = documented_users_before_init().await;
+    let schema = doctor(
+        &mut as_role(&env, &redis, &mysql, "seckill-init", "seckill_init"),
+        &["--role", "schema"],
+    );
+    // Before init: the rights are there, the schema is work ahead.
+    assert_eq!(
+        status_of(&schema.1, "redis rights (schema)"),
+        "ok",
+        "{schema:?}"
+    );
+    assert_eq!(
+        status_of(&schema.1, "mysql rights (schema)"),
+        "ok",
+        "{schema:?}"
+    );
+    assert_eq!(status_of(&schema.1, "mysql schema"), "warn");
+    let init = as_role(&env, &redis, &mysql, "seckill-init", "seckill_init")
+        .arg("init")
+        .output()
+        .unwrap();
+    assert!(init.status.success(), "{init:?}");
+    apply_mysql_grants(&mysql, &env.db_name, true);
+    for (role, redis_user, mysql_user) in [
+        ("worker", "seckill-worker", "seckill_worker"),
+        ("serve", "seckill-worker", "seckill_worker"),
+        ("operator", "seckill-operator", "seckill_operator"),
+    ] {
+        let (_, checks) = doctor(
+            &mut as_role(&env, &redis, &mysql, redis_user, mysql_user),
+            &["--role", role],
+        );
+        assert_eq!(
+            status_of(&checks, &format!("redis rights ({role})")),
+            "ok",
+            "{checks:?}"
+        );
+        assert_eq!(
+            status_of(&checks, &format!("mysql rights ({role})")),
+            "ok",
+            "{checks:?}"
+        );
+        assert_eq!(status_of(&checks, "redis scripts"), "ok");
+        assert_eq!(status_of(&checks, "redis node ids"), "ok");
+    }
+    // The operator may not WAIT: asked as the worker, that is named.
+    let (_, checks) = doctor(
+        &mut as_role(&env, &redis, &mysql, "seckill-operator", "seckill_worker"),
+        &["--role", "worker"],
+    );
+    assert_eq!(found_of(&checks, "redis rights (worker)"), "denied: WAIT");
+
+    // One right taken from each store.
+    redis.cli(&["acl", "setuser", "seckill-worker", "-xadd"]);
+    mysql.root_sql(&format!(
+        "REVOKE INSERT ON `{}`.`seckill_order` FROM 'seckill_worker'@'%'",
+        env.db_name
+    ));
+    let (code, checks) = doctor(
+        &mut as_role(&env, &redis, &mysql, "seckill-worker", "seckill_worker"),
+        &["--role", "worker"],
+    );
+    assert_eq!(code, 6);
+    assert_eq!(found_of(&checks, "redis rights (worker)"), "denied: XADD");
+    assert_eq!(
+        found_of(&checks, "mysql rights (worker)"),
+        "missing: INSERT on seckill_order"
+    );
+    // Nothing was written trying: no key under the prefix, no order.
+    assert_eq!(
+        redis
+            .cli(&["--scan", "--pattern", &format!("{}:*", env.prefix)])
+            .trim(),
+        ""
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_that_checks_nothing_off_loopback_warns_and_an_unreachable_server_fails() {
+    let env = TestEnv::new().await;
+    let mut cmd = env.cmd();
+    // TEST-NET-1: nothing answers there.
+    cmd.env(
+        "SECKILL_MYSQL_URL",
+        "mysql://seckill:seckill@192.0.2.1:3306/seckill",
+    )
+    .env("SECKILL_CONNECT_TIMEOUT", "1s");
+    let (code, checks) = doctor(&mut cmd, &[]);
+    assert_eq!(code, 6);
+    assert_eq!(status_of(&checks, "mysql transport"), "warn");
+    assert!(found_of(&checks, "mysql transport").contains("preferred to 192.0.2.1"));
+    assert_eq!(status_of(&checks, "mysql reachable"), "fail");
+    // The password is masked in what it found.
+    assert!(!format!("{checks:?}").contains("seckill:seckill@"));
+    assert_eq!(status_of(&checks, "redis reachable"), "ok");
+    env.cleanup().await;
+}
