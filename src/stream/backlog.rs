@@ -67,6 +67,41 @@ pub async fn backlog<C: RedisConn>(conn: &mut C, keys: &VoucherKeys) -> Result<B
     })
 }
 
+/// The time (Unix ms, from its id) of the oldest entry not acknowledged:
+/// the oldest pending one, or the first not yet delivered.
+pub async fn oldest_in_flight_ms<C: RedisConn>(
+    conn: &mut C,
+    keys: &VoucherKeys,
+) -> Result<Option<u64>> {
+    let stream = keys.orders();
+    let length: u64 = conn.xlen(&stream).await?;
+    if length == 0 {
+        return Ok(None);
+    }
+    let groups: StreamInfoGroupsReply = conn.xinfo_groups(&stream).await?;
+    let group = groups.groups.into_iter().find(|g| g.name == WORKER_GROUP);
+    let after = match &group {
+        Some(g) => format!("({}", g.last_delivered_id),
+        None => "-".to_string(),
+    };
+    let next: redis::streams::StreamRangeReply = conn.xrange_count(&stream, &after, "+", 1).await?;
+    let undelivered = next.ids.first().map(|e| StreamId::lenient(&e.id).ms);
+    let pending = match &group {
+        Some(g) if g.pending > 0 => {
+            let reply: redis::streams::StreamPendingReply =
+                conn.xpending(&stream, WORKER_GROUP).await?;
+            match reply {
+                redis::streams::StreamPendingReply::Data(d) => {
+                    Some(StreamId::lenient(&d.start_id).ms)
+                }
+                _ => None,
+            }
+        }
+        _ => None,
+    };
+    Ok([undelivered, pending].into_iter().flatten().min())
+}
+
 async fn count_after<C: RedisConn>(conn: &mut C, stream: &str, after: &str) -> Result<u64> {
     const PAGE: usize = 1_000;
     let mut from = format!("({after}");

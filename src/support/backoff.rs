@@ -1,7 +1,16 @@
 //! The one retry policy for store outages: wait 100 ms, then twice as long
 //! after each failure in a row, never more than 5 s; the first success resets it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+/// Retries after a store failure in this process, for the metrics page
+/// (`seckill_worker_retries_total`): rising means Redis or MySQL fails.
+static RETRIES: AtomicU64 = AtomicU64::new(0);
+
+pub fn retries() -> u64 {
+    RETRIES.load(Ordering::Relaxed)
+}
 
 const FIRST: Duration = Duration::from_millis(100);
 const MAX: Duration = Duration::from_secs(5);
@@ -31,6 +40,7 @@ impl Backoff {
     /// way; the policy and what operators read are the same for all.
     pub fn retry_after(&mut self, what: impl std::fmt::Display) -> Duration {
         let delay = self.next_delay();
+        RETRIES.fetch_add(1, Ordering::Relaxed);
         tracing::warn!("{what}; retrying in {}", humantime::format_duration(delay));
         delay
     }

@@ -1,8 +1,11 @@
-//! `seckill worker --metrics-addr`: the worker's counters, batch latency and
-//! per-voucher stream backlog in Prometheus text format (GET /metrics), on
-//! the same HTTP stack as `seckill serve` (axum).
+//! `seckill worker --metrics-addr`: the worker's counters, batch latency,
+//! deadline lateness, and per voucher the stream backlog and its age, the
+//! gate's stock, buyers, waitlist, dead letters and pause, in OpenMetrics
+//! text (GET /metrics), on the same stack as `seckill serve` (axum and the
+//! Prometheus org's client crate). Per-voucher values are read from Redis
+//! at each scrape into a registry made for that scrape, so a voucher no
+//! longer registered leaves the page with it.
 
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -12,14 +15,24 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::stats::{StatsSnapshot, WorkerStats, BATCH_BUCKETS};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::registry::Registry;
+use redis::AsyncCommands;
+
+use super::stats::WorkerStats;
 use crate::error::{Error, Result};
 use crate::gate::policy::{self, Rejections};
+use crate::gate::state::GateState;
 use crate::store::config::Config;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn;
 use crate::store::registry;
-use crate::stream::backlog::backlog;
+use crate::stream::backlog::{backlog, oldest_in_flight_ms, Backlog};
+use crate::support::timespec::now_ms;
 
 /// Binds now (so a busy port fails the worker at start), then serves until `stop`.
 pub async fn start(
@@ -37,8 +50,14 @@ pub async fn start(
         get(move || {
             let (cfg, stats) = (cfg.clone(), stats.clone());
             async move {
-                let body = render(&cfg, &stats.snapshot(), &stats.batch_histogram()).await;
-                ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
+                let body = render(&cfg, &stats).await;
+                (
+                    [(
+                        header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    body,
+                )
             }
         }),
     );
@@ -52,178 +71,245 @@ pub async fn start(
     }))
 }
 
-async fn render(
-    cfg: &Config,
-    s: &StatsSnapshot,
-    hist: &([u64; BATCH_BUCKETS.len()], u64, f64),
-) -> String {
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VoucherLabel {
+    voucher: u64,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RejectionLabels {
+    voucher: u64,
+    reason: &'static str,
+}
+
+/// What the page shows of one registered voucher, read at the scrape.
+struct VoucherRow {
+    voucher: u64,
+    backlog: Backlog,
+    /// Age of the oldest entry not yet acknowledged (none: nothing in flight).
+    oldest_age_ms: Option<u64>,
+    rejections: Rejections,
+    paused: bool,
+    gate: GateState,
+    dead_letters: u64,
+}
+
+async fn render(cfg: &Config, stats: &WorkerStats) -> String {
+    let mut registry = Registry::with_prefix("seckill");
+    register_worker(&mut registry, stats);
+    match voucher_rows(cfg).await {
+        Ok(rows) => register_vouchers(&mut registry, &rows),
+        Err(e) => tracing::warn!("metrics: could not read the vouchers' gates and streams: {e}"),
+    }
     let mut out = String::new();
-    let counters: [(&str, &str, u64); 14] = [
-        (
-            "seckill_orders_persisted_total",
-            "Orders inserted into MySQL by this worker",
-            s.persisted,
-        ),
-        (
-            "seckill_units_persisted_total",
-            "Units the orders inserted into MySQL by this worker hold",
-            s.units_persisted,
-        ),
-        (
-            "seckill_orders_duplicate_total",
-            "Redelivered entries whose order was already stored",
-            s.duplicates,
-        ),
-        (
-            "seckill_dead_lettered_total",
-            "Messages moved to a dead-letter stream",
-            s.dead_lettered,
-        ),
-        (
-            "seckill_entries_reclaimed_total",
-            "Entries taken over from silent consumers",
-            s.reclaimed,
-        ),
-        (
-            "seckill_lock_denied_total",
-            "Entries left pending because another worker held the user's lock",
-            s.lock_denied,
-        ),
-        (
-            "seckill_lock_lost_total",
-            "Lock leases that expired while their batch was being persisted",
-            s.lock_lost,
-        ),
-        (
-            "seckill_orders_cancelled_total",
-            "Unpaid orders cancelled at their payment deadline",
-            s.cancelled,
-        ),
-        (
-            "seckill_units_released_total",
-            "Units given back at the gate after a cancellation",
-            s.released,
-        ),
-        (
-            "seckill_promotions_total",
-            "Units handed to waitlisted users (released ones and the gate's stock they joined)",
-            s.promoted,
-        ),
-        (
-            "seckill_deadline_errors_total",
-            "Voucher passes of the payment deadlines that failed (each retried)",
-            s.deadline_errors,
-        ),
-        (
-            "seckill_gate_pauses_total",
-            "Gates paused by this worker because Redis lost writes MySQL holds",
-            s.gate_pauses,
-        ),
-        (
-            "seckill_gate_reopens_total",
-            "Paused or lost gates this worker rebuilt from MySQL and reopened",
-            s.gate_reopens,
-        ),
-        (
-            "seckill_gate_guard_passes_total",
-            "Passes of this worker's gate guard over every voucher it watches",
-            s.guard_passes,
-        ),
-    ];
-    for (name, help, value) in counters {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
-        );
-    }
-    let _ = writeln!(
-        out,
-        "# HELP seckill_deadline_lateness_max_seconds Worst time from a payment deadline to its cancellation\n\
-         # TYPE seckill_deadline_lateness_max_seconds gauge\n\
-         seckill_deadline_lateness_max_seconds {}",
-        s.max_lateness_ms as f64 / 1000.0
-    );
-    let (buckets, count, sum) = hist;
-    let _ = writeln!(
-        out,
-        "# HELP seckill_batch_duration_seconds Time to persist one batch (lock, MySQL, finish)\n\
-         # TYPE seckill_batch_duration_seconds histogram"
-    );
-    let mut cumulative = 0;
-    for (le, n) in BATCH_BUCKETS.iter().zip(buckets) {
-        cumulative += n;
-        let _ = writeln!(
-            out,
-            "seckill_batch_duration_seconds_bucket{{le=\"{le}\"}} {cumulative}"
-        );
-    }
-    let _ = writeln!(
-        out,
-        "seckill_batch_duration_seconds_bucket{{le=\"+Inf\"}} {count}"
-    );
-    let _ = writeln!(out, "seckill_batch_duration_seconds_sum {sum}");
-    let _ = writeln!(out, "seckill_batch_duration_seconds_count {count}");
-    match stream_backlog(cfg).await {
-        Ok(rows) => {
-            let _ = writeln!(
-                out,
-                "# HELP seckill_stream_lag Order stream entries not yet delivered to the worker group\n\
-                 # TYPE seckill_stream_lag gauge"
-            );
-            for (v, lag, ..) in &rows {
-                let _ = writeln!(out, "seckill_stream_lag{{voucher=\"{v}\"}} {lag}");
-            }
-            let _ = writeln!(
-                out,
-                "# HELP seckill_gate_paused 1 while the voucher's gate is paused for a rebuild\n\
-                 # TYPE seckill_gate_paused gauge"
-            );
-            for (v, .., paused) in &rows {
-                let _ = writeln!(
-                    out,
-                    "seckill_gate_paused{{voucher=\"{v}\"}} {}",
-                    u8::from(*paused)
-                );
-            }
-            let _ = writeln!(
-                out,
-                "# HELP seckill_stream_pending Order stream entries delivered but not acknowledged\n\
-                 # TYPE seckill_stream_pending gauge"
-            );
-            for (v, _, pending, ..) in &rows {
-                let _ = writeln!(out, "seckill_stream_pending{{voucher=\"{v}\"}} {pending}");
-            }
-            let _ = writeln!(
-                out,
-                "# HELP seckill_gate_rejections_total Admission attempts the voucher's policy turned away\n\
-                 # TYPE seckill_gate_rejections_total counter"
-            );
-            for (v, _, _, r, _) in &rows {
-                for (reason, n) in [("rate_limited", r.rate_limited), ("bad_token", r.bad_token)] {
-                    let _ = writeln!(
-                        out,
-                        "seckill_gate_rejections_total{{voucher=\"{v}\",reason=\"{reason}\"}} {n}"
-                    );
-                }
-            }
-        }
-        Err(e) => tracing::warn!("metrics: could not read the stream backlog: {e}"),
+    if let Err(e) = encode(&mut out, &registry) {
+        tracing::warn!("metrics: could not encode: {e}");
     }
     out
 }
 
-/// Per registered voucher: lag, pending, the gate's policy rejections and
-/// whether it is paused.
-async fn stream_backlog(cfg: &Config) -> Result<Vec<(u64, u64, u64, Rejections, bool)>> {
+fn register_worker(registry: &mut Registry, stats: &WorkerStats) {
+    let s = stats.snapshot();
+    // Names without `_total`: the encoder adds it to counters.
+    let counters: [(&str, &str, u64); 15] = [
+        (
+            "orders_persisted",
+            "Orders inserted into MySQL by this worker",
+            s.persisted,
+        ),
+        (
+            "units_persisted",
+            "Units the orders inserted into MySQL by this worker hold",
+            s.units_persisted,
+        ),
+        (
+            "orders_duplicate",
+            "Redelivered entries whose order was already stored",
+            s.duplicates,
+        ),
+        (
+            "dead_lettered",
+            "Messages moved to a dead-letter stream",
+            s.dead_lettered,
+        ),
+        (
+            "entries_reclaimed",
+            "Entries taken over from silent consumers",
+            s.reclaimed,
+        ),
+        (
+            "lock_denied",
+            "Entries left pending because another worker held the user's lock",
+            s.lock_denied,
+        ),
+        (
+            "lock_lost",
+            "Lock leases that expired while their batch was being persisted",
+            s.lock_lost,
+        ),
+        (
+            "orders_cancelled",
+            "Unpaid orders cancelled at their payment deadline",
+            s.cancelled,
+        ),
+        (
+            "units_released",
+            "Units given back at the gate after a cancellation",
+            s.released,
+        ),
+        (
+            "promotions",
+            "Units handed to waitlisted users (released ones and the gate's stock they joined)",
+            s.promoted,
+        ),
+        (
+            "deadline_errors",
+            "Voucher passes of the payment deadlines that failed (each retried)",
+            s.deadline_errors,
+        ),
+        (
+            "gate_pauses",
+            "Gates paused by this worker because Redis lost writes MySQL holds",
+            s.gate_pauses,
+        ),
+        (
+            "gate_reopens",
+            "Paused or lost gates this worker rebuilt from MySQL and reopened",
+            s.gate_reopens,
+        ),
+        (
+            "gate_guard_passes",
+            "Passes of this worker's gate guard over every voucher it watches",
+            s.guard_passes,
+        ),
+        (
+            "worker_retries",
+            "Retries after a failed call to Redis or MySQL (an outage, a timeout)",
+            crate::support::backoff::retries(),
+        ),
+    ];
+    for (name, help, value) in counters {
+        registry.register(name, help, ConstCounter::new(value));
+    }
+    registry.register(
+        "deadline_lateness_max_seconds",
+        "Worst time from a payment deadline to its cancellation",
+        ConstGauge::new(s.max_lateness_ms as f64 / 1000.0),
+    );
+    registry.register(
+        "deadline_lateness_seconds",
+        "Per deadline pass that cancelled orders, how late its latest cancellation was",
+        stats.lateness_seconds.clone(),
+    );
+    registry.register(
+        "batch_duration_seconds",
+        "Time to persist one batch (lock, MySQL, finish)",
+        stats.batch_seconds.clone(),
+    );
+}
+
+fn register_vouchers(registry: &mut Registry, rows: &[VoucherRow]) {
+    let gauge = |registry: &mut Registry,
+                 name: &str,
+                 help: &str,
+                 value: &dyn Fn(&VoucherRow) -> Option<f64>| {
+        let family = Family::<VoucherLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        for r in rows {
+            if let Some(v) = value(r) {
+                family
+                    .get_or_create(&VoucherLabel { voucher: r.voucher })
+                    .set(v);
+            }
+        }
+        registry.register(name, help, family);
+    };
+    gauge(
+        registry,
+        "stream_lag",
+        "Order stream entries not yet delivered to the worker group",
+        &|r| Some(r.backlog.undelivered as f64),
+    );
+    gauge(
+        registry,
+        "stream_pending",
+        "Order stream entries delivered but not acknowledged",
+        &|r| Some(r.backlog.pending as f64),
+    );
+    gauge(
+        registry,
+        "stream_oldest_age_seconds",
+        "Age of the oldest order stream entry not yet acknowledged (0: none in flight)",
+        &|r| Some(r.oldest_age_ms.unwrap_or(0) as f64 / 1000.0),
+    );
+    gauge(
+        registry,
+        "gate_paused",
+        "1 while the voucher's gate is paused for a rebuild",
+        &|r| Some(f64::from(u8::from(r.paused))),
+    );
+    gauge(
+        registry,
+        "gate_stock",
+        "Units left at the voucher's gate",
+        &|r| r.gate.stock.map(|s| s as f64),
+    );
+    gauge(
+        registry,
+        "gate_buyers",
+        "Users admitted at the voucher's gate",
+        &|r| Some(r.gate.buyers as f64),
+    );
+    gauge(
+        registry,
+        "gate_waitlist",
+        "Users waiting on the voucher's waitlist",
+        &|r| Some(r.gate.waitlist as f64),
+    );
+    gauge(
+        registry,
+        "dead_letters",
+        "Entries in the voucher's dead-letter stream",
+        &|r| Some(r.dead_letters as f64),
+    );
+    let rejections = Family::<RejectionLabels, Counter>::default();
+    for r in rows {
+        for (reason, n) in [
+            ("rate_limited", r.rejections.rate_limited),
+            ("bad_token", r.rejections.bad_token),
+        ] {
+            rejections
+                .get_or_create(&RejectionLabels {
+                    voucher: r.voucher,
+                    reason,
+                })
+                .inc_by(n);
+        }
+    }
+    registry.register(
+        "gate_rejections",
+        "Admission attempts the voucher's policy turned away",
+        rejections,
+    );
+}
+
+async fn voucher_rows(cfg: &Config) -> Result<Vec<VoucherRow>> {
     let mut conn = redis_conn::connect(cfg).await?;
     let ids = registry::members(&mut conn, &cfg.prefix).await?;
+    let keys = VoucherKeys::of_all(&cfg.prefix, &ids)?;
+    let gates = crate::gate::state::read_many(&mut conn, &keys).await?;
+    let now = u64::try_from(now_ms()).unwrap_or(0);
     let mut out = Vec::with_capacity(ids.len());
-    for v in ids {
-        let keys = VoucherKeys::new(&cfg.prefix, v)?;
-        let b = backlog(&mut conn, &keys).await?;
-        let r = policy::rejections(&mut conn, &keys).await?;
-        let paused = crate::gate::pause::is_paused(&mut conn, &keys).await?;
-        out.push((v, b.undelivered, b.pending, r, paused));
+    for (k, gate) in keys.iter().zip(gates) {
+        let oldest = oldest_in_flight_ms(&mut conn, k).await?;
+        out.push(VoucherRow {
+            voucher: k.voucher(),
+            backlog: backlog(&mut conn, k).await?,
+            oldest_age_ms: oldest.map(|t| now.saturating_sub(t)),
+            rejections: policy::rejections(&mut conn, k).await?,
+            paused: crate::gate::pause::is_paused(&mut conn, k).await?,
+            gate,
+            dead_letters: conn.xlen(k.dead()).await?,
+        });
     }
     Ok(out)
 }

@@ -2,9 +2,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use prometheus_client::metrics::histogram::Histogram;
 use serde::Serialize;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct WorkerStats {
     persisted: AtomicU64,
     units_persisted: AtomicU64,
@@ -24,15 +25,48 @@ pub struct WorkerStats {
     gates_paused: AtomicU64,
     /// Passes the gate guard has completed (succeeded or failed).
     guard_passes: AtomicU64,
-    batch_buckets: [AtomicU64; BATCH_BUCKETS.len()],
-    batch_count: AtomicU64,
-    batch_micros: AtomicU64,
+    /// Time to persist one batch (shared with the metrics page: a
+    /// prometheus-client histogram is a handle).
+    pub batch_seconds: Histogram,
+    /// Per deadline pass that cancelled something, how late its latest
+    /// cancellation was.
+    pub lateness_seconds: Histogram,
+}
+
+impl Default for WorkerStats {
+    fn default() -> Self {
+        WorkerStats {
+            persisted: AtomicU64::default(),
+            units_persisted: AtomicU64::default(),
+            duplicates: AtomicU64::default(),
+            dead_lettered: AtomicU64::default(),
+            batches: AtomicU64::default(),
+            reclaimed: AtomicU64::default(),
+            lock_denied: AtomicU64::default(),
+            lock_lost: AtomicU64::default(),
+            cancelled: AtomicU64::default(),
+            released: AtomicU64::default(),
+            promoted: AtomicU64::default(),
+            max_lateness_ms: AtomicU64::default(),
+            deadline_errors: AtomicU64::default(),
+            gate_pauses: AtomicU64::default(),
+            gate_reopens: AtomicU64::default(),
+            gates_paused: AtomicU64::default(),
+            guard_passes: AtomicU64::default(),
+            batch_seconds: Histogram::new(BATCH_BUCKETS),
+            lateness_seconds: Histogram::new(LATENESS_BUCKETS),
+        }
+    }
 }
 
 /// Upper bounds (seconds) of the batch-duration histogram's buckets.
 pub const BATCH_BUCKETS: [f64; 11] = [
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 ];
+
+/// Upper bounds (seconds) of the deadline-lateness histogram's buckets: a
+/// pass is due every few hundred ms, and minutes late is an outage.
+pub const LATENESS_BUCKETS: [f64; 10] = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct StatsSnapshot {
@@ -115,26 +149,12 @@ impl WorkerStats {
     }
     pub fn note_lateness(&self, ms: u64) {
         self.max_lateness_ms.fetch_max(ms, Ordering::Relaxed);
+        self.lateness_seconds.observe(ms as f64 / 1000.0);
     }
 
     /// Records how long one batch took, for the latency histogram.
     pub fn observe_batch(&self, d: std::time::Duration) {
-        let secs = d.as_secs_f64();
-        if let Some(i) = BATCH_BUCKETS.iter().position(|le| secs <= *le) {
-            self.batch_buckets[i].fetch_add(1, Ordering::Relaxed);
-        }
-        self.batch_count.fetch_add(1, Ordering::Relaxed);
-        self.batch_micros
-            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
-    }
-
-    /// (per-bucket counts, total count, sum in seconds).
-    pub fn batch_histogram(&self) -> ([u64; BATCH_BUCKETS.len()], u64, f64) {
-        (
-            std::array::from_fn(|i| self.batch_buckets[i].load(Ordering::Relaxed)),
-            self.batch_count.load(Ordering::Relaxed),
-            self.batch_micros.load(Ordering::Relaxed) as f64 / 1e6,
-        )
+        self.batch_seconds.observe(d.as_secs_f64());
     }
 
     pub fn snapshot(&self) -> StatsSnapshot {
