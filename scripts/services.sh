@@ -49,6 +49,8 @@ need_packages() {
   command -v mariadb-admin >/dev/null 2>&1 || missing+=(mariadb-client)
   # The test suite runs a worker on a skewed clock (libfaketime).
   command -v faketime >/dev/null 2>&1 || missing+=(faketime)
+  # The observability tests run promtool and a real Prometheus.
+  command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
   # The demo and the HTTPS test of `seckill serve` call it with curl; the
   # TLS tests make their certificates with openssl.
   command -v curl >/dev/null 2>&1 || missing+=(curl)
