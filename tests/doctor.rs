@@ -7,7 +7,9 @@ mod common;
 
 use common::own_mysql::OwnMysql;
 use common::own_redis::OwnRedis;
-use common::rights::{apply_mysql_grants, as_role, documented_users_before_init};
+use common::rights::{
+    apply_mysql_grants, as_role, documented_users_before_init, redis_acl_users, PASSWORD,
+};
 use common::TestEnv;
 use serde_json::Value;
 
@@ -81,6 +83,63 @@ async fn every_check_passes_on_the_projects_own_cluster() {
             .count(),
         3
     );
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_cluster_the_documented_worker_user_passes_the_checks_it_may_run() {
+    let env = TestEnv::on_cluster().await;
+    // The worker's rules under a name of this test's, on every node (ACLs
+    // are per node).
+    let mut rules = redis_acl_users(&env.prefix)
+        .into_iter()
+        .find(|u| u[0] == "seckill-worker")
+        .expect("the worker's user");
+    let user = format!("doctor-{}", env.prefix);
+    rules[0] = user.clone();
+    let base: u16 = std::env::var("SECKILL_CLUSTER_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(17001);
+    let cli = |port: u16, args: &[&str]| {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-p", &port.to_string()])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    for port in base..base + 6 {
+        let mut args = vec!["acl", "setuser"];
+        args.extend(rules.iter().map(String::as_str));
+        assert_eq!(cli(port, &args), "OK");
+    }
+    let seeds: Vec<String> = (base..base + 3)
+        .map(|p| format!("redis://{user}:{PASSWORD}@127.0.0.1:{p}/"))
+        .collect();
+    let mut cmd = env.cmd();
+    cmd.env("SECKILL_REDIS_URL", seeds.join(","));
+    let (_, checks) = doctor(&mut cmd, &["--role", "worker"]);
+    for port in base..base + 6 {
+        cli(port, &["acl", "deluser", &user]);
+    }
+    // It may not list the cluster's nodes (CLUSTER NODES): the slot map
+    // gives them, and every check on keys and scripts still runs.
+    for ok in [
+        "redis reachable",
+        "redis cluster replicas",
+        "redis scripts",
+        "redis node ids",
+        "redis rights (worker)",
+        "clock skew",
+    ] {
+        assert_eq!(status_of(&checks, ok), "ok", "{ok}: {checks:?}");
+    }
+    assert!(found_of(&checks, "redis appendonly").contains("all 6 servers"));
+    // CONFIG GET is not the worker's: said, not guessed.
+    let fsync = found_of(&checks, "redis appendfsync");
+    assert!(fsync.contains("not readable by this user"), "{fsync}");
+    assert!(!format!("{checks:?}").contains(PASSWORD));
     env.cleanup().await;
 }
 

@@ -13,6 +13,7 @@ use super::{Check, Role};
 use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::redis_conn;
+use crate::support::mask::redact;
 
 /// Up to this much skew is noise on a host with NTP.
 const OK_MS: i64 = 500;
@@ -49,12 +50,12 @@ pub async fn checks(cfg: &Config, role: Option<Role>) -> Vec<Check> {
     if role != Some(Role::Schema) {
         match redis_skews(cfg).await {
             Ok(s) => skews.extend(s),
-            Err(e) => unread.push(format!("Redis: {e}")),
+            Err(e) => unread.push(format!("Redis: {}", redact(&e, &cfg.secrets()))),
         }
     }
     match mysql_skew(cfg).await {
         Ok(s) => skews.push(s),
-        Err(e) => unread.push(format!("MySQL: {e}")),
+        Err(e) => unread.push(format!("MySQL: {}", redact(&e, &cfg.secrets()))),
     }
     let worst = skews.iter().map(|s| s.skew_ms.abs()).max().unwrap_or(0);
     let mut found: Vec<String> = skews
@@ -100,7 +101,11 @@ async fn redis_skews(cfg: &Config) -> Result<Vec<Skew>, String> {
         } else {
             "Redis".to_string()
         };
-        out.push(skew(label, before, secs * 1_000_000 + micros, after));
+        let server_us = secs
+            .checked_mul(1_000_000)
+            .and_then(|s| s.checked_add(micros))
+            .ok_or("TIME gave a time out of range")?;
+        out.push(skew(label, before, server_us, after));
     }
     Ok(out)
 }

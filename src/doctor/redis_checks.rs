@@ -359,6 +359,7 @@ const DATA_COMMANDS: &[Probe] = &[
     &["del", "K"],
     &["unlink", "K"],
     &["exists", "K"],
+    &["incr", "K"],
     &["rename", "K", "K2"],
     &["persist", "K"],
     &["pexpire", "K", "1"],
@@ -379,6 +380,7 @@ const DATA_COMMANDS: &[Probe] = &[
     &["srem", "K", "m"],
     &["sismember", "K", "m"],
     &["smismember", "K", "m"],
+    &["smembers", "K"],
     &["scard", "K"],
     &["zadd", "K", "1", "m"],
     &["zrem", "K", "m"],
@@ -394,6 +396,8 @@ const DATA_COMMANDS: &[Probe] = &[
     &["xclaim", "K", "g", "c", "0", "0-1"],
     &["xdel", "K", "0-1"],
     &["xgroup", "create", "K", "g", "$"],
+    &["xgroup", "delconsumer", "K", "g", "c"],
+    &["xlen", "K"],
     &["xinfo", "groups", "K"],
     &["xinfo", "consumers", "K", "g"],
     &["xpending", "K", "g"],
@@ -551,6 +555,36 @@ mod tests {
             "XGROUP CREATE"
         );
         assert_eq!(command_name(&["hset", "K", "f", "v"]), "HSET");
+    }
+
+    #[test]
+    fn every_command_a_script_runs_is_tried() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/lua");
+        let mut sources = String::new();
+        for dir in [dir.to_string(), format!("{dir}/lib")] {
+            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                if entry.path().extension().is_some_and(|e| e == "lua") {
+                    sources.push_str(&std::fs::read_to_string(entry.path()).unwrap_or_default());
+                }
+            }
+        }
+        let tried: Vec<&str> = DATA_COMMANDS.iter().map(|p| p[0]).collect();
+        let mut missing = Vec::new();
+        for call in sources
+            .split("redis.call('")
+            .skip(1)
+            .chain(sources.split("redis.pcall('").skip(1))
+        {
+            let name = call
+                .split('\'')
+                .next()
+                .unwrap_or_default()
+                .to_ascii_lowercase();
+            if !tried.contains(&name.as_str()) && !missing.contains(&name) {
+                missing.push(name);
+            }
+        }
+        assert_eq!(missing, Vec::<String>::new());
     }
 
     #[test]

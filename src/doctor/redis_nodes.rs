@@ -44,10 +44,23 @@ pub async fn shape(conn: &mut Redis, node_addr: &str) -> Result<Shape> {
             masters: Vec::new(),
         });
     };
-    let text: Value = redis::cmd("CLUSTER")
+    let listing: std::result::Result<Value, _> = redis::cmd("CLUSTER")
         .arg("NODES")
         .query_async(&mut conn.clone())
-        .await?;
+        .await;
+    let text = match listing {
+        Ok(text) => text,
+        // The documented users may run CLUSTER SLOTS only (the driver
+        // needs it): the slot map names the masters and their replicas,
+        // without the failed flags.
+        Err(_) => {
+            let slots: Value = redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query_async(&mut conn.clone())
+                .await?;
+            return Ok(parse_cluster_slots(&slots));
+        }
+    };
     // Asked of every master; any one's view will do.
     let text = match text {
         Value::Map(per_node) => per_node
@@ -74,7 +87,8 @@ fn parse_cluster_nodes(text: &str) -> Shape {
         .lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            if f.len() < 8 || f[2].contains("fail") || f[2].contains("noaddr") {
+            let down = |flag: &str| matches!(flag, "fail" | "fail?" | "noaddr" | "handshake");
+            if f.len() < 8 || f[2].split(',').any(down) {
                 return None;
             }
             let addr = f[1].split(['@', ',']).next()?.to_string();
@@ -109,6 +123,44 @@ fn parse_cluster_nodes(text: &str) -> Shape {
     Shape { nodes, masters }
 }
 
+/// `CLUSTER SLOTS`: per slot range `[start, end, [ip, port, id, ..],
+/// replicas...]`; a master serving several ranges is listed once.
+fn parse_cluster_slots(reply: &Value) -> Shape {
+    let text = crate::store::redis_conn::value_text;
+    let node = |v: &Value| match v {
+        Value::Array(f) if f.len() >= 2 => Some(format!("{}:{}", text(&f[0]), text(&f[1]))),
+        _ => None,
+    };
+    let mut shape = Shape::default();
+    let Value::Array(ranges) = reply else {
+        return shape;
+    };
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            continue;
+        };
+        let Some(master) = fields.get(2).and_then(node) else {
+            continue;
+        };
+        if shape.masters.iter().any(|(m, _)| *m == master) {
+            continue;
+        }
+        let replicas: Vec<String> = fields.iter().skip(3).filter_map(node).collect();
+        shape.nodes.push(Node {
+            addr: master.clone(),
+            replica_of: None,
+        });
+        for r in &replicas {
+            shape.nodes.push(Node {
+                addr: r.clone(),
+                replica_of: Some(master.clone()),
+            });
+        }
+        shape.masters.push((master, replicas.len()));
+    }
+    shape
+}
+
 /// One command on one server.
 pub async fn ask(conn: &mut Redis, node: &Node, cmd: &Cmd) -> std::result::Result<Value, String> {
     let reply = match conn {
@@ -128,7 +180,12 @@ pub async fn ask(conn: &mut Redis, node: &Node, cmd: &Cmd) -> std::result::Resul
             .await
         }
     };
-    reply.map_err(|e| describe_redis(&e))
+    // A routed command hands a server's refusal back as a value.
+    match reply {
+        Ok(Value::ServerError(e)) => Err(describe_redis(&e.into())),
+        Ok(v) => Ok(v),
+        Err(e) => Err(describe_redis(&e)),
+    }
 }
 
 /// `CONFIG GET name` on one server: `Ok(None)` when the setting does not
@@ -180,7 +237,7 @@ mod tests {
 a1 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-5460
 a2 127.0.0.1:7002@17002 master - 0 0 2 connected 5461-10922
 a3 127.0.0.1:7003@17003,host3 master - 0 0 3 connected 10923-16383
-b1 127.0.0.1:7004@17004 slave a1 0 0 1 connected
+b1 127.0.0.1:7004@17004 slave,nofailover a1 0 0 1 connected
 b2 127.0.0.1:7005@17005 slave,fail a2 0 0 2 connected
 b3 127.0.0.1:7006@17006 slave a3 0 0 3 connected
 ";
@@ -196,5 +253,35 @@ b3 127.0.0.1:7006@17006 slave a3 0 0 3 connected
         assert_eq!(shape.nodes.len(), 5, "the failed replica is left out");
         assert_eq!(shape.nodes[3].label(), "127.0.0.1:7004 (replica)");
         assert_eq!(shape.nodes[3].replica_of.as_deref(), Some("127.0.0.1:7001"));
+    }
+
+    #[test]
+    fn a_slot_map_gives_each_master_once_with_its_replicas() {
+        let node = |port: i64| {
+            Value::Array(vec![
+                Value::BulkString(b"127.0.0.1".to_vec()),
+                Value::Int(port),
+                Value::BulkString(b"id".to_vec()),
+            ])
+        };
+        let range = |a: i64, b: i64, nodes: Vec<Value>| {
+            let mut f = vec![Value::Int(a), Value::Int(b)];
+            f.extend(nodes);
+            Value::Array(f)
+        };
+        let reply = Value::Array(vec![
+            range(0, 100, vec![node(7001), node(7004)]),
+            range(101, 200, vec![node(7002)]),
+            range(201, 300, vec![node(7001), node(7004)]),
+        ]);
+        let shape = parse_cluster_slots(&reply);
+        assert_eq!(
+            shape.masters,
+            [
+                ("127.0.0.1:7001".to_string(), 1),
+                ("127.0.0.1:7002".to_string(), 0)
+            ]
+        );
+        assert_eq!(shape.nodes.len(), 3);
     }
 }

@@ -292,24 +292,50 @@ fn register_vouchers(registry: &mut Registry, rows: &[VoucherRow]) {
     );
 }
 
+/// Vouchers read at once per scrape: each costs a few round trips, and a
+/// scrape must end well inside Prometheus's timeout with thousands of them.
+const CONCURRENT_READS: usize = 32;
+
 async fn voucher_rows(cfg: &Config) -> Result<Vec<VoucherRow>> {
+    use futures_util::stream::{self, StreamExt};
     let mut conn = redis_conn::connect(cfg).await?;
     let ids = registry::members(&mut conn, &cfg.prefix).await?;
     let keys = VoucherKeys::of_all(&cfg.prefix, &ids)?;
     let gates = crate::gate::state::read_many(&mut conn, &keys).await?;
     let now = u64::try_from(now_ms()).unwrap_or(0);
-    let mut out = Vec::with_capacity(ids.len());
-    for (k, gate) in keys.iter().zip(gates) {
-        let oldest = oldest_in_flight_ms(&mut conn, k).await?;
-        out.push(VoucherRow {
-            voucher: k.voucher(),
-            backlog: backlog(&mut conn, k).await?,
-            oldest_age_ms: oldest.map(|t| now.saturating_sub(t)),
-            rejections: policy::rejections(&mut conn, k).await?,
-            paused: crate::gate::pause::is_paused(&mut conn, k).await?,
-            gate,
-            dead_letters: conn.xlen(k.dead()).await?,
-        });
-    }
-    Ok(out)
+    let rows = stream::iter(keys.into_iter().zip(gates))
+        .map(|(k, gate)| {
+            let mut conn = conn.clone();
+            async move {
+                let row = voucher_row(&mut conn, &k, gate, now).await;
+                if let Err(e) = &row {
+                    // One voucher's failed read leaves the others on the page.
+                    tracing::warn!("metrics: voucher {}: {e}", k.voucher());
+                }
+                row.ok()
+            }
+        })
+        .buffered(CONCURRENT_READS)
+        .filter_map(|row| async move { row })
+        .collect()
+        .await;
+    Ok(rows)
+}
+
+async fn voucher_row(
+    conn: &mut redis_conn::Redis,
+    k: &VoucherKeys,
+    gate: GateState,
+    now: u64,
+) -> Result<VoucherRow> {
+    let oldest = oldest_in_flight_ms(conn, k).await?;
+    Ok(VoucherRow {
+        voucher: k.voucher(),
+        backlog: backlog(conn, k).await?,
+        oldest_age_ms: oldest.map(|t| now.saturating_sub(t)),
+        rejections: policy::rejections(conn, k).await?,
+        paused: crate::gate::pause::is_paused(conn, k).await?,
+        gate,
+        dead_letters: conn.xlen(k.dead()).await?,
+    })
 }

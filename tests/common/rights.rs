@@ -7,20 +7,33 @@ use super::TestEnv;
 
 pub const PASSWORD: &str = "Least-Privilege-42";
 
-/// The ACL file's users, for this test's key prefix.
-pub fn apply_redis_acl(redis: &OwnRedis, prefix: &str) {
+/// The ACL file's users, each as `ACL SETUSER` arguments (name first),
+/// for this test's key prefix and the test password.
+pub fn redis_acl_users(prefix: &str) -> Vec<Vec<String>> {
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/contrib/redis-acl.conf"
     ))
     .unwrap();
-    for line in text.lines().filter(|l| l.starts_with("user ")) {
-        let line = line
-            .replace(">CHANGE-ME", &format!(">{PASSWORD}"))
-            .replace("~seckill:*", &format!("~{prefix}:*"));
+    text.lines()
+        .filter(|l| l.starts_with("user "))
+        .map(|line| {
+            line.replace(">CHANGE-ME", &format!(">{PASSWORD}"))
+                .replace("~seckill:*", &format!("~{prefix}:*"))
+                .split_whitespace()
+                .skip(1)
+                .map(str::to_string)
+                .collect()
+        })
+        .collect()
+}
+
+/// The ACL file's users on `redis`, for this test's key prefix.
+pub fn apply_redis_acl(redis: &OwnRedis, prefix: &str) {
+    for user in redis_acl_users(prefix) {
         let mut args = vec!["acl", "setuser"];
-        args.extend(line.split_whitespace().skip(1));
-        assert_eq!(redis.cli(&args).trim(), "OK", "{line}");
+        args.extend(user.iter().map(String::as_str));
+        assert_eq!(redis.cli(&args).trim(), "OK", "{user:?}");
     }
 }
 
