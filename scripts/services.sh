@@ -51,6 +51,11 @@ need_packages() {
   command -v faketime >/dev/null 2>&1 || missing+=(faketime)
   # The observability tests run promtool and a real Prometheus.
   command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+  # The package test (tests/package.rs) checks and installs a .deb.
+  command -v lintian >/dev/null 2>&1 || missing+=(lintian)
+  command -v file >/dev/null 2>&1 || missing+=(file)
+  command -v man >/dev/null 2>&1 || missing+=(man-db)
+  command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
   # The demo and the HTTPS test of `seckill serve` call it with curl; the
   # TLS tests make their certificates with openssl.
   command -v curl >/dev/null 2>&1 || missing+=(curl)
