@@ -344,3 +344,35 @@ async fn tls_that_checks_nothing_off_loopback_warns_and_an_unreachable_server_fa
     assert_eq!(status_of(&checks, "redis reachable"), "ok");
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_ids_running_out_warn_and_none_left_fails() {
+    use redis::AsyncCommands;
+    let env = TestEnv::new().await;
+    let mut redis = env.redis().await;
+    // Leases as live processes hold them (what node_lease.lua sets).
+    let lease = |n: u16| seckill::store::keys::node_lease(&env.prefix, n);
+    let mut pipe = redis::pipe();
+    for n in 0..1000u16 {
+        pipe.set_ex(lease(n), "holder", 60).ignore();
+    }
+    let () = pipe.query_async(&mut redis).await.unwrap();
+    let (code, checks) = doctor(&mut env.cmd(), &[]);
+    assert_eq!((code, status_of(&checks, "redis node ids")), (5, "warn"));
+    assert_eq!(
+        found_of(&checks, "redis node ids"),
+        "24 of 1024 free (1000 leased)"
+    );
+    let mut pipe = redis::pipe();
+    for n in 1000..1024u16 {
+        pipe.set_ex(lease(n), "holder", 60).ignore();
+    }
+    let () = pipe.query_async(&mut redis).await.unwrap();
+    let (code, checks) = doctor(&mut env.cmd(), &[]);
+    assert_eq!((code, status_of(&checks, "redis node ids")), (6, "fail"));
+    let _: u64 = redis
+        .del((0..1024u16).map(lease).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    env.cleanup().await;
+}
