@@ -36,8 +36,11 @@ fresh_voucher() { # url id: a new voucher of `attempts` units, preloaded there
   SECKILL_REDIS_URL=$1 $seckill preload --voucher "$2" >/dev/null
 }
 
+# What the server ran with before (scripts/services.sh: always), put back
+# after each round and at the end.
+fsync_before=$(redis-cli -p "$node_port" config get appendfsync | tail -n 1)
 cleanup() {
-  redis-cli -p "$node_port" config set appendfsync everysec >/dev/null
+  redis-cli -p "$node_port" config set appendfsync "$fsync_before" >/dev/null
   drop_bench_keys
 }
 trap cleanup EXIT
@@ -55,7 +58,7 @@ for r in $(seq 1 "$rounds"); do
   everysec=$(bench_rate "$node_url" $((v + 1)))
   redis-cli -p "$node_port" config set appendfsync always >/dev/null
   always=$(bench_rate "$node_url" $((v + 2)))
-  redis-cli -p "$node_port" config set appendfsync everysec >/dev/null
+  redis-cli -p "$node_port" config set appendfsync "$fsync_before" >/dev/null
   nowait=$(bench_rate "$cluster_url" $((v + 3)))
   wait1=$(bench_rate "$cluster_url" $((v + 4)) --wait-replicas 1)
   printf '| %s | %s | %s | %s%% | %s | %s | %s%% |\n' "$r" "$everysec" "$always" \

@@ -41,6 +41,6 @@ fi
 # The dev profile (tests/package.rs) draws a warning from cargo-deb 3.8:
 # fine for checking the package's layout, not for a release.
 grep -v '\.deb$' "$log" | sed 's/^/package.sh: /' >&2 || true
-deb=$(grep '\.deb$' "$log" | tail -n 1)
+deb=$(grep '\.deb$' "$log" | tail -n 1 || true)
 [ -f "$deb" ] || { echo "package.sh: cargo deb made no package" >&2; exit 1; }
 echo "$deb"

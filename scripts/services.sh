@@ -319,7 +319,7 @@ if [ "$which" = cluster ]; then
   up)
     need_packages
     cluster_up
-    say "Redis Cluster $cluster_url (3 masters, 3 replicas, AOF everysec, node timeout ${cluster_node_timeout}ms, data in $data/cluster)"
+    say "Redis Cluster $cluster_url (3 masters, 3 replicas, AOF appendfsync always, node timeout ${cluster_node_timeout}ms, data in $data/cluster)"
     ;;
   down)
     cluster_down
@@ -334,7 +334,7 @@ up)
   need_packages
   if [ "$which" != mysql ]; then
     redis_up
-    say "Redis   $redis_url (AOF everysec, data in $data/redis)"
+    say "Redis   $redis_url (AOF appendfsync always, data in $data/redis)"
   fi
   if [ "$which" != redis ]; then
     mysql_up

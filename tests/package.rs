@@ -39,9 +39,35 @@ fn the_package_installs_works_from_its_paths_and_purges_cleanly() {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/package.sh");
     let deb = run("bash", &[script, "--profile", "dev", "--no-build"]);
     let deb = deb.trim();
+    let arch = run("dpkg", &["--print-architecture"]);
     assert!(
-        deb.ends_with("_amd64.deb") && Path::new(deb).exists(),
+        deb.ends_with(&format!("_{}.deb", arch.trim())) && Path::new(deb).exists(),
         "{deb}"
+    );
+    // The control file: one synopsis line (under 80 columns), and the
+    // version the changelog gives.
+    let control = run("dpkg-deb", &["--field", deb, "Description", "Version"]);
+    let synopsis = control
+        .lines()
+        .find_map(|l| l.strip_prefix("Description: "))
+        .unwrap_or_default();
+    assert!(
+        !synopsis.is_empty() && synopsis.len() < 80 && !synopsis.ends_with(','),
+        "{control}"
+    );
+    let version = control
+        .lines()
+        .find_map(|l| l.strip_prefix("Version: "))
+        .unwrap_or_default()
+        .to_string();
+    let changelog = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/packaging/debian/changelog"
+    ))
+    .unwrap();
+    assert!(
+        changelog.starts_with(&format!("seckill ({version})")),
+        "changelog and package disagree on {version}"
     );
 
     // Debian's own checker: no error, no warning (one override, the
@@ -104,15 +130,32 @@ fn the_package_installs_works_from_its_paths_and_purges_cleanly() {
         run("stat", &["-c", "%U:%G %a", "/etc/seckill/seckill.env"]).trim(),
         "root:seckill 640"
     );
-    let running = Command::new("pgrep")
-        .args(["-f", "^/usr/bin/seckill"])
-        .output()
-        .unwrap();
-    assert!(running.stdout.is_empty(), "started on install: {running:?}");
+    // Nothing enabled (a unit enabled on install would start at the next
+    // boot, before anyone filled in the URLs).
+    let wants = Path::new("/etc/systemd/system/multi-user.target.wants");
+    for unit in ["seckill-worker.service", "seckill-serve.service"] {
+        assert!(!wants.join(unit).exists(), "{unit} enabled on install");
+    }
+
+    // An admin's edit of the environment file, and the mode they chose,
+    // survive installing again (an upgrade's path through postinst).
+    let env_file = "/etc/seckill/seckill.env";
+    let mut edited = std::fs::read_to_string(env_file).unwrap();
+    edited.push_str("SECKILL_PREFIX=edited-by-the-admin\n");
+    std::fs::write(env_file, &edited).unwrap();
+    run("chmod", &["0600", env_file]);
+    run("dpkg", &["-i", deb]);
+    assert_eq!(std::fs::read_to_string(env_file).unwrap(), edited);
+    assert_eq!(run("stat", &["-c", "%a", env_file]).trim(), "600");
+
+    // Enabled by the admin, then purged: the enablement goes too.
+    run("systemctl", &["enable", "seckill-worker.service"]);
+    assert!(wants.join("seckill-worker.service").exists());
 
     run("dpkg", &["--purge", "seckill"]);
     assert!(!installed());
     for gone in [
+        "/etc/systemd/system/multi-user.target.wants/seckill-worker.service",
         "/usr/bin/seckill",
         "/etc/seckill",
         "/lib/systemd/system/seckill-worker.service",
