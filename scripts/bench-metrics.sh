@@ -33,22 +33,7 @@ for n in "${sizes[@]}"; do
   sql <<<"DELETE FROM seckill_order; DELETE FROM seckill_voucher;"
   python3 scripts/lib/bench_data.py many-sql "$n" | sql
   python3 scripts/lib/bench_data.py many-redis "$n" "$SECKILL_PREFIX" | redis-cli -p "$redis_port" --pipe >/dev/null
-  # One entry per stream, for an order MySQL holds (the worker finds it
-  # stored and acknowledges it): every stream has a group and an entry.
-  python3 - "$n" "$SECKILL_PREFIX" <<'PY' | redis-cli -p "$redis_port" --pipe >/dev/null
-import sys
-n, prefix = int(sys.argv[1]), sys.argv[2]
-def resp(*args):
-    out = [f"*{len(args)}\r\n"]
-    for a in args:
-        a = str(a)
-        out.append(f"${len(a.encode())}\r\n{a}\r\n")
-    sys.stdout.write("".join(out))
-for v in range(1, n + 1):
-    k = f"{prefix}:{{{v}}}:orders"
-    resp("XGROUP", "CREATE", k, "seckill-worker", "0", "MKSTREAM")
-    resp("XADD", k, "*", "user", 1, "order", v * 10 + 1, "quantity", 1)
-PY
+  python3 scripts/lib/bench_data.py many-streams "$n" "$SECKILL_PREFIX" | redis-cli -p "$redis_port" --pipe >/dev/null
   $seckill worker --metrics-addr "127.0.0.1:$metrics_port" -q >/dev/null &
   worker_pid=$!
   for _ in $(seq 1 100); do

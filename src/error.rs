@@ -90,6 +90,10 @@ pub mod mysql_codes {
     /// ER_CHECKREAD "Record has changed since last read" (MariaDB with
     /// innodb_snapshot_isolation=ON): a write conflict, retried like one.
     pub const RECORD_CHANGED: u16 = 1020;
+    /// A right refused on a database, a table, a column (`seckill doctor`).
+    pub const DB_ACCESS_DENIED: u16 = 1044;
+    pub const TABLE_ACCESS_DENIED: u16 = 1142;
+    pub const COLUMN_ACCESS_DENIED: u16 = 1143;
 }
 
 /// The MySQL error code of a server error, for callers that branch on it.

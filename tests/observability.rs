@@ -7,9 +7,9 @@ mod common;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{fast_worker, free_port, TestEnv};
+use common::{fast_worker, free_port, http_agent, within_seconds, TestEnv};
 use serde_json::Value;
 
 fn contrib(path: &str) -> String {
@@ -46,21 +46,16 @@ impl Drop for Running {
     }
 }
 
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(10)))
-        .build()
-        .into()
-}
-
 fn get_json(url: &str) -> Option<Value> {
-    let mut r = agent().get(url).call().ok()?;
+    let mut r = http_agent().get(url).call().ok()?;
     serde_json::from_str(&r.body_mut().read_to_string().ok()?).ok()
 }
 
 fn answers(url: &str) -> bool {
-    agent().get(url).call().is_ok_and(|r| r.status() == 200)
+    http_agent()
+        .get(url)
+        .call()
+        .is_ok_and(|r| r.status() == 200)
 }
 
 /// An instant query's result vector.
@@ -74,14 +69,6 @@ fn query(prometheus: u16, expr: &str) -> Vec<Value> {
         .as_array()
         .cloned()
         .unwrap_or_default()
-}
-
-fn within(seconds: u64, what: &str, mut done: impl FnMut() -> bool) {
-    let until = Instant::now() + Duration::from_secs(seconds);
-    while !done() {
-        assert!(Instant::now() < until, "{what} within {seconds} s");
-        std::thread::sleep(Duration::from_millis(250));
-    }
 }
 
 fn start_prometheus(dir: &Path, port: u16, worker: u16, serve: u16) -> Running {
@@ -140,12 +127,12 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus_scraping_a_sa
             .unwrap(),
     );
     let serve_url = format!("http://127.0.0.1:{serve_port}");
-    within(20, "serve answers", || {
+    within_seconds(20, "serve answers", || {
         answers(&format!("{serve_url}/healthz"))
     });
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("prometheus-{}", env.prefix));
     let _prometheus = start_prometheus(&dir, prometheus_port, worker_port, serve_port);
-    within(30, "Prometheus scrapes both", || {
+    within_seconds(30, "Prometheus scrapes both", || {
         answers(&format!("http://127.0.0.1:{prometheus_port}/-/ready"))
             && query(prometheus_port, "up == 1").len() == 2
     });
@@ -155,7 +142,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus_scraping_a_sa
     for wave in 0..3u64 {
         for user in 1..=10u64 {
             let body = serde_json::json!({ "user": wave * 10 + user });
-            let r = agent()
+            let r = http_agent()
                 .post(&format!("{serve_url}/v1/vouchers/1/purchases"))
                 .header("content-type", "application/json")
                 .send(body.to_string());
@@ -165,7 +152,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus_scraping_a_sa
     }
     // Deadlines pass (1 s) and units go to the waitlist; then give
     // Prometheus a few more scrapes.
-    within(30, "orders cancelled at their deadline", || {
+    within_seconds(30, "orders cancelled at their deadline", || {
         !query(prometheus_port, "seckill_orders_cancelled_total > 0").is_empty()
     });
     std::thread::sleep(Duration::from_secs(3));

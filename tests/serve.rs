@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::invariants::assert_invariants;
-use common::{free_port, TestEnv};
+use common::{free_port, http_agent, within_seconds, TestEnv};
 use redis::AsyncCommands;
 use seckill::store::keys::VoucherKeys;
 use serde_json::{json, Value};
@@ -61,14 +61,6 @@ impl Serve {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn agent() -> ureq::Agent {
-        ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(30)))
-            .build()
-            .into()
-    }
-
     fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
@@ -95,7 +87,7 @@ impl Serve {
     }
 
     fn get(&self, path: &str, key: Option<&str>) -> (u16, Value) {
-        let mut req = Self::agent().get(&self.url(path));
+        let mut req = http_agent().get(&self.url(path));
         if let Some(k) = key {
             req = req.header("authorization", &format!("Bearer {k}"));
         }
@@ -113,7 +105,7 @@ impl Serve {
         body: &str,
         key: Option<&str>,
     ) -> (u16, Value) {
-        let mut req = Self::agent()
+        let mut req = http_agent()
             .post(&self.url(path))
             .header("content-type", content_type);
         if let Some(k) = key {
@@ -162,15 +154,6 @@ impl Drop for Serve {
         self.child.kill().ok();
         self.child.wait().ok();
         std::fs::remove_file(&self.log).ok();
-    }
-}
-
-/// Polls `done` until it holds, failing the test after `seconds`.
-fn within_seconds(seconds: u64, what: &str, mut done: impl FnMut() -> bool) {
-    let until = Instant::now() + Duration::from_secs(seconds);
-    while !done() {
-        assert!(Instant::now() < until, "not within {seconds} s: {what}");
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -442,7 +425,7 @@ async fn without_one_of_the_keys_a_request_is_401_and_writes_nothing() {
     assert!(!log.contains("key-0123"), "a key was logged:\n{log}");
     // The scheme's name is case-insensitive.
     let lower = Serve::answer(
-        Serve::agent()
+        http_agent()
             .get(&serve.url("/v1/vouchers/1"))
             .header("authorization", "bearer new-key-0123456789abcdef")
             .call(),
@@ -1020,7 +1003,7 @@ async fn sigterm_mid_load_answers_or_refuses_every_request_cleanly() {
     let threads: Vec<_> = (0..16u64)
         .map(|t| {
             std::thread::spawn(move || {
-                let agent = Serve::agent();
+                let agent = http_agent();
                 let (mut won, mut refused, mut other) = (0u64, 0u64, Vec::new());
                 let start = Instant::now();
                 for i in 0.. {

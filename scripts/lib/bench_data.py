@@ -5,11 +5,13 @@ benchmark's whole time).
 
   bench_data.py many-sql   N                -> SQL on stdout
   bench_data.py many-redis N PREFIX         -> Redis protocol on stdout
+  bench_data.py many-streams N PREFIX       -> Redis protocol on stdout
   bench_data.py big-sql    V START END      -> SQL on stdout
   bench_data.py big-redis  V START END PREFIX -> Redis protocol on stdout
 
 many: vouchers 1..N of 10 units, each with 5 pending orders (id v*10+u,
-users 1..5) and a gate that matches.
+users 1..5) and a gate that matches; many-streams adds to each the worker's
+group and a stream entry for its first order.
 
 big: voucher V's orders START..END-1 (the voucher row is written when START
 is 0; its totals, counters and digests are set for 0..END either way):
@@ -102,12 +104,24 @@ def big_redis(v, start, end, prefix):
     resp("SADD", f"{prefix}:vouchers", v)
 
 
+def many_streams(n, prefix):
+    """The worker's group and one entry on each of the many vouchers'
+    order streams, for an order MySQL holds (a worker finds it stored and
+    acknowledges it)."""
+    for v in range(1, n + 1):
+        k = f"{prefix}:{{{v}}}:orders"
+        resp("XGROUP", "CREATE", k, "seckill-worker", "0", "MKSTREAM")
+        resp("XADD", k, "*", "user", 1, "order", v * 10 + 1, "quantity", 1)
+
+
 def main():
     what, args = sys.argv[1], sys.argv[2:]
     if what == "many-sql":
         many_sql(int(args[0]))
     elif what == "many-redis":
         many_redis(int(args[0]), args[1])
+    elif what == "many-streams":
+        many_streams(int(args[0]), args[1])
     elif what == "big-sql":
         big_sql(int(args[0]), int(args[1]), int(args[2]))
     elif what == "big-redis":

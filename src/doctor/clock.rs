@@ -8,11 +8,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use mysql_async::prelude::*;
 
-use super::redis_nodes;
+use super::redis_nodes::{self, Shape};
 use super::{Check, Role};
 use crate::store::config::Config;
 use crate::store::db::Db;
-use crate::store::redis_conn;
+use crate::store::redis_conn::{self, Redis};
 use crate::support::mask::redact;
 
 /// Up to this much skew is noise on a host with NTP.
@@ -42,20 +42,33 @@ fn skew(server: String, before_us: i64, server_us: i64, after_us: i64) -> Skew {
     }
 }
 
-pub async fn checks(cfg: &Config, role: Option<Role>) -> Vec<Check> {
+/// On the connections the store checks made (`None`: that store was not
+/// reached, which its own row already says).
+pub async fn checks(
+    cfg: &Config,
+    role: Option<Role>,
+    redis: Option<&mut (Redis, Shape)>,
+    db: Option<&Db>,
+) -> Vec<Check> {
     let mut skews = Vec::new();
     let mut unread = Vec::new();
     // The schema role's Redis user may not run TIME, and `seckill init`
     // uses no clock of Redis's.
     if role != Some(Role::Schema) {
-        match redis_skews(cfg).await {
-            Ok(s) => skews.extend(s),
-            Err(e) => unread.push(format!("Redis: {}", redact(&e, &cfg.secrets()))),
+        match redis {
+            Some((conn, shape)) => match redis_skews(conn, shape).await {
+                Ok(s) => skews.extend(s),
+                Err(e) => unread.push(format!("Redis: {}", redact(&e, &cfg.secrets()))),
+            },
+            None => unread.push("Redis (not reached)".to_string()),
         }
     }
-    match mysql_skew(cfg).await {
-        Ok(s) => skews.push(s),
-        Err(e) => unread.push(format!("MySQL: {}", redact(&e, &cfg.secrets()))),
+    match db {
+        Some(db) => match mysql_skew(db).await {
+            Ok(s) => skews.push(s),
+            Err(e) => unread.push(format!("MySQL: {}", redact(&e, &cfg.secrets()))),
+        },
+        None => unread.push("MySQL (not reached)".to_string()),
     }
     let worst = skews.iter().map(|s| s.skew_ms.abs()).max().unwrap_or(0);
     let mut found: Vec<String> = skews
@@ -76,15 +89,11 @@ pub async fn checks(cfg: &Config, role: Option<Role>) -> Vec<Check> {
         .fix("run NTP (chrony, systemd-timesyncd) on every host")]
 }
 
-async fn redis_skews(cfg: &Config) -> Result<Vec<Skew>, String> {
-    let mut conn = redis_conn::connect(cfg).await.map_err(|e| e.to_string())?;
-    let shape = redis_nodes::shape(&mut conn, "redis")
-        .await
-        .map_err(|e| e.to_string())?;
+async fn redis_skews(conn: &mut Redis, shape: &Shape) -> Result<Vec<Skew>, String> {
     let mut out = Vec::new();
     for node in shape.nodes.iter().filter(|n| n.replica_of.is_none()) {
         let before = host_now_us();
-        let reply = redis_nodes::ask(&mut conn, node, &redis::cmd("TIME")).await?;
+        let reply = redis_nodes::ask(conn, node, &redis::cmd("TIME")).await?;
         let after = host_now_us();
         let parts: Vec<i64> = match reply {
             redis::Value::Array(a) => a
@@ -96,7 +105,7 @@ async fn redis_skews(cfg: &Config) -> Result<Vec<Skew>, String> {
         let [secs, micros] = parts[..] else {
             return Err("TIME gave no seconds and microseconds".into());
         };
-        let label = if matches!(conn, redis_conn::Redis::Cluster(_)) {
+        let label = if matches!(conn, Redis::Cluster(_)) {
             format!("Redis {}", node.addr)
         } else {
             "Redis".to_string()
@@ -110,10 +119,7 @@ async fn redis_skews(cfg: &Config) -> Result<Vec<Skew>, String> {
     Ok(out)
 }
 
-async fn mysql_skew(cfg: &Config) -> Result<Skew, String> {
-    let db = Db::connect_unchecked(cfg)
-        .await
-        .map_err(|e| e.to_string())?;
+async fn mysql_skew(db: &Db) -> Result<Skew, String> {
     let mut conn = db.conn().await.map_err(|e| e.to_string())?;
     let before = host_now_us();
     // Microseconds since the epoch, in the session's UTC.
@@ -123,7 +129,6 @@ async fn mysql_skew(cfg: &Config) -> Result<Skew, String> {
         .map_err(|e| crate::error::describe_mysql(&e))?;
     let after = host_now_us();
     drop(conn);
-    db.close().await;
     let server = server.ok_or("NOW(6) gave nothing")?;
     Ok(skew("MySQL".into(), before, server, after))
 }

@@ -110,9 +110,14 @@ impl Role {
 /// Every check, in a fixed order: Redis, MySQL, the clocks, transport.
 pub async fn run(cfg: &Config, role: Option<Role>) -> Vec<Check> {
     let mut checks = transport::checks(cfg);
-    checks.extend(redis_checks::checks(cfg, role).await);
-    checks.extend(mysql_checks::checks(cfg, role).await);
-    checks.extend(clock::checks(cfg, role).await);
+    let (redis_rows, mut redis) = redis_checks::checks(cfg, role).await;
+    let (mysql_rows, db) = mysql_checks::checks(cfg, role).await;
+    checks.extend(redis_rows);
+    checks.extend(mysql_rows);
+    checks.extend(clock::checks(cfg, role, redis.as_mut(), db.as_ref()).await);
+    if let Some(db) = db {
+        db.close().await;
+    }
     checks
 }
 

@@ -14,13 +14,16 @@ use crate::store::db::{self, Db};
 use crate::store::schema;
 use crate::support::mask::redact;
 
-pub async fn checks(cfg: &Config, role: Option<Role>) -> Vec<Check> {
+/// The rows, and the pool once the server was reached (the clock check
+/// asks it again; the caller closes it).
+pub async fn checks(cfg: &Config, role: Option<Role>) -> (Vec<Check>, Option<Db>) {
     let (db, mut conn) = match connect(cfg).await {
         Ok(pair) => pair,
         Err(e) => {
-            return vec![Check::fail("mysql reachable", redact(&e, &cfg.secrets()))
+            let row = Check::fail("mysql reachable", redact(&e, &cfg.secrets()))
                 .why("orders are stored in MySQL: the worker and every payment need it")
-                .fix("check --mysql-url and that the server runs")]
+                .fix("check --mysql-url and that the server runs");
+            return (vec![row], None);
         }
     };
     let mut out = Vec::new();
@@ -32,7 +35,7 @@ pub async fn checks(cfg: &Config, role: Option<Role>) -> Vec<Check> {
                     .why("the SQL is the subset MySQL 8.0 and MariaDB 10.11 both run")
                     .fix("upgrade the server"),
             );
-            return out;
+            return (out, Some(db));
         }
     }
     match variables(&mut conn).await {
@@ -49,8 +52,7 @@ pub async fn checks(cfg: &Config, role: Option<Role>) -> Vec<Check> {
         out.push(rights(&mut conn, db.name(), role).await);
     }
     drop(conn);
-    db.close().await;
-    out
+    (out, Some(db))
 }
 
 async fn connect(cfg: &Config) -> Result<(Db, Conn), String> {
@@ -304,7 +306,11 @@ async fn rights(conn: &mut Conn, db_name: &str, role: Role) -> Check {
 
 /// MySQL's refusals of a right: on a table, a column, a database.
 fn is_denied(e: &mysql_async::Error) -> bool {
-    matches!(crate::error::mysql_code(e), Some(1142 | 1143 | 1044))
+    use crate::error::mysql_codes::{COLUMN_ACCESS_DENIED, DB_ACCESS_DENIED, TABLE_ACCESS_DENIED};
+    matches!(
+        crate::error::mysql_code(e),
+        Some(DB_ACCESS_DENIED | TABLE_ACCESS_DENIED | COLUMN_ACCESS_DENIED)
+    )
 }
 
 /// `seckill init` creates and alters tables: rights read from the

@@ -13,23 +13,24 @@ use crate::store::scripts;
 use crate::support::mask::{mask_url, redact};
 use crate::support::snowflake::MAX_NODE_ID;
 
-pub async fn checks(cfg: &Config, role: Option<Role>) -> Vec<Check> {
+/// The rows, and the connection with the servers behind it once they were
+/// reached (the clock check asks them again).
+pub async fn checks(cfg: &Config, role: Option<Role>) -> (Vec<Check>, Option<(Redis, Shape)>) {
     let mut conn = match redis_conn::connect(cfg).await {
         Ok(conn) => conn,
         Err(e) => {
-            return vec![
-                Check::fail("redis reachable", redact(&e.to_string(), &cfg.secrets()))
-                    .why("every command and the worker need Redis")
-                    .fix(format!(
-                        "check --redis-url ({}) and that the server runs",
-                        mask_url(&cfg.redis_url)
-                    )),
-            ]
+            let row = Check::fail("redis reachable", redact(&e.to_string(), &cfg.secrets()))
+                .why("every command and the worker need Redis")
+                .fix(format!(
+                    "check --redis-url ({}) and that the server runs",
+                    mask_url(&cfg.redis_url)
+                ));
+            return (vec![row], None);
         }
     };
     let mut out = vec![reachable(&mut conn).await];
     if out[0].status == Status::Fail {
-        return out;
+        return (out, None);
     }
     let seed = redis_conn::seed_urls(&cfg.redis_url)
         .first()
@@ -46,7 +47,7 @@ pub async fn checks(cfg: &Config, role: Option<Role>) -> Vec<Check> {
         Ok(shape) => shape,
         Err(e) => {
             out.push(Check::fail("redis cluster nodes", e.to_string()));
-            return out;
+            return (out, None);
         }
     };
     out.push(eviction(&mut conn, &shape.nodes).await);
@@ -64,7 +65,7 @@ pub async fn checks(cfg: &Config, role: Option<Role>) -> Vec<Check> {
     if let Some(role) = role {
         out.push(rights(&mut conn, &cfg.prefix, role).await);
     }
-    out
+    (out, Some((conn, shape)))
 }
 
 async fn reachable(conn: &mut Redis) -> Check {
@@ -123,6 +124,13 @@ where
     Reading { status, value }
 }
 
+fn reading(status: Status, value: impl Into<String>) -> Reading {
+    Reading {
+        status,
+        value: value.into(),
+    }
+}
+
 fn unreadable(e: &str) -> Reading {
     let value = if e.contains("NoPerm") || e.contains("NOPERM") {
         // The documented users may not run CONFIG (it is @dangerous).
@@ -130,31 +138,22 @@ fn unreadable(e: &str) -> Reading {
     } else {
         format!("not readable: {e}")
     };
-    Reading {
-        status: Status::Warn,
-        value,
-    }
+    reading(Status::Warn, value)
 }
 
 async fn eviction(conn: &mut Redis, nodes: &[Node]) -> Check {
     let r = per_node(conn, nodes, |mut c, n| async move {
-        let policy = redis_nodes::info_field(&mut c, &n, "memory", "maxmemory_policy").await;
-        let limit = redis_nodes::info_field(&mut c, &n, "memory", "maxmemory").await;
-        match (policy, limit) {
-            (Ok(Some(p)), _) if p == "noeviction" => Reading {
-                status: Status::Ok,
-                value: p,
-            },
-            (Ok(Some(p)), Ok(Some(l))) if l == "0" => Reading {
-                status: Status::Warn,
-                value: format!("{p}, no maxmemory (nothing evicted until a limit is set)"),
-            },
-            (Ok(Some(p)), _) => Reading {
-                status: Status::Fail,
-                value: p,
-            },
+        let memory = redis_nodes::info(&mut c, &n, "memory").await;
+        let field = |f| memory.as_ref().map(|text| redis_nodes::info_field(text, f));
+        match (field("maxmemory_policy"), field("maxmemory")) {
+            (Ok(Some(p)), _) if p == "noeviction" => reading(Status::Ok, p),
+            (Ok(Some(p)), Ok(Some(l))) if l == "0" => reading(
+                Status::Warn,
+                format!("{p}, no maxmemory (nothing evicted until a limit is set)"),
+            ),
+            (Ok(Some(p)), _) => reading(Status::Fail, p),
             (Ok(None), _) => unreadable("INFO memory has no maxmemory_policy"),
-            (Err(e), _) => unreadable(&e),
+            (Err(e), _) => unreadable(e),
         }
     })
     .await;
@@ -165,15 +164,10 @@ async fn eviction(conn: &mut Redis, nodes: &[Node]) -> Check {
 
 async fn append_only(conn: &mut Redis, nodes: &[Node]) -> Check {
     let r = per_node(conn, nodes, |mut c, n| async move {
-        match redis_nodes::info_field(&mut c, &n, "persistence", "aof_enabled").await {
-            Ok(Some(v)) if v == "1" => Reading {
-                status: Status::Ok,
-                value: "yes".into(),
-            },
-            Ok(Some(_)) => Reading {
-                status: Status::Fail,
-                value: "no".into(),
-            },
+        let persistence = redis_nodes::info(&mut c, &n, "persistence").await;
+        match persistence.map(|text| redis_nodes::info_field(&text, "aof_enabled")) {
+            Ok(Some(v)) if v == "1" => reading(Status::Ok, "yes"),
+            Ok(Some(_)) => reading(Status::Fail, "no"),
             Ok(None) => unreadable("INFO persistence has no aof_enabled"),
             Err(e) => unreadable(&e),
         }
@@ -217,15 +211,9 @@ async fn lazy_free(conn: &mut Redis, nodes: &[Node]) -> Check {
             }
         }
         if off.is_empty() {
-            Reading {
-                status: Status::Ok,
-                value: "yes".into(),
-            }
+            reading(Status::Ok, "yes")
         } else {
-            Reading {
-                status: Status::Warn,
-                value: format!("{} no", off.join(", ")),
-            }
+            reading(Status::Warn, format!("{} no", off.join(", ")))
         }
     })
     .await;
@@ -263,14 +251,8 @@ fn replicas(shape: &Shape) -> Check {
 async fn full_coverage(conn: &mut Redis, nodes: &[Node]) -> Check {
     let r = per_node(conn, nodes, |mut c, n| async move {
         match redis_nodes::config_get(&mut c, &n, "cluster-require-full-coverage").await {
-            Ok(Some(v)) if v == "no" => Reading {
-                status: Status::Ok,
-                value: v,
-            },
-            Ok(Some(v)) => Reading {
-                status: Status::Warn,
-                value: v,
-            },
+            Ok(Some(v)) if v == "no" => reading(Status::Ok, v),
+            Ok(Some(v)) => reading(Status::Warn, v),
             Ok(None) => unreadable("no such setting"),
             Err(e) => unreadable(&e),
         }

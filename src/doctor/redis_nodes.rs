@@ -211,20 +211,22 @@ pub async fn config_get(
         .map(|kv| kv[1].clone()))
 }
 
-/// One field of `INFO <section>` on one server.
-pub async fn info_field(
+/// `INFO <section>` of one server, as text.
+pub async fn info(
     conn: &mut Redis,
     node: &Node,
     section: &str,
-    field: &str,
-) -> std::result::Result<Option<String>, String> {
+) -> std::result::Result<String, String> {
     let reply = ask(conn, node, redis::cmd("INFO").arg(section)).await?;
-    let text = crate::store::redis_conn::value_text(&reply);
+    Ok(crate::store::redis_conn::value_text(&reply))
+}
+
+/// One field of an INFO text.
+pub fn info_field(text: &str, field: &str) -> Option<String> {
     let wanted = format!("{field}:");
-    Ok(text
-        .lines()
+    text.lines()
         .find_map(|l| l.strip_prefix(&wanted))
-        .map(|v| v.trim().to_string()))
+        .map(|v| v.trim().to_string())
 }
 
 #[cfg(test)]

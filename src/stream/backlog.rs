@@ -2,7 +2,7 @@
 //! delivered to the worker group, plus entries delivered but not acked.
 
 use crate::store::redis_conn::RedisConn;
-use redis::streams::StreamInfoGroupsReply;
+use redis::streams::{StreamInfoGroup, StreamInfoGroupsReply};
 use redis::AsyncCommands;
 use serde::Serialize;
 
@@ -28,14 +28,72 @@ impl Backlog {
     }
 }
 
+/// The stream's length and the worker group, as one read of both (`None`:
+/// an empty stream, nothing in flight).
+struct StreamLook {
+    length: u64,
+    group: Option<StreamInfoGroup>,
+}
+
+async fn look<C: RedisConn>(conn: &mut C, stream: &str) -> Result<Option<StreamLook>> {
+    let length: u64 = conn.xlen(stream).await?;
+    if length == 0 {
+        return Ok(None);
+    }
+    let groups: StreamInfoGroupsReply = conn.xinfo_groups(stream).await?;
+    let group = groups.groups.into_iter().find(|g| g.name == WORKER_GROUP);
+    Ok(Some(StreamLook { length, group }))
+}
+
 pub async fn backlog<C: RedisConn>(conn: &mut C, keys: &VoucherKeys) -> Result<Backlog> {
     let stream = keys.orders();
-    let length: u64 = conn.xlen(&stream).await?;
-    if length == 0 {
-        return Ok(Backlog::default());
+    match look(conn, &stream).await? {
+        Some(seen) => backlog_of(conn, &stream, &seen).await,
+        None => Ok(Backlog::default()),
     }
-    let groups: StreamInfoGroupsReply = conn.xinfo_groups(&stream).await?;
-    let Some(group) = groups.groups.into_iter().find(|g| g.name == WORKER_GROUP) else {
+}
+
+/// The backlog, and the time (Unix ms, from its id) of the oldest entry not
+/// acknowledged (the oldest pending one, or the first not yet delivered),
+/// from one read of the stream's group (the metrics page wants both).
+pub async fn backlog_and_oldest<C: RedisConn>(
+    conn: &mut C,
+    keys: &VoucherKeys,
+) -> Result<(Backlog, Option<u64>)> {
+    let stream = keys.orders();
+    let Some(seen) = look(conn, &stream).await? else {
+        return Ok((Backlog::default(), None));
+    };
+    let backlog = backlog_of(conn, &stream, &seen).await?;
+    let after = match &seen.group {
+        Some(g) => format!("({}", g.last_delivered_id),
+        None => "-".to_string(),
+    };
+    let next: redis::streams::StreamRangeReply = conn.xrange_count(&stream, &after, "+", 1).await?;
+    let undelivered = next.ids.first().map(|e| StreamId::lenient(&e.id).ms);
+    let pending = match &seen.group {
+        Some(g) if g.pending > 0 => {
+            let reply: redis::streams::StreamPendingReply =
+                conn.xpending(&stream, WORKER_GROUP).await?;
+            match reply {
+                redis::streams::StreamPendingReply::Data(d) => {
+                    Some(StreamId::lenient(&d.start_id).ms)
+                }
+                _ => None,
+            }
+        }
+        _ => None,
+    };
+    Ok((backlog, [undelivered, pending].into_iter().flatten().min()))
+}
+
+async fn backlog_of<C: RedisConn>(
+    conn: &mut C,
+    stream: &str,
+    seen: &StreamLook,
+) -> Result<Backlog> {
+    let length = seen.length;
+    let Some(group) = &seen.group else {
         return Ok(Backlog {
             length,
             undelivered: length,
@@ -49,7 +107,7 @@ pub async fn backlog<C: RedisConn>(conn: &mut C, keys: &VoucherKeys) -> Result<B
         // nothing is undelivered when nothing lies after the group's last id.
         Some(lag) => {
             let newest: redis::streams::StreamRangeReply =
-                conn.xrevrange_count(&stream, "+", "-", 1).await?;
+                conn.xrevrange_count(stream, "+", "-", 1).await?;
             let delivered = StreamId::lenient(&group.last_delivered_id);
             match newest.ids.first() {
                 Some(e) if StreamId::lenient(&e.id) > delivered => lag as u64,
@@ -58,48 +116,13 @@ pub async fn backlog<C: RedisConn>(conn: &mut C, keys: &VoucherKeys) -> Result<B
         }
         // Redis cannot tell the lag after some deletions: count what lies
         // after the group's last delivered id.
-        None => count_after(conn, &stream, &group.last_delivered_id).await?,
+        None => count_after(conn, stream, &group.last_delivered_id).await?,
     };
     Ok(Backlog {
         length,
         undelivered,
         pending: group.pending as u64,
     })
-}
-
-/// The time (Unix ms, from its id) of the oldest entry not acknowledged:
-/// the oldest pending one, or the first not yet delivered.
-pub async fn oldest_in_flight_ms<C: RedisConn>(
-    conn: &mut C,
-    keys: &VoucherKeys,
-) -> Result<Option<u64>> {
-    let stream = keys.orders();
-    let length: u64 = conn.xlen(&stream).await?;
-    if length == 0 {
-        return Ok(None);
-    }
-    let groups: StreamInfoGroupsReply = conn.xinfo_groups(&stream).await?;
-    let group = groups.groups.into_iter().find(|g| g.name == WORKER_GROUP);
-    let after = match &group {
-        Some(g) => format!("({}", g.last_delivered_id),
-        None => "-".to_string(),
-    };
-    let next: redis::streams::StreamRangeReply = conn.xrange_count(&stream, &after, "+", 1).await?;
-    let undelivered = next.ids.first().map(|e| StreamId::lenient(&e.id).ms);
-    let pending = match &group {
-        Some(g) if g.pending > 0 => {
-            let reply: redis::streams::StreamPendingReply =
-                conn.xpending(&stream, WORKER_GROUP).await?;
-            match reply {
-                redis::streams::StreamPendingReply::Data(d) => {
-                    Some(StreamId::lenient(&d.start_id).ms)
-                }
-                _ => None,
-            }
-        }
-        _ => None,
-    };
-    Ok([undelivered, pending].into_iter().flatten().min())
 }
 
 async fn count_after<C: RedisConn>(conn: &mut C, stream: &str, after: &str) -> Result<u64> {

@@ -31,7 +31,7 @@ use crate::store::config::Config;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn;
 use crate::store::registry;
-use crate::stream::backlog::{backlog, oldest_in_flight_ms, Backlog};
+use crate::stream::backlog::{backlog_and_oldest, Backlog};
 use crate::support::timespec::now_ms;
 
 /// Binds now (so a busy port fails the worker at start), then serves until `stop`.
@@ -199,12 +199,12 @@ fn register_worker(registry: &mut Registry, stats: &WorkerStats) {
     registry.register(
         "deadline_lateness_seconds",
         "Per deadline pass that cancelled orders, how late its latest cancellation was",
-        stats.lateness_seconds.clone(),
+        stats.timings.lateness_seconds.clone(),
     );
     registry.register(
         "batch_duration_seconds",
         "Time to persist one batch (lock, MySQL, finish)",
-        stats.batch_seconds.clone(),
+        stats.timings.batch_seconds.clone(),
     );
 }
 
@@ -328,10 +328,10 @@ async fn voucher_row(
     gate: GateState,
     now: u64,
 ) -> Result<VoucherRow> {
-    let oldest = oldest_in_flight_ms(conn, k).await?;
+    let (backlog, oldest) = backlog_and_oldest(conn, k).await?;
     Ok(VoucherRow {
         voucher: k.voucher(),
-        backlog: backlog(conn, k).await?,
+        backlog,
         oldest_age_ms: oldest.map(|t| now.saturating_sub(t)),
         rejections: policy::rejections(conn, k).await?,
         paused: crate::gate::pause::is_paused(conn, k).await?,

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use prometheus_client::metrics::histogram::Histogram;
 use serde::Serialize;
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct WorkerStats {
     persisted: AtomicU64,
     units_persisted: AtomicU64,
@@ -25,34 +25,23 @@ pub struct WorkerStats {
     gates_paused: AtomicU64,
     /// Passes the gate guard has completed (succeeded or failed).
     guard_passes: AtomicU64,
-    /// Time to persist one batch (shared with the metrics page: a
-    /// prometheus-client histogram is a handle).
+    pub timings: Timings,
+}
+
+/// The worker's histograms, shared with the metrics page (a
+/// prometheus-client histogram is a handle).
+#[derive(Debug)]
+pub struct Timings {
+    /// Time to persist one batch.
     pub batch_seconds: Histogram,
     /// Per deadline pass that cancelled something, how late its latest
     /// cancellation was.
     pub lateness_seconds: Histogram,
 }
 
-impl Default for WorkerStats {
+impl Default for Timings {
     fn default() -> Self {
-        WorkerStats {
-            persisted: AtomicU64::default(),
-            units_persisted: AtomicU64::default(),
-            duplicates: AtomicU64::default(),
-            dead_lettered: AtomicU64::default(),
-            batches: AtomicU64::default(),
-            reclaimed: AtomicU64::default(),
-            lock_denied: AtomicU64::default(),
-            lock_lost: AtomicU64::default(),
-            cancelled: AtomicU64::default(),
-            released: AtomicU64::default(),
-            promoted: AtomicU64::default(),
-            max_lateness_ms: AtomicU64::default(),
-            deadline_errors: AtomicU64::default(),
-            gate_pauses: AtomicU64::default(),
-            gate_reopens: AtomicU64::default(),
-            gates_paused: AtomicU64::default(),
-            guard_passes: AtomicU64::default(),
+        Timings {
             batch_seconds: Histogram::new(BATCH_BUCKETS),
             lateness_seconds: Histogram::new(LATENESS_BUCKETS),
         }
@@ -149,12 +138,12 @@ impl WorkerStats {
     }
     pub fn note_lateness(&self, ms: u64) {
         self.max_lateness_ms.fetch_max(ms, Ordering::Relaxed);
-        self.lateness_seconds.observe(ms as f64 / 1000.0);
+        self.timings.lateness_seconds.observe(ms as f64 / 1000.0);
     }
 
     /// Records how long one batch took, for the latency histogram.
     pub fn observe_batch(&self, d: std::time::Duration) {
-        self.batch_seconds.observe(d.as_secs_f64());
+        self.timings.batch_seconds.observe(d.as_secs_f64());
     }
 
     pub fn snapshot(&self) -> StatsSnapshot {

@@ -69,6 +69,28 @@ pub fn mysql_url_for(db_name: &str) -> String {
 }
 
 /// The worker's Prometheus page on `port`, with the HTTP head.
+/// An HTTP client for the tests' servers: statuses are answers, not
+/// errors, and nothing waits longer than 30 s.
+pub fn http_agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into()
+}
+
+/// Polls `done` until it holds, failing the test after `seconds`.
+pub fn within_seconds(seconds: u64, what: &str, mut done: impl FnMut() -> bool) {
+    let until = std::time::Instant::now() + Duration::from_secs(seconds);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < until,
+            "not within {seconds} s: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A port nothing listens on right now (for a server or endpoint a test starts).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
