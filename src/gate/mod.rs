@@ -4,6 +4,7 @@
 
 pub mod admission;
 pub mod bench;
+pub mod buckets;
 pub mod image;
 pub mod pause;
 pub mod policy;

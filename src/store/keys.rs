@@ -1,7 +1,10 @@
 //! The Redis key layout (DESIGN.md §3), a public contract. Every key of one
-//! voucher carries the hash tag `{V}` so scripts touch a single cluster slot.
+//! voucher carries the hash tag `{V}` so scripts touch a single cluster slot;
+//! a voucher split into buckets (gate/buckets.rs) has one tag per bucket,
+//! `{V}` for bucket 0 and `{V.b.s}` for bucket b > 0 (s: a salt chosen to
+//! put the bucket on a master of its own).
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::store::config::validate_prefix;
 
 /// The keys of one voucher.
@@ -19,11 +22,21 @@ impl VoucherKeys {
     }
 
     pub fn new(prefix: &str, voucher: u64) -> Result<Self> {
+        Self::of_bucket(prefix, voucher, &voucher.to_string())
+    }
+
+    /// The keys of one bucket's gate, under the bucket's recorded `tag`.
+    pub fn of_bucket(prefix: &str, voucher: u64, tag: &str) -> Result<Self> {
         validate_prefix(prefix)?;
+        if !is_bucket_tag(tag, voucher) {
+            return Err(Error::InvalidInput(format!(
+                "'{tag}' is not a bucket tag of voucher {voucher}"
+            )));
+        }
         Ok(VoucherKeys {
             prefix: prefix.to_string(),
             voucher,
-            base: format!("{prefix}:{{{voucher}}}"),
+            base: format!("{prefix}:{{{tag}}}"),
         })
     }
 
@@ -103,6 +116,29 @@ impl VoucherKeys {
     pub fn fence(&self) -> String {
         self.key("fence")
     }
+    /// Units of a bucketed voucher given to no bucket yet (a string, on
+    /// bucket 0's tag: the pool is rebuilt and watched with bucket 0).
+    pub fn pool(&self) -> String {
+        self.key("pool")
+    }
+    /// Transfers this gate gave and has not settled: id -> `<to> <units>
+    /// <time_ms>` (lua/transfer_take.lua).
+    pub fn transfers(&self) -> String {
+        self.key("transfers")
+    }
+    /// The pool's open transfers, like `transfers` (on bucket 0's tag).
+    pub fn pool_transfers(&self) -> String {
+        self.key("pool_transfers")
+    }
+    /// Transfers that reached this gate: id -> `given`, or `void` for one
+    /// called off before it arrived (lua/transfer_give.lua, transfer_void.lua).
+    pub fn received(&self) -> String {
+        self.key("received")
+    }
+    /// Transfers that reached the pool, like `received` (on bucket 0's tag).
+    pub fn pool_received(&self) -> String {
+        self.key("pool_received")
+    }
     /// Scratch key for rebuilding the buyers set before swapping it in;
     /// `run` keeps two concurrent rebuilds (preload and reconcile) apart.
     pub fn buyers_staging(&self, run: &str) -> String {
@@ -112,6 +148,33 @@ impl VoucherKeys {
     pub fn released_staging(&self, run: &str) -> String {
         self.key(&format!("released:staging:{run}"))
     }
+}
+
+/// The hash tag content of bucket `bucket` of `voucher` under `salt`.
+pub fn bucket_tag(voucher: u64, bucket: u32, salt: u32) -> String {
+    if bucket == 0 {
+        voucher.to_string()
+    } else {
+        format!("{voucher}.{bucket}.{salt}")
+    }
+}
+
+/// Whether `tag` is one of `voucher`'s bucket tags (what the scripts accept
+/// between the braces of a voucher's keys).
+pub fn is_bucket_tag(tag: &str, voucher: u64) -> bool {
+    let v = voucher.to_string();
+    if tag == v {
+        return true;
+    }
+    let Some(rest) = tag
+        .strip_prefix(v.as_str())
+        .and_then(|r| r.strip_prefix('.'))
+    else {
+        return false;
+    };
+    let number = |p: &str| !p.is_empty() && p.len() <= 10 && p.bytes().all(|b| b.is_ascii_digit());
+    let parts: Vec<&str> = rest.split('.').collect();
+    parts.len() == 2 && parts.iter().all(|p| number(p))
 }
 
 /// The lease of snowflake node id `node` (lua/node_lease.lua).
@@ -138,6 +201,27 @@ mod tests {
         assert_eq!(k.stock(), "seckill:{42}:stock");
         assert_eq!(k.orders(), "seckill:{42}:orders");
         assert_eq!(k.locks(), "seckill:{42}:locks");
+    }
+
+    #[test]
+    fn a_bucket_has_its_own_tag() {
+        let k = VoucherKeys::of_bucket("seckill", 42, &bucket_tag(42, 2, 5)).unwrap();
+        assert_eq!(k.stock(), "seckill:{42.2.5}:stock");
+        assert_eq!(k.voucher(), 42);
+        assert_eq!(bucket_tag(42, 0, 5), "42");
+        assert!(VoucherKeys::of_bucket("seckill", 42, "43.1.0").is_err());
+    }
+
+    #[test]
+    fn bucket_tags_are_recognised_as_the_vouchers_only() {
+        assert!(is_bucket_tag("12", 12));
+        assert!(is_bucket_tag("12.1.0", 12));
+        assert!(is_bucket_tag("12.63.9999", 12));
+        for not in [
+            "1", "123", "12.", "12.1", "12.1.", "12.a.1", "12.1.1.1", "121.1.0", "",
+        ] {
+            assert!(!is_bucket_tag(not, 12), "{not:?}");
+        }
     }
 
     #[test]

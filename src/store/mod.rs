@@ -13,3 +13,4 @@ pub mod registry;
 pub mod schema;
 pub mod scripts;
 pub mod secret_file;
+pub mod slot_map;
