@@ -12,5 +12,6 @@ pub mod preload;
 pub mod requeue;
 pub mod state;
 pub mod token;
+pub mod transfer;
 pub mod waitlist;
 pub mod witness;

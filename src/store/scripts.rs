@@ -56,6 +56,23 @@ pub static TIMEOUTS: LazyLock<Script> =
 pub static DIGEST_SYNC: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/digest_sync.lua")));
 
+/// Buckets (design/buckets.md): take units from a giver into a transfer record.
+pub static TRANSFER_TAKE: LazyLock<Script> =
+    LazyLock::new(|| with_lib(VALID_ID_LIB, include_str!("../../lua/transfer_take.lua")));
+/// Buckets: land a transfer's units in the receiver (its waitlist first), once.
+pub static TRANSFER_GIVE: LazyLock<Script> = LazyLock::new(|| {
+    with_libs(
+        &[VALID_ID_LIB, DIGEST_LIB, WAITLIST_LIB],
+        include_str!("../../lua/transfer_give.lua"),
+    )
+});
+/// Buckets: ask the receiver whether a transfer landed, calling it off if not.
+pub static TRANSFER_VOID: LazyLock<Script> =
+    LazyLock::new(|| with_lib(VALID_ID_LIB, include_str!("../../lua/transfer_void.lua")));
+/// Buckets: drop a giver's record, its units back if the transfer was void.
+pub static TRANSFER_SETTLE: LazyLock<Script> =
+    LazyLock::new(|| with_lib(VALID_ID_LIB, include_str!("../../lua/transfer_settle.lua")));
+
 /// Dead letters back into the order stream (`seckill pending --requeue`).
 pub static REQUEUE: LazyLock<Script> = LazyLock::new(|| {
     with_libs(
@@ -133,6 +150,10 @@ pub fn all() -> Vec<(&'static str, &'static Script)> {
         ("forget_consumer.lua", &FORGET_CONSUMER),
         ("claim_due.lua", &CLAIM_DUE),
         ("release.lua", &RELEASE),
+        ("transfer_take.lua", &TRANSFER_TAKE),
+        ("transfer_give.lua", &TRANSFER_GIVE),
+        ("transfer_void.lua", &TRANSFER_VOID),
+        ("transfer_settle.lua", &TRANSFER_SETTLE),
         ("reconcile.lua", &RECONCILE),
         ("node_lease.lua", &NODE_LEASE),
         ("policy.lua", &POLICY),

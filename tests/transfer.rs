@@ -1,0 +1,418 @@
+//! Moving stock between a bucketed voucher's gates (src/gate/transfer.rs):
+//! every step is exact on real Redis, safe to run twice, and a transfer cut
+//! off at any point is completed without a unit sold twice or lost. The
+//! invariant after every step: the voucher's free units, in stock and in
+//! transit, add up to what it started with.
+
+mod common;
+
+use common::TestEnv;
+use redis::AsyncCommands;
+use seckill::gate::buckets::choose_tags;
+use seckill::gate::transfer::{self, Gate, Given, Landing, Settled, Taken};
+use seckill::store::keys::VoucherKeys;
+use seckill::store::redis_conn::Redis;
+use seckill::store::slot_map::{slot_of, SlotMap};
+
+const V: u64 = 5;
+
+/// Bucket 0 (which holds the pool) and buckets 1 and 2, with `stock` units
+/// each and `pool` in the pool, on tags chosen for the env's Redis.
+async fn three_buckets(env: &TestEnv, stock: [i64; 3], pool: i64) -> Vec<VoucherKeys> {
+    let mut redis = env.redis().await;
+    let slots = SlotMap::read(&mut redis).await.expect("slot map");
+    let tags = choose_tags(V, 3, slots.as_ref());
+    let keys: Vec<VoucherKeys> = tags
+        .iter()
+        .map(|t| VoucherKeys::of_bucket(&env.prefix, V, t).expect("keys"))
+        .collect();
+    for (b, k) in keys.iter().enumerate() {
+        let _: () = redis.set(k.stock(), stock[b]).await.expect("stock");
+        let _: () = redis
+            .hset_multiple(
+                k.meta(),
+                &[("bucket", b.to_string()), ("buckets", "3".to_string())],
+            )
+            .await
+            .expect("meta");
+    }
+    let _: () = redis.set(keys[0].pool(), pool).await.expect("pool");
+    keys
+}
+
+async fn number(redis: &mut Redis, key: &str) -> i64 {
+    let v: Option<i64> = redis.get(key).await.expect("get");
+    v.unwrap_or(0)
+}
+
+/// The pool and each bucket's gate.
+fn gates(keys: &[VoucherKeys]) -> [Gate<'_>; 4] {
+    [
+        Gate::Pool(&keys[0]),
+        Gate::Bucket(0, &keys[0]),
+        Gate::Bucket(1, &keys[1]),
+        Gate::Bucket(2, &keys[2]),
+    ]
+}
+
+/// Units in every stock, the pool and in transit: open records whose
+/// transfer has not landed (one that landed is in its receiver's stock).
+async fn free_units(redis: &mut Redis, keys: &[VoucherKeys]) -> i64 {
+    let mut sum = number(redis, &keys[0].pool()).await;
+    for k in keys {
+        sum += number(redis, &k.stock()).await;
+    }
+    let all = gates(keys);
+    for giver in all {
+        for t in transfer::open(redis, giver).await.expect("open") {
+            let receiver = all.iter().find(|g| g.label() == t.to).expect("receiver");
+            let landed = transfer::landed(redis, *receiver, t.id)
+                .await
+                .expect("landed");
+            if landed != Some(Landing::Given) {
+                sum += t.units as i64;
+            }
+        }
+    }
+    sum
+}
+
+#[tokio::test]
+async fn tags_put_each_bucket_on_a_master_of_its_own() {
+    let env = TestEnv::on_cluster().await;
+    let mut redis = env.redis().await;
+    let slots = SlotMap::read(&mut redis)
+        .await
+        .expect("slot map")
+        .expect("a cluster has a slot map");
+    for voucher in [1, 2, 77, 123_456_789] {
+        let tags = choose_tags(voucher, 3, Some(&slots));
+        assert_eq!(
+            tags[0],
+            voucher.to_string(),
+            "bucket 0 keeps the voucher's tag"
+        );
+        let mut masters: Vec<&str> = tags
+            .iter()
+            .map(|t| {
+                slots
+                    .master_of(slot_of(&format!("{{{t}}}")))
+                    .expect("served")
+            })
+            .collect();
+        // The server's own CLUSTER KEYSLOT agrees with the slot computed here.
+        for t in &tags {
+            let slot: u16 = redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(format!("x:{{{t}}}:stock"))
+                .query_async(&mut redis)
+                .await
+                .expect("keyslot");
+            assert_eq!(slot, slot_of(&format!("x:{{{t}}}:stock")), "{t}");
+        }
+        masters.sort();
+        masters.dedup();
+        assert_eq!(masters.len(), 3, "voucher {voucher}: {tags:?}");
+        // Six buckets on three masters: two each.
+        let six = choose_tags(voucher, 6, Some(&slots));
+        for m in slots.masters() {
+            let on = six
+                .iter()
+                .filter(|t| slots.master_of(slot_of(&format!("{{{t}}}"))) == Some(m))
+                .count();
+            assert_eq!(on, 2, "voucher {voucher}: {six:?}");
+        }
+    }
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_transfer_moves_units_once_and_every_step_replayed_changes_nothing() {
+    let env = TestEnv::on_cluster().await;
+    let mut redis = env.redis().await;
+    let keys = three_buckets(&env, [10, 0, 0], 0).await;
+    let (giver, receiver) = (Gate::Bucket(0, &keys[0]), Gate::Bucket(1, &keys[1]));
+
+    for _ in 0..2 {
+        let taken = transfer::take(&mut redis, giver, receiver, 1000, 4, 1, 1).await;
+        assert_eq!(taken.expect("take"), Taken::Units(4));
+        assert_eq!(number(&mut redis, &keys[0].stock()).await, 6);
+        assert_eq!(free_units(&mut redis, &keys).await, 10);
+    }
+    let open = transfer::open(&mut redis, giver).await.expect("open");
+    assert_eq!(open.len(), 1);
+    assert_eq!(
+        (open[0].id, open[0].to.as_str(), open[0].units),
+        (1000, "1", 4)
+    );
+
+    let given = transfer::give(&mut redis, receiver, 1000, 4, 1, &[]).await;
+    assert_eq!(given.expect("give"), Given::Landed { promoted: 0 });
+    let again = transfer::give(&mut redis, receiver, 1000, 4, 1, &[]).await;
+    assert_eq!(again.expect("give"), Given::AlreadyGiven);
+    assert_eq!(number(&mut redis, &keys[1].stock()).await, 4);
+    // Between give and settle the units are in the receiver's stock and in
+    // the giver's record: the record is not in transit any more.
+    let settled = transfer::settle(&mut redis, giver, 1000, Landing::Given).await;
+    assert_eq!(settled.expect("settle"), Settled::Done { units_back: 0 });
+    let again = transfer::settle(&mut redis, giver, 1000, Landing::Given).await;
+    assert_eq!(again.expect("settle"), Settled::NoRecord);
+    assert_eq!(free_units(&mut redis, &keys).await, 10);
+    assert_eq!(number(&mut redis, &keys[0].stock()).await, 6);
+
+    // Settled, the id is spent: a late resend of the take takes nothing.
+    let late = transfer::take(&mut redis, giver, receiver, 1000, 4, 1, 1).await;
+    assert_eq!(late.expect("take"), Taken::StaleId);
+    let older = transfer::take(&mut redis, giver, receiver, 999, 4, 1, 1).await;
+    assert_eq!(older.expect("take"), Taken::StaleId);
+    assert_eq!(free_units(&mut redis, &keys).await, 10);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_transfer_cut_off_before_it_lands_goes_back_once_and_a_late_give_lands_nothing() {
+    let env = TestEnv::on_cluster().await;
+    let mut redis = env.redis().await;
+    let keys = three_buckets(&env, [0, 0, 0], 9).await;
+    let (pool, receiver) = (Gate::Pool(&keys[0]), Gate::Bucket(2, &keys[2]));
+
+    let taken = transfer::take(&mut redis, pool, receiver, 2000, 5, 5, 1).await;
+    assert_eq!(taken.expect("take"), Taken::Units(5));
+    // The mover stops here. Whoever completes the transfer asks the
+    // receiver first; it never landed, so it is called off and comes back.
+    for round in 0..2 {
+        let (landing, settled) = transfer::complete(&mut redis, pool, receiver, 2000)
+            .await
+            .expect("complete");
+        assert_eq!(landing, Landing::Void);
+        let expected = if round == 0 {
+            Settled::Done { units_back: 5 }
+        } else {
+            Settled::NoRecord
+        };
+        assert_eq!(settled, expected, "round {round}");
+        assert_eq!(number(&mut redis, &keys[0].pool()).await, 9);
+    }
+    // The stalled mover wakes up and gives: nothing lands.
+    let late = transfer::give(&mut redis, receiver, 2000, 5, 1, &[]).await;
+    assert_eq!(late.expect("give"), Given::Void);
+    assert_eq!(number(&mut redis, &keys[2].stock()).await, 0);
+    assert_eq!(free_units(&mut redis, &keys).await, 9);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_transfer_that_landed_before_its_mover_stopped_is_completed_as_given() {
+    let env = TestEnv::on_cluster().await;
+    let mut redis = env.redis().await;
+    let keys = three_buckets(&env, [0, 7, 0], 0).await;
+    let (giver, receiver) = (Gate::Bucket(1, &keys[1]), Gate::Pool(&keys[0]));
+
+    let taken = transfer::take(&mut redis, giver, receiver, 3000, 10, 1, 1).await;
+    assert_eq!(taken.expect("take"), Taken::Units(7), "all it had");
+    let given = transfer::give(&mut redis, receiver, 3000, 7, 1, &[]).await;
+    assert_eq!(given.expect("give"), Given::Landed { promoted: 0 });
+    // The mover stops before settling.
+    let (landing, settled) = transfer::complete(&mut redis, giver, receiver, 3000)
+        .await
+        .expect("complete");
+    assert_eq!(
+        (landing, settled),
+        (Landing::Given, Settled::Done { units_back: 0 })
+    );
+    assert_eq!(number(&mut redis, &keys[0].pool()).await, 7);
+    assert_eq!(number(&mut redis, &keys[1].stock()).await, 0);
+    assert_eq!(free_units(&mut redis, &keys).await, 7);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn units_given_to_a_bucket_serve_its_waitlist_first_in_order_whole_requests_only() {
+    let env = TestEnv::on_cluster().await;
+    let mut redis = env.redis().await;
+    let keys = three_buckets(&env, [0, 0, 0], 3).await;
+    let b1 = &keys[1];
+    // Three waiting requests: 11 wants 1, 12 wants 3, 13 wants 1.
+    for (user, at) in [(11u64, 100u64), (12, 200), (13, 300)] {
+        let _: () = redis.zadd(b1.waitlist(), user, at).await.expect("zadd");
+    }
+    let _: () = redis
+        .hset(b1.waitlist_quantity(), 12u64, 3u64)
+        .await
+        .expect("hset");
+    let (pool, receiver) = (Gate::Pool(&keys[0]), Gate::Bucket(1, b1));
+
+    let taken = transfer::take(&mut redis, pool, receiver, 4000, 3, 1, 1).await;
+    assert_eq!(taken.expect("take"), Taken::Units(3));
+    let fresh = [9001, 9002, 9003, 9004];
+    let given = transfer::give(&mut redis, receiver, 4000, 3, 1, &fresh).await;
+    // 11 takes one; 12 wants 3 of the 2 left and keeps its place; 13 takes one.
+    assert_eq!(given.expect("give"), Given::Landed { promoted: 2 });
+    let again = transfer::give(&mut redis, receiver, 4000, 3, 1, &fresh).await;
+    assert_eq!(again.expect("give"), Given::AlreadyGiven);
+    let mut buyers: Vec<u64> = redis.smembers(b1.buyers()).await.expect("smembers");
+    buyers.sort();
+    assert_eq!(buyers, vec![11, 13]);
+    let waiting: Vec<u64> = redis.zrange(b1.waitlist(), 0, -1).await.expect("zrange");
+    assert_eq!(waiting, vec![12]);
+    assert_eq!(number(&mut redis, &b1.stock()).await, 1);
+    let entries: redis::streams::StreamRangeReply =
+        redis.xrange_all(b1.orders()).await.expect("xrange");
+    let orders: Vec<(String, String, String)> = entries
+        .ids
+        .iter()
+        .map(|e| {
+            let field = |f: &str| e.get::<String>(f).unwrap_or_default();
+            (field("user"), field("order"), field("kind"))
+        })
+        .collect();
+    assert_eq!(
+        orders,
+        vec![
+            ("11".into(), "9001".into(), "promote".into()),
+            ("13".into(), "9002".into(), "promote".into())
+        ]
+    );
+    let events: redis::streams::StreamRangeReply =
+        redis.xrange_all(b1.events()).await.expect("xrange");
+    assert_eq!(events.ids.len(), 2);
+    assert_eq!(
+        events.ids[0].get::<String>("released_order").as_deref(),
+        Some("0"),
+        "units that came by transfer name no released order"
+    );
+    // One unit left in stock, the 12's request still waits: 1 + 0 + 0
+    // free, two sold.
+    assert_eq!(free_units(&mut redis, &keys).await, 1);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_mover_of_an_older_epoch_is_fenced_and_a_paused_gate_moves_nothing() {
+    let env = TestEnv::on_cluster().await;
+    let mut redis = env.redis().await;
+    let keys = three_buckets(&env, [6, 0, 0], 0).await;
+    let (b0, b1) = (Gate::Bucket(0, &keys[0]), Gate::Bucket(1, &keys[1]));
+
+    // A mover of epoch 2 took over.
+    let taken = transfer::take(&mut redis, b0, b1, 5000, 2, 1, 2).await;
+    assert_eq!(taken.expect("take"), Taken::Units(2));
+    let given = transfer::give(&mut redis, b1, 5000, 2, 2, &[]).await;
+    assert_eq!(given.expect("give"), Given::Landed { promoted: 0 });
+    let settled = transfer::settle(&mut redis, b0, 5000, Landing::Given).await;
+    assert_eq!(settled.expect("settle"), Settled::Done { units_back: 0 });
+    // The one of epoch 1 that lost its lease is refused on both sides.
+    let stale = transfer::take(&mut redis, b0, b1, 5001, 2, 1, 1).await;
+    assert_eq!(stale.expect("take"), Taken::Fenced(2));
+    let stale = transfer::give(&mut redis, b1, 4999, 2, 1, &[]).await;
+    assert_eq!(stale.expect("give"), Given::Fenced(2));
+
+    // A paused giver gives nothing; a paused receiver lands nothing; a void
+    // transfer's units do not go back into a gate being rebuilt.
+    let taken = transfer::take(&mut redis, b0, b1, 5002, 1, 1, 2).await;
+    assert_eq!(taken.expect("take"), Taken::Units(1));
+    for k in [&keys[0], &keys[1]] {
+        let _: () = redis.hset(k.meta(), "paused", 1).await.expect("pause");
+    }
+    let paused = transfer::take(&mut redis, b0, b1, 5003, 1, 1, 2).await;
+    assert_eq!(paused.expect("take"), Taken::Paused);
+    let paused = transfer::give(&mut redis, b1, 5002, 1, 2, &[]).await;
+    assert_eq!(paused.expect("give"), Given::Paused);
+    let (landing, settled) = transfer::complete(&mut redis, b0, b1, 5002)
+        .await
+        .expect("complete");
+    assert_eq!((landing, settled), (Landing::Void, Settled::Paused));
+    assert_eq!(transfer::open(&mut redis, b0).await.expect("open").len(), 1);
+    assert_eq!(free_units(&mut redis, &keys).await, 6);
+    // Reopened, the void transfer goes back.
+    let _: () = redis.hdel(keys[0].meta(), "paused").await.expect("reopen");
+    let (_, settled) = transfer::complete(&mut redis, b0, b1, 5002)
+        .await
+        .expect("complete");
+    assert_eq!(settled, Settled::Done { units_back: 1 });
+    assert_eq!(number(&mut redis, &keys[0].stock()).await, 4);
+    assert_eq!(free_units(&mut redis, &keys).await, 6);
+    env.cleanup().await;
+}
+
+/// Movers of the same epoch cut off at random points, from every gate to
+/// every other, all at once; then every open transfer completed.
+#[tokio::test]
+async fn many_transfers_cut_off_anywhere_lose_and_double_nothing() {
+    let env = TestEnv::on_cluster().await;
+    let keys = three_buckets(&env, [100, 100, 100], 700).await;
+    let mut tasks = Vec::new();
+    for mover in 0..8u64 {
+        let keys = keys.clone();
+        let mut redis = env.new_redis_connection().await;
+        tasks.push(tokio::spawn(async move {
+            for i in 0..60u64 {
+                let id = 10_000 + mover * 1000 + i;
+                let all = gates(&keys);
+                let from = all[((id * 7) % 4) as usize];
+                let to = all[((id * 7 + 1 + id % 3) % 4) as usize];
+                let taken = transfer::take(&mut redis, from, to, id, 1 + id % 9, 1, 1)
+                    .await
+                    .expect("take");
+                let Taken::Units(units) = taken else { continue };
+                // Cut off after the take, after the give, or not at all.
+                match id % 3 {
+                    0 => continue,
+                    1 => {
+                        transfer::give(&mut redis, to, id, units, 1, &[])
+                            .await
+                            .expect("give");
+                    }
+                    _ => {
+                        transfer::give(&mut redis, to, id, units, 1, &[])
+                            .await
+                            .expect("give");
+                        transfer::settle(&mut redis, from, id, Landing::Given)
+                            .await
+                            .expect("settle");
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("mover task");
+    }
+    let mut redis = env.redis().await;
+    assert_eq!(
+        free_units(&mut redis, &keys).await,
+        1000,
+        "before completing"
+    );
+    let all = gates(&keys);
+    let mut completed = 0;
+    for from in all {
+        for t in transfer::open(&mut redis, from).await.expect("open") {
+            let to = all
+                .iter()
+                .copied()
+                .find(|g| g.label() == t.to)
+                .expect("a known receiver");
+            transfer::complete(&mut redis, from, to, t.id)
+                .await
+                .expect("complete");
+            completed += 1;
+        }
+    }
+    assert!(completed > 0, "some transfers were cut off");
+    for from in all {
+        assert!(transfer::open(&mut redis, from)
+            .await
+            .expect("open")
+            .is_empty());
+    }
+    // Every unit is in one stock or the pool now: exactly the 1,000.
+    let mut stocks = number(&mut redis, &keys[0].pool()).await;
+    for k in &keys {
+        let units = number(&mut redis, &k.stock()).await;
+        assert!(units >= 0, "{}: {units}", k.stock());
+        stocks += units;
+    }
+    assert_eq!(stocks, 1000);
+    env.cleanup().await;
+}
