@@ -4,7 +4,12 @@
 -- Public contract: application servers in any language call this script with
 -- EVALSHA (load it once with SCRIPT LOAD; on NOSCRIPT, SCRIPT LOAD again).
 -- All keys carry the voucher's hash tag, so the script runs on one Redis
--- Cluster slot. With the default prefix `seckill` and voucher V:
+-- Cluster slot. With the default prefix `seckill` and voucher V (**new**:
+-- a voucher split into N buckets has one gate per bucket, bucket b's keys
+-- under the tag recorded in bucket 0's meta field bucket_tags, {V} for
+-- bucket 0; a user belongs to bucket
+--   first 8 bytes of SHA-1(decimal user id), big-endian, mod N
+-- and is admitted only there, code 10):
 --
 -- KEYS[1]  seckill:{V}:meta      hash   total, begin_ms, end_ms, pay_timeout_ms;
 --                                 an admission updates its buyers_digest
@@ -55,6 +60,10 @@
 --   {9, "not enough stock", left}  **new**: fewer units left than asked for
 --                                  (but some): nothing written, never a
 --                                  partial order
+--   {10, "wrong bucket", bucket}  **new**: the voucher is split into buckets
+--                                  (meta buckets > 1) and this user belongs
+--                                  to another: nothing written; call again
+--                                  with the keys of that bucket
 -- Code 2 with position 0 (**new**): sold out and the waitlist is full (meta
 -- waitlist_limit requests wait): nothing written.
 -- Bad arguments are an error reply starting with "ERR seckill:".
@@ -65,7 +74,7 @@
 -- it refuses do not count. So no one-second span, wherever it starts, holds
 -- more than user_rate attempts that went on to the later checks.
 --
--- Guarantees: checks run in this order — voucher loaded, quantity (an error
+-- Guarantees: checks run in this order — voucher loaded, bucket, quantity (an error
 -- reply), sale window (Redis server clock, never the caller's), paused,
 -- token, rate limit, already a buyer, stock — and the writes
 -- (DECRBY stock, SADD buyers, ZREM waitlist, XADD orders) come only after every
@@ -94,15 +103,26 @@ local user, order, voucher = ARGV[1], ARGV[2], ARGV[3]
 if not valid_id(user) then return redis.error_reply('ERR seckill: bad user id') end
 if not valid_id(order) then return redis.error_reply('ERR seckill: bad order id') end
 if not valid_id(voucher) then return redis.error_reply('ERR seckill: bad voucher id') end
-if not string.find(KEYS[1], '{' .. voucher .. '}', 1, true) then
+-- The keys' tag is the voucher's, {V}, or one of its buckets', {V.b.s}.
+if not (string.find(KEYS[1], '{' .. voucher .. '}', 1, true)
+    or string.match(KEYS[1], '{' .. voucher .. '%.%d+%.%d+}')) then
   return redis.error_reply('ERR seckill: voucher id does not match the keys')
 end
 
 local meta = redis.call('HMGET', KEYS[1], 'begin_ms', 'end_ms', 'paused', 'user_rate',
-  'require_token', 'per_user_limit', 'waitlist_limit')
+  'require_token', 'per_user_limit', 'waitlist_limit', 'bucket', 'buckets')
 local stock = redis.call('GET', KEYS[2])
 if not meta[1] or not meta[2] or not stock then
   return {5, 'unknown voucher', 0}
+end
+
+-- A voucher in buckets: each user belongs to one, whatever the caller
+-- routed, or one user could buy once in every bucket.
+local buckets = tonumber(meta[9] or '1') or 1
+if buckets > 1 then
+  local hex, mine = redis.sha1hex(user), 0
+  for i = 1, 16 do mine = (mine * 16 + tonumber(string.sub(hex, i, i), 16)) % buckets end
+  if mine ~= (tonumber(meta[8] or '0') or 0) then return {10, 'wrong bucket', mine} end
 end
 
 local wanted = ARGV[5]

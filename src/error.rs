@@ -56,6 +56,13 @@ pub enum Error {
     #[error("{0}")]
     NodeId(String),
 
+    #[error("user {user} belongs to bucket {bucket} of voucher {voucher}, not the one asked (the voucher's buckets changed since they were read): try again")]
+    WrongBucket {
+        voucher: u64,
+        user: u64,
+        bucket: u32,
+    },
+
     #[error("Redis: {0}")]
     Redis(String),
 

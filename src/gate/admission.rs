@@ -126,7 +126,7 @@ pub async fn admit(
         .invoke_async(conn)
         .await
         .map_err(refused_input)?;
-    decode(reply)
+    decode(reply, voucher, user)
 }
 
 /// The script refuses a quantity outside 1 ..= the voucher's per-user
@@ -160,7 +160,11 @@ fn invocation(keys: &VoucherKeys, attempt: Attempt<'_>) -> ScriptInvocation<'sta
     inv
 }
 
-fn decode((code, reason, value): (i64, String, Value)) -> Result<Admission> {
+fn decode(
+    (code, reason, value): (i64, String, Value),
+    voucher: u64,
+    user: u64,
+) -> Result<Admission> {
     let number = |v: &Value| -> Option<i64> {
         match v {
             Value::Int(n) => Some(*n),
@@ -190,6 +194,14 @@ fn decode((code, reason, value): (i64, String, Value)) -> Result<Admission> {
         7 => Admission::RateLimited,
         8 => Admission::BadToken,
         9 => Admission::NotEnoughStock { left: n },
+        // Not an outcome: the caller routed by a layout that changed.
+        10 => {
+            return Err(Error::WrongBucket {
+                voucher,
+                user,
+                bucket: u32::try_from(n).map_err(|_| bad())?,
+            })
+        }
         _ => return Err(bad()),
     })
 }
@@ -202,26 +214,34 @@ mod tests {
     fn decodes_every_code() {
         let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
         assert_eq!(
-            decode((0, "ok".into(), bulk("9223372036854775807"))).unwrap(),
+            decode((0, "ok".into(), bulk("9223372036854775807")), 1, 1).unwrap(),
             Admission::Admitted {
                 order_id: 9_223_372_036_854_775_807
             }
         );
         assert_eq!(
-            decode((2, "sold out".into(), Value::Int(3))).unwrap(),
+            decode((2, "sold out".into(), Value::Int(3)), 1, 1).unwrap(),
             Admission::SoldOut {
                 waitlist_position: 3
             }
         );
         assert_eq!(
-            decode((5, "unknown voucher".into(), Value::Int(0))).unwrap(),
+            decode((5, "unknown voucher".into(), Value::Int(0)), 1, 1).unwrap(),
             Admission::UnknownVoucher
         );
         assert_eq!(
-            decode((9, "not enough stock".into(), Value::Int(2))).unwrap(),
+            decode((9, "not enough stock".into(), Value::Int(2)), 1, 1).unwrap(),
             Admission::NotEnoughStock { left: 2 }
         );
-        assert!(decode((10, "?".into(), Value::Int(0))).is_err());
+        assert!(matches!(
+            decode((10, "wrong bucket".into(), Value::Int(2)), 7, 8),
+            Err(Error::WrongBucket {
+                voucher: 7,
+                user: 8,
+                bucket: 2
+            })
+        ));
+        assert!(decode((11, "?".into(), Value::Int(0)), 1, 1).is_err());
     }
 }
 
@@ -259,7 +279,7 @@ pub async fn admit_durably(
     let inv = invocation(keys, attempt);
     let Some(wait) = wait else {
         let reply: (i64, String, Value) = inv.invoke_async(conn).await.map_err(refused_input)?;
-        return Ok((decode(reply)?, None));
+        return Ok((decode(reply, attempt.voucher, attempt.user)?, None));
     };
     let mut pipe = redis::pipe();
     pipe.invoke_script(&inv)
@@ -277,7 +297,7 @@ pub async fn admit_durably(
         }
         other => other.map_err(refused_input)?,
     };
-    let outcome = decode(reply)?;
+    let outcome = decode(reply, attempt.voucher, attempt.user)?;
     let acked = matches!(outcome, Admission::Admitted { .. }).then_some(acked);
     Ok((outcome, acked))
 }

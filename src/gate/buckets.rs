@@ -7,9 +7,19 @@
 //! once so that the tags' slots are served by different masters; the tag is
 //! recorded, not recomputed, because a reshard later moves slots, not keys.
 
+use redis::aio::ConnectionLike;
+
 use crate::error::{Error, Result};
-use crate::store::keys::bucket_tag as tag;
+use crate::store::keys::{bucket_tag as tag, is_bucket_tag, VoucherKeys};
 use crate::store::slot_map::{slot_of, SlotMap};
+
+/// Bucket 0's meta fields that describe the split: how many buckets, and
+/// every bucket's tag in order, space-separated (bucket 0's first). Every
+/// bucket's meta has `bucket` (its number) and `buckets` too: the
+/// admission script routes by them.
+pub const META_BUCKETS: &str = "buckets";
+pub const META_BUCKET: &str = "bucket";
+pub const META_BUCKET_TAGS: &str = "bucket_tags";
 
 /// The most buckets a voucher may have: a bucket costs the mover a script
 /// call per round, and past one per master a bucket buys nothing.
@@ -32,6 +42,108 @@ pub fn bucket_of(user: u64, buckets: u32) -> u32 {
     let mut first = [0u8; 8];
     first.copy_from_slice(&digest[..8]);
     (u64::from_be_bytes(first) % u64::from(buckets)) as u32
+}
+
+/// A voucher's buckets: each one's tag, bucket 0's (the voucher's own) first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    prefix: String,
+    voucher: u64,
+    tags: Vec<String>,
+}
+
+impl Layout {
+    /// A voucher of one bucket: today's layout.
+    pub fn single(prefix: &str, voucher: u64) -> Layout {
+        Layout {
+            prefix: prefix.to_string(),
+            voucher,
+            tags: vec![voucher.to_string()],
+        }
+    }
+
+    /// The layout `tags` (space-separated, as recorded) describe; none or
+    /// empty: one bucket.
+    pub fn from_tags(prefix: &str, voucher: u64, tags: Option<&str>) -> Result<Layout> {
+        let tags: Vec<String> = tags
+            .unwrap_or("")
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        if tags.is_empty() {
+            return Ok(Layout::single(prefix, voucher));
+        }
+        let bad = tags.len() > MAX_BUCKETS as usize
+            || tags[0] != voucher.to_string()
+            || tags.iter().any(|t| !is_bucket_tag(t, voucher));
+        if bad {
+            return Err(Error::Redis(format!(
+                "voucher {voucher}'s bucket tags read {:?}: not {{V}} then up to {} bucket tags",
+                tags.join(" "),
+                MAX_BUCKETS - 1
+            )));
+        }
+        Ok(Layout {
+            prefix: prefix.to_string(),
+            voucher,
+            tags,
+        })
+    }
+
+    /// The layout bucket 0's meta records (one bucket when it records none,
+    /// which is also what a gate not loaded yet reads as).
+    pub async fn read(
+        conn: &mut impl ConnectionLike,
+        prefix: &str,
+        voucher: u64,
+    ) -> Result<Layout> {
+        let meta = VoucherKeys::new(prefix, voucher)?.meta();
+        let tags: Option<String> = redis::cmd("HGET")
+            .arg(meta)
+            .arg(META_BUCKET_TAGS)
+            .query_async(conn)
+            .await?;
+        Layout::from_tags(prefix, voucher, tags.as_deref())
+    }
+
+    pub fn voucher(&self) -> u64 {
+        self.voucher
+    }
+
+    pub fn buckets(&self) -> u32 {
+        self.tags.len() as u32
+    }
+
+    /// The tags as recorded: space-separated, bucket 0's first.
+    pub fn tags_text(&self) -> String {
+        self.tags.join(" ")
+    }
+
+    pub fn tag(&self, bucket: u32) -> Option<&str> {
+        self.tags.get(bucket as usize).map(String::as_str)
+    }
+
+    /// The keys of bucket `bucket`'s gate.
+    pub fn keys(&self, bucket: u32) -> Result<VoucherKeys> {
+        let tag = self.tag(bucket).ok_or_else(|| {
+            Error::InvalidInput(format!(
+                "voucher {} has {} bucket(s), no bucket {bucket}",
+                self.voucher,
+                self.buckets()
+            ))
+        })?;
+        VoucherKeys::of_bucket(&self.prefix, self.voucher, tag)
+    }
+
+    /// The keys of the gate `user` belongs to.
+    pub fn keys_of_user(&self, user: u64) -> Result<VoucherKeys> {
+        self.keys(bucket_of(user, self.buckets()))
+    }
+
+    /// Every bucket's keys, bucket 0's first.
+    pub fn all_keys(&self) -> Result<Vec<VoucherKeys>> {
+        (0..self.buckets()).map(|b| self.keys(b)).collect()
+    }
 }
 
 /// Checks a bucket count given by a person.
@@ -116,6 +228,25 @@ mod tests {
     #[test]
     fn a_single_node_takes_salt_zero() {
         assert_eq!(choose_tags(7, 3, None), vec!["7", "7.1.0", "7.2.0"]);
+    }
+
+    #[test]
+    fn a_layout_reads_back_as_recorded() {
+        let layout = Layout::from_tags("p", 7, Some("7 7.1.4 7.2.0")).unwrap();
+        assert_eq!(layout.buckets(), 3);
+        assert_eq!(layout.keys(1).unwrap().stock(), "p:{7.1.4}:stock");
+        assert_eq!(layout.tags_text(), "7 7.1.4 7.2.0");
+        assert!(layout.keys(3).is_err());
+        let user = (1..).find(|u| bucket_of(*u, 3) == 2).unwrap();
+        assert_eq!(layout.keys_of_user(user).unwrap().meta(), "p:{7.2.0}:meta");
+        assert_eq!(
+            Layout::from_tags("p", 7, None).unwrap(),
+            Layout::single("p", 7)
+        );
+        assert_eq!(Layout::from_tags("p", 7, Some("")).unwrap().buckets(), 1);
+        for bad in ["8 8.1.0", "7.1.0 7", "7 8.1.0", "7 7.x.0"] {
+            assert!(Layout::from_tags("p", 7, Some(bad)).is_err(), "{bad}");
+        }
     }
 
     #[test]
