@@ -1936,7 +1936,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__voucher__subcmd__add)
-            opts="-v -q -h -V --id --stock --begin --end --pay-timeout --title --user-rate --require-token --per-user-limit --waitlist-limit --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
+            opts="-v -q -h -V --id --stock --begin --end --pay-timeout --title --user-rate --require-token --per-user-limit --waitlist-limit --buckets --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1975,6 +1975,10 @@ _seckill() {
                     return 0
                     ;;
                 --waitlist-limit)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --buckets)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -2186,7 +2190,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__voucher__subcmd__update)
-            opts="-v -q -h -V --id --user-rate --require-token --no-require-token --per-user-limit --waitlist-limit --no-waitlist-limit --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
+            opts="-v -q -h -V --id --user-rate --require-token --no-require-token --per-user-limit --waitlist-limit --no-waitlist-limit --buckets --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -2205,6 +2209,10 @@ _seckill() {
                     return 0
                     ;;
                 --waitlist-limit)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --buckets)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

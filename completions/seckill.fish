@@ -144,6 +144,7 @@ complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l user-rate -d 'At most N attempts per user in any one second at the gate (0: no limit)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l per-user-limit -d 'The most units one user may buy (one order of 1..=L units)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l waitlist-limit -d 'Once W requests wait, a sold-out attempt writes nothing (default: no cap)' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l buckets -d 'Split the stock over N gates, each on a master of its own, so one voucher sells on N Redis masters (1: one gate)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l format -d 'Output format' -r -f -a "table\t'A table for people'
 json\t'JSON for scripts'"
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from add" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
@@ -172,6 +173,7 @@ complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l user-rate -d 'At most N attempts per user in any one second at the gate (0: no limit)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l per-user-limit -d 'The most units one user may buy (one order of 1..=L units)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l waitlist-limit -d 'Once W requests wait, a sold-out attempt writes nothing' -r
+complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l buckets -d 'Split the stock over N gates (only before the first preload)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l format -d 'Output format' -r -f -a "table\t'A table for people'
 json\t'JSON for scripts'"
 complete -c seckill -n "__fish_seckill_using_subcommand voucher; and __fish_seen_subcommand_from update" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r

@@ -27,6 +27,10 @@
 --                                       (lua/seckill.lua sets it only on the
 --                                       key's creation)
 --
+-- KEYS[10] seckill:{V}:pool            string optional, bucket 0 of a voucher in
+--                                       buckets only (**new**): set to ARGV[23],
+--                                       the units given to no bucket
+--
 -- `hold_is_live` comes from lua/lib/holds.lua, which the binary prepends.
 --
 -- ARGV[1..4]  total, begin_ms, end_ms, pay_timeout_ms
@@ -57,6 +61,12 @@
 --            KEYS[7], written to meta's buyers_digest and released_digest
 --            with the sets; absent, both fields are removed (a digest of
 --            the sets replaced would be wrong)
+-- ARGV[20..22] optional, with ARGV[18..19] (**new**): the gate's bucket,
+--            the voucher's bucket count and (bucket 0 only, '' for the
+--            others) every bucket's tag, space-separated: meta's bucket,
+--            buckets and bucket_tags, which lua/seckill.lua routes by;
+--            absent, the three fields are removed (a voucher of one gate)
+-- ARGV[23]   with KEYS[10] (**new**): the pool's units
 --
 -- Returns 1 when published (or when this run had published already),
 -- 0 when refused: nothing is written then and the staging sets are dropped.
@@ -79,6 +89,12 @@ local version = ARGV[15]
 if version == '' then version = nil end
 if version and (not string.match(version, '^%d+$') or #version > 19) then
   return redis.error_reply('ERR preload.lua: ARGV[15] must be a decimal policy version')
+end
+if ARGV[20] and (not string.match(ARGV[20], '^%d+$') or not string.match(ARGV[21] or '', '^[1-9]%d*$')) then
+  return redis.error_reply('ERR preload.lua: ARGV[20..21] must be the bucket and the bucket count')
+end
+if KEYS[10] and not string.match(ARGV[23] or '', '^%d+$') then
+  return redis.error_reply('ERR preload.lua: ARGV[23] must be the pool\'s units')
 end
 if KEYS[9] and not tonumber(ARGV[3]) then
   return redis.error_reply('ERR preload.lua: ARGV[3] must be the end in Unix ms')
@@ -143,6 +159,17 @@ if ARGV[18] and ARGV[19] then
 else
   redis.call('HDEL', KEYS[1], 'buyers_digest', 'released_digest')
 end
+if ARGV[20] then
+  redis.call('HSET', KEYS[1], 'bucket', ARGV[20], 'buckets', ARGV[21])
+  if (ARGV[22] or '') ~= '' then
+    redis.call('HSET', KEYS[1], 'bucket_tags', ARGV[22])
+  else
+    redis.call('HDEL', KEYS[1], 'bucket_tags')
+  end
+else
+  redis.call('HDEL', KEYS[1], 'bucket', 'buckets', 'bucket_tags')
+end
+if KEYS[10] then redis.call('SET', KEYS[10], ARGV[23]) end
 for _, pair in ipairs({{KEYS[4], KEYS[3]}, {KEYS[7], KEYS[6]}}) do
   if redis.call('EXISTS', pair[1]) == 1 then
     -- The set replaced may hold millions: freed in the background

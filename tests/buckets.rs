@@ -4,11 +4,15 @@
 
 mod common;
 
+use std::time::Duration;
+
+use common::invariants::assert_invariants;
 use common::TestEnv;
 use redis::AsyncCommands;
 use seckill::error::Error;
 use seckill::gate::admission::{admit, Admission};
 use seckill::gate::buckets::{bucket_of, Layout};
+use seckill::gate::transfer;
 use seckill::store::keys::bucket_tag;
 use seckill::support::timespec::now_ms;
 
@@ -86,5 +90,230 @@ async fn the_admission_script_routes_users_as_the_binary_does() {
         }
         assert_eq!(admitted, 400, "{n} buckets");
     }
+    env.cleanup().await;
+}
+
+/// `voucher add --buckets`, `preload` and the real binary's admission,
+/// worker and mover: the voucher sells on every master and exactly its
+/// stock, one order per user, whatever bucket ran dry first.
+async fn live_voucher_in_buckets(
+    env: &TestEnv,
+    voucher: u64,
+    stock: i64,
+    buckets: u32,
+) -> (Layout, seckill::store::redis_conn::Redis) {
+    let out = env
+        .cmd()
+        .args(["voucher", "add", "--id", &voucher.to_string()])
+        .args([
+            "--stock",
+            &stock.to_string(),
+            "--buckets",
+            &buckets.to_string(),
+        ])
+        .args(["--begin", "-1m", "--pay-timeout", "1h", "--format", "json"])
+        .output()
+        .expect("voucher add");
+    assert!(out.status.success(), "{out:?}");
+    let added = common::json(&out);
+    assert_eq!(added["buckets"], buckets, "{added}");
+    let out = env
+        .cmd()
+        .args([
+            "preload",
+            "--voucher",
+            &voucher.to_string(),
+            "--format",
+            "json",
+        ])
+        .output()
+        .expect("preload");
+    assert!(out.status.success(), "{out:?}");
+    let preloaded = common::json(&out);
+    assert_eq!(preloaded[0]["buckets"], buckets, "{preloaded}");
+    let mut redis = env.redis().await;
+    let layout = Layout::read(&mut redis, &env.prefix, voucher)
+        .await
+        .expect("layout");
+    (layout, redis)
+}
+
+fn bench(env: &TestEnv, voucher: u64, users: u64) -> serde_json::Value {
+    let out = env
+        .cmd()
+        .args(["bench", "--voucher", &voucher.to_string()])
+        .args([
+            "--users",
+            &users.to_string(),
+            "--attempts",
+            &users.to_string(),
+        ])
+        .args(["--concurrency", "32", "--format", "json"])
+        .output()
+        .expect("bench");
+    assert!(out.status.success(), "{out:?}");
+    common::json(&out)
+}
+
+#[tokio::test]
+async fn a_voucher_in_three_buckets_sells_exactly_its_stock_on_three_masters() {
+    let env = TestEnv::on_cluster().await;
+    let (layout, mut redis) = live_voucher_in_buckets(&env, V, 300, 3).await;
+    assert_eq!(layout.buckets(), 3);
+    let slots = seckill::store::slot_map::SlotMap::read(&mut redis)
+        .await
+        .expect("slots")
+        .expect("a cluster");
+    let mut masters: Vec<&str> = (0..3)
+        .map(|b| {
+            let stock_key = layout.keys(b).expect("keys").stock();
+            slots
+                .master_of(seckill::store::slot_map::slot_of(&stock_key))
+                .expect("served")
+        })
+        .collect();
+    masters.sort();
+    masters.dedup();
+    assert_eq!(masters.len(), 3, "one bucket per master");
+
+    // Demand on one bucket only: bucket 0 (100 units) runs dry with 50
+    // buyers waiting while buckets 1 and 2 hold 90 each. The mover brings
+    // them units; they become buyers, in the order they came.
+    let users_of = |b: u32, n: usize| -> Vec<u64> {
+        (1..).filter(|u| bucket_of(*u, 3) == b).take(n).collect()
+    };
+    let mut order = 1_000_000;
+    let mut attempt = |redis: &mut seckill::store::redis_conn::Redis, user: u64| {
+        order += 1;
+        let keys = layout.keys_of_user(user).expect("keys");
+        let id = order;
+        let mut redis = redis.clone();
+        async move {
+            admit(&mut redis, &keys, V, user, id, None)
+                .await
+                .expect("admit")
+        }
+    };
+    let first = users_of(0, 150);
+    for (i, &user) in first.iter().enumerate() {
+        let answer = attempt(&mut redis, user).await;
+        match i < 100 {
+            true => assert!(matches!(answer, Admission::Admitted { .. }), "{answer:?}"),
+            false => assert!(matches!(answer, Admission::SoldOut { .. }), "{answer:?}"),
+        }
+    }
+    for b in 1..3 {
+        for user in users_of(b, 10) {
+            let answer = attempt(&mut redis, user).await;
+            assert!(matches!(answer, Admission::Admitted { .. }), "{answer:?}");
+        }
+    }
+    let worker = env.spawn_worker(&common::fast_worker(&["--until-idle"]));
+    worker.expect_success(Duration::from_secs(90));
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(
+        s.orders.len(),
+        170,
+        "the 50 waiting got units from the other buckets"
+    );
+    assert!(
+        s.waitlist.is_empty(),
+        "nobody waits while units remain: {:?}",
+        s.waitlist
+    );
+    assert_eq!(s.redis_stock, Some(130));
+    let promoted: Vec<u64> = first[100..].to_vec();
+    assert!(promoted.iter().all(|u| s.orders.contains_key(u)));
+
+    // Then 1,200 buyers over every bucket for the 130 left: all of them go,
+    // each bucket selling.
+    let before: Vec<u64> = {
+        let mut n = Vec::new();
+        for b in 0..3 {
+            let c: u64 = redis
+                .scard(layout.keys(b).expect("keys").buyers())
+                .await
+                .expect("scard");
+            n.push(c);
+        }
+        n
+    };
+    let report = bench(&env, V, 1200);
+    let success = report["outcomes"]["success"].as_u64().unwrap_or(0);
+    let sold_out = report["outcomes"]["sold_out"].as_u64().unwrap_or(0);
+    let already = report["outcomes"]["already_bought"].as_u64().unwrap_or(0);
+    assert_eq!(success + sold_out + already, 1200, "{report}");
+    for b in 0..3u32 {
+        let c: u64 = redis
+            .scard(layout.keys(b).expect("keys").buyers())
+            .await
+            .expect("scard");
+        assert!(c > before[b as usize], "bucket {b} sold nothing: {report}");
+    }
+    let worker = env.spawn_worker(&common::fast_worker(&["--until-idle"]));
+    worker.expect_success(Duration::from_secs(90));
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.orders.len(), 300, "every unit sold, none twice");
+    assert_eq!(
+        s.redis_stock,
+        Some(0),
+        "nothing left in a bucket, the pool or transit"
+    );
+    env.cleanup().await;
+}
+
+/// A worker killed (-9) while units are in transit between two buckets:
+/// they are in no stock, so nothing sells them; the next worker's mover
+/// completes the transfer receiver first, and every unit sells once.
+#[tokio::test]
+async fn a_mover_killed_mid_transfer_leaves_units_in_transit_that_the_next_one_brings_back() {
+    let env = TestEnv::on_cluster().await;
+    let (layout, mut redis) = live_voucher_in_buckets(&env, V, 300, 3).await;
+    let users: Vec<u64> = (1..).filter(|u| bucket_of(*u, 3) == 0).take(150).collect();
+    for (i, &user) in users.iter().enumerate() {
+        let keys = layout.keys_of_user(user).expect("keys");
+        let answer = admit(&mut redis, &keys, V, user, 2_000_000 + i as u64, None)
+            .await
+            .expect("admit");
+        assert_eq!(
+            matches!(answer, Admission::Admitted { .. }),
+            i < 100,
+            "{answer:?}"
+        );
+    }
+    let doomed = env.spawn_worker_with(
+        &common::fast_worker(&[]),
+        &[(seckill::support::fault::ENV, "between_take_and_give=60s*1")],
+    );
+    common::within_seconds(30, "the mover to pause between take and give", || {
+        doomed
+            .log_text()
+            .contains("test pause at between_take_and_give")
+    });
+    doomed.kill9();
+    // Units in transit: in no bucket's stock, found by the invariants'
+    // count of open transfers.
+    let in_transit = {
+        let gates = layout.all_keys().expect("keys");
+        let mut open = 0;
+        for (b, k) in gates.iter().enumerate() {
+            open += transfer::open(&mut redis, transfer::Gate::Bucket(b as u32, k))
+                .await
+                .expect("open")
+                .len();
+        }
+        open
+    };
+    assert_eq!(in_transit, 1, "the killed mover's transfer is open");
+    assert_invariants(&env, V).await;
+
+    let worker = env.spawn_worker(&common::fast_worker(&["--until-idle"]));
+    let log = worker.expect_success(Duration::from_secs(90));
+    assert!(log.contains("completed transfer"), "{log}");
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.orders.len(), 150, "the 50 waiting got units, none twice");
+    assert!(s.waitlist.is_empty(), "{:?}", s.waitlist);
+    assert_eq!(s.redis_stock, Some(150));
+    assert!(!transfer::any_open(&mut redis, &layout).await.expect("open"));
     env.cleanup().await;
 }

@@ -46,13 +46,8 @@ async fn number(redis: &mut Redis, key: &str) -> i64 {
 }
 
 /// The pool and each bucket's gate.
-fn gates(keys: &[VoucherKeys]) -> [Gate<'_>; 4] {
-    [
-        Gate::Pool(&keys[0]),
-        Gate::Bucket(0, &keys[0]),
-        Gate::Bucket(1, &keys[1]),
-        Gate::Bucket(2, &keys[2]),
-    ]
+fn gates(keys: &[VoucherKeys]) -> Vec<Gate<'_>> {
+    Gate::all(keys)
 }
 
 /// Units in every stock, the pool and in transit: open records whose
@@ -63,7 +58,7 @@ async fn free_units(redis: &mut Redis, keys: &[VoucherKeys]) -> i64 {
         sum += number(redis, &k.stock()).await;
     }
     let all = gates(keys);
-    for giver in all {
+    for giver in all.clone() {
         for t in transfer::open(redis, giver).await.expect("open") {
             let receiver = all.iter().find(|g| g.label() == t.to).expect("receiver");
             let landed = transfer::landed(redis, *receiver, t.id)
@@ -386,7 +381,7 @@ async fn many_transfers_cut_off_anywhere_lose_and_double_nothing() {
     );
     let all = gates(&keys);
     let mut completed = 0;
-    for from in all {
+    for from in all.clone() {
         for t in transfer::open(&mut redis, from).await.expect("open") {
             let to = all
                 .iter()
@@ -400,7 +395,7 @@ async fn many_transfers_cut_off_anywhere_lose_and_double_nothing() {
         }
     }
     assert!(completed > 0, "some transfers were cut off");
-    for from in all {
+    for from in all.clone() {
         assert!(transfer::open(&mut redis, from)
             .await
             .expect("open")

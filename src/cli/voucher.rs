@@ -6,11 +6,11 @@ use serde::Serialize;
 use super::common::{parse_count, parse_duration, parse_id, Format, FormatOpt};
 use super::render::{print_json, table};
 use crate::exit_code;
-use crate::gate::policy;
 use crate::gate::state::{self, GateState};
+use crate::gate::{buckets, policy};
 use crate::orders::voucher::{
-    self, NewVoucher, Policy, PolicyChange, Voucher, MAX_PER_USER_LIMIT, MAX_USER_RATE,
-    MAX_WAITLIST_LIMIT,
+    self, NewVoucher, Policy, PolicyChange, Voucher, MAX_BUCKETS, MAX_PER_USER_LIMIT,
+    MAX_USER_RATE, MAX_WAITLIST_LIMIT,
 };
 use crate::store::config::Config;
 use crate::store::db::Db;
@@ -60,6 +60,10 @@ pub struct AddArgs {
     /// Once W requests wait, a sold-out attempt writes nothing (default: no cap)
     #[arg(long, value_name = "W", value_parser = parse_waitlist_limit, allow_hyphen_values = true)]
     pub waitlist_limit: Option<u32>,
+    /// Split the stock over N gates, each on a master of its own, so one
+    /// voucher sells on N Redis masters (1: one gate)
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = parse_buckets, allow_hyphen_values = true)]
+    pub buckets: u32,
     #[command(flatten)]
     pub format: FormatOpt,
 }
@@ -87,6 +91,9 @@ pub struct UpdateArgs {
     /// No cap on the waitlist
     #[arg(long)]
     pub no_waitlist_limit: bool,
+    /// Split the stock over N gates (only before the first preload)
+    #[arg(long, value_name = "N", value_parser = parse_buckets, allow_hyphen_values = true)]
+    pub buckets: Option<u32>,
     #[command(flatten)]
     pub format: FormatOpt,
 }
@@ -128,6 +135,7 @@ async fn add(cfg: &Config, args: AddArgs) -> anyhow::Result<u8> {
             per_user_limit: args.per_user_limit,
             waitlist_limit: args.waitlist_limit,
         },
+        buckets: args.buckets,
     };
     // Validate before connecting: bad input is reported even with no server.
     new.validate()?;
@@ -168,17 +176,30 @@ async fn update(cfg: &Config, args: UpdateArgs) -> anyhow::Result<u8> {
             _ => None,
         },
     };
-    if change.is_empty() {
-        anyhow::bail!("nothing to change: give --user-rate, --require-token, --no-require-token, --per-user-limit, --waitlist-limit or --no-waitlist-limit");
+    if change.is_empty() && args.buckets.is_none() {
+        anyhow::bail!("nothing to change: give --user-rate, --require-token, --no-require-token, --per-user-limit, --waitlist-limit, --no-waitlist-limit or --buckets");
     }
     let db = Db::connect(cfg).await?;
     let mut redis = redis_conn::connect(cfg).await?;
-    let updated = policy::update(&db, &mut redis, &cfg.prefix, args.id, change).await;
+    let updated = async {
+        if let Some(n) = args.buckets {
+            buckets::split(&db, &mut redis, &cfg.prefix, args.id, n).await?;
+        }
+        let (policy, at_gate) = match change.is_empty() {
+            false => policy::update(&db, &mut redis, &cfg.prefix, args.id, change).await?,
+            // Only the split changed: the policy as it is.
+            true => (voucher::get(&db, args.id).await?.policy, false),
+        };
+        let buckets_now = voucher::get(&db, args.id).await?.buckets;
+        Ok::<_, crate::error::Error>((policy, at_gate, buckets_now))
+    }
+    .await;
     db.close().await;
-    let (policy, at_gate) = updated?;
+    let (policy, at_gate, buckets_now) = updated?;
     match args.format.format {
         Format::Json => print_json(&serde_json::json!({
             "id": args.id,
+            "buckets": buckets_now,
             "user_rate": policy.user_rate,
             "require_token": policy.require_token,
             "per_user_limit": policy.per_user_limit,
@@ -186,8 +207,12 @@ async fn update(cfg: &Config, args: UpdateArgs) -> anyhow::Result<u8> {
             "gate_updated": at_gate,
         }))?,
         Format::Table => outln!(
-            "voucher {}: user rate {}, token {}, up to {} per user, waitlist {}{}",
+            "voucher {}: {}user rate {}, token {}, up to {} per user, waitlist {}{}",
             args.id,
+            match buckets_now {
+                1 => String::new(),
+                n => format!("{n} buckets, "),
+            },
             match policy.user_rate {
                 0 => "off".to_string(),
                 n => format!("{n}/s per user"),
@@ -202,7 +227,7 @@ async fn update(cfg: &Config, args: UpdateArgs) -> anyhow::Result<u8> {
                 None => "uncapped".to_string(),
                 Some(w) => format!("capped at {w}"),
             },
-            if at_gate {
+            if at_gate || change.is_empty() {
                 ""
             } else {
                 " (not loaded at the gate: preload publishes it)"
@@ -210,6 +235,11 @@ async fn update(cfg: &Config, args: UpdateArgs) -> anyhow::Result<u8> {
         )?,
     }
     Ok(exit_code::OK)
+}
+
+/// A bucket count: a whole number 1 ..= MAX_BUCKETS.
+fn parse_buckets(s: &str) -> Result<u32, String> {
+    parse_between(s, 1..=MAX_BUCKETS, "1")
 }
 
 /// A per-user limit: a whole number 1 ..= MAX_PER_USER_LIMIT.
@@ -283,6 +313,7 @@ pub struct VoucherView<'a> {
     require_token: bool,
     per_user_limit: u32,
     waitlist_limit: Option<u32>,
+    buckets: u32,
     orders: Orders,
     gate: Option<&'a GateState>,
 }
@@ -311,6 +342,7 @@ impl<'a> VoucherView<'a> {
             require_token: v.policy.require_token,
             per_user_limit: v.policy.per_user_limit,
             waitlist_limit: v.policy.waitlist_limit,
+            buckets: v.buckets,
             orders: Orders {
                 pending: v.orders_pending,
                 paid: v.orders_paid,

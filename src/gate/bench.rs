@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::gate::admission::{admit_durably, Attempt, ReplicaWait, OUTCOME_NAMES};
+use crate::gate::buckets::{bucket_of, Layout};
 use crate::gate::token;
 use crate::orders::voucher::{validate_id, MAX_ID};
 use crate::store::config::Config;
@@ -180,11 +181,14 @@ struct TaskResult {
 /// Runs the plan; `progress` counts finished attempts for a progress bar.
 pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Result<BenchReport> {
     plan.validate()?;
-    let keys = Arc::new(VoucherKeys::new(&cfg.prefix, plan.voucher)?);
+    VoucherKeys::new(&cfg.prefix, plan.voucher)?;
     let mut conns = Vec::with_capacity(plan.connections);
     for _ in 0..plan.connections {
         conns.push(redis_conn::connect(cfg).await?);
     }
+    // Every bucket's keys, made once: an attempt picks its user's.
+    let layout = Layout::read(&mut conns[0], &cfg.prefix, plan.voucher).await?;
+    let keys = Arc::new(layout.all_keys()?);
     let ids = OrderIds::lease(cfg, plan.node_id).await?;
     let stop_renewing = CancellationToken::new();
     let renewing = ids.keep_alive(stop_renewing.clone());
@@ -242,7 +246,8 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
                             token,
                             quantity,
                         };
-                        admit_durably(&mut conn, &keys, attempt, plan.wait_replicas).await
+                        let keys = &keys[bucket_of(user, keys.len() as u32) as usize];
+                        admit_durably(&mut conn, keys, attempt, plan.wait_replicas).await
                     }
                     Err(e) => Err(e),
                 };
@@ -323,7 +328,7 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
 /// concurrently over the bench's connections.
 async fn issue_tokens(
     conns: &[crate::store::redis_conn::Redis],
-    keys: &Arc<VoucherKeys>,
+    keys: &Arc<Vec<VoucherKeys>>,
     plan: &BenchPlan,
 ) -> Result<Vec<String>> {
     let tokens: Vec<String> = (0..plan.users)
@@ -349,7 +354,7 @@ async fn issue_tokens(
                 let user = plan.user_offset + i + 1;
                 token::store(
                     &mut conn,
-                    &keys,
+                    &keys[bucket_of(user, keys.len() as u32) as usize],
                     user,
                     &tokens[i as usize],
                     BENCH_TOKEN_TTL_MS,

@@ -1,160 +1,76 @@
 //! Stock buckets (design/buckets.md): one voucher's gate split over N hash
-//! tags, so one voucher sells on N masters. This module holds what every
-//! part agrees on: which bucket a user belongs to, and each bucket's tag.
-//!
-//! Bucket 0 is the voucher's own tag `{V}`, so a voucher of one bucket has
-//! today's layout. Bucket b > 0 has the tag `{V.b.s}`, the salt `s` chosen
-//! once so that the tags' slots are served by different masters; the tag is
-//! recorded, not recomputed, because a reshard later moves slots, not keys.
+//! tags, so one voucher sells on N masters. This module lays a voucher out:
+//! it chooses each bucket's tag so the buckets land on different masters
+//! and records it in MySQL (the routing and the keys are store/layout.rs's).
+//! The tag is recorded, not recomputed: a reshard later moves slots, never a
+//! bucket's keys.
 
 use redis::aio::ConnectionLike;
 
 use crate::error::{Error, Result};
-use crate::store::keys::{bucket_tag as tag, is_bucket_tag, VoucherKeys};
+use crate::store::keys::{bucket_tag as tag, VoucherKeys};
+pub use crate::store::layout::{
+    bucket_of, Layout, Layouts, MAX_BUCKETS, META_BUCKET, META_BUCKETS, META_BUCKET_TAGS,
+};
 use crate::store::slot_map::{slot_of, SlotMap};
-
-/// Bucket 0's meta fields that describe the split: how many buckets, and
-/// every bucket's tag in order, space-separated (bucket 0's first). Every
-/// bucket's meta has `bucket` (its number) and `buckets` too: the
-/// admission script routes by them.
-pub const META_BUCKETS: &str = "buckets";
-pub const META_BUCKET: &str = "bucket";
-pub const META_BUCKET_TAGS: &str = "bucket_tags";
-
-/// The most buckets a voucher may have: a bucket costs the mover a script
-/// call per round, and past one per master a bucket buys nothing.
-pub const MAX_BUCKETS: u32 = 64;
 
 /// How many salts the choice tries per bucket before it settles for a
 /// master that serves a bucket already (16384 slots: a master serving a
 /// third of them is found in a handful of tries).
 const SALT_TRIES: u32 = 10_000;
 
-/// The bucket of `user` in a voucher of `buckets` buckets: the first 8
-/// bytes of the SHA-1 of the user id's decimal form, big-endian, modulo
-/// `buckets`. `lua/seckill.lua` computes the same (a test holds the two
-/// together) and the README gives it to application servers.
-pub fn bucket_of(user: u64, buckets: u32) -> u32 {
-    if buckets <= 1 {
-        return 0;
-    }
-    let digest = sha1_smol::Sha1::from(user.to_string()).digest().bytes();
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&digest[..8]);
-    (u64::from_be_bytes(first) % u64::from(buckets)) as u32
-}
-
-/// A voucher's buckets: each one's tag, bucket 0's (the voucher's own) first.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Layout {
-    prefix: String,
+/// `voucher update --buckets`: sets the split in MySQL while no gate of the
+/// voucher is loaded and it has no order (after that, re-routing users who
+/// hold or wait for units would let them buy twice).
+pub async fn split(
+    db: &crate::store::db::Db,
+    conn: &mut impl ConnectionLike,
+    prefix: &str,
     voucher: u64,
-    tags: Vec<String>,
+    buckets: u32,
+) -> Result<()> {
+    crate::orders::voucher::validate_buckets(buckets)?;
+    let layout = Layout::read(conn, prefix, voucher).await?;
+    let loaded: bool = redis::cmd("EXISTS")
+        .arg(VoucherKeys::new(prefix, voucher)?.meta())
+        .query_async(conn)
+        .await?;
+    if loaded && layout.buckets() != buckets {
+        return Err(Error::InvalidInput(format!(
+            "voucher {voucher} is loaded at the gate in {} bucket(s): its buckets cannot change now (users who hold or wait for units must stay in their bucket)",
+            layout.buckets()
+        )));
+    }
+    crate::orders::voucher::set_buckets(db, voucher, buckets).await
 }
 
-impl Layout {
-    /// A voucher of one bucket: today's layout.
-    pub fn single(prefix: &str, voucher: u64) -> Layout {
-        Layout {
-            prefix: prefix.to_string(),
-            voucher,
-            tags: vec![voucher.to_string()],
+/// The voucher's layout as MySQL records it, choosing and recording its
+/// tags first if no preload did yet (for one bucket too: recorded tags
+/// mark a voucher whose split may not change any more).
+pub async fn lay_out(
+    db: &crate::store::db::Db,
+    conn: &mut impl crate::store::redis_conn::RedisConn,
+    prefix: &str,
+    voucher: u64,
+) -> Result<Layout> {
+    let v = crate::orders::voucher::get(db, voucher).await?;
+    let tags = match v.bucket_tags.is_empty() {
+        false => v.bucket_tags,
+        true => {
+            let slots = SlotMap::read(conn).await?;
+            let chosen = choose_tags(voucher, v.buckets, slots.as_ref()).join(" ");
+            crate::orders::voucher::record_bucket_tags(db, voucher, v.buckets, &chosen).await?
         }
+    };
+    let layout = Layout::from_tags(prefix, voucher, Some(&tags))?;
+    if layout.buckets() != v.buckets {
+        return Err(Error::Mysql(format!(
+            "voucher {voucher} has {} buckets but {} bucket tags recorded ({tags:?})",
+            v.buckets,
+            layout.buckets()
+        )));
     }
-
-    /// The layout `tags` (space-separated, as recorded) describe; none or
-    /// empty: one bucket.
-    pub fn from_tags(prefix: &str, voucher: u64, tags: Option<&str>) -> Result<Layout> {
-        let tags: Vec<String> = tags
-            .unwrap_or("")
-            .split_whitespace()
-            .map(str::to_string)
-            .collect();
-        if tags.is_empty() {
-            return Ok(Layout::single(prefix, voucher));
-        }
-        let bad = tags.len() > MAX_BUCKETS as usize
-            || tags[0] != voucher.to_string()
-            || tags.iter().any(|t| !is_bucket_tag(t, voucher));
-        if bad {
-            return Err(Error::Redis(format!(
-                "voucher {voucher}'s bucket tags read {:?}: not {{V}} then up to {} bucket tags",
-                tags.join(" "),
-                MAX_BUCKETS - 1
-            )));
-        }
-        Ok(Layout {
-            prefix: prefix.to_string(),
-            voucher,
-            tags,
-        })
-    }
-
-    /// The layout bucket 0's meta records (one bucket when it records none,
-    /// which is also what a gate not loaded yet reads as).
-    pub async fn read(
-        conn: &mut impl ConnectionLike,
-        prefix: &str,
-        voucher: u64,
-    ) -> Result<Layout> {
-        let meta = VoucherKeys::new(prefix, voucher)?.meta();
-        let tags: Option<String> = redis::cmd("HGET")
-            .arg(meta)
-            .arg(META_BUCKET_TAGS)
-            .query_async(conn)
-            .await?;
-        Layout::from_tags(prefix, voucher, tags.as_deref())
-    }
-
-    pub fn voucher(&self) -> u64 {
-        self.voucher
-    }
-
-    pub fn buckets(&self) -> u32 {
-        self.tags.len() as u32
-    }
-
-    /// The tags as recorded: space-separated, bucket 0's first.
-    pub fn tags_text(&self) -> String {
-        self.tags.join(" ")
-    }
-
-    pub fn tag(&self, bucket: u32) -> Option<&str> {
-        self.tags.get(bucket as usize).map(String::as_str)
-    }
-
-    /// The keys of bucket `bucket`'s gate.
-    pub fn keys(&self, bucket: u32) -> Result<VoucherKeys> {
-        let tag = self.tag(bucket).ok_or_else(|| {
-            Error::InvalidInput(format!(
-                "voucher {} has {} bucket(s), no bucket {bucket}",
-                self.voucher,
-                self.buckets()
-            ))
-        })?;
-        VoucherKeys::of_bucket(&self.prefix, self.voucher, tag)
-    }
-
-    /// The keys of the gate `user` belongs to.
-    pub fn keys_of_user(&self, user: u64) -> Result<VoucherKeys> {
-        self.keys(bucket_of(user, self.buckets()))
-    }
-
-    /// Every bucket's keys, bucket 0's first.
-    pub fn all_keys(&self) -> Result<Vec<VoucherKeys>> {
-        (0..self.buckets()).map(|b| self.keys(b)).collect()
-    }
-}
-
-/// Checks a bucket count given by a person.
-pub fn validate_buckets(buckets: u32) -> Result<u32> {
-    if (1..=MAX_BUCKETS).contains(&buckets) {
-        Ok(buckets)
-    } else {
-        Err(Error::InvalidInput(format!(
-            "--buckets must be between 1 and {MAX_BUCKETS}, not {buckets}"
-        )))
-    }
+    Ok(layout)
 }
 
 /// One tag per bucket, bucket 0 first: each bucket on a master no earlier
@@ -199,60 +115,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn one_bucket_is_bucket_zero() {
-        for user in [1, 2, 42, u64::MAX] {
-            assert_eq!(bucket_of(user, 1), 0);
-            assert_eq!(bucket_of(user, 0), 0);
-        }
-    }
-
-    #[test]
-    fn routing_is_the_documented_digest() {
-        // SHA-1("1") = 356a192b7913b04c 54574d18c28d46e6395428ab: the first
-        // 8 bytes are 0x356a192b7913b04c = 3848916506047131724.
-        assert_eq!(bucket_of(1, 3), (3_848_916_506_047_131_724u64 % 3) as u32);
-        assert_eq!(bucket_of(1, 7), (3_848_916_506_047_131_724u64 % 7) as u32);
-    }
-
-    #[test]
-    fn routing_spreads_users_evenly() {
-        let mut per = [0u32; 3];
-        for user in 1..=30_000 {
-            per[bucket_of(user, 3) as usize] += 1;
-        }
-        for n in per {
-            assert!((9_500..=10_500).contains(&n), "{per:?}");
-        }
-    }
-
-    #[test]
     fn a_single_node_takes_salt_zero() {
         assert_eq!(choose_tags(7, 3, None), vec!["7", "7.1.0", "7.2.0"]);
-    }
-
-    #[test]
-    fn a_layout_reads_back_as_recorded() {
-        let layout = Layout::from_tags("p", 7, Some("7 7.1.4 7.2.0")).unwrap();
-        assert_eq!(layout.buckets(), 3);
-        assert_eq!(layout.keys(1).unwrap().stock(), "p:{7.1.4}:stock");
-        assert_eq!(layout.tags_text(), "7 7.1.4 7.2.0");
-        assert!(layout.keys(3).is_err());
-        let user = (1..).find(|u| bucket_of(*u, 3) == 2).unwrap();
-        assert_eq!(layout.keys_of_user(user).unwrap().meta(), "p:{7.2.0}:meta");
-        assert_eq!(
-            Layout::from_tags("p", 7, None).unwrap(),
-            Layout::single("p", 7)
-        );
-        assert_eq!(Layout::from_tags("p", 7, Some("")).unwrap().buckets(), 1);
-        for bad in ["8 8.1.0", "7.1.0 7", "7 8.1.0", "7 7.x.0"] {
-            assert!(Layout::from_tags("p", 7, Some(bad)).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn bucket_counts_are_checked() {
-        assert!(validate_buckets(0).is_err());
-        assert!(validate_buckets(MAX_BUCKETS + 1).is_err());
-        assert_eq!(validate_buckets(3).unwrap(), 3);
     }
 }

@@ -34,6 +34,21 @@ pub struct GateImage<'a> {
     pub released: &'a [u64],
     /// (deadline ms, order id) of pending orders.
     pub deadlines: &'a [(i64, u64)],
+    /// The gate's place in a voucher split into buckets (None: the
+    /// voucher's one gate).
+    pub bucket: Option<BucketPlace<'a>>,
+}
+
+/// Which bucket a gate image is, of how many; bucket 0's also carries
+/// every tag and the pool.
+#[derive(Debug, Clone, Copy)]
+pub struct BucketPlace<'a> {
+    pub bucket: u32,
+    pub buckets: u32,
+    /// Every bucket's tag, space-separated (bucket 0's image only, else "").
+    pub tags: &'a str,
+    /// The pool's units (bucket 0's image only).
+    pub pool: Option<i64>,
 }
 
 /// Registers the voucher, stages the sets, swaps everything in with one
@@ -72,9 +87,8 @@ pub async fn publish_gate<C: RedisConn>(
     // The staged sets as sets: what the script checks it received, and
     // the digests it records.
     let (buyers, released) = (distinct_ids(image.buyers), distinct_ids(image.released));
-    let published: i64 = PRELOAD
-        .key(keys.meta())
-        .key(keys.stock())
+    let mut call = PRELOAD.key(keys.meta());
+    call.key(keys.stock())
         .key(keys.buyers())
         .key(&staging)
         .key(keys.orders())
@@ -103,9 +117,14 @@ pub async fn publish_gate<C: RedisConn>(
             &image.policy.policy,
         ))
         .arg(SetDigest::of(buyers.iter().copied()).0)
-        .arg(SetDigest::of(released.iter().copied()).0)
-        .invoke_async(conn)
-        .await?;
+        .arg(SetDigest::of(released.iter().copied()).0);
+    if let Some(place) = image.bucket {
+        call.arg(place.bucket).arg(place.buckets).arg(place.tags);
+        if let Some(pool) = place.pool {
+            call.key(keys.pool()).arg(pool);
+        }
+    }
+    let published: i64 = call.invoke_async(conn).await?;
     if published != 1 {
         return Ok(false);
     }

@@ -14,11 +14,13 @@ use redis::AsyncCommands;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::gate::image::{publish_gate, GateImage};
+use crate::gate::buckets::{self, bucket_of, Layout};
+use crate::gate::image::{publish_gate, BucketPlace, GateImage};
 use crate::gate::pause::{self, META_PAUSE_TOKEN};
+use crate::gate::transfer;
 use crate::gate::witness;
 use crate::orders::order::OrderStatus;
-use crate::orders::voucher;
+use crate::orders::voucher::{self, OrderDigest, Voucher};
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
 use crate::store::registry;
@@ -32,6 +34,8 @@ pub struct PreloadReport {
     pub buyers: u64,
     /// In-flight orders that `--force` chose to ignore.
     pub in_flight_ignored: u64,
+    /// Gates the stock is split over (1: one gate).
+    pub buckets: u32,
 }
 
 pub async fn preload<C: RedisConn>(
@@ -41,6 +45,12 @@ pub async fn preload<C: RedisConn>(
     voucher_id: u64,
     force: bool,
 ) -> Result<PreloadReport> {
+    // The split is fixed once recorded: reading it before the gate's
+    // witness changes nothing the witness guards.
+    let layout = buckets::lay_out(db, conn, prefix, voucher_id).await?;
+    if layout.buckets() > 1 {
+        return preload_buckets(db, conn, &layout, force).await;
+    }
     let keys = VoucherKeys::new(prefix, voucher_id)?;
     // Read Redis before MySQL: an admission after this point changes the
     // witness below and the publish step refuses.
@@ -48,59 +58,173 @@ pub async fn preload<C: RedisConn>(
     // A pause after this (a guard that saw Redis lose writes) must not be
     // undone by the reopen below, which relies on this view.
     let pause_seen: Option<String> = conn.hget(keys.meta(), META_PAUSE_TOKEN).await?;
-    let in_flight = backlog(conn, &keys).await?.in_flight();
-    if in_flight > 0 && !force {
-        // Orders in flight belong to a gate that was loaded: make sure
-        // workers consume them (a preload that died between publishing and
-        // registering left it unregistered), then let them drain.
-        registry::register(conn, &keys).await?;
-        return Err(Error::OrdersInFlight {
-            voucher: voucher_id,
-            in_flight,
-        });
-    }
+    let in_flight = refuse_in_flight(conn, &keys, force).await?;
     let (v, orders) = voucher::get_with_orders(db, voucher_id).await?;
-    let users: Vec<u64> = orders.iter().map(|o| o.user).collect();
-    let cancelled: Vec<u64> = orders
-        .iter()
-        .filter(|o| o.status == Some(OrderStatus::Cancelled))
-        .map(|o| o.id)
-        .collect();
-    let deadlines: Vec<(i64, u64)> = orders
-        .iter()
-        .filter(|o| o.status == Some(OrderStatus::Pending))
-        .map(|o| (o.created_ms + v.pay_timeout_ms, o.id))
-        .collect();
+    let image = OrdersImage::of(&v, &orders);
 
-    let published = publish_gate(
-        conn,
-        &keys,
-        &GateImage {
-            total: v.total_stock,
-            begin_ms: v.begin_ms,
-            end_ms: v.end_ms,
-            pay_timeout_ms: v.pay_timeout_ms,
-            policy: v.versioned_policy(),
-            stock: v.stock,
-            buyers: &users,
-            released: &cancelled,
-            deadlines: &deadlines,
-        },
-        &before,
-    )
-    .await?;
+    let published = publish_gate(conn, &keys, &image.gate(&v, v.stock, None), &before).await?;
     if !published {
         return Err(Error::Busy(voucher_id));
     }
     // The gate is MySQL's image now: one a worker paused (Redis had lost
     // writes) opens again, if it has a buyer for every order.
     let seen = pause_seen.unwrap_or_default();
-    pause::reopen(conn, &keys, users.len() as u64, Some(&seen)).await?;
+    pause::reopen(conn, &keys, image.users.len() as u64, Some(&seen)).await?;
     Ok(PreloadReport {
         voucher: voucher_id,
         total_stock: v.total_stock,
         stock: v.stock,
-        buyers: users.len() as u64,
+        buyers: image.users.len() as u64,
         in_flight_ignored: if force { in_flight } else { 0 },
+        buckets: 1,
+    })
+}
+
+/// The orders in flight at a gate; unless `force`, an error when there are
+/// any. Orders in flight belong to a gate that was loaded: the voucher is
+/// registered first so workers consume them (a preload that died between
+/// publishing and registering left it unregistered), then they drain.
+async fn refuse_in_flight<C: RedisConn>(
+    conn: &mut C,
+    keys: &VoucherKeys,
+    force: bool,
+) -> Result<u64> {
+    let in_flight = backlog(conn, keys).await?.in_flight();
+    if in_flight > 0 && !force {
+        registry::register(conn, keys).await?;
+        return Err(Error::OrdersInFlight {
+            voucher: keys.voucher(),
+            in_flight,
+        });
+    }
+    Ok(in_flight)
+}
+
+/// What a gate is rebuilt from, out of MySQL's orders (of one bucket's
+/// users, for a voucher in buckets).
+struct OrdersImage {
+    users: Vec<u64>,
+    cancelled: Vec<u64>,
+    deadlines: Vec<(i64, u64)>,
+}
+
+impl OrdersImage {
+    fn of<'a>(v: &Voucher, orders: impl IntoIterator<Item = &'a OrderDigest>) -> OrdersImage {
+        let mut image = OrdersImage {
+            users: Vec::new(),
+            cancelled: Vec::new(),
+            deadlines: Vec::new(),
+        };
+        for o in orders {
+            image.users.push(o.user);
+            match o.status {
+                Some(OrderStatus::Cancelled) => image.cancelled.push(o.id),
+                Some(OrderStatus::Pending) => image
+                    .deadlines
+                    .push((o.created_ms + v.pay_timeout_ms, o.id)),
+                _ => {}
+            }
+        }
+        image
+    }
+
+    fn gate<'a>(
+        &'a self,
+        v: &Voucher,
+        stock: i64,
+        bucket: Option<BucketPlace<'a>>,
+    ) -> GateImage<'a> {
+        GateImage {
+            total: v.total_stock,
+            begin_ms: v.begin_ms,
+            end_ms: v.end_ms,
+            pay_timeout_ms: v.pay_timeout_ms,
+            policy: v.versioned_policy(),
+            stock,
+            buyers: &self.users,
+            released: &self.cancelled,
+            deadlines: &self.deadlines,
+            bucket,
+        }
+    }
+}
+
+/// A voucher in buckets: every bucket's gate from its own users' orders,
+/// MySQL's free stock split evenly (what does not divide evenly in the
+/// pool), while no bucket has orders in flight or stock in transit and no
+/// sale runs. A live sale is refused: the buckets are on different
+/// masters, so publishing them one after another would let a bucket sell
+/// stock another bucket is being given.
+async fn preload_buckets<C: RedisConn>(
+    db: &Db,
+    conn: &mut C,
+    layout: &Layout,
+    force: bool,
+) -> Result<PreloadReport> {
+    let voucher_id = layout.voucher();
+    let n = layout.buckets();
+    let gates = layout.all_keys()?;
+    let mut seen = Vec::with_capacity(gates.len());
+    let mut in_flight = 0;
+    for keys in &gates {
+        let before = witness::read(conn, keys).await?;
+        let pause_seen: Option<String> = conn.hget(keys.meta(), META_PAUSE_TOKEN).await?;
+        in_flight += refuse_in_flight(conn, keys, force).await?;
+        seen.push((before, pause_seen.unwrap_or_default()));
+    }
+    if transfer::any_open(conn, layout).await? {
+        return Err(Error::InvalidInput(format!(
+            "voucher {voucher_id} has stock in transit between its buckets: a worker's mover completes it; preload again after"
+        )));
+    }
+    let (v, orders) = voucher::get_with_orders(db, voucher_id).await?;
+    let mut loaded = false;
+    for keys in &gates {
+        loaded |= conn.exists::<_, bool>(keys.meta()).await?;
+    }
+    if loaded && crate::support::timespec::now_ms() >= v.begin_ms {
+        return Err(Error::InvalidInput(format!(
+            "voucher {voucher_id} is split in {n} buckets, loaded, and its sale has begun: a preload would split its stock again while units are sold and released, so it is refused"
+        )));
+    }
+    let share = v.stock / i64::from(n);
+    let pool = v.stock - share * i64::from(n);
+    let mut buyers = 0;
+    let tags = layout.tags_text();
+    for (b, keys) in gates.iter().enumerate() {
+        let b = b as u32;
+        let image = OrdersImage::of(&v, orders.iter().filter(|o| bucket_of(o.user, n) == b));
+        let place = BucketPlace {
+            bucket: b,
+            buckets: n,
+            tags: if b == 0 { &tags } else { "" },
+            pool: (b == 0).then_some(pool),
+        };
+        let published = publish_gate(
+            conn,
+            keys,
+            &image.gate(&v, share, Some(place)),
+            &seen[b as usize].0,
+        )
+        .await?;
+        if !published {
+            return Err(Error::Busy(voucher_id));
+        }
+        pause::reopen(
+            conn,
+            keys,
+            image.users.len() as u64,
+            Some(&seen[b as usize].1),
+        )
+        .await?;
+        buyers += image.users.len() as u64;
+    }
+    Ok(PreloadReport {
+        voucher: voucher_id,
+        total_stock: v.total_stock,
+        stock: v.stock,
+        buyers,
+        in_flight_ignored: if force { in_flight } else { 0 },
+        buckets: n,
     })
 }

@@ -80,13 +80,15 @@ pub enum SaleState {
 
 /// A loaded gate's sale window and stock, with Redis's clock (the one the
 /// gate decides by).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sale {
     pub begin_ms: i64,
     pub end_ms: i64,
     pub paused: bool,
     pub stock: i64,
     pub now_ms: i64,
+    /// Every bucket's tag, when the voucher is split (bucket 0's meta).
+    pub bucket_tags: Option<String>,
 }
 
 impl Sale {
@@ -109,19 +111,19 @@ impl Sale {
 /// One round trip; None when the voucher is not loaded.
 pub async fn read_sale(conn: &mut impl RedisConn, keys: &VoucherKeys) -> Result<Option<Sale>> {
     type Row = (
-        (Option<i64>, Option<i64>, Option<String>),
+        (Option<i64>, Option<i64>, Option<String>, Option<String>),
         Option<i64>,
         (i64, i64),
     );
     let (meta, stock, time): Row = redis::pipe()
         .cmd("HMGET")
         .arg(keys.meta())
-        .arg(&["begin_ms", "end_ms", "paused"])
+        .arg(&["begin_ms", "end_ms", "paused", "bucket_tags"])
         .get(keys.stock())
         .cmd("TIME")
         .query_async(conn)
         .await?;
-    let ((Some(begin_ms), Some(end_ms), paused), Some(stock)) = (meta, stock) else {
+    let ((Some(begin_ms), Some(end_ms), paused, bucket_tags), Some(stock)) = (meta, stock) else {
         return Ok(None);
     };
     Ok(Some(Sale {
@@ -130,5 +132,6 @@ pub async fn read_sale(conn: &mut impl RedisConn, keys: &VoucherKeys) -> Result<
         paused: paused.as_deref() == Some("1"),
         stock,
         now_ms: time.0 * 1000 + time.1 / 1000,
+        bucket_tags,
     }))
 }

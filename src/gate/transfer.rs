@@ -13,6 +13,7 @@
 use redis::aio::ConnectionLike;
 
 use crate::error::{Error, Result};
+use crate::gate::buckets::Layout;
 use crate::store::keys::VoucherKeys;
 use crate::store::scripts::{TRANSFER_GIVE, TRANSFER_SETTLE, TRANSFER_TAKE, TRANSFER_VOID};
 
@@ -25,7 +26,23 @@ pub enum Gate<'a> {
     Bucket(u32, &'a VoucherKeys),
 }
 
-impl Gate<'_> {
+impl<'a> Gate<'a> {
+    /// The pool and every bucket of a voucher, from its buckets' keys
+    /// (bucket 0's first).
+    pub fn all(buckets: &'a [VoucherKeys]) -> Vec<Gate<'a>> {
+        let mut sides = Vec::with_capacity(buckets.len() + 1);
+        if let Some(first) = buckets.first() {
+            sides.push(Gate::Pool(first));
+        }
+        sides.extend(
+            buckets
+                .iter()
+                .enumerate()
+                .map(|(b, k)| Gate::Bucket(b as u32, k)),
+        );
+        sides
+    }
+
     fn keys(&self) -> &VoucherKeys {
         match self {
             Gate::Pool(k) | Gate::Bucket(_, k) => k,
@@ -304,6 +321,17 @@ pub async fn open(conn: &mut impl ConnectionLike, giver: Gate<'_>) -> Result<Vec
     }
     open.sort_by_key(|t| t.id);
     Ok(open)
+}
+
+/// Whether any gate of `layout` (or its pool) has a transfer not settled.
+pub async fn any_open(conn: &mut impl ConnectionLike, layout: &Layout) -> Result<bool> {
+    let gates = layout.all_keys()?;
+    for side in Gate::all(&gates) {
+        if !open(conn, side).await?.is_empty() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 fn unexpected(script: &str, code: i64, reason: &str) -> Error {

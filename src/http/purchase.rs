@@ -13,6 +13,7 @@ use super::ids::{parse_id, Id};
 use super::metrics::OutcomeLabel;
 use super::{AppState, Body, State};
 use crate::gate::admission::{self, Admission};
+use crate::gate::buckets::Layout;
 use crate::orders::order;
 use crate::store::keys::VoucherKeys;
 
@@ -101,6 +102,12 @@ pub async fn create(
     if let Some(outcome) = early {
         return Ok(respond(voucher, user, outcome));
     }
+    // The user's bucket's gate, by the layout read with the window (the
+    // voucher's one gate unless it is split).
+    let keys = match state.windows.layout(voucher) {
+        Some(layout) => layout.keys_of_user(user)?,
+        None => keys,
+    };
     // Nothing is sent before this: a refusal here is a plain 503.
     let order_id = state
         .ids
@@ -251,7 +258,7 @@ pub async fn show(
 ) -> Result<Response, ApiError> {
     let voucher = parse_id("voucher", &voucher)?;
     let user = parse_id("user", &user)?;
-    let keys = VoucherKeys::new(&state.cfg.prefix, voucher)?;
+    VoucherKeys::new(&state.cfg.prefix, voucher)?;
     // MySQL first: an order persisted before the gate was asked stays
     // found even if a rebuild moves the buyer meanwhile.
     let lookup = order::of_user(&state.db, voucher, user);
@@ -263,6 +270,16 @@ pub async fn show(
         Some(_) => true,
         None => {
             let mut conn = state.redis();
+            // The buyer is in their own bucket's set.
+            let keys = match Layout::read(&mut conn, &state.cfg.prefix, voucher).await {
+                Ok(layout) => layout.keys_of_user(user)?,
+                Err(e) => {
+                    state.metrics.redis_error();
+                    return Err(ApiError::Unavailable(format!(
+                        "the gate did not answer: {e}"
+                    )));
+                }
+            };
             let member: redis::RedisResult<bool> = conn.sismember(keys.buyers(), user).await;
             member.map_err(|e| {
                 state.metrics.redis_error();

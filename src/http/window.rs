@@ -6,11 +6,12 @@
 //! Pre-sale refreshes are most of a hot sale's traffic.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::Result;
 use crate::gate::admission::Admission;
+use crate::gate::buckets::Layout;
 use crate::gate::state;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::RedisConn;
@@ -24,10 +25,13 @@ const MARGIN_MS: i64 = 50;
 /// reading again; past it (that request slow, or dropped) each reads.
 const STALE_GRACE: Duration = Duration::from_millis(200);
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Window {
     begin_ms: i64,
     end_ms: i64,
+    /// The voucher's buckets, read with the window (they never change
+    /// once the voucher is loaded).
+    layout: Arc<Layout>,
     /// Redis's clock when the reply arrived (`fetched`), estimated from
     /// its TIME and half the round trip, and how far off that may be. Now
     /// is that plus the time elapsed since, by the monotonic clock: a host
@@ -46,7 +50,7 @@ impl Window {
 /// A window as cached, and since when one request refreshes it (the others
 /// keep answering from it meanwhile, so an expiry under load costs one
 /// read, not one per request in that round trip).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Cached {
     window: Window,
     refreshing_since: Option<Instant>,
@@ -97,16 +101,23 @@ impl SaleWindows {
         };
         let age = entry.window.fetched.elapsed();
         if age < REFRESH {
-            return Step::Use(entry.window);
+            return Step::Use(entry.window.clone());
         }
         let someone_refreshes = entry
             .refreshing_since
             .is_some_and(|since| since.elapsed() < STALE_GRACE);
         if someone_refreshes && age < REFRESH + STALE_GRACE {
-            return Step::Use(entry.window);
+            return Step::Use(entry.window.clone());
         }
         entry.refreshing_since = Some(Instant::now());
         Step::Refresh
+    }
+
+    /// The voucher's buckets as last read with its window (None until a
+    /// request read it, or while it is not loaded).
+    pub fn layout(&self, voucher: u64) -> Option<Arc<Layout>> {
+        let known = self.known.lock().ok()?;
+        known.get(&voucher).map(|c| c.window.layout.clone())
     }
 
     fn refresh_failed(&self, voucher: u64) {
@@ -134,9 +145,11 @@ impl SaleWindows {
             }
             return Ok(None);
         };
+        let layout = Layout::from_tags(keys.prefix(), keys.voucher(), sale.bucket_tags.as_deref())?;
         let window = Window {
             begin_ms: sale.begin_ms,
             end_ms: sale.end_ms,
+            layout: Arc::new(layout),
             // Redis read its clock somewhere within the round trip.
             redis_ms: sale.now_ms + rtt_ms / 2,
             error_ms: rtt_ms / 2 + 1,
@@ -144,7 +157,7 @@ impl SaleWindows {
         };
         if let Ok(mut m) = self.known.lock() {
             let cached = Cached {
-                window,
+                window: window.clone(),
                 refreshing_since: None,
             };
             m.insert(keys.voucher(), cached);
@@ -177,6 +190,7 @@ mod tests {
         let window = Window {
             begin_ms: 10_000,
             end_ms: 20_000,
+            layout: Arc::new(Layout::single("t", 1)),
             redis_ms: 0,
             error_ms: 1,
             fetched,
@@ -217,6 +231,7 @@ mod tests {
         let w = Window {
             begin_ms: 10_000,
             end_ms: 20_000,
+            layout: Arc::new(Layout::single("t", 1)),
             redis_ms: 0,
             error_ms: 1,
             fetched: Instant::now(),

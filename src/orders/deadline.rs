@@ -236,18 +236,18 @@ pub async fn release(
     })
 }
 
-/// Pending orders of `voucher` created before `created_before_ms`: overdue
+/// Pending orders of `voucher` (id, user) created before `created_before_ms`: overdue
 /// by MySQL's own account, whatever Redis remembers (the backstop sweep).
 pub async fn overdue_in_mysql(
     db: &Db,
     voucher: u64,
     created_before_ms: i64,
     limit: usize,
-) -> Result<Vec<u64>> {
+) -> Result<Vec<(u64, u64)>> {
     let mut conn = db.conn().await?;
     Ok(conn
         .exec(
-            "SELECT id FROM seckill_order
+            "SELECT id, user_id FROM seckill_order
               WHERE voucher_id = ? AND status = ? AND create_time < FROM_UNIXTIME(? / 1000)
               ORDER BY create_time LIMIT ?",
             (

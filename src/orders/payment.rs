@@ -9,7 +9,7 @@ use crate::orders::counters::ADD_PAID;
 use crate::orders::order::OrderStatus;
 use crate::store::config::Config;
 use crate::store::db::Db;
-use crate::store::keys::VoucherKeys;
+use crate::store::layout::Layout;
 use crate::store::redis_conn;
 use crate::store::redis_conn::RedisConn;
 use crate::support::set_digest;
@@ -77,9 +77,9 @@ pub async fn pay(db: &Db, order: u64) -> Result<PayOutcome> {
 /// order paid and drops the deadline itself.
 pub async fn pay_and_drop_deadline(cfg: &Config, db: &Db, order: u64) -> Result<PayOutcome> {
     let outcome = pay(db, order).await?;
-    if let PayOutcome::Paid { voucher, .. } = outcome {
+    if let PayOutcome::Paid { voucher, user } = outcome {
         match redis_conn::connect(cfg).await {
-            Ok(mut redis) => forget_quietly(&mut redis, &cfg.prefix, voucher, order).await,
+            Ok(mut redis) => forget_quietly(&mut redis, &cfg.prefix, (voucher, user), order).await,
             Err(e) => tracing::debug!("could not drop the deadline of order {order}: {e}"),
         }
     }
@@ -94,15 +94,20 @@ pub async fn pay_on(
     order: u64,
 ) -> Result<PayOutcome> {
     let outcome = pay(db, order).await?;
-    if let PayOutcome::Paid { voucher, .. } = outcome {
-        forget_quietly(conn, prefix, voucher, order).await;
+    if let PayOutcome::Paid { voucher, user } = outcome {
+        forget_quietly(conn, prefix, (voucher, user), order).await;
     }
     Ok(outcome)
 }
 
 /// [`forget_deadline`], its failure only logged (the canceller drops it).
-async fn forget_quietly(conn: &mut impl RedisConn, prefix: &str, voucher: u64, order: u64) {
-    if let Err(e) = forget_deadline(conn, prefix, voucher, order).await {
+async fn forget_quietly(
+    conn: &mut impl RedisConn,
+    prefix: &str,
+    (voucher, user): (u64, u64),
+    order: u64,
+) {
+    if let Err(e) = forget_deadline(conn, prefix, (voucher, user), order).await {
         tracing::debug!("could not drop the deadline of order {order}: {e}");
     }
 }
@@ -112,10 +117,13 @@ async fn forget_quietly(conn: &mut impl RedisConn, prefix: &str, voucher: u64, o
 pub async fn forget_deadline(
     conn: &mut impl RedisConn,
     prefix: &str,
-    voucher: u64,
+    (voucher, user): (u64, u64),
     order: u64,
 ) -> Result<()> {
-    let keys = VoucherKeys::new(prefix, voucher)?;
+    // The deadline is in the gate of the user's bucket.
+    let keys = Layout::read(conn, prefix, voucher)
+        .await?
+        .keys_of_user(user)?;
     crate::orders::timeouts::drop_deadlines(conn, &keys, &[order]).await?;
     Ok(())
 }

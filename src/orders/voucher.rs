@@ -25,6 +25,19 @@ pub const MAX_PER_USER_LIMIT: u32 = 100;
 /// The most requests a waitlist may be capped at.
 pub const MAX_WAITLIST_LIMIT: u32 = 100_000_000;
 
+pub use crate::store::layout::MAX_BUCKETS;
+
+/// Checks a bucket count given by a person.
+pub fn validate_buckets(buckets: u32) -> Result<u32> {
+    if (1..=MAX_BUCKETS).contains(&buckets) {
+        Ok(buckets)
+    } else {
+        Err(Error::InvalidInput(format!(
+            "buckets {buckets} is out of range: it must be between 1 and {MAX_BUCKETS}"
+        )))
+    }
+}
+
 /// Who the gate lets try, and for how much: stored in MySQL, published to
 /// the gate's meta.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -149,6 +162,8 @@ pub struct NewVoucher {
     pub end_ms: i64,
     pub pay_timeout_ms: i64,
     pub policy: Policy,
+    /// Gates the stock is split over (gate/buckets.rs), 1 for one gate.
+    pub buckets: u32,
 }
 
 impl NewVoucher {
@@ -186,6 +201,7 @@ impl NewVoucher {
         if self.title.chars().count() > 255 {
             return bad("title is longer than 255 characters".into());
         }
+        validate_buckets(self.buckets)?;
         self.policy.validate()
     }
 }
@@ -216,6 +232,11 @@ pub struct Voucher {
     pub orders_pending: i64,
     pub orders_paid: i64,
     pub orders_cancelled: i64,
+    /// Gates the stock is split over (1: one gate).
+    pub buckets: u32,
+    /// Each bucket's hash tag, space-separated, once the first preload
+    /// chose them ('' before).
+    pub bucket_tags: String,
 }
 
 impl Voucher {
@@ -245,8 +266,8 @@ pub async fn add(db: &Db, v: &NewVoucher) -> Result<()> {
         .exec_drop(
             "INSERT INTO seckill_voucher
                 (voucher_id, title, total_stock, stock, begin_time, end_time, pay_timeout_ms,
-                 user_rate, require_token, per_user_limit, waitlist_limit)
-             VALUES (?, ?, ?, ?, FROM_UNIXTIME(? / 1000), FROM_UNIXTIME(? / 1000), ?, ?, ?, ?, ?)",
+                 user_rate, require_token, per_user_limit, waitlist_limit, buckets)
+             VALUES (?, ?, ?, ?, FROM_UNIXTIME(? / 1000), FROM_UNIXTIME(? / 1000), ?, ?, ?, ?, ?, ?)",
             (
                 v.id,
                 &v.title,
@@ -259,6 +280,7 @@ pub async fn add(db: &Db, v: &NewVoucher) -> Result<()> {
                 v.policy.require_token,
                 v.policy.per_user_limit,
                 v.policy.waitlist_limit,
+                v.buckets,
             ),
         )
         .await;
@@ -275,7 +297,8 @@ const SELECT_VOUCHERS: &str = "SELECT v.voucher_id, v.title, v.total_stock, v.st
             CAST(ROUND(UNIX_TIMESTAMP(v.end_time) * 1000) AS SIGNED),
             v.pay_timeout_ms, v.user_rate, v.require_token, v.per_user_limit,
             v.waitlist_limit, v.policy_version,
-            v.orders_total - v.orders_paid - v.orders_cancelled, v.orders_paid, v.orders_cancelled
+            v.orders_total - v.orders_paid - v.orders_cancelled, v.orders_paid, v.orders_cancelled,
+            v.buckets, v.bucket_tags
          FROM seckill_voucher v";
 
 /// The voucher query, with what follows its FROM clause.
@@ -283,7 +306,7 @@ fn select_vouchers(tail: &str) -> String {
     format!("{SELECT_VOUCHERS} {tail}")
 }
 
-/// A row of [`SELECT_VOUCHERS`]: fifteen columns, more than
+/// A row of [`SELECT_VOUCHERS`]: seventeen columns, more than
 /// mysql_common converts as a tuple.
 struct VoucherRow(Voucher);
 
@@ -310,6 +333,8 @@ impl FromRow for VoucherRow {
                 orders_pending: take(v)?,
                 orders_paid: take(v)?,
                 orders_cancelled: take(v)?,
+                buckets: take::<i64>(v)?.clamp(1, i64::from(MAX_BUCKETS)) as u32,
+                bucket_tags: take(v)?,
             })
         })();
         match (voucher, v.next()) {
@@ -327,6 +352,50 @@ pub async fn list(db: &Db) -> Result<Vec<Voucher>> {
     let mut conn = db.conn().await?;
     let rows: Vec<VoucherRow> = conn.query(select_vouchers("ORDER BY v.voucher_id")).await?;
     Ok(rows.into_iter().map(from_row).collect())
+}
+
+/// Sets how many buckets the voucher's stock is split over, while it has
+/// no order and no bucket tags (no preload laid it out yet).
+pub async fn set_buckets(db: &Db, id: u64, buckets: u32) -> Result<()> {
+    validate_buckets(buckets)?;
+    let mut conn = db.conn().await?;
+    conn.exec_drop(
+        "UPDATE seckill_voucher SET buckets = ?
+         WHERE voucher_id = ? AND orders_total = 0 AND bucket_tags = ''",
+        (buckets, id),
+    )
+    .await?;
+    if conn.affected_rows() == 1 {
+        return Ok(());
+    }
+    drop(conn);
+    let v = get(db, id).await?;
+    if v.buckets == buckets {
+        return Ok(());
+    }
+    Err(Error::InvalidInput(format!(
+        "voucher {id} cannot change its buckets ({} now): it has been preloaded or has orders, and users who hold or wait for units must stay in their bucket",
+        v.buckets
+    )))
+}
+
+/// Records the bucket tags the first preload chose, unless another
+/// preload recorded some first or the split changed since `buckets` was
+/// read. Returns the tags MySQL holds now.
+pub async fn record_bucket_tags(db: &Db, id: u64, buckets: u32, tags: &str) -> Result<String> {
+    let mut conn = db.conn().await?;
+    conn.exec_drop(
+        "UPDATE seckill_voucher SET bucket_tags = ?
+         WHERE voucher_id = ? AND buckets = ? AND bucket_tags = ''",
+        (tags, id, buckets),
+    )
+    .await?;
+    drop(conn);
+    let v = get(db, id).await?;
+    if v.buckets != buckets {
+        return Err(Error::Busy(id));
+    }
+    Ok(v.bucket_tags)
 }
 
 /// Changes the admission policy in MySQL; what is not given stays. Returns
@@ -475,6 +544,7 @@ mod tests {
             end_ms: 2_000,
             pay_timeout_ms: DEFAULT_PAY_TIMEOUT_MS,
             policy: Policy::default(),
+            buckets: 1,
         }
     }
 

@@ -223,6 +223,7 @@ async fn rebuild_gate(
         .map(|(order, created)| (created + s.pay_timeout_ms, *order))
         .collect();
     let image = GateImage {
+        bucket: None,
         total: s.total,
         begin_ms: s.begin_ms,
         end_ms: s.end_ms,

@@ -112,9 +112,11 @@ impl VoucherKeys {
         self.key("holds")
     }
     /// MySQL sessions holding the voucher's row lock, under leases
-    /// (lua/fence.lua).
+    /// (lua/fence.lua). One per voucher, on bucket 0's tag whatever bucket
+    /// these keys are: the row is the voucher's, and a worker waiting for
+    /// it must see every session that may hold it.
     pub fn fence(&self) -> String {
-        self.key("fence")
+        format!("{}:{{{}}}:fence", self.prefix, self.voucher)
     }
     /// Units of a bucketed voucher given to no bucket yet (a string, on
     /// bucket 0's tag: the pool is rebuilt and watched with bucket 0).
@@ -208,6 +210,11 @@ mod tests {
         let k = VoucherKeys::of_bucket("seckill", 42, &bucket_tag(42, 2, 5)).unwrap();
         assert_eq!(k.stock(), "seckill:{42.2.5}:stock");
         assert_eq!(k.voucher(), 42);
+        assert_eq!(
+            k.fence(),
+            "seckill:{42}:fence",
+            "the voucher row's, one per voucher"
+        );
         assert_eq!(bucket_tag(42, 0, 5), "42");
         assert!(VoucherKeys::of_bucket("seckill", 42, "43.1.0").is_err());
     }

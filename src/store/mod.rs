@@ -6,6 +6,7 @@ pub mod config;
 pub mod counter_sql;
 pub mod db;
 pub mod keys;
+pub mod layout;
 pub mod mysql_tls;
 pub mod node_lease;
 pub mod redis_conn;

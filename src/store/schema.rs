@@ -113,6 +113,23 @@ Migration {
         // counted: upgrade every worker, then `seckill reconcile --yes`.
         crate::store::counter_sql::RECOUNT_ALL,
     ],
+},
+Migration {
+    version: 6,
+    name: "stock buckets",
+    statements: &[
+        // buckets: how many gates the voucher's stock is split over (1:
+        // one gate, the layout before buckets). bucket_tags: each bucket's
+        // hash tag, space-separated, bucket 0's (the voucher id) first,
+        // chosen by the first preload and kept (a reshard moves slots,
+        // never a bucket's keys); '' until then. A user's bucket follows
+        // from the user id and `buckets` (gate/buckets.rs), so orders need
+        // no column of their own, and `buckets` cannot change once the
+        // voucher is loaded.
+        "ALTER TABLE seckill_voucher
+            ADD COLUMN buckets INT NOT NULL DEFAULT 1,
+            ADD COLUMN bucket_tags VARCHAR(2048) NOT NULL DEFAULT ''",
+    ],
 }];
 
 pub fn latest() -> u32 {

@@ -73,6 +73,10 @@ pub static TRANSFER_VOID: LazyLock<Script> =
 pub static TRANSFER_SETTLE: LazyLock<Script> =
     LazyLock::new(|| with_lib(VALID_ID_LIB, include_str!("../../lua/transfer_settle.lua")));
 
+/// Buckets: the lease of a voucher's one mover, with its fencing epoch.
+pub static MOVER_LEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/mover_lease.lua")));
+
 /// Dead letters back into the order stream (`seckill pending --requeue`).
 pub static REQUEUE: LazyLock<Script> = LazyLock::new(|| {
     with_libs(
@@ -154,6 +158,7 @@ pub fn all() -> Vec<(&'static str, &'static Script)> {
         ("transfer_give.lua", &TRANSFER_GIVE),
         ("transfer_void.lua", &TRANSFER_VOID),
         ("transfer_settle.lua", &TRANSFER_SETTLE),
+        ("mover_lease.lua", &MOVER_LEASE),
         ("reconcile.lua", &RECONCILE),
         ("node_lease.lua", &NODE_LEASE),
         ("policy.lua", &POLICY),

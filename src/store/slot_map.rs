@@ -4,7 +4,7 @@
 use redis::Value;
 
 use crate::error::Result;
-use crate::store::redis_conn::{value_text, Redis};
+use crate::store::redis_conn::{value_text, RedisConn};
 
 /// The slots of Redis Cluster.
 pub const SLOTS: u16 = 16384;
@@ -32,14 +32,11 @@ pub struct SlotMap {
 impl SlotMap {
     /// The map a cluster's nodes hold now; `None` on a single node, where
     /// one server serves every slot.
-    pub async fn read(conn: &mut Redis) -> Result<Option<SlotMap>> {
-        let Redis::Cluster(c) = conn else {
+    pub async fn read(conn: &mut impl RedisConn) -> Result<Option<SlotMap>> {
+        if !conn.is_cluster() {
             return Ok(None);
-        };
-        let reply: Value = redis::cmd("CLUSTER")
-            .arg("SLOTS")
-            .query_async(&mut c.clone())
-            .await?;
+        }
+        let reply: Value = redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await?;
         Ok(Some(SlotMap::parse(&reply)))
     }
 

@@ -11,7 +11,9 @@
 //! `before_cancel_commit` and `after_cancel` (cancelled in MySQL, the unit not
 //! yet given back in Redis); for preload and reconcile `between_snapshot_reads`
 //! (a voucher's row read, its orders not yet); for the gate guard
-//! `gate_paused` (a gate paused, not yet rebuilt).
+//! `gate_paused` (a gate paused, not yet rebuilt); for the mover of a
+//! voucher in buckets `between_take_and_give` (units taken from one gate,
+//! in transit, not yet given to the other).
 //!
 //! `SECKILL_TEST_PANIC=<place>` panics at `startup` (before the command
 //! line is read) or in `command` (inside the command, on the runtime), so a

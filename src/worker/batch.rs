@@ -46,10 +46,11 @@ impl Lane {
     /// grow. Returns only when done, or when stopping (entries left pending).
     pub(super) async fn process_batch(
         &mut self,
-        voucher: u64,
+        keys: &VoucherKeys,
         deliveries: Vec<Delivery>,
     ) -> Result<()> {
-        let keys = VoucherKeys::new(&self.cfg.prefix, voucher)?;
+        let voucher = keys.voucher();
+        let keys = keys.clone();
         let ids: Vec<String> = deliveries.iter().map(|d| d.raw.entry_id.clone()).collect();
         let alive = keepalive::start(
             keepalive::Ticker {

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::options::DeadlineOptions;
 use super::WorkerStats;
 use crate::error::{is_lock_wait_timeout, Result};
+use crate::gate::buckets::{bucket_of, Layout, Layouts};
 use crate::orders::deadline::{self, Due};
 use crate::store::config::Config;
 use crate::store::db::Db;
@@ -55,6 +56,8 @@ pub struct Canceller {
     /// Cached per voucher for the sweep.
     pub(super) pay_timeouts: HashMap<u64, i64>,
     pub(super) last_sweep: Option<Instant>,
+    /// The vouchers' buckets: each has its own deadlines.
+    pub(super) layouts: Layouts,
     /// Its entry in a voucher's fence while it cancels, and that lease.
     pub(super) owner: String,
     pub(super) fence_lease: Duration,
@@ -89,6 +92,14 @@ impl Canceller {
         registry::members(&mut self.conn, &self.cfg.prefix).await
     }
 
+    /// Every gate of every registered voucher (one per bucket).
+    async fn gates(&mut self) -> Result<Vec<VoucherKeys>> {
+        let vouchers = self.vouchers().await?;
+        self.layouts
+            .gates(&mut self.conn, &self.cfg.prefix, &vouchers)
+            .await
+    }
+
     /// Handles every due deadline of every voucher (and the sweep when it is
     /// time); true when it did anything. Each voucher on its own: one whose
     /// deadlines fail (say its deadlines key has the wrong type) is logged,
@@ -104,7 +115,14 @@ impl Canceller {
         let mut first_failure = None;
         let mut succeeded = false;
         for &voucher in &vouchers {
-            let mut done = self.claim_and_settle(voucher).await;
+            let mut done = match self
+                .layouts
+                .of(&mut self.conn, &self.cfg.prefix, voucher)
+                .await
+            {
+                Ok(layout) => self.claim_and_settle(&layout).await,
+                Err(e) => Err(e),
+            };
             if let (Ok(w), true) = (&done, sweep_now) {
                 done = self.sweep(voucher).await.map(|swept| swept || *w);
             }
@@ -128,9 +146,19 @@ impl Canceller {
         }
     }
 
-    /// Claims and settles the voucher's due deadlines, a batch at a time.
-    async fn claim_and_settle(&mut self, voucher: u64) -> Result<bool> {
-        let keys = VoucherKeys::new(&self.cfg.prefix, voucher)?;
+    /// Claims and settles the due deadlines of each of the voucher's gates
+    /// (one per bucket), a batch at a time.
+    async fn claim_and_settle(&mut self, layout: &Layout) -> Result<bool> {
+        let mut worked = false;
+        for keys in layout.all_keys()? {
+            worked |= self.claim_and_settle_gate(&keys).await?;
+        }
+        Ok(worked)
+    }
+
+    async fn claim_and_settle_gate(&mut self, keys: &VoucherKeys) -> Result<bool> {
+        let voucher = keys.voucher();
+        let keys = keys.clone();
         let mut worked = false;
         loop {
             let lease = self.opts.lease.as_millis() as u64;
@@ -248,7 +276,11 @@ impl Canceller {
     /// released by the claim path like any other, so a crash between the
     /// cancellation and the release is retried after the claim's lease.
     async fn sweep(&mut self, voucher: u64) -> Result<bool> {
-        let keys = VoucherKeys::new(&self.cfg.prefix, voucher)?;
+        let layout = self
+            .layouts
+            .of(&mut self.conn, &self.cfg.prefix, voucher)
+            .await?;
+        let keys = layout.keys(0)?;
         let now = redis_time_ms(&mut self.conn, &keys).await?;
         let timeout = match self.pay_timeouts.get(&voucher) {
             Some(t) => *t,
@@ -268,7 +300,16 @@ impl Canceller {
         if overdue.is_empty() {
             return Ok(false);
         }
-        let missed = deadline::schedule_missing(&mut self.conn, &keys, &overdue, now).await?;
+        // Each order's deadline lives in its user's bucket.
+        let mut missed = 0;
+        for (bucket, keys) in layout.all_keys()?.iter().enumerate() {
+            let mine: Vec<u64> = overdue
+                .iter()
+                .filter(|(_, user)| bucket_of(*user, layout.buckets()) == bucket as u32)
+                .map(|(order, _)| *order)
+                .collect();
+            missed += deadline::schedule_missing(&mut self.conn, keys, &mine, now).await?;
+        }
         if missed > 0 {
             tracing::warn!(
                 "voucher {voucher}: {missed} pending order(s) past their payment deadline were missed by Redis (no deadline there); scheduled to be cancelled now"
@@ -289,8 +330,7 @@ impl Canceller {
     /// not hand out. A voucher whose deadlines cannot be read is left out
     /// (the pass reports it).
     pub async fn until_next_due(&mut self) -> Result<Duration> {
-        let vouchers = self.vouchers().await?;
-        let keys = VoucherKeys::of_all(&self.cfg.prefix, &vouchers)?;
+        let keys = self.gates().await?;
         // TIME goes with each voucher's read: on a cluster, the clock that
         // counts for a voucher is that of the node holding its deadlines.
         let replies = pipeline_per_item(&mut self.conn, &keys, false, true, |pipe, k| {

@@ -41,13 +41,13 @@ pub async fn ensure_group(conn: &mut impl RedisConn, keys: &VoucherKeys) -> Resu
 /// Reads up to `count` new entries per stream, blocking up to `block_ms`
 /// (`None`: not at all).
 /// Uses its own connection: a blocking read holds it for the whole wait.
-pub async fn read_new(
+pub async fn read_new<L: Copy + Eq + std::hash::Hash>(
     conn: &mut impl RedisConn,
-    streams: &[(u64, String)],
+    streams: &[(L, String)],
     consumer: &str,
     count: usize,
     block_ms: Option<u64>,
-) -> Result<Vec<(u64, Vec<Delivery>)>> {
+) -> Result<Vec<(L, Vec<Delivery>)>> {
     if streams.is_empty() {
         return Ok(Vec::new());
     }
@@ -71,13 +71,13 @@ const CLUSTER_READS_AT_ONCE: usize = 64;
 /// `block_ms` has passed. Entries already handed to this consumer are
 /// returned even when another stream's read failed (they would otherwise
 /// wait for a reclaim); the error comes back once nothing else does.
-async fn poll_each(
+async fn poll_each<L: Copy + Eq + std::hash::Hash>(
     conn: &mut impl RedisConn,
-    streams: &[(u64, String)],
+    streams: &[(L, String)],
     consumer: &str,
     count: usize,
     block_ms: u64,
-) -> Result<Vec<(u64, Vec<Delivery>)>> {
+) -> Result<Vec<(L, Vec<Delivery>)>> {
     let until = Instant::now() + Duration::from_millis(block_ms);
     let mut pause = CLUSTER_POLL_MIN;
     loop {
@@ -118,13 +118,13 @@ async fn poll_each(
 }
 
 /// One XREADGROUP over `streams` (blocking when `block_ms` is given).
-async fn xreadgroup(
+async fn xreadgroup<L: Copy + Eq + std::hash::Hash>(
     conn: &mut impl RedisConn,
-    streams: &[(u64, String)],
+    streams: &[(L, String)],
     consumer: &str,
     count: usize,
     block_ms: Option<u64>,
-) -> Result<Vec<(u64, Vec<Delivery>)>> {
+) -> Result<Vec<(L, Vec<Delivery>)>> {
     let mut cmd = redis::cmd("XREADGROUP");
     cmd.arg("GROUP")
         .arg(WORKER_GROUP)
@@ -144,10 +144,10 @@ async fn xreadgroup(
     let reply: redis::Value = cmd.query_async(conn).await?;
     let read = read_reply::streams(reply)
         .map_err(|e| Error::Redis(format!("unexpected XREADGROUP reply: {e}")))?;
-    let by_key: HashMap<&str, u64> = streams.iter().map(|(v, k)| (k.as_str(), *v)).collect();
+    let by_key: HashMap<&str, L> = streams.iter().map(|(v, k)| (k.as_str(), *v)).collect();
     let mut out = Vec::new();
     for (key, raw) in read {
-        let Some(voucher) = by_key.get(key.as_str()) else {
+        let Some(label) = by_key.get(key.as_str()) else {
             continue;
         };
         let entries: Vec<Delivery> = raw
@@ -155,7 +155,7 @@ async fn xreadgroup(
             .map(|raw| Delivery { raw, deliveries: 1 })
             .collect();
         if !entries.is_empty() {
-            out.push((*voucher, entries));
+            out.push((*label, entries));
         }
     }
     Ok(out)

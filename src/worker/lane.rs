@@ -17,6 +17,7 @@ use super::lock::LockOwner;
 use super::options::WorkerOptions;
 use super::{lost_group, WorkerStats};
 use crate::error::{Error, Result};
+use crate::gate::buckets::Layout;
 use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
@@ -51,14 +52,18 @@ pub(super) struct Lane {
     pub(super) owner: LockOwner,
     pub(super) stats: Arc<WorkerStats>,
     pub(super) stop: CancellationToken,
-    /// voucher → its stream key, for every registered voucher with a group.
-    pub(super) streams: BTreeMap<u64, String>,
+    /// Every gate of every registered voucher (one per bucket) whose
+    /// stream has the group: (voucher, bucket) → its keys.
+    pub(super) streams: BTreeMap<(u64, u32), VoucherKeys>,
     /// Why an entry could not be persisted last time (for its dead letter).
     pub(super) last_error: HashMap<String, String>,
     /// Redis lost a group: create every known voucher's group again.
     pub(super) recreate_groups: bool,
-    /// Where each voucher's next XAUTOCLAIM starts (lane 0 only).
-    pub(super) reclaim_cursors: HashMap<u64, StreamId>,
+    /// Vouchers registered whose gate was not loaded at the last look:
+    /// their buckets are read again at each refresh until it is.
+    pub(super) unsettled: BTreeSet<u64>,
+    /// Where each gate's next XAUTOCLAIM starts (lane 0 only).
+    pub(super) reclaim_cursors: HashMap<(u64, u32), StreamId>,
     /// With --until-idle, lane 0 handles the payment deadlines itself, so
     /// that it never exits while a release is about to add promotions.
     pub(super) deadlines: Option<Canceller>,
@@ -163,29 +168,48 @@ impl Lane {
             .await?
             .into_iter()
             .collect();
-        for &id in self.streams.keys() {
+        let known: BTreeSet<u64> = self.streams.keys().map(|(v, _)| *v).collect();
+        for &id in &known {
             if !registered.contains(&id) {
                 let keys = VoucherKeys::new(&self.cfg.prefix, id)?;
                 registry::register(&mut self.conn, &keys).await?;
                 tracing::warn!("voucher {id} was missing from the registry; registered again");
             }
         }
-        let known: BTreeSet<u64> = self.streams.keys().copied().collect();
         let mut failed = None;
         for id in registered.union(&known) {
-            if self.streams.contains_key(id) && !self.recreate_groups {
+            // A voucher in buckets has a stream per bucket; its split never
+            // changes once loaded, so a voucher seen whole is not read again.
+            if known.contains(id) && !self.unsettled.contains(id) && !self.recreate_groups {
                 continue;
             }
-            let keys = VoucherKeys::new(&self.cfg.prefix, *id)?;
-            // One voucher whose group cannot be made must not keep the
-            // others from being read: it is tried again next refresh.
-            if let Err(e) = group::ensure_group(&mut self.conn, &keys).await {
-                tracing::warn!("{}: could not create the worker group: {e}", keys.orders());
-                failed = Some(e);
-                continue;
+            let gates = match Layout::read_loaded(&mut self.conn, &self.cfg.prefix, *id).await {
+                Ok((layout, loaded)) => {
+                    // Registered but not loaded yet: a preload under way
+                    // may be about to record buckets.
+                    match loaded {
+                        true => self.unsettled.remove(id),
+                        false => self.unsettled.insert(*id),
+                    };
+                    layout.all_keys()?
+                }
+                Err(e) => {
+                    tracing::warn!("voucher {id}: could not read its buckets: {e}");
+                    failed = Some(e);
+                    continue;
+                }
+            };
+            for (bucket, keys) in gates.into_iter().enumerate() {
+                // One gate whose group cannot be made must not keep the
+                // others from being read: it is tried again next refresh.
+                if let Err(e) = group::ensure_group(&mut self.conn, &keys).await {
+                    tracing::warn!("{}: could not create the worker group: {e}", keys.orders());
+                    failed = Some(e);
+                    continue;
+                }
+                tracing::debug!("consuming {}", keys.orders());
+                self.streams.insert((*id, bucket as u32), keys);
             }
-            tracing::debug!("consuming {}", keys.orders());
-            self.streams.insert(*id, keys.orders());
         }
         match failed {
             // A store that is down fails them all: back off and reconnect.
@@ -200,16 +224,16 @@ impl Lane {
 
     async fn reclaim_all(&mut self) -> Result<bool> {
         let mut worked = false;
-        let vouchers: Vec<u64> = self.streams.keys().copied().collect();
-        for voucher in vouchers {
-            let keys = VoucherKeys::new(&self.cfg.prefix, voucher)?;
+        let gates: Vec<((u64, u32), VoucherKeys)> =
+            self.streams.iter().map(|(g, k)| (*g, k.clone())).collect();
+        for (gate, keys) in gates {
             // XAUTOCLAIM looks at no more than 10 × COUNT pending entries per
             // call: the cursor carries on where the last call stopped (across
             // rounds too), so idle entries behind many live ones are reached.
             for _ in 0..RECLAIM_CALLS_PER_ROUND {
                 let cursor = self
                     .reclaim_cursors
-                    .get(&voucher)
+                    .get(&gate)
                     .copied()
                     .unwrap_or(StreamId::ZERO);
                 let (next, claimed) = group::reclaim(
@@ -221,11 +245,11 @@ impl Lane {
                     cursor,
                 )
                 .await?;
-                self.reclaim_cursors.insert(voucher, next);
+                self.reclaim_cursors.insert(gate, next);
                 if !claimed.is_empty() {
                     worked = true;
                     self.stats.add_reclaimed(claimed.len() as u64);
-                    self.process_batch(voucher, claimed).await?;
+                    self.process_batch(&keys, claimed).await?;
                 }
                 if next == StreamId::ZERO || self.stop.is_cancelled() {
                     break;
@@ -236,8 +260,8 @@ impl Lane {
     }
 
     async fn read_and_process(&mut self) -> Result<bool> {
-        let streams: Vec<(u64, String)> =
-            self.streams.iter().map(|(v, k)| (*v, k.clone())).collect();
+        let streams: Vec<((u64, u32), String)> =
+            self.streams.iter().map(|(g, k)| (*g, k.orders())).collect();
         if streams.is_empty() {
             self.pause(self.opts.block.min(REGISTRY_REFRESH)).await;
             return Ok(false);
@@ -265,8 +289,11 @@ impl Lane {
         self.read_nothing = !worked;
         let largest = read.iter().map(|(_, d)| d.len()).max().unwrap_or(0);
         self.read_size = next_read_size(self.read_size, largest, &self.opts);
-        for (voucher, deliveries) in read {
-            self.process_batch(voucher, deliveries).await?;
+        for (gate, deliveries) in read {
+            let Some(keys) = self.streams.get(&gate).cloned() else {
+                continue;
+            };
+            self.process_batch(&keys, deliveries).await?;
         }
         Ok(worked)
     }
@@ -274,10 +301,7 @@ impl Lane {
     /// On a clean exit: leave the group's consumer list as we found it
     /// (only if nothing is pending for us; otherwise it stays for a reclaim).
     pub(super) async fn forget_self(&mut self) {
-        for voucher in self.streams.keys().copied().collect::<Vec<_>>() {
-            let Ok(keys) = VoucherKeys::new(&self.cfg.prefix, voucher) else {
-                continue;
-            };
+        for keys in self.streams.values().cloned().collect::<Vec<_>>() {
             if let Err(e) = group::forget_consumer(&mut self.conn, &keys, &self.opts.consumer).await
             {
                 tracing::debug!(
@@ -292,10 +316,7 @@ impl Lane {
     /// Trims acknowledged entries and forgets consumers gone silent.
     async fn trim_all(&mut self) {
         let keep_ms = self.opts.keep.as_millis() as u64;
-        for voucher in self.streams.keys().copied().collect::<Vec<_>>() {
-            let Ok(keys) = VoucherKeys::new(&self.cfg.prefix, voucher) else {
-                continue;
-            };
+        for keys in self.streams.values().cloned().collect::<Vec<_>>() {
             let silent = SILENT_CONSUMER.as_millis() as u64;
             match group::forget_silent_consumers(&mut self.conn, &keys, &self.opts.consumer, silent)
                 .await
@@ -327,13 +348,17 @@ impl Lane {
         if self.stats.gates_paused() > 0 || !guard_looked {
             return Ok(false);
         }
+        // Units moving to waiting buyers of a voucher in buckets are work
+        // left: their promotions come after the move.
+        if !self.stats.mover_settled() {
+            return Ok(false);
+        }
         if let Some(d) = self.deadlines.as_mut() {
             if d.any_due().await? {
                 return Ok(false);
             }
         }
-        for voucher in self.streams.keys().copied().collect::<Vec<_>>() {
-            let keys = VoucherKeys::new(&self.cfg.prefix, voucher)?;
+        for keys in self.streams.values().cloned().collect::<Vec<_>>() {
             if backlog(&mut self.conn, &keys).await?.in_flight() > 0 {
                 return Ok(false);
             }

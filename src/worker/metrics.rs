@@ -111,7 +111,7 @@ async fn render(cfg: &Config, stats: &WorkerStats) -> String {
 fn register_worker(registry: &mut Registry, stats: &WorkerStats) {
     let s = stats.snapshot();
     // Names without `_total`: the encoder adds it to counters.
-    let counters: [(&str, &str, u64); 15] = [
+    let counters: [(&str, &str, u64); 17] = [
         (
             "orders_persisted",
             "Orders inserted into MySQL by this worker",
@@ -181,6 +181,16 @@ fn register_worker(registry: &mut Registry, stats: &WorkerStats) {
             "gate_guard_passes",
             "Passes of this worker's gate guard over every voucher it watches",
             s.guard_passes,
+        ),
+        (
+            "units_moved",
+            "Units the mover moved between the buckets of vouchers split in buckets",
+            s.units_moved,
+        ),
+        (
+            "transfers_completed",
+            "Transfers between buckets a stopped mover left half done, completed",
+            s.transfers_completed,
         ),
         (
             "worker_retries",

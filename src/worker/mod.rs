@@ -17,6 +17,7 @@ pub mod keepalive;
 mod lane;
 pub mod lock;
 pub mod metrics;
+pub mod mover;
 pub mod options;
 pub mod persist;
 pub mod stats;
@@ -77,6 +78,7 @@ pub async fn run(
         stats: stats.clone(),
         pay_timeouts: HashMap::new(),
         last_sweep: None,
+        layouts: Default::default(),
         owner: format!("{}:{run_id}:deadlines", opts.consumer),
         // Not renewed while it runs: long enough for its two lock waits
         // (order rows, then the voucher's), each half the lock lease.
@@ -96,6 +98,21 @@ pub async fn run(
         };
         tokio::spawn(guard.run(stop_guard.clone()))
     });
+    // Vouchers split in buckets: one worker at a time moves their stock.
+    let stop_mover = stop.child_token();
+    let mover_task = {
+        let mover = mover::Mover {
+            cfg: cfg.clone(),
+            conn: redis_conn::connect(&cfg).await?,
+            ids: ids.clone(),
+            stats: stats.clone(),
+            owner: format!("{}:{run_id}:mover", opts.consumer),
+            lease: opts.lock_lease,
+            layouts: Default::default(),
+            failing: Default::default(),
+        };
+        tokio::spawn(mover.run(stop_mover.clone()))
+    };
     let (mut inline_deadlines, deadline_task) = if opts.until_idle {
         (Some(deadline_worker), None)
     } else {
@@ -118,6 +135,7 @@ pub async fn run(
             stats: stats.clone(),
             stop: stop.clone(),
             streams: BTreeMap::new(),
+            unsettled: Default::default(),
             last_error: HashMap::new(),
             reclaim_cursors: HashMap::new(),
             recreate_groups: false,
@@ -165,6 +183,8 @@ pub async fn run(
     if let Some(task) = guard_task {
         task.await.ok();
     }
+    stop_mover.cancel();
+    mover_task.await.ok();
     if let Some(task) = deadline_task {
         // Lanes stop only on `stop`, which also ends this task's loop.
         task.await.ok();

@@ -25,6 +25,13 @@ pub struct WorkerStats {
     gates_paused: AtomicU64,
     /// Passes the gate guard has completed (succeeded or failed).
     guard_passes: AtomicU64,
+    units_moved: AtomicU64,
+    transfers_completed: AtomicU64,
+    /// Mover passes done, and the units the last one moved (an
+    /// --until-idle run waits until a pass moves nothing).
+    mover_passes: AtomicU64,
+    mover_last_moved: AtomicU64,
+    mover_left_open: AtomicU64,
     pub timings: Timings,
 }
 
@@ -89,6 +96,10 @@ pub struct StatsSnapshot {
     pub gate_reopens: u64,
     /// Passes of the gate guard over every voucher.
     pub guard_passes: u64,
+    /// Units the mover moved between a voucher's buckets (and its pool).
+    pub units_moved: u64,
+    /// Transfers a stopped mover left between its steps, completed.
+    pub transfers_completed: u64,
 }
 
 impl WorkerStats {
@@ -136,6 +147,25 @@ impl WorkerStats {
     pub fn guard_passes(&self) -> u64 {
         self.guard_passes.load(Ordering::Relaxed)
     }
+    pub fn add_units_moved(&self, n: u64) {
+        self.units_moved.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn note_mover_pass(&self, moved: u64, left_open: usize) {
+        self.mover_last_moved.store(moved, Ordering::Relaxed);
+        self.mover_left_open
+            .store(left_open as u64, Ordering::Relaxed);
+        self.mover_passes.fetch_add(1, Ordering::Relaxed);
+    }
+    /// A mover pass has run, and the last one moved nothing and left no
+    /// transfer open (one a stopped mover left is completed once stale).
+    pub fn mover_settled(&self) -> bool {
+        self.mover_passes.load(Ordering::Relaxed) > 0
+            && self.mover_last_moved.load(Ordering::Relaxed) == 0
+            && self.mover_left_open.load(Ordering::Relaxed) == 0
+    }
+    pub fn add_transfer_completed(&self) {
+        self.transfers_completed.fetch_add(1, Ordering::Relaxed);
+    }
     pub fn note_lateness(&self, ms: u64) {
         self.max_lateness_ms.fetch_max(ms, Ordering::Relaxed);
         self.timings.lateness_seconds.observe(ms as f64 / 1000.0);
@@ -165,6 +195,8 @@ impl WorkerStats {
             gate_pauses: get(&self.gate_pauses),
             gate_reopens: get(&self.gate_reopens),
             guard_passes: get(&self.guard_passes),
+            units_moved: get(&self.units_moved),
+            transfers_completed: get(&self.transfers_completed),
         }
     }
 }

@@ -7,6 +7,7 @@ use mysql_async::prelude::*;
 use redis::streams::{StreamInfoGroupsReply, StreamRangeReply};
 use redis::AsyncCommands;
 use seckill::store::keys::{VoucherKeys, WORKER_GROUP};
+use seckill::store::layout::{bucket_of, Layout};
 use seckill::stream::id::StreamId;
 
 use super::TestEnv;
@@ -43,6 +44,9 @@ pub struct VoucherState {
     /// sets' members.
     pub gate_digests: [u64; 3],
     pub set_digests: [u64; 3],
+    /// (user, bucket) of buyers and waiting users at a bucket that is not
+    /// theirs (a voucher in buckets).
+    pub misrouted: Vec<(u64, u32)>,
 }
 
 /// A set's digest as DESIGN's reconcile compares it: the sum of the members'
@@ -131,34 +135,70 @@ pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
     );
     drop(conn);
 
-    let keys = VoucherKeys::new(&env.prefix, voucher).expect("keys");
+    // Every gate of the voucher: one, or one per bucket (then the pool and
+    // the units in transit count as stock: free units not in a bucket).
     let mut redis = env.redis().await;
-    let redis_stock: Option<i64> = redis.get(keys.stock()).await.expect("stock");
-    let buyers: Vec<u64> = redis.smembers(keys.buyers()).await.expect("buyers");
-    let waitlist: Vec<u64> = redis
-        .zrange(keys.waitlist(), 0, -1)
+    let layout = Layout::read(&mut redis, &env.prefix, voucher)
         .await
-        .expect("waitlist");
-    let released: Vec<u64> = redis.smembers(keys.released()).await.expect("released");
-    let fields: Vec<Option<u64>> = redis::cmd("HMGET")
-        .arg(keys.meta())
-        .arg(&["buyers_digest", "released_digest", "timeouts_digest"])
-        .query_async(&mut redis)
-        .await
-        .expect("digests");
-    let gate_digests = [0, 1, 2].map(|i| fields.get(i).copied().flatten().unwrap_or(0));
-    let raw_buyers: Vec<String> = redis.smembers(keys.buyers()).await.expect("buyers");
-    let raw_released: Vec<String> = redis.smembers(keys.released()).await.expect("released");
-    let raw_timeouts: Vec<String> = redis
-        .zrange(keys.timeouts(), 0, -1)
-        .await
-        .expect("timeouts");
+        .expect("layout");
+    let gates = layout.all_keys().expect("keys");
+    let mut redis_stock: Option<i64> = None;
+    let (mut buyers, mut waitlist, mut released) = (Vec::new(), Vec::new(), Vec::new());
+    let mut gate_digests = [0u64; 3];
+    let (mut raw_buyers, mut raw_released, mut raw_timeouts) = (Vec::new(), Vec::new(), Vec::new());
+    let mut entries = Vec::new();
+    let mut misrouted = Vec::new();
+    for (b, keys) in gates.iter().enumerate() {
+        let stock: Option<i64> = redis.get(keys.stock()).await.expect("stock");
+        if let Some(stock) = stock {
+            *redis_stock.get_or_insert(0) += stock;
+        }
+        let mine: Vec<u64> = redis.smembers(keys.buyers()).await.expect("buyers");
+        let waiting: Vec<u64> = redis
+            .zrange(keys.waitlist(), 0, -1)
+            .await
+            .expect("waitlist");
+        for u in mine.iter().chain(&waiting) {
+            if bucket_of(*u, layout.buckets()) != b as u32 {
+                misrouted.push((*u, b as u32));
+            }
+        }
+        buyers.extend(mine);
+        waitlist.extend(waiting);
+        let gone: Vec<u64> = redis.smembers(keys.released()).await.expect("released");
+        released.extend(gone);
+        let fields: Vec<Option<u64>> = redis::cmd("HMGET")
+            .arg(keys.meta())
+            .arg(&["buyers_digest", "released_digest", "timeouts_digest"])
+            .query_async(&mut redis)
+            .await
+            .expect("digests");
+        for (i, d) in gate_digests.iter_mut().enumerate() {
+            *d = (*d + fields.get(i).copied().flatten().unwrap_or(0)) % (1 << 52);
+        }
+        let members: Vec<String> = redis.smembers(keys.buyers()).await.expect("buyers");
+        raw_buyers.extend(members);
+        let members: Vec<String> = redis.smembers(keys.released()).await.expect("released");
+        raw_released.extend(members);
+        let members: Vec<String> = redis
+            .zrange(keys.timeouts(), 0, -1)
+            .await
+            .expect("timeouts");
+        raw_timeouts.extend(members);
+        entries.extend(in_flight(&mut redis, keys).await);
+    }
+    let (pool, in_transit) = match layout.buckets() {
+        1 => (0, 0),
+        _ => free_between_buckets(&mut redis, &gates).await,
+    };
+    if let Some(stock) = redis_stock.as_mut() {
+        *stock += pool + in_transit;
+    }
     let set_digests = [
         digest_of(&raw_buyers),
         digest_of(&raw_released),
         digest_of(&raw_timeouts),
     ];
-    let entries = in_flight(&mut redis, &keys).await;
     for (_, order, quantity) in &entries {
         quantities.entry(*order).or_insert(*quantity);
     }
@@ -177,7 +217,41 @@ pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
         counted,
         gate_digests,
         set_digests,
+        misrouted,
     }
+}
+
+/// The pool's units and those in transit (taken from a gate, not landed
+/// yet) of a voucher in buckets, read from the keys themselves.
+async fn free_between_buckets(
+    redis: &mut seckill::store::redis_conn::Redis,
+    gates: &[VoucherKeys],
+) -> (i64, i64) {
+    let pool: Option<i64> = redis.get(gates[0].pool()).await.expect("pool");
+    let received_of = |to: &str| match to {
+        "pool" => gates[0].pool_received(),
+        b => gates[b.parse::<usize>().expect("a bucket number")].received(),
+    };
+    let mut in_transit = 0;
+    let givers =
+        std::iter::once(gates[0].pool_transfers()).chain(gates.iter().map(|g| g.transfers()));
+    for giver in givers {
+        let records: Vec<(String, String)> = redis.hgetall(&giver).await.expect("transfers");
+        for (id, record) in records {
+            if id == "last" {
+                continue;
+            }
+            let parts: Vec<&str> = record.split(' ').collect();
+            let landed: Option<String> = redis
+                .hget(received_of(parts[0]), &id)
+                .await
+                .expect("received");
+            if landed.as_deref() != Some("given") {
+                in_transit += parts[1].parse::<i64>().expect("units");
+            }
+        }
+    }
+    (pool.unwrap_or(0), in_transit)
 }
 
 async fn in_flight(
@@ -301,6 +375,12 @@ pub async fn assert_invariants(env: &TestEnv, voucher: u64) -> VoucherState {
             s.mysql_stock
         );
     }
+    // A voucher in buckets: every buyer and waiting user is in their own.
+    assert!(
+        s.misrouted.is_empty(),
+        "users at a bucket not theirs (user, bucket): {:?}",
+        s.misrouted
+    );
     // I4 (also asserted while reading): no user twice among orders and in-flight entries.
     let mut seen = BTreeSet::new();
     let unpersisted = s.unpersisted_users();

@@ -354,6 +354,7 @@ impl TestEnv {
                 end_ms: now + end_offset_ms,
                 pay_timeout_ms,
                 policy: Default::default(),
+                buckets: 1,
             },
         )
         .await

@@ -1,0 +1,393 @@
+//! The mover (design/buckets.md §3): inside `seckill worker`, it moves the
+//! stock of vouchers split in buckets to where buyers wait, so no unit is
+//! left unsold in one bucket while a buyer who fits waits in another.
+//!
+//! One worker at a time moves a voucher (lua/mover_lease.lua, with an epoch
+//! that fences a mover that lost its lease). Each round, for each voucher:
+//! complete transfers a stopped mover left between its steps, then serve
+//! the waiting buckets, earliest waiting request first, from the pool and
+//! then from buckets nobody waits at (or whose first request their stock
+//! cannot serve), then even out buckets running low. Every move is take,
+//! give, settle (gate/transfer.rs).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::Value;
+use tokio_util::sync::CancellationToken;
+
+use super::WorkerStats;
+use crate::error::{Error, Result};
+use crate::gate::transfer::{self, Gate, Given, Landing, Taken};
+use crate::store::config::Config;
+use crate::store::keys::VoucherKeys;
+use crate::store::layout::{Layout, Layouts};
+use crate::store::node_lease::OrderIds;
+use crate::store::redis_conn::{self, value_text, Redis};
+use crate::store::registry;
+use crate::store::scripts::MOVER_LEASE;
+use crate::support::backoff::Backoff;
+use crate::support::timespec::now_ms;
+
+/// How often the mover looks at every voucher in buckets: a buyer waiting
+/// at an empty bucket while units remain elsewhere is served within about
+/// this plus a few round trips.
+pub const MOVE_EVERY: Duration = Duration::from_millis(100);
+/// A transfer open longer than this was left by a mover that stopped (a
+/// mover takes, gives and settles in one round, milliseconds apart).
+const STALE_TRANSFER_MS: u64 = 5_000;
+/// A bucket holding less than this share of the average is topped up.
+const LOW_WATER_DIVISOR: i64 = 2;
+
+pub struct Mover {
+    pub(super) cfg: Arc<Config>,
+    pub(super) conn: Redis,
+    pub(super) ids: Arc<OrderIds>,
+    pub(super) stats: Arc<WorkerStats>,
+    /// Unique among all workers: the lease's owner.
+    pub(super) owner: String,
+    pub(super) lease: Duration,
+    pub(super) layouts: Layouts,
+    /// Vouchers whose round failed, said once until one succeeds.
+    pub(super) failing: HashMap<u64, String>,
+}
+
+/// One bucket as a round reads it.
+#[derive(Debug, Clone)]
+struct Look {
+    stock: i64,
+    paused: bool,
+    /// The first waiting request: its queued time (µs) and units wanted.
+    head: Option<(f64, i64)>,
+}
+
+impl Look {
+    /// Units the first waiting request lacks (0: none waits or it fits).
+    fn lacks(&self) -> i64 {
+        self.head
+            .map_or(0, |(_, wants)| (wants - self.stock).max(0))
+    }
+}
+
+impl Mover {
+    pub async fn run(mut self, stop: CancellationToken) {
+        let mut backoff = Backoff::default();
+        loop {
+            let delay = match self.pass().await {
+                Ok(()) => {
+                    backoff.reset();
+                    MOVE_EVERY
+                }
+                Err(e) => {
+                    let delay = backoff.retry_after(format_args!("mover: {e}"));
+                    if let Ok(c) = redis_conn::connect(&self.cfg).await {
+                        self.conn = c;
+                    }
+                    delay
+                }
+            };
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }
+        self.release_leases().await;
+    }
+
+    /// One round over every registered voucher in buckets; one voucher's
+    /// failure is logged and the others go on.
+    pub async fn pass(&mut self) -> Result<()> {
+        let vouchers = registry::members(&mut self.conn, &self.cfg.prefix).await?;
+        let before = self.stats.snapshot().units_moved;
+        let mut left_open = 0;
+        for v in vouchers {
+            let layout = match self.layouts.of(&mut self.conn, &self.cfg.prefix, v).await {
+                Ok(layout) if layout.buckets() > 1 => layout,
+                Ok(_) => continue,
+                Err(e) => {
+                    self.note_failure(v, &e);
+                    continue;
+                }
+            };
+            match self.round(&layout).await {
+                Ok(open) => {
+                    left_open += open;
+                    if self.failing.remove(&v).is_some() {
+                        tracing::info!("mover: voucher {v} moves again");
+                    }
+                }
+                Err(e) => self.note_failure(v, &e),
+            }
+        }
+        let moved = self.stats.snapshot().units_moved - before;
+        self.stats.note_mover_pass(moved, left_open);
+        Ok(())
+    }
+
+    fn note_failure(&mut self, v: u64, e: &Error) {
+        let text = e.to_string();
+        if self.failing.get(&v) != Some(&text) {
+            tracing::warn!("mover: voucher {v}: {text}");
+            self.failing.insert(v, text);
+        }
+    }
+
+    /// One voucher's round; returns the transfers left open (too young to
+    /// be a stopped mover's: completed in a later round).
+    async fn round(&mut self, layout: &Layout) -> Result<usize> {
+        let gates = layout.all_keys()?;
+        let Some(epoch) = self.lease(&gates[0]).await? else {
+            // Another worker moves this voucher. Work it has not done yet
+            // counts as left (an --until-idle run must not exit on it: the
+            // holder may be a worker that died, whose lease runs out soon).
+            let (looks, pool) = self.look_all(&gates).await?;
+            let free: i64 = pool + looks.iter().map(|l| l.stock).sum::<i64>();
+            let stranded = looks
+                .iter()
+                .any(|l| l.lacks() > 0 && free - l.stock >= l.lacks());
+            let open = transfer::any_open(&mut self.conn, layout).await?;
+            return Ok(usize::from(stranded || open));
+        };
+        let left_open = self.complete_stale(&gates).await?;
+        let (mut looks, mut pool) = self.look_all(&gates).await?;
+
+        // The waiting buckets, earliest first request first.
+        let mut waiting: Vec<usize> = (0..looks.len())
+            .filter(|b| looks[*b].lacks() > 0 && !looks[*b].paused)
+            .collect();
+        waiting.sort_by(|a, b| {
+            let at = |i: usize| looks[i].head.map_or(f64::MAX, |(t, _)| t);
+            at(*a).total_cmp(&at(*b))
+        });
+        for to in waiting {
+            let mut lacks = looks[to].lacks();
+            if pool > 0 {
+                let moved = self
+                    .transfer(&gates, None, to, lacks.min(pool), epoch)
+                    .await?;
+                pool -= moved;
+                looks[to].stock += moved;
+                lacks -= moved;
+            }
+            let queued = |l: &Look| l.head.map_or(f64::MAX, |(t, _)| t);
+            let mine = queued(&looks[to]);
+            while lacks > 0 {
+                // Buckets nobody waits at first, then those whose first
+                // request came later and does not fit their stock (it only
+                // strands there; an earlier one keeps what it has, or two
+                // buckets would pass units back and forth), the richest
+                // first.
+                let donor = (0..looks.len())
+                    .filter(|d| *d != to && !looks[*d].paused && looks[*d].stock > 0)
+                    .filter(|d| {
+                        looks[*d].head.is_none()
+                            || (looks[*d].lacks() > 0 && queued(&looks[*d]) > mine)
+                    })
+                    .max_by_key(|d| (looks[*d].head.is_none(), looks[*d].stock));
+                let Some(from) = donor else { break };
+                let moved = self
+                    .transfer(&gates, Some(from), to, lacks.min(looks[from].stock), epoch)
+                    .await?;
+                if moved == 0 {
+                    break;
+                }
+                looks[from].stock -= moved;
+                looks[to].stock += moved;
+                lacks -= moved;
+            }
+        }
+
+        // Even out: a bucket far below the average gets units, from the
+        // pool first, so it does not run dry while others hold plenty.
+        let free: i64 = looks.iter().map(|l| l.stock).sum::<i64>() + pool;
+        let average = free / looks.len() as i64;
+        for to in 0..looks.len() {
+            let low = looks[to].stock * LOW_WATER_DIVISOR < average;
+            if !low || looks[to].paused || looks[to].head.is_some() {
+                continue;
+            }
+            let mut wants = average - looks[to].stock;
+            if pool > 0 {
+                let moved = self
+                    .transfer(&gates, None, to, wants.min(pool), epoch)
+                    .await?;
+                pool -= moved;
+                looks[to].stock += moved;
+                wants -= moved;
+            }
+            let richest = (0..looks.len())
+                .filter(|d| *d != to && !looks[*d].paused && looks[*d].head.is_none())
+                .max_by_key(|d| looks[*d].stock);
+            if let Some(from) = richest {
+                let spare = looks[from].stock - average;
+                if wants > 0 && spare > 0 {
+                    let moved = self
+                        .transfer(&gates, Some(from), to, wants.min(spare), epoch)
+                        .await?;
+                    looks[from].stock -= moved;
+                    looks[to].stock += moved;
+                }
+            }
+        }
+        Ok(left_open)
+    }
+
+    /// Every bucket as it is now, and the pool's units.
+    async fn look_all(&mut self, gates: &[VoucherKeys]) -> Result<(Vec<Look>, i64)> {
+        let mut looks = Vec::with_capacity(gates.len());
+        for keys in gates {
+            looks.push(look(&mut self.conn, keys).await?);
+        }
+        let pool: i64 = redis::cmd("GET")
+            .arg(gates[0].pool())
+            .query_async::<Option<i64>>(&mut self.conn)
+            .await?
+            .unwrap_or(0);
+        Ok((looks, pool))
+    }
+
+    /// Takes or renews the voucher's mover lease: its epoch while held.
+    async fn lease(&mut self, bucket0: &VoucherKeys) -> Result<Option<u64>> {
+        let epoch: u64 = MOVER_LEASE
+            .key(bucket0.meta())
+            .arg("take")
+            .arg(&self.owner)
+            .arg(self.lease.as_millis() as u64)
+            .invoke_async(&mut self.conn)
+            .await?;
+        Ok((epoch > 0).then_some(epoch))
+    }
+
+    async fn release_leases(&mut self) {
+        let vouchers = match registry::members(&mut self.conn, &self.cfg.prefix).await {
+            Ok(v) => v,
+            Err(_) => return,
+        };
+        for v in vouchers {
+            let Ok(keys) = VoucherKeys::new(&self.cfg.prefix, v) else {
+                continue;
+            };
+            let released: redis::RedisResult<i64> = MOVER_LEASE
+                .key(keys.meta())
+                .arg("release")
+                .arg(&self.owner)
+                .invoke_async(&mut self.conn)
+                .await;
+            if let Err(e) = released {
+                tracing::debug!("mover: voucher {v}: lease not released ({e}); it runs out");
+            }
+        }
+    }
+
+    /// Moves up to `units` from bucket `from` (None: the pool) to bucket
+    /// `to`: the units that arrived.
+    async fn transfer(
+        &mut self,
+        gates: &[VoucherKeys],
+        from: Option<usize>,
+        to: usize,
+        units: i64,
+        epoch: u64,
+    ) -> Result<i64> {
+        if units <= 0 {
+            return Ok(0);
+        }
+        let giver = match from {
+            None => Gate::Pool(&gates[0]),
+            Some(b) => Gate::Bucket(b as u32, &gates[b]),
+        };
+        let receiver = Gate::Bucket(to as u32, &gates[to]);
+        let id = self.ids.next_id()?;
+        let units = units as u64;
+        let taken = transfer::take(&mut self.conn, giver, receiver, id, units, 1, epoch).await?;
+        let Taken::Units(k) = taken else {
+            return Ok(0);
+        };
+        crate::support::fault::pause("between_take_and_give").await;
+        // A promotion per unit at most: each waiting request wants one or more.
+        let fresh = (0..k)
+            .map(|_| self.ids.next_id())
+            .collect::<Result<Vec<u64>>>()?;
+        let landing = match transfer::give(&mut self.conn, receiver, id, k, epoch, &fresh).await? {
+            Given::Landed { .. } | Given::AlreadyGiven => Landing::Given,
+            Given::Void => Landing::Void,
+            // Left in transit: completed (given back) once it is stale.
+            Given::Fenced(_) | Given::Paused => return Ok(0),
+        };
+        transfer::settle(&mut self.conn, giver, id, landing).await?;
+        if landing == Landing::Void {
+            return Ok(0);
+        }
+        self.stats.add_units_moved(k);
+        Ok(k as i64)
+    }
+
+    /// Completes every transfer left open longer than a mover takes:
+    /// receiver first, so none lands twice. Returns how many it left open
+    /// (younger than that).
+    async fn complete_stale(&mut self, gates: &[VoucherKeys]) -> Result<usize> {
+        let mut left_open = 0;
+        let sides = Gate::all(gates);
+        let before = (now_ms() as u64).saturating_sub(STALE_TRANSFER_MS);
+        for giver in sides.clone() {
+            for t in transfer::open(&mut self.conn, giver).await? {
+                if t.taken_ms > before {
+                    left_open += 1;
+                    continue;
+                }
+                let Some(receiver) = sides.iter().copied().find(|s| s.label() == t.to) else {
+                    tracing::warn!(
+                        "mover: transfer {} names a receiver {:?} the voucher does not have; left as it is",
+                        t.id,
+                        t.to
+                    );
+                    continue;
+                };
+                let (landing, _) =
+                    transfer::complete(&mut self.conn, giver, receiver, t.id).await?;
+                self.stats.add_transfer_completed();
+                tracing::info!(
+                    "mover: completed transfer {} of {} unit(s) left open by a stopped mover ({})",
+                    t.id,
+                    t.units,
+                    match landing {
+                        Landing::Given => "it had arrived",
+                        Landing::Void => "called off, the units went back",
+                    }
+                );
+            }
+        }
+        Ok(left_open)
+    }
+}
+
+/// A bucket's stock, pause and first waiting request, in two round trips.
+async fn look(conn: &mut Redis, keys: &VoucherKeys) -> Result<Look> {
+    let (stock, paused, head): (Option<i64>, Option<String>, Vec<(String, f64)>) = redis::pipe()
+        .get(keys.stock())
+        .hget(keys.meta(), "paused")
+        .zrange_withscores(keys.waitlist(), 0, 0)
+        .query_async(conn)
+        .await?;
+    let head = match head.first() {
+        None => None,
+        Some((user, at)) => {
+            let wants: Value = redis::cmd("HGET")
+                .arg(keys.waitlist_quantity())
+                .arg(user)
+                .query_async(conn)
+                .await?;
+            let wants = match wants {
+                Value::Nil => 1,
+                v => value_text(&v).parse::<i64>().unwrap_or(1).max(1),
+            };
+            Some((*at, wants))
+        }
+    };
+    Ok(Look {
+        stock: stock.unwrap_or(0).max(0),
+        paused: paused.as_deref() == Some("1"),
+        head,
+    })
+}
