@@ -77,7 +77,8 @@ for i = 1, #ARGV, 3 do
     -- The order's units (an entry without a quantity holds 1), all or none.
     local units = tonumber(f.quantity or '1')
     if not (valid_id(f.user) and valid_id(order) and valid_id(f.voucher)
-        and string.find(KEYS[2], '{' .. f.voucher .. '}', 1, true)
+        and (string.find(KEYS[2], '{' .. f.voucher .. '}', 1, true)
+          or string.match(KEYS[2], '{' .. f.voucher .. '%.%d+%.%d+}'))
         and (kind == 'admit' or kind == 'promote')
         and units and units >= 1 and units == math.floor(units)) then
       code = -2

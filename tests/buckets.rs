@@ -238,6 +238,8 @@ async fn a_voucher_in_three_buckets_sells_exactly_its_stock_on_three_masters() {
         }
         n
     };
+    // The worker (and its mover) runs during the sale this time.
+    let worker = env.spawn_worker(&common::fast_worker(&[]));
     let report = bench(&env, V, 1200);
     let success = report["outcomes"]["success"].as_u64().unwrap_or(0);
     let sold_out = report["outcomes"]["sold_out"].as_u64().unwrap_or(0);
@@ -250,8 +252,9 @@ async fn a_voucher_in_three_buckets_sells_exactly_its_stock_on_three_masters() {
             .expect("scard");
         assert!(c > before[b as usize], "bucket {b} sold nothing: {report}");
     }
-    let worker = env.spawn_worker(&common::fast_worker(&["--until-idle"]));
-    worker.expect_success(Duration::from_secs(90));
+    env.wait_orders(V, 300, Duration::from_secs(60)).await;
+    worker.signal("TERM");
+    worker.expect_success(Duration::from_secs(30));
     let s = assert_invariants(&env, V).await;
     assert_eq!(s.orders.len(), 300, "every unit sold, none twice");
     assert_eq!(
@@ -259,6 +262,62 @@ async fn a_voucher_in_three_buckets_sells_exactly_its_stock_on_three_masters() {
         Some(0),
         "nothing left in a bucket, the pool or transit"
     );
+
+    // What operators see: the voucher whole, and each bucket on its master.
+    let out = env
+        .cmd()
+        .args(["voucher", "list", "--format", "json"])
+        .output()
+        .expect("list");
+    let listed = common::json(&out);
+    let gate = &listed[0]["gate"];
+    assert_eq!(gate["stock"], 0, "{listed}");
+    assert_eq!(gate["buyers"], 300, "{listed}");
+    assert_eq!(
+        gate["buckets"].as_array().map(Vec::len),
+        Some(3),
+        "{listed}"
+    );
+    let shown: std::collections::BTreeSet<String> = gate["buckets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|b| b["master"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(shown.len(), 3, "three masters shown: {listed}");
+    let out = env
+        .cmd()
+        .args(["status", "--format", "json"])
+        .output()
+        .expect("status");
+    let status = common::json(&out);
+    assert_eq!(status[0]["redis_stock"], 0, "{status}");
+    assert_eq!(status[0]["waitlist"], s.waitlist.len(), "{status}");
+    let out = env
+        .cmd()
+        .args([
+            "waitlist",
+            "--voucher",
+            &V.to_string(),
+            "--limit",
+            "2000",
+            "--format",
+            "json",
+        ])
+        .output()
+        .expect("waitlist");
+    let waiting = common::json(&out);
+    assert_eq!(waiting["length"], s.waitlist.len(), "{waiting}");
+    let head = waiting["head"].as_array().cloned().unwrap_or_default();
+    let times: Vec<i64> = head
+        .iter()
+        .filter_map(|w| w["queued_ms"].as_i64())
+        .collect();
+    assert!(
+        times.windows(2).all(|w| w[0] <= w[1]),
+        "in order of arrival across buckets"
+    );
+    assert!(head.iter().all(|w| w["bucket"].is_u64()), "{waiting}");
     env.cleanup().await;
 }
 

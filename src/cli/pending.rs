@@ -11,6 +11,7 @@ use crate::gate::requeue;
 use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
+use crate::store::layout::Layout;
 use crate::store::redis_conn;
 use crate::stream::pending::{self, DeadLetterView, PendingEntry, StreamSummary};
 
@@ -53,7 +54,8 @@ pub async fn run(cfg: &Config, args: PendingArgs) -> anyhow::Result<u8> {
         }
         return Ok(exit_code::OK);
     };
-    let keys = VoucherKeys::new(&cfg.prefix, voucher)?;
+    VoucherKeys::new(&cfg.prefix, voucher)?;
+    let layout = Layout::read(&mut redis, &cfg.prefix, voucher).await?;
     if args.requeue {
         let what = if args.entries.is_empty() {
             format!("all dead letters of voucher {voucher}")
@@ -68,7 +70,7 @@ pub async fn run(cfg: &Config, args: PendingArgs) -> anyhow::Result<u8> {
             return Ok(exit_code::ERROR);
         }
         let db = Db::connect(cfg).await?;
-        let r = requeue::requeue(cfg, &db, &mut redis, &keys, &args.entries, None).await;
+        let r = requeue::requeue_buckets(cfg, &db, &mut redis, &layout, &args.entries).await;
         db.close().await;
         let r = r?;
         match args.format.format {
@@ -92,10 +94,19 @@ pub async fn run(cfg: &Config, args: PendingArgs) -> anyhow::Result<u8> {
         }
         return Ok(exit_code::OK);
     }
+    // Every bucket's stream of a voucher split in buckets, one after another.
+    let mut pending_entries = Vec::new();
+    let mut dead = Vec::new();
+    for keys in layout.all_keys()? {
+        pending_entries.extend(pending::pending_entries(&mut redis, &keys, args.limit).await?);
+        dead.extend(pending::dead_letters(&mut redis, &keys, args.limit).await?);
+    }
+    pending_entries.truncate(args.limit);
+    dead.truncate(args.limit);
     let detail = VoucherDetail {
-        summary: pending::summary(&mut redis, &keys, voucher).await?,
-        pending_entries: pending::pending_entries(&mut redis, &keys, args.limit).await?,
-        dead: pending::dead_letters(&mut redis, &keys, args.limit).await?,
+        summary: pending::summary_of_buckets(&mut redis, &layout).await?,
+        pending_entries,
+        dead,
     };
     match args.format.format {
         Format::Json => print_json(&detail)?,

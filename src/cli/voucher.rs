@@ -14,7 +14,6 @@ use crate::orders::voucher::{
 };
 use crate::store::config::Config;
 use crate::store::db::Db;
-use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn;
 use crate::support::timespec::{format_duration_ms, format_ms, now_ms, parse_time};
 
@@ -278,11 +277,8 @@ async fn list(cfg: &Config, args: ListArgs) -> anyhow::Result<u8> {
     db.close().await;
     let vouchers = vouchers?;
     let mut redis = redis_conn::connect(cfg).await?;
-    let keys = vouchers
-        .iter()
-        .map(|v| VoucherKeys::new(&cfg.prefix, v.id))
-        .collect::<crate::Result<Vec<_>>>()?;
-    let gates = state::read_many(&mut redis, &keys).await?;
+    let ids: Vec<u64> = vouchers.iter().map(|v| v.id).collect();
+    let gates = state::read_vouchers(&mut redis, &cfg.prefix, &ids).await?;
     let now = now_ms();
     let views: Vec<VoucherView> = vouchers
         .iter()
@@ -291,9 +287,59 @@ async fn list(cfg: &Config, args: ListArgs) -> anyhow::Result<u8> {
         .collect();
     match args.format.format {
         Format::Json => print_json(&views)?,
-        Format::Table => outln!("{}", list_table(&views))?,
+        Format::Table => {
+            outln!("{}", list_table(&views))?;
+            if views
+                .iter()
+                .any(|v| v.gate.is_some_and(|g| !g.buckets.is_empty()))
+            {
+                outln!("{}", buckets_table(&views))?;
+            }
+        }
     }
     Ok(exit_code::OK)
+}
+
+/// Each bucket of the vouchers split in buckets, with the master serving it.
+fn buckets_table(views: &[VoucherView]) -> comfy_table::Table {
+    let mut t = table(&[
+        "voucher",
+        "bucket",
+        "master",
+        "gate stock",
+        "buyers",
+        "waitlist",
+        "stream",
+    ]);
+    for v in views {
+        let Some(g) = v.gate else { continue };
+        for b in &g.buckets {
+            t.add_row(vec![
+                v.id.to_string(),
+                format!("{} {{{}}}", b.bucket, b.tag),
+                b.master.clone().unwrap_or_else(|| "-".into()),
+                b.stock.map_or("-".into(), |s| s.to_string()),
+                b.buyers.to_string(),
+                b.waitlist.to_string(),
+                b.stream_length.to_string(),
+            ]);
+        }
+        if let Some(pool) = g.pool {
+            t.add_row(vec![
+                v.id.to_string(),
+                "pool".into(),
+                g.buckets
+                    .first()
+                    .and_then(|b| b.master.clone())
+                    .unwrap_or_else(|| "-".into()),
+                pool.to_string(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+            ]);
+        }
+    }
+    t
 }
 
 /// A voucher as shown to people and scripts.

@@ -8,6 +8,7 @@ use crate::exit_code;
 use crate::gate::waitlist::{self, Waitlist};
 use crate::store::config::Config;
 use crate::store::keys::VoucherKeys;
+use crate::store::layout::Layout;
 use crate::store::redis_conn;
 use crate::support::timespec::{format_duration_ms, format_ms, now_ms};
 
@@ -24,9 +25,10 @@ pub struct WaitlistArgs {
 }
 
 pub async fn run(cfg: &Config, args: WaitlistArgs) -> anyhow::Result<u8> {
-    let keys = VoucherKeys::new(&cfg.prefix, args.voucher)?;
+    VoucherKeys::new(&cfg.prefix, args.voucher)?;
     let mut redis = redis_conn::connect(cfg).await?;
-    let w = waitlist::read(&mut redis, &keys, args.voucher, args.limit.max(1)).await?;
+    let layout = Layout::read(&mut redis, &cfg.prefix, args.voucher).await?;
+    let w = waitlist::read_all(&mut redis, &layout, args.limit.max(1)).await?;
     match args.format.format {
         Format::Json => print_json(&w)?,
         Format::Table => {

@@ -140,6 +140,11 @@ pub async fn update(
 ) -> Result<(Policy, bool)> {
     let keys = VoucherKeys::new(prefix, voucher_id)?;
     let policy = voucher::update_policy(db, voucher_id, change).await?;
+    // Every bucket of a voucher split in buckets admits by its own meta.
+    let layout = crate::store::layout::Layout::read(conn, prefix, voucher_id).await?;
+    for b in 1..layout.buckets() {
+        publish(conn, &layout.keys(b)?, policy).await?;
+    }
     // One publish is enough: of updates at once, the last to change MySQL
     // reads back the greatest version, and the gate refuses anything older,
     // in whatever order the publishes land.

@@ -28,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::store::config::Config;
 use crate::store::db::{join_ids, Db};
 use crate::store::keys::VoucherKeys;
+use crate::store::layout::Layout;
 use crate::store::node_lease::OrderIds;
 use crate::store::scripts::REQUEUE;
 use crate::stream::entry::{OrderMessage, RawEntry};
@@ -64,6 +65,57 @@ enum Plan {
         unbacked: bool,
     },
     Skip(String),
+}
+
+/// Requeues the given dead letters of a voucher (all of them when `ids`
+/// is empty), each into the stream of the bucket whose dead letters hold
+/// it (the voucher's one stream unless it is split in buckets).
+pub async fn requeue_buckets(
+    cfg: &Config,
+    db: &Db,
+    conn: &mut Redis,
+    layout: &Layout,
+    ids: &[String],
+) -> Result<RequeueReport> {
+    let gates = layout.all_keys()?;
+    if gates.len() == 1 {
+        return requeue(cfg, db, conn, &gates[0], ids, None).await;
+    }
+    let mut total = RequeueReport {
+        requeued: 0,
+        skipped: 0,
+        entries: Vec::new(),
+    };
+    let mut merge = |r: RequeueReport| {
+        total.requeued += r.requeued;
+        total.skipped += r.skipped;
+        total.entries.extend(r.entries);
+    };
+    if ids.is_empty() {
+        for keys in &gates {
+            merge(requeue(cfg, db, conn, keys, &[], None).await?);
+        }
+        return Ok(total);
+    }
+    let mut left: Vec<String> = ids.to_vec();
+    for keys in &gates {
+        let mut here = Vec::new();
+        for id in &left {
+            let found: StreamRangeReply = conn.xrange(keys.dead(), id, id).await?;
+            if !found.ids.is_empty() {
+                here.push(id.clone());
+            }
+        }
+        if !here.is_empty() {
+            left.retain(|id| !here.contains(id));
+            merge(requeue(cfg, db, conn, keys, &here, None).await?);
+        }
+    }
+    // Found in no bucket: reported as such, as for a voucher of one gate.
+    if !left.is_empty() {
+        merge(requeue(cfg, db, conn, &gates[0], &left, None).await?);
+    }
+    Ok(total)
 }
 
 /// Requeues the given dead letters of `keys`' voucher (all of them when

@@ -19,6 +19,107 @@ pub struct GateState {
     pub stream_length: u64,
     /// The stream's last entry id, a witness that admissions happened.
     pub last_entry_id: Option<String>,
+    /// A voucher split in buckets: the units in its pool (counted in
+    /// `stock` too, with every bucket's), and each bucket on its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<i64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub buckets: Vec<BucketState>,
+}
+
+/// One bucket of a voucher split in buckets.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct BucketState {
+    pub bucket: u32,
+    /// Its hash tag (the content between the braces of its keys).
+    pub tag: String,
+    /// The master serving its keys now (None on a single node).
+    pub master: Option<String>,
+    pub stock: Option<i64>,
+    pub buyers: u64,
+    pub waitlist: u64,
+    pub stream_length: u64,
+}
+
+/// The gates of `vouchers`, a voucher split in buckets summed over its
+/// buckets (and its pool) with each bucket shown too.
+pub async fn read_vouchers(
+    conn: &mut impl RedisConn,
+    prefix: &str,
+    vouchers: &[u64],
+) -> Result<Vec<GateState>> {
+    let layouts = crate::store::layout::read_many(conn, prefix, vouchers).await?;
+    let split = layouts.iter().any(|l| l.buckets() > 1);
+    let slots = match split {
+        true => crate::store::slot_map::SlotMap::read(conn).await?,
+        false => None,
+    };
+    let mut keys = Vec::new();
+    for layout in &layouts {
+        keys.extend(layout.all_keys()?);
+    }
+    let mut gates = read_many(conn, &keys).await?.into_iter();
+    let pools = match split {
+        true => {
+            pipeline_per_item(conn, &layouts, false, false, |pipe, l| {
+                pipe.get(l.keys(0)?.pool());
+                Ok(())
+            })
+            .await?
+        }
+        false => vec![Vec::new(); layouts.len()],
+    };
+    let mut out = Vec::with_capacity(layouts.len());
+    for (layout, pool) in layouts.iter().zip(pools) {
+        let mine: Vec<GateState> = gates.by_ref().take(layout.buckets() as usize).collect();
+        if layout.buckets() == 1 {
+            out.extend(mine);
+            continue;
+        }
+        let pool = pool
+            .first()
+            .and_then(|v| crate::store::redis_conn::value_text(v).parse::<i64>().ok());
+        out.push(sum_of_buckets(layout, mine, pool, slots.as_ref())?);
+    }
+    Ok(out)
+}
+
+fn sum_of_buckets(
+    layout: &crate::store::layout::Layout,
+    gates: Vec<GateState>,
+    pool: Option<i64>,
+    slots: Option<&crate::store::slot_map::SlotMap>,
+) -> Result<GateState> {
+    let mut sum = GateState {
+        loaded: gates.iter().all(|g| g.loaded),
+        stock: pool,
+        pool,
+        last_entry_id: gates.first().and_then(|g| g.last_entry_id.clone()),
+        ..Default::default()
+    };
+    for (b, g) in gates.into_iter().enumerate() {
+        if let Some(s) = g.stock {
+            sum.stock = Some(sum.stock.unwrap_or(0) + s);
+        }
+        sum.buyers += g.buyers;
+        sum.waitlist += g.waitlist;
+        sum.stream_length += g.stream_length;
+        let keys = layout.keys(b as u32)?;
+        let master = slots.and_then(|m| {
+            m.master_of(crate::store::slot_map::slot_of(&keys.meta()))
+                .map(str::to_string)
+        });
+        sum.buckets.push(BucketState {
+            bucket: b as u32,
+            tag: layout.tag(b as u32).unwrap_or_default().to_string(),
+            master,
+            stock: g.stock,
+            buyers: g.buyers,
+            waitlist: g.waitlist,
+            stream_length: g.stream_length,
+        });
+    }
+    Ok(sum)
 }
 
 /// One round trip: meta, stock, buyers, waitlist and stream, read together.
@@ -54,6 +155,7 @@ pub async fn read_many(conn: &mut impl RedisConn, keys: &[VoucherKeys]) -> Resul
                 waitlist,
                 stream_length,
                 last_entry_id: last.ids.into_iter().next().map(|e| e.id),
+                ..Default::default()
             })
         })
         .collect()
@@ -106,6 +208,38 @@ impl Sale {
             SaleState::Open
         }
     }
+}
+
+/// The sale of a voucher, split in buckets or not: stock summed over its
+/// buckets and its pool, paused if any bucket is (a round trip more per
+/// bucket beyond the first).
+pub async fn read_sale_of_buckets(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+) -> Result<Option<Sale>> {
+    let Some(mut sale) = read_sale(conn, keys).await? else {
+        return Ok(None);
+    };
+    let layout = crate::store::layout::Layout::from_tags(
+        keys.prefix(),
+        keys.voucher(),
+        sale.bucket_tags.as_deref(),
+    )?;
+    if layout.buckets() > 1 {
+        let pool: Option<i64> = redis::cmd("GET").arg(keys.pool()).query_async(conn).await?;
+        sale.stock += pool.unwrap_or(0);
+        for b in 1..layout.buckets() {
+            let k = layout.keys(b)?;
+            let (stock, paused): (Option<i64>, Option<String>) = redis::pipe()
+                .get(k.stock())
+                .hget(k.meta(), "paused")
+                .query_async(conn)
+                .await?;
+            sale.stock += stock.unwrap_or(0);
+            sale.paused |= paused.as_deref() == Some("1");
+        }
+    }
+    Ok(Some(sale))
 }
 
 /// One round trip; None when the voucher is not loaded.

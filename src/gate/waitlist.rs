@@ -4,6 +4,7 @@ use serde::Serialize;
 
 use crate::error::Result;
 use crate::store::keys::VoucherKeys;
+use crate::store::layout::Layout;
 use crate::store::redis_conn::RedisConn;
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -14,6 +15,9 @@ pub struct Waiting {
     pub queued_ms: i64,
     /// The units the request waits for.
     pub quantity: u64,
+    /// The bucket it waits at (a voucher split in buckets only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<u32>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -63,7 +67,43 @@ pub async fn read(
                 // Scores are microseconds.
                 queued_ms: (score / 1000.0) as i64,
                 quantity: wants.unwrap_or(1).max(1),
+                bucket: None,
             })
             .collect(),
     })
+}
+
+/// The waitlist of every bucket of a voucher as one line, in order of
+/// arrival across buckets (each bucket's queued times are its master's
+/// clock: the order holds within the clock skew between masters).
+pub async fn read_all(
+    conn: &mut impl RedisConn,
+    layout: &Layout,
+    limit: usize,
+) -> Result<Waitlist> {
+    let voucher = layout.voucher();
+    if layout.buckets() == 1 {
+        return read(conn, &layout.keys(0)?, voucher, limit).await;
+    }
+    let mut all = Waitlist {
+        voucher,
+        length: 0,
+        promotions: 0,
+        head: Vec::new(),
+    };
+    for (b, keys) in layout.all_keys()?.iter().enumerate() {
+        let w = read(conn, keys, voucher, limit).await?;
+        all.length += w.length;
+        all.promotions += w.promotions;
+        all.head.extend(w.head.into_iter().map(|mut entry| {
+            entry.bucket = Some(b as u32);
+            entry
+        }));
+    }
+    all.head.sort_by_key(|w| (w.queued_ms, w.position));
+    all.head.truncate(limit);
+    for (i, w) in all.head.iter_mut().enumerate() {
+        w.position = i as u64 + 1;
+    }
+    Ok(all)
 }

@@ -12,6 +12,7 @@ use super::{Body, State};
 use crate::gate::state::{self, SaleState};
 use crate::gate::token;
 use crate::store::keys::VoucherKeys;
+use crate::store::layout::Layout;
 
 /// The sale's window and state, by the gate's clock; cheap enough to poll.
 #[utoipa::path(get, path = "/v1/vouchers/{voucher}", tag = "vouchers", operation_id = "show_voucher",
@@ -25,7 +26,7 @@ use crate::store::keys::VoucherKeys;
 pub async fn show(state: State, Path(voucher): Path<String>) -> Result<Json<Value>, ApiError> {
     let voucher = parse_id("voucher", &voucher)?;
     let keys = VoucherKeys::new(&state.cfg.prefix, voucher)?;
-    let sale = state::read_sale(&mut state.redis(), &keys).await?;
+    let sale = state::read_sale_of_buckets(&mut state.redis(), &keys).await?;
     let Some(sale) = sale else {
         return Err(ApiError::NotFound(format!(
             "voucher {voucher} is not loaded at the gate"
@@ -80,8 +81,13 @@ pub async fn issue_token(
         .ttl_ms
         .map_or(DEFAULT_TTL, std::time::Duration::from_millis);
     token::validate_ttl(ttl)?;
-    let keys = VoucherKeys::new(&state.cfg.prefix, voucher)?;
-    let issued = token::issue(&mut state.redis(), &keys, body.user.0, ttl).await?;
+    VoucherKeys::new(&state.cfg.prefix, voucher)?;
+    let mut conn = state.redis();
+    // The token lives in the user's bucket, where the user is admitted.
+    let keys = Layout::read(&mut conn, &state.cfg.prefix, voucher)
+        .await?
+        .keys_of_user(body.user.0)?;
+    let issued = token::issue(&mut conn, &keys, body.user.0, ttl).await?;
     Ok(Json(json!({
         "voucher": issued.voucher.to_string(),
         "user": issued.user.to_string(),

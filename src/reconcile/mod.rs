@@ -131,9 +131,9 @@ impl<'a, C: RedisConn> Run<'a, C> {
     /// them away. Named by the operator, one is an error; otherwise it is
     /// skipped with a warning.
     async fn without_buckets(&mut self, vouchers: &[u64]) -> Result<Vec<u64>> {
-        let counts = crate::store::layout::bucket_counts(self.conn, self.prefix, vouchers).await?;
+        let layouts = crate::store::layout::read_many(self.conn, self.prefix, vouchers).await?;
         let mut kept = Vec::with_capacity(vouchers.len());
-        for (&v, n) in vouchers.iter().zip(counts) {
+        for (&v, n) in vouchers.iter().zip(layouts.iter().map(|l| l.buckets())) {
             match (n, self.explicit) {
                 (1, _) => kept.push(v),
                 (n, true) => {

@@ -194,26 +194,30 @@ impl Layouts {
     }
 }
 
-/// How many buckets each of `vouchers` is split over, as bucket 0's meta
-/// says (1 when it says nothing): a few round trips for all of them.
-pub async fn bucket_counts(
+/// The layouts of `vouchers` as bucket 0's meta records them (one bucket
+/// when it records none): a few round trips for all of them.
+pub async fn read_many(
     conn: &mut impl crate::store::redis_conn::RedisConn,
     prefix: &str,
     vouchers: &[u64],
-) -> Result<Vec<u32>> {
+) -> Result<Vec<Layout>> {
     let keys = VoucherKeys::of_all(prefix, vouchers)?;
     let rows = crate::store::redis_conn::pipeline_per_item(conn, &keys, false, false, |p, k| {
-        p.hget(k.meta(), META_BUCKETS);
+        p.hget(k.meta(), META_BUCKET_TAGS);
         Ok(())
     })
     .await?;
-    Ok(rows
+    vouchers
         .iter()
-        .map(|row| match row.first() {
-            Some(v) => crate::store::redis_conn::value_text(v).parse().unwrap_or(1),
-            None => 1,
+        .zip(rows)
+        .map(|(&v, row)| {
+            let tags = match row.first() {
+                None | Some(redis::Value::Nil) => None,
+                Some(t) => Some(crate::store::redis_conn::value_text(t)),
+            };
+            Layout::from_tags(prefix, v, tags.as_deref())
         })
-        .collect())
+        .collect()
 }
 
 #[cfg(test)]

@@ -66,11 +66,38 @@ pub async fn summary(
 /// The summary of every registered voucher, in voucher order.
 pub async fn summaries(conn: &mut impl RedisConn, prefix: &str) -> Result<Vec<StreamSummary>> {
     let ids = registry::members(conn, prefix).await?;
+    let layouts = crate::store::layout::read_many(conn, prefix, &ids).await?;
     let mut rows = Vec::with_capacity(ids.len());
-    for id in ids {
-        rows.push(summary(conn, &VoucherKeys::new(prefix, id)?, id).await?);
+    for layout in &layouts {
+        rows.push(summary_of_buckets(conn, layout).await?);
     }
     Ok(rows)
+}
+
+/// A voucher's summary over every bucket's stream (one for a voucher of
+/// one gate): counts summed, the oldest pending idle time the longest.
+pub async fn summary_of_buckets(
+    conn: &mut impl RedisConn,
+    layout: &crate::store::layout::Layout,
+) -> Result<StreamSummary> {
+    let mut sum: Option<StreamSummary> = None;
+    for keys in layout.all_keys()? {
+        let s = summary(conn, &keys, layout.voucher()).await?;
+        sum = Some(match sum {
+            None => s,
+            Some(mut t) => {
+                t.length += s.length;
+                t.undelivered += s.undelivered;
+                t.pending += s.pending;
+                t.oldest_pending_idle_ms = t.oldest_pending_idle_ms.max(s.oldest_pending_idle_ms);
+                t.dead_letters += s.dead_letters;
+                t.consumers = t.consumers.max(s.consumers);
+                t.paused |= s.paused;
+                t
+            }
+        });
+    }
+    sum.ok_or_else(|| crate::error::Error::Redis("a voucher with no gate".into()))
 }
 
 async fn has_group(conn: &mut impl RedisConn, keys: &VoucherKeys) -> Result<bool> {

@@ -28,7 +28,6 @@ use crate::error::{Error, Result};
 use crate::gate::policy::{self, Rejections};
 use crate::gate::state::GateState;
 use crate::store::config::Config;
-use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn;
 use crate::store::registry;
 use crate::stream::backlog::{backlog_and_oldest, Backlog};
@@ -310,17 +309,17 @@ async fn voucher_rows(cfg: &Config) -> Result<Vec<VoucherRow>> {
     use futures_util::stream::{self, StreamExt};
     let mut conn = redis_conn::connect(cfg).await?;
     let ids = registry::members(&mut conn, &cfg.prefix).await?;
-    let keys = VoucherKeys::of_all(&cfg.prefix, &ids)?;
-    let gates = crate::gate::state::read_many(&mut conn, &keys).await?;
+    let layouts = crate::store::layout::read_many(&mut conn, &cfg.prefix, &ids).await?;
+    let gates = crate::gate::state::read_vouchers(&mut conn, &cfg.prefix, &ids).await?;
     let now = u64::try_from(now_ms()).unwrap_or(0);
-    let rows = stream::iter(keys.into_iter().zip(gates))
-        .map(|(k, gate)| {
+    let rows = stream::iter(layouts.into_iter().zip(gates))
+        .map(|(layout, gate)| {
             let mut conn = conn.clone();
             async move {
-                let row = voucher_row(&mut conn, &k, gate, now).await;
+                let row = voucher_row(&mut conn, &layout, gate, now).await;
                 if let Err(e) = &row {
                     // One voucher's failed read leaves the others on the page.
-                    tracing::warn!("metrics: voucher {}: {e}", k.voucher());
+                    tracing::warn!("metrics: voucher {}: {e}", layout.voucher());
                 }
                 row.ok()
             }
@@ -334,18 +333,35 @@ async fn voucher_rows(cfg: &Config) -> Result<Vec<VoucherRow>> {
 
 async fn voucher_row(
     conn: &mut redis_conn::Redis,
-    k: &VoucherKeys,
+    layout: &crate::store::layout::Layout,
     gate: GateState,
     now: u64,
 ) -> Result<VoucherRow> {
-    let (backlog, oldest) = backlog_and_oldest(conn, k).await?;
-    Ok(VoucherRow {
-        voucher: k.voucher(),
-        backlog,
-        oldest_age_ms: oldest.map(|t| now.saturating_sub(t)),
-        rejections: policy::rejections(conn, k).await?,
-        paused: crate::gate::pause::is_paused(conn, k).await?,
+    // A voucher split in buckets: its buckets' streams, rejections and
+    // dead letters add up; the oldest entry is the oldest of any; paused
+    // if any bucket is.
+    let mut row = VoucherRow {
+        voucher: layout.voucher(),
+        backlog: Backlog::default(),
+        oldest_age_ms: None,
+        rejections: Rejections::default(),
+        paused: false,
         gate,
-        dead_letters: conn.xlen(k.dead()).await?,
-    })
+        dead_letters: 0,
+    };
+    for k in layout.all_keys()? {
+        let (backlog, oldest) = backlog_and_oldest(conn, &k).await?;
+        row.backlog.length += backlog.length;
+        row.backlog.undelivered += backlog.undelivered;
+        row.backlog.pending += backlog.pending;
+        let age = oldest.map(|t| now.saturating_sub(t));
+        row.oldest_age_ms = row.oldest_age_ms.max(age);
+        let rejected = policy::rejections(conn, &k).await?;
+        row.rejections.rate_limited += rejected.rate_limited;
+        row.rejections.bad_token += rejected.bad_token;
+        row.paused |= crate::gate::pause::is_paused(conn, &k).await?;
+        let dead: u64 = conn.xlen(k.dead()).await?;
+        row.dead_letters += dead;
+    }
+    Ok(row)
 }
