@@ -68,6 +68,8 @@
 --                   joined the pool the promotion was served from)
 --   quantity        the units the promoted order holds (**new**)
 --   time_ms         Redis server time of the promotion (Unix ms)
+--   waited_ms       how long the request waited, from its first queueing
+--                   (**new**; the waitlist's score, this master's clock)
 
 -- `hold_is_live` comes from lua/lib/holds.lua, `serve_waitlist` from
 -- lua/lib/waitlist.lua; the binary prepends both.

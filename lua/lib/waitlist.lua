@@ -25,7 +25,8 @@ local function serve_waitlist(k, voucher, pool, fresh, released_of, now_ms)
   local looked, used, at, promoted = 0, 0, 0, 0
   local admitted = {}
   while pool > 0 and used < #fresh and looked < 1000 do
-    local head = redis.call('ZRANGE', k.waitlist, at, at)[1]
+    local entry = redis.call('ZRANGE', k.waitlist, at, at, 'WITHSCORES')
+    local head = entry[1]
     if not head then break end
     looked = looked + 1
     local wants = 1
@@ -43,7 +44,8 @@ local function serve_waitlist(k, voucher, pool, fresh, released_of, now_ms)
       append_order(k.orders, head, order, voucher, 'promote', wants)
       redis.call('XADD', k.events, '*', 'type', 'promoted', 'user', head, 'order', order,
         'voucher', voucher, 'released_order', released_of(used),
-        'quantity', tostring(wants), 'time_ms', now_ms)
+        'quantity', tostring(wants), 'time_ms', now_ms,
+        'waited_ms', string.format('%d', math.max(tonumber(now_ms) - math.floor(tonumber(entry[2]) / 1000), 0)))
       redis.call('HINCRBY', k.meta, 'promotions', 1)
       pool = pool - wants
       promoted = promoted + wants

@@ -157,6 +157,10 @@ fn summary_table(s: &Summary) -> comfy_table::Table {
             "gates rebuilt and reopened",
             s.stats.gate_reopens.to_string(),
         ),
+        (
+            "units moved between buckets",
+            s.stats.units_moved.to_string(),
+        ),
     ];
     for (k, v) in rows {
         t.add_row(vec![k.to_string(), v]);

@@ -451,6 +451,22 @@ pub async fn list_only(db: &Db, only: &[u64]) -> Result<Vec<Voucher>> {
     Ok(vouchers)
 }
 
+/// Which of `ids` are split in buckets (MySQL's word, the truth: a gate
+/// that lost its meta reads as one bucket).
+pub async fn split_in_buckets(db: &Db, ids: &[u64]) -> Result<std::collections::HashSet<u64>> {
+    if ids.is_empty() {
+        return Ok(Default::default());
+    }
+    let mut conn = db.conn().await?;
+    let split: Vec<u64> = conn
+        .query(format!(
+            "SELECT voucher_id FROM seckill_voucher WHERE buckets > 1 AND voucher_id IN ({})",
+            crate::store::db::join_ids(ids.iter().copied())
+        ))
+        .await?;
+    Ok(split.into_iter().collect())
+}
+
 pub async fn get(db: &Db, id: u64) -> Result<Voucher> {
     let mut conn = db.conn().await?;
     let row: Option<VoucherRow> = conn

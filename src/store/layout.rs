@@ -115,6 +115,34 @@ impl Layout {
         ))
     }
 
+    /// The layout as [`Layout::read_loaded`] reads it, and when bucket 0's
+    /// gate is not loaded (not yet, or Redis lost it), the tags MySQL
+    /// recorded: they are final once recorded, so a worker keeps reading
+    /// every bucket of a voucher whose bucket 0 is gone. The flag: whether
+    /// the layout is final.
+    pub async fn read_settled(
+        conn: &mut impl ConnectionLike,
+        db: &crate::store::db::Db,
+        prefix: &str,
+        voucher: u64,
+    ) -> Result<(Layout, bool)> {
+        let (layout, loaded) = Self::read_loaded(conn, prefix, voucher).await?;
+        if loaded {
+            return Ok((layout, true));
+        }
+        let mut mysql = db.conn().await?;
+        let tags: Option<String> = mysql_async::prelude::Queryable::exec_first(
+            &mut mysql,
+            "SELECT bucket_tags FROM seckill_voucher WHERE voucher_id = ?",
+            (voucher,),
+        )
+        .await?;
+        match tags.filter(|t| !t.is_empty()) {
+            Some(tags) => Ok((Layout::from_tags(prefix, voucher, Some(&tags))?, true)),
+            None => Ok((layout, false)),
+        }
+    }
+
     pub fn voucher(&self) -> u64 {
         self.voucher
     }
@@ -155,8 +183,8 @@ impl Layout {
     }
 }
 
-/// The layouts of vouchers whose gates are loaded (they never change after
-/// that), read once; the others are read again each time.
+/// The layouts of vouchers whose split is final (bucket 0 loaded, or the
+/// tags recorded in MySQL), read once; the others are read again each time.
 #[derive(Debug, Default)]
 pub struct Layouts {
     loaded: std::collections::HashMap<u64, Layout>,
@@ -166,14 +194,15 @@ impl Layouts {
     pub async fn of(
         &mut self,
         conn: &mut impl ConnectionLike,
+        db: &crate::store::db::Db,
         prefix: &str,
         voucher: u64,
     ) -> Result<Layout> {
         if let Some(layout) = self.loaded.get(&voucher) {
             return Ok(layout.clone());
         }
-        let (layout, loaded) = Layout::read_loaded(conn, prefix, voucher).await?;
-        if loaded {
+        let (layout, settled) = Layout::read_settled(conn, db, prefix, voucher).await?;
+        if settled {
             self.loaded.insert(voucher, layout.clone());
         }
         Ok(layout)
@@ -183,12 +212,13 @@ impl Layouts {
     pub async fn gates(
         &mut self,
         conn: &mut impl ConnectionLike,
+        db: &crate::store::db::Db,
         prefix: &str,
         vouchers: &[u64],
     ) -> Result<Vec<VoucherKeys>> {
         let mut gates = Vec::with_capacity(vouchers.len());
         for &v in vouchers {
-            gates.extend(self.of(conn, prefix, v).await?.all_keys()?);
+            gates.extend(self.of(conn, db, prefix, v).await?.all_keys()?);
         }
         Ok(gates)
     }

@@ -96,7 +96,7 @@ impl Canceller {
     async fn gates(&mut self) -> Result<Vec<VoucherKeys>> {
         let vouchers = self.vouchers().await?;
         self.layouts
-            .gates(&mut self.conn, &self.cfg.prefix, &vouchers)
+            .gates(&mut self.conn, &self.db, &self.cfg.prefix, &vouchers)
             .await
     }
 
@@ -117,7 +117,7 @@ impl Canceller {
         for &voucher in &vouchers {
             let mut done = match self
                 .layouts
-                .of(&mut self.conn, &self.cfg.prefix, voucher)
+                .of(&mut self.conn, &self.db, &self.cfg.prefix, voucher)
                 .await
             {
                 Ok(layout) => self.claim_and_settle(&layout).await,
@@ -278,7 +278,7 @@ impl Canceller {
     async fn sweep(&mut self, voucher: u64) -> Result<bool> {
         let layout = self
             .layouts
-            .of(&mut self.conn, &self.cfg.prefix, voucher)
+            .of(&mut self.conn, &self.db, &self.cfg.prefix, voucher)
             .await?;
         let keys = layout.keys(0)?;
         let now = redis_time_ms(&mut self.conn, &keys).await?;

@@ -172,6 +172,10 @@ impl GateGuard {
         self.state.known = Some(known);
         // MySQL first: see the module comment.
         let orders = counters::orders_per_voucher(&self.db, &vouchers).await?;
+        // MySQL's word on the split: a bucket 0 that lost its meta reads as
+        // a voucher of one gate, which a rebuild would make of every
+        // bucket's users and stock.
+        let split = crate::orders::voucher::split_in_buckets(&self.db, &vouchers).await?;
         let keys = VoucherKeys::of_all(&self.cfg.prefix, &vouchers)?;
         let rows = pipeline_per_item(&mut self.conn, &keys, false, true, |pipe, k| {
             pipe.exists(k.meta())
@@ -192,11 +196,10 @@ impl GateGuard {
                 // Not watched yet (design/buckets.md): its buckets' buyers
                 // add up to MySQL's orders, not bucket 0's alone, and a
                 // rebuild must be one per bucket.
-                Ok(look) if look.buckets > 1 => {
+                Ok(look) if look.buckets > 1 || split.contains(v) => {
                     if self.state.unwatched.insert(*v) {
                         tracing::warn!(
-                            "gate guard: voucher {v} is split in {} buckets; the guard does not watch a voucher in buckets yet (lost Redis writes on its masters are not detected)",
-                            look.buckets
+                            "gate guard: voucher {v} is split in buckets; the guard does not watch a voucher in buckets yet (lost Redis writes on its masters are not detected)"
                         );
                     }
                     Ok(())

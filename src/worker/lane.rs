@@ -183,10 +183,11 @@ impl Lane {
             if known.contains(id) && !self.unsettled.contains(id) && !self.recreate_groups {
                 continue;
             }
-            let gates = match Layout::read_loaded(&mut self.conn, &self.cfg.prefix, *id).await {
+            let read = Layout::read_settled(&mut self.conn, &self.db, &self.cfg.prefix, *id).await;
+            let gates = match read {
                 Ok((layout, loaded)) => {
-                    // Registered but not loaded yet: a preload under way
-                    // may be about to record buckets.
+                    // Registered, not loaded and no split recorded: a
+                    // preload under way may be about to record buckets.
                     match loaded {
                         true => self.unsettled.remove(id),
                         false => self.unsettled.insert(*id),

@@ -104,6 +104,7 @@ pub async fn run(
         let mover = mover::Mover {
             cfg: cfg.clone(),
             conn: redis_conn::connect(&cfg).await?,
+            db: db.clone(),
             ids: ids.clone(),
             stats: stats.clone(),
             owner: format!("{}:{run_id}:mover", opts.consumer),

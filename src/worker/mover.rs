@@ -43,6 +43,7 @@ const LOW_WATER_DIVISOR: i64 = 2;
 pub struct Mover {
     pub(super) cfg: Arc<Config>,
     pub(super) conn: Redis,
+    pub(super) db: crate::store::db::Db,
     pub(super) ids: Arc<OrderIds>,
     pub(super) stats: Arc<WorkerStats>,
     /// Unique among all workers: the lease's owner.
@@ -102,7 +103,11 @@ impl Mover {
         let before = self.stats.snapshot().units_moved;
         let mut left_open = 0;
         for v in vouchers {
-            let layout = match self.layouts.of(&mut self.conn, &self.cfg.prefix, v).await {
+            let layout = match self
+                .layouts
+                .of(&mut self.conn, &self.db, &self.cfg.prefix, v)
+                .await
+            {
                 Ok(layout) if layout.buckets() > 1 => layout,
                 Ok(_) => continue,
                 Err(e) => {
