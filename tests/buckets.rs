@@ -376,3 +376,61 @@ async fn a_mover_killed_mid_transfer_leaves_units_in_transit_that_the_next_one_b
     assert!(!transfer::any_open(&mut redis, &layout).await.expect("open"));
     env.cleanup().await;
 }
+
+/// The split is fixed once a voucher is laid out: changing it would move
+/// users who hold or wait for units to another bucket, where they could
+/// buy again. And a loaded voucher in buckets whose sale began is not
+/// preloaded again (its buckets are on different masters).
+#[tokio::test]
+async fn a_voucher_keeps_its_buckets_once_preloaded_and_is_not_preloaded_again_live() {
+    let env = TestEnv::on_cluster().await;
+    let update = |n: &str| {
+        env.cmd()
+            .args(["voucher", "update", "--id", &V.to_string(), "--buckets", n])
+            .output()
+            .expect("voucher update")
+    };
+    let out = env
+        .cmd()
+        .args(["voucher", "add", "--id", &V.to_string(), "--stock", "10"])
+        .args(["--begin", "-1m"])
+        .output()
+        .expect("voucher add");
+    assert!(out.status.success(), "{out:?}");
+    // Before the first preload: free to change.
+    let out = update("4");
+    assert!(out.status.success(), "{out:?}");
+    let out = update("3");
+    assert!(out.status.success(), "{out:?}");
+    let out = env
+        .cmd()
+        .args(["preload", "--voucher", &V.to_string()])
+        .output()
+        .expect("preload");
+    assert!(out.status.success(), "{out:?}");
+    let before = env.snapshot().await;
+    let out = update("2");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot change"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let out = env
+        .cmd()
+        .args(["preload", "--voucher", &V.to_string()])
+        .output()
+        .expect("preload");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("its sale has begun"), "{err}");
+    assert_eq!(env.snapshot().await, before, "refusals write nothing");
+    // Reconcile leaves it alone, saying so; named, it refuses.
+    let out = env
+        .cmd()
+        .args(["reconcile", "--voucher", &V.to_string(), "--dry-run"])
+        .output()
+        .expect("reconcile");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("split in buckets"), "{err}");
+    env.cleanup().await;
+}

@@ -12,6 +12,7 @@ use seckill::gate::buckets::choose_tags;
 use seckill::gate::transfer::{self, Gate, Given, Landing, Settled, Taken};
 use seckill::store::keys::VoucherKeys;
 use seckill::store::redis_conn::Redis;
+use seckill::store::scripts;
 use seckill::store::slot_map::{slot_of, SlotMap};
 
 const V: u64 = 5;
@@ -409,5 +410,50 @@ async fn many_transfers_cut_off_anywhere_lose_and_double_nothing() {
         stocks += units;
     }
     assert_eq!(stocks, 1000);
+    env.cleanup().await;
+}
+
+/// The mover's lease: one holder at a time, renewed by its holder at the
+/// same epoch (a resent take changes nothing), taken over only once it ran
+/// out or was released, each takeover with a higher epoch.
+#[tokio::test]
+async fn the_mover_lease_has_one_holder_and_each_takeover_raises_the_epoch() {
+    let env = TestEnv::on_cluster().await;
+    let redis = env.redis().await;
+    let keys = VoucherKeys::new(&env.prefix, V).expect("keys");
+    let lease = |owner: &'static str, ms: u64| {
+        let meta = keys.meta();
+        let mut redis = redis.clone();
+        async move {
+            let epoch: u64 = scripts::MOVER_LEASE
+                .key(meta)
+                .arg("take")
+                .arg(owner)
+                .arg(ms)
+                .invoke_async(&mut redis)
+                .await
+                .expect("lease");
+            epoch
+        }
+    };
+    assert_eq!(lease("a", 60_000).await, 1);
+    assert_eq!(
+        lease("a", 60_000).await,
+        1,
+        "renewed (or resent): the same epoch"
+    );
+    assert_eq!(lease("b", 60_000).await, 0, "held by a");
+    let released: i64 = scripts::MOVER_LEASE
+        .key(keys.meta())
+        .arg("release")
+        .arg("a")
+        .invoke_async(&mut redis.clone())
+        .await
+        .expect("release");
+    assert_eq!(released, 1);
+    assert_eq!(lease("b", 200).await, 2, "taken over");
+    assert_eq!(lease("a", 60_000).await, 0, "held by b");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(lease("a", 60_000).await, 3, "b's ran out");
     env.cleanup().await;
 }
