@@ -14,6 +14,9 @@
 -- ARGV[1]  "take" (take or renew) or "release"
 -- ARGV[2]  the owner token (unique per worker process)
 -- ARGV[3]  take: the lease in ms
+-- ARGV[4]  take, optional: the least epoch to hold it at. A mover that a
+--          gate fenced with epoch e (its epoch fell behind, say bucket 0's
+--          meta lost the last takeovers) takes the lease again at e + 1.
 --
 -- Returns the epoch while the caller holds the lease (take), 0 when
 -- another holds it; release returns 1 if it held the lease, else 0.
@@ -42,8 +45,10 @@ if action ~= 'take' then return redis.error_reply('ERR mover_lease: take or rele
 local lease = tonumber(ARGV[3])
 if not lease or lease < 1 then return redis.error_reply('ERR mover_lease: the lease must be 1 ms or more') end
 if holder and holder ~= owner and expires > now then return 0 end
-if holder ~= owner then
-  epoch = epoch + 1
+local floor = tonumber(ARGV[4] or '0') or 0
+if holder ~= owner or floor > epoch then
+  if holder ~= owner then epoch = epoch + 1 end
+  epoch = math.max(epoch, floor)
   redis.call('HSET', KEYS[1], 'mover_epoch', epoch)
 end
 redis.call('HSET', KEYS[1], 'mover', owner .. ' ' .. string.format('%d', now + lease))

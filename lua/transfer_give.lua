@@ -11,7 +11,7 @@
 -- The pool receiving units only adds them.
 --
 -- KEYS[1]  the receiver's meta (the pool's: bucket 0's): fields paused,
---          mover_epoch; promotions and buyers_digest as a release keeps them
+--          mover_epoch, begin_ms; promotions and buyers_digest as a release keeps them
 -- KEYS[2]  the receiver's units: seckill:{V.b.s}:stock, or seckill:{V}:pool
 -- KEYS[3]  the receiver's transfers received: seckill:{V.b.s}:received, or
 --          seckill:{V}:pool_received; hash id -> "given" or "void"
@@ -36,6 +36,9 @@
 --   {3, "fenced", epoch}     the receiver has seen a later mover
 --   {4, "paused", 0}         the receiver's gate is paused (being rebuilt):
 --                            the units stay in transit, give again later
+--   {5, "not loaded", 0}     the receiver's gate is not loaded (meta has no
+--                            begin_ms: not preloaded yet, or lost): nothing
+--                            written; the units stay in transit
 --
 -- Safe to run twice: KEYS[3] remembers every transfer that landed.
 
@@ -59,9 +62,10 @@ local nfresh = tonumber(ARGV[5] or '0') or 0
 local prior = redis.call('HGET', KEYS[3], t)
 if prior == 'given' then return {1, 'already given', 0} end
 if prior then return {2, 'void', 0} end
-local meta = redis.call('HMGET', KEYS[1], 'paused', 'mover_epoch')
+local meta = redis.call('HMGET', KEYS[1], 'paused', 'mover_epoch', 'begin_ms')
 local seen = tonumber(meta[2] or '0') or 0
 if epoch < seen then return {3, 'fenced', seen} end
+if not meta[3] then return {5, 'not loaded', 0} end
 if meta[1] == '1' then return {4, 'paused', 0} end
 
 redis.call('HSET', KEYS[3], t, 'given')

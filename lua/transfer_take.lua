@@ -11,7 +11,7 @@
 -- and whoever completes it asks the receiver first (lua/transfer_void.lua).
 --
 -- KEYS[1]  the giver's meta: seckill:{V.b.s}:meta (the pool's: bucket 0's,
---          seckill:{V}:meta); fields read: paused, mover_epoch
+--          seckill:{V}:meta); fields read: paused, mover_epoch, begin_ms
 -- KEYS[2]  the giver's units: seckill:{V.b.s}:stock, or the pool
 --          seckill:{V}:pool
 -- KEYS[3]  the giver's open transfers: seckill:{V.b.s}:transfers, or
@@ -37,6 +37,8 @@
 --   {4, "stale id", last} the id is not above the highest taken and has no
 --                         open record: taken and settled already, or made
 --                         by a clock behind the last mover's; nothing written
+--   {5, "not loaded", 0}  the giver's gate is not loaded (meta has no
+--                         begin_ms: not preloaded yet, or lost): nothing written
 --
 -- Safe to run twice: the open record answers a replay; after it is settled,
 -- `last` refuses the id.
@@ -65,9 +67,10 @@ local last = redis.call('HGET', KEYS[3], 'last')
 if last and (#t < #last or (#t == #last and t <= last)) then
   return {4, 'stale id', tonumber(last)}
 end
-local meta = redis.call('HMGET', KEYS[1], 'paused', 'mover_epoch')
+local meta = redis.call('HMGET', KEYS[1], 'paused', 'mover_epoch', 'begin_ms')
 local seen = tonumber(meta[2] or '0') or 0
 if epoch < seen then return {2, 'fenced', seen} end
+if not meta[3] then return {5, 'not loaded', 0} end
 if meta[1] == '1' then return {3, 'paused', 0} end
 local stock = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
 if stock < least then return {1, 'short', math.max(stock, 0)} end

@@ -10,7 +10,7 @@ use common::invariants::assert_invariants;
 use common::TestEnv;
 use redis::AsyncCommands;
 use seckill::error::Error;
-use seckill::gate::admission::{admit, Admission};
+use seckill::gate::admission::{admit, admit_durably, Admission, Attempt};
 use seckill::gate::buckets::{bucket_of, Layout};
 use seckill::gate::transfer;
 use seckill::store::keys::bucket_tag;
@@ -136,6 +136,16 @@ async fn live_voucher_in_buckets(
         .await
         .expect("layout");
     (layout, redis)
+}
+
+/// `seckill preload --voucher`, which must succeed.
+fn preload(env: &TestEnv, voucher: u64) {
+    let out = env
+        .cmd()
+        .args(["preload", "--voucher", &voucher.to_string()])
+        .output()
+        .expect("preload");
+    assert!(out.status.success(), "{out:?}");
 }
 
 fn bench(env: &TestEnv, voucher: u64, users: u64) -> serde_json::Value {
@@ -402,12 +412,7 @@ async fn a_voucher_keeps_its_buckets_once_preloaded_and_is_not_preloaded_again_l
     assert!(out.status.success(), "{out:?}");
     let out = update("3");
     assert!(out.status.success(), "{out:?}");
-    let out = env
-        .cmd()
-        .args(["preload", "--voucher", &V.to_string()])
-        .output()
-        .expect("preload");
-    assert!(out.status.success(), "{out:?}");
+    preload(&env, V);
     let before = env.snapshot().await;
     let out = update("2");
     assert_eq!(out.status.code(), Some(1), "{out:?}");
@@ -432,5 +437,91 @@ async fn a_voucher_keeps_its_buckets_once_preloaded_and_is_not_preloaded_again_l
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("split in buckets"), "{err}");
+    env.cleanup().await;
+}
+
+/// Units go only where they fill the first waiting request whole: one
+/// that wants more than all the others' spare units together keeps its
+/// place, and the units serve a later request that fits, elsewhere.
+#[tokio::test]
+async fn units_are_not_moved_to_a_request_they_cannot_fill() {
+    let env = TestEnv::on_cluster().await;
+    let out = env
+        .cmd()
+        .args([
+            "voucher",
+            "add",
+            "--id",
+            &V.to_string(),
+            "--stock",
+            "3",
+            "--buckets",
+            "3",
+        ])
+        .args([
+            "--per-user-limit",
+            "3",
+            "--begin",
+            "-1m",
+            "--pay-timeout",
+            "1h",
+        ])
+        .output()
+        .expect("voucher add");
+    assert!(out.status.success(), "{out:?}");
+    preload(&env, V);
+    let mut redis = env.redis().await;
+    let layout = Layout::read(&mut redis, &env.prefix, V)
+        .await
+        .expect("layout");
+    let users_of =
+        |b: u32| -> Vec<u64> { (1..).filter(|u| bucket_of(*u, 3) == b).take(2).collect() };
+    let (zero, one) = (users_of(0), users_of(1));
+    let buy = |user: u64, quantity: u32, order: u64| {
+        let keys = layout.keys_of_user(user).expect("keys");
+        let mut redis = redis.clone();
+        async move {
+            let attempt = Attempt {
+                voucher: V,
+                user,
+                order_id: order,
+                token: None,
+                quantity,
+            };
+            admit_durably(&mut redis, &keys, attempt, None)
+                .await
+                .expect("admit")
+                .0
+        }
+    };
+    // Bucket 0 sells its unit, then a request for 3 waits there (first);
+    // bucket 1 sells its unit, then a request for 1 waits there (second);
+    // bucket 2 holds its unit, and nobody waits there.
+    assert!(matches!(
+        buy(zero[0], 1, 11).await,
+        Admission::Admitted { .. }
+    ));
+    assert!(matches!(
+        buy(zero[1], 3, 12).await,
+        Admission::SoldOut { .. }
+    ));
+    assert!(matches!(
+        buy(one[0], 1, 13).await,
+        Admission::Admitted { .. }
+    ));
+    assert!(matches!(
+        buy(one[1], 1, 14).await,
+        Admission::SoldOut { .. }
+    ));
+    let worker = env.spawn_worker(&common::fast_worker(&["--until-idle"]));
+    worker.expect_success(Duration::from_secs(60));
+    let s = assert_invariants(&env, V).await;
+    assert!(
+        s.orders.contains_key(&one[1]),
+        "the request that fits is served"
+    );
+    assert!(!s.orders.contains_key(&zero[1]));
+    assert_eq!(s.waitlist, vec![zero[1]], "the one for 3 keeps waiting");
+    assert_eq!(s.redis_stock, Some(0));
     env.cleanup().await;
 }

@@ -32,7 +32,12 @@ async fn three_buckets(env: &TestEnv, stock: [i64; 3], pool: i64) -> Vec<Voucher
         let _: () = redis
             .hset_multiple(
                 k.meta(),
-                &[("bucket", b.to_string()), ("buckets", "3".to_string())],
+                &[
+                    ("bucket", b.to_string()),
+                    ("buckets", "3".to_string()),
+                    // Loaded: transfers refuse a gate without it.
+                    ("begin_ms", "0".to_string()),
+                ],
             )
             .await
             .expect("meta");
@@ -303,6 +308,26 @@ async fn a_mover_of_an_older_epoch_is_fenced_and_a_paused_gate_moves_nothing() {
     let stale = transfer::give(&mut redis, b1, 4999, 2, 1, &[]).await;
     assert_eq!(stale.expect("give"), Given::Fenced(2));
 
+    // A gate not loaded (not preloaded yet, or lost whole) neither gives
+    // nor receives: units moved there would be sold by nobody.
+    let _: () = redis
+        .hdel(keys[2].meta(), "begin_ms")
+        .await
+        .expect("unload");
+    let unloaded = transfer::take(&mut redis, Gate::Bucket(2, &keys[2]), b1, 6000, 1, 1, 2).await;
+    assert_eq!(unloaded.expect("take"), Taken::NotLoaded);
+    let taken = transfer::take(&mut redis, b0, Gate::Bucket(2, &keys[2]), 5001, 1, 1, 2).await;
+    assert_eq!(taken.expect("take"), Taken::Units(1));
+    let unloaded = transfer::give(&mut redis, Gate::Bucket(2, &keys[2]), 5001, 1, 2, &[]).await;
+    assert_eq!(unloaded.expect("give"), Given::NotLoaded);
+    let (landing, settled) = transfer::complete(&mut redis, b0, Gate::Bucket(2, &keys[2]), 5001)
+        .await
+        .expect("complete");
+    assert_eq!(
+        (landing, settled),
+        (Landing::Void, Settled::Done { units_back: 1 })
+    );
+
     // A paused giver gives nothing; a paused receiver lands nothing; a void
     // transfer's units do not go back into a gate being rebuilt.
     let taken = transfer::take(&mut redis, b0, b1, 5002, 1, 1, 2).await;
@@ -455,5 +480,18 @@ async fn the_mover_lease_has_one_holder_and_each_takeover_raises_the_epoch() {
     assert_eq!(lease("a", 60_000).await, 0, "held by b");
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert_eq!(lease("a", 60_000).await, 3, "b's ran out");
+    // Fenced by a gate that saw epoch 6 (bucket 0's meta lost takeovers):
+    // the holder takes the lease again above it.
+    let raised: u64 = scripts::MOVER_LEASE
+        .key(keys.meta())
+        .arg("take")
+        .arg("a")
+        .arg(60_000)
+        .arg(7)
+        .invoke_async(&mut redis.clone())
+        .await
+        .expect("lease");
+    assert_eq!(raised, 7);
+    assert_eq!(lease("a", 60_000).await, 7, "kept");
     env.cleanup().await;
 }

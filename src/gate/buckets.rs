@@ -31,8 +31,9 @@ pub async fn split(
 ) -> Result<()> {
     crate::orders::voucher::validate_buckets(buckets)?;
     let layout = Layout::read(conn, prefix, voucher).await?;
-    let loaded: bool = redis::cmd("EXISTS")
+    let loaded: bool = redis::cmd("HEXISTS")
         .arg(VoucherKeys::new(prefix, voucher)?.meta())
+        .arg("begin_ms")
         .query_async(conn)
         .await?;
     if loaded && layout.buckets() != buckets {

@@ -178,9 +178,11 @@ async fn preload_buckets<C: RedisConn>(
         )));
     }
     let (v, orders) = voucher::get_with_orders(db, voucher_id).await?;
+    // Loaded: published (meta has the window), not merely touched (a
+    // mover lease or an epoch makes a meta key too).
     let mut loaded = false;
     for keys in &gates {
-        loaded |= conn.exists::<_, bool>(keys.meta()).await?;
+        loaded |= conn.hexists::<_, _, bool>(keys.meta(), "begin_ms").await?;
     }
     if loaded && crate::support::timespec::now_ms() >= v.begin_ms {
         return Err(Error::InvalidInput(format!(

@@ -91,6 +91,8 @@ pub enum Taken {
     Paused,
     /// The id is not above the giver's highest and has no open record.
     StaleId,
+    /// The giver's gate is not loaded (not preloaded yet, or lost).
+    NotLoaded,
 }
 
 /// What a give did.
@@ -105,6 +107,8 @@ pub enum Given {
     Void,
     Fenced(u64),
     Paused,
+    /// The receiver's gate is not loaded: the units stay in transit.
+    NotLoaded,
 }
 
 /// What the receiver says of a transfer: the answer `settle` needs.
@@ -173,6 +177,7 @@ pub async fn take(
         2 => Taken::Fenced(value),
         3 => Taken::Paused,
         4 => Taken::StaleId,
+        5 => Taken::NotLoaded,
         _ => return Err(unexpected("transfer_take", code, &reason)),
     })
 }
@@ -214,6 +219,7 @@ pub async fn give(
         2 => Given::Void,
         3 => Given::Fenced(value),
         4 => Given::Paused,
+        5 => Given::NotLoaded,
         _ => return Err(unexpected("transfer_give", code, &reason)),
     })
 }

@@ -149,11 +149,21 @@ impl Canceller {
     /// Claims and settles the due deadlines of each of the voucher's gates
     /// (one per bucket), a batch at a time.
     async fn claim_and_settle(&mut self, layout: &Layout) -> Result<bool> {
-        let mut worked = false;
+        // One bucket whose master is down must not hold up the others'
+        // cancellations: each is tried, the first failure reported.
+        let (mut worked, mut failure) = (false, None);
         for keys in layout.all_keys()? {
-            worked |= self.claim_and_settle_gate(&keys).await?;
+            match self.claim_and_settle_gate(&keys).await {
+                Ok(w) => worked |= w,
+                Err(e) => {
+                    failure.get_or_insert(e);
+                }
+            }
         }
-        Ok(worked)
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(worked),
+        }
     }
 
     async fn claim_and_settle_gate(&mut self, keys: &VoucherKeys) -> Result<bool> {

@@ -59,6 +59,9 @@ pub(super) struct Lane {
     pub(super) last_error: HashMap<String, String>,
     /// Redis lost a group: create every known voucher's group again.
     pub(super) recreate_groups: bool,
+    /// The mover pass under way when this lane first found nothing to do
+    /// since it last worked (--until-idle).
+    pub(super) idle_since_pass: Option<u64>,
     /// Vouchers registered whose gate was not loaded at the last look:
     /// their buckets are read again at each refresh until it is.
     pub(super) unsettled: BTreeSet<u64>,
@@ -106,6 +109,9 @@ impl Lane {
             match round {
                 Ok(worked) => {
                     backoff.reset();
+                    if worked {
+                        self.idle_since_pass = None;
+                    }
                     if !worked && self.opts.until_idle && self.all_idle().await? {
                         break;
                     }
@@ -206,6 +212,8 @@ impl Lane {
                 if let Err(e) = group::ensure_group(&mut self.conn, &keys).await {
                     tracing::warn!("{}: could not create the worker group: {e}", keys.orders());
                     failed = Some(e);
+                    // Looked at again next refresh, with its other buckets.
+                    self.unsettled.insert(*id);
                     continue;
                 }
                 tracing::debug!("consuming {}", keys.orders());
@@ -350,8 +358,12 @@ impl Lane {
             return Ok(false);
         }
         // Units moving to waiting buyers of a voucher in buckets are work
-        // left: their promotions come after the move.
-        if !self.stats.mover_settled() {
+        // left (their promotions come after the move): a mover pass begun
+        // after this lane last worked must have found nothing to move.
+        let since = *self
+            .idle_since_pass
+            .get_or_insert_with(|| self.stats.mover_passes());
+        if !self.stats.mover_settled_after(since) {
             return Ok(false);
         }
         if let Some(d) = self.deadlines.as_mut() {

@@ -111,6 +111,7 @@ pub async fn run(
             lease: opts.lock_lease,
             layouts: Default::default(),
             failing: Default::default(),
+            epoch_floors: Default::default(),
         };
         tokio::spawn(mover.run(stop_mover.clone()))
     };
@@ -137,6 +138,7 @@ pub async fn run(
             stop: stop.clone(),
             streams: BTreeMap::new(),
             unsettled: Default::default(),
+            idle_since_pass: None,
             last_error: HashMap::new(),
             reclaim_cursors: HashMap::new(),
             recreate_groups: false,

@@ -37,6 +37,9 @@ pub const MOVE_EVERY: Duration = Duration::from_millis(100);
 /// A transfer open longer than this was left by a mover that stopped (a
 /// mover takes, gives and settles in one round, milliseconds apart).
 const STALE_TRANSFER_MS: u64 = 5_000;
+/// The most waiting requests one give serves (lua/lib/waitlist.lua looks
+/// at no more): the fresh order ids a transfer needs at most.
+const PROMOTIONS_PER_GIVE: u64 = 1_000;
 /// A bucket holding less than this share of the average is topped up.
 const LOW_WATER_DIVISOR: i64 = 2;
 
@@ -52,6 +55,9 @@ pub struct Mover {
     pub(super) layouts: Layouts,
     /// Vouchers whose round failed, said once until one succeeds.
     pub(super) failing: HashMap<u64, String>,
+    /// Per voucher, the epoch the next lease must be above (a gate fenced
+    /// this mover with a later one).
+    pub(super) epoch_floors: HashMap<u64, u64>,
 }
 
 /// One bucket as a round reads it.
@@ -59,6 +65,9 @@ pub struct Mover {
 struct Look {
     stock: i64,
     paused: bool,
+    /// Preloaded (meta has begin_ms): a gate not loaded yet, or lost, is
+    /// neither given nor taken from.
+    loaded: bool,
     /// The first waiting request: its queued time (µs) and units wanted.
     head: Option<(f64, i64)>,
 }
@@ -99,9 +108,11 @@ impl Mover {
     /// One round over every registered voucher in buckets; one voucher's
     /// failure is logged and the others go on.
     pub async fn pass(&mut self) -> Result<()> {
+        let pass = self.stats.start_mover_pass();
         let vouchers = registry::members(&mut self.conn, &self.cfg.prefix).await?;
         let before = self.stats.snapshot().units_moved;
         let mut left_open = 0;
+        let mut failed = false;
         for v in vouchers {
             let layout = match self
                 .layouts
@@ -112,6 +123,7 @@ impl Mover {
                 Ok(_) => continue,
                 Err(e) => {
                     self.note_failure(v, &e);
+                    failed = true;
                     continue;
                 }
             };
@@ -122,11 +134,16 @@ impl Mover {
                         tracing::info!("mover: voucher {v} moves again");
                     }
                 }
-                Err(e) => self.note_failure(v, &e),
+                Err(e) => {
+                    self.note_failure(v, &e);
+                    failed = true;
+                }
             }
         }
         let moved = self.stats.snapshot().units_moved - before;
-        self.stats.note_mover_pass(moved, left_open);
+        if moved == 0 && left_open == 0 && !failed {
+            self.stats.note_mover_settled(pass);
+        }
         Ok(())
     }
 
@@ -156,6 +173,12 @@ impl Mover {
         };
         let left_open = self.complete_stale(&gates).await?;
         let (mut looks, mut pool) = self.look_all(&gates).await?;
+        // A preload publishes the buckets one after another: until every
+        // one is loaded, units moved to one would be sold by nobody (and
+        // its publish would find it moved). One lost whole waits likewise.
+        if looks.iter().any(|l| !l.loaded) {
+            return Ok(left_open);
+        }
 
         // The waiting buckets, earliest first request first.
         let mut waiting: Vec<usize> = (0..looks.len())
@@ -167,6 +190,13 @@ impl Mover {
         });
         for to in waiting {
             let mut lacks = looks[to].lacks();
+            // Only what fills the first request whole: units moved to a
+            // request they cannot serve would sit there, passed over.
+            let donors = donors_for(&looks, to);
+            let available = pool + donors.iter().map(|d| looks[*d].stock).sum::<i64>();
+            if available < lacks {
+                continue;
+            }
             if pool > 0 {
                 let moved = self
                     .transfer(&gates, None, to, lacks.min(pool), epoch)
@@ -175,28 +205,13 @@ impl Mover {
                 looks[to].stock += moved;
                 lacks -= moved;
             }
-            let queued = |l: &Look| l.head.map_or(f64::MAX, |(t, _)| t);
-            let mine = queued(&looks[to]);
-            while lacks > 0 {
-                // Buckets nobody waits at first, then those whose first
-                // request came later and does not fit their stock (it only
-                // strands there; an earlier one keeps what it has, or two
-                // buckets would pass units back and forth), the richest
-                // first.
-                let donor = (0..looks.len())
-                    .filter(|d| *d != to && !looks[*d].paused && looks[*d].stock > 0)
-                    .filter(|d| {
-                        looks[*d].head.is_none()
-                            || (looks[*d].lacks() > 0 && queued(&looks[*d]) > mine)
-                    })
-                    .max_by_key(|d| (looks[*d].head.is_none(), looks[*d].stock));
-                let Some(from) = donor else { break };
+            for from in donors {
+                if lacks <= 0 {
+                    break;
+                }
                 let moved = self
                     .transfer(&gates, Some(from), to, lacks.min(looks[from].stock), epoch)
                     .await?;
-                if moved == 0 {
-                    break;
-                }
                 looks[from].stock -= moved;
                 looks[to].stock += moved;
                 lacks -= moved;
@@ -254,14 +269,24 @@ impl Mover {
 
     /// Takes or renews the voucher's mover lease: its epoch while held.
     async fn lease(&mut self, bucket0: &VoucherKeys) -> Result<Option<u64>> {
+        let floor = self.epoch_floors.remove(&bucket0.voucher()).unwrap_or(0);
         let epoch: u64 = MOVER_LEASE
             .key(bucket0.meta())
             .arg("take")
             .arg(&self.owner)
             .arg(self.lease.as_millis() as u64)
+            .arg(floor)
             .invoke_async(&mut self.conn)
             .await?;
         Ok((epoch > 0).then_some(epoch))
+    }
+
+    /// A gate has seen a later epoch than the lease's (bucket 0's meta lost
+    /// takeovers that the other buckets saw): the next round takes the
+    /// lease above it, or no gate that saw it would ever move again.
+    fn fenced(&mut self, voucher: u64, seen: u64) {
+        let floor = self.epoch_floors.entry(voucher).or_insert(0);
+        *floor = (*floor).max(seen + 1);
     }
 
     async fn release_leases(&mut self) {
@@ -303,22 +328,41 @@ impl Mover {
             Some(b) => Gate::Bucket(b as u32, &gates[b]),
         };
         let receiver = Gate::Bucket(to as u32, &gates[to]);
+        let voucher = gates[0].voucher();
         let id = self.ids.next_id()?;
+        // A promotion per unit at most, and a give serves at most 1,000
+        // waiting requests: the ids are minted before the take, so a
+        // failure to mint leaves nothing in transit.
         let units = units as u64;
-        let taken = transfer::take(&mut self.conn, giver, receiver, id, units, 1, epoch).await?;
-        let Taken::Units(k) = taken else {
-            return Ok(0);
-        };
-        crate::support::fault::pause("between_take_and_give").await;
-        // A promotion per unit at most: each waiting request wants one or more.
-        let fresh = (0..k)
+        let fresh = (0..units.min(PROMOTIONS_PER_GIVE))
             .map(|_| self.ids.next_id())
             .collect::<Result<Vec<u64>>>()?;
-        let landing = match transfer::give(&mut self.conn, receiver, id, k, epoch, &fresh).await? {
+        let taken = transfer::take(&mut self.conn, giver, receiver, id, units, 1, epoch).await?;
+        let k = match taken {
+            Taken::Units(k) => k,
+            Taken::Fenced(seen) => {
+                self.fenced(voucher, seen);
+                return Ok(0);
+            }
+            Taken::StaleId => {
+                tracing::warn!(
+                    "mover: voucher {voucher}: transfer id {id} is not above the last one taken (this host's clock is behind the last mover's?): nothing moved"
+                );
+                return Ok(0);
+            }
+            Taken::Short(_) | Taken::Paused | Taken::NotLoaded => return Ok(0),
+        };
+        crate::support::fault::pause("between_take_and_give").await;
+        let fresh = &fresh[..fresh.len().min(k as usize)];
+        let landing = match transfer::give(&mut self.conn, receiver, id, k, epoch, fresh).await? {
             Given::Landed { .. } | Given::AlreadyGiven => Landing::Given,
             Given::Void => Landing::Void,
-            // Left in transit: completed (given back) once it is stale.
-            Given::Fenced(_) | Given::Paused => return Ok(0),
+            Given::Fenced(seen) => {
+                // Left in transit: completed (given back) once it is stale.
+                self.fenced(voucher, seen);
+                return Ok(0);
+            }
+            Given::Paused | Given::NotLoaded => return Ok(0),
         };
         transfer::settle(&mut self.conn, giver, id, landing).await?;
         if landing == Landing::Void {
@@ -367,11 +411,37 @@ impl Mover {
     }
 }
 
+/// The buckets that may give to waiting bucket `to`, in the order to take
+/// from them: those nobody waits at, then those whose first request came
+/// later and does not fit their stock (it only strands there; an earlier
+/// one keeps what it has, or two buckets would pass units back and
+/// forth), the richest first.
+fn donors_for(looks: &[Look], to: usize) -> Vec<usize> {
+    let queued = |l: &Look| l.head.map_or(f64::MAX, |(t, _)| t);
+    let mine = queued(&looks[to]);
+    let mut donors: Vec<usize> = (0..looks.len())
+        .filter(|d| *d != to && !looks[*d].paused && looks[*d].stock > 0)
+        .filter(|d| {
+            looks[*d].head.is_none() || (looks[*d].lacks() > 0 && queued(&looks[*d]) > mine)
+        })
+        .collect();
+    donors.sort_by_key(|d| std::cmp::Reverse((looks[*d].head.is_none(), looks[*d].stock)));
+    donors
+}
+
 /// A bucket's stock, pause and first waiting request, in two round trips.
 async fn look(conn: &mut Redis, keys: &VoucherKeys) -> Result<Look> {
-    let (stock, paused, head): (Option<i64>, Option<String>, Vec<(String, f64)>) = redis::pipe()
+    type Row = (
+        Option<i64>,
+        (Option<String>, Option<String>),
+        Vec<(String, f64)>,
+    );
+    let (stock, (paused, begin), head): Row = redis::pipe()
         .get(keys.stock())
-        .hget(keys.meta(), "paused")
+        .cmd("HMGET")
+        .arg(keys.meta())
+        .arg("paused")
+        .arg("begin_ms")
         .zrange_withscores(keys.waitlist(), 0, 0)
         .query_async(conn)
         .await?;
@@ -393,6 +463,7 @@ async fn look(conn: &mut Redis, keys: &VoucherKeys) -> Result<Look> {
     Ok(Look {
         stock: stock.unwrap_or(0).max(0),
         paused: paused.as_deref() == Some("1"),
+        loaded: begin.is_some(),
         head,
     })
 }

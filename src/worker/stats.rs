@@ -27,11 +27,11 @@ pub struct WorkerStats {
     guard_passes: AtomicU64,
     units_moved: AtomicU64,
     transfers_completed: AtomicU64,
-    /// Mover passes done, and the units the last one moved (an
-    /// --until-idle run waits until a pass moves nothing).
+    /// Mover passes started, and the number of the last one that left
+    /// nothing to move (an --until-idle run waits for one that started
+    /// after its own last work).
     mover_passes: AtomicU64,
-    mover_last_moved: AtomicU64,
-    mover_left_open: AtomicU64,
+    mover_settled_pass: AtomicU64,
     pub timings: Timings,
 }
 
@@ -150,18 +150,22 @@ impl WorkerStats {
     pub fn add_units_moved(&self, n: u64) {
         self.units_moved.fetch_add(n, Ordering::Relaxed);
     }
-    pub fn note_mover_pass(&self, moved: u64, left_open: usize) {
-        self.mover_last_moved.store(moved, Ordering::Relaxed);
-        self.mover_left_open
-            .store(left_open as u64, Ordering::Relaxed);
-        self.mover_passes.fetch_add(1, Ordering::Relaxed);
+    /// A mover pass begins: its number.
+    pub fn start_mover_pass(&self) -> u64 {
+        self.mover_passes.fetch_add(1, Ordering::Relaxed) + 1
     }
-    /// A mover pass has run, and the last one moved nothing and left no
-    /// transfer open (one a stopped mover left is completed once stale).
-    pub fn mover_settled(&self) -> bool {
-        self.mover_passes.load(Ordering::Relaxed) > 0
-            && self.mover_last_moved.load(Ordering::Relaxed) == 0
-            && self.mover_left_open.load(Ordering::Relaxed) == 0
+    /// Mover pass `pass` ended with nothing moved, nothing left in transit
+    /// and no voucher failing.
+    pub fn note_mover_settled(&self, pass: u64) {
+        self.mover_settled_pass.fetch_max(pass, Ordering::Relaxed);
+    }
+    /// The number of the last mover pass begun.
+    pub fn mover_passes(&self) -> u64 {
+        self.mover_passes.load(Ordering::Relaxed)
+    }
+    /// Whether a mover pass begun after pass `after` found nothing to move.
+    pub fn mover_settled_after(&self, after: u64) -> bool {
+        self.mover_settled_pass.load(Ordering::Relaxed) > after
     }
     pub fn add_transfer_completed(&self) {
         self.transfers_completed.fetch_add(1, Ordering::Relaxed);
