@@ -525,3 +525,50 @@ async fn units_are_not_moved_to_a_request_they_cannot_fill() {
     assert_eq!(s.redis_stock, Some(0));
     env.cleanup().await;
 }
+
+/// First come, first served across buckets: of two buyers waiting at two
+/// buckets that ran dry, the one who came first gets the unit another
+/// bucket holds, whichever bucket is which.
+#[tokio::test]
+async fn the_earliest_waiting_buyer_of_any_bucket_is_served_first() {
+    let env = TestEnv::on_cluster().await;
+    let (layout, redis) = live_voucher_in_buckets(&env, V, 3, 3).await;
+    let users_of =
+        |b: u32| -> Vec<u64> { (1..).filter(|u| bucket_of(*u, 3) == b).take(2).collect() };
+    let (zero, one) = (users_of(0), users_of(1));
+    let attempt = |user: u64, order: u64| {
+        let keys = layout.keys_of_user(user).expect("keys");
+        let mut redis = redis.clone();
+        async move {
+            admit(&mut redis, &keys, V, user, order, None)
+                .await
+                .expect("admit")
+        }
+    };
+    assert!(matches!(
+        attempt(zero[0], 21).await,
+        Admission::Admitted { .. }
+    ));
+    assert!(matches!(
+        attempt(one[0], 22).await,
+        Admission::Admitted { .. }
+    ));
+    // Bucket 1's buyer waits first, bucket 0's second; bucket 2 holds one unit.
+    assert!(matches!(
+        attempt(one[1], 23).await,
+        Admission::SoldOut { .. }
+    ));
+    assert!(matches!(
+        attempt(zero[1], 24).await,
+        Admission::SoldOut { .. }
+    ));
+    let worker = env.spawn_worker(&common::fast_worker(&["--until-idle"]));
+    worker.expect_success(Duration::from_secs(60));
+    let s = assert_invariants(&env, V).await;
+    assert!(
+        s.orders.contains_key(&one[1]),
+        "the first to wait is served"
+    );
+    assert_eq!(s.waitlist, vec![zero[1]], "the second waits");
+    env.cleanup().await;
+}
