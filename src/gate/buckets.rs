@@ -10,7 +10,7 @@ use redis::aio::ConnectionLike;
 use crate::error::{Error, Result};
 use crate::store::keys::{bucket_tag as tag, VoucherKeys};
 pub use crate::store::layout::{
-    bucket_of, Layout, Layouts, MAX_BUCKETS, META_BUCKET, META_BUCKETS, META_BUCKET_TAGS,
+    bucket_of, Layout, Layouts, MAX_BUCKETS, META_BUCKETS, META_BUCKET_TAGS,
 };
 use crate::store::slot_map::{slot_of, SlotMap};
 

@@ -18,10 +18,9 @@ pub const MAX_BUCKETS: u32 = 64;
 
 /// Bucket 0's meta fields that describe the split: how many buckets, and
 /// every bucket's tag in order, space-separated (bucket 0's first). Every
-/// bucket's meta has `bucket` (its number) and `buckets` too: the
-/// admission script routes by them.
+/// bucket's meta has `buckets` and `bucket` (its number) too: the
+/// admission script routes by them (lua/preload.lua writes all three).
 pub const META_BUCKETS: &str = "buckets";
-pub const META_BUCKET: &str = "bucket";
 pub const META_BUCKET_TAGS: &str = "bucket_tags";
 
 /// The bucket of `user` in a voucher of `buckets` buckets: the first 8
