@@ -38,15 +38,13 @@ pub struct VoucherStatus {
     pub paused: bool,
 }
 
+type GateRow = (bool, Option<i64>, u64, u64, u64, Option<u64>);
+
 impl VoucherStatus {
     pub fn in_flight(&self) -> u64 {
         self.undelivered + self.pending
     }
-}
 
-type GateRow = (bool, Option<i64>, u64, u64, u64, Option<u64>);
-
-impl VoucherStatus {
     /// This status and another bucket's of the same voucher, summed.
     fn with_bucket(mut self, b: VoucherStatus) -> VoucherStatus {
         self.gate_loaded &= b.gate_loaded;

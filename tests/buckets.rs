@@ -440,12 +440,13 @@ async fn a_voucher_keeps_its_buckets_once_preloaded_and_is_not_preloaded_again_l
     env.cleanup().await;
 }
 
-/// Units go only where they fill the first waiting request whole: one
-/// that wants more than all the others' spare units together keeps its
-/// place, and the units serve a later request that fits, elsewhere.
-#[tokio::test]
-async fn units_are_not_moved_to_a_request_they_cannot_fill() {
-    let env = TestEnv::on_cluster().await;
+/// A live voucher of `stock` units in 3 buckets whose users may buy up to
+/// `limit` units each, preloaded; its layout and a connection.
+async fn voucher_with_quantities(
+    env: &TestEnv,
+    stock: u64,
+    limit: u32,
+) -> (Layout, seckill::store::redis_conn::Redis) {
     let out = env
         .cmd()
         .args([
@@ -454,46 +455,57 @@ async fn units_are_not_moved_to_a_request_they_cannot_fill() {
             "--id",
             &V.to_string(),
             "--stock",
-            "3",
-            "--buckets",
-            "3",
+            &stock.to_string(),
         ])
-        .args([
-            "--per-user-limit",
-            "3",
-            "--begin",
-            "-1m",
-            "--pay-timeout",
-            "1h",
-        ])
+        .args(["--buckets", "3", "--per-user-limit", &limit.to_string()])
+        .args(["--begin", "-1m", "--pay-timeout", "1h"])
         .output()
         .expect("voucher add");
     assert!(out.status.success(), "{out:?}");
-    preload(&env, V);
+    preload(env, V);
     let mut redis = env.redis().await;
     let layout = Layout::read(&mut redis, &env.prefix, V)
         .await
         .expect("layout");
-    let users_of =
-        |b: u32| -> Vec<u64> { (1..).filter(|u| bucket_of(*u, 3) == b).take(2).collect() };
-    let (zero, one) = (users_of(0), users_of(1));
-    let buy = |user: u64, quantity: u32, order: u64| {
-        let keys = layout.keys_of_user(user).expect("keys");
-        let mut redis = redis.clone();
-        async move {
-            let attempt = Attempt {
-                voucher: V,
-                user,
-                order_id: order,
-                token: None,
-                quantity,
-            };
-            admit_durably(&mut redis, &keys, attempt, None)
-                .await
-                .expect("admit")
-                .0
-        }
+    (layout, redis)
+}
+
+/// The first two users of bucket `b` of 3.
+fn two_users_of(b: u32) -> Vec<u64> {
+    (1..).filter(|u| bucket_of(*u, 3) == b).take(2).collect()
+}
+
+/// One attempt for `quantity` units at the user's own bucket.
+async fn buy_units(
+    redis: &seckill::store::redis_conn::Redis,
+    layout: &Layout,
+    user: u64,
+    quantity: u32,
+    order: u64,
+) -> Admission {
+    let keys = layout.keys_of_user(user).expect("keys");
+    let attempt = Attempt {
+        voucher: V,
+        user,
+        order_id: order,
+        token: None,
+        quantity,
     };
+    admit_durably(&mut redis.clone(), &keys, attempt, None)
+        .await
+        .expect("admit")
+        .0
+}
+
+/// Units go only where they fill the first waiting request whole: one
+/// that wants more than all the others' spare units together keeps its
+/// place, and the units serve a later request that fits, elsewhere.
+#[tokio::test]
+async fn units_are_not_moved_to_a_request_they_cannot_fill() {
+    let env = TestEnv::on_cluster().await;
+    let (layout, redis) = voucher_with_quantities(&env, 3, 3).await;
+    let (zero, one) = (two_users_of(0), two_users_of(1));
+    let buy = |user, quantity, order| buy_units(&redis, &layout, user, quantity, order);
     // Bucket 0 sells its unit, then a request for 3 waits there (first);
     // bucket 1 sells its unit, then a request for 1 waits there (second);
     // bucket 2 holds its unit, and nobody waits there.
@@ -570,5 +582,48 @@ async fn the_earliest_waiting_buyer_of_any_bucket_is_served_first() {
         "the first to wait is served"
     );
     assert_eq!(s.waitlist, vec![zero[1]], "the second waits");
+    env.cleanup().await;
+}
+
+/// A bucket whose first waiting request can be filled by nobody gives its
+/// units to a later request elsewhere that they fill, instead of keeping
+/// them for good.
+#[tokio::test]
+async fn a_request_nobody_can_fill_does_not_keep_units_from_one_that_fits() {
+    let env = TestEnv::on_cluster().await;
+    let (layout, redis) = voucher_with_quantities(&env, 6, 4).await;
+    let (zero, one, two) = (two_users_of(0), two_users_of(1), two_users_of(2));
+    let buy = |user, quantity, order| buy_units(&redis, &layout, user, quantity, order);
+    // Bucket 0 holds its 2 units under a request for 4 that came first
+    // (queued when it had none); buckets 1 and 2 sell theirs, and then a
+    // request for 1 waits at bucket 1.
+    let b0 = layout.keys(0).expect("keys");
+    let mut direct = env.redis().await;
+    let _: () = direct.zadd(b0.waitlist(), zero[0], 1).await.expect("zadd");
+    let _: () = direct
+        .hset(b0.waitlist_quantity(), zero[0], 4)
+        .await
+        .expect("hset");
+    assert!(matches!(
+        buy(one[0], 2, 31).await,
+        Admission::Admitted { .. }
+    ));
+    assert!(matches!(
+        buy(two[0], 2, 32).await,
+        Admission::Admitted { .. }
+    ));
+    assert!(matches!(
+        buy(one[1], 1, 33).await,
+        Admission::SoldOut { .. }
+    ));
+    let worker = env.spawn_worker(&common::fast_worker(&["--until-idle"]));
+    worker.expect_success(Duration::from_secs(60));
+    let s = assert_invariants(&env, V).await;
+    assert!(
+        s.orders.contains_key(&one[1]),
+        "the request for 1 is served"
+    );
+    assert_eq!(s.waitlist, vec![zero[0]], "the one for 4 keeps waiting");
+    assert_eq!(s.redis_stock, Some(1));
     env.cleanup().await;
 }

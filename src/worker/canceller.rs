@@ -115,23 +115,33 @@ impl Canceller {
         let mut first_failure = None;
         let mut succeeded = false;
         for &voucher in &vouchers {
-            let mut done = match self
+            // A voucher in buckets: what its healthy buckets did counts,
+            // and its sweep runs, whatever one failing bucket did.
+            let (w, failed) = match self
                 .layouts
                 .of(&mut self.conn, &self.db, &self.cfg.prefix, voucher)
                 .await
             {
                 Ok(layout) => self.claim_and_settle(&layout).await,
-                Err(e) => Err(e),
+                Err(e) => (false, Some(e)),
             };
-            if let (Ok(w), true) = (&done, sweep_now) {
-                done = self.sweep(voucher).await.map(|swept| swept || *w);
-            }
-            match done {
-                Ok(w) => {
-                    worked |= w;
-                    succeeded = true;
+            worked |= w;
+            let swept = match (failed.is_some(), sweep_now) {
+                (false, true) => self.sweep(voucher).await.map(|swept| swept || w),
+                _ => Ok(w),
+            };
+            let failed = match swept {
+                Ok(s) => {
+                    worked |= s;
+                    failed
                 }
-                Err(e) => {
+                Err(e) => failed.or(Some(e)),
+            };
+            match failed {
+                None => succeeded = true,
+                Some(e) => {
+                    // Partly done still counts as done for the pass.
+                    succeeded |= w;
                     self.note_failure(voucher, &e).await;
                     first_failure.get_or_insert(e);
                 }
@@ -148,11 +158,16 @@ impl Canceller {
 
     /// Claims and settles the due deadlines of each of the voucher's gates
     /// (one per bucket), a batch at a time.
-    async fn claim_and_settle(&mut self, layout: &Layout) -> Result<bool> {
+    /// Returns whether any gate did something, and the first failure.
+    async fn claim_and_settle(&mut self, layout: &Layout) -> (bool, Option<crate::Error>) {
         // One bucket whose master is down must not hold up the others'
         // cancellations: each is tried, the first failure reported.
         let (mut worked, mut failure) = (false, None);
-        for keys in layout.all_keys()? {
+        let gates = match layout.all_keys() {
+            Ok(gates) => gates,
+            Err(e) => return (false, Some(e)),
+        };
+        for keys in gates {
             match self.claim_and_settle_gate(&keys).await {
                 Ok(w) => worked |= w,
                 Err(e) => {
@@ -160,10 +175,7 @@ impl Canceller {
                 }
             }
         }
-        match failure {
-            Some(e) => Err(e),
-            None => Ok(worked),
-        }
+        (worked, failure)
     }
 
     async fn claim_and_settle_gate(&mut self, keys: &VoucherKeys) -> Result<bool> {

@@ -95,10 +95,17 @@ impl Lane {
                     worked |= self.reclaim_all().await?;
                     last_reclaim = Some(Instant::now());
                 }
-                if let Some(d) = self.deadlines.as_mut() {
-                    worked |= d.pass().await?;
-                }
+                // A deadline pass that failed (a bucket's master down) must
+                // not keep this lane from reading the streams: its error
+                // comes back after the read.
+                let deadlines = match self.deadlines.as_mut() {
+                    Some(d) => Some(d.pass().await),
+                    None => None,
+                };
                 worked |= self.read_and_process().await?;
+                if let Some(passed) = deadlines {
+                    worked |= passed?;
+                }
                 if self.lane == 0 && last_trim.elapsed() >= TRIM_EVERY {
                     self.trim_all().await;
                     last_trim = Instant::now();
@@ -117,6 +124,8 @@ impl Lane {
                     }
                 }
                 Err(e) => {
+                    // Whatever the failed round did, it is work to wait out.
+                    self.idle_since_pass = None;
                     let delay = backoff.retry_after(&e);
                     if lost_group(&e) {
                         // Redis lost a stream with its group (a restart or a
@@ -212,7 +221,9 @@ impl Lane {
                 if let Err(e) = group::ensure_group(&mut self.conn, &keys).await {
                     tracing::warn!("{}: could not create the worker group: {e}", keys.orders());
                     failed = Some(e);
-                    // Looked at again next refresh, with its other buckets.
+                    // Looked at again next refresh, with its other buckets
+                    // (an --until-idle run may exit meanwhile, as for any
+                    // stream whose group cannot be made: it says so).
                     self.unsettled.insert(*id);
                     continue;
                 }

@@ -112,6 +112,7 @@ pub async fn run(
             layouts: Default::default(),
             failing: Default::default(),
             epoch_floors: Default::default(),
+            moves_left: false,
         };
         tokio::spawn(mover.run(stop_mover.clone()))
     };

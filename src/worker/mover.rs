@@ -6,9 +6,10 @@
 //! that fences a mover that lost its lease). Each round, for each voucher:
 //! complete transfers a stopped mover left between its steps, then serve
 //! the waiting buckets, earliest waiting request first, from the pool and
-//! then from buckets nobody waits at (or whose first request their stock
-//! cannot serve), then even out buckets running low. Every move is take,
-//! give, settle (gate/transfer.rs).
+//! then from buckets nobody waits at, or whose first request came later or
+//! cannot be filled, then even out buckets running low. Nothing moves
+//! before the sale begins or while a bucket is not loaded. Every move is
+//! take, give, settle (gate/transfer.rs).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -58,6 +59,10 @@ pub struct Mover {
     /// Per voucher, the epoch the next lease must be above (a gate fenced
     /// this mover with a later one).
     pub(super) epoch_floors: HashMap<u64, u64>,
+    /// A move of this pass was refused or fell short (a fence, a pause, a
+    /// sale emptying the giver, units left in transit): the next pass may
+    /// move what this one could not, so the pass is not settled.
+    pub(super) moves_left: bool,
 }
 
 /// One bucket as a round reads it.
@@ -65,9 +70,9 @@ pub struct Mover {
 struct Look {
     stock: i64,
     paused: bool,
-    /// Preloaded (meta has begin_ms): a gate not loaded yet, or lost, is
-    /// neither given nor taken from.
-    loaded: bool,
+    /// The sale's opening (meta's begin_ms; None: not loaded yet, or lost,
+    /// and such a gate is neither given nor taken from).
+    begin_ms: Option<i64>,
     /// The first waiting request: its queued time (µs) and units wanted.
     head: Option<(f64, i64)>,
 }
@@ -109,6 +114,7 @@ impl Mover {
     /// failure is logged and the others go on.
     pub async fn pass(&mut self) -> Result<()> {
         let pass = self.stats.start_mover_pass();
+        self.moves_left = false;
         let vouchers = registry::members(&mut self.conn, &self.cfg.prefix).await?;
         let before = self.stats.snapshot().units_moved;
         let mut left_open = 0;
@@ -141,7 +147,7 @@ impl Mover {
             }
         }
         let moved = self.stats.snapshot().units_moved - before;
-        if moved == 0 && left_open == 0 && !failed {
+        if moved == 0 && left_open == 0 && !failed && !self.moves_left {
             self.stats.note_mover_settled(pass);
         }
         Ok(())
@@ -163,41 +169,23 @@ impl Mover {
             // Another worker moves this voucher. Work it has not done yet
             // counts as left (an --until-idle run must not exit on it: the
             // holder may be a worker that died, whose lease runs out soon).
+            // The holder's own rules decide what is left to do.
             let (looks, pool) = self.look_all(&gates).await?;
-            let free: i64 = pool + looks.iter().map(|l| l.stock).sum::<i64>();
-            let stranded = looks
-                .iter()
-                .any(|l| l.lacks() > 0 && free - l.stock >= l.lacks());
+            let waiting = movable(&looks) && !plan_waiting(&looks, pool).is_empty();
             let open = transfer::any_open(&mut self.conn, layout).await?;
-            return Ok(usize::from(stranded || open));
+            return Ok(usize::from(waiting || open));
         };
         let left_open = self.complete_stale(&gates).await?;
         let (mut looks, mut pool) = self.look_all(&gates).await?;
-        // A preload publishes the buckets one after another: until every
-        // one is loaded, units moved to one would be sold by nobody (and
-        // its publish would find it moved). One lost whole waits likewise.
-        if looks.iter().any(|l| !l.loaded) {
+        if !movable(&looks) {
             return Ok(left_open);
         }
 
-        // The waiting buckets, earliest first request first.
-        let mut waiting: Vec<usize> = (0..looks.len())
-            .filter(|b| looks[*b].lacks() > 0 && !looks[*b].paused)
-            .collect();
-        waiting.sort_by(|a, b| {
-            let at = |i: usize| looks[i].head.map_or(f64::MAX, |(t, _)| t);
-            at(*a).total_cmp(&at(*b))
-        });
-        for to in waiting {
+        // The waiting buckets that can be filled, earliest first request
+        // first, each with the buckets to take from.
+        for (to, donors) in plan_waiting(&looks, pool) {
             let mut lacks = looks[to].lacks();
-            // Only what fills the first request whole: units moved to a
-            // request they cannot serve would sit there, passed over.
-            let donors = donors_for(&looks, to);
-            let available = pool + donors.iter().map(|d| looks[*d].stock).sum::<i64>();
-            if available < lacks {
-                continue;
-            }
-            if pool > 0 {
+            if pool > 0 && pool_usable(&looks) {
                 let moved = self
                     .transfer(&gates, None, to, lacks.min(pool), epoch)
                     .await?;
@@ -228,7 +216,7 @@ impl Mover {
                 continue;
             }
             let mut wants = average - looks[to].stock;
-            if pool > 0 {
+            if pool > 0 && pool_usable(&looks) {
                 let moved = self
                     .transfer(&gates, None, to, wants.min(pool), epoch)
                     .await?;
@@ -269,7 +257,11 @@ impl Mover {
 
     /// Takes or renews the voucher's mover lease: its epoch while held.
     async fn lease(&mut self, bucket0: &VoucherKeys) -> Result<Option<u64>> {
-        let floor = self.epoch_floors.remove(&bucket0.voucher()).unwrap_or(0);
+        let floor = self
+            .epoch_floors
+            .get(&bucket0.voucher())
+            .copied()
+            .unwrap_or(0);
         let epoch: u64 = MOVER_LEASE
             .key(bucket0.meta())
             .arg("take")
@@ -278,6 +270,9 @@ impl Mover {
             .arg(floor)
             .invoke_async(&mut self.conn)
             .await?;
+        if epoch > 0 {
+            self.epoch_floors.remove(&bucket0.voucher());
+        }
         Ok((epoch > 0).then_some(epoch))
     }
 
@@ -286,7 +281,7 @@ impl Mover {
     /// lease above it, or no gate that saw it would ever move again.
     fn fenced(&mut self, voucher: u64, seen: u64) {
         let floor = self.epoch_floors.entry(voucher).or_insert(0);
-        *floor = (*floor).max(seen + 1);
+        *floor = (*floor).max(seen.saturating_add(1));
     }
 
     async fn release_leases(&mut self) {
@@ -337,6 +332,9 @@ impl Mover {
         let fresh = (0..units.min(PROMOTIONS_PER_GIVE))
             .map(|_| self.ids.next_id())
             .collect::<Result<Vec<u64>>>()?;
+        // Whatever does not move in full is left for the next pass.
+        let left_before = self.moves_left;
+        self.moves_left = true;
         let taken = transfer::take(&mut self.conn, giver, receiver, id, units, 1, epoch).await?;
         let k = match taken {
             Taken::Units(k) => k,
@@ -369,6 +367,8 @@ impl Mover {
             return Ok(0);
         }
         self.stats.add_units_moved(k);
+        // Moved in full: nothing of this move is left for the next pass.
+        self.moves_left = left_before || k < units;
         Ok(k as i64)
     }
 
@@ -411,22 +411,56 @@ impl Mover {
     }
 }
 
-/// The buckets that may give to waiting bucket `to`, in the order to take
-/// from them: those nobody waits at, then those whose first request came
-/// later and does not fit their stock (it only strands there; an earlier
-/// one keeps what it has, or two buckets would pass units back and
-/// forth), the richest first.
-fn donors_for(looks: &[Look], to: usize) -> Vec<usize> {
+/// Whether a voucher's stock may move now: every bucket loaded (a preload
+/// publishes them one after another, and units moved to one not published
+/// yet would be sold by nobody, and make its publish fail), and its sale
+/// begun (before it nothing sells, and a preload may be re-splitting it).
+fn movable(looks: &[Look]) -> bool {
+    let now = now_ms();
+    looks.iter().all(|l| l.begin_ms.is_some_and(|b| b <= now))
+}
+
+/// The pool's units may move: its gate (bucket 0's) is not paused.
+fn pool_usable(looks: &[Look]) -> bool {
+    looks.first().is_some_and(|l| !l.paused)
+}
+
+/// The waiting buckets the pool and the others can fill whole, earliest
+/// first request first, each with the buckets to take from in order. A
+/// bucket whose first request cannot be filled gives to later ones: its
+/// units would otherwise stay there for good.
+fn plan_waiting(looks: &[Look], pool: i64) -> Vec<(usize, Vec<usize>)> {
     let queued = |l: &Look| l.head.map_or(f64::MAX, |(t, _)| t);
-    let mine = queued(&looks[to]);
-    let mut donors: Vec<usize> = (0..looks.len())
-        .filter(|d| *d != to && !looks[*d].paused && looks[*d].stock > 0)
-        .filter(|d| {
-            looks[*d].head.is_none() || (looks[*d].lacks() > 0 && queued(&looks[*d]) > mine)
-        })
+    let mut waiting: Vec<usize> = (0..looks.len())
+        .filter(|b| looks[*b].lacks() > 0 && !looks[*b].paused)
         .collect();
-    donors.sort_by_key(|d| std::cmp::Reverse((looks[*d].head.is_none(), looks[*d].stock)));
-    donors
+    waiting.sort_by(|a, b| queued(&looks[*a]).total_cmp(&queued(&looks[*b])));
+    let pool = if pool_usable(looks) { pool } else { 0 };
+    let mut unfillable: Vec<usize> = Vec::new();
+    let mut plan = Vec::new();
+    for &to in &waiting {
+        let mine = queued(&looks[to]);
+        let mut donors: Vec<usize> = (0..looks.len())
+            .filter(|d| *d != to && !looks[*d].paused && looks[*d].stock > 0)
+            .filter(|d| {
+                // Nobody waits there; or its first request came later and
+                // does not fit its stock; or it cannot be filled at all.
+                looks[*d].head.is_none()
+                    || (looks[*d].lacks() > 0 && queued(&looks[*d]) > mine)
+                    || unfillable.contains(d)
+            })
+            .collect();
+        donors.sort_by_key(|d| std::cmp::Reverse((looks[*d].head.is_none(), looks[*d].stock)));
+        let available = pool + donors.iter().map(|d| looks[*d].stock).sum::<i64>();
+        // Only what fills the first request whole: units moved to a request
+        // they cannot serve would sit there, passed over.
+        if available >= looks[to].lacks() {
+            plan.push((to, donors));
+        } else {
+            unfillable.push(to);
+        }
+    }
+    plan
 }
 
 /// A bucket's stock, pause and first waiting request, in two round trips.
@@ -463,7 +497,7 @@ async fn look(conn: &mut Redis, keys: &VoucherKeys) -> Result<Look> {
     Ok(Look {
         stock: stock.unwrap_or(0).max(0),
         paused: paused.as_deref() == Some("1"),
-        loaded: begin.is_some(),
+        begin_ms: begin.and_then(|b| b.parse().ok()),
         head,
     })
 }
