@@ -24,27 +24,14 @@ concurrency=${BENCH_CONCURRENCY:-400}
 connections=${BENCH_CONNECTIONS:-8}
 prefix=benchbk
 
-scripts/services.sh up
+# shellcheck source=scripts/lib/bench.sh
+. scripts/lib/bench.sh
+bench_setup seckill_bench_buckets "$prefix"  # also the services' env
 scripts/services.sh up cluster
-eval "$(scripts/services.sh env)"
+node_url=$SECKILL_REDIS_URL
 export SECKILL_REDIS_URL=$SECKILL_CLUSTER_URL
-export SECKILL_PREFIX=$prefix
-mysql_port=${SECKILL_MYSQL_PORT:-13306}
-export SECKILL_MYSQL_URL="mysql://seckill:seckill@127.0.0.1:${mysql_port}/seckill_bench_buckets"
-mariadb --no-defaults -h127.0.0.1 -P"$mysql_port" -useckill -pseckill \
-  -e "DROP DATABASE IF EXISTS seckill_bench_buckets"
-cargo build --release --quiet --locked
-seckill=target/release/seckill
-$seckill init >/dev/null
 cluster_port=${SECKILL_CLUSTER_PORT:-17001}
 masters=$(redis-cli -p "$cluster_port" cluster nodes | awk '$3 ~ /master/ { split($2, a, "[:@]"); print a[2] }' | sort)
-
-drop_bench_keys() {
-  local port
-  for port in $masters; do
-    redis-cli -p "$port" --scan --pattern "$prefix:*" | sed 's/^/UNLINK /' | redis-cli -p "$port" >/dev/null
-  done
-}
 trap drop_bench_keys EXIT
 
 # port -> "evalsha_calls cpu_us" of that master now. CPU, not commandstats'

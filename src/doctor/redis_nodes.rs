@@ -7,6 +7,7 @@ use redis::{Cmd, Value};
 
 use crate::error::{describe_redis, Result};
 use crate::store::redis_conn::Redis;
+use crate::store::slot_map::SlotMap;
 
 /// One server: its address, and whether it is a replica (and of whom).
 #[derive(Debug, Clone)]
@@ -123,40 +124,22 @@ fn parse_cluster_nodes(text: &str) -> Shape {
     Shape { nodes, masters }
 }
 
-/// `CLUSTER SLOTS`: per slot range `[start, end, [ip, port, id, ..],
-/// replicas...]`; a master serving several ranges is listed once.
+/// `CLUSTER SLOTS` (store/slot_map.rs reads it): each master once, with
+/// its replicas.
 fn parse_cluster_slots(reply: &Value) -> Shape {
-    let text = crate::store::redis_conn::value_text;
-    let node = |v: &Value| match v {
-        Value::Array(f) if f.len() >= 2 => Some(format!("{}:{}", text(&f[0]), text(&f[1]))),
-        _ => None,
-    };
     let mut shape = Shape::default();
-    let Value::Array(ranges) = reply else {
-        return shape;
-    };
-    for range in ranges {
-        let Value::Array(fields) = range else {
-            continue;
-        };
-        let Some(master) = fields.get(2).and_then(node) else {
-            continue;
-        };
-        if shape.masters.iter().any(|(m, _)| *m == master) {
-            continue;
-        }
-        let replicas: Vec<String> = fields.iter().skip(3).filter_map(node).collect();
+    for (master, replicas) in SlotMap::parse(reply).masters_with_replicas() {
         shape.nodes.push(Node {
-            addr: master.clone(),
+            addr: master.to_string(),
             replica_of: None,
         });
-        for r in &replicas {
+        for r in replicas {
             shape.nodes.push(Node {
                 addr: r.clone(),
-                replica_of: Some(master.clone()),
+                replica_of: Some(master.to_string()),
             });
         }
-        shape.masters.push((master, replicas.len()));
+        shape.masters.push((master.to_string(), replicas.len()));
     }
     shape
 }

@@ -8,10 +8,9 @@
 use redis::aio::ConnectionLike;
 
 use crate::error::{Error, Result};
+use crate::store::db::Db;
 use crate::store::keys::{bucket_tag as tag, VoucherKeys};
-pub use crate::store::layout::{
-    bucket_of, Layout, Layouts, MAX_BUCKETS, META_BUCKETS, META_BUCKET_TAGS,
-};
+pub use crate::store::layout::{bucket_of, Layout, MAX_BUCKETS, META_BUCKETS, META_BUCKET_TAGS};
 use crate::store::slot_map::{slot_of, SlotMap};
 
 /// How many salts the choice tries per bucket before it settles for a
@@ -23,19 +22,14 @@ const SALT_TRIES: u32 = 10_000;
 /// voucher is loaded and it has no order (after that, re-routing users who
 /// hold or wait for units would let them buy twice).
 pub async fn split(
-    db: &crate::store::db::Db,
+    db: &Db,
     conn: &mut impl ConnectionLike,
     prefix: &str,
     voucher: u64,
     buckets: u32,
 ) -> Result<()> {
     crate::orders::voucher::validate_buckets(buckets)?;
-    let layout = Layout::read(conn, prefix, voucher).await?;
-    let loaded: bool = redis::cmd("HEXISTS")
-        .arg(VoucherKeys::new(prefix, voucher)?.meta())
-        .arg("begin_ms")
-        .query_async(conn)
-        .await?;
+    let (layout, loaded) = Layout::read_loaded(conn, prefix, voucher).await?;
     if loaded && layout.buckets() != buckets {
         return Err(Error::InvalidInput(format!(
             "voucher {voucher} is loaded at the gate in {} bucket(s): its buckets cannot change now (users who hold or wait for units must stay in their bucket)",
@@ -49,7 +43,7 @@ pub async fn split(
 /// tags first if no preload did yet (for one bucket too: recorded tags
 /// mark a voucher whose split may not change any more).
 pub async fn lay_out(
-    db: &crate::store::db::Db,
+    db: &Db,
     conn: &mut impl crate::store::redis_conn::RedisConn,
     prefix: &str,
     voucher: u64,
@@ -72,6 +66,67 @@ pub async fn lay_out(
         )));
     }
     Ok(layout)
+}
+
+/// The layout as [`Layout::read_loaded`] reads it, and when bucket 0's gate
+/// is not loaded (not yet, or Redis lost it), the tags MySQL recorded: they
+/// are final once recorded, so a worker keeps reading every bucket of a
+/// voucher whose bucket 0 is gone. The flag: whether the layout is final.
+pub async fn read_settled(
+    conn: &mut impl ConnectionLike,
+    db: &Db,
+    prefix: &str,
+    voucher: u64,
+) -> Result<(Layout, bool)> {
+    let (layout, loaded) = Layout::read_loaded(conn, prefix, voucher).await?;
+    if loaded {
+        return Ok((layout, true));
+    }
+    match crate::orders::voucher::bucket_tags(db, voucher).await? {
+        Some(tags) => Ok((Layout::from_tags(prefix, voucher, Some(&tags))?, true)),
+        None => Ok((layout, false)),
+    }
+}
+
+/// The layouts of vouchers whose split is final (bucket 0 loaded, or the
+/// tags recorded in MySQL), read once; the others are read again each time.
+#[derive(Debug, Default)]
+pub struct Layouts {
+    settled: std::collections::HashMap<u64, Layout>,
+}
+
+impl Layouts {
+    pub async fn of(
+        &mut self,
+        conn: &mut impl ConnectionLike,
+        db: &Db,
+        prefix: &str,
+        voucher: u64,
+    ) -> Result<Layout> {
+        if let Some(layout) = self.settled.get(&voucher) {
+            return Ok(layout.clone());
+        }
+        let (layout, settled) = read_settled(conn, db, prefix, voucher).await?;
+        if settled {
+            self.settled.insert(voucher, layout.clone());
+        }
+        Ok(layout)
+    }
+
+    /// Every gate of `vouchers`, each voucher's buckets in order.
+    pub async fn gates(
+        &mut self,
+        conn: &mut impl ConnectionLike,
+        db: &Db,
+        prefix: &str,
+        vouchers: &[u64],
+    ) -> Result<Vec<VoucherKeys>> {
+        let mut gates = Vec::with_capacity(vouchers.len());
+        for &v in vouchers {
+            gates.extend(self.of(conn, db, prefix, v).await?.all_keys()?);
+        }
+        Ok(gates)
+    }
 }
 
 /// One tag per bucket, bucket 0 first: each bucket on a master no earlier

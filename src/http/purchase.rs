@@ -270,16 +270,21 @@ pub async fn show(
         Some(_) => true,
         None => {
             let mut conn = state.redis();
-            // The buyer is in their own bucket's set.
-            let keys = match Layout::read(&mut conn, &state.cfg.prefix, voucher).await {
-                Ok(layout) => layout.keys_of_user(user)?,
-                Err(e) => {
-                    state.metrics.redis_error();
-                    return Err(ApiError::Unavailable(format!(
-                        "the gate did not answer: {e}"
-                    )));
-                }
+            // The buyer is in their own bucket's set: by the layout the
+            // purchases cached with the sale window, else read now.
+            let layout = match state.windows.layout(voucher) {
+                Some(layout) => layout,
+                None => match Layout::read(&mut conn, &state.cfg.prefix, voucher).await {
+                    Ok(layout) => std::sync::Arc::new(layout),
+                    Err(e) => {
+                        state.metrics.redis_error();
+                        return Err(ApiError::Unavailable(format!(
+                            "the gate did not answer: {e}"
+                        )));
+                    }
+                },
             };
+            let keys = layout.keys_of_user(user)?;
             let member: redis::RedisResult<bool> = conn.sismember(keys.buyers(), user).await;
             member.map_err(|e| {
                 state.metrics.redis_error();

@@ -451,6 +451,18 @@ pub async fn list_only(db: &Db, only: &[u64]) -> Result<Vec<Voucher>> {
     Ok(vouchers)
 }
 
+/// The bucket tags the first preload recorded (None before it).
+pub async fn bucket_tags(db: &Db, id: u64) -> Result<Option<String>> {
+    let mut conn = db.conn().await?;
+    let tags: Option<String> = conn
+        .exec_first(
+            "SELECT bucket_tags FROM seckill_voucher WHERE voucher_id = ?",
+            (id,),
+        )
+        .await?;
+    Ok(tags.filter(|t| !t.is_empty()))
+}
+
 /// Which of `ids` are split in buckets (MySQL's word, the truth: a gate
 /// that lost its meta reads as one bucket).
 pub async fn split_in_buckets(db: &Db, ids: &[u64]) -> Result<std::collections::HashSet<u64>> {

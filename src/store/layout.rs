@@ -1,6 +1,7 @@
 //! A voucher split into buckets (design/buckets.md), as every part of the
 //! code reads it: which bucket a user belongs to, and each bucket's keys.
-//! Choosing the tags and recording them is gate/buckets.rs's.
+//! Choosing the tags, recording them and reading them back from MySQL is
+//! gate/buckets.rs's.
 //!
 //! Bucket 0 is the voucher's own tag `{V}`, so a voucher of one bucket has
 //! the layout of a voucher before buckets. Bucket b > 0 has the tag
@@ -114,34 +115,6 @@ impl Layout {
         ))
     }
 
-    /// The layout as [`Layout::read_loaded`] reads it, and when bucket 0's
-    /// gate is not loaded (not yet, or Redis lost it), the tags MySQL
-    /// recorded: they are final once recorded, so a worker keeps reading
-    /// every bucket of a voucher whose bucket 0 is gone. The flag: whether
-    /// the layout is final.
-    pub async fn read_settled(
-        conn: &mut impl ConnectionLike,
-        db: &crate::store::db::Db,
-        prefix: &str,
-        voucher: u64,
-    ) -> Result<(Layout, bool)> {
-        let (layout, loaded) = Self::read_loaded(conn, prefix, voucher).await?;
-        if loaded {
-            return Ok((layout, true));
-        }
-        let mut mysql = db.conn().await?;
-        let tags: Option<String> = mysql_async::prelude::Queryable::exec_first(
-            &mut mysql,
-            "SELECT bucket_tags FROM seckill_voucher WHERE voucher_id = ?",
-            (voucher,),
-        )
-        .await?;
-        match tags.filter(|t| !t.is_empty()) {
-            Some(tags) => Ok((Layout::from_tags(prefix, voucher, Some(&tags))?, true)),
-            None => Ok((layout, false)),
-        }
-    }
-
     pub fn voucher(&self) -> u64 {
         self.voucher
     }
@@ -179,47 +152,6 @@ impl Layout {
     /// Every bucket's keys, bucket 0's first.
     pub fn all_keys(&self) -> Result<Vec<VoucherKeys>> {
         (0..self.buckets()).map(|b| self.keys(b)).collect()
-    }
-}
-
-/// The layouts of vouchers whose split is final (bucket 0 loaded, or the
-/// tags recorded in MySQL), read once; the others are read again each time.
-#[derive(Debug, Default)]
-pub struct Layouts {
-    loaded: std::collections::HashMap<u64, Layout>,
-}
-
-impl Layouts {
-    pub async fn of(
-        &mut self,
-        conn: &mut impl ConnectionLike,
-        db: &crate::store::db::Db,
-        prefix: &str,
-        voucher: u64,
-    ) -> Result<Layout> {
-        if let Some(layout) = self.loaded.get(&voucher) {
-            return Ok(layout.clone());
-        }
-        let (layout, settled) = Layout::read_settled(conn, db, prefix, voucher).await?;
-        if settled {
-            self.loaded.insert(voucher, layout.clone());
-        }
-        Ok(layout)
-    }
-
-    /// Every gate of `vouchers`, each voucher's buckets in order.
-    pub async fn gates(
-        &mut self,
-        conn: &mut impl ConnectionLike,
-        db: &crate::store::db::Db,
-        prefix: &str,
-        vouchers: &[u64],
-    ) -> Result<Vec<VoucherKeys>> {
-        let mut gates = Vec::with_capacity(vouchers.len());
-        for &v in vouchers {
-            gates.extend(self.of(conn, db, prefix, v).await?.all_keys()?);
-        }
-        Ok(gates)
     }
 }
 

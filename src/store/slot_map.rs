@@ -23,10 +23,19 @@ pub fn slot_of(key: &str) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(hashed) % SLOTS
 }
 
-/// Slot ranges and the address of the master serving each.
+/// Slot ranges and the addresses of the master serving each and of its
+/// replicas (what the doctor asks each server of, too).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SlotMap {
-    ranges: Vec<(u16, u16, String)>,
+    ranges: Vec<SlotRange>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SlotRange {
+    start: u16,
+    end: u16,
+    master: String,
+    replicas: Vec<String>,
 }
 
 impl SlotMap {
@@ -40,26 +49,32 @@ impl SlotMap {
         Ok(Some(SlotMap::parse(&reply)))
     }
 
-    /// `CLUSTER SLOTS`: `[start, end, [ip, port, id, ..], replicas...]` per range.
-    fn parse(reply: &Value) -> SlotMap {
+    /// `CLUSTER SLOTS`: `[start, end, [ip, port, id, ..], replicas...]` per
+    /// range; a range that does not read so is left out.
+    pub fn parse(reply: &Value) -> SlotMap {
         let Value::Array(ranges) = reply else {
             return SlotMap::default();
+        };
+        let node = |v: &Value| match v {
+            Value::Array(f) if f.len() >= 2 => {
+                Some(format!("{}:{}", value_text(&f[0]), value_text(&f[1])))
+            }
+            _ => None,
+        };
+        let bound = |v: &Value| match v {
+            Value::Int(n) => u16::try_from(*n).ok(),
+            _ => None,
         };
         let ranges = ranges
             .iter()
             .filter_map(|range| {
                 let Value::Array(f) = range else { return None };
-                let bound = |v: &Value| match v {
-                    Value::Int(n) => u16::try_from(*n).ok(),
-                    _ => None,
-                };
-                let master = match f.get(2)? {
-                    Value::Array(node) if node.len() >= 2 => {
-                        format!("{}:{}", value_text(&node[0]), value_text(&node[1]))
-                    }
-                    _ => return None,
-                };
-                Some((bound(f.first()?)?, bound(f.get(1)?)?, master))
+                Some(SlotRange {
+                    start: bound(f.first()?)?,
+                    end: bound(f.get(1)?)?,
+                    master: node(f.get(2)?)?,
+                    replicas: f.iter().skip(3).filter_map(node).collect(),
+                })
             })
             .collect();
         SlotMap { ranges }
@@ -69,19 +84,28 @@ impl SlotMap {
     pub fn master_of(&self, slot: u16) -> Option<&str> {
         self.ranges
             .iter()
-            .find(|(start, end, _)| (*start..=*end).contains(&slot))
-            .map(|(_, _, m)| m.as_str())
+            .find(|r| (r.start..=r.end).contains(&slot))
+            .map(|r| r.master.as_str())
+    }
+
+    /// The masters serving slots, each once, with the replicas of its
+    /// first range.
+    pub fn masters_with_replicas(&self) -> Vec<(&str, &[String])> {
+        let mut masters: Vec<(&str, &[String])> = Vec::new();
+        for r in &self.ranges {
+            if !masters.iter().any(|(m, _)| *m == r.master) {
+                masters.push((&r.master, &r.replicas));
+            }
+        }
+        masters
     }
 
     /// The masters serving slots, each once.
     pub fn masters(&self) -> Vec<&str> {
-        let mut masters: Vec<&str> = Vec::new();
-        for (_, _, m) in &self.ranges {
-            if !masters.contains(&m.as_str()) {
-                masters.push(m);
-            }
-        }
-        masters
+        self.masters_with_replicas()
+            .into_iter()
+            .map(|(m, _)| m)
+            .collect()
     }
 }
 

@@ -17,7 +17,7 @@ use super::lock::LockOwner;
 use super::options::WorkerOptions;
 use super::{lost_group, WorkerStats};
 use crate::error::{Error, Result};
-use crate::gate::buckets::Layout;
+use crate::gate::buckets;
 use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
@@ -198,7 +198,7 @@ impl Lane {
             if known.contains(id) && !self.unsettled.contains(id) && !self.recreate_groups {
                 continue;
             }
-            let read = Layout::read_settled(&mut self.conn, &self.db, &self.cfg.prefix, *id).await;
+            let read = buckets::read_settled(&mut self.conn, &self.db, &self.cfg.prefix, *id).await;
             let gates = match read {
                 Ok((layout, loaded)) => {
                     // Registered, not loaded and no split recorded: a

@@ -113,6 +113,7 @@ pub async fn run(
             failing: Default::default(),
             epoch_floors: Default::default(),
             moves_left: false,
+            until_idle: opts.until_idle,
         };
         tokio::spawn(mover.run(stop_mover.clone()))
     };

@@ -20,10 +20,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::WorkerStats;
 use crate::error::{Error, Result};
+use crate::gate::buckets::{Layout, Layouts};
 use crate::gate::transfer::{self, Gate, Given, Landing, Taken};
 use crate::store::config::Config;
 use crate::store::keys::VoucherKeys;
-use crate::store::layout::{Layout, Layouts};
 use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn::{self, value_text, Redis};
 use crate::store::registry;
@@ -59,10 +59,19 @@ pub struct Mover {
     /// Per voucher, the epoch the next lease must be above (a gate fenced
     /// this mover with a later one).
     pub(super) epoch_floors: HashMap<u64, u64>,
+    /// The worker runs --until-idle: it must know, of a voucher another
+    /// worker moves, whether work is left.
+    pub(super) until_idle: bool,
     /// A move of this pass was refused or fell short (a fence, a pause, a
     /// sale emptying the giver, units left in transit): the next pass may
     /// move what this one could not, so the pass is not settled.
     pub(super) moves_left: bool,
+}
+
+/// A voucher's free units as a round reads them and its moves change them.
+struct Free {
+    looks: Vec<Look>,
+    pool: i64,
 }
 
 /// One bucket as a round reads it.
@@ -166,79 +175,99 @@ impl Mover {
     async fn round(&mut self, layout: &Layout) -> Result<usize> {
         let gates = layout.all_keys()?;
         let Some(epoch) = self.lease(&gates[0]).await? else {
-            // Another worker moves this voucher. Work it has not done yet
-            // counts as left (an --until-idle run must not exit on it: the
-            // holder may be a worker that died, whose lease runs out soon).
-            // The holder's own rules decide what is left to do.
+            // Another worker moves this voucher. Only an --until-idle run
+            // asks what is left for it (so as not to exit while the holder
+            // may be a worker that died, whose lease runs out soon), by the
+            // holder's own rules; a long-running one has nothing to decide.
+            if !self.until_idle {
+                return Ok(0);
+            }
             let (looks, pool) = self.look_all(&gates).await?;
             let waiting = movable(&looks) && !plan_waiting(&looks, pool).is_empty();
             let open = transfer::any_open(&mut self.conn, layout).await?;
             return Ok(usize::from(waiting || open));
         };
         let left_open = self.complete_stale(&gates).await?;
-        let (mut looks, mut pool) = self.look_all(&gates).await?;
+        let (looks, pool) = self.look_all(&gates).await?;
         if !movable(&looks) {
             return Ok(left_open);
         }
+        let plan = plan_waiting(&looks, pool);
+        let mut free = Free { looks, pool };
 
         // The waiting buckets that can be filled, earliest first request
         // first, each with the buckets to take from.
-        for (to, donors) in plan_waiting(&looks, pool) {
-            let mut lacks = looks[to].lacks();
-            if pool > 0 && pool_usable(&looks) {
-                let moved = self
-                    .transfer(&gates, None, to, lacks.min(pool), epoch)
+        for (to, donors) in plan {
+            let mut lacks = free.looks[to].lacks();
+            if pool_usable(&free.looks) {
+                lacks -= self
+                    .shift(&gates, epoch, &mut free, None, to, lacks)
                     .await?;
-                pool -= moved;
-                looks[to].stock += moved;
-                lacks -= moved;
             }
             for from in donors {
                 if lacks <= 0 {
                     break;
                 }
-                let moved = self
-                    .transfer(&gates, Some(from), to, lacks.min(looks[from].stock), epoch)
+                lacks -= self
+                    .shift(&gates, epoch, &mut free, Some(from), to, lacks)
                     .await?;
-                looks[from].stock -= moved;
-                looks[to].stock += moved;
-                lacks -= moved;
             }
         }
 
         // Even out: a bucket far below the average gets units, from the
         // pool first, so it does not run dry while others hold plenty.
-        let free: i64 = looks.iter().map(|l| l.stock).sum::<i64>() + pool;
-        let average = free / looks.len() as i64;
-        for to in 0..looks.len() {
-            let low = looks[to].stock * LOW_WATER_DIVISOR < average;
-            if !low || looks[to].paused || looks[to].head.is_some() {
+        let total: i64 = free.looks.iter().map(|l| l.stock).sum::<i64>() + free.pool;
+        let average = total / free.looks.len() as i64;
+        for to in 0..free.looks.len() {
+            let l = &free.looks[to];
+            if l.stock * LOW_WATER_DIVISOR >= average || l.paused || l.head.is_some() {
                 continue;
             }
-            let mut wants = average - looks[to].stock;
-            if pool > 0 && pool_usable(&looks) {
-                let moved = self
-                    .transfer(&gates, None, to, wants.min(pool), epoch)
+            let mut wants = average - l.stock;
+            if pool_usable(&free.looks) {
+                wants -= self
+                    .shift(&gates, epoch, &mut free, None, to, wants)
                     .await?;
-                pool -= moved;
-                looks[to].stock += moved;
-                wants -= moved;
             }
-            let richest = (0..looks.len())
-                .filter(|d| *d != to && !looks[*d].paused && looks[*d].head.is_none())
-                .max_by_key(|d| looks[*d].stock);
+            let richest = (0..free.looks.len())
+                .filter(|d| *d != to && !free.looks[*d].paused && free.looks[*d].head.is_none())
+                .max_by_key(|d| free.looks[*d].stock);
             if let Some(from) = richest {
-                let spare = looks[from].stock - average;
+                let spare = free.looks[from].stock - average;
                 if wants > 0 && spare > 0 {
-                    let moved = self
-                        .transfer(&gates, Some(from), to, wants.min(spare), epoch)
+                    self.shift(&gates, epoch, &mut free, Some(from), to, wants.min(spare))
                         .await?;
-                    looks[from].stock -= moved;
-                    looks[to].stock += moved;
                 }
             }
         }
         Ok(left_open)
+    }
+
+    /// Moves up to `units` from bucket `from` (None: the pool) to `to`, no
+    /// more than the giver holds, and keeps `free` as the move left it:
+    /// the units that arrived.
+    async fn shift(
+        &mut self,
+        gates: &[VoucherKeys],
+        epoch: u64,
+        free: &mut Free,
+        from: Option<usize>,
+        to: usize,
+        units: i64,
+    ) -> Result<i64> {
+        let held = match from {
+            None => free.pool,
+            Some(b) => free.looks[b].stock,
+        };
+        let moved = self
+            .transfer(gates, from, to, units.min(held), epoch)
+            .await?;
+        match from {
+            None => free.pool -= moved,
+            Some(b) => free.looks[b].stock -= moved,
+        }
+        free.looks[to].stock += moved;
+        Ok(moved)
     }
 
     /// Every bucket as it is now, and the pool's units.
