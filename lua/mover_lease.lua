@@ -10,17 +10,27 @@
 -- transfer_give.lua).
 --
 -- KEYS[1]  seckill:{V}:meta   fields mover ("<owner> <expires_ms>") and
---                             mover_epoch
--- ARGV[1]  "take" (take or renew) or "release"
+--                             mover_epoch (fence: any bucket's meta,
+--                             seckill:{V.b.s}:meta)
+-- ARGV[1]  "take" (take or renew), "release", "seize" or "fence"
 -- ARGV[2]  the owner token (unique per worker process)
--- ARGV[3]  take: the lease in ms
+-- ARGV[3]  take, seize: the lease in ms; fence: the epoch
 -- ARGV[4]  take, optional: the least epoch to hold it at. A mover that a
 --          gate fenced with epoch e (its epoch fell behind, say bucket 0's
 --          meta lost the last takeovers) takes the lease again at e + 1.
 --
--- Returns the epoch while the caller holds the lease (take), 0 when
--- another holds it; release returns 1 if it held the lease, else 0.
--- Safe to run twice: a renewal by the holder keeps the epoch.
+-- seize: the gate guard, about to rebuild a bucket (worker/guard.rs),
+-- takes the lease whoever holds it and raises the epoch; it then fences
+-- every bucket with that epoch ("fence": mover_epoch raised to ARGV[3] in
+-- a loaded gate's meta), so no take or give of the mover it displaced
+-- lands while it reads the voucher's units, and gives the lease back.
+--
+-- Returns the epoch while the caller holds the lease (take, seize), 0 when
+-- another holds it; release returns 1 if it held the lease, else 0; fence
+-- the gate's epoch now (0: the gate is not loaded, nothing written).
+-- Safe to run twice: a renewal by the holder keeps the epoch; a seize sent
+-- again raises it once more (a harder fence, the same holder); a fence
+-- only raises.
 
 local action, owner = ARGV[1], ARGV[2]
 if not owner or owner == '' or string.find(owner, ' ', 1, true) then
@@ -41,9 +51,30 @@ if action == 'release' then
   end
   return 0
 end
-if action ~= 'take' then return redis.error_reply('ERR mover_lease: take or release') end
+if action == 'fence' then
+  local at = tonumber(ARGV[3])
+  if not at or at < 1 or at ~= math.floor(at) then
+    return redis.error_reply('ERR mover_lease: the fence epoch must be 1 or more')
+  end
+  -- Not into a gate that is gone: a meta of one field would read as loaded.
+  if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+  if at > epoch then
+    epoch = at
+    redis.call('HSET', KEYS[1], 'mover_epoch', epoch)
+  end
+  return epoch
+end
+if action ~= 'take' and action ~= 'seize' then
+  return redis.error_reply('ERR mover_lease: take, release, seize or fence')
+end
 local lease = tonumber(ARGV[3])
 if not lease or lease < 1 then return redis.error_reply('ERR mover_lease: the lease must be 1 ms or more') end
+if action == 'seize' then
+  epoch = epoch + 1
+  redis.call('HSET', KEYS[1], 'mover_epoch', epoch,
+    'mover', owner .. ' ' .. string.format('%d', now + lease))
+  return epoch
+end
 if holder and holder ~= owner and expires > now then return 0 end
 local floor = tonumber(ARGV[4] or '0') or 0
 if holder ~= owner or floor > epoch then

@@ -93,51 +93,6 @@ async fn the_admission_script_routes_users_as_the_binary_does() {
     env.cleanup().await;
 }
 
-/// `voucher add --buckets`, `preload` and the real binary's admission,
-/// worker and mover: the voucher sells on every master and exactly its
-/// stock, one order per user, whatever bucket ran dry first.
-async fn live_voucher_in_buckets(
-    env: &TestEnv,
-    voucher: u64,
-    stock: i64,
-    buckets: u32,
-) -> (Layout, seckill::store::redis_conn::Redis) {
-    let out = env
-        .cmd()
-        .args(["voucher", "add", "--id", &voucher.to_string()])
-        .args([
-            "--stock",
-            &stock.to_string(),
-            "--buckets",
-            &buckets.to_string(),
-        ])
-        .args(["--begin", "-1m", "--pay-timeout", "1h", "--format", "json"])
-        .output()
-        .expect("voucher add");
-    assert!(out.status.success(), "{out:?}");
-    let added = common::json(&out);
-    assert_eq!(added["buckets"], buckets, "{added}");
-    let out = env
-        .cmd()
-        .args([
-            "preload",
-            "--voucher",
-            &voucher.to_string(),
-            "--format",
-            "json",
-        ])
-        .output()
-        .expect("preload");
-    assert!(out.status.success(), "{out:?}");
-    let preloaded = common::json(&out);
-    assert_eq!(preloaded[0]["buckets"], buckets, "{preloaded}");
-    let mut redis = env.redis().await;
-    let layout = Layout::read(&mut redis, &env.prefix, voucher)
-        .await
-        .expect("layout");
-    (layout, redis)
-}
-
 /// `seckill preload --voucher`, which must succeed.
 fn preload(env: &TestEnv, voucher: u64) {
     let out = env
@@ -168,7 +123,7 @@ fn bench(env: &TestEnv, voucher: u64, users: u64) -> serde_json::Value {
 #[tokio::test]
 async fn a_voucher_in_three_buckets_sells_exactly_its_stock_on_three_masters() {
     let env = TestEnv::on_cluster().await;
-    let (layout, mut redis) = live_voucher_in_buckets(&env, V, 300, 3).await;
+    let (layout, mut redis) = env.live_voucher_in_buckets(V, 300, 3).await;
     assert_eq!(layout.buckets(), 3);
     let slots = seckill::store::slot_map::SlotMap::read(&mut redis)
         .await
@@ -337,7 +292,7 @@ async fn a_voucher_in_three_buckets_sells_exactly_its_stock_on_three_masters() {
 #[tokio::test]
 async fn a_mover_killed_mid_transfer_leaves_units_in_transit_that_the_next_one_brings_back() {
     let env = TestEnv::on_cluster().await;
-    let (layout, mut redis) = live_voucher_in_buckets(&env, V, 300, 3).await;
+    let (layout, mut redis) = env.live_voucher_in_buckets(V, 300, 3).await;
     let users: Vec<u64> = (1..).filter(|u| bucket_of(*u, 3) == 0).take(150).collect();
     for (i, &user) in users.iter().enumerate() {
         let keys = layout.keys_of_user(user).expect("keys");
@@ -544,7 +499,7 @@ async fn units_are_not_moved_to_a_request_they_cannot_fill() {
 #[tokio::test]
 async fn the_earliest_waiting_buyer_of_any_bucket_is_served_first() {
     let env = TestEnv::on_cluster().await;
-    let (layout, redis) = live_voucher_in_buckets(&env, V, 3, 3).await;
+    let (layout, redis) = env.live_voucher_in_buckets(V, 3, 3).await;
     let users_of =
         |b: u32| -> Vec<u64> { (1..).filter(|u| bucket_of(*u, 3) == b).take(2).collect() };
     let (zero, one) = (users_of(0), users_of(1));

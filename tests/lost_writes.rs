@@ -14,6 +14,8 @@ use common::own_cluster::OwnCluster;
 use common::own_redis::OwnRedis;
 use common::process::{WorkerProc, GATE_PAUSED};
 use common::{fast_worker, json, one_voucher_per_master, TestEnv};
+use redis::AsyncCommands;
+use seckill::gate::buckets::bucket_of;
 
 /// Waits for `needle` in the worker's log; how long it took.
 fn wait_log(worker: &WorkerProc, needle: &str, limit: Duration) -> Duration {
@@ -629,5 +631,170 @@ async fn a_release_waits_for_a_paused_gate_instead_of_promoting_from_its_lost_bu
     worker.signal("TERM");
     worker.expect_success(Duration::from_secs(30));
     assert_invariants(&env, V).await;
+    env.cleanup().await;
+}
+
+/// The first user above `from` whose bucket of `n` is (or, `not`, is not)
+/// `bucket`.
+fn user_of(bucket: u32, n: u32, from: u64, not: bool) -> u64 {
+    (from + 1..)
+        .find(|u| (bucket_of(*u, n) == bucket) != not)
+        .expect("a user")
+}
+
+/// `seckill buy` for one user: its exit code.
+fn buy(env: &TestEnv, voucher: u64, user: u64) -> Option<i32> {
+    let out = env
+        .cmd()
+        .args(["buy", "--voucher", &voucher.to_string()])
+        .args(["--user", &user.to_string(), "--format", "json"])
+        .output()
+        .expect("buy");
+    out.status.code()
+}
+
+/// The pauses the worker's log tells of, each as its gate's name.
+fn paused_gates(log: &str) -> Vec<String> {
+    log.lines()
+        .filter(|l| l.contains(GATE_PAUSED))
+        .filter_map(|l| l.split("voucher ").nth(1))
+        .filter_map(|l| l.split(": ").next())
+        .map(|name| format!("voucher {name}"))
+        .collect()
+}
+
+/// Buyers try until the voucher has sold `total` units as orders (the
+/// mover hands units to buyers waiting at an empty bucket); any attempt
+/// told `paused` while a bucket was rebuilt comes back here.
+async fn sell_out(env: &TestEnv, worker: &WorkerProc, v: u64, total: u64, from: u64) {
+    let until = Instant::now() + Duration::from_secs(90);
+    let mut offset = from;
+    while env.order_count(v).await < total {
+        assert!(
+            Instant::now() < until,
+            "voucher {v} never sold out ({} orders of {total}):\n{}",
+            env.order_count(v).await,
+            worker.log_text()
+        );
+        env.sale_in_background(v, 300, offset, 300, 16)
+            .await
+            .expect("a sale");
+        offset += 300;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// One voucher in three buckets, one bucket per master; that bucket's
+/// master fails over to a replica that missed its last admissions (told
+/// "success" and persisted). Only that bucket is paused, and rebuilt from
+/// its own users' orders with its share of the stock; the other buckets
+/// sell meanwhile; then the voucher sells exactly its units.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_whose_master_fails_over_to_a_lagging_replica_is_paused_and_rebuilt_alone() {
+    const V: u64 = 41;
+    const TOTAL: u64 = 600;
+    const VICTIM: u32 = 1;
+    let cluster = OwnCluster::start();
+    let env = TestEnv::on_redis(&cluster.url()).await;
+    let (layout, _redis) = env.live_voucher_in_buckets(V, TOTAL as i64, 3).await;
+    let master = cluster.master_of(&layout.keys(VICTIM).expect("keys").stock());
+    let replica = cluster.replica_of(master);
+    let mut worker = env.spawn_worker_with(
+        &fast_worker(&[]),
+        &[("SECKILL_TEST_PAUSE", "gate_paused=3s")],
+    );
+    worker.expect_gate_pauses();
+    env.admit_users(V, 150, 0).await;
+    env.wait_orders(V, 150, Duration::from_secs(30)).await;
+    cluster.detach_replica(replica);
+    env.admit_users(V, 150, 150).await;
+    env.wait_orders(V, 300, Duration::from_secs(30)).await;
+    let lost: Vec<u64> = (151..=300).filter(|u| bucket_of(*u, 3) == VICTIM).collect();
+    assert!(lost.len() > 20, "{} admissions to lose", lost.len());
+    cluster.kill9(master);
+    cluster.wait_master(replica, Duration::from_secs(30));
+    let paused = wait_log(
+        &worker,
+        "bucket 1: the Redis server holding it changed",
+        Duration::from_secs(10),
+    );
+    // Held paused for 3 s: its users are told so, the others buy.
+    assert_eq!(buy(&env, V, user_of(VICTIM, 3, 5_000_000, false)), Some(15));
+    assert_eq!(buy(&env, V, user_of(VICTIM, 3, 5_000_000, true)), Some(0));
+    wait_log(&worker, "and reopened", Duration::from_secs(30));
+    eprintln!(
+        "paused {paused:?} after the failover; paused for {}",
+        pause_length(&worker)
+    );
+    // Nobody whose admission the replica lost buys again.
+    for user in [lost[0], lost[lost.len() / 2], lost[lost.len() - 1]] {
+        assert_eq!(buy(&env, V, user), Some(10), "user {user}");
+    }
+    sell_out(&env, &worker, V, TOTAL, 1_000_000).await;
+    worker.signal("TERM");
+    let log = worker.expect_success(Duration::from_secs(30));
+    assert_eq!(paused_gates(&log), ["voucher 41, bucket 1"], "{log}");
+    paused_once(&log);
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.orders.len() as u64, TOTAL, "every unit sold once");
+    assert!(lost.iter().all(|u| s.orders.contains_key(u)));
+    env.cleanup().await;
+}
+
+/// A bucket's master killed -9 while buyers pour into every bucket and the
+/// worker persists and moves stock: its replica takes over, the guard
+/// checks that bucket alone, and the voucher sells exactly its units.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bucket_master_killed_mid_sale_fails_over_and_the_voucher_sells_exactly_its_units() {
+    const V: u64 = 43;
+    const TOTAL: u64 = 1_500;
+    const VICTIM: u32 = 2;
+    let cluster = OwnCluster::start();
+    let env = TestEnv::on_redis(&cluster.url()).await;
+    let (layout, mut redis) = env.live_voucher_in_buckets(V, TOTAL as i64, 3).await;
+    let keys = layout.keys(VICTIM).expect("keys");
+    let master = cluster.master_of(&keys.stock());
+    let replica = cluster.replica_of(master);
+    let mut worker = env.spawn_worker(&fast_worker(&[]));
+    worker.expect_gate_pauses();
+    // The guard has looked once: it knows which server held the bucket.
+    let looked = Instant::now();
+    while redis
+        .hget::<_, _, Option<String>>(keys.meta(), "run_id")
+        .await
+        .expect("meta")
+        .is_none()
+    {
+        assert!(
+            looked.elapsed() < Duration::from_secs(30),
+            "the guard never looked"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sale = env.sale_in_background(V, 6_000, 0, 6_000, 8);
+    loop {
+        let stock: i64 = redis.get(keys.stock()).await.expect("stock");
+        if stock < 400 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    cluster.kill9(master);
+    cluster.wait_master(replica, Duration::from_secs(30));
+    let report = sale.await.expect("the sale finishes after the failover");
+    eprintln!("{:?}, errors {}", report.outcomes, report.errors);
+    sell_out(&env, &worker, V, TOTAL, 6_000).await;
+    // The guard saw the failover (its next pass may come after the sale).
+    wait_log(
+        &worker,
+        "bucket 2: the Redis server",
+        Duration::from_secs(30),
+    );
+    wait_log(&worker, "and reopened", Duration::from_secs(30));
+    worker.signal("TERM");
+    let log = worker.expect_success(Duration::from_secs(30));
+    assert_eq!(paused_gates(&log), ["voucher 43, bucket 2"], "{log}");
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.orders.len() as u64, TOTAL, "every unit sold once");
     env.cleanup().await;
 }

@@ -6,6 +6,7 @@ pub mod admission;
 pub mod bench;
 pub mod buckets;
 pub mod image;
+pub mod mover_fence;
 pub mod pause;
 pub mod policy;
 pub mod preload;

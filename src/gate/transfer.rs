@@ -340,6 +340,40 @@ pub async fn any_open(conn: &mut impl ConnectionLike, layout: &Layout) -> Result
     Ok(false)
 }
 
+/// The units in transit between the gates of `gates` (bucket 0's first):
+/// taken by a giver and not landed at the receiver (between give and
+/// settle a transfer's units are the receiver's, though the giver still
+/// holds its record). Exact only while no mover moves (a fence,
+/// gate/mover_fence.rs): read across masters, a transfer moving meanwhile
+/// may be counted twice or not at all.
+pub async fn in_transit(conn: &mut impl ConnectionLike, gates: &[VoucherKeys]) -> Result<u64> {
+    let sides = Gate::all(gates);
+    let mut units = 0;
+    for giver in &sides {
+        for t in open(conn, *giver).await? {
+            let receiver = match t.to.as_str() {
+                "pool" => sides.first().copied(),
+                b => b
+                    .parse::<usize>()
+                    .ok()
+                    .and_then(|b| sides.get(b + 1).copied()),
+            };
+            let Some(receiver) = receiver else {
+                return Err(Error::Redis(format!(
+                    "transfer {} of {} goes to {:?}, not a gate of the voucher",
+                    t.id,
+                    giver.open_transfers(),
+                    t.to
+                )));
+            };
+            if landed(conn, receiver, t.id).await? != Some(Landing::Given) {
+                units += t.units;
+            }
+        }
+    }
+    Ok(units)
+}
+
 fn unexpected(script: &str, code: i64, reason: &str) -> Error {
     Error::Redis(format!("{script} answered {code} {reason:?}"))
 }

@@ -186,6 +186,23 @@ pub async fn orders_per_voucher(db: &Db, vouchers: &[u64]) -> Result<HashMap<u64
     Ok(rows.into_iter().collect())
 }
 
+/// A voucher in `buckets` buckets: its orders per bucket, each counted in
+/// the bucket of its user (store/layout.rs). Reads every order's user.
+pub async fn orders_per_bucket(db: &Db, voucher: u64, buckets: u32) -> Result<Vec<u64>> {
+    let mut conn = db.conn().await?;
+    let users: Vec<u64> = conn
+        .exec(
+            "SELECT user_id FROM seckill_order WHERE voucher_id = ?",
+            (voucher,),
+        )
+        .await?;
+    let mut counts = vec![0; buckets.max(1) as usize];
+    for user in users {
+        counts[crate::store::layout::bucket_of(user, buckets) as usize] += 1;
+    }
+    Ok(counts)
+}
+
 /// What [`repair`] found and did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Recount {

@@ -10,6 +10,7 @@
 //! MySQL's stock less the units admitted but not yet persisted and the
 //! cancelled units not yet given back.
 
+mod buckets;
 mod classify;
 mod quick;
 mod repair;
@@ -24,6 +25,7 @@ use crate::gate::pause::Reopened;
 use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
+use crate::store::layout::Layout;
 use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn::RedisConn;
 pub use classify::{classify, Drift, DriftClass};
@@ -284,6 +286,48 @@ async fn reopen_on_read(
     reopen_if_paused(conn, keys, s.order_ids.len() as u64, &s.pause_token, report).await
 }
 
+/// What one reconcile loop reads and repairs.
+#[derive(Clone, Copy)]
+enum Target<'a> {
+    /// A voucher's one gate.
+    Voucher { prefix: &'a str, voucher: u64 },
+    /// One bucket of a voucher in buckets (the mover fenced: buckets.rs).
+    Bucket { layout: &'a Layout, bucket: u32 },
+}
+
+impl Target<'_> {
+    fn voucher(&self) -> u64 {
+        match self {
+            Target::Voucher { voucher, .. } => *voucher,
+            Target::Bucket { layout, .. } => layout.voucher(),
+        }
+    }
+
+    fn keys(&self) -> Result<VoucherKeys> {
+        match self {
+            Target::Voucher { prefix, voucher } => VoucherKeys::new(prefix, *voucher),
+            Target::Bucket { layout, bucket } => layout.keys(*bucket),
+        }
+    }
+
+    async fn read(
+        &self,
+        db: &Db,
+        conn: &mut impl RedisConn,
+        keys: &VoucherKeys,
+        opts: &Options,
+    ) -> Result<Read> {
+        match self {
+            Target::Voucher { voucher, .. } => {
+                read_voucher(db, conn, keys, *voucher, opts.settle_ms).await
+            }
+            Target::Bucket { layout, bucket } => {
+                buckets::read_bucket(db, conn, layout, *bucket, opts.settle_ms, !opts.dry_run).await
+            }
+        }
+    }
+}
+
 /// Checks one voucher and, unless dry-run, repairs what it found.
 /// `first` is a read already made (by [`read_many`]); later rounds read again.
 pub async fn reconcile_voucher(
@@ -295,7 +339,36 @@ pub async fn reconcile_voucher(
     opts: &Options,
     ids: Option<&OrderIds>,
 ) -> Result<VoucherReport> {
-    let keys = VoucherKeys::new(prefix, voucher)?;
+    let target = Target::Voucher { prefix, voucher };
+    reconcile_gate(db, conn, target, first, opts, ids).await
+}
+
+/// Checks bucket `bucket` of a voucher in buckets and, unless dry-run,
+/// repairs what it found and reopens it if paused. Only while the
+/// voucher's mover is fenced (gate/mover_fence.rs): the bucket's stock is
+/// judged by every unit of the voucher elsewhere.
+pub async fn reconcile_bucket(
+    db: &Db,
+    conn: &mut impl RedisConn,
+    layout: &Layout,
+    bucket: u32,
+    opts: &Options,
+    ids: Option<&OrderIds>,
+) -> Result<VoucherReport> {
+    let target = Target::Bucket { layout, bucket };
+    reconcile_gate(db, conn, target, None, opts, ids).await
+}
+
+async fn reconcile_gate(
+    db: &Db,
+    conn: &mut impl RedisConn,
+    target: Target<'_>,
+    first: Option<Read>,
+    opts: &Options,
+    ids: Option<&OrderIds>,
+) -> Result<VoucherReport> {
+    let voucher = target.voucher();
+    let keys = target.keys()?;
     let mut first = first;
     let mut attempt = 0;
     // Drift repaired in an earlier round (MySQL's stock, before the gate is
@@ -305,7 +378,7 @@ pub async fn reconcile_voucher(
         attempt += 1;
         let read = match first.take() {
             Some(r) => r,
-            None => read_voucher(db, conn, &keys, voucher, opts.settle_ms).await?,
+            None => target.read(db, conn, &keys, opts).await?,
         };
         let s = match read {
             Read::Snapshot(s) => s,

@@ -6,7 +6,7 @@ use super::classify::{Drift, DriftClass};
 use super::snapshot::Snapshot;
 use super::Options;
 use crate::error::{Error, Result};
-use crate::gate::image::{publish_gate, GateImage};
+use crate::gate::image::{publish_gate, BucketPlace, GateImage};
 use crate::gate::policy::{self, Published};
 use crate::orders::counters;
 use crate::orders::deadline;
@@ -66,14 +66,16 @@ pub(super) async fn repair(
             );
             return Ok(RepairResult::Applied { unrepaired: true });
         }
-        let active = s.active_units();
-        return Ok(
-            if fix_mysql_stock(db, voucher, s.mysql_stock, s.total - active).await? {
-                RepairResult::MysqlFixed
-            } else {
-                RepairResult::Moved
-            },
-        );
+        // A bucket's figures are its share: MySQL's row is the voucher's.
+        let (seen, wanted) = match &s.bucket {
+            Some(b) => (b.voucher_stock, b.voucher_total - b.voucher_active),
+            None => (s.mysql_stock, s.total - s.active_units()),
+        };
+        return Ok(if fix_mysql_stock(db, voucher, seen, wanted).await? {
+            RepairResult::MysqlFixed
+        } else {
+            RepairResult::Moved
+        });
     }
     if has(DriftClass::GateNotLoaded) {
         return rebuild_gate(db, conn, keys, voucher, s).await;
@@ -222,9 +224,16 @@ async fn rebuild_gate(
         .iter()
         .map(|(order, created)| (created + s.pay_timeout_ms, *order))
         .collect();
+    let place = s.bucket.as_ref().map(|b| BucketPlace {
+        bucket: b.bucket,
+        buckets: b.buckets,
+        tags: if b.bucket == 0 { &b.tags } else { "" },
+        // Lost with bucket 0 (its tag): the share counts its units.
+        pool: (b.bucket == 0).then_some(0),
+    });
     let image = GateImage {
-        bucket: None,
-        total: s.total,
+        bucket: place,
+        total: s.bucket.as_ref().map_or(s.total, |b| b.voucher_total),
         begin_ms: s.begin_ms,
         end_ms: s.end_ms,
         pay_timeout_ms: s.pay_timeout_ms,

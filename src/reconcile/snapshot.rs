@@ -76,6 +76,23 @@ pub struct Snapshot {
     /// were the same after (no script changed that set meanwhile).
     pub gate_digests: GateDigests,
     pub digests_stable: [bool; 3],
+    /// One bucket of a voucher in buckets (reconcile/buckets.rs): then
+    /// `total` and `mysql_stock` are the bucket's share, and this holds
+    /// the voucher's own.
+    pub bucket: Option<BucketView>,
+}
+
+/// Where a bucket sits, and its voucher's MySQL figures.
+#[derive(Debug, Clone, Default)]
+pub struct BucketView {
+    pub bucket: u32,
+    pub buckets: u32,
+    /// Every bucket's tag, space-separated.
+    pub tags: String,
+    pub voucher_total: i64,
+    pub voucher_stock: i64,
+    /// The units the voucher's pending and paid orders hold, every bucket's.
+    pub voucher_active: i64,
 }
 
 impl Snapshot {
@@ -264,13 +281,70 @@ pub async fn read_many(
     vouchers: &[u64],
     settle_ms: i64,
 ) -> Result<Vec<Read>> {
-    let keys = VoucherKeys::of_all(prefix, vouchers)?;
+    let gates: Vec<GateSpec> = VoucherKeys::of_all(prefix, vouchers)?
+        .into_iter()
+        .map(GateSpec::whole)
+        .collect();
+    let reads = read_gates(db, conn, prefix, &gates, settle_ms).await?;
+    Ok(reads
+        .into_iter()
+        .map(|r| match r.snapshot {
+            None => Read::Missing,
+            Some(_) if r.moved => Read::Moved,
+            Some(s) => Read::Snapshot(s),
+        })
+        .collect())
+}
+
+/// One gate to read: a voucher's one gate, or one bucket of a voucher in
+/// buckets (whose MySQL side is then the orders of that bucket's users).
+#[derive(Debug, Clone)]
+pub struct GateSpec {
+    pub keys: VoucherKeys,
+    pub bucket: u32,
+    pub buckets: u32,
+}
+
+impl GateSpec {
+    pub fn whole(keys: VoucherKeys) -> GateSpec {
+        GateSpec {
+            keys,
+            bucket: 0,
+            buckets: 1,
+        }
+    }
+}
+
+/// A gate as read: its snapshot (None: the voucher is not in MySQL), and
+/// whether its witness moved during the read.
+#[derive(Debug)]
+pub struct GateRead {
+    pub snapshot: Option<Box<Snapshot>>,
+    pub moved: bool,
+}
+
+/// [`read_many`] for gates, a voucher's buckets among them.
+pub async fn read_gates(
+    db: &Db,
+    conn: &mut impl RedisConn,
+    prefix: &str,
+    gates: &[GateSpec],
+    settle_ms: i64,
+) -> Result<Vec<GateRead>> {
+    let keys: Vec<VoucherKeys> = gates.iter().map(|g| g.keys.clone()).collect();
+    let gate_vouchers: Vec<u64> = keys.iter().map(|k| k.voucher()).collect();
+    let vouchers: Vec<u64> = gate_vouchers
+        .iter()
+        .copied()
+        .collect::<BTreeSet<u64>>()
+        .into_iter()
+        .collect();
     let looked = witness::read_many_with_digests(conn, &keys).await?;
     let (before, digests): (Vec<Witness>, Vec<GateDigests>) = looked.into_iter().unzip();
     // Small sets come whole in the pipeline; a large one is scanned in
     // pieces afterwards, so that no single command holds Redis for long
     // during a sale (the witness check still vouches for the whole read).
-    let registered = registry::registered(conn, prefix, vouchers).await?;
+    let registered = registry::registered(conn, prefix, &vouchers).await?;
     let items: Vec<(&VoucherKeys, &Witness)> = keys.iter().zip(&before).collect();
     let replies = pipeline_per_item(conn, &items, false, false, |pipe, (k, w)| {
         pipe.exists(k.meta());
@@ -298,7 +372,7 @@ pub async fn read_many(
     for ((chunk, w), (k, voucher)) in replies
         .into_iter()
         .zip(&before)
-        .zip(keys.iter().zip(vouchers))
+        .zip(keys.iter().zip(&gate_vouchers))
     {
         if chunk.len() != 13 {
             return Err(Error::Redis(format!(
@@ -421,10 +495,22 @@ pub async fn read_many(
         s.gate_digests = seen;
     }
 
-    let index: HashMap<u64, usize> = vouchers.iter().enumerate().map(|(i, v)| (*v, i)).collect();
-    let mut known = vec![false; vouchers.len()];
+    let mut index: HashMap<u64, Vec<usize>> = HashMap::new();
+    for (i, v) in gate_vouchers.iter().enumerate() {
+        index.entry(*v).or_default().push(i);
+    }
+    // The gate holding a user's orders: the voucher's one, or the user's
+    // bucket among those read.
+    let gate_of = |v: u64, user: u64| -> Option<usize> {
+        let of_voucher = index.get(&v)?;
+        of_voucher.iter().copied().find(|&i| {
+            let g = &gates[i];
+            g.buckets <= 1 || crate::store::layout::bucket_of(user, g.buckets) == g.bucket
+        })
+    };
+    let mut known = vec![false; gates.len()];
     for (v, row) in rows {
-        if let Some(&i) = index.get(&v) {
+        for &i in index.get(&v).into_iter().flatten() {
             known[i] = true;
             let s = &mut snaps[i];
             s.policy = row.policy;
@@ -445,7 +531,7 @@ pub async fn read_many(
         }
     }
     for (v, id, user, status, created, recent, quantity) in orders {
-        let Some(&i) = index.get(&v) else { continue };
+        let Some(i) = gate_of(v, user) else { continue };
         let s = &mut snaps[i];
         s.recounted.count(id, user, status, quantity);
         s.order_ids.insert(id);
@@ -474,14 +560,9 @@ pub async fn read_many(
     Ok(snaps
         .into_iter()
         .enumerate()
-        .map(|(i, s)| {
-            if !known[i] {
-                Read::Missing
-            } else if before[i] != after[i] {
-                Read::Moved
-            } else {
-                Read::Snapshot(Box::new(s))
-            }
+        .map(|(i, s)| GateRead {
+            moved: before[i] != after[i],
+            snapshot: known[i].then(|| Box::new(s)),
         })
         .collect())
 }

@@ -77,6 +77,10 @@ pub static TRANSFER_SETTLE: LazyLock<Script> =
 pub static MOVER_LEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/mover_lease.lua")));
 
+/// Buckets: the pool into bucket 0's stock while the guard rebuilds it.
+pub static POOL_FOLD: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/pool_fold.lua")));
+
 /// Dead letters back into the order stream (`seckill pending --requeue`).
 pub static REQUEUE: LazyLock<Script> = LazyLock::new(|| {
     with_libs(
@@ -159,6 +163,7 @@ pub fn all() -> Vec<(&'static str, &'static Script)> {
         ("transfer_void.lua", &TRANSFER_VOID),
         ("transfer_settle.lua", &TRANSFER_SETTLE),
         ("mover_lease.lua", &MOVER_LEASE),
+        ("pool_fold.lua", &POOL_FOLD),
         ("reconcile.lua", &RECONCILE),
         ("node_lease.lua", &NODE_LEASE),
         ("policy.lua", &POLICY),

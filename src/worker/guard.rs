@@ -39,13 +39,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::WorkerStats;
 use crate::error::{Error, Result};
+use crate::gate::mover_fence;
 use crate::gate::pause::{self, Paused, META_PAUSED};
 use crate::orders::counters;
 use crate::reconcile::{self, Outcome};
 use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
-use crate::store::layout::META_BUCKETS;
+use crate::store::layout::Layout;
 use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn::{self, pipeline_per_item, Redis};
 use crate::store::registry;
@@ -57,6 +58,9 @@ use crate::support::backoff::Backoff;
 const SETTLE_MS: i64 = 60_000;
 /// How often a paused gate that needs an operator is checked again.
 const OPERATOR_RETRY: Duration = Duration::from_secs(30);
+/// How long a rebuild may hold a voucher's mover still (a guard that dies
+/// meanwhile holds it no longer).
+const FENCE_LEASE: Duration = Duration::from_secs(15);
 /// A gate paused longer than this is worth a warning of its own.
 const LONG_PAUSE: Duration = Duration::from_secs(10);
 
@@ -69,6 +73,8 @@ pub struct GateGuard {
     pub(super) every: Duration,
     /// No gate this guard pauses reopens sooner (the workers' lock lease).
     pub(super) grace: Duration,
+    /// Its token as the holder of a mover lease it seizes (unique).
+    pub(super) owner: String,
     pub(super) state: GuardState,
 }
 
@@ -78,15 +84,35 @@ pub struct GuardState {
     /// Every voucher seen (registry, MySQL): one the registry lost is still
     /// watched. Seeded on the first pass.
     known: Option<BTreeSet<u64>>,
-    /// The run id of the server that held each voucher last pass.
-    run_ids: HashMap<u64, String>,
+    /// The run id of the server that held each gate last pass.
+    run_ids: HashMap<GateId, String>,
     /// Paused gates this guard is rebuilding, and since when.
-    paused: HashMap<u64, Pause>,
-    /// Vouchers in buckets, said once that they are not watched.
-    unwatched: BTreeSet<u64>,
+    paused: HashMap<GateId, Pause>,
+    /// The layouts of vouchers in buckets, as MySQL recorded them (final
+    /// once recorded; bucket 0's meta may have lost them).
+    layouts: HashMap<u64, Layout>,
     /// Gates gone from Redis whole (with orders in MySQL), since when this
     /// guard has seen them so: rebuilt only after the grace.
-    missing_since: HashMap<u64, Instant>,
+    missing_since: HashMap<GateId, Instant>,
+}
+
+/// A gate the guard watches: a voucher's one gate, or one bucket of a
+/// voucher in buckets (each on its own master: a lost write on one pauses
+/// and rebuilds that bucket alone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct GateId {
+    voucher: u64,
+    bucket: u32,
+    buckets: u32,
+}
+
+impl std::fmt::Display for GateId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.buckets {
+            0 | 1 => write!(f, "voucher {}", self.voucher),
+            _ => write!(f, "voucher {}, bucket {}", self.voucher, self.bucket),
+        }
+    }
 }
 
 struct Pause {
@@ -119,8 +145,6 @@ struct Look {
     run_id: Option<String>,
     /// The run id the gate's meta records (the guard's own, last pass).
     recorded_run_id: Option<String>,
-    /// Buckets the voucher is split over (1 when meta says none).
-    buckets: u32,
 }
 
 /// The meta field recording the run id of the server a guard last saw
@@ -176,39 +200,73 @@ impl GateGuard {
         // a voucher of one gate, which a rebuild would make of every
         // bucket's users and stock.
         let split = crate::orders::voucher::split_in_buckets(&self.db, &vouchers).await?;
-        let keys = VoucherKeys::of_all(&self.cfg.prefix, &vouchers)?;
+        let mut gates: Vec<GateId> = Vec::with_capacity(vouchers.len());
+        let mut keys: Vec<VoucherKeys> = Vec::with_capacity(vouchers.len());
+        for &v in &vouchers {
+            if !split.contains(&v) {
+                gates.push(GateId {
+                    voucher: v,
+                    bucket: 0,
+                    buckets: 1,
+                });
+                keys.push(VoucherKeys::new(&self.cfg.prefix, v)?);
+                continue;
+            }
+            // Not laid out yet (never preloaded): nothing to watch.
+            let Some(layout) = self.layout_of(v).await? else {
+                continue;
+            };
+            for b in 0..layout.buckets() {
+                gates.push(GateId {
+                    voucher: v,
+                    bucket: b,
+                    buckets: layout.buckets(),
+                });
+                keys.push(layout.keys(b)?);
+            }
+        }
         let rows = pipeline_per_item(&mut self.conn, &keys, false, true, |pipe, k| {
-            pipe.exists(k.meta())
+            pipe.hexists(k.meta(), "begin_ms")
                 .scard(k.buyers())
                 .hget(k.meta(), META_PAUSED)
                 .cmd("EVAL")
                 .arg(RUN_ID_SOURCE)
                 .arg(1)
                 .arg(k.meta())
-                .hget(k.meta(), META_RUN_ID)
-                .hget(k.meta(), META_BUCKETS);
+                .hget(k.meta(), META_RUN_ID);
             Ok(())
         })
         .await?;
-        for ((v, k), row) in vouchers.iter().zip(&keys).zip(rows) {
-            let held = orders.get(v).copied().unwrap_or(0);
-            let done = match look_of(row) {
-                // Not watched yet (design/buckets.md): its buckets' buyers
-                // add up to MySQL's orders, not bucket 0's alone, and a
-                // rebuild must be one per bucket.
-                Ok(look) if look.buckets > 1 || split.contains(v) => {
-                    if self.state.unwatched.insert(*v) {
-                        tracing::warn!(
-                            "gate guard: voucher {v} is split in buckets; the guard does not watch a voucher in buckets yet (lost Redis writes on its masters are not detected)"
-                        );
-                    }
-                    Ok(())
+        let looks: Vec<Result<Look>> = rows.into_iter().map(look_of).collect();
+        let per_bucket = self.orders_per_bucket(&gates, &looks, &orders).await;
+        let loaded_somewhere: BTreeSet<u64> = gates
+            .iter()
+            .zip(&looks)
+            .filter(|(_, l)| l.as_ref().is_ok_and(|l| l.loaded))
+            .map(|(id, _)| id.voucher)
+            .collect();
+        for ((id, k), look) in gates.iter().zip(&keys).zip(looks) {
+            let held = orders.get(&id.voucher).copied().unwrap_or(0);
+            let (sign, live) = match id.buckets {
+                0 | 1 => (held, held > 0),
+                _ => {
+                    let counted = per_bucket.get(&id.voucher);
+                    let sign = counted.and_then(|c| c.get(id.bucket as usize)).copied();
+                    // A bucket gone whole while its voucher sells holds
+                    // units, orders or not: rebuilt, not left for a
+                    // preload (refused once the sale began).
+                    (
+                        sign.unwrap_or(0),
+                        held > 0 || loaded_somewhere.contains(&id.voucher),
+                    )
                 }
-                Ok(look) => self.watch(*v, k, &look, held).await,
+            };
+            let done = match look {
+                Ok(look) => self.watch(*id, k, &look, sign, live).await,
                 Err(e) => Err(e),
             };
             if let Err(e) = done {
-                tracing::warn!("gate guard, voucher {v}: {e}");
+                tracing::warn!("gate guard, {id}: {e}");
             }
         }
         let working = self
@@ -222,7 +280,14 @@ impl GateGuard {
     }
 
     /// Handles one gate.
-    async fn watch(&mut self, v: u64, keys: &VoucherKeys, look: &Look, orders: u64) -> Result<()> {
+    async fn watch(
+        &mut self,
+        v: GateId,
+        keys: &VoucherKeys,
+        look: &Look,
+        orders: u64,
+        live: bool,
+    ) -> Result<()> {
         let moved = look.run_id.as_ref().and_then(|now| {
             [self.state.run_ids.get(&v), look.recorded_run_id.as_ref()]
                 .into_iter()
@@ -234,9 +299,10 @@ impl GateGuard {
             self.record_run_id(v, keys, look).await?;
             // A gate lost whole admits nobody ("unknown voucher"): nothing
             // to pause. Rebuilt only when MySQL holds orders of it (what
-            // Redis lost); one without orders waits for `seckill preload`.
+            // Redis lost) or, a bucket, its voucher sells on; one without
+            // orders waits for `seckill preload`.
             self.state.paused.remove(&v);
-            if orders == 0 {
+            if !live {
                 self.state.missing_since.remove(&v);
                 return Ok(());
             }
@@ -253,7 +319,7 @@ impl GateGuard {
             }
             self.state.missing_since.remove(&v);
             tracing::warn!(
-                "voucher {v}: the gate is gone from Redis but MySQL holds {orders} order(s) of it: rebuilding it from MySQL"
+                "{v}: the gate is gone from Redis while MySQL holds its orders or its voucher sells: rebuilding it from MySQL"
             );
             return self.rebuild(v, keys).await;
         }
@@ -274,7 +340,7 @@ impl GateGuard {
             self.record_run_id(v, keys, look).await?;
             match pause::pause(&mut self.conn, keys, Some(orders), self.grace).await? {
                 Paused::Now => Some(format!(
-                    "the gate has {} buyer(s) but MySQL holds {orders} order(s): Redis lost writes",
+                    "the gate has {} buyer(s) but MySQL holds {orders} order(s) of its users: Redis lost writes",
                     look.buyers
                 )),
                 // Caught up since the look (an admission in between).
@@ -305,7 +371,7 @@ impl GateGuard {
 
     /// Remembers the server now holding the gate, here and in its meta
     /// (where a guard started later finds it).
-    async fn record_run_id(&mut self, v: u64, keys: &VoucherKeys, look: &Look) -> Result<()> {
+    async fn record_run_id(&mut self, v: GateId, keys: &VoucherKeys, look: &Look) -> Result<()> {
         let Some(id) = &look.run_id else {
             return Ok(());
         };
@@ -320,17 +386,15 @@ impl GateGuard {
         Ok(())
     }
 
-    fn paused_now(&mut self, v: u64, why: &str) {
+    fn paused_now(&mut self, v: GateId, why: &str) {
         self.stats.add_gate_pause();
         self.state.paused.insert(v, Pause::new());
-        tracing::warn!(
-            "voucher {v}: {why}; admission paused until the gate is checked against MySQL"
-        );
+        tracing::warn!("{v}: {why}; admission paused until the gate is checked against MySQL");
     }
 
     /// Reconcile's repair for the voucher (which reopens a gate it finds or
     /// makes consistent, if it has a buyer for every order).
-    async fn rebuild(&mut self, v: u64, keys: &VoucherKeys) -> Result<()> {
+    async fn rebuild(&mut self, v: GateId, keys: &VoucherKeys) -> Result<()> {
         let opts = reconcile::Options {
             dry_run: false,
             fix_mysql: false,
@@ -339,23 +403,28 @@ impl GateGuard {
             // It rebuilds from what it reads: every member, not digests.
             deep: true,
         };
-        let report = match reconcile::reconcile_voucher(
-            &self.db,
-            &mut self.conn,
-            &self.cfg.prefix,
-            v,
-            None,
-            &opts,
-            Some(&self.ids),
-        )
-        .await
-        {
+        let checked = match v.buckets {
+            0 | 1 => {
+                reconcile::reconcile_voucher(
+                    &self.db,
+                    &mut self.conn,
+                    &self.cfg.prefix,
+                    v.voucher,
+                    None,
+                    &opts,
+                    Some(&self.ids),
+                )
+                .await
+            }
+            _ => self.rebuild_bucket(v, &opts).await,
+        };
+        let report = match checked {
             Ok(r) => r,
             Err(Error::VoucherNotFound(_)) => {
                 // Not a voucher of MySQL's: nothing to rebuild it from.
                 pause::reopen(&mut self.conn, keys, 0, None).await?;
                 self.state.paused.remove(&v);
-                tracing::warn!("voucher {v}: not in MySQL; its gate is left as it is");
+                tracing::warn!("{v}: not in MySQL; its gate is left as it is");
                 return Ok(());
             }
             Err(e) => return Err(e),
@@ -383,7 +452,7 @@ impl GateGuard {
                 .unwrap_or_default();
             self.state.paused.remove(&v);
             self.stats.add_gate_reopen();
-            tracing::warn!("voucher {v}: gate checked against MySQL ({what}) and reopened{since}");
+            tracing::warn!("{v}: gate checked against MySQL ({what}) and reopened{since}");
             return Ok(());
         }
         let Some(pause) = pause else {
@@ -394,7 +463,8 @@ impl GateGuard {
             Outcome::NotRepaired => {
                 if !pause.needs_operator {
                     tracing::warn!(
-                        "voucher {v}: its gate stays paused: MySQL's stock disagrees with its orders ({what}); run `seckill reconcile --voucher {v} --fix-mysql`"
+                        "{v}: its gate stays paused: MySQL's stock disagrees with its orders ({what}); run `seckill reconcile --voucher {} --fix-mysql`",
+                        v.voucher
                     );
                 }
                 pause.needs_operator = true;
@@ -416,13 +486,100 @@ impl GateGuard {
                     other => format!("it could not be checked yet ({other:?})"),
                 };
                 tracing::warn!(
-                    "voucher {v}: its gate has been paused for {} and stays paused: {why}; retrying",
+                    "{v}: its gate has been paused for {} and stays paused: {why}; retrying",
                     round_ms(pause.since.elapsed()),
                 );
             }
             _ => {}
         }
         Ok(())
+    }
+}
+
+impl GateGuard {
+    /// The layout of a voucher in buckets, as MySQL recorded it (None:
+    /// not laid out yet).
+    async fn layout_of(&mut self, v: u64) -> Result<Option<Layout>> {
+        if let Some(layout) = self.state.layouts.get(&v) {
+            return Ok(Some(layout.clone()));
+        }
+        let Some(tags) = crate::orders::voucher::bucket_tags(&self.db, v).await? else {
+            return Ok(None);
+        };
+        if tags.is_empty() {
+            return Ok(None);
+        }
+        let layout = Layout::from_tags(&self.cfg.prefix, v, Some(&tags))?;
+        self.state.layouts.insert(v, layout.clone());
+        Ok(Some(layout))
+    }
+
+    /// MySQL's orders per bucket, for each voucher in buckets whose buyers
+    /// add up to fewer than its orders, or that this guard looks at for
+    /// the first time (a worker started after a restart: cron): the sign
+    /// of a loss the run ids cannot show, bucket by bucket. Counting reads
+    /// every order's user, so it is not done every pass.
+    async fn orders_per_bucket(
+        &mut self,
+        gates: &[GateId],
+        looks: &[Result<Look>],
+        orders: &HashMap<u64, u64>,
+    ) -> HashMap<u64, Vec<u64>> {
+        let mut buyers: HashMap<u64, (u32, u64, bool)> = HashMap::new();
+        for (id, look) in gates.iter().zip(looks) {
+            if id.buckets <= 1 {
+                continue;
+            }
+            let e = buyers.entry(id.voucher).or_insert((id.buckets, 0, true));
+            e.1 += look.as_ref().map_or(0, |l| l.buyers);
+            e.2 &= !self.state.run_ids.contains_key(id);
+        }
+        let mut out = HashMap::new();
+        for (v, (n, buyers, first)) in buyers {
+            let held = orders.get(&v).copied().unwrap_or(0);
+            if held == 0 || (buyers >= held && !first) {
+                continue;
+            }
+            match counters::orders_per_bucket(&self.db, v, n).await {
+                Ok(counts) => {
+                    out.insert(v, counts);
+                }
+                Err(e) => tracing::warn!("gate guard, voucher {v}: {e}"),
+            }
+        }
+        out
+    }
+
+    /// Rebuilds one bucket with the voucher's mover held still: the
+    /// bucket's stock is judged by every unit elsewhere (reconcile's
+    /// buckets.rs), which only a mover that cannot move keeps still. The
+    /// lease goes back after, or runs out if this worker dies.
+    async fn rebuild_bucket(
+        &mut self,
+        v: GateId,
+        opts: &reconcile::Options,
+    ) -> Result<reconcile::VoucherReport> {
+        let Some(layout) = self.layout_of(v.voucher).await? else {
+            return Err(Error::VoucherNotFound(v.voucher));
+        };
+        let gates = layout.all_keys()?;
+        let owner = &self.owner;
+        mover_fence::seize(&mut self.conn, &gates, owner, FENCE_LEASE).await?;
+        let checked = reconcile::reconcile_bucket(
+            &self.db,
+            &mut self.conn,
+            &layout,
+            v.bucket,
+            opts,
+            Some(&self.ids),
+        )
+        .await;
+        if let Err(e) = mover_fence::release(&mut self.conn, &gates[0], &self.owner).await {
+            tracing::debug!(
+                "gate guard, {v}: the mover lease was not given back ({e}); it runs out"
+            );
+        }
+        checked
     }
 }
 
@@ -440,9 +597,7 @@ fn look_of(row: Vec<Value>) -> Result<Look> {
     let run_id: Option<String> = FromRedisValue::from_redis_value(next()).ok();
     let recorded_run_id: Option<String> = FromRedisValue::from_redis_value(next())
         .map_err(|e| Error::Redis(format!("run id: {e}")))?;
-    let buckets: Option<u32> = FromRedisValue::from_redis_value(next()).unwrap_or(None);
     Ok(Look {
-        buckets: buckets.unwrap_or(1),
         loaded,
         buyers,
         paused: paused.as_deref() == Some("1"),

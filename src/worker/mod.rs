@@ -94,6 +94,7 @@ pub async fn run(
             stats: stats.clone(),
             every: opts.gate_check,
             grace: opts.lock_lease,
+            owner: format!("{}:{run_id}:guard", opts.consumer),
             state: Default::default(),
         };
         tokio::spawn(guard.run(stop_guard.clone()))

@@ -393,6 +393,51 @@ impl TestEnv {
             .expect("count the orders again");
     }
 
+    /// `voucher add --buckets`, `preload` and the real binary's admission,
+    /// worker and mover: the voucher sells on every master and exactly its
+    /// stock, one order per user, whatever bucket ran dry first.
+    pub async fn live_voucher_in_buckets(
+        &self,
+        voucher: u64,
+        stock: i64,
+        buckets: u32,
+    ) -> (seckill::gate::buckets::Layout, Redis) {
+        let out = self
+            .cmd()
+            .args(["voucher", "add", "--id", &voucher.to_string()])
+            .args([
+                "--stock",
+                &stock.to_string(),
+                "--buckets",
+                &buckets.to_string(),
+            ])
+            .args(["--begin", "-1m", "--pay-timeout", "1h", "--format", "json"])
+            .output()
+            .expect("voucher add");
+        assert!(out.status.success(), "{out:?}");
+        let added = json(&out);
+        assert_eq!(added["buckets"], buckets, "{added}");
+        let out = self
+            .cmd()
+            .args([
+                "preload",
+                "--voucher",
+                &voucher.to_string(),
+                "--format",
+                "json",
+            ])
+            .output()
+            .expect("preload");
+        assert!(out.status.success(), "{out:?}");
+        let preloaded = json(&out);
+        assert_eq!(preloaded[0]["buckets"], buckets, "{preloaded}");
+        let mut redis = self.redis().await;
+        let layout = seckill::gate::buckets::Layout::read(&mut redis, &self.prefix, voucher)
+            .await
+            .expect("layout");
+        (layout, redis)
+    }
+
     pub async fn live_voucher(&self, id: u64, stock: i64) {
         self.add_voucher(id, stock, -1_000, 3_600_000).await;
         self.preload(id).await;

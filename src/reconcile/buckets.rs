@@ -1,0 +1,125 @@
+//! One bucket of a voucher split in buckets, as reconcile compares it with
+//! MySQL (design/buckets.md §5 and hole 2): its buyers, releases and
+//! deadlines against the orders of its own users, and its stock against
+//! its share of MySQL's free stock — what MySQL has left less what every
+//! other place holds: the pool, the units in transit, and each other
+//! bucket's stock, units admitted there and not yet persisted, and units
+//! cancelled there and not yet given back.
+//!
+//! The read must hold the mover still (gate/mover_fence.rs): transfers
+//! move units between masters, where no one read sees both sides. The
+//! other buckets keep selling meanwhile, and that is safe: each is read
+//! Redis first, MySQL after, with its stock and its released set read at
+//! one moment (the witness, and a released set of the size the witness
+//! counted: it only grows), so a unit that moves during the read (sold,
+//! persisted, cancelled, given back) is counted once or twice, never not
+//! at all. The share comes out low, never high: a unit held back, found by
+//! the next look, never one sold twice.
+
+use redis::AsyncCommands;
+
+use super::snapshot::{read_gates, BucketView, GateSpec, Read, Snapshot};
+use crate::error::Result;
+use crate::gate::transfer;
+use crate::store::db::Db;
+use crate::store::layout::Layout;
+use crate::store::redis_conn::RedisConn;
+use crate::store::scripts::POOL_FOLD;
+
+/// Reads bucket `bucket` of `layout`'s voucher, its MySQL side made the
+/// bucket's (see the module comment; the mover must be fenced). With
+/// `fold`, bucket 0 paused for a rebuild takes the pool into its stock
+/// first (lua/pool_fold.lua): it shares bucket 0's master, so it may have
+/// lost writes with it.
+pub async fn read_bucket(
+    db: &Db,
+    conn: &mut impl RedisConn,
+    layout: &Layout,
+    bucket: u32,
+    settle_ms: i64,
+    fold: bool,
+) -> Result<Read> {
+    let gates = layout.all_keys()?;
+    let mut pool: i64 = conn
+        .get::<_, Option<i64>>(gates[0].pool())
+        .await?
+        .unwrap_or(0);
+    if fold && bucket == 0 && pool > 0 {
+        let folded: i64 = POOL_FOLD
+            .key(gates[0].meta())
+            .key(gates[0].pool())
+            .key(gates[0].stock())
+            .arg(pool)
+            .invoke_async(conn)
+            .await?;
+        match folded {
+            1 => pool = 0,
+            // The pool moved, though the mover is fenced: read again.
+            0 => return Ok(Read::Moved),
+            // Not paused: counted as it is.
+            _ => {}
+        }
+    }
+    let transit = transfer::in_transit(conn, &gates).await? as i64;
+    let specs: Vec<GateSpec> = gates
+        .iter()
+        .enumerate()
+        .map(|(b, keys)| GateSpec {
+            keys: keys.clone(),
+            bucket: b as u32,
+            buckets: layout.buckets(),
+        })
+        .collect();
+    let reads = read_gates(db, conn, layout.keys(0)?.prefix(), &specs, settle_ms).await?;
+    let mut target = None;
+    let mut others = Vec::with_capacity(reads.len());
+    for (b, read) in reads.into_iter().enumerate() {
+        let Some(s) = read.snapshot else {
+            return Ok(Read::Missing);
+        };
+        if b as u32 == bucket {
+            if read.moved {
+                return Ok(Read::Moved);
+            }
+            target = Some(s);
+        } else {
+            // Its stock is the witness's; the released set read after
+            // must be the one that went with it.
+            if s.released.len() as u64 != s.witness.released {
+                return Ok(Read::Moved);
+            }
+            others.push(s);
+        }
+    }
+    let Some(mut s) = target else {
+        return Ok(Read::Missing);
+    };
+    let held_elsewhere: i64 = others.iter().map(|o| held(o)).sum();
+    let share = s.mysql_stock - pool - transit - held_elsewhere;
+    let active_elsewhere: i64 = others.iter().map(|o| o.active_units()).sum();
+    let view = BucketView {
+        bucket,
+        buckets: layout.buckets(),
+        tags: layout.tags_text(),
+        voucher_total: s.total,
+        voucher_stock: s.mysql_stock,
+        voucher_active: s.active_units() + active_elsewhere,
+    };
+    // MySQL against itself stays a voucher's matter: the bucket's total is
+    // its share and its own active units, off by what the voucher is off.
+    let off = view.voucher_total - view.voucher_stock - view.voucher_active;
+    s.mysql_stock = share;
+    s.total = share + s.active_units() + off;
+    // The voucher row's counters count every bucket's orders.
+    s.counters = s.recounted;
+    s.bucket = Some(view);
+    Ok(Read::Snapshot(s))
+}
+
+/// The units a bucket holds as read: its stock, what it admitted that
+/// MySQL does not have yet, and what MySQL cancelled that it has not been
+/// given back yet.
+fn held(s: &Snapshot) -> i64 {
+    let unreleased: u64 = s.cancelled_unreleased().iter().map(|o| s.units(*o)).sum();
+    s.gate_stock.unwrap_or(0).max(0) + s.unpersisted_units() + unreleased as i64
+}
