@@ -330,6 +330,16 @@ async fn a_mover_killed_mid_transfer_leaves_units_in_transit_that_the_next_one_b
     };
     assert_eq!(in_transit, 1, "the killed mover's transfer is open");
     assert_invariants(&env, V).await;
+    // Reconcile counts the units in transit: every bucket agrees with
+    // MySQL, none is owed them.
+    let out = env
+        .cmd()
+        .args(["reconcile", "--dry-run", "--format", "json"])
+        .output()
+        .expect("reconcile");
+    let report = common::json(&out);
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    assert_eq!(report["consistent"], true, "{report}");
 
     let worker = env.spawn_worker(&common::fast_worker(&["--until-idle"]));
     let log = worker.expect_success(Duration::from_secs(90));
@@ -383,15 +393,22 @@ async fn a_voucher_keeps_its_buckets_once_preloaded_and_is_not_preloaded_again_l
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("its sale has begun"), "{err}");
     assert_eq!(env.snapshot().await, before, "refusals write nothing");
-    // Reconcile leaves it alone, saying so; named, it refuses.
+    // Reconcile checks it bucket by bucket.
     let out = env
         .cmd()
         .args(["reconcile", "--voucher", &V.to_string(), "--dry-run"])
+        .args(["--format", "json"])
         .output()
         .expect("reconcile");
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("split in buckets"), "{err}");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let report = common::json(&out);
+    let buckets: Vec<u64> = report["vouchers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["bucket"].as_u64())
+        .collect();
+    assert_eq!(buckets, [0, 1, 2], "{report}");
     env.cleanup().await;
 }
 
@@ -580,5 +597,61 @@ async fn a_request_nobody_can_fill_does_not_keep_units_from_one_that_fits() {
     );
     assert_eq!(s.waitlist, vec![zero[0]], "the one for 4 keeps waiting");
     assert_eq!(s.redis_stock, Some(1));
+    env.cleanup().await;
+}
+
+/// Drift in one bucket of a voucher in buckets: reconcile names that
+/// bucket alone, and repairs it against MySQL and the other buckets.
+#[tokio::test]
+async fn reconcile_finds_and_repairs_drift_in_one_bucket_alone() {
+    let env = TestEnv::on_cluster().await;
+    let (layout, mut redis) = env.live_voucher_in_buckets(V, 300, 3).await;
+    let report = env.admit_users(V, 90, 0).await;
+    assert_eq!(report.outcomes.success, 90, "{report:?}");
+    let worker = env.spawn_worker(&common::fast_worker(&["--until-idle"]));
+    worker.expect_success(Duration::from_secs(60));
+    // Bucket 2 forgets one buyer and gains 7 units it never had.
+    let k = layout.keys(2).expect("keys");
+    let forgotten: u64 = redis.srandmember(k.buyers()).await.expect("a buyer");
+    let _: () = redis.srem(k.buyers(), forgotten).await.expect("srem");
+    let _: () = redis.incr(k.stock(), 7).await.expect("incr");
+    let reconcile = |args: &[&str]| {
+        env.cmd()
+            .args(["reconcile", "--format", "json"])
+            .args(args)
+            .output()
+            .expect("reconcile")
+    };
+    let before = env.snapshot().await;
+    let out = reconcile(&["--dry-run"]);
+    let found = common::json(&out);
+    assert_eq!(out.status.code(), Some(3), "{found}");
+    assert_eq!(env.snapshot().await, before, "a dry run writes nothing");
+    let drifted: Vec<(u64, String, u64)> = found["vouchers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|r| {
+            let bucket = r["bucket"].as_u64().unwrap_or(99);
+            r["drifts"].as_array().into_iter().flatten().map(move |d| {
+                let class = d["class"].as_str().unwrap_or("").to_string();
+                (bucket, class, d["amount"].as_u64().unwrap_or(0))
+            })
+        })
+        .collect();
+    assert_eq!(
+        drifted,
+        [
+            (2, "redis_stock_high".to_string(), 7),
+            (2, "buyers_missing".to_string(), 1)
+        ],
+        "{found}"
+    );
+    let out = reconcile(&["--yes"]);
+    assert_eq!(out.status.code(), Some(4), "{}", common::json(&out));
+    let out = reconcile(&["--dry-run"]);
+    assert_eq!(out.status.code(), Some(0), "{}", common::json(&out));
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.redis_stock, Some(210));
     env.cleanup().await;
 }

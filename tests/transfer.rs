@@ -495,3 +495,131 @@ async fn the_mover_lease_has_one_holder_and_each_takeover_raises_the_epoch() {
     assert_eq!(lease("a", 60_000).await, 7, "kept");
     env.cleanup().await;
 }
+
+/// A hold on the mover (the guard's rebuild, reconcile): one holder at a
+/// time, resent without harm; while it is live no mover takes or renews
+/// the lease; its fence reaches every loaded gate and above any epoch a
+/// mover holds, and writes nothing into a gate that is gone.
+#[tokio::test]
+async fn a_hold_on_the_mover_keeps_it_still_fences_every_gate_and_is_safe_to_resend() {
+    let env = TestEnv::on_cluster().await;
+    let mut redis = env.redis().await;
+    let keys = three_buckets(&env, [10, 10, 10], 5).await;
+    let movers = redis.clone();
+    let take = |owner: &'static str| {
+        let (meta, holds) = (keys[0].meta(), keys[0].mover_holds());
+        let mut redis = movers.clone();
+        async move {
+            let epoch: u64 = scripts::MOVER_LEASE
+                .key(meta)
+                .key(holds)
+                .arg("take")
+                .arg(owner)
+                .arg(60_000)
+                .invoke_async(&mut redis)
+                .await
+                .expect("lease");
+            epoch
+        }
+    };
+    let mover = take("mover").await;
+    assert_eq!(mover, 1);
+    let gone = VoucherKeys::of_bucket(&env.prefix, V, &format!("{V}.9.0")).expect("keys");
+    let mut with_gone = keys.clone();
+    with_gone.push(gone.clone());
+    let held = seckill::gate::mover_fence::seize(
+        &mut redis,
+        &with_gone,
+        "guard",
+        std::time::Duration::from_secs(60),
+    )
+    .await
+    .expect("seize")
+    .expect("held");
+    assert!(held > mover + 1_000_000, "far above any epoch: {held}");
+    let again = seckill::gate::mover_fence::seize(
+        &mut redis,
+        &keys,
+        "guard",
+        std::time::Duration::from_secs(60),
+    )
+    .await
+    .expect("seize again")
+    .expect("still held");
+    assert!(again > held, "resent: the same holder, a harder fence");
+    let other = seckill::gate::mover_fence::seize(
+        &mut redis,
+        &keys,
+        "reconcile",
+        std::time::Duration::from_secs(60),
+    )
+    .await
+    .expect("seize");
+    assert_eq!(other, None, "one hold at a time");
+    for k in &keys {
+        let epoch: Option<u64> = redis.hget(k.meta(), "mover_epoch").await.expect("epoch");
+        assert!(epoch >= Some(held), "{} fenced", k.meta());
+    }
+    let exists: bool = redis.exists(gone.meta()).await.expect("exists");
+    assert!(!exists, "no meta made for a gate that is gone");
+    assert_eq!(take("mover").await, 0, "held still: not renewed");
+    // The mover's old epoch is refused everywhere.
+    let refused = transfer::take(
+        &mut redis,
+        Gate::Bucket(1, &keys[1]),
+        Gate::Pool(&keys[0]),
+        7,
+        1,
+        1,
+        mover,
+    )
+    .await
+    .expect("take");
+    assert!(matches!(refused, Taken::Fenced(_)), "{refused:?}");
+    seckill::gate::mover_fence::release(&mut redis, &keys[0], "guard")
+        .await
+        .expect("release");
+    seckill::gate::mover_fence::release(&mut redis, &keys[0], "guard")
+        .await
+        .expect("release again");
+    assert!(
+        take("mover").await >= again,
+        "moves again once the hold is gone"
+    );
+    env.cleanup().await;
+}
+
+/// The pool folded into bucket 0 for its rebuild: only while bucket 0 is
+/// paused, once.
+#[tokio::test]
+async fn the_pool_folds_into_a_paused_bucket_0_once() {
+    let env = TestEnv::on_cluster().await;
+    let mut redis = env.redis().await;
+    let keys = three_buckets(&env, [10, 10, 10], 5).await;
+    let fold = |redis: &mut Redis| {
+        let mut redis = redis.clone();
+        let k = keys[0].clone();
+        async move {
+            let folded: i64 = scripts::POOL_FOLD
+                .key(k.meta())
+                .key(k.pool())
+                .key(k.stock())
+                .arg(5)
+                .invoke_async(&mut redis)
+                .await
+                .expect("fold");
+            folded
+        }
+    };
+    assert_eq!(fold(&mut redis).await, -1, "not paused: nothing written");
+    assert_eq!(number(&mut redis, &keys[0].pool()).await, 5);
+    let _: () = redis
+        .hset(keys[0].meta(), "paused", "1")
+        .await
+        .expect("pause");
+    assert_eq!(fold(&mut redis).await, 1);
+    assert_eq!(fold(&mut redis).await, 0, "resent: nothing written");
+    assert_eq!(number(&mut redis, &keys[0].pool()).await, 0);
+    assert_eq!(number(&mut redis, &keys[0].stock()).await, 15);
+    env.cleanup().await;
+}

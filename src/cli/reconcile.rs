@@ -198,6 +198,14 @@ fn state_text(r: &VoucherReport) -> String {
     }
 }
 
+/// The voucher, and for a voucher in buckets which bucket (`7/2`).
+fn gate_name(r: &VoucherReport) -> String {
+    match r.bucket {
+        Some(b) => format!("{}/{b}", r.voucher),
+        None => r.voucher.to_string(),
+    }
+}
+
 fn numbers_table(reports: &[VoucherReport]) -> comfy_table::Table {
     let mut t = table(&[
         "voucher",
@@ -215,7 +223,7 @@ fn numbers_table(reports: &[VoucherReport]) -> comfy_table::Table {
     ]);
     for r in reports {
         t.add_row(vec![
-            r.voucher.to_string(),
+            gate_name(r),
             r.mysql_total.to_string(),
             r.mysql_stock.to_string(),
             r.orders_pending.to_string(),
@@ -243,7 +251,7 @@ fn drift_table(reports: &[VoucherReport]) -> comfy_table::Table {
                 .collect::<Vec<_>>()
                 .join(", ");
             t.add_row(vec![
-                r.voucher.to_string(),
+                gate_name(r),
                 serde_json::to_value(d.class)
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_string))

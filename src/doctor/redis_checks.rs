@@ -366,6 +366,7 @@ const DATA_COMMANDS: &[Probe] = &[
     &["scard", "K"],
     &["zadd", "K", "1", "m"],
     &["zrem", "K", "m"],
+    &["zremrangebyscore", "K", "-inf", "0"],
     &["zrange", "K", "0", "1"],
     &["zrangebyscore", "K", "0", "1"],
     &["zscore", "K", "m"],

@@ -2,10 +2,11 @@
 //! buckets (design/buckets.md §5): the rebuild counts every unit of the
 //! voucher across masters (the pool, each bucket, transfers in transit),
 //! and only a mover that cannot move keeps that count from shifting under
-//! it. The guard seizes the mover lease whoever holds it, then raises every
-//! bucket's epoch to the lease's, so a take or give of the mover it
-//! displaced is refused at every gate (lua/mover_lease.lua); the lease goes
-//! back once the rebuild is done, and runs out if the guard dies.
+//! it. A hold (the guard's, or reconcile's; several at once) keeps any
+//! mover from taking or renewing the lease, and raises every bucket's epoch
+//! above the lease's, so a take or give of a mover under the old epoch is
+//! refused at every gate (lua/mover_lease.lua). It is given back once the
+//! count is done, and runs out if its holder dies.
 
 use std::time::Duration;
 
@@ -15,38 +16,48 @@ use crate::error::Result;
 use crate::store::keys::VoucherKeys;
 use crate::store::scripts::MOVER_LEASE;
 
-/// Seizes the mover lease of the voucher whose buckets' keys are `gates`
-/// (bucket 0's first) for `owner`, for `lease`, and fences every loaded
-/// bucket; the epoch it holds.
+/// Holds still the mover of the voucher whose buckets' keys are `gates`
+/// (bucket 0's first), as `owner`, for `lease`, and fences every loaded
+/// bucket: the epoch of the fence, or None while another holds it still
+/// (one count of the voucher's units at a time: try again later).
 pub async fn seize(
     conn: &mut impl ConnectionLike,
     gates: &[VoucherKeys],
     owner: &str,
     lease: Duration,
-) -> Result<u64> {
+) -> Result<Option<u64>> {
     let Some(first) = gates.first() else {
-        return Ok(0);
+        return Ok(None);
     };
     let epoch: u64 = MOVER_LEASE
         .key(first.meta())
+        .key(first.mover_holds())
         .arg("seize")
         .arg(owner)
         .arg(lease.as_millis().max(1) as u64)
         .invoke_async(conn)
         .await?;
+    if epoch == 0 {
+        return Ok(None);
+    }
     for keys in gates {
-        let _: u64 = MOVER_LEASE
+        let fenced: redis::RedisResult<u64> = MOVER_LEASE
             .key(keys.meta())
             .arg("fence")
             .arg(owner)
             .arg(epoch)
             .invoke_async(conn)
-            .await?;
+            .await;
+        if let Err(e) = fenced {
+            // Half fenced is no hold: the mover may move again.
+            release(conn, first, owner).await.ok();
+            return Err(e.into());
+        }
     }
-    Ok(epoch)
+    Ok(Some(epoch))
 }
 
-/// Gives the lease back (a mover takes it over at a higher epoch).
+/// Gives the hold back (the mover moves again once no hold is left).
 pub async fn release(
     conn: &mut impl ConnectionLike,
     bucket0: &VoucherKeys,
@@ -54,7 +65,8 @@ pub async fn release(
 ) -> Result<()> {
     let _: i64 = MOVER_LEASE
         .key(bucket0.meta())
-        .arg("release")
+        .key(bucket0.mover_holds())
+        .arg("unseize")
         .arg(owner)
         .invoke_async(conn)
         .await?;

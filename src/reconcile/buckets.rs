@@ -13,8 +13,8 @@
 //! one moment (the witness, and a released set of the size the witness
 //! counted: it only grows), so a unit that moves during the read (sold,
 //! persisted, cancelled, given back) is counted once or twice, never not
-//! at all. The share comes out low, never high: a unit held back, found by
-//! the next look, never one sold twice.
+//! at all. The share comes out low, never high: a unit held back (given
+//! back by the next `seckill reconcile`), never one sold twice.
 
 use redis::AsyncCommands;
 
@@ -25,6 +25,19 @@ use crate::store::db::Db;
 use crate::store::layout::Layout;
 use crate::store::redis_conn::RedisConn;
 use crate::store::scripts::POOL_FOLD;
+
+/// Which bucket answers for the voucher's stock. Only the whole voucher's
+/// units can be checked against MySQL (the split between buckets is the
+/// mover's, not MySQL's), so a difference shows in every bucket alike;
+/// one bucket takes it, and the others are judged by their sets alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StockJudged {
+    /// This bucket's stock is set from its share (the guard's rebuild of
+    /// the bucket that lost writes, or reconcile's chosen bucket).
+    Here,
+    /// Another bucket's stock answers for the difference.
+    Elsewhere,
+}
 
 /// Reads bucket `bucket` of `layout`'s voucher, its MySQL side made the
 /// bucket's (see the module comment; the mover must be fenced). With
@@ -38,29 +51,36 @@ pub async fn read_bucket(
     bucket: u32,
     settle_ms: i64,
     fold: bool,
+    judged: StockJudged,
 ) -> Result<Read> {
     let gates = layout.all_keys()?;
-    let mut pool: i64 = conn
+    if fold && bucket == 0 {
+        let pool: i64 = conn
+            .get::<_, Option<i64>>(gates[0].pool())
+            .await?
+            .unwrap_or(0);
+        if pool > 0 {
+            let folded: i64 = POOL_FOLD
+                .key(gates[0].meta())
+                .key(gates[0].pool())
+                .key(gates[0].stock())
+                .arg(pool)
+                .invoke_async(conn)
+                .await?;
+            if folded == 0 {
+                // The pool moved, though the mover is held: read again.
+                return Ok(Read::Moved);
+            }
+        }
+    }
+    // Transit first, the pool after: a stale transfer a mover's round
+    // completes meanwhile (its units back in the pool) is counted twice
+    // then, never not at all; the buckets' stock is read after, too.
+    let transit = transfer::in_transit(conn, &gates).await? as i64;
+    let pool: i64 = conn
         .get::<_, Option<i64>>(gates[0].pool())
         .await?
         .unwrap_or(0);
-    if fold && bucket == 0 && pool > 0 {
-        let folded: i64 = POOL_FOLD
-            .key(gates[0].meta())
-            .key(gates[0].pool())
-            .key(gates[0].stock())
-            .arg(pool)
-            .invoke_async(conn)
-            .await?;
-        match folded {
-            1 => pool = 0,
-            // The pool moved, though the mover is fenced: read again.
-            0 => return Ok(Read::Moved),
-            // Not paused: counted as it is.
-            _ => {}
-        }
-    }
-    let transit = transfer::in_transit(conn, &gates).await? as i64;
     let specs: Vec<GateSpec> = gates
         .iter()
         .enumerate()
@@ -94,8 +114,14 @@ pub async fn read_bucket(
     let Some(mut s) = target else {
         return Ok(Read::Missing);
     };
-    let held_elsewhere: i64 = others.iter().map(|o| held(o)).sum();
-    let share = s.mysql_stock - pool - transit - held_elsewhere;
+    let share = match judged {
+        StockJudged::Here => {
+            let held_elsewhere: i64 = others.iter().map(|o| held(o)).sum();
+            s.mysql_stock - pool - transit - held_elsewhere
+        }
+        // What it holds, so that its expected stock is its stock.
+        StockJudged::Elsewhere => held(&s),
+    };
     let active_elsewhere: i64 = others.iter().map(|o| o.active_units()).sum();
     let view = BucketView {
         bucket,

@@ -11,6 +11,7 @@
 //! cancelled units not yet given back.
 
 mod buckets;
+pub use buckets::StockJudged;
 mod classify;
 mod quick;
 mod repair;
@@ -31,7 +32,8 @@ use crate::store::redis_conn::RedisConn;
 pub use classify::{classify, Drift, DriftClass};
 use quick::Quick;
 use repair::{repair, sync_digests, RepairResult};
-use report::{busy_report, report_of};
+pub use report::busy_report;
+use report::report_of;
 pub use report::{Outcome, VoucherReport};
 pub use snapshot::{candidates, read_many, read_voucher, Read, Snapshot};
 use tokio_util::sync::CancellationToken;
@@ -55,6 +57,9 @@ pub struct Options {
 /// the stores takes milliseconds), before it is read in full.
 const QUICK_ROUNDS: usize = 3;
 const QUICK_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
+/// How long reconcile may hold a voucher's mover still while it counts one
+/// bucket (a run that dies meanwhile holds it no longer).
+const MOVER_HOLD: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Vouchers read per chunk: a few round trips per chunk, not per voucher.
 pub const CHUNK: usize = 500;
@@ -93,7 +98,15 @@ impl<'a, C: RedisConn> Run<'a, C> {
     ) -> Result<Vec<VoucherReport>> {
         let mut out = Vec::with_capacity(vouchers.len());
         for whole in vouchers.chunks(CHUNK) {
-            let chunk = &self.without_buckets(whole).await?;
+            // MySQL's word on the split: a bucket 0 that lost its meta
+            // reads as a voucher of one gate, whose "repair" would take
+            // every other bucket's buyers and stock into it.
+            let split = crate::orders::voucher::split_in_buckets(self.db, whole).await?;
+            let chunk: &Vec<u64> = &whole
+                .iter()
+                .filter(|v| !split.contains(v))
+                .copied()
+                .collect();
             let (mut agreed, full) = match opts.deep {
                 true => (HashMap::new(), chunk.to_vec()),
                 false => self.quick_rounds(chunk, opts).await?,
@@ -121,35 +134,130 @@ impl<'a, C: RedisConn> Run<'a, C> {
                 .await?;
                 agreed.insert(v, report);
             }
-            out.extend(chunk.iter().filter_map(|v| agreed.remove(v)));
+            for &v in whole {
+                match split.contains(&v) {
+                    true => out.extend(self.buckets_pass(v, opts).await?),
+                    false => out.extend(agreed.remove(&v)),
+                }
+            }
             progress(whole.len());
         }
         Ok(out)
     }
 
-    /// `vouchers` less those split in buckets, which reconcile does not
-    /// handle yet (design/buckets.md): comparing bucket 0 alone with
-    /// MySQL would find every other bucket's buyers missing and "repair"
-    /// them away. Named by the operator, one is an error; otherwise it is
-    /// skipped with a warning.
-    async fn without_buckets(&mut self, vouchers: &[u64]) -> Result<Vec<u64>> {
-        // MySQL's word: a bucket 0 that lost its meta reads as one bucket.
-        let split = crate::orders::voucher::split_in_buckets(self.db, vouchers).await?;
-        let mut kept = Vec::with_capacity(vouchers.len());
-        for &v in vouchers {
-            match (split.contains(&v), self.explicit) {
-                (false, _) => kept.push(v),
-                (true, true) => {
-                    return Err(Error::InvalidInput(format!(
-                        "voucher {v} is split in buckets: reconcile does not handle a voucher in buckets yet"
-                    )))
+    /// A voucher in buckets, bucket by bucket (each read in full), its
+    /// mover held still while each is counted (repairs only: a dry run
+    /// writes nothing, so it looks up to a few times and reports a
+    /// difference only if every look saw one, a transfer moving during a
+    /// look being counted twice or not at all).
+    async fn buckets_pass(&mut self, v: u64, opts: &Options) -> Result<Vec<VoucherReport>> {
+        let tags = crate::orders::voucher::bucket_tags(self.db, v).await?;
+        let Some(tags) = tags.filter(|t| !t.is_empty()) else {
+            tracing::warn!(
+                "voucher {v} is split in buckets and was never preloaded; nothing to check"
+            );
+            return Ok(Vec::new());
+        };
+        let layout = Layout::from_tags(self.prefix, v, Some(&tags))?;
+        let gates = layout.all_keys()?;
+        let owner = format!("reconcile:{}", crate::support::host::random_tag());
+        if !opts.dry_run
+            && crate::gate::mover_fence::seize(self.conn, &gates, &owner, MOVER_HOLD)
+                .await?
+                .is_none()
+        {
+            // A worker's guard rebuilds one of its buckets: look again later.
+            return Ok(vec![busy_report(v)]);
+        }
+        let done = self.buckets_under_hold(&layout, &gates, &owner, opts).await;
+        if !opts.dry_run {
+            self.unhold(&gates[0], &owner).await;
+        }
+        done
+    }
+
+    async fn buckets_under_hold(
+        &mut self,
+        layout: &Layout,
+        gates: &[VoucherKeys],
+        owner: &str,
+        opts: &Options,
+    ) -> Result<Vec<VoucherReport>> {
+        let carrier = self.stock_carrier(layout, opts).await?;
+        let mut out = Vec::with_capacity(gates.len());
+        for b in 0..layout.buckets() {
+            let judged = match carrier == Some(b) {
+                true => StockJudged::Here,
+                false => StockJudged::Elsewhere,
+            };
+            if opts.dry_run {
+                let mut report = None;
+                for round in 0..QUICK_ROUNDS {
+                    if round > 0 {
+                        tokio::time::sleep(QUICK_PAUSE).await;
+                    }
+                    let r =
+                        reconcile_bucket(self.db, self.conn, layout, b, judged, opts, None).await?;
+                    let agreed = r.outcome == Outcome::Consistent;
+                    report = Some(r);
+                    if agreed {
+                        break;
+                    }
                 }
-                (true, false) => tracing::warn!(
-                    "voucher {v} is split in buckets: reconcile does not handle a voucher in buckets yet; skipped"
-                ),
+                out.extend(report);
+                continue;
+            }
+            // Renewed for each bucket: a long pass outlives one hold.
+            if crate::gate::mover_fence::seize(self.conn, gates, owner, MOVER_HOLD)
+                .await?
+                .is_none()
+            {
+                out.push(busy_report(layout.voucher()));
+                continue;
+            }
+            out.push(
+                reconcile_bucket(self.db, self.conn, layout, b, judged, opts, self.ids).await?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// The bucket that answers for a difference in the voucher's units
+    /// (None: there is none). Too many: the one holding the most stock,
+    /// which can give it up; too few: bucket 0, whose units the mover
+    /// spreads.
+    async fn stock_carrier(&mut self, layout: &Layout, opts: &Options) -> Result<Option<u32>> {
+        let look = Options {
+            dry_run: true,
+            ..*opts
+        };
+        let mut most: Option<(i64, u32)> = None;
+        let mut off = 0;
+        for b in 0..layout.buckets() {
+            let judged = StockJudged::Here;
+            let r = reconcile_bucket(self.db, self.conn, layout, b, judged, &look, None).await?;
+            let stock = r.gate_stock.unwrap_or(0);
+            if b == 0 {
+                off = r.expected_gate_stock - stock;
+            }
+            if most.is_none_or(|(s, _)| stock > s) {
+                most = Some((stock, b));
             }
         }
-        Ok(kept)
+        Ok(match off {
+            0 => None,
+            o if o < 0 => most.map(|(_, b)| b),
+            _ => Some(0),
+        })
+    }
+
+    async fn unhold(&mut self, bucket0: &VoucherKeys, owner: &str) {
+        if let Err(e) = crate::gate::mover_fence::release(self.conn, bucket0, owner).await {
+            tracing::debug!(
+                "voucher {}: the hold on its mover was not given back ({e}); it runs out",
+                bucket0.voucher()
+            );
+        }
     }
 
     /// Quick looks at `chunk`: the reports of the vouchers both stores
@@ -292,7 +400,11 @@ enum Target<'a> {
     /// A voucher's one gate.
     Voucher { prefix: &'a str, voucher: u64 },
     /// One bucket of a voucher in buckets (the mover fenced: buckets.rs).
-    Bucket { layout: &'a Layout, bucket: u32 },
+    Bucket {
+        layout: &'a Layout,
+        bucket: u32,
+        judged: StockJudged,
+    },
 }
 
 impl Target<'_> {
@@ -306,7 +418,7 @@ impl Target<'_> {
     fn keys(&self) -> Result<VoucherKeys> {
         match self {
             Target::Voucher { prefix, voucher } => VoucherKeys::new(prefix, *voucher),
-            Target::Bucket { layout, bucket } => layout.keys(*bucket),
+            Target::Bucket { layout, bucket, .. } => layout.keys(*bucket),
         }
     }
 
@@ -321,8 +433,13 @@ impl Target<'_> {
             Target::Voucher { voucher, .. } => {
                 read_voucher(db, conn, keys, *voucher, opts.settle_ms).await
             }
-            Target::Bucket { layout, bucket } => {
-                buckets::read_bucket(db, conn, layout, *bucket, opts.settle_ms, !opts.dry_run).await
+            Target::Bucket {
+                layout,
+                bucket,
+                judged,
+            } => {
+                let fold = !opts.dry_run && *judged == StockJudged::Here;
+                buckets::read_bucket(db, conn, layout, *bucket, opts.settle_ms, fold, *judged).await
             }
         }
     }
@@ -347,16 +464,24 @@ pub async fn reconcile_voucher(
 /// repairs what it found and reopens it if paused. Only while the
 /// voucher's mover is fenced (gate/mover_fence.rs): the bucket's stock is
 /// judged by every unit of the voucher elsewhere.
+#[allow(clippy::too_many_arguments)]
 pub async fn reconcile_bucket(
     db: &Db,
     conn: &mut impl RedisConn,
     layout: &Layout,
     bucket: u32,
+    judged: StockJudged,
     opts: &Options,
     ids: Option<&OrderIds>,
 ) -> Result<VoucherReport> {
-    let target = Target::Bucket { layout, bucket };
-    reconcile_gate(db, conn, target, None, opts, ids).await
+    let target = Target::Bucket {
+        layout,
+        bucket,
+        judged,
+    };
+    let mut report = reconcile_gate(db, conn, target, None, opts, ids).await?;
+    report.bucket = Some(bucket);
+    Ok(report)
 }
 
 async fn reconcile_gate(

@@ -26,6 +26,10 @@ pub enum Outcome {
 #[derive(Debug, Clone, Serialize)]
 pub struct VoucherReport {
     pub voucher: u64,
+    /// One bucket of a voucher in buckets (one report each): then
+    /// `mysql_total` and `mysql_stock` are the bucket's share of MySQL's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<u32>,
     pub mysql_total: i64,
     pub mysql_stock: i64,
     pub orders_pending: u64,
@@ -61,9 +65,12 @@ pub enum ReadKind {
     Full,
 }
 
-pub(super) fn busy_report(voucher: u64) -> VoucherReport {
+/// A voucher that kept moving (or whose units another counts): nothing
+/// written, to be looked at again.
+pub fn busy_report(voucher: u64) -> VoucherReport {
     VoucherReport {
         voucher,
+        bucket: None,
         mysql_total: 0,
         mysql_stock: 0,
         orders_pending: 0,
@@ -89,6 +96,7 @@ pub(super) fn agreed_report(a: &Agreed) -> VoucherReport {
     let c = &a.row.counters;
     VoucherReport {
         voucher: a.voucher,
+        bucket: None,
         mysql_total: a.row.total,
         mysql_stock: a.row.stock,
         orders_pending: c.orders_pending(),
@@ -112,6 +120,7 @@ pub(super) fn agreed_report(a: &Agreed) -> VoucherReport {
 pub(super) fn report_of(s: &Snapshot, drifts: Vec<Drift>, expected: i64) -> VoucherReport {
     VoucherReport {
         voucher: s.voucher,
+        bucket: s.bucket.as_ref().map(|b| b.bucket),
         mysql_total: s.total,
         mysql_stock: s.mysql_stock,
         orders_pending: s.pending.len() as u64,

@@ -141,6 +141,12 @@ impl VoucherKeys {
     pub fn pool_received(&self) -> String {
         self.key("pool_received")
     }
+    /// Who holds a bucketed voucher's mover still while they count its
+    /// units (the gate guard's rebuild, reconcile): owner -> expiry ms, a
+    /// sorted set on bucket 0's tag (lua/mover_lease.lua).
+    pub fn mover_holds(&self) -> String {
+        self.key("mover_holds")
+    }
     /// Scratch key for rebuilding the buyers set before swapping it in;
     /// `run` keeps two concurrent rebuilds (preload and reconcile) apart.
     pub fn buyers_staging(&self, run: &str) -> String {

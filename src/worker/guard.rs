@@ -564,12 +564,20 @@ impl GateGuard {
         };
         let gates = layout.all_keys()?;
         let owner = &self.owner;
-        mover_fence::seize(&mut self.conn, &gates, owner, FENCE_LEASE).await?;
+        if mover_fence::seize(&mut self.conn, &gates, owner, FENCE_LEASE)
+            .await?
+            .is_none()
+        {
+            // Another guard or reconcile counts the voucher's units: the
+            // bucket stays paused until a later pass.
+            return Ok(reconcile::busy_report(v.voucher));
+        }
         let checked = reconcile::reconcile_bucket(
             &self.db,
             &mut self.conn,
             &layout,
             v.bucket,
+            reconcile::StockJudged::Here,
             opts,
             Some(&self.ids),
         )

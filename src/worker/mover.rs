@@ -293,6 +293,8 @@ impl Mover {
             .unwrap_or(0);
         let epoch: u64 = MOVER_LEASE
             .key(bucket0.meta())
+            // A rebuild or reconcile holding it still keeps it from moving.
+            .key(bucket0.mover_holds())
             .arg("take")
             .arg(&self.owner)
             .arg(self.lease.as_millis() as u64)
