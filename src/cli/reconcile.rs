@@ -167,6 +167,9 @@ fn render(args: &ReconcileArgs, reports: &[VoucherReport]) -> anyhow::Result<()>
         }),
         Format::Table => {
             outln!("{}", numbers_table(reports))?;
+            if reports.iter().any(|r| r.voucher_units.is_some()) {
+                outln!("{}", units_table(reports))?;
+            }
             if !consistent {
                 outln!("{}", drift_table(reports))?;
             }
@@ -235,6 +238,37 @@ fn numbers_table(reports: &[VoucherReport]) -> comfy_table::Table {
             r.in_flight.to_string(),
             r.dead_letters.to_string(),
             state_text(r),
+        ]);
+    }
+    t
+}
+
+/// Vouchers in buckets, their units wherever they are: the places add up
+/// to MySQL's free stock when `off` is 0.
+fn units_table(reports: &[VoucherReport]) -> comfy_table::Table {
+    let mut t = table(&[
+        "voucher",
+        "total",
+        "mysql stock",
+        "pool",
+        "in transit",
+        "bucket stock",
+        "in flight",
+        "unreleased",
+        "off",
+    ]);
+    for r in reports {
+        let Some(u) = &r.voucher_units else { continue };
+        t.add_row(vec![
+            r.voucher.to_string(),
+            u.total.to_string(),
+            u.mysql_stock.to_string(),
+            u.pool.to_string(),
+            u.in_transit.to_string(),
+            u.bucket_stock.to_string(),
+            u.in_flight.to_string(),
+            u.unreleased.to_string(),
+            u.off.to_string(),
         ]);
     }
     t

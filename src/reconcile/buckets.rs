@@ -6,23 +6,27 @@
 //! bucket's stock, units admitted there and not yet persisted, and units
 //! cancelled there and not yet given back.
 //!
-//! The read must hold the mover still (gate/mover_fence.rs): transfers
-//! move units between masters, where no one read sees both sides. The
-//! other buckets keep selling meanwhile, and that is safe: each is read
-//! Redis first, MySQL after, with its stock and its released set read at
-//! one moment (the witness, and a released set of the size the witness
-//! counted: it only grows), so a unit that moves during the read (sold,
-//! persisted, cancelled, given back) is counted once or twice, never not
-//! at all. The share comes out low, never high: a unit held back (given
-//! back by the next `seckill reconcile`), never one sold twice.
+//! Transfers move units between masters, where no one read sees both
+//! sides: the pool and the transfers in transit are read before and after
+//! the buckets and must not have moved (a writing caller holds the mover
+//! still: gate/mover_fence.rs). Reconcile wants every bucket still across
+//! the read, which makes the count exact. The guard's rebuild of a paused
+//! bucket cannot wait for a sale to stop, so there the other buckets sell
+//! on, and that is safe: each is read Redis first, MySQL after, with its
+//! stock and its released set read at one moment (the witness, and a
+//! released set of the size the witness counted: it only grows), so a
+//! unit that moves during the read (sold, persisted, cancelled, given
+//! back) is counted once or twice, never not at all. The share then comes
+//! out low, never high: a unit held back (given back by the next
+//! `seckill reconcile`), never one sold twice.
 
 use redis::AsyncCommands;
 
-use super::snapshot::{read_gates, BucketView, GateSpec, Read, Snapshot};
+use super::snapshot::{read_gates, BucketView, GateSpec, Read, Snapshot, VoucherUnits};
+use super::BucketCheck;
 use crate::error::Result;
 use crate::gate::transfer;
 use crate::store::db::Db;
-use crate::store::layout::Layout;
 use crate::store::redis_conn::RedisConn;
 use crate::store::scripts::POOL_FOLD;
 
@@ -47,12 +51,11 @@ pub enum StockJudged {
 pub async fn read_bucket(
     db: &Db,
     conn: &mut impl RedisConn,
-    layout: &Layout,
-    bucket: u32,
+    check: &BucketCheck<'_>,
     settle_ms: i64,
     fold: bool,
-    judged: StockJudged,
 ) -> Result<Read> {
+    let (layout, bucket, judged) = (check.layout, check.bucket, check.judged);
     let gates = layout.all_keys()?;
     if fold && bucket == 0 {
         let pool: i64 = conn
@@ -97,10 +100,13 @@ pub async fn read_bucket(
         let Some(s) = read.snapshot else {
             return Ok(Read::Missing);
         };
+        // Every bucket still across the read makes the count exact; only
+        // a rebuild under a pause (the others selling on) settles for a
+        // count that errs low.
+        if read.moved && (b as u32 == bucket || !check.others_may_move) {
+            return Ok(Read::Moved);
+        }
         if b as u32 == bucket {
-            if read.moved {
-                return Ok(Read::Moved);
-            }
             target = Some(s);
         } else {
             // Its stock is the witness's; the released set read after
@@ -114,6 +120,33 @@ pub async fn read_bucket(
     let Some(mut s) = target else {
         return Ok(Read::Missing);
     };
+    // Transfers and the pool as they were: a mover not held (a dry run)
+    // may have moved units between places read at different moments.
+    let transit_after = transfer::in_transit(conn, &gates).await? as i64;
+    let pool_after: i64 = conn
+        .get::<_, Option<i64>>(gates[0].pool())
+        .await?
+        .unwrap_or(0);
+    if (transit_after, pool_after) != (transit, pool) {
+        return Ok(Read::Moved);
+    }
+    let all = || std::iter::once(&s).chain(others.iter());
+    let mut units = VoucherUnits {
+        total: s.total,
+        mysql_stock: s.mysql_stock,
+        pool,
+        in_transit: transit,
+        bucket_stock: all().map(|g| g.gate_stock.unwrap_or(0).max(0)).sum(),
+        in_flight: all().map(|g| g.unpersisted_units()).sum(),
+        unreleased: all().map(|g| unreleased_units(g)).sum(),
+        off: 0,
+    };
+    units.off = units.mysql_stock
+        - units.pool
+        - units.in_transit
+        - units.bucket_stock
+        - units.in_flight
+        - units.unreleased;
     let share = match judged {
         StockJudged::Here => {
             let held_elsewhere: i64 = others.iter().map(|o| held(o)).sum();
@@ -130,6 +163,7 @@ pub async fn read_bucket(
         voucher_total: s.total,
         voucher_stock: s.mysql_stock,
         voucher_active: s.active_units() + active_elsewhere,
+        units,
     };
     // MySQL against itself stays a voucher's matter: the bucket's total is
     // its share and its own active units, off by what the voucher is off.
@@ -146,6 +180,10 @@ pub async fn read_bucket(
 /// MySQL does not have yet, and what MySQL cancelled that it has not been
 /// given back yet.
 fn held(s: &Snapshot) -> i64 {
-    let unreleased: u64 = s.cancelled_unreleased().iter().map(|o| s.units(*o)).sum();
-    s.gate_stock.unwrap_or(0).max(0) + s.unpersisted_units() + unreleased as i64
+    s.gate_stock.unwrap_or(0).max(0) + s.unpersisted_units() + unreleased_units(s)
+}
+
+fn unreleased_units(s: &Snapshot) -> i64 {
+    let units: u64 = s.cancelled_unreleased().iter().map(|o| s.units(*o)).sum();
+    units as i64
 }

@@ -57,9 +57,10 @@ pub struct Options {
 /// the stores takes milliseconds), before it is read in full.
 const QUICK_ROUNDS: usize = 3;
 const QUICK_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
-/// How long reconcile may hold a voucher's mover still while it counts one
-/// bucket (a run that dies meanwhile holds it no longer).
-const MOVER_HOLD: std::time::Duration = std::time::Duration::from_secs(15);
+/// How long reconcile or the guard holds a voucher's mover still for one
+/// read of a bucket (renewed before each; one that dies meanwhile holds
+/// it no longer).
+pub const MOVER_HOLD: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Vouchers read per chunk: a few round trips per chunk, not per voucher.
 pub const CHUNK: usize = 500;
@@ -183,7 +184,13 @@ impl<'a, C: RedisConn> Run<'a, C> {
         owner: &str,
         opts: &Options,
     ) -> Result<Vec<VoucherReport>> {
-        let carrier = self.stock_carrier(layout, opts).await?;
+        let carrier = match self.stock_carrier(layout, opts).await? {
+            // No still look at every bucket: the voucher's units cannot
+            // be counted now; nothing is judged, nothing written.
+            Carrier::Busy => return Ok(vec![busy_report(layout.voucher())]),
+            Carrier::None => None,
+            Carrier::Bucket(b) => Some(b),
+        };
         let mut out = Vec::with_capacity(gates.len());
         for b in 0..layout.buckets() {
             let judged = match carrier == Some(b) {
@@ -196,8 +203,14 @@ impl<'a, C: RedisConn> Run<'a, C> {
                     if round > 0 {
                         tokio::time::sleep(QUICK_PAUSE).await;
                     }
-                    let r =
-                        reconcile_bucket(self.db, self.conn, layout, b, judged, opts, None).await?;
+                    let check = BucketCheck {
+                        layout,
+                        bucket: b,
+                        judged,
+                        hold: None,
+                        others_may_move: false,
+                    };
+                    let r = reconcile_bucket(self.db, self.conn, check, opts, None).await?;
                     let agreed = r.outcome == Outcome::Consistent;
                     report = Some(r);
                     if agreed {
@@ -207,26 +220,24 @@ impl<'a, C: RedisConn> Run<'a, C> {
                 out.extend(report);
                 continue;
             }
-            // Renewed for each bucket: a long pass outlives one hold.
-            if crate::gate::mover_fence::seize(self.conn, gates, owner, MOVER_HOLD)
-                .await?
-                .is_none()
-            {
-                out.push(busy_report(layout.voucher()));
-                continue;
-            }
-            out.push(
-                reconcile_bucket(self.db, self.conn, layout, b, judged, opts, self.ids).await?,
-            );
+            // The hold is renewed before each read (reconcile_gate).
+            let check = BucketCheck {
+                layout,
+                bucket: b,
+                judged,
+                hold: Some(owner),
+                others_may_move: false,
+            };
+            out.push(reconcile_bucket(self.db, self.conn, check, opts, self.ids).await?);
         }
         Ok(out)
     }
 
-    /// The bucket that answers for a difference in the voucher's units
-    /// (None: there is none). Too many: the one holding the most stock,
+    /// The bucket that answers for a difference in the voucher's units.
+    /// Too many: the one holding the most stock,
     /// which can give it up; too few: bucket 0, whose units the mover
     /// spreads.
-    async fn stock_carrier(&mut self, layout: &Layout, opts: &Options) -> Result<Option<u32>> {
+    async fn stock_carrier(&mut self, layout: &Layout, opts: &Options) -> Result<Carrier> {
         let look = Options {
             dry_run: true,
             ..*opts
@@ -234,8 +245,17 @@ impl<'a, C: RedisConn> Run<'a, C> {
         let mut most: Option<(i64, u32)> = None;
         let mut off = 0;
         for b in 0..layout.buckets() {
-            let judged = StockJudged::Here;
-            let r = reconcile_bucket(self.db, self.conn, layout, b, judged, &look, None).await?;
+            let check = BucketCheck {
+                layout,
+                bucket: b,
+                judged: StockJudged::Here,
+                hold: None,
+                others_may_move: false,
+            };
+            let r = reconcile_bucket(self.db, self.conn, check, &look, None).await?;
+            if r.outcome == Outcome::Busy {
+                return Ok(Carrier::Busy);
+            }
             let stock = r.gate_stock.unwrap_or(0);
             if b == 0 {
                 off = r.expected_gate_stock - stock;
@@ -245,9 +265,9 @@ impl<'a, C: RedisConn> Run<'a, C> {
             }
         }
         Ok(match off {
-            0 => None,
-            o if o < 0 => most.map(|(_, b)| b),
-            _ => Some(0),
+            0 => Carrier::None,
+            o if o < 0 => most.map_or(Carrier::None, |(_, b)| Carrier::Bucket(b)),
+            _ => Carrier::Bucket(0),
         })
     }
 
@@ -394,31 +414,52 @@ async fn reopen_on_read(
     reopen_if_paused(conn, keys, s.order_ids.len() as u64, &s.pause_token, report).await
 }
 
+/// Which bucket answers for a difference in a voucher's units.
+enum Carrier {
+    None,
+    Bucket(u32),
+    /// The buckets kept moving: not counted.
+    Busy,
+}
+
 /// What one reconcile loop reads and repairs.
 #[derive(Clone, Copy)]
 enum Target<'a> {
     /// A voucher's one gate.
     Voucher { prefix: &'a str, voucher: u64 },
     /// One bucket of a voucher in buckets (the mover fenced: buckets.rs).
-    Bucket {
-        layout: &'a Layout,
-        bucket: u32,
-        judged: StockJudged,
-    },
+    Bucket(BucketCheck<'a>),
+}
+
+/// One bucket of a voucher in buckets to check.
+#[derive(Clone, Copy)]
+pub struct BucketCheck<'a> {
+    pub layout: &'a Layout,
+    pub bucket: u32,
+    pub judged: StockJudged,
+    /// Who holds the voucher's mover still (gate/mover_fence.rs): the hold
+    /// is renewed before every read, so no read outlives it. None: a look
+    /// that writes nothing (dry run).
+    pub hold: Option<&'a str>,
+    /// The other buckets may sell during the read (the guard's rebuild of
+    /// a paused bucket, which must finish during a sale): their count then
+    /// errs low, never high. Otherwise every bucket must be still across
+    /// the read, or it is read again.
+    pub others_may_move: bool,
 }
 
 impl Target<'_> {
     fn voucher(&self) -> u64 {
         match self {
             Target::Voucher { voucher, .. } => *voucher,
-            Target::Bucket { layout, .. } => layout.voucher(),
+            Target::Bucket(c) => c.layout.voucher(),
         }
     }
 
     fn keys(&self) -> Result<VoucherKeys> {
         match self {
             Target::Voucher { prefix, voucher } => VoucherKeys::new(prefix, *voucher),
-            Target::Bucket { layout, bucket, .. } => layout.keys(*bucket),
+            Target::Bucket(c) => c.layout.keys(c.bucket),
         }
     }
 
@@ -433,13 +474,17 @@ impl Target<'_> {
             Target::Voucher { voucher, .. } => {
                 read_voucher(db, conn, keys, *voucher, opts.settle_ms).await
             }
-            Target::Bucket {
-                layout,
-                bucket,
-                judged,
-            } => {
-                let fold = !opts.dry_run && *judged == StockJudged::Here;
-                buckets::read_bucket(db, conn, layout, *bucket, opts.settle_ms, fold, *judged).await
+            Target::Bucket(c) => {
+                if let Some(owner) = c.hold {
+                    let gates = c.layout.all_keys()?;
+                    let held = crate::gate::mover_fence::seize(conn, &gates, owner, MOVER_HOLD);
+                    if held.await?.is_none() {
+                        // Another holds it (ours ran out): no count now.
+                        return Ok(Read::Moved);
+                    }
+                }
+                let fold = !opts.dry_run && c.judged == StockJudged::Here;
+                buckets::read_bucket(db, conn, c, opts.settle_ms, fold).await
             }
         }
     }
@@ -464,22 +509,15 @@ pub async fn reconcile_voucher(
 /// repairs what it found and reopens it if paused. Only while the
 /// voucher's mover is fenced (gate/mover_fence.rs): the bucket's stock is
 /// judged by every unit of the voucher elsewhere.
-#[allow(clippy::too_many_arguments)]
 pub async fn reconcile_bucket(
     db: &Db,
     conn: &mut impl RedisConn,
-    layout: &Layout,
-    bucket: u32,
-    judged: StockJudged,
+    check: BucketCheck<'_>,
     opts: &Options,
     ids: Option<&OrderIds>,
 ) -> Result<VoucherReport> {
-    let target = Target::Bucket {
-        layout,
-        bucket,
-        judged,
-    };
-    let mut report = reconcile_gate(db, conn, target, None, opts, ids).await?;
+    let bucket = check.bucket;
+    let mut report = reconcile_gate(db, conn, Target::Bucket(check), None, opts, ids).await?;
     report.bucket = Some(bucket);
     Ok(report)
 }

@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use super::classify::Drift;
 use super::quick::Agreed;
-use super::snapshot::Snapshot;
+use super::snapshot::{Snapshot, VoucherUnits};
 
 /// What reconcile did (or would do) about a voucher.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -30,6 +30,10 @@ pub struct VoucherReport {
     /// `mysql_total` and `mysql_stock` are the bucket's share of MySQL's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bucket: Option<u32>,
+    /// On bucket 0's report of a voucher in buckets: the voucher's units,
+    /// wherever they are.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub voucher_units: Option<VoucherUnits>,
     pub mysql_total: i64,
     pub mysql_stock: i64,
     pub orders_pending: u64,
@@ -71,6 +75,7 @@ pub fn busy_report(voucher: u64) -> VoucherReport {
     VoucherReport {
         voucher,
         bucket: None,
+        voucher_units: None,
         mysql_total: 0,
         mysql_stock: 0,
         orders_pending: 0,
@@ -97,6 +102,7 @@ pub(super) fn agreed_report(a: &Agreed) -> VoucherReport {
     VoucherReport {
         voucher: a.voucher,
         bucket: None,
+        voucher_units: None,
         mysql_total: a.row.total,
         mysql_stock: a.row.stock,
         orders_pending: c.orders_pending(),
@@ -121,6 +127,7 @@ pub(super) fn report_of(s: &Snapshot, drifts: Vec<Drift>, expected: i64) -> Vouc
     VoucherReport {
         voucher: s.voucher,
         bucket: s.bucket.as_ref().map(|b| b.bucket),
+        voucher_units: s.bucket.as_ref().filter(|b| b.bucket == 0).map(|b| b.units),
         mysql_total: s.total,
         mysql_stock: s.mysql_stock,
         orders_pending: s.pending.len() as u64,

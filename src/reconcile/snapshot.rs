@@ -82,6 +82,27 @@ pub struct Snapshot {
     pub bucket: Option<BucketView>,
 }
 
+/// A voucher in buckets, its units wherever they are: with none lost or
+/// too many, the places add up to MySQL's free stock (reconcile's check
+/// of the voucher as a whole).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct VoucherUnits {
+    pub total: i64,
+    /// MySQL's free stock: the total less what pending and paid orders hold.
+    pub mysql_stock: i64,
+    pub pool: i64,
+    pub in_transit: i64,
+    /// Every bucket's stock.
+    pub bucket_stock: i64,
+    /// Admitted at a bucket, not yet in MySQL.
+    pub in_flight: i64,
+    /// Cancelled in MySQL, not yet given back at their bucket.
+    pub unreleased: i64,
+    /// MySQL's free stock less all the above: above 0, units stuck; below
+    /// 0, more units in Redis than MySQL has (an oversell risk).
+    pub off: i64,
+}
+
 /// Where a bucket sits, and its voucher's MySQL figures.
 #[derive(Debug, Clone, Default)]
 pub struct BucketView {
@@ -93,6 +114,7 @@ pub struct BucketView {
     pub voucher_stock: i64,
     /// The units the voucher's pending and paid orders hold, every bucket's.
     pub voucher_active: i64,
+    pub units: VoucherUnits,
 }
 
 impl Snapshot {

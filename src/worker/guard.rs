@@ -58,9 +58,9 @@ use crate::support::backoff::Backoff;
 const SETTLE_MS: i64 = 60_000;
 /// How often a paused gate that needs an operator is checked again.
 const OPERATOR_RETRY: Duration = Duration::from_secs(30);
-/// How long a rebuild may hold a voucher's mover still (a guard that dies
-/// meanwhile holds it no longer).
-const FENCE_LEASE: Duration = Duration::from_secs(15);
+/// How often a voucher in buckets has its orders counted per bucket even
+/// when nothing points at a loss (each count reads every order's user).
+const RECOUNT_EVERY: Duration = Duration::from_secs(30);
 /// A gate paused longer than this is worth a warning of its own.
 const LONG_PAUSE: Duration = Duration::from_secs(10);
 
@@ -94,6 +94,8 @@ pub struct GuardState {
     /// Gates gone from Redis whole (with orders in MySQL), since when this
     /// guard has seen them so: rebuilt only after the grace.
     missing_since: HashMap<GateId, Instant>,
+    /// When each voucher in buckets last had its orders counted per bucket.
+    counted_at: HashMap<u64, Instant>,
 }
 
 /// A gate the guard watches: a voucher's one gate, or one bucket of a
@@ -515,10 +517,11 @@ impl GateGuard {
     }
 
     /// MySQL's orders per bucket, for each voucher in buckets whose buyers
-    /// add up to fewer than its orders, or that this guard looks at for
-    /// the first time (a worker started after a restart: cron): the sign
-    /// of a loss the run ids cannot show, bucket by bucket. Counting reads
-    /// every order's user, so it is not done every pass.
+    /// add up to fewer than its orders, that this guard looks at for the
+    /// first time (a worker started after a restart: cron), or that was
+    /// last counted `RECOUNT_EVERY` ago: the sign of a loss the run ids
+    /// cannot show, bucket by bucket. Counting reads every order's user,
+    /// so it is not done every pass.
     async fn orders_per_bucket(
         &mut self,
         gates: &[GateId],
@@ -537,9 +540,18 @@ impl GateGuard {
         let mut out = HashMap::new();
         for (v, (n, buyers, first)) in buyers {
             let held = orders.get(&v).copied().unwrap_or(0);
-            if held == 0 || (buyers >= held && !first) {
+            // Now and then as well: a loss with no restart behind it (a
+            // key evicted or deleted) shows in one bucket's buyers, which
+            // another bucket's buyers still in flight can hide in the sum.
+            let stale = self
+                .state
+                .counted_at
+                .get(&v)
+                .is_none_or(|t| t.elapsed() >= RECOUNT_EVERY);
+            if held == 0 || (buyers >= held && !first && !stale) {
                 continue;
             }
+            self.state.counted_at.insert(v, Instant::now());
             match counters::orders_per_bucket(&self.db, v, n).await {
                 Ok(counts) => {
                     out.insert(v, counts);
@@ -564,7 +576,7 @@ impl GateGuard {
         };
         let gates = layout.all_keys()?;
         let owner = &self.owner;
-        if mover_fence::seize(&mut self.conn, &gates, owner, FENCE_LEASE)
+        if mover_fence::seize(&mut self.conn, &gates, owner, reconcile::MOVER_HOLD)
             .await?
             .is_none()
         {
@@ -572,16 +584,16 @@ impl GateGuard {
             // bucket stays paused until a later pass.
             return Ok(reconcile::busy_report(v.voucher));
         }
-        let checked = reconcile::reconcile_bucket(
-            &self.db,
-            &mut self.conn,
-            &layout,
-            v.bucket,
-            reconcile::StockJudged::Here,
-            opts,
-            Some(&self.ids),
-        )
-        .await;
+        let check = reconcile::BucketCheck {
+            layout: &layout,
+            bucket: v.bucket,
+            judged: reconcile::StockJudged::Here,
+            hold: Some(&self.owner),
+            others_may_move: true,
+        };
+        let checked =
+            reconcile::reconcile_bucket(&self.db, &mut self.conn, check, opts, Some(&self.ids))
+                .await;
         if let Err(e) = mover_fence::release(&mut self.conn, &gates[0], &self.owner).await {
             tracing::debug!(
                 "gate guard, {v}: the mover lease was not given back ({e}); it runs out"
