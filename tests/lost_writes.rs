@@ -798,3 +798,62 @@ async fn a_bucket_master_killed_mid_sale_fails_over_and_the_voucher_sells_exactl
     assert_eq!(s.orders.len() as u64, TOTAL, "every unit sold once");
     env.cleanup().await;
 }
+
+/// One bucket's keys gone whole (its master lost them) while the voucher
+/// sells: its users are told the voucher is unknown for a moment, then the
+/// guard rebuilds the bucket from its users' orders with its share of the
+/// stock, and the voucher sells exactly its units.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_gone_whole_is_rebuilt_from_its_users_orders() {
+    const V: u64 = 47;
+    const TOTAL: u64 = 450;
+    const VICTIM: u32 = 2;
+    let env = TestEnv::on_cluster().await;
+    let (layout, mut redis) = env.live_voucher_in_buckets(V, TOTAL as i64, 3).await;
+    let mut worker = env.spawn_worker(&fast_worker(&[]));
+    worker.expect_gate_pauses();
+    env.admit_users(V, 150, 0).await;
+    env.wait_orders(V, 150, Duration::from_secs(30)).await;
+    let k = layout.keys(VICTIM).expect("keys");
+    let buyers_before: u64 = redis.scard(k.buyers()).await.expect("scard");
+    assert!(buyers_before > 20);
+    let gone: Vec<String> = vec![
+        k.meta(),
+        k.stock(),
+        k.buyers(),
+        k.released(),
+        k.timeouts(),
+        k.waitlist(),
+        k.rate(),
+    ];
+    let _: () = redis.del(&gone).await.expect("del");
+    wait_log(
+        &worker,
+        "bucket 2: the gate is gone",
+        Duration::from_secs(20),
+    );
+    let rebuilt = Instant::now();
+    loop {
+        let buyers: u64 = redis.scard(k.buyers()).await.expect("scard");
+        if buyers == buyers_before {
+            break;
+        }
+        assert!(
+            rebuilt.elapsed() < Duration::from_secs(20),
+            "its buyers not back from MySQL ({buyers} of {buyers_before}):\n{}",
+            worker.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Nobody with an order buys again; the rest of the units sell.
+    let holder = (1..=150u64)
+        .find(|u| bucket_of(*u, 3) == VICTIM)
+        .expect("a buyer of the bucket");
+    assert_eq!(buy(&env, V, holder), Some(10));
+    sell_out(&env, &worker, V, TOTAL, 1_000_000).await;
+    worker.signal("TERM");
+    worker.expect_success(Duration::from_secs(30));
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.orders.len() as u64, TOTAL, "every unit sold once");
+    env.cleanup().await;
+}
