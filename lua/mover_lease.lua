@@ -16,7 +16,8 @@
 --                             holds the mover still (seize, unseize; take
 --                             refuses the lease while one is live; optional
 --                             for take, release and fence)
--- ARGV[1]  "take" (take or renew), "release", "seize", "unseize" or "fence"
+-- ARGV[1]  "take" (take or renew), "release", "seize", "unseize", "holds"
+--          (is ARGV[2]'s hold live: 1 or 0) or "fence"
 -- ARGV[2]  the owner token (unique per worker process)
 -- ARGV[3]  take, seize: the lease in ms; fence: the epoch
 -- ARGV[4]  take, optional: the least epoch to hold it at. A mover that a
@@ -75,7 +76,16 @@ end
 local holds = KEYS[2]
 if action == 'unseize' then
   if not holds then return redis.error_reply('ERR mover_lease: unseize needs the holds key') end
+  -- The lease a seize wrote for movers that pass no holds key (an older
+  -- binary's) goes with the hold.
+  if holder == owner then redis.call('HDEL', KEYS[1], 'mover') end
   return redis.call('ZREM', holds, owner)
+end
+if action == 'holds' then
+  if not holds then return redis.error_reply('ERR mover_lease: holds needs the holds key') end
+  local until_ms = tonumber(redis.call('ZSCORE', holds, owner) or '0') or 0
+  if until_ms > now then return 1 end
+  return 0
 end
 if action ~= 'take' and action ~= 'seize' then
   return redis.error_reply('ERR mover_lease: take, release, seize, unseize or fence')
@@ -98,7 +108,10 @@ if action == 'seize' then
   -- follows), and a mover whose epoch no gate has seen yet passes a fence
   -- of one more than the highest recorded.
   epoch = epoch + 1048576
-  redis.call('HSET', KEYS[1], 'mover_epoch', epoch)
+  -- The lease too, for a mover that passes no holds key (an older
+  -- binary's take sees another holder and moves nothing).
+  redis.call('HSET', KEYS[1], 'mover_epoch', epoch,
+    'mover', owner .. ' ' .. string.format('%d', now + lease))
   return epoch
 end
 if holds then

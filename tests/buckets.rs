@@ -670,6 +670,36 @@ async fn reconcile_finds_and_repairs_drift_in_one_bucket_alone() {
         table.contains("in transit") && table.contains("9/2"),
         "{table}"
     );
+    // A surplus while bucket 0 has no stock left: still found, and taken
+    // from the bucket holding the most.
+    let (b0, b1) = (layout.keys(0).expect("keys"), layout.keys(1).expect("keys"));
+    let s0: i64 = redis.get(b0.stock()).await.expect("stock");
+    let _: () = redis.set(b0.stock(), 0).await.expect("set");
+    let _: () = redis.incr(b1.stock(), s0).await.expect("incr");
+    let _: () = redis.incr(k.stock(), 5).await.expect("incr");
+    let out = reconcile(&["--dry-run"]);
+    let found = common::json(&out);
+    assert_eq!(out.status.code(), Some(3), "{found}");
+    assert_eq!(found["vouchers"][0]["voucher_units"]["off"], -5, "{found}");
+    let high: Vec<(u64, u64)> = found["vouchers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|r| {
+            let bucket = r["bucket"].as_u64().unwrap_or(99);
+            r["drifts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|d| d["class"] == "redis_stock_high")
+                .map(move |d| (bucket, d["amount"].as_u64().unwrap_or(0)))
+        })
+        .collect();
+    assert_eq!(high, [(1, 5)], "{found}");
+    let out = reconcile(&["--yes"]);
+    assert_eq!(out.status.code(), Some(4), "{}", common::json(&out));
+    let out = reconcile(&["--dry-run"]);
+    assert_eq!(out.status.code(), Some(0), "{}", common::json(&out));
     let s = assert_invariants(&env, V).await;
     assert_eq!(s.redis_stock, Some(210));
     env.cleanup().await;

@@ -1,12 +1,12 @@
-//! The gate guard's hold on a voucher's mover while it rebuilds one of its
-//! buckets (design/buckets.md §5): the rebuild counts every unit of the
-//! voucher across masters (the pool, each bucket, transfers in transit),
-//! and only a mover that cannot move keeps that count from shifting under
-//! it. A hold (the guard's, or reconcile's; several at once) keeps any
+//! A hold on a voucher's mover while the gate guard rebuilds one of its
+//! buckets, or reconcile checks them (design/buckets.md §5): both count
+//! every unit of the voucher across masters (the pool, each bucket,
+//! transfers in transit), and only a mover that cannot move keeps that
+//! count from shifting under them. A hold (one holder at a time) keeps any
 //! mover from taking or renewing the lease, and raises every bucket's epoch
-//! above the lease's, so a take or give of a mover under the old epoch is
-//! refused at every gate (lua/mover_lease.lua). It is given back once the
-//! count is done, and runs out if its holder dies.
+//! far above the lease's, so a take or give of a mover under an older epoch
+//! is refused at every gate (lua/mover_lease.lua). It is given back once
+//! the count is done, and runs out if its holder dies.
 
 use std::time::Duration;
 
@@ -71,4 +71,21 @@ pub async fn release(
         .invoke_async(conn)
         .await?;
     Ok(())
+}
+
+/// Whether `owner`'s hold is still live (it may have run out during a long
+/// read, and a mover moved since).
+pub async fn holds(
+    conn: &mut impl ConnectionLike,
+    bucket0: &VoucherKeys,
+    owner: &str,
+) -> Result<bool> {
+    let live: i64 = MOVER_LEASE
+        .key(bucket0.meta())
+        .key(bucket0.mover_holds())
+        .arg("holds")
+        .arg(owner)
+        .invoke_async(conn)
+        .await?;
+    Ok(live == 1)
 }

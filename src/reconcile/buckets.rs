@@ -43,19 +43,21 @@ pub enum StockJudged {
     Elsewhere,
 }
 
-/// Reads bucket `bucket` of `layout`'s voucher, its MySQL side made the
-/// bucket's (see the module comment; the mover must be fenced). With
-/// `fold`, bucket 0 paused for a rebuild takes the pool into its stock
-/// first (lua/pool_fold.lua): it shares bucket 0's master, so it may have
-/// lost writes with it.
+/// Reads the bucket `check` names, its MySQL side made the bucket's (see
+/// the module comment). `writing` (a repair follows): bucket 0, paused for
+/// a rebuild and judged here, takes the pool into its stock first
+/// (lua/pool_fold.lua: it shares bucket 0's master, so it may have lost
+/// writes with it), and a bucket judged elsewhere takes what surplus the
+/// carrier left.
 pub async fn read_bucket(
     db: &Db,
     conn: &mut impl RedisConn,
     check: &BucketCheck<'_>,
     settle_ms: i64,
-    fold: bool,
+    writing: bool,
 ) -> Result<Read> {
     let (layout, bucket, judged) = (check.layout, check.bucket, check.judged);
+    let fold = writing && judged == StockJudged::Here;
     let gates = layout.all_keys()?;
     if fold && bucket == 0 {
         let pool: i64 = conn
@@ -130,6 +132,12 @@ pub async fn read_bucket(
     if (transit_after, pool_after) != (transit, pool) {
         return Ok(Read::Moved);
     }
+    // A hold that ran out during the read let a mover move: read again.
+    if let Some(owner) = check.hold {
+        if !crate::gate::mover_fence::holds(conn, &gates[0], owner).await? {
+            return Ok(Read::Moved);
+        }
+    }
     let all = || std::iter::once(&s).chain(others.iter());
     let mut units = VoucherUnits {
         total: s.total,
@@ -152,9 +160,25 @@ pub async fn read_bucket(
             let held_elsewhere: i64 = others.iter().map(|o| held(o)).sum();
             s.mysql_stock - pool - transit - held_elsewhere
         }
-        // What it holds, so that its expected stock is its stock.
-        StockJudged::Elsewhere => held(&s),
+        // What it holds, so that its expected stock is its stock; when
+        // writing, less what the voucher holds beyond MySQL's units and the
+        // carrier could not take (its stock first, then cancelled units an
+        // order holds already: the carrier is repaired first). A dry run
+        // shows the difference on the carrier alone.
+        StockJudged::Elsewhere => match writing {
+            true => held(&s) + units.off.min(0),
+            false => held(&s),
+        },
     };
+    let richest = std::iter::once((bucket, s.gate_stock.unwrap_or(0)))
+        .chain(
+            others
+                .iter()
+                .zip((0..layout.buckets()).filter(|b| *b != bucket))
+                .map(|(o, b)| (b, o.gate_stock.unwrap_or(0))),
+        )
+        .max_by_key(|(b, stock)| (*stock, std::cmp::Reverse(*b)))
+        .map_or(0, |(b, _)| b);
     let active_elsewhere: i64 = others.iter().map(|o| o.active_units()).sum();
     let view = BucketView {
         bucket,
@@ -164,6 +188,7 @@ pub async fn read_bucket(
         voucher_stock: s.mysql_stock,
         voucher_active: s.active_units() + active_elsewhere,
         units,
+        richest,
     };
     // MySQL against itself stays a voucher's matter: the bucket's total is
     // its share and its own active units, off by what the voucher is off.

@@ -192,7 +192,10 @@ impl<'a, C: RedisConn> Run<'a, C> {
             Carrier::Bucket(b) => Some(b),
         };
         let mut out = Vec::with_capacity(gates.len());
-        for b in 0..layout.buckets() {
+        // The carrier first: what it cannot take, the others take after.
+        let mut order: Vec<u32> = carrier.into_iter().collect();
+        order.extend((0..layout.buckets()).filter(|b| carrier != Some(*b)));
+        for b in order {
             let judged = match carrier == Some(b) {
                 true => StockJudged::Here,
                 false => StockJudged::Elsewhere,
@@ -230,43 +233,44 @@ impl<'a, C: RedisConn> Run<'a, C> {
             };
             out.push(reconcile_bucket(self.db, self.conn, check, opts, self.ids).await?);
         }
+        out.sort_by_key(|r| r.bucket);
         Ok(out)
     }
 
-    /// The bucket that answers for a difference in the voucher's units.
-    /// Too many: the one holding the most stock,
-    /// which can give it up; too few: bucket 0, whose units the mover
-    /// spreads.
+    /// The bucket that answers for a difference in the voucher's units,
+    /// from one look at them all: too many, the one holding the most
+    /// stock, which can give it up; too few, bucket 0, whose units the
+    /// mover spreads.
     async fn stock_carrier(&mut self, layout: &Layout, opts: &Options) -> Result<Carrier> {
         let look = Options {
             dry_run: true,
             ..*opts
         };
-        let mut most: Option<(i64, u32)> = None;
-        let mut off = 0;
-        for b in 0..layout.buckets() {
-            let check = BucketCheck {
-                layout,
-                bucket: b,
-                judged: StockJudged::Here,
-                hold: None,
-                others_may_move: false,
-            };
-            let r = reconcile_bucket(self.db, self.conn, check, &look, None).await?;
-            if r.outcome == Outcome::Busy {
-                return Ok(Carrier::Busy);
+        let judged = StockJudged::Here;
+        let (bucket, hold, others_may_move) = (0, None, false);
+        let check = BucketCheck {
+            layout,
+            bucket,
+            judged,
+            hold,
+            others_may_move,
+        };
+        let mut tries = 0;
+        let read = loop {
+            tries += 1;
+            match buckets::read_bucket(self.db, self.conn, &check, look.settle_ms, false).await? {
+                Read::Snapshot(s) => break s,
+                Read::Missing => return Err(Error::VoucherNotFound(layout.voucher())),
+                Read::Moved if tries >= look.attempts => return Ok(Carrier::Busy),
+                Read::Moved => tokio::time::sleep(QUICK_PAUSE).await,
             }
-            let stock = r.gate_stock.unwrap_or(0);
-            if b == 0 {
-                off = r.expected_gate_stock - stock;
-            }
-            if most.is_none_or(|(s, _)| stock > s) {
-                most = Some((stock, b));
-            }
-        }
-        Ok(match off {
+        };
+        let Some(view) = &read.bucket else {
+            return Ok(Carrier::None);
+        };
+        Ok(match view.units.off {
             0 => Carrier::None,
-            o if o < 0 => most.map_or(Carrier::None, |(_, b)| Carrier::Bucket(b)),
+            o if o < 0 => Carrier::Bucket(view.richest),
             _ => Carrier::Bucket(0),
         })
     }
@@ -368,7 +372,13 @@ pub fn to_repair(reports: &[VoucherReport]) -> Vec<u64> {
         .iter()
         .filter(|r| r.outcome != Outcome::Consistent || r.gate_paused || r.gate_digests_behind)
         .map(|r| r.voucher)
-        .collect()
+        // A voucher in buckets reports each: looked at once.
+        .fold(Vec::new(), |mut seen, v| {
+            if !seen.contains(&v) {
+                seen.push(v);
+            }
+            seen
+        })
 }
 
 /// Whether repairing what `reports` found may mint order ids (a unit given
@@ -483,8 +493,7 @@ impl Target<'_> {
                         return Ok(Read::Moved);
                     }
                 }
-                let fold = !opts.dry_run && c.judged == StockJudged::Here;
-                buckets::read_bucket(db, conn, c, opts.settle_ms, fold).await
+                buckets::read_bucket(db, conn, c, opts.settle_ms, !opts.dry_run).await
             }
         }
     }

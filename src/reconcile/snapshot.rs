@@ -115,6 +115,8 @@ pub struct BucketView {
     /// The units the voucher's pending and paid orders hold, every bucket's.
     pub voucher_active: i64,
     pub units: VoucherUnits,
+    /// The bucket holding the most stock (the lowest such), as read.
+    pub richest: u32,
 }
 
 impl Snapshot {
