@@ -88,7 +88,7 @@ if action == 'holds' then
   return 0
 end
 if action ~= 'take' and action ~= 'seize' then
-  return redis.error_reply('ERR mover_lease: take, release, seize, unseize or fence')
+  return redis.error_reply('ERR mover_lease: take, release, seize, unseize, holds or fence')
 end
 local lease = tonumber(ARGV[3])
 if not lease or lease < 1 then return redis.error_reply('ERR mover_lease: the lease must be 1 ms or more') end

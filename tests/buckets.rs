@@ -610,6 +610,9 @@ async fn reconcile_finds_and_repairs_drift_in_one_bucket_alone() {
     assert_eq!(report.outcomes.success, 90, "{report:?}");
     let worker = env.spawn_worker(&common::fast_worker(&["--until-idle"]));
     worker.expect_success(Duration::from_secs(60));
+    // The worker's lock leases (1 s) run out first: the snapshot below
+    // must see only what reconcile writes.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
     // Bucket 2 forgets one buyer and gains 7 units it never had.
     let k = layout.keys(2).expect("keys");
     let forgotten: u64 = redis.srandmember(k.buyers()).await.expect("a buyer");
@@ -697,7 +700,13 @@ async fn reconcile_finds_and_repairs_drift_in_one_bucket_alone() {
         .collect();
     assert_eq!(high, [(1, 5)], "{found}");
     let out = reconcile(&["--yes"]);
-    assert_eq!(out.status.code(), Some(4), "{}", common::json(&out));
+    let repaired = common::json(&out);
+    assert_eq!(out.status.code(), Some(4), "{repaired}");
+    // The voucher's units as the repair found them.
+    assert_eq!(
+        repaired["vouchers"][0]["voucher_units"]["off"], -5,
+        "{repaired}"
+    );
     let out = reconcile(&["--dry-run"]);
     assert_eq!(out.status.code(), Some(0), "{}", common::json(&out));
     let s = assert_invariants(&env, V).await;

@@ -52,6 +52,8 @@ async fn every_command_ends_quietly_when_its_reader_has_gone() {
         orders[1].0.to_string(),
         orders[2].0.to_string(),
     );
+    // A buyer, whoever of the five won a unit (they race for three).
+    let buyer = orders[0].1.to_string();
     // A voucher that requires tokens, for `token issue`.
     env.live_voucher_paying_within(2, 3, 60_000).await;
     env.cmd()
@@ -81,7 +83,7 @@ async fn every_command_ends_quietly_when_its_reader_has_gone() {
         (vec!["preload", "--voucher", "1"], 0),
         (vec!["init"], 0),
         (vec!["buy", "--voucher", "1", "--user", "77"], 11),
-        (vec!["buy", "--voucher", "1", "--user", "1"], 10),
+        (vec!["buy", "--voucher", "1", "--user", &buyer], 10),
         (vec!["bench", "--voucher", "1", "--attempts", "20"], 0),
         (vec!["token", "issue", "--voucher", "2", "--user", "5"], 0),
         (vec!["order", "show", &shown], 0),

@@ -35,7 +35,7 @@ use repair::{repair, sync_digests, RepairResult};
 pub use report::busy_report;
 use report::report_of;
 pub use report::{Outcome, VoucherReport};
-pub use snapshot::{candidates, read_many, read_voucher, Read, Snapshot};
+pub use snapshot::{candidates, read_many, read_voucher, Read, Snapshot, VoucherUnits};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Clone, Copy)]
@@ -184,12 +184,12 @@ impl<'a, C: RedisConn> Run<'a, C> {
         owner: &str,
         opts: &Options,
     ) -> Result<Vec<VoucherReport>> {
-        let carrier = match self.stock_carrier(layout, opts).await? {
+        let (carrier, units) = match self.stock_carrier(layout, opts).await? {
             // No still look at every bucket: the voucher's units cannot
             // be counted now; nothing is judged, nothing written.
             Carrier::Busy => return Ok(vec![busy_report(layout.voucher())]),
-            Carrier::None => None,
-            Carrier::Bucket(b) => Some(b),
+            Carrier::None(units) => (None, units),
+            Carrier::Bucket(b, units) => (Some(b), units),
         };
         let mut out = Vec::with_capacity(gates.len());
         // The carrier first: what it cannot take, the others take after.
@@ -234,6 +234,10 @@ impl<'a, C: RedisConn> Run<'a, C> {
             out.push(reconcile_bucket(self.db, self.conn, check, opts, self.ids).await?);
         }
         out.sort_by_key(|r| r.bucket);
+        // The units as found, before any bucket's repair moved them.
+        if let Some(first) = out.first_mut() {
+            first.voucher_units = units;
+        }
         Ok(out)
     }
 
@@ -266,12 +270,13 @@ impl<'a, C: RedisConn> Run<'a, C> {
             }
         };
         let Some(view) = &read.bucket else {
-            return Ok(Carrier::None);
+            return Ok(Carrier::None(None));
         };
+        let units = Some(view.units);
         Ok(match view.units.off {
-            0 => Carrier::None,
-            o if o < 0 => Carrier::Bucket(view.richest),
-            _ => Carrier::Bucket(0),
+            0 => Carrier::None(units),
+            o if o < 0 => Carrier::Bucket(view.richest, units),
+            _ => Carrier::Bucket(0, units),
         })
     }
 
@@ -372,9 +377,9 @@ pub fn to_repair(reports: &[VoucherReport]) -> Vec<u64> {
         .iter()
         .filter(|r| r.outcome != Outcome::Consistent || r.gate_paused || r.gate_digests_behind)
         .map(|r| r.voucher)
-        // A voucher in buckets reports each: looked at once.
+        // A voucher in buckets reports each (side by side): looked at once.
         .fold(Vec::new(), |mut seen, v| {
-            if !seen.contains(&v) {
+            if seen.last() != Some(&v) {
                 seen.push(v);
             }
             seen
@@ -426,8 +431,9 @@ async fn reopen_on_read(
 
 /// Which bucket answers for a difference in a voucher's units.
 enum Carrier {
-    None,
-    Bucket(u32),
+    /// No difference; the voucher's units as read.
+    None(Option<VoucherUnits>),
+    Bucket(u32, Option<VoucherUnits>),
     /// The buckets kept moving: not counted.
     Busy,
 }
