@@ -767,3 +767,30 @@ async fn reconciling_a_voucher_in_buckets_during_its_sale_repairs_nothing() {
     assert_eq!(out.status.code(), Some(0), "{}", common::json(&out));
     env.cleanup().await;
 }
+
+/// The guard's count of a voucher's orders per bucket, which MySQL
+/// computes, puts each order in the bucket the binary and the admission
+/// script route its user to.
+#[tokio::test]
+async fn mysql_counts_orders_per_bucket_by_the_routing_rule() {
+    let env = TestEnv::on_cluster().await;
+    env.live_voucher_in_buckets(V, 1_000, 3).await;
+    let report = env.admit_users(V, 400, 1_000_000_000_000).await;
+    assert_eq!(report.outcomes.success, 400, "{report:?}");
+    let worker = env.spawn_worker(&common::fast_worker(&["--until-idle"]));
+    worker.expect_success(Duration::from_secs(60));
+    let users: Vec<u64> = env.orders(V).await.iter().map(|o| o.1).collect();
+    assert_eq!(users.len(), 400);
+    let db = env.db().await;
+    for n in [3u32, 7, 64] {
+        let mut expected = vec![0u64; n as usize];
+        for u in &users {
+            expected[bucket_of(*u, n) as usize] += 1;
+        }
+        let counted = seckill::orders::counters::orders_per_bucket(db, V, n)
+            .await
+            .expect("count");
+        assert_eq!(counted, expected, "{n} buckets");
+    }
+    env.cleanup().await;
+}

@@ -187,18 +187,25 @@ pub async fn orders_per_voucher(db: &Db, vouchers: &[u64]) -> Result<HashMap<u64
 }
 
 /// A voucher in `buckets` buckets: its orders per bucket, each counted in
-/// the bucket of its user (store/layout.rs). Reads every order's user.
+/// the bucket of its user. MySQL computes the rule of store/layout.rs
+/// (the first 8 bytes of SHA-1 of the decimal user id, big-endian, mod N:
+/// CONV keeps 64 bits), so only N counts cross the wire, whatever the
+/// sale's size; it still reads every order of the voucher (its index).
 pub async fn orders_per_bucket(db: &Db, voucher: u64, buckets: u32) -> Result<Vec<u64>> {
+    let n = buckets.max(1);
     let mut conn = db.conn().await?;
-    let users: Vec<u64> = conn
+    let rows: Vec<(u64, u64)> = conn
         .exec(
-            "SELECT user_id FROM seckill_order WHERE voucher_id = ?",
-            (voucher,),
+            "SELECT CAST(CONV(LEFT(SHA1(user_id), 16), 16, 10) AS UNSIGNED) % ?, COUNT(*)
+               FROM seckill_order WHERE voucher_id = ? GROUP BY 1",
+            (n, voucher),
         )
         .await?;
-    let mut counts = vec![0; buckets.max(1) as usize];
-    for user in users {
-        counts[crate::store::layout::bucket_of(user, buckets) as usize] += 1;
+    let mut counts = vec![0; n as usize];
+    for (bucket, count) in rows {
+        if let Some(c) = counts.get_mut(bucket as usize) {
+            *c = count;
+        }
     }
     Ok(counts)
 }

@@ -59,7 +59,7 @@ const SETTLE_MS: i64 = 60_000;
 /// How often a paused gate that needs an operator is checked again.
 const OPERATOR_RETRY: Duration = Duration::from_secs(30);
 /// How often a voucher in buckets has its orders counted per bucket even
-/// when nothing points at a loss (each count reads every order's user).
+/// when nothing points at a loss (each count reads every order of it).
 const RECOUNT_EVERY: Duration = Duration::from_secs(30);
 /// A gate paused longer than this is worth a warning of its own.
 const LONG_PAUSE: Duration = Duration::from_secs(10);
@@ -520,8 +520,8 @@ impl GateGuard {
     /// add up to fewer than its orders, that this guard looks at for the
     /// first time (a worker started after a restart: cron), or that was
     /// last counted `RECOUNT_EVERY` ago: the sign of a loss the run ids
-    /// cannot show, bucket by bucket. Counting reads every order's user,
-    /// so it is not done every pass.
+    /// cannot show, bucket by bucket. MySQL counts them (N rows back), but
+    /// it reads every order of the voucher, so not every pass.
     async fn orders_per_bucket(
         &mut self,
         gates: &[GateId],
