@@ -146,11 +146,10 @@ impl<'a, C: RedisConn> Run<'a, C> {
         Ok(out)
     }
 
-    /// A voucher in buckets, bucket by bucket (each read in full), its
-    /// mover held still while each is counted (repairs only: a dry run
-    /// writes nothing, so it looks up to a few times and reports a
-    /// difference only if every look saw one, a transfer moving during a
-    /// look being counted twice or not at all).
+    /// A voucher in buckets, bucket by bucket (each read in full, every
+    /// bucket still across the read), its mover held still while they are
+    /// counted and repaired. A dry run writes nothing, the hold neither:
+    /// it looks up to a few times for a look that finds no difference.
     async fn buckets_pass(&mut self, v: u64, opts: &Options) -> Result<Vec<VoucherReport>> {
         let tags = crate::orders::voucher::bucket_tags(self.db, v).await?;
         let Some(tags) = tags.filter(|t| !t.is_empty()) else {
