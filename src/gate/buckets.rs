@@ -82,9 +82,19 @@ pub async fn read_settled(
     if loaded {
         return Ok((layout, true));
     }
-    match crate::orders::voucher::bucket_tags(db, voucher).await? {
-        Some(tags) => Ok((Layout::from_tags(prefix, voucher, Some(&tags))?, true)),
+    match recorded(db, prefix, voucher).await? {
+        Some(recorded) => Ok((recorded, true)),
         None => Ok((layout, false)),
+    }
+}
+
+/// The layout MySQL recorded at the first preload (None before it): final
+/// once recorded, and the word to trust when Redis may have lost bucket 0's
+/// meta (the gate guard, reconcile).
+pub async fn recorded(db: &Db, prefix: &str, voucher: u64) -> Result<Option<Layout>> {
+    match crate::orders::voucher::bucket_tags(db, voucher).await? {
+        Some(tags) => Ok(Some(Layout::from_tags(prefix, voucher, Some(&tags))?)),
+        None => Ok(None),
     }
 }
 

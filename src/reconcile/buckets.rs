@@ -146,7 +146,7 @@ pub async fn read_bucket(
         in_transit: transit,
         bucket_stock: all().map(|g| g.gate_stock.unwrap_or(0).max(0)).sum(),
         in_flight: all().map(|g| g.unpersisted_units()).sum(),
-        unreleased: all().map(|g| unreleased_units(g)).sum(),
+        unreleased: all().map(|g| g.unreleased_units()).sum(),
         off: 0,
     };
     units.off = units.mysql_stock
@@ -155,11 +155,10 @@ pub async fn read_bucket(
         - units.bucket_stock
         - units.in_flight
         - units.unreleased;
+    // Here: MySQL's free stock less what every other place holds, which
+    // is what it holds and what the voucher is off.
     let share = match judged {
-        StockJudged::Here => {
-            let held_elsewhere: i64 = others.iter().map(|o| held(o)).sum();
-            s.mysql_stock - pool - transit - held_elsewhere
-        }
+        StockJudged::Here => held(&s) + units.off,
         // What it holds, so that its expected stock is its stock; when
         // writing, less what the voucher holds beyond MySQL's units and the
         // carrier could not take (its stock first, then cancelled units an
@@ -184,15 +183,13 @@ pub async fn read_bucket(
         bucket,
         buckets: layout.buckets(),
         tags: layout.tags_text(),
-        voucher_total: s.total,
-        voucher_stock: s.mysql_stock,
         voucher_active: s.active_units() + active_elsewhere,
         units,
         richest,
     };
     // MySQL against itself stays a voucher's matter: the bucket's total is
     // its share and its own active units, off by what the voucher is off.
-    let off = view.voucher_total - view.voucher_stock - view.voucher_active;
+    let off = units.total - units.mysql_stock - view.voucher_active;
     s.mysql_stock = share;
     s.total = share + s.active_units() + off;
     // The voucher row's counters count every bucket's orders.
@@ -205,10 +202,5 @@ pub async fn read_bucket(
 /// MySQL does not have yet, and what MySQL cancelled that it has not been
 /// given back yet.
 fn held(s: &Snapshot) -> i64 {
-    s.gate_stock.unwrap_or(0).max(0) + s.unpersisted_units() + unreleased_units(s)
-}
-
-fn unreleased_units(s: &Snapshot) -> i64 {
-    let units: u64 = s.cancelled_unreleased().iter().map(|o| s.units(*o)).sum();
-    units as i64
+    s.gate_stock.unwrap_or(0).max(0) + s.unpersisted_units() + s.unreleased_units()
 }

@@ -151,14 +151,12 @@ impl<'a, C: RedisConn> Run<'a, C> {
     /// counted and repaired. A dry run writes nothing, the hold neither:
     /// it looks up to a few times for a look that finds no difference.
     async fn buckets_pass(&mut self, v: u64, opts: &Options) -> Result<Vec<VoucherReport>> {
-        let tags = crate::orders::voucher::bucket_tags(self.db, v).await?;
-        let Some(tags) = tags.filter(|t| !t.is_empty()) else {
+        let Some(layout) = crate::gate::buckets::recorded(self.db, self.prefix, v).await? else {
             tracing::warn!(
                 "voucher {v} is split in buckets and was never preloaded; nothing to check"
             );
             return Ok(Vec::new());
         };
-        let layout = Layout::from_tags(self.prefix, v, Some(&tags))?;
         let gates = layout.all_keys()?;
         let owner = format!("reconcile:{}", crate::support::host::random_tag());
         if !opts.dry_run
@@ -249,14 +247,12 @@ impl<'a, C: RedisConn> Run<'a, C> {
             dry_run: true,
             ..*opts
         };
-        let judged = StockJudged::Here;
-        let (bucket, hold, others_may_move) = (0, None, false);
         let check = BucketCheck {
             layout,
-            bucket,
-            judged,
-            hold,
-            others_may_move,
+            bucket: 0,
+            judged: StockJudged::Here,
+            hold: None,
+            others_may_move: false,
         };
         let mut tries = 0;
         let read = loop {

@@ -68,7 +68,7 @@ pub(super) async fn repair(
         }
         // A bucket's figures are its share: MySQL's row is the voucher's.
         let (seen, wanted) = match &s.bucket {
-            Some(b) => (b.voucher_stock, b.voucher_total - b.voucher_active),
+            Some(b) => (b.units.mysql_stock, b.units.total - b.voucher_active),
             None => (s.mysql_stock, s.total - s.active_units()),
         };
         return Ok(if fix_mysql_stock(db, voucher, seen, wanted).await? {
@@ -233,7 +233,7 @@ async fn rebuild_gate(
     });
     let image = GateImage {
         bucket: place,
-        total: s.bucket.as_ref().map_or(s.total, |b| b.voucher_total),
+        total: s.bucket.as_ref().map_or(s.total, |b| b.units.total),
         begin_ms: s.begin_ms,
         end_ms: s.end_ms,
         pay_timeout_ms: s.pay_timeout_ms,

@@ -110,10 +110,10 @@ pub struct BucketView {
     pub buckets: u32,
     /// Every bucket's tag, space-separated.
     pub tags: String,
-    pub voucher_total: i64,
-    pub voucher_stock: i64,
     /// The units the voucher's pending and paid orders hold, every bucket's.
     pub voucher_active: i64,
+    /// The voucher's units wherever they are (its total and MySQL's free
+    /// stock among them).
     pub units: VoucherUnits,
     /// The bucket holding the most stock (the lowest such), as read.
     pub richest: u32,
@@ -232,12 +232,17 @@ impl Snapshot {
     /// order already (a release whose record Redis lost after its promoted
     /// order was persisted), and giving it back again would oversell.
     pub fn gate_owes(&self) -> i64 {
-        let unreleased: u64 = self
+        self.mysql_stock - self.unpersisted_units() - self.unreleased_units()
+    }
+
+    /// The units of cancelled orders not yet given back at the gate.
+    pub fn unreleased_units(&self) -> i64 {
+        let units: u64 = self
             .cancelled_unreleased()
             .iter()
             .map(|o| self.units(*o))
             .sum();
-        self.mysql_stock - self.unpersisted_units() - unreleased as i64
+        units as i64
     }
 }
 

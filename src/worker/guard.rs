@@ -505,15 +505,11 @@ impl GateGuard {
         if let Some(layout) = self.state.layouts.get(&v) {
             return Ok(Some(layout.clone()));
         }
-        let Some(tags) = crate::orders::voucher::bucket_tags(&self.db, v).await? else {
-            return Ok(None);
-        };
-        if tags.is_empty() {
-            return Ok(None);
+        let recorded = crate::gate::buckets::recorded(&self.db, &self.cfg.prefix, v).await?;
+        if let Some(layout) = &recorded {
+            self.state.layouts.insert(v, layout.clone());
         }
-        let layout = Layout::from_tags(&self.cfg.prefix, v, Some(&tags))?;
-        self.state.layouts.insert(v, layout.clone());
-        Ok(Some(layout))
+        Ok(recorded)
     }
 
     /// MySQL's orders per bucket, for each voucher in buckets whose buyers
@@ -528,27 +524,27 @@ impl GateGuard {
         looks: &[Result<Look>],
         orders: &HashMap<u64, u64>,
     ) -> HashMap<u64, Vec<u64>> {
-        let mut buyers: HashMap<u64, (u32, u64, bool)> = HashMap::new();
+        let mut buyers: HashMap<u64, (u32, u64)> = HashMap::new();
         for (id, look) in gates.iter().zip(looks) {
             if id.buckets <= 1 {
                 continue;
             }
-            let e = buyers.entry(id.voucher).or_insert((id.buckets, 0, true));
+            let e = buyers.entry(id.voucher).or_insert((id.buckets, 0));
             e.1 += look.as_ref().map_or(0, |l| l.buyers);
-            e.2 &= !self.state.run_ids.contains_key(id);
         }
         let mut out = HashMap::new();
-        for (v, (n, buyers, first)) in buyers {
+        for (v, (n, buyers)) in buyers {
             let held = orders.get(&v).copied().unwrap_or(0);
-            // Now and then as well: a loss with no restart behind it (a
-            // key evicted or deleted) shows in one bucket's buyers, which
-            // another bucket's buyers still in flight can hide in the sum.
+            // On the first look, and now and then as well: a loss with no
+            // restart behind it (a key evicted or deleted) shows in one
+            // bucket's buyers, which another bucket's buyers still in
+            // flight can hide in the sum.
             let stale = self
                 .state
                 .counted_at
                 .get(&v)
                 .is_none_or(|t| t.elapsed() >= RECOUNT_EVERY);
-            if held == 0 || (buyers >= held && !first && !stale) {
+            if held == 0 || (buyers >= held && !stale) {
                 continue;
             }
             self.state.counted_at.insert(v, Instant::now());

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::Value;
+use redis::{FromRedisValue, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::WorkerStats;
@@ -25,7 +25,7 @@ use crate::gate::transfer::{self, Gate, Given, Landing, Taken};
 use crate::store::config::Config;
 use crate::store::keys::VoucherKeys;
 use crate::store::node_lease::OrderIds;
-use crate::store::redis_conn::{self, value_text, Redis};
+use crate::store::redis_conn::{self, pipeline_per_item, value_text, Redis};
 use crate::store::registry;
 use crate::store::scripts::MOVER_LEASE;
 use crate::support::backoff::Backoff;
@@ -270,17 +270,53 @@ impl Mover {
         Ok(moved)
     }
 
-    /// Every bucket as it is now, and the pool's units.
+    /// Every bucket as it is now, and the pool's units: one pipeline per
+    /// master for all of them, then the wanted units of each bucket's
+    /// first waiting request, if any.
     async fn look_all(&mut self, gates: &[VoucherKeys]) -> Result<(Vec<Look>, i64)> {
+        let items: Vec<(usize, &VoucherKeys)> = gates.iter().enumerate().collect();
+        let replies = pipeline_per_item(&mut self.conn, &items, false, false, |pipe, (b, k)| {
+            pipe.get(k.stock())
+                .cmd("HMGET")
+                .arg(k.meta())
+                .arg("paused")
+                .arg("begin_ms")
+                .zrange_withscores(k.waitlist(), 0, 0);
+            if *b == 0 {
+                pipe.get(k.pool());
+            }
+            Ok(())
+        })
+        .await?;
         let mut looks = Vec::with_capacity(gates.len());
-        for keys in gates {
-            looks.push(look(&mut self.conn, keys).await?);
+        let mut pool = 0;
+        for (keys, reply) in gates.iter().zip(replies) {
+            type Row = (
+                Option<i64>,
+                (Option<String>, Option<String>),
+                Vec<(String, f64)>,
+            );
+            let mut reply = reply.into_iter();
+            let row: Vec<Value> = reply.by_ref().take(3).collect();
+            let (stock, (paused, begin), head): Row =
+                FromRedisValue::from_redis_value(Value::Array(row))
+                    .map_err(|e| Error::Redis(format!("mover look at {}: {e}", keys.meta())))?;
+            if let Some(units) = reply.next() {
+                pool = Option::<i64>::from_redis_value(units)
+                    .map_err(|e| Error::Redis(format!("mover look at the pool: {e}")))?
+                    .unwrap_or(0);
+            }
+            let head = match head.first() {
+                None => None,
+                Some((user, at)) => Some((*at, wanted(&mut self.conn, keys, user).await?)),
+            };
+            looks.push(Look {
+                stock: stock.unwrap_or(0).max(0),
+                paused: paused.as_deref() == Some("1"),
+                begin_ms: begin.and_then(|b| b.parse().ok()),
+                head,
+            });
         }
-        let pool: i64 = redis::cmd("GET")
-            .arg(gates[0].pool())
-            .query_async::<Option<i64>>(&mut self.conn)
-            .await?
-            .unwrap_or(0);
         Ok((looks, pool))
     }
 
@@ -494,41 +530,15 @@ fn plan_waiting(looks: &[Look], pool: i64) -> Vec<(usize, Vec<usize>)> {
     plan
 }
 
-/// A bucket's stock, pause and first waiting request, in two round trips.
-async fn look(conn: &mut Redis, keys: &VoucherKeys) -> Result<Look> {
-    type Row = (
-        Option<i64>,
-        (Option<String>, Option<String>),
-        Vec<(String, f64)>,
-    );
-    let (stock, (paused, begin), head): Row = redis::pipe()
-        .get(keys.stock())
-        .cmd("HMGET")
-        .arg(keys.meta())
-        .arg("paused")
-        .arg("begin_ms")
-        .zrange_withscores(keys.waitlist(), 0, 0)
+/// The units `user`, waiting at the gate of `keys`, asked for.
+async fn wanted(conn: &mut Redis, keys: &VoucherKeys, user: &str) -> Result<i64> {
+    let wants: Value = redis::cmd("HGET")
+        .arg(keys.waitlist_quantity())
+        .arg(user)
         .query_async(conn)
         .await?;
-    let head = match head.first() {
-        None => None,
-        Some((user, at)) => {
-            let wants: Value = redis::cmd("HGET")
-                .arg(keys.waitlist_quantity())
-                .arg(user)
-                .query_async(conn)
-                .await?;
-            let wants = match wants {
-                Value::Nil => 1,
-                v => value_text(&v).parse::<i64>().unwrap_or(1).max(1),
-            };
-            Some((*at, wants))
-        }
-    };
-    Ok(Look {
-        stock: stock.unwrap_or(0).max(0),
-        paused: paused.as_deref() == Some("1"),
-        begin_ms: begin.and_then(|b| b.parse().ok()),
-        head,
+    Ok(match wants {
+        Value::Nil => 1,
+        v => value_text(&v).parse::<i64>().unwrap_or(1).max(1),
     })
 }
