@@ -47,7 +47,12 @@
 --                                  order entry appended to the stream
 --   {1, "already bought", 0}       the user already holds a unit of this voucher
 --   {2, "sold out", position}      no unit left; the user is on the waitlist at
---                                  this 1-based position (queued once, ever)
+--                                  this 1-based position (queued once, ever);
+--                                  **new**: also when a voucher in buckets
+--                                  keeps this bucket's units for requests
+--                                  that came earlier (meta serve_up_to_until,
+--                                  set by the mover, is later than now and
+--                                  requests wait here)
 --   {3, "not started", begin_ms}   the sale window opens at begin_ms (Unix ms)
 --   {4, "ended", end_ms}           the sale window closed at end_ms (Unix ms)
 --   {5, "unknown voucher", 0}      the voucher was never preloaded (`seckill preload`)
@@ -110,7 +115,7 @@ if not (string.find(KEYS[1], '{' .. voucher .. '}', 1, true)
 end
 
 local meta = redis.call('HMGET', KEYS[1], 'begin_ms', 'end_ms', 'paused', 'user_rate',
-  'require_token', 'per_user_limit', 'waitlist_limit', 'bucket', 'buckets')
+  'require_token', 'per_user_limit', 'waitlist_limit', 'bucket', 'buckets', 'serve_up_to_until')
 local stock = redis.call('GET', KEYS[2])
 if not meta[1] or not meta[2] or not stock then
   return {5, 'unknown voucher', 0}
@@ -211,7 +216,12 @@ if redis.call('SISMEMBER', KEYS[3], user) == 1 then
 end
 
 local left = tonumber(stock)
-if left <= 0 then
+-- A voucher in buckets: while the mover's bound is live (lua/serve_up_to.lua)
+-- and requests wait here, this bucket's units are kept for them and for an
+-- earlier request waiting at another bucket: a newcomer queues behind them.
+local held = left > 0 and meta[10] and (tonumber(meta[10]) or 0) > now_ms
+  and redis.call('EXISTS', KEYS[4]) == 1
+if left <= 0 or held then
   -- Scores strictly increase, so the queue is first come, first served even
   -- when two users arrive within the same microsecond.
   local queued_us = tonumber(now[1]) * 1000000 + tonumber(now[2])

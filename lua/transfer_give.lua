@@ -21,11 +21,15 @@
 -- KEYS[6]  seckill:{V.b.s}:orders
 --
 -- ARGV[1]  transfer id (the one taken)
--- ARGV[2]  its units (what the take answered)
+-- ARGV[2]  its units (what the take answered); 0 (**new**) for a bucket:
+--          a serve, with no take before it: the bucket serves its waitlist
+--          from the stock it holds (the mover, after raising the bound of
+--          lua/serve_up_to.lua; the id, fresh, makes it run once)
 -- ARGV[3]  the mover's epoch (as for the take)
 -- ARGV[4]  voucher id
 -- ARGV[5]  F, then F fresh order ids for promotions (pass the units plus
---          the per-user limit, as a release does)
+--          the per-user limit, as a release does; 0 lands the units in the
+--          stock and serves nobody: the mover serves after its moves)
 --
 -- Returns {code, reason, promoted}:
 --   {0, "given", units}      landed now; the units of it that went to
@@ -44,8 +48,8 @@
 
 local t, units, epoch, voucher = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 if not valid_id(t) then return redis.error_reply('ERR transfer_give: bad transfer id') end
-if not units or units < 1 or units ~= math.floor(units) then
-  return redis.error_reply('ERR transfer_give: the units must be 1 or more')
+if not units or units < 0 or units ~= math.floor(units) or (units == 0 and #KEYS ~= 8) then
+  return redis.error_reply('ERR transfer_give: the units must be 1 or more (0 only for a bucket)')
 end
 if not epoch or epoch < 1 or epoch ~= math.floor(epoch) then
   return redis.error_reply('ERR transfer_give: the epoch must be 1 or more')

@@ -623,3 +623,106 @@ async fn the_pool_folds_into_a_paused_bucket_0_once() {
     assert_eq!(number(&mut redis, &keys[0].stock()).await, 15);
     env.cleanup().await;
 }
+
+/// First come, first served across buckets (lua/serve_up_to.lua): while the
+/// mover's bound is live, a bucket serves none of its own requests queued
+/// after it and admits no newcomer ahead of the requests waiting there
+/// (those units are for an earlier request elsewhere); a bucket nobody
+/// waits at still sells. Lapsed or lifted, a bucket serves its own line
+/// again. A serve (a give of no units) runs once; a bound from an older
+/// mover, or for a gate that is not loaded, writes nothing.
+#[tokio::test]
+async fn a_bound_keeps_a_bucket_s_units_for_earlier_requests_and_lapses_by_itself() {
+    use seckill::gate::admission::{admit, Admission};
+    use seckill::gate::buckets::bucket_of;
+    use seckill::gate::transfer::Bounded;
+
+    let env = TestEnv::on_cluster().await;
+    let mut redis = env.redis().await;
+    let keys = three_buckets(&env, [0, 2, 1], 0).await;
+    for k in &keys {
+        let _: () = redis
+            .hset(k.meta(), "end_ms", i64::MAX / 2)
+            .await
+            .expect("end_ms");
+    }
+    let (b1, b2) = (&keys[1], &keys[2]);
+    let users_of = |b: u32| (1000u64..).filter(move |u| bucket_of(*u, 3) == b);
+    let (line, newcomer): (Vec<u64>, u64) = {
+        let mut of1 = users_of(1);
+        (
+            vec![of1.next().unwrap(), of1.next().unwrap()],
+            of1.next().unwrap(),
+        )
+    };
+    // Two requests wait at bucket 1, at 200 and 300 µs; it holds 2 units
+    // (as after a release there).
+    for (user, at) in [(line[0], 200u64), (line[1], 300)] {
+        let _: () = redis.zadd(b1.waitlist(), user, at).await.expect("zadd");
+    }
+    let set = transfer::set_bound(&mut redis, b1, 1, Some(100), 60_000).await;
+    assert_eq!(set.expect("bound"), Bounded::Set);
+    let set = transfer::set_bound(&mut redis, b2, 1, Some(100), 60_000).await;
+    assert_eq!(set.expect("bound"), Bounded::Set);
+
+    // An earlier request waits elsewhere (at 100): nobody here is served.
+    let bucket1 = Gate::Bucket(1, b1);
+    let served = transfer::serve(&mut redis, bucket1, 7000, 1, &[9001, 9002]).await;
+    assert_eq!(served.expect("serve"), Given::Landed { promoted: 0 });
+    assert_eq!(number(&mut redis, &b1.stock()).await, 2);
+    // A newcomer queues behind the line instead of taking its units.
+    let came = admit(&mut redis, b1, V, newcomer, 8001, None).await;
+    assert_eq!(
+        came.expect("admit"),
+        Admission::SoldOut {
+            waitlist_position: 3
+        }
+    );
+    assert_eq!(number(&mut redis, &b1.stock()).await, 2);
+    // Bucket 2 has units and nobody waiting: it sells.
+    let other = users_of(2).next().unwrap();
+    let sold = admit(&mut redis, b2, V, other, 8002, None).await;
+    assert_eq!(sold.expect("admit"), Admission::Admitted { order_id: 8002 });
+
+    // The bound moves up to 200: the first request is served, once.
+    let set = transfer::set_bound(&mut redis, b1, 2, Some(200), 60_000).await;
+    assert_eq!(set.expect("bound"), Bounded::Set);
+    let served = transfer::serve(&mut redis, bucket1, 7001, 2, &[9003, 9004]).await;
+    assert_eq!(served.expect("serve"), Given::Landed { promoted: 1 });
+    let again = transfer::serve(&mut redis, bucket1, 7001, 2, &[9003, 9004]).await;
+    assert_eq!(again.expect("serve"), Given::AlreadyGiven);
+    let buyers: Vec<u64> = redis.smembers(b1.buyers()).await.expect("smembers");
+    assert_eq!(buyers, vec![line[0]]);
+    assert_eq!(number(&mut redis, &b1.stock()).await, 1);
+
+    // The mover of epoch 1 lost its lease: its bound is refused.
+    let stale = transfer::set_bound(&mut redis, b1, 1, None, 60_000).await;
+    assert_eq!(stale.expect("bound"), Bounded::Fenced(2));
+    // Once the bound lapses, the bucket serves its own line again.
+    let set = transfer::set_bound(&mut redis, b1, 2, Some(200), 1).await;
+    assert_eq!(set.expect("bound"), Bounded::Set);
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let served = transfer::serve(&mut redis, bucket1, 7002, 2, &[9005, 9006]).await;
+    assert_eq!(served.expect("serve"), Given::Landed { promoted: 1 });
+    let waiting: Vec<u64> = redis.zrange(b1.waitlist(), 0, -1).await.expect("zrange");
+    assert_eq!(waiting, vec![newcomer], "the second request had the unit");
+    // Lifted: the fields are gone.
+    let lifted = transfer::set_bound(&mut redis, b1, 2, None, 60_000).await;
+    assert_eq!(lifted.expect("bound"), Bounded::Set);
+    let fields: Vec<Option<String>> = redis
+        .hmget(b1.meta(), &["serve_up_to", "serve_up_to_until"])
+        .await
+        .expect("hmget");
+    assert_eq!(fields, vec![None, None]);
+
+    // A gate that is not loaded gets no bound (nor a meta made for it).
+    let lost = VoucherKeys::new(&env.prefix, V + 1).expect("keys");
+    let set = transfer::set_bound(&mut redis, &lost, 3, Some(1), 60_000).await;
+    assert_eq!(set.expect("bound"), Bounded::NotLoaded);
+    let made: bool = redis.exists(lost.meta()).await.expect("exists");
+    assert!(!made);
+    // A give of no units is for a bucket only.
+    let pool = transfer::give(&mut redis, Gate::Pool(&keys[0]), 7003, 0, 3, &[]).await;
+    assert!(pool.is_err(), "{pool:?}");
+    env.cleanup().await;
+}

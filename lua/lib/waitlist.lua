@@ -21,13 +21,25 @@ end
 -- already is dropped from the list. `released_of(n)` is the released order
 -- the n-th promotion's event names. Returns the units left in the pool and
 -- the units promoted.
+--
+-- A voucher in buckets: while the mover's bound in meta is live
+-- (lua/serve_up_to.lua), requests queued after it are not served here,
+-- since an earlier one waits at another bucket for these units (the mover
+-- moves them there), so units go first come, first served across buckets.
 local function serve_waitlist(k, voucher, pool, fresh, released_of, now_ms)
   local looked, used, at, promoted = 0, 0, 0, 0
   local admitted = {}
+  local bound = redis.call('HMGET', k.meta, 'serve_up_to', 'serve_up_to_until')
+  local up_to = nil
+  if bound[1] and (tonumber(bound[2] or '0') or 0) > tonumber(now_ms) then
+    up_to = tonumber(bound[1])
+  end
   while pool > 0 and used < #fresh and looked < 1000 do
     local entry = redis.call('ZRANGE', k.waitlist, at, at, 'WITHSCORES')
     local head = entry[1]
     if not head then break end
+    -- Scores rise along the list: every request from here on came later.
+    if up_to and tonumber(entry[2]) > up_to then break end
     looked = looked + 1
     local wants = 1
     if k.wants then wants = math.max(tonumber(redis.call('HGET', k.wants, head) or '1') or 1, 1) end

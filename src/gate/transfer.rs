@@ -15,7 +15,9 @@ use redis::aio::ConnectionLike;
 use crate::error::{Error, Result};
 use crate::gate::buckets::Layout;
 use crate::store::keys::VoucherKeys;
-use crate::store::scripts::{TRANSFER_GIVE, TRANSFER_SETTLE, TRANSFER_TAKE, TRANSFER_VOID};
+use crate::store::scripts::{
+    SERVE_UP_TO, TRANSFER_GIVE, TRANSFER_SETTLE, TRANSFER_TAKE, TRANSFER_VOID,
+};
 
 /// One side of a transfer.
 #[derive(Debug, Clone, Copy)]
@@ -221,6 +223,53 @@ pub async fn give(
         4 => Given::Paused,
         5 => Given::NotLoaded,
         _ => return Err(unexpected("transfer_give", code, &reason)),
+    })
+}
+
+/// Serves `bucket`'s waitlist from the stock it holds, once (`id`, fresh,
+/// is recorded as a transfer that landed nothing), one of `fresh_ids` per
+/// promotion: the mover, after raising the bound (`set_bound`) up to
+/// requests that waited behind it.
+pub async fn serve(
+    conn: &mut impl ConnectionLike,
+    bucket: Gate<'_>,
+    id: u64,
+    epoch: u64,
+    fresh_ids: &[u64],
+) -> Result<Given> {
+    give(conn, bucket, id, 0, epoch, fresh_ids).await
+}
+
+/// What publishing a bound did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bounded {
+    Set,
+    Fenced(u64),
+    NotLoaded,
+}
+
+/// Sets (or lifts, None) the queued time up to which `keys`' bucket serves
+/// its own waiting requests, for `ttl_ms` by its master's clock
+/// (lua/serve_up_to.lua).
+pub async fn set_bound(
+    conn: &mut impl ConnectionLike,
+    keys: &VoucherKeys,
+    epoch: u64,
+    up_to_us: Option<u64>,
+    ttl_ms: u64,
+) -> Result<Bounded> {
+    let (code, reason, value): (i64, String, u64) = SERVE_UP_TO
+        .key(keys.meta())
+        .arg(epoch)
+        .arg(up_to_us.map_or(String::new(), |t| t.to_string()))
+        .arg(ttl_ms)
+        .invoke_async(conn)
+        .await?;
+    Ok(match code {
+        0 => Bounded::Set,
+        3 => Bounded::Fenced(value),
+        5 => Bounded::NotLoaded,
+        _ => return Err(unexpected("serve_up_to", code, &reason)),
     })
 }
 

@@ -73,6 +73,11 @@ pub static TRANSFER_VOID: LazyLock<Script> =
 pub static TRANSFER_SETTLE: LazyLock<Script> =
     LazyLock::new(|| with_lib(VALID_ID_LIB, include_str!("../../lua/transfer_settle.lua")));
 
+/// Buckets: the mover's bound on a bucket's own serving (first come,
+/// first served across buckets).
+pub static SERVE_UP_TO: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/serve_up_to.lua")));
+
 /// Buckets: the lease of a voucher's one mover, with its fencing epoch.
 pub static MOVER_LEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/mover_lease.lua")));
@@ -162,6 +167,7 @@ pub fn all() -> Vec<(&'static str, &'static Script)> {
         ("transfer_give.lua", &TRANSFER_GIVE),
         ("transfer_void.lua", &TRANSFER_VOID),
         ("transfer_settle.lua", &TRANSFER_SETTLE),
+        ("serve_up_to.lua", &SERVE_UP_TO),
         ("mover_lease.lua", &MOVER_LEASE),
         ("pool_fold.lua", &POOL_FOLD),
         ("reconcile.lua", &RECONCILE),

@@ -1,0 +1,56 @@
+-- serve_up_to.lua — first come, first served across the buckets of a voucher
+-- (design/buckets.md hole 4): the mover's bound on a bucket's own serving.
+-- Internal to `seckill worker`'s mover, not for application servers.
+--
+-- Each round the mover reads the waiting requests of every bucket, gives
+-- the voucher's free units to the earliest of them, and publishes here, in
+-- every bucket, the queued time up to which requests are being served.
+-- While the bound is live, a bucket serves no request queued after it
+-- (lua/lib/waitlist.lua: a release, a give, a repair), and a bucket where
+-- requests wait admits no newcomer from its stock (lua/seckill.lua answers
+-- "sold out" with a place in line): those units are kept for requests that
+-- came earlier, here or at another bucket, and the mover moves them. The
+-- bound holds for ARGV[3] ms by this master's clock, so a mover that stops
+-- holds no bucket's units for longer: the bucket then serves its own line
+-- again, as without the bound.
+--
+-- KEYS[1]  a bucket's meta (seckill:{V.b.s}:meta): fields serve_up_to (a
+--          queued time, µs of Redis TIME) and serve_up_to_until (Unix ms);
+--          mover_epoch as for a give; begin_ms (loaded)
+--
+-- ARGV[1]  the mover's epoch (lua/mover_lease.lua)
+-- ARGV[2]  the bound: a queued time in microseconds, or '' to lift it
+-- ARGV[3]  how long it holds, in ms (1 .. 60000)
+--
+-- Returns {code, reason, value}:
+--   {0, "set", 0}             the bound is set (or lifted)
+--   {3, "fenced", epoch}      the bucket has seen a later mover: nothing written
+--   {5, "not loaded", 0}      meta has no begin_ms: nothing written
+--
+-- Safe to run twice: it sets the same fields again.
+
+local epoch, up_to, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+if not epoch or epoch < 1 or epoch ~= math.floor(epoch) then
+  return redis.error_reply('ERR serve_up_to: the epoch must be 1 or more')
+end
+if up_to ~= '' and not (type(up_to) == 'string' and string.match(up_to, '^[1-9][0-9]*$') and #up_to <= 16) then
+  return redis.error_reply('ERR serve_up_to: the bound must be a time in microseconds, or empty')
+end
+if not ttl or ttl < 1 or ttl > 60000 or ttl ~= math.floor(ttl) then
+  return redis.error_reply('ERR serve_up_to: the time it holds must be 1 to 60000 ms')
+end
+
+local meta = redis.call('HMGET', KEYS[1], 'mover_epoch', 'begin_ms')
+local seen = tonumber(meta[1] or '0') or 0
+if epoch < seen then return {3, 'fenced', seen} end
+if not meta[2] then return {5, 'not loaded', 0} end
+if epoch > seen then redis.call('HSET', KEYS[1], 'mover_epoch', epoch) end
+
+if up_to == '' then
+  redis.call('HDEL', KEYS[1], 'serve_up_to', 'serve_up_to_until')
+else
+  local now = redis.call('TIME')
+  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  redis.call('HSET', KEYS[1], 'serve_up_to', up_to, 'serve_up_to_until', string.format('%d', now_ms + ttl))
+end
+return {0, 'set', 0}
