@@ -794,3 +794,101 @@ async fn mysql_counts_orders_per_bucket_by_the_routing_rule() {
     }
     env.cleanup().await;
 }
+
+/// First come, first served across buckets for released units: a unit
+/// that comes back at one bucket (its buyer did not pay) goes to the
+/// earliest waiting buyer of any bucket, not to the first in that bucket's
+/// own line, who came later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_unit_released_at_one_bucket_goes_to_the_earliest_waiting_buyer_of_any_bucket() {
+    use seckill::orders::payment::{self, PayOutcome};
+
+    let env = TestEnv::on_cluster().await;
+    let out = env
+        .cmd()
+        .args(["voucher", "add", "--id", &V.to_string(), "--stock", "3"])
+        .args(["--buckets", "3", "--begin", "-1m", "--pay-timeout", "3s"])
+        .output()
+        .expect("voucher add");
+    assert!(out.status.success(), "{out:?}");
+    preload(&env, V);
+    let mut redis = env.redis().await;
+    let layout = Layout::read(&mut redis, &env.prefix, V)
+        .await
+        .expect("layout");
+    let (zero, one, two) = (two_users_of(0), two_users_of(1), two_users_of(2));
+    // One unit per bucket, all sold; then bucket 1's buyer waits first
+    // and bucket 0's second.
+    let attempts = [
+        (zero[0], 41),
+        (one[0], 42),
+        (two[0], 43),
+        (one[1], 44),
+        (zero[1], 45),
+    ];
+    for (n, (user, order)) in attempts.into_iter().enumerate() {
+        let came = buy_units(&redis, &layout, user, 1, order).await;
+        if n < 3 {
+            assert!(matches!(came, Admission::Admitted { .. }), "{came:?}");
+        } else {
+            assert!(matches!(came, Admission::SoldOut { .. }), "{came:?}");
+        }
+    }
+    let worker = env.spawn_worker(&common::fast_worker(&[]));
+    env.wait_orders(V, 3, Duration::from_secs(30)).await;
+    // Buckets 1 and 2 pay; bucket 0's unit comes back at its deadline.
+    for order in [42, 43] {
+        let paid = payment::pay(env.db().await, order).await.expect("pay");
+        assert!(matches!(paid, PayOutcome::Paid { .. }), "{paid:?}");
+    }
+    env.wait_orders(V, 4, Duration::from_secs(30)).await;
+    worker.signal("TERM");
+    worker.expect_success(Duration::from_secs(20));
+    let s = assert_invariants(&env, V).await;
+    assert!(
+        s.orders.contains_key(&one[1]),
+        "the first to wait is served: {:?}",
+        s.orders
+    );
+    assert!(!s.orders.contains_key(&zero[1]));
+    assert_eq!(s.waitlist, vec![zero[1]], "the second waits");
+    env.cleanup().await;
+}
+
+/// A bucket that runs dry with many buyers waiting is served a whole line
+/// at a time, from the units the other buckets hold: not one request per
+/// mover round (which left 150 waiting buyers 15 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dry_bucket_s_whole_line_is_served_from_the_others_units_within_the_bound() {
+    let env = TestEnv::on_cluster().await;
+    let (layout, redis) = env.live_voucher_in_buckets(V, 300, 3).await;
+    let users: Vec<u64> = (1..).filter(|u| bucket_of(*u, 3) == 0).take(250).collect();
+    let keys = layout.keys(0).expect("keys");
+    let mut conn = redis.clone();
+    for (n, user) in users.iter().enumerate() {
+        admit(&mut conn, &keys, V, *user, 1_000 + n as u64, None)
+            .await
+            .expect("admit");
+    }
+    let waiting: u64 = conn.zcard(keys.waitlist()).await.expect("zcard");
+    assert_eq!(waiting, 150, "bucket 0 sold its 100 and 150 wait");
+    let worker = env.spawn_worker(&common::fast_worker(&["--until-idle"]));
+    worker.expect_success(Duration::from_secs(60));
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.orders.len(), 250);
+    assert!(s.waitlist.is_empty());
+    let events: redis::streams::StreamRangeReply =
+        conn.xrange_all(keys.events()).await.expect("xrange");
+    let waited: Vec<u64> = events
+        .ids
+        .iter()
+        .filter(|e| e.get::<String>("type").as_deref() == Some("promoted"))
+        .filter_map(|e| e.get::<String>("waited_ms")?.parse().ok())
+        .collect();
+    assert_eq!(waited.len(), 150);
+    let longest = waited.iter().max().copied().unwrap_or(0);
+    // The worker starts, reads 256 of a line per round (100 ms): well
+    // under 5 s even on a loaded machine.
+    assert!(longest < 5_000, "a buyer waited {longest} ms");
+    env.cleanup().await;
+}

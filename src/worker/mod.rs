@@ -8,6 +8,7 @@
 //! consumer-group commands, `lock` the L3 leases (renewed by `keepalive`),
 //! `persist` the L4 transaction, `canceller` layer 5.
 
+mod allotment;
 mod batch;
 pub mod canceller;
 pub mod fence;
@@ -113,6 +114,7 @@ pub async fn run(
             layouts: Default::default(),
             failing: Default::default(),
             epoch_floors: Default::default(),
+            bounded: Default::default(),
             moves_left: false,
             until_idle: opts.until_idle,
         };

@@ -4,10 +4,14 @@
 //!
 //! One worker at a time moves a voucher (lua/mover_lease.lua, with an epoch
 //! that fences a mover that lost its lease). Each round, for each voucher:
-//! complete transfers a stopped mover left between its steps, then serve
-//! the waiting buckets, earliest waiting request first, from the pool and
-//! then from buckets nobody waits at, or whose first request came later or
-//! cannot be filled, then even out buckets running low. Nothing moves
+//! complete transfers a stopped mover left between its steps; read every
+//! bucket's line; give the free units to the earliest waiting requests of
+//! any bucket (worker/allotment.rs) and publish in every bucket the queued
+//! time up to which it serves its own line (lua/serve_up_to.lua), so a unit
+//! freed at one bucket is not served to a later request there; move units
+//! to the buckets whose allotted requests lack them, from the pool first,
+//! then from buckets holding more than theirs need; serve each bucket's
+//! allotted requests; then even out buckets running low. Nothing moves
 //! before the sale begins or while a bucket is not loaded. Every move is
 //! take, give, settle (gate/transfer.rs).
 
@@ -18,14 +22,15 @@ use std::time::Duration;
 use redis::{FromRedisValue, Value};
 use tokio_util::sync::CancellationToken;
 
+use super::allotment::{allot, Allotment, Line};
 use super::WorkerStats;
 use crate::error::{Error, Result};
 use crate::gate::buckets::{Layout, Layouts};
-use crate::gate::transfer::{self, Gate, Given, Landing, Taken};
+use crate::gate::transfer::{self, Bounded, Gate, Given, Landing, Taken};
 use crate::store::config::Config;
 use crate::store::keys::VoucherKeys;
 use crate::store::node_lease::OrderIds;
-use crate::store::redis_conn::{self, pipeline_per_item, value_text, Redis};
+use crate::store::redis_conn::{self, pipeline_per_item, Redis};
 use crate::store::registry;
 use crate::store::scripts::MOVER_LEASE;
 use crate::support::backoff::Backoff;
@@ -38,9 +43,15 @@ pub const MOVE_EVERY: Duration = Duration::from_millis(100);
 /// A transfer open longer than this was left by a mover that stopped (a
 /// mover takes, gives and settles in one round, milliseconds apart).
 const STALE_TRANSFER_MS: u64 = 5_000;
-/// The most waiting requests one give serves (lua/lib/waitlist.lua looks
-/// at no more): the fresh order ids a transfer needs at most.
-const PROMOTIONS_PER_GIVE: u64 = 1_000;
+/// The most waiting requests one serve promotes (lua/lib/waitlist.lua looks
+/// at no more): the fresh order ids it needs at most.
+const PROMOTIONS_PER_SERVE: usize = 1_000;
+/// How far into each bucket's line a round reads: the most requests of
+/// one bucket a round serves.
+const LINE_DEPTH: isize = 256;
+/// How long a published bound holds without the next round renewing it: a
+/// mover that stops keeps no bucket's units from its own line for longer.
+const BOUND_HOLDS_MS: u64 = 1_000;
 /// A bucket holding less than this share of the average is topped up.
 const LOW_WATER_DIVISOR: i64 = 2;
 
@@ -63,9 +74,13 @@ pub struct Mover {
     /// worker moves, whether work is left.
     pub(super) until_idle: bool,
     /// A move of this pass was refused or fell short (a fence, a pause, a
-    /// sale emptying the giver, units left in transit): the next pass may
-    /// move what this one could not, so the pass is not settled.
+    /// sale emptying the giver, units left in transit), or a serve
+    /// promoted someone: the next pass may move what this one could not,
+    /// so the pass is not settled.
     pub(super) moves_left: bool,
+    /// Vouchers whose buckets this mover last left a live bound in: lifted
+    /// once nobody waits.
+    pub(super) bounded: std::collections::HashSet<u64>,
 }
 
 /// A voucher's free units as a round reads them and its moves change them.
@@ -82,16 +97,27 @@ struct Look {
     /// The sale's opening (meta's begin_ms; None: not loaded yet, or lost,
     /// and such a gate is neither given nor taken from).
     begin_ms: Option<i64>,
-    /// The first waiting request: its queued time (µs) and units wanted.
-    head: Option<(f64, i64)>,
+    /// The first waiting requests (up to LINE_DEPTH): queued time (µs) and
+    /// units wanted.
+    waiting: Vec<(f64, i64)>,
 }
 
 impl Look {
-    /// Units the first waiting request lacks (0: none waits or it fits).
-    fn lacks(&self) -> i64 {
-        self.head
-            .map_or(0, |(_, wants)| (wants - self.stock).max(0))
+    fn line(&self) -> Line {
+        Line {
+            stock: self.stock,
+            open: !self.paused,
+            waiting: self.waiting.clone(),
+            seen_all: (self.waiting.len() as isize) < LINE_DEPTH,
+        }
     }
+}
+
+/// The allotment of a round's look: the pool counts while bucket 0, whose
+/// master holds it, is not paused.
+fn allotment(looks: &[Look], pool: i64) -> Allotment {
+    let lines: Vec<Line> = looks.iter().map(Look::line).collect();
+    allot(&lines, if pool_usable(looks) { pool } else { 0 })
 }
 
 impl Mover {
@@ -183,7 +209,7 @@ impl Mover {
                 return Ok(0);
             }
             let (looks, pool) = self.look_all(&gates).await?;
-            let waiting = movable(&looks) && !plan_waiting(&looks, pool).is_empty();
+            let waiting = movable(&looks) && allotment(&looks, pool).any();
             let open = transfer::any_open(&mut self.conn, layout).await?;
             return Ok(usize::from(waiting || open));
         };
@@ -192,25 +218,48 @@ impl Mover {
         if !movable(&looks) {
             return Ok(left_open);
         }
-        let plan = plan_waiting(&looks, pool);
+        let allotted = allotment(&looks, pool);
+        if !self.publish_bound(&gates, epoch, allotted.up_to).await? {
+            return Ok(left_open);
+        }
         let mut free = Free { looks, pool };
 
-        // The waiting buckets that can be filled, earliest first request
-        // first, each with the buckets to take from.
-        for (to, donors) in plan {
-            let mut lacks = free.looks[to].lacks();
+        // The buckets whose allotted requests lack units, the earliest
+        // allotted request first; the pool gives first, then the buckets
+        // holding more than their own allotted requests take.
+        let earliest = |b: usize| free.looks[b].waiting.first().map_or(f64::MAX, |w| w.0);
+        let mut short: Vec<usize> = (0..free.looks.len())
+            .filter(|b| allotted.need[*b] > free.looks[*b].stock)
+            .collect();
+        short.sort_by(|a, b| earliest(*a).total_cmp(&earliest(*b)));
+        for to in short {
+            let mut lacks = allotted.need[to] - free.looks[to].stock;
             if pool_usable(&free.looks) {
                 lacks -= self
                     .shift(&gates, epoch, &mut free, None, to, lacks)
                     .await?;
             }
-            for from in donors {
-                if lacks <= 0 {
+            while lacks > 0 {
+                let spare = |d: usize| free.looks[d].stock - allotted.need[d];
+                let Some(from) = (0..free.looks.len())
+                    .filter(|d| *d != to && !free.looks[*d].paused && spare(*d) > 0)
+                    .max_by_key(|d| spare(*d))
+                else {
+                    break;
+                };
+                let units = lacks.min(spare(from));
+                let moved = self
+                    .shift(&gates, epoch, &mut free, Some(from), to, units)
+                    .await?;
+                if moved == 0 {
                     break;
                 }
-                lacks -= self
-                    .shift(&gates, epoch, &mut free, Some(from), to, lacks)
-                    .await?;
+                lacks -= moved;
+            }
+        }
+        for b in 0..free.looks.len() {
+            if allotted.requests[b] > 0 {
+                self.serve(&gates, b, epoch, allotted.requests[b]).await?;
             }
         }
 
@@ -220,7 +269,7 @@ impl Mover {
         let average = total / free.looks.len() as i64;
         for to in 0..free.looks.len() {
             let l = &free.looks[to];
-            if l.stock * LOW_WATER_DIVISOR >= average || l.paused || l.head.is_some() {
+            if l.stock * LOW_WATER_DIVISOR >= average || l.paused || !l.waiting.is_empty() {
                 continue;
             }
             let mut wants = average - l.stock;
@@ -230,7 +279,7 @@ impl Mover {
                     .await?;
             }
             let richest = (0..free.looks.len())
-                .filter(|d| *d != to && !free.looks[*d].paused && free.looks[*d].head.is_none())
+                .filter(|d| *d != to && !free.looks[*d].paused && free.looks[*d].waiting.is_empty())
                 .max_by_key(|d| free.looks[*d].stock);
             if let Some(from) = richest {
                 let spare = free.looks[from].stock - average;
@@ -271,8 +320,8 @@ impl Mover {
     }
 
     /// Every bucket as it is now, and the pool's units: one pipeline per
-    /// master for all of them, then the wanted units of each bucket's
-    /// first waiting request, if any.
+    /// master for all of them, then (for a voucher selling more than a
+    /// unit per request) the units its read waiting requests want.
     async fn look_all(&mut self, gates: &[VoucherKeys]) -> Result<(Vec<Look>, i64)> {
         let items: Vec<(usize, &VoucherKeys)> = gates.iter().enumerate().collect();
         let replies = pipeline_per_item(&mut self.conn, &items, false, false, |pipe, (b, k)| {
@@ -281,7 +330,8 @@ impl Mover {
                 .arg(k.meta())
                 .arg("paused")
                 .arg("begin_ms")
-                .zrange_withscores(k.waitlist(), 0, 0);
+                .arg("per_user_limit")
+                .zrange_withscores(k.waitlist(), 0, LINE_DEPTH - 1);
             if *b == 0 {
                 pipe.get(k.pool());
             }
@@ -289,16 +339,18 @@ impl Mover {
         })
         .await?;
         let mut looks = Vec::with_capacity(gates.len());
+        let mut lines = Vec::with_capacity(gates.len());
         let mut pool = 0;
+        let mut quantities = false;
         for (keys, reply) in gates.iter().zip(replies) {
             type Row = (
                 Option<i64>,
-                (Option<String>, Option<String>),
+                (Option<String>, Option<String>, Option<String>),
                 Vec<(String, f64)>,
             );
             let mut reply = reply.into_iter();
             let row: Vec<Value> = reply.by_ref().take(3).collect();
-            let (stock, (paused, begin), head): Row =
+            let (stock, (paused, begin, limit), line): Row =
                 FromRedisValue::from_redis_value(Value::Array(row))
                     .map_err(|e| Error::Redis(format!("mover look at {}: {e}", keys.meta())))?;
             if let Some(units) = reply.next() {
@@ -306,18 +358,128 @@ impl Mover {
                     .map_err(|e| Error::Redis(format!("mover look at the pool: {e}")))?
                     .unwrap_or(0);
             }
-            let head = match head.first() {
-                None => None,
-                Some((user, at)) => Some((*at, wanted(&mut self.conn, keys, user).await?)),
-            };
+            quantities |= limit.and_then(|l| l.parse::<i64>().ok()).unwrap_or(1) > 1;
             looks.push(Look {
                 stock: stock.unwrap_or(0).max(0),
                 paused: paused.as_deref() == Some("1"),
                 begin_ms: begin.and_then(|b| b.parse().ok()),
-                head,
+                waiting: line.iter().map(|(_, at)| (*at, 1)).collect(),
             });
+            lines.push(line);
+        }
+        if quantities {
+            self.read_wants(gates, &lines, &mut looks).await?;
         }
         Ok((looks, pool))
+    }
+
+    /// The units each read waiting request wants (absent: 1), one pipeline
+    /// per master.
+    async fn read_wants(
+        &mut self,
+        gates: &[VoucherKeys],
+        lines: &[Vec<(String, f64)>],
+        looks: &mut [Look],
+    ) -> Result<()> {
+        let items: Vec<(&VoucherKeys, &Vec<(String, f64)>)> = gates
+            .iter()
+            .zip(lines)
+            .filter(|(_, line)| !line.is_empty())
+            .collect();
+        let replies = pipeline_per_item(&mut self.conn, &items, false, false, |pipe, (k, line)| {
+            let cmd = pipe.cmd("HMGET").arg(k.waitlist_quantity());
+            for (user, _) in line.iter() {
+                cmd.arg(user);
+            }
+            Ok(())
+        })
+        .await?;
+        let waiting = looks.iter_mut().filter(|l| !l.waiting.is_empty());
+        for (look, reply) in waiting.zip(replies) {
+            let wants: Vec<Option<String>> = reply
+                .into_iter()
+                .next()
+                .map(FromRedisValue::from_redis_value)
+                .transpose()
+                .map_err(|e| Error::Redis(format!("mover look at the wanted units: {e}")))?
+                .unwrap_or_default();
+            for (entry, want) in look.waiting.iter_mut().zip(wants) {
+                entry.1 = want.and_then(|w| w.parse::<i64>().ok()).unwrap_or(1).max(1);
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes the queued time up to which every bucket serves its own
+    /// line (None: lifts it, once, after nobody waits). False: a gate has
+    /// seen a later mover, and this one stops its round.
+    async fn publish_bound(
+        &mut self,
+        gates: &[VoucherKeys],
+        epoch: u64,
+        up_to: Option<f64>,
+    ) -> Result<bool> {
+        let voucher = gates[0].voucher();
+        if up_to.is_none() && !self.bounded.contains(&voucher) {
+            return Ok(true);
+        }
+        let up_to_us = up_to.map(|t| t.max(1.0) as u64);
+        let mut calls = Vec::with_capacity(gates.len());
+        for keys in gates {
+            let mut conn = self.conn.clone();
+            calls.push(async move {
+                transfer::set_bound(&mut conn, keys, epoch, up_to_us, BOUND_HOLDS_MS).await
+            });
+        }
+        let mut fenced = None;
+        for answer in futures_util::future::join_all(calls).await {
+            match answer? {
+                Bounded::Set => {}
+                Bounded::Fenced(seen) => fenced = Some(seen),
+                // Lost meanwhile: the guard rebuilds it; the next round
+                // publishes there again.
+                Bounded::NotLoaded => self.moves_left = true,
+            }
+        }
+        if let Some(seen) = fenced {
+            self.fenced(voucher, seen);
+            return Ok(false);
+        }
+        if up_to.is_some() {
+            self.bounded.insert(voucher);
+        } else {
+            self.bounded.remove(&voucher);
+        }
+        Ok(true)
+    }
+
+    /// Serves bucket `b`'s allotted requests from the stock it holds now
+    /// (lua/transfer_give.lua with no units), under the bound just
+    /// published.
+    async fn serve(
+        &mut self,
+        gates: &[VoucherKeys],
+        b: usize,
+        epoch: u64,
+        requests: usize,
+    ) -> Result<()> {
+        let id = self.ids.next_id()?;
+        let fresh = (0..requests.min(PROMOTIONS_PER_SERVE))
+            .map(|_| self.ids.next_id())
+            .collect::<Result<Vec<u64>>>()?;
+        let bucket = Gate::Bucket(b as u32, &gates[b]);
+        match transfer::serve(&mut self.conn, bucket, id, epoch, &fresh).await? {
+            Given::Landed { promoted } => {
+                if promoted > 0 {
+                    // The line moved on: the next pass may find more to
+                    // serve, so this one is not settled.
+                    self.moves_left = true;
+                }
+            }
+            Given::Fenced(seen) => self.fenced(gates[0].voucher(), seen),
+            Given::AlreadyGiven | Given::Void | Given::Paused | Given::NotLoaded => {}
+        }
+        Ok(())
     }
 
     /// Takes or renews the voucher's mover lease: its epoch while held.
@@ -392,13 +554,7 @@ impl Mover {
         let receiver = Gate::Bucket(to as u32, &gates[to]);
         let voucher = gates[0].voucher();
         let id = self.ids.next_id()?;
-        // A promotion per unit at most, and a give serves at most 1,000
-        // waiting requests: the ids are minted before the take, so a
-        // failure to mint leaves nothing in transit.
         let units = units as u64;
-        let fresh = (0..units.min(PROMOTIONS_PER_GIVE))
-            .map(|_| self.ids.next_id())
-            .collect::<Result<Vec<u64>>>()?;
         // Whatever does not move in full is left for the next pass.
         let left_before = self.moves_left;
         self.moves_left = true;
@@ -418,8 +574,11 @@ impl Mover {
             Taken::Short(_) | Taken::Paused | Taken::NotLoaded => return Ok(0),
         };
         crate::support::fault::pause("between_take_and_give").await;
-        let fresh = &fresh[..fresh.len().min(k as usize)];
-        let landing = match transfer::give(&mut self.conn, receiver, id, k, epoch, fresh).await? {
+        // The units land in the stock: the round serves the receiver's
+        // allotted requests once every move to it is done, in order (a
+        // give serving on arrival could serve a later, smaller request
+        // before the units for an earlier one had all arrived).
+        let landing = match transfer::give(&mut self.conn, receiver, id, k, epoch, &[]).await? {
             Given::Landed { .. } | Given::AlreadyGiven => Landing::Given,
             Given::Void => Landing::Void,
             Given::Fenced(seen) => {
@@ -490,55 +649,4 @@ fn movable(looks: &[Look]) -> bool {
 /// The pool's units may move: its gate (bucket 0's) is not paused.
 fn pool_usable(looks: &[Look]) -> bool {
     looks.first().is_some_and(|l| !l.paused)
-}
-
-/// The waiting buckets the pool and the others can fill whole, earliest
-/// first request first, each with the buckets to take from in order. A
-/// bucket whose first request cannot be filled gives to later ones: its
-/// units would otherwise stay there for good.
-fn plan_waiting(looks: &[Look], pool: i64) -> Vec<(usize, Vec<usize>)> {
-    let queued = |l: &Look| l.head.map_or(f64::MAX, |(t, _)| t);
-    let mut waiting: Vec<usize> = (0..looks.len())
-        .filter(|b| looks[*b].lacks() > 0 && !looks[*b].paused)
-        .collect();
-    waiting.sort_by(|a, b| queued(&looks[*a]).total_cmp(&queued(&looks[*b])));
-    let pool = if pool_usable(looks) { pool } else { 0 };
-    let mut unfillable: Vec<usize> = Vec::new();
-    let mut plan = Vec::new();
-    for &to in &waiting {
-        let mine = queued(&looks[to]);
-        let mut donors: Vec<usize> = (0..looks.len())
-            .filter(|d| *d != to && !looks[*d].paused && looks[*d].stock > 0)
-            .filter(|d| {
-                // Nobody waits there; or its first request came later and
-                // does not fit its stock; or it cannot be filled at all.
-                looks[*d].head.is_none()
-                    || (looks[*d].lacks() > 0 && queued(&looks[*d]) > mine)
-                    || unfillable.contains(d)
-            })
-            .collect();
-        donors.sort_by_key(|d| std::cmp::Reverse((looks[*d].head.is_none(), looks[*d].stock)));
-        let available = pool + donors.iter().map(|d| looks[*d].stock).sum::<i64>();
-        // Only what fills the first request whole: units moved to a request
-        // they cannot serve would sit there, passed over.
-        if available >= looks[to].lacks() {
-            plan.push((to, donors));
-        } else {
-            unfillable.push(to);
-        }
-    }
-    plan
-}
-
-/// The units `user`, waiting at the gate of `keys`, asked for.
-async fn wanted(conn: &mut Redis, keys: &VoucherKeys, user: &str) -> Result<i64> {
-    let wants: Value = redis::cmd("HGET")
-        .arg(keys.waitlist_quantity())
-        .arg(user)
-        .query_async(conn)
-        .await?;
-    Ok(match wants {
-        Value::Nil => 1,
-        v => value_text(&v).parse::<i64>().unwrap_or(1).max(1),
-    })
 }

@@ -1,0 +1,169 @@
+//! Which waiting requests a voucher's free units go to, across its buckets:
+//! first come, first served by queued time (design/buckets.md hole 4). The
+//! mover reads every bucket's line, this decides, the mover moves and
+//! serves. Pure, so the rule is tested without a server.
+
+/// One bucket's waiting line as the mover read it.
+#[derive(Debug, Clone, Default)]
+pub struct Line {
+    /// Free units at the bucket.
+    pub stock: i64,
+    /// Not paused (paused: rebuilt, it neither serves nor gives).
+    pub open: bool,
+    /// The first waiting requests, in order: queued time (µs of its
+    /// master's TIME) and units wanted.
+    pub waiting: Vec<(f64, i64)>,
+    /// `waiting` is the whole line (not cut at the read's depth).
+    pub seen_all: bool,
+}
+
+/// What the free units are for.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Allotment {
+    /// Per bucket, the units its allotted requests take.
+    pub need: Vec<i64>,
+    /// Per bucket, how many of its requests are allotted units.
+    pub requests: Vec<usize>,
+    /// The queued time up to which every bucket serves its own line, or
+    /// None when nobody waits at an open bucket. Later requests wait: the
+    /// units are for one queued up to it (here or elsewhere), or the read
+    /// did not see further.
+    pub up_to: Option<f64>,
+}
+
+impl Allotment {
+    /// Some request is allotted units: the mover has work.
+    pub fn any(&self) -> bool {
+        self.requests.iter().any(|r| *r > 0)
+    }
+}
+
+/// Gives the `pool`'s units and the open buckets' stock to the waiting
+/// requests of every open bucket, earliest queued first, each whole or
+/// passed over (it keeps its place and a later one that fits is served, as
+/// a release serves one line). Requests after the shortest line that was
+/// cut are not considered: an unread one of that line may have come first.
+pub fn allot(lines: &[Line], pool: i64) -> Allotment {
+    let n = lines.len();
+    let mut out = Allotment {
+        need: vec![0; n],
+        requests: vec![0; n],
+        up_to: None,
+    };
+    let horizon = lines
+        .iter()
+        .filter(|l| l.open && !l.seen_all)
+        .filter_map(|l| l.waiting.last().map(|(t, _)| *t))
+        .reduce(f64::min);
+    let mut entries: Vec<(f64, usize, i64)> = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.open)
+        .flat_map(|(b, l)| l.waiting.iter().map(move |(t, k)| (*t, b, *k)))
+        .filter(|(t, _, _)| horizon.is_none_or(|h| *t <= h))
+        .collect();
+    if entries.is_empty() {
+        return out;
+    }
+    entries.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut free = pool.max(0)
+        + lines
+            .iter()
+            .filter(|l| l.open)
+            .map(|l| l.stock.max(0))
+            .sum::<i64>();
+    for (queued, b, wants) in &entries {
+        if free <= 0 {
+            // The earliest request no unit is left for: a unit freed at
+            // its own bucket serves it, one freed elsewhere is moved to it.
+            out.up_to = Some(*queued);
+            return out;
+        }
+        if *wants <= free {
+            out.need[*b] += wants;
+            out.requests[*b] += 1;
+            free -= wants;
+        }
+    }
+    out.up_to = horizon.or(entries.last().map(|(t, _, _)| *t));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(stock: i64, waiting: &[(f64, i64)]) -> Line {
+        Line {
+            stock,
+            open: true,
+            waiting: waiting.to_vec(),
+            seen_all: true,
+        }
+    }
+
+    #[test]
+    fn nobody_waiting_sets_no_bound() {
+        let a = allot(&[line(5, &[]), line(0, &[])], 3);
+        assert_eq!(a.up_to, None);
+        assert!(!a.any());
+    }
+
+    #[test]
+    fn units_go_to_the_earliest_requests_of_any_bucket() {
+        // One unit (at bucket 2): bucket 1's request came first.
+        let a = allot(
+            &[line(0, &[(20.0, 1)]), line(0, &[(10.0, 1)]), line(1, &[])],
+            0,
+        );
+        assert_eq!(a.need, vec![0, 1, 0]);
+        // Bucket 0's request waits: the bound stops there.
+        assert_eq!(a.up_to, Some(20.0));
+    }
+
+    #[test]
+    fn a_bucket_s_own_units_wait_for_an_earlier_request_elsewhere() {
+        // Bucket 0 holds one unit and a request of its own; bucket 1's
+        // came first and gets it.
+        let a = allot(&[line(1, &[(20.0, 1)]), line(0, &[(10.0, 1)])], 0);
+        assert_eq!(a.need, vec![0, 1]);
+        assert_eq!(a.requests, vec![0, 1]);
+        assert_eq!(a.up_to, Some(20.0));
+    }
+
+    #[test]
+    fn a_request_too_big_is_passed_over_and_keeps_its_place() {
+        let a = allot(&[line(2, &[(10.0, 4)]), line(0, &[(20.0, 1)])], 0);
+        assert_eq!(a.need, vec![0, 1]);
+        // Every request read is allotted or passed over: the bound is the
+        // last of them, so newcomers still queue behind the one for 4.
+        assert_eq!(a.up_to, Some(20.0));
+    }
+
+    #[test]
+    fn a_cut_line_bounds_what_is_allotted() {
+        // Bucket 0's line was cut after 30: bucket 1's request at 40 may
+        // come after unread ones of bucket 0.
+        let mut cut = line(0, &[(10.0, 1), (30.0, 1)]);
+        cut.seen_all = false;
+        let a = allot(&[cut, line(0, &[(20.0, 1), (40.0, 1)])], 10);
+        assert_eq!(a.need, vec![2, 1]);
+        assert_eq!(a.up_to, Some(30.0));
+    }
+
+    #[test]
+    fn a_paused_bucket_neither_gives_nor_is_served() {
+        let mut paused = line(5, &[(1.0, 1)]);
+        paused.open = false;
+        let a = allot(&[paused, line(0, &[(2.0, 1)])], 0);
+        assert_eq!(a.need, vec![0, 0]);
+        assert_eq!(a.up_to, Some(2.0));
+    }
+
+    #[test]
+    fn the_pool_counts_and_the_bound_is_the_last_request_served() {
+        let a = allot(&[line(0, &[(1.0, 1), (3.0, 1)]), line(0, &[(2.0, 1)])], 3);
+        assert_eq!(a.need, vec![2, 1]);
+        assert_eq!(a.up_to, Some(3.0));
+    }
+}
