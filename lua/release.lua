@@ -18,7 +18,10 @@
 -- request fits stays in the gate's stock, so after a release no waiting
 -- request among those looked at fits the stock: at most 1,000 waiting
 -- requests per call (one further back is served by a later release), and
--- promotions stop when the fresh ids given run out.
+-- promotions stop when the fresh ids given run out. A bucket of a voucher
+-- in buckets serves no request queued after the mover's live bound
+-- (lua/serve_up_to.lua): the units wait in its stock for the mover, which
+-- moves them to an earlier request elsewhere.
 --
 -- KEYS[1]  seckill:{V}:stock      KEYS[5]  seckill:{V}:events
 -- KEYS[2]  seckill:{V}:buyers     KEYS[6]  seckill:{V}:timeouts

@@ -52,7 +52,8 @@
 --                                  keeps this bucket's units for requests
 --                                  that came earlier (meta serve_up_to_until,
 --                                  set by the mover, is later than now and
---                                  requests wait here)
+--                                  requests wait here), whatever the
+--                                  quantity asked (not code 9)
 --   {3, "not started", begin_ms}   the sale window opens at begin_ms (Unix ms)
 --   {4, "ended", end_ms}           the sale window closed at end_ms (Unix ms)
 --   {5, "unknown voucher", 0}      the voucher was never preloaded (`seckill preload`)

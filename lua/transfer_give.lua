@@ -3,12 +3,15 @@
 -- (design/buckets.md). Internal to `seckill worker`'s mover and to
 -- reconcile, not for application servers.
 --
--- A bucket receiving units serves its waitlist with them first, exactly as
--- a release does (lua/release.lua: in order of arrival, each request whole
--- or passed over, a fresh order id per promotion, a `promote` entry in the
--- order stream and a `promoted` event whose released_order is "0": the
--- units came by transfer); what no waiting request fits joins its stock.
--- The pool receiving units only adds them.
+-- A bucket receiving units with fresh order ids (F > 0) serves its
+-- waitlist with them first, exactly as a release does (lua/release.lua: in
+-- order of arrival, each request whole or passed over, up to the mover's
+-- bound, lua/serve_up_to.lua; a fresh order id per promotion, a `promote`
+-- entry in the order stream and a `promoted` event whose released_order is
+-- "0": the units came by transfer); what no waiting request fits joins its
+-- stock. The mover passes no ids (**changed**): its units land in the
+-- stock, and it serves the bucket's line once every move to it is done (a
+-- give of 0 units, ARGV[2]). The pool receiving units only adds them.
 --
 -- KEYS[1]  the receiver's meta (the pool's: bucket 0's): fields paused,
 --          mover_epoch, begin_ms; promotions and buyers_digest as a release keeps them

@@ -844,6 +844,13 @@ async fn a_unit_released_at_one_bucket_goes_to_the_earliest_waiting_buyer_of_any
     env.wait_orders(V, 4, Duration::from_secs(30)).await;
     worker.signal("TERM");
     worker.expect_success(Duration::from_secs(20));
+    // A mover that stops lifts its bound (else newcomers at a bucket with
+    // stock and a line would be queued for a second with no mover).
+    for b in 0..3 {
+        let meta = layout.keys(b).expect("keys").meta();
+        let bound: Option<String> = redis.hget(&meta, "serve_up_to").await.expect("hget");
+        assert_eq!(bound, None, "bucket {b} keeps a bound");
+    }
     let s = assert_invariants(&env, V).await;
     assert!(
         s.orders.contains_key(&one[1]),
@@ -890,5 +897,42 @@ async fn a_dry_bucket_s_whole_line_is_served_from_the_others_units_within_the_bo
     // The worker starts, reads 256 of a line per round (100 ms): well
     // under 5 s even on a loaded machine.
     assert!(longest < 5_000, "a buyer waited {longest} ms");
+    env.cleanup().await;
+}
+
+/// A worker run --until-idle does not stop while a request is allotted
+/// units: here the first request the mover reads is a user who bought
+/// already (a repair adds buyers and leaves the waitlist), so its serve
+/// promotes nobody, and the one behind it, at another bucket, must still
+/// get the free unit before the worker exits.
+#[tokio::test]
+async fn a_stale_first_request_does_not_let_an_until_idle_worker_leave_a_fitting_one_waiting() {
+    let env = TestEnv::on_cluster().await;
+    let (layout, redis) = env.live_voucher_in_buckets(V, 6, 3).await;
+    let users_of =
+        |b: u32| -> Vec<u64> { (1..).filter(|u| bucket_of(*u, 3) == b).take(3).collect() };
+    let (zero, one, two) = (users_of(0), users_of(1), users_of(2));
+    // Bucket 0 keeps 1 of its 2 units; buckets 1 and 2 sell out and a
+    // buyer waits at bucket 1.
+    let buys = [zero[0], one[0], one[1], two[0], two[1]];
+    for (n, user) in buys.into_iter().enumerate() {
+        let came = buy_units(&redis, &layout, user, 1, 61 + n as u64).await;
+        assert!(matches!(came, Admission::Admitted { .. }), "{came:?}");
+    }
+    let came = buy_units(&redis, &layout, one[2], 1, 70).await;
+    assert!(matches!(came, Admission::SoldOut { .. }), "{came:?}");
+    // Bucket 0's buyer is also first in its line, as a repair leaves it.
+    let mut direct = env.redis().await;
+    let b0 = layout.keys(0).expect("keys");
+    let _: () = direct.zadd(b0.waitlist(), zero[0], 1).await.expect("zadd");
+    let worker = env.spawn_worker(&common::fast_worker(&["--until-idle"]));
+    worker.expect_success(Duration::from_secs(60));
+    let s = assert_invariants(&env, V).await;
+    assert!(
+        s.orders.contains_key(&one[2]),
+        "the waiting buyer who fits is served"
+    );
+    assert!(s.waitlist.is_empty(), "{:?}", s.waitlist);
+    assert_eq!(s.redis_stock, Some(0));
     env.cleanup().await;
 }

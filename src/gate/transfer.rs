@@ -184,8 +184,9 @@ pub async fn take(
     })
 }
 
-/// Lands transfer `id`'s `units` in `receiver` (a bucket serves its
-/// waitlist first, one of `fresh_ids` per promotion).
+/// Lands transfer `id`'s `units` in `receiver` (a bucket given fresh ids
+/// serves its waitlist first, one of `fresh_ids` per promotion; given none,
+/// the units join its stock).
 pub async fn give(
     conn: &mut impl ConnectionLike,
     receiver: Gate<'_>,

@@ -119,8 +119,9 @@ pub(super) async fn repair(
         );
     }
     // Units given back go to waitlisted users first, each with a new order:
-    // with the gate's own stock (less than one request's worth when anyone
-    // waits), they serve at most this many requests.
+    // with the gate's own stock they serve at most this many requests (a
+    // bucket may hold more stock than that while requests wait, kept under
+    // the mover's bound: it serves those, not this repair).
     let promotions = if delta > 0 {
         (delta as u64 + u64::from(s.policy.per_user_limit)).min(s.waiting)
     } else {

@@ -24,10 +24,14 @@ pub struct Allotment {
     pub need: Vec<i64>,
     /// Per bucket, how many of its requests are allotted units.
     pub requests: Vec<usize>,
-    /// The queued time up to which every bucket serves its own line, or
-    /// None when nobody waits at an open bucket. Later requests wait: the
-    /// units are for one queued up to it (here or elsewhere), or the read
-    /// did not see further.
+    /// The queued time up to which every bucket serves its own line: the
+    /// first request no unit is left for (a unit freed anywhere is for
+    /// it), or else the last one allotted (the units moved for them are
+    /// theirs until served). None when neither: nobody waits, or units are
+    /// left over that no request read fits, and every bucket then serves
+    /// and sells as it would alone (a bound then would keep those units
+    /// from newcomers, and from requests further back than the read, for
+    /// nobody).
     pub up_to: Option<f64>,
 }
 
@@ -72,6 +76,7 @@ pub fn allot(lines: &[Line], pool: i64) -> Allotment {
             .filter(|l| l.open)
             .map(|l| l.stock.max(0))
             .sum::<i64>();
+    let mut last_allotted = None;
     for (queued, b, wants) in &entries {
         if free <= 0 {
             // The earliest request no unit is left for: a unit freed at
@@ -83,9 +88,10 @@ pub fn allot(lines: &[Line], pool: i64) -> Allotment {
             out.need[*b] += wants;
             out.requests[*b] += 1;
             free -= wants;
+            last_allotted = Some(*queued);
         }
     }
-    out.up_to = horizon.or(entries.last().map(|(t, _, _)| *t));
+    out.up_to = last_allotted;
     out
 }
 
@@ -133,17 +139,29 @@ mod tests {
 
     #[test]
     fn a_request_too_big_is_passed_over_and_keeps_its_place() {
-        let a = allot(&[line(2, &[(10.0, 4)]), line(0, &[(20.0, 1)])], 0);
-        assert_eq!(a.need, vec![0, 1]);
-        // Every request read is allotted or passed over: the bound is the
-        // last of them, so newcomers still queue behind the one for 4.
-        assert_eq!(a.up_to, Some(20.0));
+        let a = allot(
+            &[line(2, &[(10.0, 4), (30.0, 1)]), line(0, &[(20.0, 1)])],
+            0,
+        );
+        assert_eq!(a.need, vec![1, 1]);
+        // Up to the last request allotted: the units are theirs until
+        // served, the one for 4 keeps its place.
+        assert_eq!(a.up_to, Some(30.0));
+    }
+
+    #[test]
+    fn units_no_request_read_fits_are_not_held() {
+        // Nothing fits the 3 units: no bound, so bucket 0 sells them to
+        // newcomers as it would alone instead of holding them for nobody.
+        let a = allot(&[line(3, &[(10.0, 4), (20.0, 5)]), line(0, &[])], 0);
+        assert!(!a.any());
+        assert_eq!(a.up_to, None);
     }
 
     #[test]
     fn a_cut_line_bounds_what_is_allotted() {
         // Bucket 0's line was cut after 30: bucket 1's request at 40 may
-        // come after unread ones of bucket 0.
+        // come after unread ones of bucket 0, and is not allotted.
         let mut cut = line(0, &[(10.0, 1), (30.0, 1)]);
         cut.seen_all = false;
         let a = allot(&[cut, line(0, &[(20.0, 1), (40.0, 1)])], 10);

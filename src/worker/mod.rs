@@ -115,6 +115,7 @@ pub async fn run(
             failing: Default::default(),
             epoch_floors: Default::default(),
             bounded: Default::default(),
+            last_pass: Default::default(),
             moves_left: false,
             until_idle: opts.until_idle,
         };

@@ -46,11 +46,13 @@ const STALE_TRANSFER_MS: u64 = 5_000;
 /// The most waiting requests one serve promotes (lua/lib/waitlist.lua looks
 /// at no more): the fresh order ids it needs at most.
 const PROMOTIONS_PER_SERVE: usize = 1_000;
-/// How far into each bucket's line a round reads: the most requests of
-/// one bucket a round serves.
-const LINE_DEPTH: isize = 256;
-/// How long a published bound holds without the next round renewing it: a
-/// mover that stops keeps no bucket's units from its own line for longer.
+/// How far into each bucket's line a round reads (while units are free;
+/// else its first request only): the most requests of one bucket a round
+/// serves, and as far as a serve looks (lua/lib/waitlist.lua).
+const LINE_DEPTH: isize = PROMOTIONS_PER_SERVE as isize;
+/// How long a published bound holds at least without the next round
+/// renewing it (three passes, if a pass takes longer): a mover that stops
+/// keeps no bucket's units from its own line for longer.
 const BOUND_HOLDS_MS: u64 = 1_000;
 /// A bucket holding less than this share of the average is topped up.
 const LOW_WATER_DIVISOR: i64 = 2;
@@ -78,9 +80,12 @@ pub struct Mover {
     /// promoted someone: the next pass may move what this one could not,
     /// so the pass is not settled.
     pub(super) moves_left: bool,
-    /// Vouchers whose buckets this mover last left a live bound in: lifted
-    /// once nobody waits.
-    pub(super) bounded: std::collections::HashSet<u64>,
+    /// Vouchers whose buckets this mover last left a live bound in, with
+    /// the epoch it held: lifted once nobody waits, and when it stops.
+    pub(super) bounded: HashMap<u64, u64>,
+    /// How long the last pass took: a bound holds for three of them (at
+    /// least BOUND_HOLDS_MS), so a slow pass does not let it lapse.
+    pub(super) last_pass: Duration,
 }
 
 /// A voucher's free units as a round reads them and its moves change them.
@@ -97,9 +102,10 @@ struct Look {
     /// The sale's opening (meta's begin_ms; None: not loaded yet, or lost,
     /// and such a gate is neither given nor taken from).
     begin_ms: Option<i64>,
-    /// The first waiting requests (up to LINE_DEPTH): queued time (µs) and
-    /// units wanted.
+    /// The first waiting requests read: queued time (µs) and units wanted.
     waiting: Vec<(f64, i64)>,
+    /// `waiting` is the whole line.
+    seen_all: bool,
 }
 
 impl Look {
@@ -108,7 +114,7 @@ impl Look {
             stock: self.stock,
             open: !self.paused,
             waiting: self.waiting.clone(),
-            seen_all: (self.waiting.len() as isize) < LINE_DEPTH,
+            seen_all: self.seen_all,
         }
     }
 }
@@ -142,12 +148,20 @@ impl Mover {
                 _ = tokio::time::sleep(delay) => {}
             }
         }
+        self.lift_bounds().await;
         self.release_leases().await;
     }
 
     /// One round over every registered voucher in buckets; one voucher's
     /// failure is logged and the others go on.
     pub async fn pass(&mut self) -> Result<()> {
+        let started = std::time::Instant::now();
+        let passed = self.pass_once().await;
+        self.last_pass = started.elapsed();
+        passed
+    }
+
+    async fn pass_once(&mut self) -> Result<()> {
         let pass = self.stats.start_mover_pass();
         self.moves_left = false;
         let vouchers = registry::members(&mut self.conn, &self.cfg.prefix).await?;
@@ -219,6 +233,12 @@ impl Mover {
             return Ok(left_open);
         }
         let allotted = allotment(&looks, pool);
+        if allotted.any() {
+            // Not settled while a request is allotted units: the serve may
+            // find a waiting user who bought meanwhile and promote nobody,
+            // and the next pass then sees who is next.
+            self.moves_left = true;
+        }
         if !self.publish_bound(&gates, epoch, allotted.up_to).await? {
             return Ok(left_open);
         }
@@ -320,8 +340,9 @@ impl Mover {
     }
 
     /// Every bucket as it is now, and the pool's units: one pipeline per
-    /// master for all of them, then (for a voucher selling more than a
-    /// unit per request) the units its read waiting requests want.
+    /// master for all of them with each line's first request; while units
+    /// are free, each line further in (LINE_DEPTH) and (for a voucher
+    /// selling more than a unit per request) the units they want.
     async fn look_all(&mut self, gates: &[VoucherKeys]) -> Result<(Vec<Look>, i64)> {
         let items: Vec<(usize, &VoucherKeys)> = gates.iter().enumerate().collect();
         let replies = pipeline_per_item(&mut self.conn, &items, false, false, |pipe, (b, k)| {
@@ -331,7 +352,8 @@ impl Mover {
                 .arg("paused")
                 .arg("begin_ms")
                 .arg("per_user_limit")
-                .zrange_withscores(k.waitlist(), 0, LINE_DEPTH - 1);
+                .zrange_withscores(k.waitlist(), 0, 0)
+                .zcard(k.waitlist());
             if *b == 0 {
                 pipe.get(k.pool());
             }
@@ -347,10 +369,11 @@ impl Mover {
                 Option<i64>,
                 (Option<String>, Option<String>, Option<String>),
                 Vec<(String, f64)>,
+                u64,
             );
             let mut reply = reply.into_iter();
-            let row: Vec<Value> = reply.by_ref().take(3).collect();
-            let (stock, (paused, begin, limit), line): Row =
+            let row: Vec<Value> = reply.by_ref().take(4).collect();
+            let (stock, (paused, begin, limit), line, length): Row =
                 FromRedisValue::from_redis_value(Value::Array(row))
                     .map_err(|e| Error::Redis(format!("mover look at {}: {e}", keys.meta())))?;
             if let Some(units) = reply.next() {
@@ -364,13 +387,55 @@ impl Mover {
                 paused: paused.as_deref() == Some("1"),
                 begin_ms: begin.and_then(|b| b.parse().ok()),
                 waiting: line.iter().map(|(_, at)| (*at, 1)).collect(),
+                seen_all: length <= line.len() as u64,
             });
             lines.push(line);
         }
-        if quantities {
+        let free = looks
+            .iter()
+            .filter(|l| !l.paused)
+            .map(|l| l.stock)
+            .sum::<i64>()
+            + if pool_usable(&looks) { pool } else { 0 };
+        // Sold out: the first request anywhere is all a round needs (the
+        // one a freed unit is for).
+        if free > 0 && looks.iter().any(|l| !l.seen_all) {
+            self.read_lines(gates, &mut lines, &mut looks).await?;
+        }
+        if quantities && free > 0 {
             self.read_wants(gates, &lines, &mut looks).await?;
         }
         Ok((looks, pool))
+    }
+
+    /// Each line read on past its first request, up to LINE_DEPTH, one
+    /// pipeline per master.
+    async fn read_lines(
+        &mut self,
+        gates: &[VoucherKeys],
+        lines: &mut [Vec<(String, f64)>],
+        looks: &mut [Look],
+    ) -> Result<()> {
+        let items: Vec<(usize, &VoucherKeys)> = gates
+            .iter()
+            .enumerate()
+            .filter(|(b, _)| !looks[*b].seen_all)
+            .collect();
+        let replies = pipeline_per_item(&mut self.conn, &items, false, false, |pipe, (_, k)| {
+            pipe.zrange_withscores(k.waitlist(), 0, LINE_DEPTH - 1)
+                .zcard(k.waitlist());
+            Ok(())
+        })
+        .await?;
+        for ((b, keys), reply) in items.iter().zip(replies) {
+            let (line, length): (Vec<(String, f64)>, u64) =
+                FromRedisValue::from_redis_value(Value::Array(reply))
+                    .map_err(|e| Error::Redis(format!("mover look at {}: {e}", keys.waitlist())))?;
+            looks[*b].waiting = line.iter().map(|(_, at)| (*at, 1)).collect();
+            looks[*b].seen_all = length <= line.len() as u64;
+            lines[*b] = line;
+        }
+        Ok(())
     }
 
     /// The units each read waiting request wants (absent: 1), one pipeline
@@ -420,16 +485,19 @@ impl Mover {
         up_to: Option<f64>,
     ) -> Result<bool> {
         let voucher = gates[0].voucher();
-        if up_to.is_none() && !self.bounded.contains(&voucher) {
+        if up_to.is_none() && !self.bounded.contains_key(&voucher) {
             return Ok(true);
         }
         let up_to_us = up_to.map(|t| t.max(1.0) as u64);
+        let ttl = (self.last_pass.as_millis() as u64)
+            .saturating_mul(3)
+            .clamp(BOUND_HOLDS_MS, 60_000);
         let mut calls = Vec::with_capacity(gates.len());
         for keys in gates {
             let mut conn = self.conn.clone();
-            calls.push(async move {
-                transfer::set_bound(&mut conn, keys, epoch, up_to_us, BOUND_HOLDS_MS).await
-            });
+            calls.push(
+                async move { transfer::set_bound(&mut conn, keys, epoch, up_to_us, ttl).await },
+            );
         }
         let mut fenced = None;
         for answer in futures_util::future::join_all(calls).await {
@@ -446,11 +514,49 @@ impl Mover {
             return Ok(false);
         }
         if up_to.is_some() {
-            self.bounded.insert(voucher);
+            self.bounded.insert(voucher, epoch);
         } else {
             self.bounded.remove(&voucher);
         }
         Ok(true)
+    }
+
+    /// The mover stops: every bound it left is lifted, and every bucket
+    /// where requests wait next to stock serves its own line (a newcomer
+    /// queued under the bound in its last moments would otherwise wait
+    /// there until the next mover). Best effort: a bound not lifted lapses.
+    async fn lift_bounds(&mut self) {
+        let bounded: Vec<(u64, u64)> = self.bounded.drain().collect();
+        for (voucher, epoch) in bounded {
+            let lifted = self.lift(voucher, epoch).await;
+            if let Err(e) = lifted {
+                tracing::debug!("mover: voucher {voucher}: bound not lifted ({e}); it lapses");
+            }
+        }
+    }
+
+    async fn lift(&mut self, voucher: u64, epoch: u64) -> Result<()> {
+        let layout = self
+            .layouts
+            .of(&mut self.conn, &self.db, &self.cfg.prefix, voucher)
+            .await?;
+        let gates = layout.all_keys()?;
+        for keys in &gates {
+            if let Bounded::Fenced(_) =
+                transfer::set_bound(&mut self.conn, keys, epoch, None, BOUND_HOLDS_MS).await?
+            {
+                // Another mover has it: its rounds serve.
+                return Ok(());
+            }
+        }
+        let (looks, _) = self.look_all(&gates).await?;
+        for (b, look) in looks.iter().enumerate() {
+            if look.stock > 0 && !look.waiting.is_empty() && !look.paused {
+                let requests = (look.stock as usize).min(look.waiting.len());
+                self.serve(&gates, b, epoch, requests).await?;
+            }
+        }
+        Ok(())
     }
 
     /// Serves bucket `b`'s allotted requests from the stock it holds now
