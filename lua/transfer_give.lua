@@ -14,7 +14,8 @@
 -- give of 0 units, ARGV[2]). The pool receiving units only adds them.
 --
 -- KEYS[1]  the receiver's meta (the pool's: bucket 0's): fields paused,
---          mover_epoch, begin_ms; promotions and buyers_digest as a release keeps them
+--          mover_epoch, begin_ms; promotions and buyers_digest as a release keeps them;
+--          served_last (a serve's, below)
 -- KEYS[2]  the receiver's units: seckill:{V.b.s}:stock, or seckill:{V}:pool
 -- KEYS[3]  the receiver's transfers received: seckill:{V.b.s}:received, or
 --          seckill:{V}:pool_received; hash id -> "given" or "void"
@@ -27,7 +28,9 @@
 -- ARGV[2]  its units (what the take answered); 0 (**new**) for a bucket:
 --          a serve, with no take before it: the bucket serves its waitlist
 --          from the stock it holds (the mover, after raising the bound of
---          lua/serve_up_to.lua; the id, fresh, makes it run once)
+--          lua/serve_up_to.lua); its id, above every serve id before it,
+--          makes it run once (meta's served_last keeps the highest: one
+--          at or below it answers "already given")
 -- ARGV[3]  the mover's epoch (as for the take)
 -- ARGV[4]  voucher id
 -- ARGV[5]  F, then F fresh order ids for promotions (pass the units plus
@@ -47,7 +50,8 @@
 --                            begin_ms: not preloaded yet, or lost): nothing
 --                            written; the units stay in transit
 --
--- Safe to run twice: KEYS[3] remembers every transfer that landed.
+-- Safe to run twice: KEYS[3] remembers every transfer that landed, meta's
+-- served_last the last serve.
 
 local t, units, epoch, voucher = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 if not valid_id(t) then return redis.error_reply('ERR transfer_give: bad transfer id') end
@@ -66,16 +70,28 @@ if #KEYS ~= 3 and #KEYS ~= 8 then
 end
 local nfresh = tonumber(ARGV[5] or '0') or 0
 
-local prior = redis.call('HGET', KEYS[3], t)
-if prior == 'given' then return {1, 'already given', 0} end
-if prior then return {2, 'void', 0} end
+-- A serve is remembered by meta's served_last, the highest serve id run
+-- (ids rise: the mover's are snowflake ids), not one field per serve.
+local function at_or_below(a, b) return #a < #b or (#a == #b and a <= b) end
+if units == 0 then
+  local last = redis.call('HGET', KEYS[1], 'served_last')
+  if last and at_or_below(t, last) then return {1, 'already given', 0} end
+else
+  local prior = redis.call('HGET', KEYS[3], t)
+  if prior == 'given' then return {1, 'already given', 0} end
+  if prior then return {2, 'void', 0} end
+end
 local meta = redis.call('HMGET', KEYS[1], 'paused', 'mover_epoch', 'begin_ms')
 local seen = tonumber(meta[2] or '0') or 0
 if epoch < seen then return {3, 'fenced', seen} end
 if not meta[3] then return {5, 'not loaded', 0} end
 if meta[1] == '1' then return {4, 'paused', 0} end
 
-redis.call('HSET', KEYS[3], t, 'given')
+if units == 0 then
+  redis.call('HSET', KEYS[1], 'served_last', t)
+else
+  redis.call('HSET', KEYS[3], t, 'given')
+end
 if epoch > seen then redis.call('HSET', KEYS[1], 'mover_epoch', epoch) end
 if #KEYS == 3 then
   redis.call('INCRBY', KEYS[2], units)

@@ -936,3 +936,53 @@ async fn a_stale_first_request_does_not_let_an_until_idle_worker_leave_a_fitting
     assert_eq!(s.redis_stock, Some(0));
     env.cleanup().await;
 }
+
+/// The units a waiting request wants are read from the request, not from
+/// the voucher's limit now: after the limit is lowered to 1, a request
+/// for 3 that waits is still one for 3, so the free unit goes to a later
+/// request for 1 elsewhere (and the worker run --until-idle ends).
+#[tokio::test]
+async fn a_request_for_more_units_than_a_lowered_limit_still_wants_them() {
+    let env = TestEnv::on_cluster().await;
+    let (layout, redis) = voucher_with_quantities(&env, 3, 3).await;
+    let (zero, one) = (two_users_of(0), two_users_of(1));
+    let buy = |user, quantity, order| buy_units(&redis, &layout, user, quantity, order);
+    assert!(matches!(
+        buy(zero[0], 1, 81).await,
+        Admission::Admitted { .. }
+    ));
+    assert!(matches!(
+        buy(zero[1], 3, 82).await,
+        Admission::SoldOut { .. }
+    ));
+    assert!(matches!(
+        buy(one[0], 1, 83).await,
+        Admission::Admitted { .. }
+    ));
+    assert!(matches!(
+        buy(one[1], 1, 84).await,
+        Admission::SoldOut { .. }
+    ));
+    let out = env
+        .cmd()
+        .args([
+            "voucher",
+            "update",
+            "--id",
+            &V.to_string(),
+            "--per-user-limit",
+            "1",
+        ])
+        .output()
+        .expect("voucher update");
+    assert!(out.status.success(), "{out:?}");
+    let worker = env.spawn_worker(&common::fast_worker(&["--until-idle"]));
+    worker.expect_success(Duration::from_secs(60));
+    let s = assert_invariants(&env, V).await;
+    assert!(
+        s.orders.contains_key(&one[1]),
+        "the request for 1 is served"
+    );
+    assert_eq!(s.waitlist, vec![zero[1]], "the one for 3 keeps waiting");
+    env.cleanup().await;
+}

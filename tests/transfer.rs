@@ -691,6 +691,13 @@ async fn a_bound_keeps_a_bucket_s_units_for_earlier_requests_and_lapses_by_itsel
     assert_eq!(served.expect("serve"), Given::Landed { promoted: 1 });
     let again = transfer::serve(&mut redis, bucket1, 7001, 2, &[9003, 9004]).await;
     assert_eq!(again.expect("serve"), Given::AlreadyGiven);
+    // An older serve, resent late, serves nothing either.
+    let late = transfer::serve(&mut redis, bucket1, 7000, 2, &[9001, 9002]).await;
+    assert_eq!(late.expect("serve"), Given::AlreadyGiven);
+    let served: Option<String> = redis.hget(b1.meta(), "served_last").await.expect("hget");
+    assert_eq!(served.as_deref(), Some("7001"));
+    let record: Option<String> = redis.hget(b1.received(), 7001u64).await.expect("hget");
+    assert_eq!(record, None, "a serve leaves no field per serve");
     let buyers: Vec<u64> = redis.smembers(b1.buyers()).await.expect("smembers");
     assert_eq!(buyers, vec![line[0]]);
     assert_eq!(number(&mut redis, &b1.stock()).await, 1);

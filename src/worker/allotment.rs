@@ -24,21 +24,28 @@ pub struct Allotment {
     pub need: Vec<i64>,
     /// Per bucket, how many of its requests are allotted units.
     pub requests: Vec<usize>,
-    /// The queued time up to which every bucket serves its own line: the
+    /// The queued time up to which buckets serve their own lines: the
     /// first request no unit is left for (a unit freed anywhere is for
     /// it), or else the last one allotted (the units moved for them are
-    /// theirs until served). None when neither: nobody waits, or units are
-    /// left over that no request read fits, and every bucket then serves
-    /// and sells as it would alone (a bound then would keep those units
-    /// from newcomers, and from requests further back than the read, for
-    /// nobody).
+    /// theirs until served). None: nobody waits at an open bucket.
     pub up_to: Option<f64>,
+    /// No unit is left for `up_to`: it bounds every bucket. Otherwise it
+    /// bounds only the buckets with requests allotted, and the others
+    /// serve and sell as they would alone (a bound there would keep units
+    /// no request read fits from newcomers, for nobody).
+    pub ran_out: bool,
 }
 
 impl Allotment {
     /// Some request is allotted units: the mover has work.
     pub fn any(&self) -> bool {
         self.requests.iter().any(|r| *r > 0)
+    }
+
+    /// The bound bucket `b` is to serve up to, if any.
+    pub fn bound_of(&self, b: usize) -> Option<f64> {
+        let bounded = self.ran_out || self.requests.get(b).is_some_and(|r| *r > 0);
+        self.up_to.filter(|_| bounded)
     }
 }
 
@@ -53,6 +60,7 @@ pub fn allot(lines: &[Line], pool: i64) -> Allotment {
         need: vec![0; n],
         requests: vec![0; n],
         up_to: None,
+        ran_out: false,
     };
     let horizon = lines
         .iter()
@@ -82,6 +90,7 @@ pub fn allot(lines: &[Line], pool: i64) -> Allotment {
             // The earliest request no unit is left for: a unit freed at
             // its own bucket serves it, one freed elsewhere is moved to it.
             out.up_to = Some(*queued);
+            out.ran_out = true;
             return out;
         }
         if *wants <= free {
@@ -123,8 +132,9 @@ mod tests {
             0,
         );
         assert_eq!(a.need, vec![0, 1, 0]);
-        // Bucket 0's request waits: the bound stops there.
+        // Bucket 0's request waits: the bound stops there, everywhere.
         assert_eq!(a.up_to, Some(20.0));
+        assert_eq!(a.bound_of(2), Some(20.0));
     }
 
     #[test]
@@ -144,9 +154,18 @@ mod tests {
             0,
         );
         assert_eq!(a.need, vec![1, 1]);
-        // Up to the last request allotted: the units are theirs until
-        // served, the one for 4 keeps its place.
+        // Up to the last request allotted, where requests are allotted:
+        // the units are theirs until served; the one for 4 keeps its place.
         assert_eq!(a.up_to, Some(30.0));
+        assert_eq!(a.bound_of(0), Some(30.0));
+        // A unit is left over: a bucket with nothing allotted is not held.
+        let b = allot(
+            &[line(2, &[(10.0, 4)]), line(0, &[(20.0, 1)]), line(0, &[])],
+            0,
+        );
+        assert_eq!(b.bound_of(0), None);
+        assert_eq!(b.bound_of(1), Some(20.0));
+        assert_eq!(b.bound_of(2), None);
     }
 
     #[test]

@@ -148,7 +148,14 @@ impl Mover {
                 _ = tokio::time::sleep(delay) => {}
             }
         }
-        self.lift_bounds().await;
+        // Bounded in time: a Redis that is down must not hold up shutdown.
+        let lifting = Duration::from_millis(2 * BOUND_HOLDS_MS);
+        if tokio::time::timeout(lifting, self.lift_bounds())
+            .await
+            .is_err()
+        {
+            tracing::debug!("mover: bounds not all lifted in time; they lapse");
+        }
         self.release_leases().await;
     }
 
@@ -239,7 +246,7 @@ impl Mover {
             // and the next pass then sees who is next.
             self.moves_left = true;
         }
-        if !self.publish_bound(&gates, epoch, allotted.up_to).await? {
+        if !self.publish_bounds(&gates, epoch, &allotted).await? {
             return Ok(left_open);
         }
         let mut free = Free { looks, pool };
@@ -341,8 +348,8 @@ impl Mover {
 
     /// Every bucket as it is now, and the pool's units: one pipeline per
     /// master for all of them with each line's first request; while units
-    /// are free, each line further in (LINE_DEPTH) and (for a voucher
-    /// selling more than a unit per request) the units they want.
+    /// are free, each line further in (LINE_DEPTH) and (where requests
+    /// for more than one unit wait) the units they want.
     async fn look_all(&mut self, gates: &[VoucherKeys]) -> Result<(Vec<Look>, i64)> {
         let items: Vec<(usize, &VoucherKeys)> = gates.iter().enumerate().collect();
         let replies = pipeline_per_item(&mut self.conn, &items, false, false, |pipe, (b, k)| {
@@ -351,9 +358,9 @@ impl Mover {
                 .arg(k.meta())
                 .arg("paused")
                 .arg("begin_ms")
-                .arg("per_user_limit")
                 .zrange_withscores(k.waitlist(), 0, 0)
-                .zcard(k.waitlist());
+                .zcard(k.waitlist())
+                .hlen(k.waitlist_quantity());
             if *b == 0 {
                 pipe.get(k.pool());
             }
@@ -367,13 +374,14 @@ impl Mover {
         for (keys, reply) in gates.iter().zip(replies) {
             type Row = (
                 Option<i64>,
-                (Option<String>, Option<String>, Option<String>),
+                (Option<String>, Option<String>),
                 Vec<(String, f64)>,
+                u64,
                 u64,
             );
             let mut reply = reply.into_iter();
-            let row: Vec<Value> = reply.by_ref().take(4).collect();
-            let (stock, (paused, begin, limit), line, length): Row =
+            let row: Vec<Value> = reply.by_ref().take(5).collect();
+            let (stock, (paused, begin), line, length, wanting_more): Row =
                 FromRedisValue::from_redis_value(Value::Array(row))
                     .map_err(|e| Error::Redis(format!("mover look at {}: {e}", keys.meta())))?;
             if let Some(units) = reply.next() {
@@ -381,7 +389,9 @@ impl Mover {
                     .map_err(|e| Error::Redis(format!("mover look at the pool: {e}")))?
                     .unwrap_or(0);
             }
-            quantities |= limit.and_then(|l| l.parse::<i64>().ok()).unwrap_or(1) > 1;
+            // Requests for more than a unit wait (whatever the limit is
+            // now: one lowered later leaves them as they were).
+            quantities |= wanting_more > 0;
             looks.push(Look {
                 stock: stock.unwrap_or(0).max(0),
                 paused: paused.as_deref() == Some("1"),
@@ -475,25 +485,32 @@ impl Mover {
         Ok(())
     }
 
-    /// Publishes the queued time up to which every bucket serves its own
-    /// line (None: lifts it, once, after nobody waits). False: a gate has
-    /// seen a later mover, and this one stops its round.
-    async fn publish_bound(
+    /// Publishes in each bucket the queued time up to which it serves its
+    /// own line (None: lifts it; nothing is written while no bucket was or
+    /// is bounded). False: a gate has seen a later mover, and this one
+    /// stops its round.
+    async fn publish_bounds(
         &mut self,
         gates: &[VoucherKeys],
         epoch: u64,
-        up_to: Option<f64>,
+        allotted: &Allotment,
     ) -> Result<bool> {
         let voucher = gates[0].voucher();
-        if up_to.is_none() && !self.bounded.contains_key(&voucher) {
+        let bounds: Vec<Option<u64>> = (0..gates.len())
+            .map(|b| allotted.bound_of(b).map(|t| t.max(1.0) as u64))
+            .collect();
+        let any = bounds.iter().any(Option::is_some);
+        if !any && !self.bounded.contains_key(&voucher) {
             return Ok(true);
         }
-        let up_to_us = up_to.map(|t| t.max(1.0) as u64);
-        let ttl = (self.last_pass.as_millis() as u64)
-            .saturating_mul(3)
-            .clamp(BOUND_HOLDS_MS, 60_000);
+        // Three passes if a pass is slow, but never past the lease: a
+        // worker that dies leaves no bound longer than its lease.
+        let ttl = (self.last_pass.as_millis() as u64).saturating_mul(3).clamp(
+            BOUND_HOLDS_MS,
+            BOUND_HOLDS_MS.max(self.lease.as_millis() as u64),
+        );
         let mut calls = Vec::with_capacity(gates.len());
-        for keys in gates {
+        for (keys, up_to_us) in gates.iter().zip(bounds) {
             let mut conn = self.conn.clone();
             calls.push(
                 async move { transfer::set_bound(&mut conn, keys, epoch, up_to_us, ttl).await },
@@ -513,7 +530,7 @@ impl Mover {
             self.fenced(voucher, seen);
             return Ok(false);
         }
-        if up_to.is_some() {
+        if any {
             self.bounded.insert(voucher, epoch);
         } else {
             self.bounded.remove(&voucher);
