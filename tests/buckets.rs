@@ -469,34 +469,38 @@ async fn buy_units(
         .0
 }
 
+/// A live voucher of 3 units in 3 buckets, 3 units per user at most:
+/// bucket 0 sells its unit, then a request for 3 waits there (first);
+/// bucket 1 sells its unit, then a request for 1 waits there (second);
+/// bucket 2 holds its unit, and nobody waits there. Bucket 0's two users,
+/// then bucket 1's (the buyer first).
+async fn a_request_for_3_then_one_for_1_wait(env: &TestEnv) -> (Vec<u64>, Vec<u64>) {
+    let (layout, redis) = voucher_with_quantities(env, 3, 3).await;
+    let (zero, one) = (two_users_of(0), two_users_of(1));
+    let attempts = [
+        (zero[0], 1, 11),
+        (zero[1], 3, 12),
+        (one[0], 1, 13),
+        (one[1], 1, 14),
+    ];
+    for (n, (user, quantity, order)) in attempts.into_iter().enumerate() {
+        let came = buy_units(&redis, &layout, user, quantity, order).await;
+        if n % 2 == 0 {
+            assert!(matches!(came, Admission::Admitted { .. }), "{came:?}");
+        } else {
+            assert!(matches!(came, Admission::SoldOut { .. }), "{came:?}");
+        }
+    }
+    (zero, one)
+}
+
 /// Units go only where they fill the first waiting request whole: one
 /// that wants more than all the others' spare units together keeps its
 /// place, and the units serve a later request that fits, elsewhere.
 #[tokio::test]
 async fn units_are_not_moved_to_a_request_they_cannot_fill() {
     let env = TestEnv::on_cluster().await;
-    let (layout, redis) = voucher_with_quantities(&env, 3, 3).await;
-    let (zero, one) = (two_users_of(0), two_users_of(1));
-    let buy = |user, quantity, order| buy_units(&redis, &layout, user, quantity, order);
-    // Bucket 0 sells its unit, then a request for 3 waits there (first);
-    // bucket 1 sells its unit, then a request for 1 waits there (second);
-    // bucket 2 holds its unit, and nobody waits there.
-    assert!(matches!(
-        buy(zero[0], 1, 11).await,
-        Admission::Admitted { .. }
-    ));
-    assert!(matches!(
-        buy(zero[1], 3, 12).await,
-        Admission::SoldOut { .. }
-    ));
-    assert!(matches!(
-        buy(one[0], 1, 13).await,
-        Admission::Admitted { .. }
-    ));
-    assert!(matches!(
-        buy(one[1], 1, 14).await,
-        Admission::SoldOut { .. }
-    ));
+    let (zero, one) = a_request_for_3_then_one_for_1_wait(&env).await;
     let worker = env.spawn_worker(&common::fast_worker(&["--until-idle"]));
     worker.expect_success(Duration::from_secs(60));
     let s = assert_invariants(&env, V).await;
@@ -944,25 +948,7 @@ async fn a_stale_first_request_does_not_let_an_until_idle_worker_leave_a_fitting
 #[tokio::test]
 async fn a_request_for_more_units_than_a_lowered_limit_still_wants_them() {
     let env = TestEnv::on_cluster().await;
-    let (layout, redis) = voucher_with_quantities(&env, 3, 3).await;
-    let (zero, one) = (two_users_of(0), two_users_of(1));
-    let buy = |user, quantity, order| buy_units(&redis, &layout, user, quantity, order);
-    assert!(matches!(
-        buy(zero[0], 1, 81).await,
-        Admission::Admitted { .. }
-    ));
-    assert!(matches!(
-        buy(zero[1], 3, 82).await,
-        Admission::SoldOut { .. }
-    ));
-    assert!(matches!(
-        buy(one[0], 1, 83).await,
-        Admission::Admitted { .. }
-    ));
-    assert!(matches!(
-        buy(one[1], 1, 84).await,
-        Admission::SoldOut { .. }
-    ));
+    let (zero, one) = a_request_for_3_then_one_for_1_wait(&env).await;
     let out = env
         .cmd()
         .args([
