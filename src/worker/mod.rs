@@ -10,6 +10,7 @@
 
 mod allotment;
 mod batch;
+mod bucket_look;
 pub mod canceller;
 pub mod fence;
 pub mod group;

@@ -5,7 +5,7 @@
 //! One worker at a time moves a voucher (lua/mover_lease.lua, with an epoch
 //! that fences a mover that lost its lease). Each round, for each voucher:
 //! complete transfers a stopped mover left between its steps; read every
-//! bucket's line; give the free units to the earliest waiting requests of
+//! bucket's line (worker/bucket_look.rs); give the free units to the earliest waiting requests of
 //! any bucket (worker/allotment.rs) and publish in every bucket the queued
 //! time up to which it serves its own line (lua/serve_up_to.lua), so a unit
 //! freed at one bucket is not served to a later request there; move units
@@ -19,10 +19,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{FromRedisValue, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::allotment::{allot, Allotment, Line};
+use super::allotment::Allotment;
+use super::bucket_look::{allotment, look_all, movable, pool_usable, Look, LINE_DEPTH};
 use super::WorkerStats;
 use crate::error::{Error, Result};
 use crate::gate::buckets::{Layout, Layouts};
@@ -30,7 +30,7 @@ use crate::gate::transfer::{self, Bounded, Gate, Given, Landing, Taken};
 use crate::store::config::Config;
 use crate::store::keys::VoucherKeys;
 use crate::store::node_lease::OrderIds;
-use crate::store::redis_conn::{self, pipeline_per_item, Redis};
+use crate::store::redis_conn::{self, Redis};
 use crate::store::registry;
 use crate::store::scripts::MOVER_LEASE;
 use crate::support::backoff::Backoff;
@@ -44,12 +44,9 @@ pub const MOVE_EVERY: Duration = Duration::from_millis(100);
 /// mover takes, gives and settles in one round, milliseconds apart).
 const STALE_TRANSFER_MS: u64 = 5_000;
 /// The most waiting requests one serve promotes (lua/lib/waitlist.lua looks
-/// at no more): the fresh order ids it needs at most.
-const PROMOTIONS_PER_SERVE: usize = 1_000;
-/// How far into each bucket's line a round reads (while units are free;
-/// else its first request only): the most requests of one bucket a round
-/// serves, and as far as a serve looks (lua/lib/waitlist.lua).
-const LINE_DEPTH: isize = PROMOTIONS_PER_SERVE as isize;
+/// at no more): the fresh order ids it needs at most, as many as a round
+/// reads of a line.
+const PROMOTIONS_PER_SERVE: usize = LINE_DEPTH as usize;
 /// How long a published bound holds at least without the next round
 /// renewing it (three passes, if a pass takes longer): a mover that stops
 /// keeps no bucket's units from its own line for longer.
@@ -92,38 +89,6 @@ pub struct Mover {
 struct Free {
     looks: Vec<Look>,
     pool: i64,
-}
-
-/// One bucket as a round reads it.
-#[derive(Debug, Clone)]
-struct Look {
-    stock: i64,
-    paused: bool,
-    /// The sale's opening (meta's begin_ms; None: not loaded yet, or lost,
-    /// and such a gate is neither given nor taken from).
-    begin_ms: Option<i64>,
-    /// The first waiting requests read: queued time (µs) and units wanted.
-    waiting: Vec<(f64, i64)>,
-    /// `waiting` is the whole line.
-    seen_all: bool,
-}
-
-impl Look {
-    fn line(&self) -> Line {
-        Line {
-            stock: self.stock,
-            open: !self.paused,
-            waiting: self.waiting.clone(),
-            seen_all: self.seen_all,
-        }
-    }
-}
-
-/// The allotment of a round's look: the pool counts while bucket 0, whose
-/// master holds it, is not paused.
-fn allotment(looks: &[Look], pool: i64) -> Allotment {
-    let lines: Vec<Line> = looks.iter().map(Look::line).collect();
-    allot(&lines, if pool_usable(looks) { pool } else { 0 })
 }
 
 impl Mover {
@@ -229,13 +194,13 @@ impl Mover {
             if !self.until_idle {
                 return Ok(0);
             }
-            let (looks, pool) = self.look_all(&gates).await?;
+            let (looks, pool) = look_all(&mut self.conn, &gates).await?;
             let waiting = movable(&looks) && allotment(&looks, pool).any();
             let open = transfer::any_open(&mut self.conn, layout).await?;
             return Ok(usize::from(waiting || open));
         };
         let left_open = self.complete_stale(&gates).await?;
-        let (looks, pool) = self.look_all(&gates).await?;
+        let (looks, pool) = look_all(&mut self.conn, &gates).await?;
         if !movable(&looks) {
             return Ok(left_open);
         }
@@ -346,145 +311,6 @@ impl Mover {
         Ok(moved)
     }
 
-    /// Every bucket as it is now, and the pool's units: one pipeline per
-    /// master for all of them with each line's first request; while units
-    /// are free, each line further in (LINE_DEPTH) and (where requests
-    /// for more than one unit wait) the units they want.
-    async fn look_all(&mut self, gates: &[VoucherKeys]) -> Result<(Vec<Look>, i64)> {
-        let items: Vec<(usize, &VoucherKeys)> = gates.iter().enumerate().collect();
-        let replies = pipeline_per_item(&mut self.conn, &items, false, false, |pipe, (b, k)| {
-            pipe.get(k.stock())
-                .cmd("HMGET")
-                .arg(k.meta())
-                .arg("paused")
-                .arg("begin_ms")
-                .zrange_withscores(k.waitlist(), 0, 0)
-                .zcard(k.waitlist())
-                .hlen(k.waitlist_quantity());
-            if *b == 0 {
-                pipe.get(k.pool());
-            }
-            Ok(())
-        })
-        .await?;
-        let mut looks = Vec::with_capacity(gates.len());
-        let mut lines = Vec::with_capacity(gates.len());
-        let mut pool = 0;
-        let mut quantities = false;
-        for (keys, reply) in gates.iter().zip(replies) {
-            type Row = (
-                Option<i64>,
-                (Option<String>, Option<String>),
-                Vec<(String, f64)>,
-                u64,
-                u64,
-            );
-            let mut reply = reply.into_iter();
-            let row: Vec<Value> = reply.by_ref().take(5).collect();
-            let (stock, (paused, begin), line, length, wanting_more): Row =
-                FromRedisValue::from_redis_value(Value::Array(row))
-                    .map_err(|e| Error::Redis(format!("mover look at {}: {e}", keys.meta())))?;
-            if let Some(units) = reply.next() {
-                pool = Option::<i64>::from_redis_value(units)
-                    .map_err(|e| Error::Redis(format!("mover look at the pool: {e}")))?
-                    .unwrap_or(0);
-            }
-            // Requests for more than a unit wait (whatever the limit is
-            // now: one lowered later leaves them as they were).
-            quantities |= wanting_more > 0;
-            looks.push(Look {
-                stock: stock.unwrap_or(0).max(0),
-                paused: paused.as_deref() == Some("1"),
-                begin_ms: begin.and_then(|b| b.parse().ok()),
-                waiting: line.iter().map(|(_, at)| (*at, 1)).collect(),
-                seen_all: length <= line.len() as u64,
-            });
-            lines.push(line);
-        }
-        let free = looks
-            .iter()
-            .filter(|l| !l.paused)
-            .map(|l| l.stock)
-            .sum::<i64>()
-            + if pool_usable(&looks) { pool } else { 0 };
-        // Sold out: the first request anywhere is all a round needs (the
-        // one a freed unit is for).
-        if free > 0 && looks.iter().any(|l| !l.seen_all) {
-            self.read_lines(gates, &mut lines, &mut looks).await?;
-        }
-        if quantities && free > 0 {
-            self.read_wants(gates, &lines, &mut looks).await?;
-        }
-        Ok((looks, pool))
-    }
-
-    /// Each line read on past its first request, up to LINE_DEPTH, one
-    /// pipeline per master.
-    async fn read_lines(
-        &mut self,
-        gates: &[VoucherKeys],
-        lines: &mut [Vec<(String, f64)>],
-        looks: &mut [Look],
-    ) -> Result<()> {
-        let items: Vec<(usize, &VoucherKeys)> = gates
-            .iter()
-            .enumerate()
-            .filter(|(b, _)| !looks[*b].seen_all)
-            .collect();
-        let replies = pipeline_per_item(&mut self.conn, &items, false, false, |pipe, (_, k)| {
-            pipe.zrange_withscores(k.waitlist(), 0, LINE_DEPTH - 1)
-                .zcard(k.waitlist());
-            Ok(())
-        })
-        .await?;
-        for ((b, keys), reply) in items.iter().zip(replies) {
-            let (line, length): (Vec<(String, f64)>, u64) =
-                FromRedisValue::from_redis_value(Value::Array(reply))
-                    .map_err(|e| Error::Redis(format!("mover look at {}: {e}", keys.waitlist())))?;
-            looks[*b].waiting = line.iter().map(|(_, at)| (*at, 1)).collect();
-            looks[*b].seen_all = length <= line.len() as u64;
-            lines[*b] = line;
-        }
-        Ok(())
-    }
-
-    /// The units each read waiting request wants (absent: 1), one pipeline
-    /// per master.
-    async fn read_wants(
-        &mut self,
-        gates: &[VoucherKeys],
-        lines: &[Vec<(String, f64)>],
-        looks: &mut [Look],
-    ) -> Result<()> {
-        let items: Vec<(&VoucherKeys, &Vec<(String, f64)>)> = gates
-            .iter()
-            .zip(lines)
-            .filter(|(_, line)| !line.is_empty())
-            .collect();
-        let replies = pipeline_per_item(&mut self.conn, &items, false, false, |pipe, (k, line)| {
-            let cmd = pipe.cmd("HMGET").arg(k.waitlist_quantity());
-            for (user, _) in line.iter() {
-                cmd.arg(user);
-            }
-            Ok(())
-        })
-        .await?;
-        let waiting = looks.iter_mut().filter(|l| !l.waiting.is_empty());
-        for (look, reply) in waiting.zip(replies) {
-            let wants: Vec<Option<String>> = reply
-                .into_iter()
-                .next()
-                .map(FromRedisValue::from_redis_value)
-                .transpose()
-                .map_err(|e| Error::Redis(format!("mover look at the wanted units: {e}")))?
-                .unwrap_or_default();
-            for (entry, want) in look.waiting.iter_mut().zip(wants) {
-                entry.1 = want.and_then(|w| w.parse::<i64>().ok()).unwrap_or(1).max(1);
-            }
-        }
-        Ok(())
-    }
-
     /// Publishes in each bucket the queued time up to which it serves its
     /// own line (None: lifts it; nothing is written while no bucket was or
     /// is bounded). False: a gate has seen a later mover, and this one
@@ -566,7 +392,7 @@ impl Mover {
                 return Ok(());
             }
         }
-        let (looks, _) = self.look_all(&gates).await?;
+        let (looks, _) = look_all(&mut self.conn, &gates).await?;
         for (b, look) in looks.iter().enumerate() {
             if look.stock > 0 && !look.waiting.is_empty() && !look.paused {
                 let requests = (look.stock as usize).min(look.waiting.len());
@@ -758,18 +584,4 @@ impl Mover {
         }
         Ok(left_open)
     }
-}
-
-/// Whether a voucher's stock may move now: every bucket loaded (a preload
-/// publishes them one after another, and units moved to one not published
-/// yet would be sold by nobody, and make its publish fail), and its sale
-/// begun (before it nothing sells, and a preload may be re-splitting it).
-fn movable(looks: &[Look]) -> bool {
-    let now = now_ms();
-    looks.iter().all(|l| l.begin_ms.is_some_and(|b| b <= now))
-}
-
-/// The pool's units may move: its gate (bucket 0's) is not paused.
-fn pool_usable(looks: &[Look]) -> bool {
-    looks.first().is_some_and(|l| !l.paused)
 }
