@@ -3,16 +3,19 @@
 -- Internal to `seckill worker`'s mover, not for application servers.
 --
 -- Each round the mover reads the waiting requests of every bucket, gives
--- the voucher's free units to the earliest of them, and publishes here, in
--- every bucket, the queued time up to which requests are being served.
--- While the bound is live, a bucket serves no request queued after it
--- (lua/lib/waitlist.lua: a release, a give, a repair), and a bucket where
--- requests wait admits no newcomer from its stock (lua/seckill.lua answers
--- "sold out" with a place in line): those units are kept for requests that
--- came earlier, here or at another bucket, and the mover moves them. The
--- bound holds for ARGV[3] ms by this master's clock, so a mover that stops
--- holds no bucket's units for longer: the bucket then serves its own line
--- again, as without the bound.
+-- the voucher's free units to the earliest of them, and publishes here the
+-- queued time up to which a bucket serves: in every bucket the first
+-- request no unit was left for, or, when units were left over, the last
+-- request given units, in the buckets whose requests were given units
+-- (and lifts it in the others). While the bound is live, a bucket serves
+-- no request queued after it (lua/lib/waitlist.lua: a release, a give, a
+-- repair), and a bucket where requests wait admits no newcomer from its
+-- stock (lua/seckill.lua answers "sold out" with a place in line): those
+-- units are kept for requests that came earlier, here or at another
+-- bucket, and the mover moves and serves them. The bound holds for
+-- ARGV[3] ms by this master's clock, so a mover that stops holds no
+-- bucket's units for longer: the bucket then serves and sells as it
+-- would without the bound.
 --
 -- KEYS[1]  a bucket's meta (seckill:{V.b.s}:meta): fields serve_up_to (a
 --          queued time, µs of Redis TIME) and serve_up_to_until (Unix ms);

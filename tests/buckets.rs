@@ -811,7 +811,7 @@ async fn a_unit_released_at_one_bucket_goes_to_the_earliest_waiting_buyer_of_any
     let out = env
         .cmd()
         .args(["voucher", "add", "--id", &V.to_string(), "--stock", "3"])
-        .args(["--buckets", "3", "--begin", "-1m", "--pay-timeout", "3s"])
+        .args(["--buckets", "3", "--begin", "-1m", "--pay-timeout", "5s"])
         .output()
         .expect("voucher add");
     assert!(out.status.success(), "{out:?}");

@@ -227,10 +227,10 @@ pub async fn give(
     })
 }
 
-/// Serves `bucket`'s waitlist from the stock it holds, once (`id`, fresh,
-/// is recorded as a transfer that landed nothing), one of `fresh_ids` per
-/// promotion: the mover, after raising the bound (`set_bound`) up to
-/// requests that waited behind it.
+/// Serves `bucket`'s waitlist from the stock it holds, once (`id` must be
+/// above every serve id before it: meta's served_last keeps the highest),
+/// one of `fresh_ids` per promotion: the mover, after its moves to the
+/// bucket, under the bound it published (`set_bound`).
 pub async fn serve(
     conn: &mut impl ConnectionLike,
     bucket: Gate<'_>,

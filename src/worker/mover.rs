@@ -5,15 +5,16 @@
 //! One worker at a time moves a voucher (lua/mover_lease.lua, with an epoch
 //! that fences a mover that lost its lease). Each round, for each voucher:
 //! complete transfers a stopped mover left between its steps; read every
-//! bucket's line (worker/bucket_look.rs); give the free units to the earliest waiting requests of
-//! any bucket (worker/allotment.rs) and publish in every bucket the queued
-//! time up to which it serves its own line (lua/serve_up_to.lua), so a unit
-//! freed at one bucket is not served to a later request there; move units
-//! to the buckets whose allotted requests lack them, from the pool first,
-//! then from buckets holding more than theirs need; serve each bucket's
-//! allotted requests; then even out buckets running low. Nothing moves
-//! before the sale begins or while a bucket is not loaded. Every move is
-//! take, give, settle (gate/transfer.rs).
+//! bucket's line (worker/bucket_look.rs); give the free units to the
+//! earliest waiting requests of any bucket (worker/allotment.rs) and
+//! publish in the buckets the queued time up to which each serves its own
+//! line (lua/serve_up_to.lua), so a unit freed at one bucket is not served
+//! to a later request there; move units to the buckets whose allotted
+//! requests lack them, from the pool first, then from buckets holding more
+//! than theirs need; serve each bucket's allotted requests; then even out
+//! buckets running low. Nothing moves before the sale begins or while a
+//! bucket is not loaded. Every move is take, give, settle
+//! (gate/transfer.rs).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -402,9 +403,9 @@ impl Mover {
         Ok(())
     }
 
-    /// Serves bucket `b`'s allotted requests from the stock it holds now
-    /// (lua/transfer_give.lua with no units), under the bound just
-    /// published.
+    /// Serves up to `requests` of bucket `b`'s waiting requests, in order,
+    /// from the stock it holds now (lua/transfer_give.lua with no units),
+    /// under the bound it holds.
     async fn serve(
         &mut self,
         gates: &[VoucherKeys],
