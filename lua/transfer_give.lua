@@ -28,9 +28,10 @@
 -- ARGV[2]  its units (what the take answered); 0 (**new**) for a bucket:
 --          a serve, with no take before it: the bucket serves its waitlist
 --          from the stock it holds (the mover, after raising the bound of
---          lua/serve_up_to.lua); its id, above every serve id before it,
---          makes it run once (meta's served_last keeps the highest: one
---          at or below it answers "already given")
+--          lua/serve_up_to.lua); its id, above every serve id before it
+--          of the same epoch, makes it run once (meta's served_last keeps
+--          "<epoch> <id>" of the last: one at or below it, of that epoch,
+--          answers "already given")
 -- ARGV[3]  the mover's epoch (as for the take)
 -- ARGV[4]  voucher id
 -- ARGV[5]  F, then F fresh order ids for promotions (pass the units plus
@@ -70,25 +71,30 @@ if #KEYS ~= 3 and #KEYS ~= 8 then
 end
 local nfresh = tonumber(ARGV[5] or '0') or 0
 
--- A serve is remembered by meta's served_last, the highest serve id run
--- (ids rise: the mover's are snowflake ids), not one field per serve.
-local function at_or_below(a, b) return #a < #b or (#a == #b and a <= b) end
-if units == 0 then
-  local last = redis.call('HGET', KEYS[1], 'served_last')
-  if last and at_or_below(t, last) then return {1, 'already given', 0} end
-else
+if units > 0 then
   local prior = redis.call('HGET', KEYS[3], t)
   if prior == 'given' then return {1, 'already given', 0} end
   if prior then return {2, 'void', 0} end
 end
-local meta = redis.call('HMGET', KEYS[1], 'paused', 'mover_epoch', 'begin_ms')
+local meta = redis.call('HMGET', KEYS[1], 'paused', 'mover_epoch', 'begin_ms', 'served_last')
 local seen = tonumber(meta[2] or '0') or 0
 if epoch < seen then return {3, 'fenced', seen} end
 if not meta[3] then return {5, 'not loaded', 0} end
 if meta[1] == '1' then return {4, 'paused', 0} end
+-- A serve is remembered by meta's served_last, "<epoch> <id>" of the last
+-- one, not by a field per serve: ids rise within one mover's lease (they
+-- are its snowflake ids), and a mover that takes the lease over has a
+-- higher epoch, so its first serve runs even if its clock lags.
+local function at_or_below(a, b) return #a < #b or (#a == #b and a <= b) end
+if units == 0 and meta[4] then
+  local last_epoch, last = string.match(meta[4], '^(%d+) (%d+)$')
+  if last_epoch and tonumber(last_epoch) == epoch and at_or_below(t, last) then
+    return {1, 'already given', 0}
+  end
+end
 
 if units == 0 then
-  redis.call('HSET', KEYS[1], 'served_last', t)
+  redis.call('HSET', KEYS[1], 'served_last', string.format('%d', epoch) .. ' ' .. t)
 else
   redis.call('HSET', KEYS[3], t, 'given')
 end

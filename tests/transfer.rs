@@ -695,7 +695,7 @@ async fn a_bound_keeps_a_bucket_s_units_for_earlier_requests_and_lapses_by_itsel
     let late = transfer::serve(&mut redis, bucket1, 7000, 2, &[9001, 9002]).await;
     assert_eq!(late.expect("serve"), Given::AlreadyGiven);
     let served: Option<String> = redis.hget(b1.meta(), "served_last").await.expect("hget");
-    assert_eq!(served.as_deref(), Some("7001"));
+    assert_eq!(served.as_deref(), Some("2 7001"));
     let record: Option<String> = redis.hget(b1.received(), 7001u64).await.expect("hget");
     assert_eq!(record, None, "a serve leaves no field per serve");
     let buyers: Vec<u64> = redis.smembers(b1.buyers()).await.expect("smembers");
@@ -713,8 +713,14 @@ async fn a_bound_keeps_a_bucket_s_units_for_earlier_requests_and_lapses_by_itsel
     assert_eq!(served.expect("serve"), Given::Landed { promoted: 1 });
     let waiting: Vec<u64> = redis.zrange(b1.waitlist(), 0, -1).await.expect("zrange");
     assert_eq!(waiting, vec![newcomer], "the second request had the unit");
+    // A mover that took the lease over (epoch 3) on a host whose clock
+    // lags mints a lower id: its serve still runs.
+    let lagging = transfer::serve(&mut redis, bucket1, 6000, 3, &[9007]).await;
+    assert_eq!(lagging.expect("serve"), Given::Landed { promoted: 0 });
+    let served: Option<String> = redis.hget(b1.meta(), "served_last").await.expect("hget");
+    assert_eq!(served.as_deref(), Some("3 6000"));
     // Lifted: the fields are gone.
-    let lifted = transfer::set_bound(&mut redis, b1, 2, None, 60_000).await;
+    let lifted = transfer::set_bound(&mut redis, b1, 3, None, 60_000).await;
     assert_eq!(lifted.expect("bound"), Bounded::Set);
     let fields: Vec<Option<String>> = redis
         .hmget(b1.meta(), &["serve_up_to", "serve_up_to_until"])

@@ -228,7 +228,8 @@ pub async fn give(
 }
 
 /// Serves `bucket`'s waitlist from the stock it holds, once (`id` must be
-/// above every serve id before it: meta's served_last keeps the highest),
+/// above every serve id before it of the same epoch: meta's served_last
+/// keeps the last),
 /// one of `fresh_ids` per promotion: the mover, after its moves to the
 /// bucket, under the bound it published (`set_bound`).
 pub async fn serve(

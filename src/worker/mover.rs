@@ -203,6 +203,12 @@ impl Mover {
         let left_open = self.complete_stale(&gates).await?;
         let (looks, pool) = look_all(&mut self.conn, &gates).await?;
         if !movable(&looks) {
+            // A bucket is not loaded (lost, being rebuilt): nothing moves,
+            // so no bound may keep units for a move; the buckets serve
+            // their own lines meanwhile.
+            if self.bounded.remove(&gates[0].voucher()).is_some() {
+                self.lift(gates[0].voucher(), epoch).await?;
+            }
             return Ok(left_open);
         }
         let allotted = allotment(&looks, pool);
