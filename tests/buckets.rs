@@ -144,9 +144,6 @@ async fn a_voucher_in_three_buckets_sells_exactly_its_stock_on_three_masters() {
     // Demand on one bucket only: bucket 0 (100 units) runs dry with 50
     // buyers waiting while buckets 1 and 2 hold 90 each. The mover brings
     // them units; they become buyers, in the order they came.
-    let users_of = |b: u32, n: usize| -> Vec<u64> {
-        (1..).filter(|u| bucket_of(*u, 3) == b).take(n).collect()
-    };
     let mut order = 1_000_000;
     let mut attempt = |redis: &mut seckill::store::redis_conn::Redis, user: u64| {
         order += 1;
@@ -293,7 +290,7 @@ async fn a_voucher_in_three_buckets_sells_exactly_its_stock_on_three_masters() {
 async fn a_mover_killed_mid_transfer_leaves_units_in_transit_that_the_next_one_brings_back() {
     let env = TestEnv::on_cluster().await;
     let (layout, mut redis) = env.live_voucher_in_buckets(V, 300, 3).await;
-    let users: Vec<u64> = (1..).filter(|u| bucket_of(*u, 3) == 0).take(150).collect();
+    let users = users_of(0, 150);
     for (i, &user) in users.iter().enumerate() {
         let keys = layout.keys_of_user(user).expect("keys");
         let answer = admit(&mut redis, &keys, V, user, 2_000_000 + i as u64, None)
@@ -442,9 +439,9 @@ async fn voucher_with_quantities(
     (layout, redis)
 }
 
-/// The first two users of bucket `b` of 3.
-fn two_users_of(b: u32) -> Vec<u64> {
-    (1..).filter(|u| bucket_of(*u, 3) == b).take(2).collect()
+/// The first `n` users of bucket `b` of 3.
+fn users_of(b: u32, n: usize) -> Vec<u64> {
+    (1..).filter(|u| bucket_of(*u, 3) == b).take(n).collect()
 }
 
 /// One attempt for `quantity` units at the user's own bucket.
@@ -476,7 +473,7 @@ async fn buy_units(
 /// then bucket 1's (the buyer first).
 async fn a_request_for_3_then_one_for_1_wait(env: &TestEnv) -> (Vec<u64>, Vec<u64>) {
     let (layout, redis) = voucher_with_quantities(env, 3, 3).await;
-    let (zero, one) = (two_users_of(0), two_users_of(1));
+    let (zero, one) = (users_of(0, 2), users_of(1, 2));
     let attempts = [
         (zero[0], 1, 11),
         (zero[1], 3, 12),
@@ -521,9 +518,7 @@ async fn units_are_not_moved_to_a_request_they_cannot_fill() {
 async fn the_earliest_waiting_buyer_of_any_bucket_is_served_first() {
     let env = TestEnv::on_cluster().await;
     let (layout, redis) = env.live_voucher_in_buckets(V, 3, 3).await;
-    let users_of =
-        |b: u32| -> Vec<u64> { (1..).filter(|u| bucket_of(*u, 3) == b).take(2).collect() };
-    let (zero, one) = (users_of(0), users_of(1));
+    let (zero, one) = (users_of(0, 2), users_of(1, 2));
     let attempt = |user: u64, order: u64| {
         let keys = layout.keys_of_user(user).expect("keys");
         let mut redis = redis.clone();
@@ -568,7 +563,7 @@ async fn the_earliest_waiting_buyer_of_any_bucket_is_served_first() {
 async fn a_request_nobody_can_fill_does_not_keep_units_from_one_that_fits() {
     let env = TestEnv::on_cluster().await;
     let (layout, redis) = voucher_with_quantities(&env, 6, 4).await;
-    let (zero, one, two) = (two_users_of(0), two_users_of(1), two_users_of(2));
+    let (zero, one, two) = (users_of(0, 2), users_of(1, 2), users_of(2, 2));
     let buy = |user, quantity, order| buy_units(&redis, &layout, user, quantity, order);
     // Bucket 0 holds its 2 units under a request for 4 that came first
     // (queued when it had none); buckets 1 and 2 sell theirs, and then a
@@ -820,7 +815,7 @@ async fn a_unit_released_at_one_bucket_goes_to_the_earliest_waiting_buyer_of_any
     let layout = Layout::read(&mut redis, &env.prefix, V)
         .await
         .expect("layout");
-    let (zero, one, two) = (two_users_of(0), two_users_of(1), two_users_of(2));
+    let (zero, one, two) = (users_of(0, 2), users_of(1, 2), users_of(2, 2));
     // One unit per bucket, all sold; then bucket 1's buyer waits first
     // and bucket 0's second.
     let attempts = [
@@ -873,7 +868,7 @@ async fn a_unit_released_at_one_bucket_goes_to_the_earliest_waiting_buyer_of_any
 async fn a_dry_bucket_s_whole_line_is_served_from_the_others_units_within_the_bound() {
     let env = TestEnv::on_cluster().await;
     let (layout, redis) = env.live_voucher_in_buckets(V, 300, 3).await;
-    let users: Vec<u64> = (1..).filter(|u| bucket_of(*u, 3) == 0).take(250).collect();
+    let users = users_of(0, 250);
     let keys = layout.keys(0).expect("keys");
     let mut conn = redis.clone();
     for (n, user) in users.iter().enumerate() {
@@ -898,7 +893,7 @@ async fn a_dry_bucket_s_whole_line_is_served_from_the_others_units_within_the_bo
         .collect();
     assert_eq!(waited.len(), 150);
     let longest = waited.iter().max().copied().unwrap_or(0);
-    // The worker starts, reads 256 of a line per round (100 ms): well
+    // The worker starts, reads 1,000 of a line per round (100 ms): well
     // under 5 s even on a loaded machine.
     assert!(longest < 5_000, "a buyer waited {longest} ms");
     env.cleanup().await;
@@ -913,9 +908,7 @@ async fn a_dry_bucket_s_whole_line_is_served_from_the_others_units_within_the_bo
 async fn a_stale_first_request_does_not_let_an_until_idle_worker_leave_a_fitting_one_waiting() {
     let env = TestEnv::on_cluster().await;
     let (layout, redis) = env.live_voucher_in_buckets(V, 6, 3).await;
-    let users_of =
-        |b: u32| -> Vec<u64> { (1..).filter(|u| bucket_of(*u, 3) == b).take(3).collect() };
-    let (zero, one, two) = (users_of(0), users_of(1), users_of(2));
+    let (zero, one, two) = (users_of(0, 3), users_of(1, 3), users_of(2, 3));
     // Bucket 0 keeps 1 of its 2 units; buckets 1 and 2 sell out and a
     // buyer waits at bucket 1.
     let buys = [zero[0], one[0], one[1], two[0], two[1]];

@@ -3,13 +3,15 @@
 //! mover reads every bucket's line, this decides, the mover moves and
 //! serves. Pure, so the rule is tested without a server.
 
+use std::borrow::Borrow;
+
 /// One bucket's waiting line as the mover read it.
 #[derive(Debug, Clone, Default)]
 pub struct Line {
     /// Free units at the bucket.
     pub stock: i64,
-    /// Not paused (paused: rebuilt, it neither serves nor gives).
-    pub open: bool,
+    /// Paused (being rebuilt): it neither serves nor gives.
+    pub paused: bool,
     /// The first waiting requests, in order: queued time (µs of its
     /// master's TIME) and units wanted.
     pub waiting: Vec<(f64, i64)>,
@@ -54,8 +56,9 @@ impl Allotment {
 /// passed over (it keeps its place and a later one that fits is served, as
 /// a release serves one line). Requests after the shortest line that was
 /// cut are not considered: an unread one of that line may have come first.
-pub fn allot(lines: &[Line], pool: i64) -> Allotment {
+pub fn allot<L: Borrow<Line>>(lines: &[L], pool: i64) -> Allotment {
     let n = lines.len();
+    let lines: Vec<&Line> = lines.iter().map(Borrow::borrow).collect();
     let mut out = Allotment {
         need: vec![0; n],
         requests: vec![0; n],
@@ -64,13 +67,13 @@ pub fn allot(lines: &[Line], pool: i64) -> Allotment {
     };
     let horizon = lines
         .iter()
-        .filter(|l| l.open && !l.seen_all)
+        .filter(|l| !l.paused && !l.seen_all)
         .filter_map(|l| l.waiting.last().map(|(t, _)| *t))
         .reduce(f64::min);
     let mut entries: Vec<(f64, usize, i64)> = lines
         .iter()
         .enumerate()
-        .filter(|(_, l)| l.open)
+        .filter(|(_, l)| !l.paused)
         .flat_map(|(b, l)| l.waiting.iter().map(move |(t, k)| (*t, b, *k)))
         .filter(|(t, _, _)| horizon.is_none_or(|h| *t <= h))
         .collect();
@@ -81,7 +84,7 @@ pub fn allot(lines: &[Line], pool: i64) -> Allotment {
     let mut free = pool.max(0)
         + lines
             .iter()
-            .filter(|l| l.open)
+            .filter(|l| !l.paused)
             .map(|l| l.stock.max(0))
             .sum::<i64>();
     let mut last_allotted = None;
@@ -111,7 +114,7 @@ mod tests {
     fn line(stock: i64, waiting: &[(f64, i64)]) -> Line {
         Line {
             stock,
-            open: true,
+            paused: false,
             waiting: waiting.to_vec(),
             seen_all: true,
         }
@@ -191,7 +194,7 @@ mod tests {
     #[test]
     fn a_paused_bucket_neither_gives_nor_is_served() {
         let mut paused = line(5, &[(1.0, 1)]);
-        paused.open = false;
+        paused.paused = true;
         let a = allot(&[paused, line(0, &[(2.0, 1)])], 0);
         assert_eq!(a.need, vec![0, 0]);
         assert_eq!(a.up_to, Some(2.0));

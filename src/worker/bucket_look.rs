@@ -21,32 +21,17 @@ pub(super) const LINE_DEPTH: isize = 1_000;
 /// One bucket as a round reads it.
 #[derive(Debug, Clone)]
 pub(super) struct Look {
-    pub(super) stock: i64,
-    pub(super) paused: bool,
+    /// Its stock, state and waiting line, as the allotment takes them.
+    pub(super) line: Line,
     /// The sale's opening (meta's begin_ms; None: not loaded yet, or lost,
     /// and such a gate is neither given nor taken from).
     pub(super) begin_ms: Option<i64>,
-    /// The first waiting requests read: queued time (µs) and units wanted.
-    pub(super) waiting: Vec<(f64, i64)>,
-    /// `waiting` is the whole line.
-    pub(super) seen_all: bool,
-}
-
-impl Look {
-    fn line(&self) -> Line {
-        Line {
-            stock: self.stock,
-            open: !self.paused,
-            waiting: self.waiting.clone(),
-            seen_all: self.seen_all,
-        }
-    }
 }
 
 /// The allotment of a round's look: the pool counts while bucket 0, whose
 /// master holds it, is not paused.
 pub(super) fn allotment(looks: &[Look], pool: i64) -> Allotment {
-    let lines: Vec<Line> = looks.iter().map(Look::line).collect();
+    let lines: Vec<&Line> = looks.iter().map(|l| &l.line).collect();
     allot(&lines, if pool_usable(looks) { pool } else { 0 })
 }
 
@@ -97,23 +82,25 @@ pub(super) async fn look_all(conn: &mut Redis, gates: &[VoucherKeys]) -> Result<
         // now: one lowered later leaves them as they were).
         quantities |= wanting_more > 0;
         looks.push(Look {
-            stock: stock.unwrap_or(0).max(0),
-            paused: paused.as_deref() == Some("1"),
+            line: Line {
+                stock: stock.unwrap_or(0).max(0),
+                paused: paused.as_deref() == Some("1"),
+                waiting: line.iter().map(|(_, at)| (*at, 1)).collect(),
+                seen_all: length <= line.len() as u64,
+            },
             begin_ms: begin.and_then(|b| b.parse().ok()),
-            waiting: line.iter().map(|(_, at)| (*at, 1)).collect(),
-            seen_all: length <= line.len() as u64,
         });
         lines.push(line);
     }
     let free = looks
         .iter()
-        .filter(|l| !l.paused)
-        .map(|l| l.stock)
+        .filter(|l| !l.line.paused)
+        .map(|l| l.line.stock)
         .sum::<i64>()
         + if pool_usable(&looks) { pool } else { 0 };
     // Sold out: the first request anywhere is all a round needs (the
     // one a freed unit is for).
-    if free > 0 && looks.iter().any(|l| !l.seen_all) {
+    if free > 0 && looks.iter().any(|l| !l.line.seen_all) {
         read_lines(conn, gates, &mut lines, &mut looks).await?;
     }
     if quantities && free > 0 {
@@ -133,7 +120,7 @@ async fn read_lines(
     let items: Vec<(usize, &VoucherKeys)> = gates
         .iter()
         .enumerate()
-        .filter(|(b, _)| !looks[*b].seen_all)
+        .filter(|(b, _)| !looks[*b].line.seen_all)
         .collect();
     let replies = pipeline_per_item(conn, &items, false, false, |pipe, (_, k)| {
         pipe.zrange_withscores(k.waitlist(), 0, LINE_DEPTH - 1)
@@ -145,8 +132,8 @@ async fn read_lines(
         let (line, length): (Vec<(String, f64)>, u64) =
             FromRedisValue::from_redis_value(Value::Array(reply))
                 .map_err(|e| Error::Redis(format!("mover look at {}: {e}", keys.waitlist())))?;
-        looks[*b].waiting = line.iter().map(|(_, at)| (*at, 1)).collect();
-        looks[*b].seen_all = length <= line.len() as u64;
+        looks[*b].line.waiting = line.iter().map(|(_, at)| (*at, 1)).collect();
+        looks[*b].line.seen_all = length <= line.len() as u64;
         lines[*b] = line;
     }
     Ok(())
@@ -173,7 +160,7 @@ async fn read_wants(
         Ok(())
     })
     .await?;
-    let waiting = looks.iter_mut().filter(|l| !l.waiting.is_empty());
+    let waiting = looks.iter_mut().filter(|l| !l.line.waiting.is_empty());
     for (look, reply) in waiting.zip(replies) {
         let wants: Vec<Option<String>> = reply
             .into_iter()
@@ -182,7 +169,7 @@ async fn read_wants(
             .transpose()
             .map_err(|e| Error::Redis(format!("mover look at the wanted units: {e}")))?
             .unwrap_or_default();
-        for (entry, want) in look.waiting.iter_mut().zip(wants) {
+        for (entry, want) in look.line.waiting.iter_mut().zip(wants) {
             entry.1 = want.and_then(|w| w.parse::<i64>().ok()).unwrap_or(1).max(1);
         }
     }
@@ -200,5 +187,5 @@ pub(super) fn movable(looks: &[Look]) -> bool {
 
 /// The pool's units may move: its gate (bucket 0's) is not paused.
 pub(super) fn pool_usable(looks: &[Look]) -> bool {
-    looks.first().is_some_and(|l| !l.paused)
+    looks.first().is_some_and(|l| !l.line.paused)
 }

@@ -207,7 +207,7 @@ impl Mover {
             // so no bound may keep units for a move; the buckets serve
             // their own lines meanwhile.
             if self.bounded.remove(&gates[0].voucher()).is_some() {
-                self.lift(gates[0].voucher(), epoch).await?;
+                self.lift(&gates, epoch).await?;
             }
             return Ok(left_open);
         }
@@ -226,22 +226,22 @@ impl Mover {
         // The buckets whose allotted requests lack units, the earliest
         // allotted request first; the pool gives first, then the buckets
         // holding more than their own allotted requests take.
-        let earliest = |b: usize| free.looks[b].waiting.first().map_or(f64::MAX, |w| w.0);
+        let earliest = |b: usize| free.looks[b].line.waiting.first().map_or(f64::MAX, |w| w.0);
         let mut short: Vec<usize> = (0..free.looks.len())
-            .filter(|b| allotted.need[*b] > free.looks[*b].stock)
+            .filter(|b| allotted.need[*b] > free.looks[*b].line.stock)
             .collect();
         short.sort_by(|a, b| earliest(*a).total_cmp(&earliest(*b)));
         for to in short {
-            let mut lacks = allotted.need[to] - free.looks[to].stock;
+            let mut lacks = allotted.need[to] - free.looks[to].line.stock;
             if pool_usable(&free.looks) {
                 lacks -= self
                     .shift(&gates, epoch, &mut free, None, to, lacks)
                     .await?;
             }
             while lacks > 0 {
-                let spare = |d: usize| free.looks[d].stock - allotted.need[d];
+                let spare = |d: usize| free.looks[d].line.stock - allotted.need[d];
                 let Some(from) = (0..free.looks.len())
-                    .filter(|d| *d != to && !free.looks[*d].paused && spare(*d) > 0)
+                    .filter(|d| *d != to && !free.looks[*d].line.paused && spare(*d) > 0)
                     .max_by_key(|d| spare(*d))
                 else {
                     break;
@@ -264,24 +264,31 @@ impl Mover {
 
         // Even out: a bucket far below the average gets units, from the
         // pool first, so it does not run dry while others hold plenty.
-        let total: i64 = free.looks.iter().map(|l| l.stock).sum::<i64>() + free.pool;
+        let total: i64 = free.looks.iter().map(|l| l.line.stock).sum::<i64>() + free.pool;
         let average = total / free.looks.len() as i64;
         for to in 0..free.looks.len() {
             let l = &free.looks[to];
-            if l.stock * LOW_WATER_DIVISOR >= average || l.paused || !l.waiting.is_empty() {
+            if l.line.stock * LOW_WATER_DIVISOR >= average
+                || l.line.paused
+                || !l.line.waiting.is_empty()
+            {
                 continue;
             }
-            let mut wants = average - l.stock;
+            let mut wants = average - l.line.stock;
             if pool_usable(&free.looks) {
                 wants -= self
                     .shift(&gates, epoch, &mut free, None, to, wants)
                     .await?;
             }
             let richest = (0..free.looks.len())
-                .filter(|d| *d != to && !free.looks[*d].paused && free.looks[*d].waiting.is_empty())
-                .max_by_key(|d| free.looks[*d].stock);
+                .filter(|d| {
+                    *d != to
+                        && !free.looks[*d].line.paused
+                        && free.looks[*d].line.waiting.is_empty()
+                })
+                .max_by_key(|d| free.looks[*d].line.stock);
             if let Some(from) = richest {
-                let spare = free.looks[from].stock - average;
+                let spare = free.looks[from].line.stock - average;
                 if wants > 0 && spare > 0 {
                     self.shift(&gates, epoch, &mut free, Some(from), to, wants.min(spare))
                         .await?;
@@ -305,16 +312,16 @@ impl Mover {
     ) -> Result<i64> {
         let held = match from {
             None => free.pool,
-            Some(b) => free.looks[b].stock,
+            Some(b) => free.looks[b].line.stock,
         };
         let moved = self
             .transfer(gates, from, to, units.min(held), epoch)
             .await?;
         match from {
             None => free.pool -= moved,
-            Some(b) => free.looks[b].stock -= moved,
+            Some(b) => free.looks[b].line.stock -= moved,
         }
-        free.looks[to].stock += moved;
+        free.looks[to].line.stock += moved;
         Ok(moved)
     }
 
@@ -342,24 +349,7 @@ impl Mover {
             BOUND_HOLDS_MS,
             BOUND_HOLDS_MS.max(self.lease.as_millis() as u64),
         );
-        let mut calls = Vec::with_capacity(gates.len());
-        for (keys, up_to_us) in gates.iter().zip(bounds) {
-            let mut conn = self.conn.clone();
-            calls.push(
-                async move { transfer::set_bound(&mut conn, keys, epoch, up_to_us, ttl).await },
-            );
-        }
-        let mut fenced = None;
-        for answer in futures_util::future::join_all(calls).await {
-            match answer? {
-                Bounded::Set => {}
-                Bounded::Fenced(seen) => fenced = Some(seen),
-                // Lost meanwhile: the guard rebuilds it; the next round
-                // publishes there again.
-                Bounded::NotLoaded => self.moves_left = true,
-            }
-        }
-        if let Some(seen) = fenced {
+        if let Some(seen) = self.set_bounds(gates, epoch, &bounds, ttl).await? {
             self.fenced(voucher, seen);
             return Ok(false);
         }
@@ -371,6 +361,32 @@ impl Mover {
         Ok(true)
     }
 
+    /// Sets each gate's bound (None: lifted) at once: the epoch of a later
+    /// mover if a gate has seen one.
+    async fn set_bounds(
+        &mut self,
+        gates: &[VoucherKeys],
+        epoch: u64,
+        bounds: &[Option<u64>],
+        ttl: u64,
+    ) -> Result<Option<u64>> {
+        let calls = gates.iter().zip(bounds).map(|(keys, up_to_us)| {
+            let mut conn = self.conn.clone();
+            async move { transfer::set_bound(&mut conn, keys, epoch, *up_to_us, ttl).await }
+        });
+        let mut fenced = None;
+        for answer in futures_util::future::join_all(calls).await {
+            match answer? {
+                Bounded::Set => {}
+                Bounded::Fenced(seen) => fenced = Some(seen),
+                // Lost meanwhile: the guard rebuilds it; the next round
+                // publishes there again.
+                Bounded::NotLoaded => self.moves_left = true,
+            }
+        }
+        Ok(fenced)
+    }
+
     /// The mover stops: every bound it left is lifted, and every bucket
     /// where requests wait next to stock serves its own line (a newcomer
     /// queued under the bound in its last moments would otherwise wait
@@ -378,32 +394,39 @@ impl Mover {
     async fn lift_bounds(&mut self) {
         let bounded: Vec<(u64, u64)> = self.bounded.drain().collect();
         for (voucher, epoch) in bounded {
-            let lifted = self.lift(voucher, epoch).await;
+            let lifted = match self
+                .layouts
+                .of(&mut self.conn, &self.db, &self.cfg.prefix, voucher)
+                .await
+                .and_then(|layout| layout.all_keys())
+            {
+                Ok(gates) => self.lift(&gates, epoch).await,
+                Err(e) => Err(e),
+            };
             if let Err(e) = lifted {
                 tracing::debug!("mover: voucher {voucher}: bound not lifted ({e}); it lapses");
             }
         }
     }
 
-    async fn lift(&mut self, voucher: u64, epoch: u64) -> Result<()> {
-        let layout = self
-            .layouts
-            .of(&mut self.conn, &self.db, &self.cfg.prefix, voucher)
-            .await?;
-        let gates = layout.all_keys()?;
-        for keys in &gates {
-            if let Bounded::Fenced(_) =
-                transfer::set_bound(&mut self.conn, keys, epoch, None, BOUND_HOLDS_MS).await?
-            {
-                // Another mover has it: its rounds serve.
-                return Ok(());
-            }
+    /// Lifts the bounds of a voucher's gates and has each bucket where
+    /// requests wait next to stock serve its own line.
+    async fn lift(&mut self, gates: &[VoucherKeys], epoch: u64) -> Result<()> {
+        let unbounded = vec![None; gates.len()];
+        if self
+            .set_bounds(gates, epoch, &unbounded, BOUND_HOLDS_MS)
+            .await?
+            .is_some()
+        {
+            // Another mover has it: its rounds serve.
+            return Ok(());
         }
-        let (looks, _) = look_all(&mut self.conn, &gates).await?;
+        let (looks, _) = look_all(&mut self.conn, gates).await?;
         for (b, look) in looks.iter().enumerate() {
-            if look.stock > 0 && !look.waiting.is_empty() && !look.paused {
-                let requests = (look.stock as usize).min(look.waiting.len());
-                self.serve(&gates, b, epoch, requests).await?;
+            let line = &look.line;
+            if line.stock > 0 && !line.waiting.is_empty() && !line.paused {
+                let requests = (line.stock as usize).min(line.waiting.len());
+                self.serve(gates, b, epoch, requests).await?;
             }
         }
         Ok(())
