@@ -424,6 +424,7 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('--claim-idle', '--claim-idle', [CompletionResultType]::ParameterName, 'Reclaim entries another consumer has left pending this long')
             [CompletionResult]::new('--max-deliveries', '--max-deliveries', [CompletionResultType]::ParameterName, 'Dead-letter a message that cannot be persisted after this many deliveries')
             [CompletionResult]::new('--lock-lease', '--lock-lease', [CompletionResultType]::ParameterName, 'Lease of the per-(user, voucher) locks, renewed while a batch runs')
+            [CompletionResult]::new('--mysql-timeout', '--mysql-timeout', [CompletionResultType]::ParameterName, 'Longest a batch''s (or a cancellation''s) MySQL transaction may take, from its connection to its COMMIT''s answer; past it, it is abandoned: its connection thrown away, its session ended, its batch left for another worker (more than half --lock-lease)')
             [CompletionResult]::new('--keep', '--keep', [CompletionResultType]::ParameterName, 'Trim acknowledged stream entries older than this')
             [CompletionResult]::new('--lanes', '--lanes', [CompletionResultType]::ParameterName, 'Batches in hand at once (one reads and locks while another commits)')
             [CompletionResult]::new('--deadline-lease', '--deadline-lease', [CompletionResultType]::ParameterName, 'A claimed payment deadline comes back after this long if its claimer died')

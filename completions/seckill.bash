@@ -2358,7 +2358,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__worker)
-            opts="-v -q -h -V --consumer --batch --max-batch --block --claim-idle --max-deliveries --lock-lease --keep --lanes --deadline-lease --sweep-every --sweep-grace --gate-check --node-id --metrics-addr --until-idle --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
+            opts="-v -q -h -V --consumer --batch --max-batch --block --claim-idle --max-deliveries --lock-lease --mysql-timeout --keep --lanes --deadline-lease --sweep-every --sweep-grace --gate-check --node-id --metrics-addr --until-idle --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -2389,6 +2389,10 @@ _seckill() {
                     return 0
                     ;;
                 --lock-lease)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-timeout)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -401,6 +401,7 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand --claim-idle 'Reclaim entries another consumer has left pending this long'
             cand --max-deliveries 'Dead-letter a message that cannot be persisted after this many deliveries'
             cand --lock-lease 'Lease of the per-(user, voucher) locks, renewed while a batch runs'
+            cand --mysql-timeout 'Longest a batch''s (or a cancellation''s) MySQL transaction may take, from its connection to its COMMIT''s answer; past it, it is abandoned: its connection thrown away, its session ended, its batch left for another worker (more than half --lock-lease)'
             cand --keep 'Trim acknowledged stream entries older than this'
             cand --lanes 'Batches in hand at once (one reads and locks while another commits)'
             cand --deadline-lease 'A claimed payment deadline comes back after this long if its claimer died'

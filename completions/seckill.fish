@@ -376,6 +376,7 @@ complete -c seckill -n "__fish_seckill_using_subcommand worker" -l block -d 'Lon
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l claim-idle -d 'Reclaim entries another consumer has left pending this long' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l max-deliveries -d 'Dead-letter a message that cannot be persisted after this many deliveries' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l lock-lease -d 'Lease of the per-(user, voucher) locks, renewed while a batch runs' -r
+complete -c seckill -n "__fish_seckill_using_subcommand worker" -l mysql-timeout -d 'Longest a batch\'s (or a cancellation\'s) MySQL transaction may take, from its connection to its COMMIT\'s answer; past it, it is abandoned: its connection thrown away, its session ended, its batch left for another worker (more than half --lock-lease)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l keep -d 'Trim acknowledged stream entries older than this' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l lanes -d 'Batches in hand at once (one reads and locks while another commits)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand worker" -l deadline-lease -d 'A claimed payment deadline comes back after this long if its claimer died' -r

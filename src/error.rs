@@ -19,6 +19,12 @@ pub enum Error {
     #[error("{what} did not answer within {}", humantime::format_duration(*.after))]
     Timeout { what: String, after: Duration },
 
+    /// A fenced MySQL transaction ran past `--mysql-timeout`: its worker
+    /// abandoned it (the connection thrown away, the session ended or
+    /// left for the fence).
+    #[error("the MySQL transaction did not end within {} (--mysql-timeout); abandoned", humantime::format_duration(*.0))]
+    TransactionPastDeadline(Duration),
+
     #[error("{server} {found} is too old: {needed} or newer is needed")]
     ServerTooOld {
         server: &'static str,

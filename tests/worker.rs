@@ -149,11 +149,15 @@ async fn twenty_kill_nines_lose_nothing_and_double_nothing() {
 
 /// Waits until the worker's log shows it paused at `step`.
 async fn wait_for_pause(w: &common::process::WorkerProc, step: &str) {
+    wait_for_log(w, &format!("test pause at {step}")).await;
+}
+
+async fn wait_for_log(w: &common::process::WorkerProc, line: &str) {
     let start = std::time::Instant::now();
-    while !w.log_text().contains(&format!("test pause at {step}")) {
+    while !w.log_text().contains(line) {
         assert!(
             start.elapsed() < Duration::from_secs(30),
-            "worker never reached {step}:\n{}",
+            "the worker never logged '{line}':\n{}",
             w.log_text()
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -753,6 +757,135 @@ async fn a_worker_stopped_inside_its_transaction_holds_the_voucher_up_only_brief
     b.signal("TERM");
     a.expect_success(Duration::from_secs(30));
     b.expect_success(Duration::from_secs(30));
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.mysql_stock, 0);
+    env.cleanup().await;
+}
+
+/// Issue 32, item 1: a live worker whose transaction hangs (its task stalls
+/// before COMMIT on every attempt while its keep-alive runs on) froze the
+/// voucher: the keep-alive renewed its leases and kept its entries claimed,
+/// so another worker persisted 0 of 200 orders in 45 s (seen failing).
+/// Renewal must prove progress: past --mysql-timeout the holder abandons
+/// the transaction (its session ended), lets go of the batch, and another
+/// worker persists it after --claim-idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_live_worker_whose_transaction_hangs_lets_another_persist_its_batch() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 200).await;
+    env.admit_users(V, 200, 0).await;
+    // Its own --claim-idle stays long (30 s): it must not take the batch
+    // back before the other worker does, which would only hang again.
+    let a = env.spawn_worker_with(
+        &[
+            "--block",
+            "200ms",
+            "--batch",
+            "500",
+            "--max-batch",
+            "500",
+            "--lanes",
+            "1",
+            "--gate-check",
+            "0s",
+            "--lock-lease",
+            "1s",
+            "--mysql-timeout",
+            "2s",
+            "--consumer",
+            "stalled",
+        ],
+        &[(seckill::support::fault::ENV, "before_commit=120s")],
+    );
+    wait_for_pause(&a, "before_commit").await;
+    let paused = std::time::Instant::now();
+    let b = env.spawn_worker(&args(&["--consumer", "taker", "--gate-check", "0s"]));
+    env.wait_orders(V, 200, Duration::from_secs(60)).await;
+    eprintln!(
+        "200 orders persisted by the taker {:?} after the holder's task stalled",
+        paused.elapsed()
+    );
+    wait_for_log(&a, "its connection thrown away, its session").await;
+    env.wait_drained(V, Duration::from_secs(30)).await;
+    a.signal("TERM");
+    b.signal("TERM");
+    a.expect_success(Duration::from_secs(30));
+    b.expect_success(Duration::from_secs(30));
+    let s = assert_invariants(&env, V).await;
+    assert_eq!(s.mysql_stock, 0);
+    env.cleanup().await;
+}
+
+/// Issue 32, item 1, the other way it fails: the worker's MySQL connection
+/// goes silent mid-transaction (a proxy that stops forwarding: the COMMIT
+/// never arrives, no answer comes, no error either). The worker abandons
+/// the transaction at --mysql-timeout but cannot end its session (MySQL is
+/// out of its reach); its fence lease lapses and another worker, whose
+/// lock wait on the voucher's row times out, ends the session and persists
+/// the batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_whose_mysql_connection_goes_silent_mid_transaction_is_taken_over() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 200).await;
+    env.admit_users(V, 200, 0).await;
+    let mut url = url::Url::parse(&env.cfg.mysql_url).expect("MySQL URL");
+    let upstream = format!(
+        "{}:{}",
+        url.host_str().expect("MySQL host"),
+        url.port().unwrap_or(3306)
+    );
+    let proxy = common::silent_proxy::SilentProxy::start(upstream.parse().expect("address")).await;
+    url.set_port(Some(proxy.port)).expect("port");
+    // Through the proxy: the driver would move a local connection to the
+    // server's unix socket.
+    url.query_pairs_mut().append_pair("prefer_socket", "false");
+    let a = env.spawn_worker_with(
+        &[
+            "--block",
+            "200ms",
+            "--batch",
+            "500",
+            "--max-batch",
+            "500",
+            "--lanes",
+            "1",
+            "--gate-check",
+            "0s",
+            "--lock-lease",
+            "1s",
+            "--mysql-timeout",
+            "3s",
+            "--consumer",
+            "cut-off",
+        ],
+        &[
+            (seckill::support::fault::ENV, "before_commit=1s*1"),
+            ("SECKILL_MYSQL_URL", url.as_str()),
+        ],
+    );
+    wait_for_pause(&a, "before_commit").await;
+    proxy.silence();
+    let silenced = std::time::Instant::now();
+    let b = env.spawn_worker(&args(&["--consumer", "taker", "--gate-check", "0s"]));
+    env.wait_orders(V, 200, Duration::from_secs(60)).await;
+    eprintln!(
+        "200 orders persisted by the taker {:?} after the holder's connection went silent",
+        silenced.elapsed()
+    );
+    // It gives up ending its session only after trying (a checkout that
+    // times out): the line may come after the taker's commit.
+    wait_for_log(&a, "could not end its session").await;
+    assert!(
+        b.log_text().contains("ended MySQL session"),
+        "{}",
+        b.log_text()
+    );
+    env.wait_drained(V, Duration::from_secs(30)).await;
+    a.signal("TERM");
+    b.signal("TERM");
+    a.expect_success(Duration::from_secs(30));
+    b.expect_success(Duration::from_secs(30));
+    drop(proxy);
     let s = assert_invariants(&env, V).await;
     assert_eq!(s.mysql_stock, 0);
     env.cleanup().await;

@@ -38,6 +38,12 @@ pub struct WorkerArgs {
     /// Lease of the per-(user, voucher) locks, renewed while a batch runs
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub lock_lease: Duration,
+    /// Longest a batch's (or a cancellation's) MySQL transaction may take,
+    /// from its connection to its COMMIT's answer; past it, it is
+    /// abandoned: its connection thrown away, its session ended, its batch
+    /// left for another worker (more than half --lock-lease)
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub mysql_timeout: Duration,
     /// Trim acknowledged stream entries older than this
     #[arg(long, default_value = "1h", value_parser = parse_duration)]
     pub keep: Duration,
@@ -78,6 +84,7 @@ pub async fn run(cfg: &Config, args: WorkerArgs) -> anyhow::Result<u8> {
         claim_idle: args.claim_idle,
         max_deliveries: args.max_deliveries,
         lock_lease: args.lock_lease,
+        mysql_timeout: args.mysql_timeout,
         until_idle: args.until_idle,
         keep: args.keep,
         lanes: args.lanes,

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use super::fence::{self, Fence};
+use super::fence;
 use super::group::{self, DeadLetter, Delivery};
 use super::keepalive;
 use super::lane::Lane;
@@ -86,6 +86,18 @@ impl Lane {
                         deliveries.len()
                     );
                     alive.finish().await;
+                    return Ok(());
+                }
+                Err(e @ Error::TransactionPastDeadline(_)) => {
+                    // Renewal proves progress, not life: a batch whose
+                    // transaction made none is let go of whole (its entries,
+                    // locks and leases lapse), so another worker can take it
+                    // over after --claim-idle; retrying it here could hang
+                    // again and hold it for good.
+                    tracing::warn!(
+                        "voucher {voucher}: batch of {} let go of ({e}); its entries stay pending for whoever reclaims them",
+                        deliveries.len()
+                    );
                     return Ok(());
                 }
                 Err(e) => {
@@ -216,10 +228,9 @@ impl Lane {
         Ok(())
     }
 
-    /// The batch's transaction, its session entered in the voucher's fence
-    /// first (renewed by the keep-alive) and left after. A lock wait that
-    /// timed out ends the sessions of holders whose lease ran out, so the
-    /// retry finds the row free of a stopped worker.
+    /// The batch's transaction, fenced (worker/fence.rs): its session's
+    /// lease renewed by the keep-alive until the transaction's deadline
+    /// (`--mysql-timeout`), and the transaction abandoned past it.
     async fn persist_fenced(
         &mut self,
         keys: &VoucherKeys,
@@ -229,26 +240,21 @@ impl Lane {
         if msgs.is_empty() {
             return persist(&mut self.db.conn().await?, keys.voucher(), msgs).await;
         }
-        let fence = Fence {
-            keys,
-            owner: &self.owner.token,
-            lease: self.opts.lock_lease,
-        };
-        let mut mysql = self.db.conn().await?;
-        fence.enter(&mut self.conn, mysql.id()).await?;
-        alive.set_mysql(Some(mysql.id())).await;
-        let persisted = persist(&mut mysql, keys.voucher(), msgs).await;
-        alive.set_mysql(None).await;
-        fence.leave_quietly(&mut self.conn).await;
-        let waited_out = match &persisted {
-            Err(PersistError::Mysql(e)) => mysql_code(e) == Some(mysql_codes::LOCK_WAIT_TIMEOUT),
-            Err(PersistError::Store(e)) => is_lock_wait_timeout(e),
-            _ => false,
-        };
-        if waited_out {
-            drop(mysql);
-            fence::end_lapsed_from(&mut self.conn, &self.db, keys).await?;
-        }
+        let persisted = fence::run(
+            &mut self.conn,
+            &self.db,
+            (keys, &self.owner.token, self.opts.lock_lease),
+            self.opts.mysql_timeout,
+            async |id, deadline| alive.set_transaction(Some((id, deadline))).await,
+            async |mysql: &mut mysql_async::Conn| persist(mysql, keys.voucher(), msgs).await,
+            |e| match e {
+                PersistError::Mysql(e) => mysql_code(e) == Some(mysql_codes::LOCK_WAIT_TIMEOUT),
+                PersistError::Store(e) => is_lock_wait_timeout(e),
+                PersistError::UnknownVoucher(_) => false,
+            },
+        )
+        .await;
+        alive.set_transaction(None).await;
         persisted
     }
 

@@ -21,7 +21,7 @@ use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn::{pipeline_per_item, Redis};
 use crate::store::registry;
 use crate::support::backoff::Backoff;
-use crate::worker::fence::{self, Fence};
+use crate::worker::fence;
 use redis::AsyncCommands;
 
 /// Redis's clock, the one authority for deadlines (DESIGN.md §7c): on a
@@ -61,6 +61,8 @@ pub struct Canceller {
     /// Its entry in a voucher's fence while it cancels, and that lease.
     pub(super) owner: String,
     pub(super) fence_lease: Duration,
+    /// How long its transaction may take (`--mysql-timeout`).
+    pub(super) mysql_timeout: Duration,
 }
 
 impl Canceller {
@@ -270,26 +272,24 @@ impl Canceller {
     /// The cancellation's transaction locks the voucher's row: fenced as
     /// a batch's is (worker/fence.rs). It is short and not renewed: one
     /// that outlives its lease may be ended by another worker, and is then
-    /// tried again.
+    /// tried again; one past `--mysql-timeout` is abandoned.
     async fn cancel_fenced(
         &mut self,
         keys: &VoucherKeys,
         orders: &[u64],
     ) -> Result<deadline::Cancellation> {
-        let fence = Fence {
-            keys,
-            owner: &self.owner,
-            lease: self.fence_lease,
-        };
-        let mut mysql = self.db.conn().await?;
-        fence.enter(&mut self.conn, mysql.id()).await?;
-        let cancelled = deadline::cancel_unpaid(&mut mysql, keys.voucher(), orders).await;
-        fence.leave_quietly(&mut self.conn).await;
-        if cancelled.as_ref().is_err_and(is_lock_wait_timeout) {
-            drop(mysql);
-            fence::end_lapsed_from(&mut self.conn, &self.db, keys).await?;
-        }
-        cancelled
+        fence::run(
+            &mut self.conn,
+            &self.db,
+            (keys, &self.owner, self.fence_lease),
+            self.mysql_timeout,
+            async |_, _| {},
+            async |mysql: &mut mysql_async::Conn| {
+                deadline::cancel_unpaid(mysql, keys.voucher(), orders).await
+            },
+            is_lock_wait_timeout,
+        )
+        .await
     }
 
     /// The backstop for one voucher: pending orders past deadline + grace,

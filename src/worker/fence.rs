@@ -5,13 +5,24 @@
 //! worker whose (bounded) lock wait timed out ends the sessions whose lease
 //! ran out. A worker that lost its lease then holds the others up for at
 //! most its lease plus one lock wait.
+//!
+//! A live worker is no better a holder than a stopped one when its
+//! transaction makes no progress (a task or a runtime thread stalled, a
+//! COMMIT whose answer never comes over a half-open connection). So every
+//! fenced transaction has a deadline (`--mysql-timeout`): the lease is
+//! renewed only until then, and past it the worker abandons the
+//! transaction itself: its connection is thrown away (never back to the
+//! pool) and its session ended, or, when MySQL cannot be reached to end it,
+//! left in the fence, where its lapsed lease lets the next worker end it.
 
 use std::time::Duration;
 
 use mysql_async::prelude::*;
 use mysql_async::Conn;
+use tokio::time::Instant;
 
-use crate::error::{mysql_code, mysql_codes, Result};
+use crate::error::{mysql_code, mysql_codes, Error, Result};
+use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::RedisConn;
 use crate::store::scripts::FENCE;
@@ -24,11 +35,75 @@ pub fn lock_wait(lease: Duration) -> Duration {
     Duration::from_secs((lease.as_secs() / 2).max(1))
 }
 
-/// One transaction holder's entry: the lane's lock owner token.
+/// One transaction holder's entry, named by [`entry_name`].
 pub struct Fence<'a> {
     pub keys: &'a VoucherKeys,
     pub owner: &'a str,
     pub lease: Duration,
+}
+
+/// The fence entry of one session: its worker's owner token and the
+/// session's id, so that a session abandoned and not yet ended keeps its
+/// entry while the same worker opens the next one.
+pub fn entry_name(owner: &str, mysql_id: u32) -> String {
+    format!("{owner}/{mysql_id}")
+}
+
+/// How long a connection that is thrown away gets to say goodbye.
+const QUIT_WAIT: Duration = Duration::from_secs(1);
+
+/// Runs `work`, one transaction that takes `keys`' voucher row lock, on a
+/// session of `db` entered in the voucher's fence for `lease`, and
+/// leaves the fence after. `work` (and the checkout before it) must end
+/// within `limit`: past it the transaction is abandoned (see the module
+/// comment) and the answer is [`Error::TransactionPastDeadline`].
+/// `entered` hears the session's id and deadline before `work` starts: the
+/// batch's keep-alive renews the lease until then, never after. A lock wait
+/// that timed out (`waited_out`) ends the sessions of holders whose lease
+/// ran out, so the retry finds the row free of them.
+pub async fn run<T, E: From<Error>>(
+    redis: &mut impl RedisConn,
+    db: &Db,
+    (keys, owner, lease): (&VoucherKeys, &str, Duration),
+    limit: Duration,
+    entered: impl AsyncFnOnce(u32, Instant),
+    work: impl AsyncFnOnce(&mut Conn) -> std::result::Result<T, E>,
+    waited_out: impl Fn(&E) -> bool,
+) -> std::result::Result<T, E> {
+    let deadline = Instant::now() + limit;
+    let mut mysql = tokio::time::timeout_at(deadline, db.conn())
+        .await
+        .map_err(|_| Error::Timeout {
+            what: "MySQL (a connection for a transaction)".into(),
+            after: limit,
+        })??;
+    let id = mysql.id();
+    let name = entry_name(owner, id);
+    let fence = Fence {
+        keys,
+        owner: &name,
+        lease,
+    };
+    fence.enter(redis, id).await?;
+    entered(id, deadline).await;
+    let Ok(done) = tokio::time::timeout_at(deadline, work(&mut mysql)).await else {
+        fence.abandon(redis, db, mysql, limit).await;
+        return Err(Error::TransactionPastDeadline(limit).into());
+    };
+    fence.leave_quietly(redis).await;
+    if done.as_ref().is_err_and(&waited_out) {
+        drop(mysql);
+        end_lapsed_from(redis, db, keys, limit).await?;
+    }
+    done
+}
+
+/// Throws a connection away: it never goes back to the pool, where its
+/// next user would read the answers this one never got. COM_QUIT is sent
+/// if the socket takes it; a silent peer's is given up after a second
+/// (the connection is marked closed first, so the pool drops it then too).
+pub async fn discard(mysql: Conn) {
+    let _ = tokio::time::timeout(QUIT_WAIT, mysql.disconnect()).await;
 }
 
 impl Fence<'_> {
@@ -72,6 +147,30 @@ impl Fence<'_> {
         }
     }
 
+    /// A transaction past its deadline: its connection is thrown away and
+    /// its session ended from a fresh one. When that cannot be done (MySQL
+    /// out of reach), the entry is left as it is: it is no longer renewed,
+    /// and a worker whose lock wait times out ends the session after it
+    /// lapsed.
+    async fn abandon(&self, redis: &mut impl RedisConn, db: &Db, mysql: Conn, limit: Duration) {
+        let (voucher, id) = (self.keys.voucher(), mysql.id());
+        discard(mysql).await;
+        match end_session(db, id, limit).await {
+            Ok(()) => {
+                self.leave_quietly(redis).await;
+                tracing::warn!(
+                    "voucher {voucher}: abandoned a MySQL transaction that did not end within {} (--mysql-timeout): its connection thrown away, its session {id} ended",
+                    humantime::format_duration(limit)
+                );
+            }
+            Err(e) => tracing::warn!(
+                "voucher {voucher}: abandoned a MySQL transaction that did not end within {} (--mysql-timeout), but could not end its session {id} ({e}): \
+                 its fence lease runs out, and the next worker whose lock wait times out ends it",
+                humantime::format_duration(limit)
+            ),
+        }
+    }
+
     /// The transaction ended (committed or rolled back).
     pub async fn leave(&self, conn: &mut impl RedisConn) -> Result<()> {
         let _: i64 = FENCE
@@ -85,20 +184,78 @@ impl Fence<'_> {
 }
 
 /// [`end_lapsed`] on a session of its own from `db` (the caller's waited
-/// out its lock and goes back to the pool).
+/// out its lock and goes back to the pool), within `limit`.
 pub async fn end_lapsed_from(
     conn: &mut impl RedisConn,
-    db: &crate::store::db::Db,
+    db: &Db,
     keys: &VoucherKeys,
+    limit: Duration,
 ) -> Result<usize> {
-    let mut mysql = db.conn().await?;
-    end_lapsed(conn, &mut mysql, keys).await
+    let mut mysql = checkout(db, limit).await?;
+    match tokio::time::timeout(limit, end_lapsed(conn, &mut mysql, keys)).await {
+        Ok(ended) => ended,
+        Err(_) => {
+            discard(mysql).await;
+            Err(Error::Timeout {
+                what: "MySQL (ending the sessions of stopped holders)".into(),
+                after: limit,
+            })
+        }
+    }
+}
+
+/// A session from `db` within `limit`.
+async fn checkout(db: &Db, limit: Duration) -> Result<Conn> {
+    tokio::time::timeout(limit, db.conn())
+        .await
+        .map_err(|_| Error::Timeout {
+            what: "MySQL (a connection)".into(),
+            after: limit,
+        })?
+}
+
+/// Ends session `id` of our own MySQL user (one this worker abandoned),
+/// from a fresh session, within `limit`; Ok once it is gone.
+async fn end_session(db: &Db, id: u32, limit: Duration) -> Result<()> {
+    let mut mysql = checkout(db, limit).await?;
+    let kill = async {
+        if session(&mut mysql, u64::from(id)).await?.is_none() {
+            return Ok(());
+        }
+        match mysql.query_drop(format!("KILL {id}")).await {
+            Err(e) if mysql_code(&e) != Some(mysql_codes::NO_SUCH_THREAD) => Err(Error::from(e)),
+            _ => Ok(()),
+        }
+    };
+    match tokio::time::timeout(limit, kill).await {
+        Ok(done) => done,
+        Err(_) => {
+            discard(mysql).await;
+            Err(Error::Timeout {
+                what: "MySQL (ending an abandoned session)".into(),
+                after: limit,
+            })
+        }
+    }
+}
+
+/// Session `id` if it is one of our own user's: what it does (COMMAND)
+/// and for how long, in seconds (TIME).
+async fn session(mysql: &mut Conn, id: u64) -> Result<Option<(String, u64)>> {
+    Ok(mysql
+        .exec_first(
+            "SELECT COMMAND, TIME FROM information_schema.PROCESSLIST
+              WHERE ID = ? AND USER = SUBSTRING_INDEX(CURRENT_USER(), '@', 1)",
+            (id,),
+        )
+        .await?)
 }
 
 /// After a lock wait on the voucher's row timed out: ends the MySQL
 /// sessions whose holders' leases ran out; how many. A session is ended only
-/// if it is one of our own user's and has been idle since about its
-/// lease's last renewal (a stopped client sends nothing), so an entry left
+/// if it is one of our own user's and has been in its current state (idle,
+/// or stuck in a statement) since about its lease's last renewal (a
+/// stopped client sends nothing), so an entry left
 /// behind (a lost `leave`, a Redis restored from older data) that names a
 /// connection in use since, or an id met again on another server, is left
 /// alone. An entry is forgotten only once its session is gone.
@@ -118,17 +275,13 @@ pub async fn end_lapsed(
         let (Ok(id), Ok(since_ms)) = (id.parse::<u64>(), since.parse::<u64>()) else {
             continue;
         };
-        let session: Option<(String, u64)> = mysql
-            .exec_first(
-                "SELECT COMMAND, TIME FROM information_schema.PROCESSLIST
-                  WHERE ID = ? AND USER = SUBSTRING_INDEX(CURRENT_USER(), '@', 1)",
-                (id,),
-            )
-            .await?;
-        let gone = match session {
+        let gone = match session(mysql, id).await? {
             None => true,
-            // Idle since before its last renewal, give or take a second.
-            Some((command, idle_s)) if command == "Sleep" && idle_s * 1000 + 1_500 >= since_ms => {
+            // In its current state (idle, or inside a statement that does
+            // not end: a COMMIT whose client went silent) since before its
+            // lease's last renewal, give or take a second. A live holder
+            // renews until its deadline, so a lapsed lease is one given up.
+            Some((_, for_s)) if for_s * 1000 + 1_500 >= since_ms => {
                 match mysql.query_drop(format!("KILL {id}")).await {
                     Ok(()) => {
                         ended += 1;
@@ -149,7 +302,8 @@ pub async fn end_lapsed(
                     }
                 }
             }
-            // Busy, or used since: not (or no longer) the stopped holder.
+            // In a state newer than its lease's last renewal: used since,
+            // so not (or no longer) the holder that gave it up.
             Some(_) => false,
         };
         if gone {

@@ -4,7 +4,12 @@
 //! another worker or push valid messages toward the dead-letter stream.
 //!
 //! It renews the lease of the batch's MySQL session too (worker/fence.rs),
-//! so a batch that is slow to commit is never taken for a stopped one.
+//! so a batch that is slow to commit is never taken for a stopped one —
+//! but only until the transaction's deadline (`--mysql-timeout`): renewal
+//! proves progress, not life. Past it the keep-alive renews nothing at
+//! all (locks, entries, fence, hold), so a batch whose transaction hangs
+//! while its process lives (a stalled task or thread, a COMMIT's answer
+//! that never comes) is taken over as a stopped worker's would be.
 //!
 //! The same XCLAIM says whether Redis still has the batch: it answers every
 //! entry still pending with anyone (taking it back); until the batch is
@@ -27,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use super::WorkerStats;
 use crate::gate::pause;
 use crate::store::keys::{VoucherKeys, WORKER_GROUP};
-use crate::worker::fence::Fence;
+use crate::worker::fence::{entry_name, Fence};
 use crate::worker::lock::LockOwner;
 
 /// What the keep-alive knows of its batch.
@@ -45,9 +50,12 @@ pub struct Standing {
     pub committed: bool,
     /// The last tick that found every entry, or renewed the hold.
     pub confirmed: Instant,
-    /// The MySQL session of the batch's transaction while it runs: its
-    /// fence entry is renewed (and entered again if Redis lost it).
-    pub mysql_id: Option<u32>,
+    /// The MySQL session of the batch's transaction while it runs, and
+    /// the transaction's deadline: its fence entry is renewed (and entered
+    /// again if Redis lost it) until then.
+    pub transaction: Option<(u32, Instant)>,
+    /// Said once that the transaction ran past its deadline.
+    pub overdue_said: bool,
 }
 
 /// Stops the keep-alive when dropped.
@@ -88,9 +96,10 @@ impl KeepAlive {
         self.shared.lock().await.standing.locks = users;
     }
 
-    /// The MySQL session now inside the batch's transaction (None: none).
-    pub async fn set_mysql(&self, id: Option<u32>) {
-        self.shared.lock().await.standing.mysql_id = id;
+    /// The MySQL session now inside the batch's transaction and the
+    /// transaction's deadline (None: none).
+    pub async fn set_transaction(&self, t: Option<(u32, tokio::time::Instant)>) {
+        self.shared.lock().await.standing.transaction = t.map(|(id, d)| (id, d.into_std()));
     }
 
     /// Makes sure the batch's standing was confirmed within `max_age` (a
@@ -160,7 +169,8 @@ pub fn start(ticker: Ticker, period: Duration) -> KeepAlive {
             holding: false,
             committed: false,
             confirmed: Instant::now(),
-            mysql_id: None,
+            transaction: None,
+            overdue_said: false,
         },
         ticker,
     }));
@@ -197,6 +207,19 @@ impl Ticker {
     }
 
     async fn tick(&mut self, standing: &mut Standing) {
+        if standing
+            .transaction
+            .is_some_and(|(_, deadline)| Instant::now() >= deadline)
+        {
+            if !standing.overdue_said {
+                standing.overdue_said = true;
+                tracing::warn!(
+                    "voucher {}: the batch's MySQL transaction is past its deadline (--mysql-timeout); its leases are no longer renewed",
+                    self.keys.voucher()
+                );
+            }
+            return;
+        }
         let mut touched = self.touch().await;
         // A connection broken by a restart is the moment that matters:
         // look again at once on a fresh one, not a tick later.
@@ -266,13 +289,15 @@ impl Ticker {
             standing.confirmed = Instant::now();
         }
         self.renew_locks(standing).await;
-        let fence = Fence {
-            keys: &self.keys,
-            owner: &self.owner.token,
-            lease: self.owner.lease,
-        };
-        if let Err(e) = fence.renew(&mut self.conn, standing.mysql_id).await {
-            tracing::warn!("keep-alive could not renew the MySQL session's fence lease: {e}");
+        if let Some((id, _)) = standing.transaction {
+            let fence = Fence {
+                keys: &self.keys,
+                owner: &entry_name(&self.owner.token, id),
+                lease: self.owner.lease,
+            };
+            if let Err(e) = fence.renew(&mut self.conn, Some(id)).await {
+                tracing::warn!("keep-alive could not renew the MySQL session's fence lease: {e}");
+            }
         }
     }
 

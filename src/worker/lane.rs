@@ -420,6 +420,7 @@ mod tests {
             claim_idle: Duration::from_secs(30),
             max_deliveries: 5,
             lock_lease: Duration::from_secs(10),
+            mysql_timeout: Duration::from_secs(10),
             until_idle: false,
             keep: Duration::from_secs(3600),
             lanes: 2,

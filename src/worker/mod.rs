@@ -85,6 +85,7 @@ pub async fn run(
         // Not renewed while it runs: long enough for its two lock waits
         // (order rows, then the voucher's), each half the lock lease.
         fence_lease: opts.lock_lease * 2,
+        mysql_timeout: opts.mysql_timeout,
     };
     let stop_guard = stop.child_token();
     let guard_task = (!opts.gate_check.is_zero()).then(|| {

@@ -25,6 +25,10 @@ pub struct WorkerOptions {
     pub max_deliveries: u64,
     /// Lease of the L3 locks (renewed while a batch runs).
     pub lock_lease: Duration,
+    /// Longest a fenced MySQL transaction (a batch's, a cancellation's) may
+    /// take from its checkout to its COMMIT's answer; past it, it is
+    /// abandoned (worker/fence.rs).
+    pub mysql_timeout: Duration,
     /// Exit once no voucher has undelivered or pending entries.
     pub until_idle: bool,
     /// Acknowledged entries are trimmed from the streams after this long.
@@ -68,6 +72,14 @@ impl WorkerOptions {
         }
         if self.lock_lease < Duration::from_millis(30) {
             return bad("--lock-lease must be at least 30ms");
+        }
+        let wait = crate::worker::fence::lock_wait(self.lock_lease);
+        if self.mysql_timeout <= wait {
+            return Err(Error::InvalidInput(format!(
+                "--mysql-timeout ({}) must be longer than a lock wait, half --lock-lease in whole seconds ({}): a transaction waiting for a stopped holder's row would be abandoned before it could end that holder",
+                humantime::format_duration(self.mysql_timeout),
+                humantime::format_duration(wait)
+            )));
         }
         if self.deadlines.lease < Duration::from_millis(100) {
             return bad("--deadline-lease must be at least 100ms");

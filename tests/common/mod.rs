@@ -9,6 +9,7 @@ pub mod own_mysql;
 pub mod own_redis;
 pub mod process;
 pub mod rights;
+pub mod silent_proxy;
 pub mod terminal;
 pub mod tls;
 
