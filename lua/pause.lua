@@ -32,7 +32,10 @@
 --          ARGV[3] optional: the pause_token the caller's view of the gate
 --                  was read with ('' if it saw none); given, the gate
 --                  reopens only if no pause came since (a guard that paused
---                  it after that view was read knows something it does not)
+--                  it after that view was read knows something it does not),
+--                  and no hold ended since (given back or lapsed: its batch
+--                  may have committed after the view read MySQL; each renews
+--                  the pause_token of a paused gate)
 -- hold:    ARGV[2] owner token, ARGV[3] lease in ms
 -- unhold:  ARGV[2] owner token
 -- held:    (nothing more) whether any worker holds the gate
@@ -44,7 +47,8 @@
 --           buyers), 3 it stays paused (its grace runs, or a worker holds it),
 --           4 it stays paused (paused again since the caller's view)
 --   hold:   1 (the gate is paused), 0 (it is open)
---   unhold: 1 a hold was given back, 0 there was none
+--   unhold: 1 a hold was given back (a paused gate's pause_token renewed),
+--           0 there was none
 --   held:   1 a worker holds the gate, 0 none does (whether loaded or not)
 --
 -- Safe to run twice: pause and hold set what they set already (a replayed
@@ -55,12 +59,27 @@
 -- binary prepends (to run this file by hand, prepend it too).
 local now_ms = holds_now_ms
 
--- Whether a worker's hold still runs (expired ones are dropped here).
+-- A new pause_token, if the gate is paused: views read before now are too
+-- old to reopen on.
+local function renew_pause_token()
+  if redis.call('HGET', KEYS[1], 'paused') ~= '1' then return end
+  local t = redis.call('TIME')
+  redis.call('HSET', KEYS[1], 'pause_token', t[1] .. string.format('%06d', tonumber(t[2])))
+end
+
+-- Whether a worker's hold still runs (expired ones are dropped here). A
+-- hold that ends, given back or lapsed, ends a time in which the batch it
+-- stood for may have committed unseen by a view read meanwhile: such a view
+-- judged the gate against a MySQL that no longer is, so the pause_token is
+-- renewed and no reopen succeeds on it.
 local function held(key)
   local now = now_ms()
   local flat = redis.call('HGETALL', key)
   for i = 1, #flat, 2 do
-    if (tonumber(flat[i + 1]) or 0) <= now then redis.call('HDEL', key, flat[i]) end
+    if (tonumber(flat[i + 1]) or 0) <= now then
+      redis.call('HDEL', key, flat[i])
+      renew_pause_token()
+    end
   end
   return hold_is_live(key)
 end
@@ -74,13 +93,19 @@ if action == 'hold' or action == 'unhold' then
   if not KEYS[3] or not ARGV[2] or ARGV[2] == '' then
     return redis.error_reply('ERR pause.lua: ' .. action .. ' needs the holds key and an owner')
   end
-  if action == 'unhold' then return redis.call('HDEL', KEYS[3], ARGV[2]) end
+  if action == 'unhold' then
+    local given = redis.call('HDEL', KEYS[3], ARGV[2])
+    if given == 1 then renew_pause_token() end
+    return given
+  end
   local lease = tonumber(ARGV[3])
   if not lease or lease <= 0 then
     return redis.error_reply('ERR pause.lua: hold needs a lease in ms')
   end
   redis.call('HSET', KEYS[3], ARGV[2], string.format('%d', now_ms() + lease))
-  if redis.call('PTTL', KEYS[3]) < lease then redis.call('PEXPIRE', KEYS[3], lease) end
+  -- The key outlives its holds by far: a lapsed hold must be found and
+  -- dropped (renewing the pause token, above), not vanish with the key.
+  redis.call('PEXPIRE', KEYS[3], math.max(lease, 86400000))
   if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
   return redis.call('HGET', KEYS[1], 'paused') == '1' and 1 or 0
 end
@@ -112,10 +137,11 @@ elseif action == 'reopen' then
   if not orders then return redis.error_reply('ERR pause.lua: reopen needs the order count') end
   if not KEYS[3] then return redis.error_reply('ERR pause.lua: reopen needs the holds key') end
   if not paused then return 2 end
+  -- First: a hold that lapsed renews the token the caller's view is checked against.
+  local holding = held(KEYS[3])
   if ARGV[3] and ARGV[3] ~= (redis.call('HGET', KEYS[1], 'pause_token') or '') then return 4 end
   if redis.call('SCARD', KEYS[2]) < orders then return 0 end
-  local now = now_ms()
-  if (tonumber(redis.call('HGET', KEYS[1], 'reopen_after_ms')) or 0) > now or held(KEYS[3]) then
+  if (tonumber(redis.call('HGET', KEYS[1], 'reopen_after_ms')) or 0) > now_ms() or holding then
     return 3
   end
   redis.call('HDEL', KEYS[1], 'paused', 'reopen_after_ms', 'pause_token')

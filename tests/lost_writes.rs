@@ -871,3 +871,63 @@ async fn a_bucket_gone_whole_is_rebuilt_from_its_users_orders() {
     assert_eq!(s.orders.len() as u64, TOTAL, "every unit sold once");
     env.cleanup().await;
 }
+
+/// Issue 32, item 2: a gate must not reopen on a view of the stores read
+/// while a worker held it. The hold stands for a batch Redis lost that no
+/// view counts; once it ends (given back after the commit, or lapsed with a
+/// worker that died after committing), a view read before judged the gate
+/// against a MySQL that no longer is. Each end renews the pause token, so a
+/// reopen on such a view is refused and the next look reads MySQL as it is
+/// then (seen failing: the reopen on the stale token succeeded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_view_read_while_a_hold_ran_cannot_reopen_the_gate() {
+    use seckill::gate::pause::{self, Reopened, META_PAUSE_TOKEN};
+    const V: u64 = 1;
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 10).await;
+    let keys = seckill::store::keys::VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    for (end, how) in [(true, "given back"), (false, "lapsed")] {
+        pause::pause(&mut redis, &keys, None, Duration::ZERO)
+            .await
+            .expect("pause");
+        let lease = Duration::from_millis(if end { 60_000 } else { 300 });
+        assert!(pause::hold(&mut redis, &keys, "w1", lease)
+            .await
+            .expect("hold"));
+        // The view: read under the hold (its batch not yet committed).
+        let seen: String = redis
+            .hget(keys.meta(), META_PAUSE_TOKEN)
+            .await
+            .expect("token");
+        if end {
+            pause::unhold(&mut redis, &keys, "w1")
+                .await
+                .expect("unhold");
+        } else {
+            // Waited for: the hold's lease runs out by Redis's clock.
+            while pause::is_held(&mut redis, &keys).await.expect("held") {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let reopened = pause::reopen(&mut redis, &keys, 0, Some(&seen))
+            .await
+            .expect("reopen");
+        assert_eq!(
+            reopened,
+            Reopened::PausedSince,
+            "a view read while the hold ran reopened the gate after the hold was {how}"
+        );
+        // A view read after the hold ended reopens it.
+        let fresh: String = redis
+            .hget(keys.meta(), META_PAUSE_TOKEN)
+            .await
+            .expect("token");
+        assert_ne!(fresh, seen);
+        let reopened = pause::reopen(&mut redis, &keys, 0, Some(&fresh))
+            .await
+            .expect("reopen");
+        assert_eq!(reopened, Reopened::Now, "hold {how}");
+    }
+    env.cleanup().await;
+}
