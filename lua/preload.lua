@@ -5,7 +5,8 @@
 --
 -- KEYS[1]  seckill:{V}:meta            hash   written: total, begin_ms, end_ms, pay_timeout_ms,
 --                                             user_rate, require_token, policy_version,
---                                             per_user_limit, waitlist_limit, published_run
+--                                             per_user_limit, waitlist_limit, published_run,
+--                                             run_id (**new**: this server's, lua/lib/server_checked.lua)
 -- KEYS[2]  seckill:{V}:stock           string set to ARGV[5]
 -- KEYS[3]  seckill:{V}:buyers          set    replaced by KEYS[4] (or emptied when KEYS[4] is absent)
 -- KEYS[4]  seckill:{V}:buyers:staging:<run>  set  the rebuilt buyers, consumed
@@ -119,6 +120,13 @@ end
 
 local fields = {'total', ARGV[1], 'begin_ms', ARGV[2], 'end_ms', ARGV[3],
   'pay_timeout_ms', ARGV[4], 'published_run', run}
+-- The gate is checked against MySQL on this server now
+-- (lua/lib/server_checked.lua).
+local here = this_run_id()
+if here then
+  fields[#fields + 1] = 'run_id'
+  fields[#fields + 1] = here
+end
 local publish_policy = true
 if version then
   -- Compared as decimal strings: Lua numbers are exact only to 2^53.

@@ -28,6 +28,10 @@
 -- Returns {code, reason, value}:
 --   {0, "set", 0}             the bound is set (or lifted)
 --   {3, "fenced", epoch}      the bucket has seen a later mover: nothing written
+--   {4, "unchecked", 0}       (**new**) the bucket is on a server other than
+--                             the one its state was last checked on (meta's
+--                             run_id: lua/lib/server_checked.lua), not yet
+--                             checked by the gate guard: nothing written
 --   {5, "not loaded", 0}      meta has no begin_ms: nothing written
 --
 -- Safe to run twice: it sets the same fields again.
@@ -47,6 +51,7 @@ local meta = redis.call('HMGET', KEYS[1], 'mover_epoch', 'begin_ms')
 local seen = tonumber(meta[1] or '0') or 0
 if epoch < seen then return {3, 'fenced', seen} end
 if not meta[2] then return {5, 'not loaded', 0} end
+if not server_checked(KEYS[1]) then return {4, 'unchecked', 0} end
 if epoch > seen then redis.call('HSET', KEYS[1], 'mover_epoch', epoch) end
 
 if up_to == '' then

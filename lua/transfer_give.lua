@@ -45,8 +45,12 @@
 --   {2, "void", 0}           called off before it arrived (transfer_void):
 --                            nothing written, the giver takes them back
 --   {3, "fenced", epoch}     the receiver has seen a later mover
---   {4, "paused", 0}         the receiver's gate is paused (being rebuilt):
---                            the units stay in transit, give again later
+--   {4, "paused", 0}         the receiver's gate is paused (being rebuilt),
+--                            or (**changed**) on a server other than the
+--                            one its state was last checked on (meta's
+--                            run_id: lua/lib/server_checked.lua), not yet
+--                            checked by the gate guard: the units stay in
+--                            transit, give again later
 --   {5, "not loaded", 0}     the receiver's gate is not loaded (meta has no
 --                            begin_ms: not preloaded yet, or lost): nothing
 --                            written; the units stay in transit
@@ -80,7 +84,7 @@ local meta = redis.call('HMGET', KEYS[1], 'paused', 'mover_epoch', 'begin_ms', '
 local seen = tonumber(meta[2] or '0') or 0
 if epoch < seen then return {3, 'fenced', seen} end
 if not meta[3] then return {5, 'not loaded', 0} end
-if meta[1] == '1' then return {4, 'paused', 0} end
+if meta[1] == '1' or not server_checked(KEYS[1]) then return {4, 'paused', 0} end
 -- A serve is remembered by meta's served_last, "<epoch> <id>" of the last
 -- one, not by a field per serve: ids rise within one mover's lease (they
 -- are its snowflake ids), and a mover that takes the lease over has a

@@ -11,7 +11,7 @@
 -- and whoever completes it asks the receiver first (lua/transfer_void.lua).
 --
 -- KEYS[1]  the giver's meta: seckill:{V.b.s}:meta (the pool's: bucket 0's,
---          seckill:{V}:meta); fields read: paused, mover_epoch, begin_ms
+--          seckill:{V}:meta); fields read: paused, mover_epoch, begin_ms, run_id
 -- KEYS[2]  the giver's units: seckill:{V.b.s}:stock, or the pool
 --          seckill:{V}:pool
 -- KEYS[3]  the giver's open transfers: seckill:{V.b.s}:transfers, or
@@ -33,7 +33,11 @@
 --                         ARGV[3]); a replay of this id answers the same
 --   {1, "short", stock}   fewer than ARGV[4] units: nothing written
 --   {2, "fenced", epoch}  the giver has seen a later mover: nothing written
---   {3, "paused", 0}      the giver's gate is paused (being rebuilt)
+--   {3, "paused", 0}      the giver's gate is paused (being rebuilt), or
+--                         (**changed**) on a server other than the one its
+--                         state was last checked on (meta's run_id:
+--                         lua/lib/server_checked.lua), which the gate
+--                         guard has not checked yet: nothing written
 --   {4, "stale id", last} the id is not above the highest taken and has no
 --                         open record: taken and settled already, or made
 --                         by a clock behind the last mover's; nothing written
@@ -71,7 +75,7 @@ local meta = redis.call('HMGET', KEYS[1], 'paused', 'mover_epoch', 'begin_ms')
 local seen = tonumber(meta[2] or '0') or 0
 if epoch < seen then return {2, 'fenced', seen} end
 if not meta[3] then return {5, 'not loaded', 0} end
-if meta[1] == '1' then return {3, 'paused', 0} end
+if meta[1] == '1' or not server_checked(KEYS[1]) then return {3, 'paused', 0} end
 local stock = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
 if stock < least then return {1, 'short', math.max(stock, 0)} end
 

@@ -247,6 +247,9 @@ pub async fn serve(
 pub enum Bounded {
     Set,
     Fenced(u64),
+    /// The bucket's server changed since its state was last checked: the
+    /// gate guard checks it first (lua/lib/server_checked.lua).
+    Unchecked,
     NotLoaded,
 }
 
@@ -270,6 +273,7 @@ pub async fn set_bound(
     Ok(match code {
         0 => Bounded::Set,
         3 => Bounded::Fenced(value),
+        4 => Bounded::Unchecked,
         5 => Bounded::NotLoaded,
         _ => return Err(unexpected("serve_up_to", code, &reason)),
     })

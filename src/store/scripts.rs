@@ -11,8 +11,12 @@ pub const ADMISSION_SOURCE: &str = include_str!("../../lua/seckill.lua");
 pub static ADMISSION: LazyLock<Script> = LazyLock::new(|| Script::new(ADMISSION_SOURCE));
 
 /// Publishes a voucher's gate state in one step (used by `seckill preload`).
-pub static PRELOAD: LazyLock<Script> =
-    LazyLock::new(|| with_lib(HOLDS_LIB, include_str!("../../lua/preload.lua")));
+pub static PRELOAD: LazyLock<Script> = LazyLock::new(|| {
+    with_libs(
+        &[HOLDS_LIB, SERVER_CHECKED_LIB],
+        include_str!("../../lua/preload.lua"),
+    )
+});
 
 // Redis scripts cannot call one another: what several share lives in
 // lua/lib/ and is prepended here.
@@ -21,6 +25,7 @@ const VALID_ID_LIB: &str = include_str!("../../lua/lib/valid_id.lua");
 const HOLDS_LIB: &str = include_str!("../../lua/lib/holds.lua");
 const WAITLIST_LIB: &str = include_str!("../../lua/lib/waitlist.lua");
 const DIGEST_LIB: &str = include_str!("../../lua/lib/digest.lua");
+const SERVER_CHECKED_LIB: &str = include_str!("../../lua/lib/server_checked.lua");
 
 fn with_lib(lib: &str, body: &str) -> Script {
     with_libs(&[lib], body)
@@ -57,12 +62,16 @@ pub static DIGEST_SYNC: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/digest_sync.lua")));
 
 /// Buckets (design/buckets.md): take units from a giver into a transfer record.
-pub static TRANSFER_TAKE: LazyLock<Script> =
-    LazyLock::new(|| with_lib(VALID_ID_LIB, include_str!("../../lua/transfer_take.lua")));
+pub static TRANSFER_TAKE: LazyLock<Script> = LazyLock::new(|| {
+    with_libs(
+        &[VALID_ID_LIB, SERVER_CHECKED_LIB],
+        include_str!("../../lua/transfer_take.lua"),
+    )
+});
 /// Buckets: land a transfer's units in the receiver (its waitlist first), once.
 pub static TRANSFER_GIVE: LazyLock<Script> = LazyLock::new(|| {
     with_libs(
-        &[VALID_ID_LIB, DIGEST_LIB, WAITLIST_LIB],
+        &[VALID_ID_LIB, DIGEST_LIB, WAITLIST_LIB, SERVER_CHECKED_LIB],
         include_str!("../../lua/transfer_give.lua"),
     )
 });
@@ -75,8 +84,12 @@ pub static TRANSFER_SETTLE: LazyLock<Script> =
 
 /// Buckets: the mover's bound on a bucket's own serving (first come,
 /// first served across buckets).
-pub static SERVE_UP_TO: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/serve_up_to.lua")));
+pub static SERVE_UP_TO: LazyLock<Script> = LazyLock::new(|| {
+    with_lib(
+        SERVER_CHECKED_LIB,
+        include_str!("../../lua/serve_up_to.lua"),
+    )
+});
 
 /// Buckets: the lease of a voucher's one mover, with its fencing epoch.
 pub static MOVER_LEASE: LazyLock<Script> =

@@ -379,9 +379,10 @@ impl Mover {
             match answer? {
                 Bounded::Set => {}
                 Bounded::Fenced(seen) => fenced = Some(seen),
-                // Lost meanwhile: the guard rebuilds it; the next round
-                // publishes there again.
-                Bounded::NotLoaded => self.moves_left = true,
+                // Lost meanwhile, or on a server the guard has not checked
+                // yet: the guard rebuilds it; the next round publishes
+                // there again.
+                Bounded::NotLoaded | Bounded::Unchecked => self.moves_left = true,
             }
         }
         Ok(fenced)
