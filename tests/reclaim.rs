@@ -21,6 +21,15 @@ async fn keep_fresh(
     consumer: &str,
     ids: &[String],
 ) {
+    try_keep_fresh(redis, keys, consumer, ids).await.unwrap();
+}
+
+async fn try_keep_fresh(
+    redis: &mut seckill::store::redis_conn::Redis,
+    keys: &VoucherKeys,
+    consumer: &str,
+    ids: &[String],
+) -> redis::RedisResult<()> {
     let _: redis::Value = redis::cmd("XCLAIM")
         .arg(keys.orders())
         .arg(WORKER_GROUP)
@@ -31,8 +40,8 @@ async fn keep_fresh(
         .arg(0)
         .arg("JUSTID")
         .query_async(redis)
-        .await
-        .unwrap();
+        .await?;
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -97,7 +106,10 @@ async fn an_idle_entry_behind_many_live_ones_is_reclaimed() {
             (redis.clone(), keys.clone(), live.clone(), stop.clone());
         tokio::spawn(async move {
             while !stop.is_cancelled() {
-                keep_fresh(&mut redis, &keys, "live", &live).await;
+                // Best effort, beside a live worker: a failed touch only
+                // lets the live entries be reclaimed too, which the test
+                // does not assert against.
+                let _ = try_keep_fresh(&mut redis, &keys, "live", &live).await;
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         })
@@ -117,11 +129,23 @@ async fn an_idle_entry_behind_many_live_ones_is_reclaimed() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let owner: redis::streams::StreamPendingCountReply = redis
-        .xpending_count(keys.orders(), WORKER_GROUP, &ids[15], &ids[15], 1)
-        .await
-        .unwrap();
-    assert!(owner.ids.is_empty(), "persisted and acknowledged");
+    // Acknowledged after the commit: waited for, not looked at once (the
+    // order can be seen in MySQL before its entry is acknowledged).
+    loop {
+        let owner: redis::streams::StreamPendingCountReply = redis
+            .xpending_count(keys.orders(), WORKER_GROUP, &ids[15], &ids[15], 1)
+            .await
+            .expect("XPENDING");
+        if owner.ids.is_empty() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(40),
+            "persisted, never acknowledged:\n{}",
+            worker.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     stop.cancel();
     fresh.await.unwrap();
     env.cleanup().await;
