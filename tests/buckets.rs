@@ -989,3 +989,77 @@ async fn a_request_for_more_units_than_a_lowered_limit_still_wants_them() {
     assert_eq!(s.waitlist, vec![zero[1]], "the one for 3 keeps waiting");
     env.cleanup().await;
 }
+
+/// Issue 32, item 4: bucket 0's keys lost whole (its master restarted
+/// without persistence) refused every user of the voucher: every path that
+/// routes read the split from bucket 0's meta, gone with it, and sent each
+/// user to bucket 0 ("unknown voucher", exit 14; seen failing). The split
+/// is final once loaded: MySQL's record routes the other buckets' users to
+/// their own gates, which sell on while bucket 0 is rebuilt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_other_buckets_sell_on_while_bucket_0_is_lost_whole() {
+    let env = TestEnv::on_cluster().await;
+    let (layout, mut redis) = env.live_voucher_in_buckets(V, 30, 3).await;
+    let k = layout.keys(0).expect("keys");
+    let gone: Vec<String> = vec![
+        k.meta(),
+        k.stock(),
+        k.buyers(),
+        k.released(),
+        k.timeouts(),
+        k.waitlist(),
+        k.rate(),
+    ];
+    let _: () = redis.del(&gone).await.expect("del");
+    let v = V.to_string();
+    let buyer = users_of(2, 1)[0].to_string();
+    let out = env
+        .cmd()
+        .args(["buy", "--voucher", &v, "--user", &buyer])
+        .output()
+        .expect("buy");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "a user of bucket 2: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let holder = users_of(1, 1)[0].to_string();
+    let out = env
+        .cmd()
+        .args(["token", "issue", "--voucher", &v, "--user", &holder])
+        .output()
+        .expect("token");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "a token for a user of bucket 1: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = env
+        .cmd()
+        .args(["voucher", "update", "--id", &v, "--user-rate", "5"])
+        .output()
+        .expect("update");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rate: Option<String> = redis
+        .hget(layout.keys(2).expect("keys").meta(), "user_rate")
+        .await
+        .expect("meta");
+    assert_eq!(rate.as_deref(), Some("5"), "bucket 2 has the new policy");
+    // Users of buckets 1 and 2 are sold units; bucket 0's are told the
+    // voucher is unknown there until it is rebuilt.
+    let report = bench(&env, V, 60);
+    let success = report["outcomes"]["success"].as_u64().unwrap_or(0);
+    assert!(success >= 15, "{report}");
+    assert!(
+        report["outcomes"]["unknown_voucher"].as_u64().unwrap_or(0) > 0,
+        "{report}"
+    );
+    env.cleanup().await;
+}

@@ -264,7 +264,13 @@ async fn preload_rebuilds_the_gate_from_mysql_and_is_idempotent() {
         .await
         .unwrap();
     assert!(registered);
-    let meta: std::collections::HashMap<String, i64> = redis.hgetall(keys.meta()).await.unwrap();
+    let fields: std::collections::HashMap<String, String> =
+        redis.hgetall(keys.meta()).await.unwrap();
+    // The numeric fields (meta holds strings too: the run id preload checked on).
+    let meta: std::collections::HashMap<&str, i64> = fields
+        .iter()
+        .filter_map(|(k, v)| Some((k.as_str(), v.parse().ok()?)))
+        .collect();
     assert_eq!(meta["total"], 10);
     assert_eq!(meta["pay_timeout_ms"], 900_000);
     assert!(meta["begin_ms"] < meta["end_ms"]);

@@ -1202,3 +1202,34 @@ async fn a_wait_for_a_frozen_replica_holds_up_no_read_of_the_sale() {
     assert_eq!(status, 201, "{bought}");
     env.cleanup().await;
 }
+
+/// Issue 32, item 4, over HTTP: with bucket 0's keys lost whole, `serve`
+/// routed every purchase to bucket 0 ("unknown voucher"). A serve that
+/// never saw the voucher loaded reads the split MySQL recorded; one that
+/// did keeps it: a user of another bucket buys there either way, and
+/// looking the purchase up finds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purchase_at_another_bucket_is_answered_while_bucket_0_is_lost_whole() {
+    let env = TestEnv::on_cluster().await;
+    let (layout, mut redis) = env.live_voucher_in_buckets(1, 30, 3).await;
+    let seen = Serve::start(&env, &[]);
+    let user_of = |b: u32, skip: usize| {
+        (1u64..)
+            .filter(|u| seckill::gate::buckets::bucket_of(*u, 3) == b)
+            .nth(skip)
+            .expect("a user")
+    };
+    // This one has read the window (and the split) with bucket 0 loaded.
+    assert_eq!(seen.buy(1, json!(user_of(1, 0))).0, 201);
+    let k = layout.keys(0).expect("keys");
+    let gone = vec![k.meta(), k.stock(), k.buyers(), k.timeouts(), k.waitlist()];
+    let _: () = redis.del(&gone).await.expect("del");
+    let fresh = Serve::start(&env, &[]);
+    for (serve, user) in [(&seen, user_of(2, 0)), (&fresh, user_of(2, 1))] {
+        let (status, body) = serve.buy(1, json!(user));
+        assert_eq!(status, 201, "user {user} of bucket 2: {body}");
+        let (status, found) = serve.get(&format!("/v1/vouchers/1/purchases/{user}"), None);
+        assert_eq!(status, 200, "{found}");
+    }
+    env.cleanup().await;
+}

@@ -7,8 +7,9 @@ use super::common::{parse_id, Format, FormatOpt, NodeIdOpt, ReplicaWaitOpt};
 use super::render::print_json;
 use crate::exit_code;
 use crate::gate::admission::{admit_durably, Admission, Attempt};
-use crate::gate::buckets::Layout;
+use crate::gate::buckets;
 use crate::store::config::Config;
+use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
 use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn;
@@ -41,9 +42,11 @@ pub async fn run(cfg: &Config, args: BuyArgs) -> anyhow::Result<u8> {
     VoucherKeys::new(&cfg.prefix, args.voucher)?;
     let mut redis = redis_conn::connect(cfg).await?;
     // The user's own bucket's gate (the voucher's one gate unless split).
-    let keys = Layout::read(&mut redis, &cfg.prefix, args.voucher)
-        .await?
-        .keys_of_user(args.user)?;
+    let keys = buckets::for_routing(&mut redis, &cfg.prefix, args.voucher, async || {
+        Db::connect(cfg).await
+    })
+    .await?
+    .keys_of_user(args.user)?;
     let ids = OrderIds::lease(cfg, args.node.node_id).await?;
     let order_id = ids.next_id();
     ids.release().await;

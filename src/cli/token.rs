@@ -5,9 +5,10 @@ use clap::{Args, Subcommand};
 use super::common::{parse_duration, parse_id, Format, FormatOpt};
 use super::render::print_json;
 use crate::exit_code;
-use crate::gate::buckets::Layout;
+use crate::gate::buckets;
 use crate::gate::token;
 use crate::store::config::Config;
+use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn;
 
@@ -39,9 +40,11 @@ pub async fn run(cfg: &Config, cmd: TokenCommand) -> anyhow::Result<u8> {
     VoucherKeys::new(&cfg.prefix, args.voucher)?;
     let mut redis = redis_conn::connect(cfg).await?;
     // A token lives in the user's bucket, where the user is admitted.
-    let keys = Layout::read(&mut redis, &cfg.prefix, args.voucher)
-        .await?
-        .keys_of_user(args.user)?;
+    let keys = buckets::for_routing(&mut redis, &cfg.prefix, args.voucher, async || {
+        Db::connect(cfg).await
+    })
+    .await?
+    .keys_of_user(args.user)?;
     let issued = token::issue(&mut redis, &keys, args.user, args.ttl).await?;
     match args.format.format {
         Format::Json => print_json(&issued)?,

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::gate::admission::{admit_durably, Attempt, ReplicaWait, OUTCOME_NAMES};
-use crate::gate::buckets::{bucket_of, Layout};
+use crate::gate::buckets::bucket_of;
 use crate::gate::token;
 use crate::orders::voucher::{validate_id, MAX_ID};
 use crate::store::config::Config;
@@ -187,7 +187,11 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
         conns.push(redis_conn::connect(cfg).await?);
     }
     // Every bucket's keys, made once: an attempt picks its user's.
-    let layout = Layout::read(&mut conns[0], &cfg.prefix, plan.voucher).await?;
+    let layout =
+        crate::gate::buckets::for_routing(&mut conns[0], &cfg.prefix, plan.voucher, async || {
+            crate::store::db::Db::connect(cfg).await
+        })
+        .await?;
     let keys = Arc::new(layout.all_keys()?);
     let ids = OrderIds::lease(cfg, plan.node_id).await?;
     let stop_renewing = CancellationToken::new();

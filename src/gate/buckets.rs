@@ -88,6 +88,38 @@ pub async fn read_settled(
     }
 }
 
+/// The layout a voucher's buyers are routed by (buy, bench, serve, token
+/// issue, voucher update): bucket 0's, or while bucket 0's gate is not
+/// loaded (not yet, or Redis lost it while the other buckets sell on) the
+/// tags MySQL recorded at the first preload, which are final. `mysql` is
+/// asked only then; when it cannot answer, bucket 0's word stands (one
+/// gate: a voucher not loaded is answered "unknown voucher" as before).
+pub async fn for_routing(
+    conn: &mut impl ConnectionLike,
+    prefix: &str,
+    voucher: u64,
+    mysql: impl AsyncFnOnce() -> Result<Db>,
+) -> Result<Layout> {
+    let (layout, loaded) = Layout::read_loaded(conn, prefix, voucher).await?;
+    if loaded {
+        return Ok(layout);
+    }
+    let looked = match mysql().await {
+        Ok(db) => recorded(&db, prefix, voucher).await,
+        Err(e) => Err(e),
+    };
+    match looked {
+        Ok(Some(recorded)) => Ok(recorded),
+        Ok(None) => Ok(layout),
+        Err(e) => {
+            tracing::debug!(
+                "voucher {voucher}: bucket 0 is not loaded and MySQL's split could not be read ({e}); routing to bucket 0"
+            );
+            Ok(layout)
+        }
+    }
+}
+
 /// The layout MySQL recorded at the first preload (None before it): final
 /// once recorded, and the word to trust when Redis may have lost bucket 0's
 /// meta (the gate guard, reconcile).

@@ -141,7 +141,9 @@ pub async fn update(
     let keys = VoucherKeys::new(prefix, voucher_id)?;
     let policy = voucher::update_policy(db, voucher_id, change).await?;
     // Every bucket of a voucher split in buckets admits by its own meta.
-    let layout = crate::store::layout::Layout::read(conn, prefix, voucher_id).await?;
+    let layout =
+        crate::gate::buckets::for_routing(conn, prefix, voucher_id, async || Ok(db.clone()))
+            .await?;
     for b in 1..layout.buckets() {
         publish(conn, &layout.keys(b)?, policy).await?;
     }

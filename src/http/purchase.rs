@@ -13,7 +13,7 @@ use super::ids::{parse_id, Id};
 use super::metrics::OutcomeLabel;
 use super::{AppState, Body, State};
 use crate::gate::admission::{self, Admission};
-use crate::gate::buckets::Layout;
+
 use crate::orders::order;
 use crate::store::keys::VoucherKeys;
 
@@ -104,7 +104,17 @@ pub async fn create(
     }
     // The user's bucket's gate, by the layout read with the window (the
     // voucher's one gate unless it is split).
-    let keys = match state.windows.layout(voucher) {
+    let layout = match state.windows.layout(voucher) {
+        Some(layout) => Some(layout),
+        // Bucket 0's gate not loaded: lost while the other buckets sell on?
+        None => {
+            state
+                .windows
+                .routing(&state.db, &state.cfg.prefix, voucher)
+                .await
+        }
+    };
+    let keys = match layout {
         Some(layout) => layout.keys_of_user(user)?,
         None => keys,
     };
@@ -274,7 +284,14 @@ pub async fn show(
             // purchases cached with the sale window, else read now.
             let layout = match state.windows.layout(voucher) {
                 Some(layout) => layout,
-                None => match Layout::read(&mut conn, &state.cfg.prefix, voucher).await {
+                None => match crate::gate::buckets::for_routing(
+                    &mut conn,
+                    &state.cfg.prefix,
+                    voucher,
+                    async || Ok(state.db.clone()),
+                )
+                .await
+                {
                     Ok(layout) => std::sync::Arc::new(layout),
                     Err(e) => {
                         state.metrics.redis_error();

@@ -13,6 +13,7 @@ use crate::error::Result;
 use crate::gate::admission::Admission;
 use crate::gate::buckets::Layout;
 use crate::gate::state;
+use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::RedisConn;
 
@@ -59,7 +60,21 @@ struct Cached {
 #[derive(Default)]
 pub struct SaleWindows {
     known: Mutex<HashMap<u64, Cached>>,
+    /// Layouts of vouchers in buckets, final once read (with a loaded
+    /// bucket 0's window, or from MySQL's record): kept when bucket 0's
+    /// gate is lost, so the other buckets' users are routed to their own
+    /// gates while it is rebuilt.
+    split: Mutex<HashMap<u64, Arc<Layout>>>,
+    /// When MySQL was last asked for the split of a voucher whose bucket 0
+    /// was not loaded and had none: asked again only after ASK_MYSQL_EVERY,
+    /// so attempts at an unknown voucher cost MySQL nothing.
+    unsplit: Mutex<HashMap<u64, Instant>>,
 }
+
+/// How often MySQL is asked again for a voucher it recorded no split of.
+const ASK_MYSQL_EVERY: Duration = Duration::from_secs(1);
+/// Vouchers remembered as not split, at most (ids come from clients).
+const UNSPLIT_MAX: usize = 10_000;
 
 /// What a request does with the cache.
 enum Step {
@@ -113,11 +128,59 @@ impl SaleWindows {
         Step::Refresh
     }
 
-    /// The voucher's buckets as last read with its window (None until a
-    /// request read it, or while it is not loaded).
+    /// The voucher's buckets as last read with its window, or as kept once
+    /// read (None until a request read it, or while it is not loaded and
+    /// was never seen split).
     pub fn layout(&self, voucher: u64) -> Option<Arc<Layout>> {
-        let known = self.known.lock().ok()?;
-        known.get(&voucher).map(|c| c.window.layout.clone())
+        let cached = self
+            .known
+            .lock()
+            .ok()?
+            .get(&voucher)
+            .map(|c| c.window.layout.clone());
+        cached.or_else(|| self.split.lock().ok()?.get(&voucher).cloned())
+    }
+
+    /// The layout to route by when the window had none (bucket 0's gate
+    /// not loaded): the one kept, else MySQL's record, asked at most once a
+    /// second per voucher (None: not split, or not known to be).
+    pub async fn routing(&self, db: &Db, prefix: &str, voucher: u64) -> Option<Arc<Layout>> {
+        if let Some(layout) = self.layout(voucher) {
+            return Some(layout);
+        }
+        {
+            let mut asked = self.unsplit.lock().ok()?;
+            if asked
+                .get(&voucher)
+                .is_some_and(|t| t.elapsed() < ASK_MYSQL_EVERY)
+            {
+                return None;
+            }
+            if asked.len() >= UNSPLIT_MAX {
+                asked.clear();
+            }
+            asked.insert(voucher, Instant::now());
+        }
+        match crate::gate::buckets::recorded(db, prefix, voucher).await {
+            Ok(Some(layout)) => {
+                let layout = Arc::new(layout);
+                self.keep_split(voucher, &layout);
+                Some(layout)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::debug!("voucher {voucher}: its split could not be read from MySQL: {e}");
+                None
+            }
+        }
+    }
+
+    fn keep_split(&self, voucher: u64, layout: &Arc<Layout>) {
+        if layout.buckets() > 1 {
+            if let Ok(mut split) = self.split.lock() {
+                split.insert(voucher, layout.clone());
+            }
+        }
     }
 
     fn refresh_failed(&self, voucher: u64) {
@@ -145,11 +208,16 @@ impl SaleWindows {
             }
             return Ok(None);
         };
-        let layout = Layout::from_tags(keys.prefix(), keys.voucher(), sale.bucket_tags.as_deref())?;
+        let layout = Arc::new(Layout::from_tags(
+            keys.prefix(),
+            keys.voucher(),
+            sale.bucket_tags.as_deref(),
+        )?);
+        self.keep_split(keys.voucher(), &layout);
         let window = Window {
             begin_ms: sale.begin_ms,
             end_ms: sale.end_ms,
-            layout: Arc::new(layout),
+            layout,
             // Redis read its clock somewhere within the round trip.
             redis_ms: sale.now_ms + rtt_ms / 2,
             error_ms: rtt_ms / 2 + 1,
