@@ -1002,3 +1002,56 @@ async fn a_bucket_back_from_older_data_is_not_drawn_on_before_the_guard_checks_i
     }
     env.cleanup().await;
 }
+
+/// A review of issue 32's item 1: a batch whose transaction passes
+/// --mysql-timeout is let go of for another worker, but not a batch Redis
+/// lost (restarted from older data while it was in hand): its entries are
+/// in no stream, nobody could take it over, and the worker holds its only
+/// copy. It is retried, holding the gate, and its orders all reach MySQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_batch_whose_transaction_ran_past_its_deadline_is_kept_and_committed() {
+    const V: u64 = 1;
+    let redis = OwnRedis::start();
+    let mut env = TestEnv::on_redis(&redis.url()).await;
+    env.live_voucher(V, 1000).await;
+    env.admit_users(V, 200, 0).await;
+    redis.snapshot();
+    env.admit_users(V, 300, 200).await;
+    // One batch takes all 500; its first transaction stalls past the
+    // deadline (2 s), long enough for Redis to restart from the snapshot.
+    let mut worker = env.spawn_worker_with(
+        &fast_worker(&["--batch", "1000", "--lanes", "1", "--mysql-timeout", "2s"]),
+        &[("SECKILL_TEST_PAUSE", "before_commit=4s*1")],
+    );
+    worker.expect_gate_pauses();
+    wait_log(
+        &worker,
+        "test pause at before_commit",
+        Duration::from_secs(30),
+    );
+    redis.crash_and_restart();
+    env.forget_redis();
+    wait_log(
+        &worker,
+        "abandoned a MySQL transaction",
+        Duration::from_secs(30),
+    );
+    env.wait_orders(V, 500, Duration::from_secs(60)).await;
+    wait_log(&worker, "and reopened", Duration::from_secs(60));
+    let log = worker.log_text();
+    assert!(
+        !log.contains("let go of"),
+        "a lost batch was let go of:\n{log}"
+    );
+    let users: std::collections::BTreeSet<u64> =
+        env.orders(V).await.into_iter().map(|(_, u, _)| u).collect();
+    assert!(
+        (1..=500).all(|u| users.contains(&u)),
+        "a buyer told success has no order:\n{log}"
+    );
+    env.wait_drained(V, Duration::from_secs(60)).await;
+    worker.signal("TERM");
+    worker.expect_success(Duration::from_secs(30));
+    assert_invariants(&env, V).await;
+    env.cleanup().await;
+}

@@ -762,6 +762,43 @@ async fn a_worker_stopped_inside_its_transaction_holds_the_voucher_up_only_brief
     env.cleanup().await;
 }
 
+/// A worker that takes the whole backlog in one batch on one lane, with a
+/// short lock lease and `mysql_timeout`, and a long --claim-idle (30 s): it
+/// must not take a batch it let go of back before the other worker does.
+fn one_batch_holder<'a>(consumer: &'a str, mysql_timeout: &'a str) -> Vec<&'a str> {
+    vec![
+        "--block",
+        "200ms",
+        "--batch",
+        "500",
+        "--max-batch",
+        "500",
+        "--lanes",
+        "1",
+        "--gate-check",
+        "0s",
+        "--lock-lease",
+        "1s",
+        "--mysql-timeout",
+        mysql_timeout,
+        "--consumer",
+        consumer,
+    ]
+}
+
+/// Both workers drain the voucher and stop cleanly on SIGTERM.
+async fn both_stop_cleanly(
+    env: &TestEnv,
+    a: common::process::WorkerProc,
+    b: common::process::WorkerProc,
+) {
+    env.wait_drained(V, Duration::from_secs(30)).await;
+    a.signal("TERM");
+    b.signal("TERM");
+    a.expect_success(Duration::from_secs(30));
+    b.expect_success(Duration::from_secs(30));
+}
+
 /// Issue 32, item 1: a live worker whose transaction hangs (its task stalls
 /// before COMMIT on every attempt while its keep-alive runs on) froze the
 /// voucher: the keep-alive renewed its leases and kept its entries claimed,
@@ -774,27 +811,8 @@ async fn a_live_worker_whose_transaction_hangs_lets_another_persist_its_batch() 
     let env = TestEnv::new().await;
     env.live_voucher(V, 200).await;
     env.admit_users(V, 200, 0).await;
-    // Its own --claim-idle stays long (30 s): it must not take the batch
-    // back before the other worker does, which would only hang again.
     let a = env.spawn_worker_with(
-        &[
-            "--block",
-            "200ms",
-            "--batch",
-            "500",
-            "--max-batch",
-            "500",
-            "--lanes",
-            "1",
-            "--gate-check",
-            "0s",
-            "--lock-lease",
-            "1s",
-            "--mysql-timeout",
-            "2s",
-            "--consumer",
-            "stalled",
-        ],
+        &one_batch_holder("stalled", "2s"),
         &[(seckill::support::fault::ENV, "before_commit=120s")],
     );
     wait_for_pause(&a, "before_commit").await;
@@ -806,11 +824,7 @@ async fn a_live_worker_whose_transaction_hangs_lets_another_persist_its_batch() 
         paused.elapsed()
     );
     wait_for_log(&a, "its connection thrown away, its session").await;
-    env.wait_drained(V, Duration::from_secs(30)).await;
-    a.signal("TERM");
-    b.signal("TERM");
-    a.expect_success(Duration::from_secs(30));
-    b.expect_success(Duration::from_secs(30));
+    both_stop_cleanly(&env, a, b).await;
     let s = assert_invariants(&env, V).await;
     assert_eq!(s.mysql_stock, 0);
     env.cleanup().await;
@@ -840,24 +854,7 @@ async fn a_worker_whose_mysql_connection_goes_silent_mid_transaction_is_taken_ov
     // server's unix socket.
     url.query_pairs_mut().append_pair("prefer_socket", "false");
     let a = env.spawn_worker_with(
-        &[
-            "--block",
-            "200ms",
-            "--batch",
-            "500",
-            "--max-batch",
-            "500",
-            "--lanes",
-            "1",
-            "--gate-check",
-            "0s",
-            "--lock-lease",
-            "1s",
-            "--mysql-timeout",
-            "3s",
-            "--consumer",
-            "cut-off",
-        ],
+        &one_batch_holder("cut-off", "3s"),
         &[
             (seckill::support::fault::ENV, "before_commit=1s*1"),
             ("SECKILL_MYSQL_URL", url.as_str()),
@@ -880,11 +877,7 @@ async fn a_worker_whose_mysql_connection_goes_silent_mid_transaction_is_taken_ov
         "{}",
         b.log_text()
     );
-    env.wait_drained(V, Duration::from_secs(30)).await;
-    a.signal("TERM");
-    b.signal("TERM");
-    a.expect_success(Duration::from_secs(30));
-    b.expect_success(Duration::from_secs(30));
+    both_stop_cleanly(&env, a, b).await;
     drop(proxy);
     let s = assert_invariants(&env, V).await;
     assert_eq!(s.mysql_stock, 0);

@@ -67,8 +67,15 @@ impl Lane {
         );
         let mut backoff = Backoff::default();
         let mut failures = 0u32;
+        // A transaction abandoned past its deadline may have committed all
+        // the same (a COMMIT whose answer was lost): a retry then finds its
+        // orders stored, and counts them as possibly its own.
+        let mut abandoned = false;
         loop {
-            match self.try_batch(voucher, &keys, &deliveries, &alive).await {
+            match self
+                .try_batch(voucher, &keys, &deliveries, &alive, abandoned)
+                .await
+            {
                 Ok(()) => {
                     if failures > 0 {
                         tracing::info!(
@@ -88,12 +95,17 @@ impl Lane {
                     alive.finish().await;
                     return Ok(());
                 }
-                Err(e @ Error::TransactionPastDeadline(_)) => {
-                    // Renewal proves progress, not life: a batch whose
-                    // transaction made none is let go of whole (its entries,
-                    // locks and leases lapse), so another worker can take it
-                    // over after --claim-idle; retrying it here could hang
-                    // again and hold it for good.
+                // Renewal proves progress, not life: a batch whose
+                // transaction made none is let go of whole (its entries,
+                // locks and leases lapse), so another worker can take it
+                // over after --claim-idle; retrying it here could hang again
+                // and hold it for good. Not a batch Redis lost, though: its
+                // entries are in no stream, nobody could take it over, and
+                // this process holds its only copy; it is retried as during
+                // an outage, holding the gate (looked at afresh first).
+                Err(e @ Error::TransactionPastDeadline(_))
+                    if !alive.lost_now().await && !self.stop.is_cancelled() =>
+                {
                     tracing::warn!(
                         "voucher {voucher}: batch of {} let go of ({e}); its entries stay pending for whoever reclaims them",
                         deliveries.len()
@@ -108,6 +120,7 @@ impl Lane {
                         );
                         return Ok(());
                     }
+                    abandoned |= matches!(e, Error::TransactionPastDeadline(_));
                     let delay = backoff.retry_after(format_args!(
                         "voucher {voucher}: batch of {} not persisted: {e}",
                         deliveries.len()
@@ -126,6 +139,7 @@ impl Lane {
         keys: &VoucherKeys,
         deliveries: &[Delivery],
         alive: &keepalive::KeepAlive,
+        after_abandoned: bool,
     ) -> Result<()> {
         let started = Instant::now();
         let mut dead: Vec<DeadLetter> = Vec::new();
@@ -195,7 +209,14 @@ impl Lane {
         crate::support::fault::pause("after_commit").await;
         let (inserted, duplicates) = completion.counts;
         let units = completion.units;
-        alive.committed(inserted).await;
+        // After an abandoned attempt, orders found stored may be that
+        // attempt's, committed unseen while the gate was open.
+        alive
+            .committed(match after_abandoned {
+                true => inserted + duplicates,
+                false => inserted,
+            })
+            .await;
         // Stop renewing before the finish script releases the locks, so a
         // released lock is never taken for a lost one.
         alive.set_held(Vec::new()).await;

@@ -282,7 +282,9 @@ impl Canceller {
             &mut self.conn,
             &self.db,
             (keys, &self.owner, self.fence_lease),
-            self.mysql_timeout,
+            // Its lease is not renewed: past it the session may be ended
+            // by another worker, so it gives up by then itself.
+            self.mysql_timeout.min(self.fence_lease),
             async |_, _| {},
             async |mysql: &mut mysql_async::Conn| {
                 deadline::cancel_unpaid(mysql, keys.voucher(), orders).await

@@ -163,11 +163,27 @@ impl Fence<'_> {
                     humantime::format_duration(limit)
                 );
             }
-            Err(e) => tracing::warn!(
-                "voucher {voucher}: abandoned a MySQL transaction that did not end within {} (--mysql-timeout), but could not end its session {id} ({e}): \
-                 its fence lease runs out, and the next worker whose lock wait times out ends it",
-                humantime::format_duration(limit)
-            ),
+            Err(e) => {
+                // Renewed once more, to lapse at once: its lease's last
+                // renewal is then later than anything the session did, so
+                // the next worker whose lock wait times out finds it
+                // unused since and ends it (renewals stopped at the
+                // deadline, possibly before the session's last statement).
+                let lapsing = Fence {
+                    lease: Duration::from_millis(1),
+                    ..*self
+                };
+                if let Err(r) = lapsing.renew(redis, Some(id)).await {
+                    tracing::debug!(
+                        "voucher {voucher}: fence entry of session {id} not renewed: {r}"
+                    );
+                }
+                tracing::warn!(
+                    "voucher {voucher}: abandoned a MySQL transaction that did not end within {} (--mysql-timeout), but could not end its session {id} ({e}): \
+                     its fence lease has run out, and the next worker whose lock wait times out ends it",
+                    humantime::format_duration(limit)
+                )
+            }
         }
     }
 

@@ -113,6 +113,18 @@ impl KeepAlive {
         }
     }
 
+    /// Whether Redis lost the batch, by a look now (the transaction is
+    /// over: the look touches the entries again).
+    pub async fn lost_now(&self) -> bool {
+        let mut shared = self.shared.lock().await;
+        let Shared { standing, ticker } = &mut *shared;
+        standing.transaction = None;
+        let asked = Instant::now();
+        ticker.tick(standing).await;
+        // A look that could not be made says nothing: taken for lost.
+        standing.lost || standing.confirmed < asked
+    }
+
     /// The batch is committed, `inserted` orders of it new: from now on its
     /// entries go away by our own acknowledgement. If Redis had lost some
     /// and the gate is open, the gate was rebuilt (or never paused) on a
@@ -218,6 +230,9 @@ impl Ticker {
                     self.keys.voucher()
                 );
             }
+            // But a batch Redis lost keeps the gate held: nobody else can
+            // take it over, and its commit may yet land.
+            self.hold_gate(standing).await;
             return;
         }
         let mut touched = self.touch().await;
@@ -273,18 +288,7 @@ impl Ticker {
             );
         }
         if standing.lost {
-            let lease = self.owner.lease;
-            match pause::hold(&mut self.conn, &self.keys, &self.owner.token, lease).await {
-                Ok(paused) => {
-                    standing.holding = true;
-                    standing.confirmed = Instant::now();
-                    if !paused && !standing.committed {
-                        self.pause_gate("the gate is open although Redis lost a batch in hand")
-                            .await;
-                    }
-                }
-                Err(e) => tracing::warn!("keep-alive could not hold the gate: {e}"),
-            }
+            self.hold_gate(standing).await;
         } else if all_there {
             standing.confirmed = Instant::now();
         }
@@ -298,6 +302,25 @@ impl Ticker {
             if let Err(e) = fence.renew(&mut self.conn, Some(id)).await {
                 tracing::warn!("keep-alive could not renew the MySQL session's fence lease: {e}");
             }
+        }
+    }
+
+    /// Holds the gate for a batch Redis lost (and pauses it if it is open).
+    async fn hold_gate(&mut self, standing: &mut Standing) {
+        if !standing.lost {
+            return;
+        }
+        let lease = self.owner.lease;
+        match pause::hold(&mut self.conn, &self.keys, &self.owner.token, lease).await {
+            Ok(paused) => {
+                standing.holding = true;
+                standing.confirmed = Instant::now();
+                if !paused && !standing.committed {
+                    self.pause_gate("the gate is open although Redis lost a batch in hand")
+                        .await;
+                }
+            }
+            Err(e) => tracing::warn!("keep-alive could not hold the gate: {e}"),
         }
     }
 
