@@ -1033,5 +1033,23 @@ async fn the_other_buckets_sell_on_while_bucket_0_is_lost_whole() {
         report["outcomes"]["unknown_voucher"].as_u64().unwrap_or(0) > 0,
         "{report}"
     );
+    // The buyers the two buckets could not serve wait there, and the
+    // operator's view reads their lines, not bucket 0's alone.
+    let mut waiting = 0;
+    for b in 1..3 {
+        let n: u64 = redis
+            .zcard(layout.keys(b).expect("keys").waitlist())
+            .await
+            .expect("waitlist");
+        waiting += n;
+    }
+    assert!(waiting > 0, "nobody waits: {report}");
+    let shown = common::json(
+        &env.cmd()
+            .args(["waitlist", "--voucher", &v, "--format", "json"])
+            .output()
+            .expect("waitlist"),
+    );
+    assert_eq!(shown["length"], waiting, "{shown}");
     env.cleanup().await;
 }

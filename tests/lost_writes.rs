@@ -666,7 +666,8 @@ fn paused_gates(log: &str) -> Vec<String> {
 /// Buyers try until the voucher has sold `total` units as orders (the
 /// mover hands units to buyers waiting at an empty bucket); any attempt
 /// told `paused` while a bucket was rebuilt comes back here.
-async fn sell_out(env: &TestEnv, worker: &WorkerProc, v: u64, total: u64, from: u64) {
+/// `logs`: what the running workers logged, shown when it never sells out.
+async fn sell_out(env: &TestEnv, logs: &dyn Fn() -> String, v: u64, total: u64, from: u64) {
     let until = Instant::now() + Duration::from_secs(90);
     let mut offset = from;
     while env.order_count(v).await < total {
@@ -674,7 +675,7 @@ async fn sell_out(env: &TestEnv, worker: &WorkerProc, v: u64, total: u64, from: 
             Instant::now() < until,
             "voucher {v} never sold out ({} orders of {total}):\n{}",
             env.order_count(v).await,
-            worker.log_text()
+            logs()
         );
         env.sale_in_background(v, 300, offset, 300, 16)
             .await
@@ -730,7 +731,7 @@ async fn a_bucket_whose_master_fails_over_to_a_lagging_replica_is_paused_and_reb
     for user in [lost[0], lost[lost.len() / 2], lost[lost.len() - 1]] {
         assert_eq!(buy(&env, V, user), Some(10), "user {user}");
     }
-    sell_out(&env, &worker, V, TOTAL, 1_000_000).await;
+    sell_out(&env, &|| worker.log_text(), V, TOTAL, 1_000_000).await;
     worker.signal("TERM");
     let log = worker.expect_success(Duration::from_secs(30));
     assert_eq!(paused_gates(&log), ["voucher 41, bucket 1"], "{log}");
@@ -786,10 +787,10 @@ async fn a_bucket_master_killed_mid_sale_fails_over_and_the_voucher_sells_exactl
     cluster.wait_master(replica, Duration::from_secs(30));
     let report = sale.await.expect("the sale finishes after the failover");
     eprintln!("{:?}, errors {}", report.outcomes, report.errors);
-    sell_out(&env, &worker, V, TOTAL, 6_000).await;
+    let both = || format!("{}{}", worker.log_text(), second.log_text());
+    sell_out(&env, &both, V, TOTAL, 6_000).await;
     // A guard saw the failover (its next pass may come after the sale),
     // and one of them reopened the bucket.
-    let both = || format!("{}{}", worker.log_text(), second.log_text());
     let seen = Instant::now();
     while !(both().contains("bucket 2: the Redis server") && both().contains("and reopened")) {
         assert!(
@@ -864,7 +865,7 @@ async fn a_bucket_gone_whole_is_rebuilt_from_its_users_orders() {
         .find(|u| bucket_of(*u, 3) == VICTIM)
         .expect("a buyer of the bucket");
     assert_eq!(buy(&env, V, holder), Some(10));
-    sell_out(&env, &worker, V, TOTAL, 1_000_000).await;
+    sell_out(&env, &|| worker.log_text(), V, TOTAL, 1_000_000).await;
     worker.signal("TERM");
     worker.expect_success(Duration::from_secs(30));
     let s = assert_invariants(&env, V).await;

@@ -7,11 +7,10 @@ use super::common::{parse_id, Format, FormatOpt};
 use super::confirm::{confirm, Confirmation};
 use super::render::{print_json, table};
 use crate::exit_code;
-use crate::gate::requeue;
+use crate::gate::{buckets, requeue};
 use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
-use crate::store::layout::Layout;
 use crate::store::redis_conn;
 use crate::stream::pending::{self, DeadLetterView, PendingEntry, StreamSummary};
 
@@ -55,7 +54,11 @@ pub async fn run(cfg: &Config, args: PendingArgs) -> anyhow::Result<u8> {
         return Ok(exit_code::OK);
     };
     VoucherKeys::new(&cfg.prefix, voucher)?;
-    let layout = Layout::read(&mut redis, &cfg.prefix, voucher).await?;
+    // Every bucket, bucket 0 lost or not.
+    let layout = buckets::for_routing(&mut redis, &cfg.prefix, voucher, async || {
+        Db::connect(cfg).await
+    })
+    .await?;
     if args.requeue {
         let what = if args.entries.is_empty() {
             format!("all dead letters of voucher {voucher}")

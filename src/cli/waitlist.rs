@@ -5,10 +5,11 @@ use clap::Args;
 use super::common::{parse_id, Format, FormatOpt};
 use super::render::{print_json, table};
 use crate::exit_code;
+use crate::gate::buckets;
 use crate::gate::waitlist::{self, Waitlist};
 use crate::store::config::Config;
+use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
-use crate::store::layout::Layout;
 use crate::store::redis_conn;
 use crate::support::timespec::{format_duration_ms, format_ms, now_ms};
 
@@ -27,7 +28,11 @@ pub struct WaitlistArgs {
 pub async fn run(cfg: &Config, args: WaitlistArgs) -> anyhow::Result<u8> {
     VoucherKeys::new(&cfg.prefix, args.voucher)?;
     let mut redis = redis_conn::connect(cfg).await?;
-    let layout = Layout::read(&mut redis, &cfg.prefix, args.voucher).await?;
+    // Every bucket's line, bucket 0 lost or not.
+    let layout = buckets::for_routing(&mut redis, &cfg.prefix, args.voucher, async || {
+        Db::connect(cfg).await
+    })
+    .await?;
     let w = waitlist::read_all(&mut redis, &layout, args.limit.max(1)).await?;
     match args.format.format {
         Format::Json => print_json(&w)?,
