@@ -973,16 +973,7 @@ async fn the_other_buckets_sell_on_while_bucket_0_is_lost_whole() {
     let env = TestEnv::on_cluster().await;
     let (layout, mut redis) = env.live_voucher_in_buckets(V, 30, 3).await;
     let k = layout.keys(0).expect("keys");
-    let gone: Vec<String> = vec![
-        k.meta(),
-        k.stock(),
-        k.buyers(),
-        k.released(),
-        k.timeouts(),
-        k.waitlist(),
-        k.rate(),
-    ];
-    let _: () = redis.del(&gone).await.expect("del");
+    common::lose_gate(&mut redis, &k).await;
     let v = V.to_string();
     let buyer = users_of(2, 1)[0].to_string();
     let out = env

@@ -1222,8 +1222,7 @@ async fn a_purchase_at_another_bucket_is_answered_while_bucket_0_is_lost_whole()
     // This one has read the window (and the split) with bucket 0 loaded.
     assert_eq!(seen.buy(1, json!(user_of(1, 0))).0, 201);
     let k = layout.keys(0).expect("keys");
-    let gone = vec![k.meta(), k.stock(), k.buyers(), k.timeouts(), k.waitlist()];
-    let _: () = redis.del(&gone).await.expect("del");
+    common::lose_gate(&mut redis, &k).await;
     let fresh = Serve::start(&env, &[]);
     for (serve, user) in [(&seen, user_of(2, 0)), (&fresh, user_of(2, 1))] {
         let (status, body) = serve.buy(1, json!(user));

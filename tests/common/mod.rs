@@ -511,6 +511,21 @@ impl TestEnv {
     }
 }
 
+/// Deletes a gate's keys whole, as a restart without persistence leaves
+/// its master (the stream and the counters stay: they are not the gate's).
+pub async fn lose_gate(redis: &mut Redis, k: &seckill::store::keys::VoucherKeys) {
+    let gone: Vec<String> = vec![
+        k.meta(),
+        k.stock(),
+        k.buyers(),
+        k.released(),
+        k.timeouts(),
+        k.waitlist(),
+        k.rate(),
+    ];
+    let _: () = redis.del(&gone).await.expect("del");
+}
+
 /// Every key matching `pattern`: SCAN on one node, SCAN on every master of
 /// a cluster (each master answers for its own keys only).
 pub async fn scan_keys(redis: &mut Redis, pattern: &str) -> redis::RedisResult<Vec<String>> {
