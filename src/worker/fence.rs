@@ -71,12 +71,7 @@ pub async fn run<T, E: From<Error>>(
     waited_out: impl Fn(&E) -> bool,
 ) -> std::result::Result<T, E> {
     let deadline = Instant::now() + limit;
-    let mut mysql = tokio::time::timeout_at(deadline, db.conn())
-        .await
-        .map_err(|_| Error::Timeout {
-            what: "MySQL (a connection for a transaction)".into(),
-            after: limit,
-        })??;
+    let mut mysql = checkout(db, limit).await?;
     let id = mysql.id();
     let name = entry_name(owner, id);
     let fence = Fence {
@@ -207,17 +202,13 @@ pub async fn end_lapsed_from(
     keys: &VoucherKeys,
     limit: Duration,
 ) -> Result<usize> {
-    let mut mysql = checkout(db, limit).await?;
-    match tokio::time::timeout(limit, end_lapsed(conn, &mut mysql, keys)).await {
-        Ok(ended) => ended,
-        Err(_) => {
-            discard(mysql).await;
-            Err(Error::Timeout {
-                what: "MySQL (ending the sessions of stopped holders)".into(),
-                after: limit,
-            })
-        }
-    }
+    on_fresh_session(
+        db,
+        limit,
+        "ending the sessions of stopped holders",
+        async |mysql| end_lapsed(conn, mysql, keys).await,
+    )
+    .await
 }
 
 /// A session from `db` within `limit`.
@@ -230,29 +221,41 @@ async fn checkout(db: &Db, limit: Duration) -> Result<Conn> {
         })?
 }
 
+/// `work` on a session of its own from `db`, checkout and work each within
+/// `limit`; a session whose work timed out is thrown away (`what`: what the
+/// timeout says it was doing).
+async fn on_fresh_session<T>(
+    db: &Db,
+    limit: Duration,
+    what: &str,
+    work: impl AsyncFnOnce(&mut Conn) -> Result<T>,
+) -> Result<T> {
+    let mut mysql = checkout(db, limit).await?;
+    match tokio::time::timeout(limit, work(&mut mysql)).await {
+        Ok(done) => done,
+        Err(_) => {
+            discard(mysql).await;
+            Err(Error::Timeout {
+                what: format!("MySQL ({what})"),
+                after: limit,
+            })
+        }
+    }
+}
+
 /// Ends session `id` of our own MySQL user (one this worker abandoned),
 /// from a fresh session, within `limit`; Ok once it is gone.
 async fn end_session(db: &Db, id: u32, limit: Duration) -> Result<()> {
-    let mut mysql = checkout(db, limit).await?;
-    let kill = async {
-        if session(&mut mysql, u64::from(id)).await?.is_none() {
+    on_fresh_session(db, limit, "ending an abandoned session", async |mysql| {
+        if session(mysql, u64::from(id)).await?.is_none() {
             return Ok(());
         }
         match mysql.query_drop(format!("KILL {id}")).await {
             Err(e) if mysql_code(&e) != Some(mysql_codes::NO_SUCH_THREAD) => Err(Error::from(e)),
             _ => Ok(()),
         }
-    };
-    match tokio::time::timeout(limit, kill).await {
-        Ok(done) => done,
-        Err(_) => {
-            discard(mysql).await;
-            Err(Error::Timeout {
-                what: "MySQL (ending an abandoned session)".into(),
-                after: limit,
-            })
-        }
-    }
+    })
+    .await
 }
 
 /// Session `id` if it is one of our own user's: what it does (COMMAND)
