@@ -89,6 +89,13 @@ impl<'a, C: RedisConn> Run<'a, C> {
         }
     }
 
+    /// A run that may mint the order ids of promotions a repair makes (a
+    /// worker's guard, which holds a node id already).
+    pub fn with_order_ids(mut self, ids: &'a OrderIds) -> Self {
+        self.ids = Some(ids);
+        self
+    }
+
     /// Checks (and, unless dry-run, repairs) every voucher given, reading
     /// them in chunks; `progress` hears how many each chunk finished.
     pub async fn pass(

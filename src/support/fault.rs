@@ -10,7 +10,8 @@
 //! `after_ack` (acknowledged and unlocked); for payment deadlines
 //! `before_cancel_commit` and `after_cancel` (cancelled in MySQL, the unit not
 //! yet given back in Redis); for preload and reconcile `between_snapshot_reads`
-//! (a voucher's row read, its orders not yet); for the gate guard
+//! (a voucher's row read, its orders not yet) and `between_gate_and_mysql_reads`
+//! (the gates read, MySQL's snapshot not taken yet); for the gate guard
 //! `gate_paused` (a gate paused, not yet rebuilt); for the mover of a
 //! voucher in buckets `between_take_and_give` (units taken from one gate,
 //! in transit, not yet given to the other).

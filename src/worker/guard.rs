@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 use redis::{FromRedisValue, Value};
 use tokio_util::sync::CancellationToken;
 
+use super::recount::{Counted, Recounts};
 use super::WorkerStats;
 use crate::error::{Error, Result};
 use crate::gate::mover_fence;
@@ -96,6 +97,8 @@ pub struct GuardState {
     missing_since: HashMap<GateId, Instant>,
     /// When each voucher in buckets last had its orders counted per bucket.
     counted_at: HashMap<u64, Instant>,
+    /// Vouchers in buckets whose rebuild may have held units back.
+    recounts: Recounts,
 }
 
 /// A gate the guard watches: a voucher's one gate, or one bucket of a
@@ -271,6 +274,7 @@ impl GateGuard {
                 tracing::warn!("gate guard, {id}: {e}");
             }
         }
+        self.recount_owed().await;
         let working = self
             .state
             .paused
@@ -431,23 +435,13 @@ impl GateGuard {
             }
             Err(e) => return Err(e),
         };
-        let repaired: Vec<String> = report
-            .drifts
-            .iter()
-            .map(|d| {
-                let class = serde_json::to_value(d.class)
-                    .ok()
-                    .and_then(|c| c.as_str().map(str::to_string))
-                    .unwrap_or_default();
-                format!("{class} {}", d.amount)
-            })
-            .collect();
-        let what = if repaired.is_empty() {
-            "nothing to repair".to_string()
-        } else {
-            repaired.join(", ")
-        };
+        let what = drift_summary(&report.drifts);
         let pause = self.state.paused.get_mut(&v);
+        if v.buckets > 1 && (report.reopened || report.outcome == Outcome::Repaired) {
+            // Its stock set from a share read while the other buckets sold
+            // on, which may have come out low (recount.rs).
+            self.state.recounts.owe(v.voucher);
+        }
         if report.reopened {
             let since = pause
                 .map(|p| format!(" after {}", round_ms(p.since.elapsed())))
@@ -596,6 +590,69 @@ impl GateGuard {
             );
         }
         checked
+    }
+}
+
+impl GateGuard {
+    /// Counts again, once their buckets are still, the vouchers whose
+    /// rebuild may have held units back (recount.rs); one voucher's failure
+    /// is logged and the others go on.
+    async fn recount_owed(&mut self) {
+        for voucher in self.state.recounts.owed() {
+            // A bucket paused still: its rebuild comes first.
+            if self.state.paused.keys().any(|g| g.voucher == voucher) {
+                continue;
+            }
+            let layout = match self.layout_of(voucher).await {
+                Ok(Some(layout)) => layout,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!("gate guard, voucher {voucher}: {e}");
+                    continue;
+                }
+            };
+            let opts = reconcile::Options {
+                dry_run: false,
+                fix_mysql: false,
+                attempts: 2,
+                settle_ms: SETTLE_MS,
+                deep: true,
+            };
+            let counted = self
+                .state
+                .recounts
+                .look(&self.db, &mut self.conn, &layout, &self.ids, &opts)
+                .await;
+            match counted {
+                Ok(Counted::Done(drifts)) if !drifts.is_empty() => tracing::warn!(
+                    "voucher {voucher}: counted again once its buckets were still ({}): what a rebuild held back is on sale again",
+                    drift_summary(&drifts)
+                ),
+                Ok(Counted::Done(_)) => {
+                    tracing::info!("voucher {voucher}: counted again once its buckets were still: nothing held back")
+                }
+                Ok(Counted::Moving | Counted::Busy) => {}
+                Err(e) => tracing::warn!("gate guard, voucher {voucher}: counting again: {e}"),
+            }
+        }
+    }
+}
+
+/// "class amount, ..." of what reconcile found, or "nothing to repair".
+fn drift_summary(drifts: &[reconcile::Drift]) -> String {
+    let repaired: Vec<String> = drifts
+        .iter()
+        .map(|d| {
+            let class = serde_json::to_value(d.class)
+                .ok()
+                .and_then(|c| c.as_str().map(str::to_string))
+                .unwrap_or_default();
+            format!("{class} {}", d.amount)
+        })
+        .collect();
+    match repaired.is_empty() {
+        true => "nothing to repair".to_string(),
+        false => repaired.join(", "),
     }
 }
 

@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod mover;
 pub mod options;
 pub mod persist;
+pub mod recount;
 pub mod stats;
 
 use std::collections::{BTreeMap, HashMap};
