@@ -624,15 +624,27 @@ impl GateGuard {
                 .look(&self.db, &mut self.conn, &layout, &self.ids, &opts)
                 .await;
             match counted {
-                Ok(Counted::Done(drifts)) if !drifts.is_empty() => tracing::warn!(
-                    "voucher {voucher}: counted again once its buckets were still ({}): what a rebuild held back is on sale again",
+                Ok(Counted::Repaired { drifts, given_back }) => {
+                    let what = match given_back {
+                        true => "what a rebuild held back is on sale again",
+                        false => "repaired",
+                    };
+                    tracing::warn!(
+                        "voucher {voucher}: counted again once its buckets were still ({}): {what}",
+                        drift_summary(&drifts)
+                    );
+                }
+                Ok(Counted::Consistent) => tracing::info!(
+                    "voucher {voucher}: counted again once its buckets were still: nothing held back"
+                ),
+                Ok(Counted::NotRepaired(drifts)) => tracing::warn!(
+                    "voucher {voucher}: counted again once its buckets were still, but MySQL's stock disagrees with its orders ({}): nothing given back; run `seckill reconcile --voucher {voucher} --fix-mysql`",
                     drift_summary(&drifts)
                 ),
-                Ok(Counted::Done(_)) => {
-                    tracing::info!("voucher {voucher}: counted again once its buckets were still: nothing held back")
-                }
-                Ok(Counted::Moving | Counted::Busy) => {}
-                Err(e) => tracing::warn!("gate guard, voucher {voucher}: counting again: {e}"),
+                Ok(Counted::NotYet | Counted::Busy) => {}
+                Err(e) => tracing::warn!(
+                    "gate guard, voucher {voucher}: counting it again failed ({e}); trying again later"
+                ),
             }
         }
     }
