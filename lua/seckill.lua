@@ -54,6 +54,15 @@
 --                                  set by the mover, is later than now and
 --                                  requests wait here), whatever the
 --                                  quantity asked (not code 9)
+--   {2, "waiting for units", position}  (**new**) a voucher in buckets: this
+--                                  bucket holds fewer units than asked (but
+--                                  some) and the voucher's other buckets may
+--                                  hold them (meta units_free, published by
+--                                  the mover, is at least the quantity, or
+--                                  lapsed): the request waits on the
+--                                  waitlist as for code 2 "sold out", and
+--                                  the mover brings the units (position 0:
+--                                  the waitlist is full, nothing written)
 --   {3, "not started", begin_ms}   the sale window opens at begin_ms (Unix ms)
 --   {4, "ended", end_ms}           the sale window closed at end_ms (Unix ms)
 --   {5, "unknown voucher", 0}      the voucher was never preloaded (`seckill preload`)
@@ -65,7 +74,10 @@
 --                                  wrong, expired, or another user's/voucher's)
 --   {9, "not enough stock", left}  **new**: fewer units left than asked for
 --                                  (but some): nothing written, never a
---                                  partial order
+--                                  partial order; for a voucher in buckets,
+--                                  only when the mover's last word is that
+--                                  the whole voucher has fewer units free
+--                                  than asked (meta units_free, live)
 --   {10, "wrong bucket", bucket}  **new**: the voucher is split into buckets
 --                                  (meta buckets > 1) and this user belongs
 --                                  to another: nothing written; call again
@@ -116,7 +128,8 @@ if not (string.find(KEYS[1], '{' .. voucher .. '}', 1, true)
 end
 
 local meta = redis.call('HMGET', KEYS[1], 'begin_ms', 'end_ms', 'paused', 'user_rate',
-  'require_token', 'per_user_limit', 'waitlist_limit', 'bucket', 'buckets', 'serve_up_to_until')
+  'require_token', 'per_user_limit', 'waitlist_limit', 'bucket', 'buckets', 'serve_up_to_until',
+  'units_free', 'units_free_until')
 local stock = redis.call('GET', KEYS[2])
 if not meta[1] or not meta[2] or not stock then
   return {5, 'unknown voucher', 0}
@@ -222,14 +235,28 @@ local left = tonumber(stock)
 -- earlier request waiting at another bucket: a newcomer queues behind them.
 local held = left > 0 and meta[10] and (tonumber(meta[10]) or 0) > now_ms
   and redis.call('EXISTS', KEYS[4]) == 1
-if left <= 0 or held then
+-- A voucher in buckets whose bucket holds fewer units than asked (but some):
+-- while the voucher's other units may fill the request, it waits for the
+-- mover to bring them, not refused (design/buckets.md hole 5). The mover
+-- publishes the voucher's units no earlier request waits for (meta
+-- units_free, live until units_free_until, Unix ms); lapsed or absent, the
+-- request waits too.
+local elsewhere = false
+if left > 0 and left < quantity and buckets > 1 then
+  local free = tonumber(meta[11] or '')
+  local live = free and (tonumber(meta[12] or '') or 0) > now_ms
+  elsewhere = not live or free >= quantity
+end
+local reason = 'sold out'
+if left > 0 and not held then reason = 'waiting for units' end
+if left <= 0 or held or elsewhere then
   -- Scores strictly increase, so the queue is first come, first served even
   -- when two users arrive within the same microsecond.
   local queued_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
   if not redis.call('ZSCORE', KEYS[4], user) then
     -- A full waitlist: the losing path of a hot sale writes nothing.
     local cap = tonumber(meta[7] or '')
-    if cap and redis.call('ZCARD', KEYS[4]) >= cap then return {2, 'sold out', 0} end
+    if cap and redis.call('ZCARD', KEYS[4]) >= cap then return {2, reason, 0} end
     local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
     if last[2] and tonumber(last[2]) >= queued_us then queued_us = tonumber(last[2]) + 1 end
     redis.call('ZADD', KEYS[4], 'NX', queued_us, user)
@@ -242,7 +269,7 @@ if left <= 0 or held then
       redis.call('HDEL', KEYS[8], user)
     end
   end
-  return {2, 'sold out', redis.call('ZRANK', KEYS[4], user) + 1}
+  return {2, reason, redis.call('ZRANK', KEYS[4], user) + 1}
 end
 if left < quantity then return {9, 'not enough stock', left} end
 

@@ -24,6 +24,12 @@
 -- ARGV[1]  the mover's epoch (lua/mover_lease.lua)
 -- ARGV[2]  the bound: a queued time in microseconds, or '' to lift it
 -- ARGV[3]  how long it holds, in ms (1 .. 60000)
+-- ARGV[4]  optional: the voucher's free units no waiting request is given
+--          (every open bucket's stock and the pool, less what the mover
+--          allots): written to meta units_free, live for ARGV[3] ms
+--          (units_free_until, Unix ms); lua/seckill.lua lets a request
+--          its bucket cannot fill wait for the mover while it is at least
+--          the quantity asked, or lapsed. Empty / absent: left as it is.
 --
 -- Returns {code, reason, value}:
 --   {0, "set", 0}             the bound is set (or lifted)
@@ -47,6 +53,11 @@ if not ttl or ttl < 1 or ttl > 60000 or ttl ~= math.floor(ttl) then
   return redis.error_reply('ERR serve_up_to: the time it holds must be 1 to 60000 ms')
 end
 
+local free = ARGV[4]
+if free ~= nil and free ~= '' and not (string.match(free, '^[0-9]+$') and #free <= 16) then
+  return redis.error_reply('ERR serve_up_to: the free units must be a count, or empty')
+end
+
 local meta = redis.call('HMGET', KEYS[1], 'mover_epoch', 'begin_ms')
 local seen = tonumber(meta[1] or '0') or 0
 if epoch < seen then return {3, 'fenced', seen} end
@@ -54,11 +65,14 @@ if not meta[2] then return {5, 'not loaded', 0} end
 if not server_checked(KEYS[1]) then return {4, 'unchecked', 0} end
 if epoch > seen then redis.call('HSET', KEYS[1], 'mover_epoch', epoch) end
 
+local now = redis.call('TIME')
+local until_ms = string.format('%d', tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) + ttl)
 if up_to == '' then
   redis.call('HDEL', KEYS[1], 'serve_up_to', 'serve_up_to_until')
 else
-  local now = redis.call('TIME')
-  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  redis.call('HSET', KEYS[1], 'serve_up_to', up_to, 'serve_up_to_until', string.format('%d', now_ms + ttl))
+  redis.call('HSET', KEYS[1], 'serve_up_to', up_to, 'serve_up_to_until', until_ms)
+end
+if free ~= nil and free ~= '' then
+  redis.call('HSET', KEYS[1], 'units_free', free, 'units_free_until', until_ms)
 end
 return {0, 'set', 0}

@@ -17,7 +17,8 @@ pub const DOCTOR_WARNINGS: u8 = 5;
 pub const DOCTOR_FAILURES: u8 = 6;
 /// `buy`: the user already holds a unit of this voucher.
 pub const ALREADY_BOUGHT: u8 = 10;
-/// `buy`: sold out; the user is on the waitlist.
+/// `buy`: sold out; the user is on the waitlist (or, for a voucher in
+/// buckets, waits there for units its other buckets hold).
 pub const SOLD_OUT: u8 = 11;
 /// `buy`: the sale window has not opened yet.
 pub const NOT_STARTED: u8 = 12;

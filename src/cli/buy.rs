@@ -85,7 +85,7 @@ pub fn exit_code_of(outcome: &Admission) -> u8 {
     match outcome {
         Admission::Admitted { .. } => exit_code::OK,
         Admission::AlreadyBought => exit_code::ALREADY_BOUGHT,
-        Admission::SoldOut { .. } => exit_code::SOLD_OUT,
+        Admission::SoldOut { .. } | Admission::WaitingForUnits { .. } => exit_code::SOLD_OUT,
         Admission::NotStarted { .. } => exit_code::NOT_STARTED,
         Admission::Ended { .. } => exit_code::ENDED,
         Admission::UnknownVoucher => exit_code::UNKNOWN_VOUCHER,
@@ -123,6 +123,14 @@ fn outcome_line(voucher: u64, user: u64, outcome: &Admission) -> String {
         ),
         Admission::SoldOut { waitlist_position } => format!(
             "sold out: voucher {voucher} has no unit left; user {user} is number {waitlist_position} on the waitlist"
+        ),
+        Admission::WaitingForUnits {
+            waitlist_position: 0,
+        } => format!(
+            "waiting: voucher {voucher} has too few units at user {user}'s bucket and its waitlist is full; user {user} is not on it"
+        ),
+        Admission::WaitingForUnits { waitlist_position } => format!(
+            "waiting: voucher {voucher} has too few units at user {user}'s bucket but may have them at its others; user {user} is number {waitlist_position} in line for the units to come"
         ),
         Admission::NotEnoughStock { left } => format!(
             "not enough stock: voucher {voucher} has {left} unit(s) left, fewer than asked; nothing taken"

@@ -18,6 +18,11 @@ pub enum Admission {
     /// 0: the waitlist is full (the voucher's waitlist limit) and nothing
     /// was written.
     SoldOut { waitlist_position: u64 },
+    /// Code 2 "waiting for units": a voucher in buckets whose bucket holds
+    /// fewer units than asked while its other buckets may hold them; the
+    /// request waits at this 1-based position for the mover to bring
+    /// them (0: the waitlist is full and nothing was written).
+    WaitingForUnits { waitlist_position: u64 },
     /// Code 3: the sale opens at `begin_ms` (Unix ms).
     NotStarted { begin_ms: i64 },
     /// Code 4: the sale closed at `end_ms` (Unix ms).
@@ -33,6 +38,10 @@ pub enum Admission {
     /// Code 9: fewer units left than asked for (but some): nothing taken.
     NotEnoughStock { left: i64 },
 }
+
+/// Code 2's reason when the request waits for units the voucher holds at
+/// other buckets (lua/seckill.lua).
+const WAITING_FOR_UNITS: &str = "waiting for units";
 
 /// The outcome kinds, in the script's code order, as shown to people and JSON.
 pub const OUTCOME_NAMES: [&str; 10] = [
@@ -54,7 +63,7 @@ impl Admission {
         match self {
             Admission::Admitted { .. } => 0,
             Admission::AlreadyBought => 1,
-            Admission::SoldOut { .. } => 2,
+            Admission::SoldOut { .. } | Admission::WaitingForUnits { .. } => 2,
             Admission::NotStarted { .. } => 3,
             Admission::Ended { .. } => 4,
             Admission::UnknownVoucher => 5,
@@ -79,12 +88,14 @@ impl Admission {
         match self {
             Admission::Admitted { order_id } => v["order_id"] = json!(order_id.to_string()),
             // 0: the waitlist is full, the user is not on it.
-            Admission::SoldOut { waitlist_position } => {
+            Admission::SoldOut { waitlist_position }
+            | Admission::WaitingForUnits { waitlist_position } => {
                 v["waitlist_position"] = match waitlist_position {
                     0 => serde_json::Value::Null,
                     p => json!(p),
                 };
                 v["waitlist_full"] = json!(*waitlist_position == 0);
+                v["units_elsewhere"] = json!(matches!(self, Admission::WaitingForUnits { .. }));
             }
             Admission::NotEnoughStock { left } => v["units_left"] = json!(left),
             Admission::NotStarted { begin_ms } => {
@@ -184,6 +195,9 @@ fn decode(
             order_id: u64::try_from(n).map_err(|_| bad())?,
         },
         1 => Admission::AlreadyBought,
+        2 if reason == WAITING_FOR_UNITS => Admission::WaitingForUnits {
+            waitlist_position: u64::try_from(n).map_err(|_| bad())?,
+        },
         2 => Admission::SoldOut {
             waitlist_position: u64::try_from(n).map_err(|_| bad())?,
         },
@@ -223,6 +237,12 @@ mod tests {
             decode((2, "sold out".into(), Value::Int(3)), 1, 1).unwrap(),
             Admission::SoldOut {
                 waitlist_position: 3
+            }
+        );
+        assert_eq!(
+            decode((2, "waiting for units".into(), Value::Int(4)), 1, 1).unwrap(),
+            Admission::WaitingForUnits {
+                waitlist_position: 4
             }
         );
         assert_eq!(

@@ -254,20 +254,23 @@ pub enum Bounded {
 }
 
 /// Sets (or lifts, None) the queued time up to which `keys`' bucket serves
-/// its own waiting requests, for `ttl_ms` by its master's clock
-/// (lua/serve_up_to.lua).
+/// its own waiting requests, for `ttl_ms` by its master's clock, and
+/// publishes there (Some) the voucher's units no waiting request is given,
+/// live as long (lua/serve_up_to.lua).
 pub async fn set_bound(
     conn: &mut impl ConnectionLike,
     keys: &VoucherKeys,
     epoch: u64,
     up_to_us: Option<u64>,
     ttl_ms: u64,
+    free: Option<i64>,
 ) -> Result<Bounded> {
     let (code, reason, value): (i64, String, u64) = SERVE_UP_TO
         .key(keys.meta())
         .arg(epoch)
         .arg(up_to_us.map_or(String::new(), |t| t.to_string()))
         .arg(ttl_ms)
+        .arg(free.map_or(String::new(), |f| f.max(0).to_string()))
         .invoke_async(conn)
         .await?;
     Ok(match code {

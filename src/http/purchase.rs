@@ -41,7 +41,7 @@ pub fn status_of(outcome: &Admission) -> StatusCode {
     match outcome {
         Admission::Admitted { .. } => StatusCode::CREATED,
         Admission::AlreadyBought => StatusCode::CONFLICT,
-        Admission::SoldOut { .. } => StatusCode::GONE,
+        Admission::SoldOut { .. } | Admission::WaitingForUnits { .. } => StatusCode::GONE,
         Admission::NotStarted { .. } => StatusCode::TOO_EARLY,
         Admission::Ended { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         Admission::UnknownVoucher => StatusCode::NOT_FOUND,

@@ -20,6 +20,11 @@ pub struct PurchaseAnswer {
     pub waitlist_position: Option<u64>,
     /// sold_out only: the waitlist is full (the voucher's waitlist limit).
     pub waitlist_full: Option<bool>,
+    /// sold_out only: true when the voucher is not sold out but the
+    /// user's bucket holds fewer units than asked while its other buckets
+    /// may hold them: the request waits on the waitlist for the units to
+    /// be brought (a voucher in buckets).
+    pub units_elsewhere: Option<bool>,
     /// not_enough_stock only: the units left, fewer than asked.
     pub units_left: Option<i64>,
     /// When the sale opens, Unix ms (not_started only), and as text.

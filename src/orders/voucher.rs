@@ -38,6 +38,25 @@ pub fn validate_buckets(buckets: u32) -> Result<u32> {
     }
 }
 
+/// A voucher in buckets gives each at least the per-user limit: a bucket
+/// starts with `total / buckets` units, and a share below the limit would
+/// leave its users' largest requests to wait for the mover from the first
+/// one on (design/buckets.md hole 5).
+pub fn validate_split(voucher: u64, total: i64, buckets: u32, per_user_limit: u32) -> Result<()> {
+    if buckets <= 1 {
+        return Ok(());
+    }
+    let share = total / i64::from(buckets);
+    if share >= i64::from(per_user_limit) {
+        return Ok(());
+    }
+    let most = (total / i64::from(per_user_limit.max(1))).max(1);
+    Err(Error::InvalidInput(format!(
+        "voucher {voucher}: {total} units in {buckets} buckets give each {share}, fewer than the per-user limit {per_user_limit}: use at most {most} bucket(s), or a per-user limit of {} or less",
+        share.max(1)
+    )))
+}
+
 /// Who the gate lets try, and for how much: stored in MySQL, published to
 /// the gate's meta.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -202,7 +221,13 @@ impl NewVoucher {
             return bad("title is longer than 255 characters".into());
         }
         validate_buckets(self.buckets)?;
-        self.policy.validate()
+        self.policy.validate()?;
+        validate_split(
+            self.id,
+            self.stock,
+            self.buckets,
+            self.policy.per_user_limit,
+        )
     }
 }
 
@@ -359,10 +384,13 @@ pub async fn list(db: &Db) -> Result<Vec<Voucher>> {
 pub async fn set_buckets(db: &Db, id: u64, buckets: u32) -> Result<()> {
     validate_buckets(buckets)?;
     let mut conn = db.conn().await?;
+    // The split is checked against the limit in the same statement: a
+    // limit raised meanwhile is not split around.
     conn.exec_drop(
         "UPDATE seckill_voucher SET buckets = ?
-         WHERE voucher_id = ? AND orders_total = 0 AND bucket_tags = ''",
-        (buckets, id),
+         WHERE voucher_id = ? AND orders_total = 0 AND bucket_tags = ''
+           AND (? = 1 OR total_stock DIV ? >= per_user_limit)",
+        (buckets, id, buckets, buckets),
     )
     .await?;
     if conn.affected_rows() == 1 {
@@ -373,6 +401,7 @@ pub async fn set_buckets(db: &Db, id: u64, buckets: u32) -> Result<()> {
     if v.buckets == buckets {
         return Ok(());
     }
+    validate_split(id, v.total_stock, buckets, v.policy.per_user_limit)?;
     Err(Error::InvalidInput(format!(
         "voucher {id} cannot change its buckets ({} now): it has been preloaded or has orders, and users who hold or wait for units must stay in their bucket",
         v.buckets
@@ -420,7 +449,8 @@ pub async fn update_policy(db: &Db, id: u64, change: PolicyChange) -> Result<Ver
                 per_user_limit = COALESCE(?, per_user_limit),
                 waitlist_limit = IF(?, ?, waitlist_limit),
                 policy_version = policy_version + 1
-          WHERE voucher_id = ?",
+          WHERE voucher_id = ?
+            AND (? IS NULL OR buckets = 1 OR total_stock DIV buckets >= ?)",
         (
             change.user_rate,
             change.require_token,
@@ -428,11 +458,20 @@ pub async fn update_policy(db: &Db, id: u64, change: PolicyChange) -> Result<Ver
             change.waitlist_limit.is_some(),
             change.waitlist_limit.flatten(),
             id,
+            change.per_user_limit,
+            change.per_user_limit,
         ),
     )
     .await?;
+    let changed = conn.affected_rows() == 1;
     drop(conn);
-    Ok(get(db, id).await?.versioned_policy())
+    let v = get(db, id).await?;
+    if !changed {
+        // The row is there: the new limit is above its buckets' share.
+        let limit = change.per_user_limit.unwrap_or(v.policy.per_user_limit);
+        validate_split(id, v.total_stock, v.buckets, limit)?;
+    }
+    Ok(v.versioned_policy())
 }
 
 /// Every voucher, or only those in `only` (each of which must exist).

@@ -189,3 +189,15 @@ pub(super) fn movable(looks: &[Look]) -> bool {
 pub(super) fn pool_usable(looks: &[Look]) -> bool {
     looks.first().is_some_and(|l| !l.line.paused)
 }
+
+/// The voucher's free units no waiting request is allotted: every open
+/// bucket's stock and the usable pool, less what the allotment gives.
+pub(super) fn unpromised(looks: &[Look], pool: i64, allotted: &Allotment) -> i64 {
+    let stock: i64 = looks
+        .iter()
+        .filter(|l| !l.line.paused)
+        .map(|l| l.line.stock.max(0))
+        .sum();
+    let pool = if pool_usable(looks) { pool.max(0) } else { 0 };
+    (stock + pool - allotted.need.iter().sum::<i64>()).max(0)
+}

@@ -119,6 +119,7 @@ pub async fn run(
             epoch_floors: Default::default(),
             bounded: Default::default(),
             last_pass: Default::default(),
+            published: Default::default(),
             moves_left: false,
             until_idle: opts.until_idle,
         };

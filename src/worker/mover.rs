@@ -23,7 +23,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::allotment::Allotment;
-use super::bucket_look::{allotment, look_all, movable, pool_usable, Look, LINE_DEPTH};
+use super::bucket_look::{allotment, look_all, movable, pool_usable, unpromised, Look, LINE_DEPTH};
 use super::WorkerStats;
 use crate::error::{Error, Result};
 use crate::gate::buckets::{Layout, Layouts};
@@ -84,6 +84,9 @@ pub struct Mover {
     /// How long the last pass took: a bound holds for three of them (at
     /// least BOUND_HOLDS_MS), so a slow pass does not let it lapse.
     pub(super) last_pass: Duration,
+    /// Per voucher, the free units last published in its buckets, and
+    /// when.
+    pub(super) published: HashMap<u64, (i64, std::time::Instant)>,
 }
 
 /// A voucher's free units as a round reads them and its moves change them.
@@ -218,7 +221,8 @@ impl Mover {
             // and the next pass then sees who is next.
             self.moves_left = true;
         }
-        if !self.publish_bounds(&gates, epoch, &allotted).await? {
+        let free = unpromised(&looks, pool, &allotted);
+        if !self.publish_bounds(&gates, epoch, &allotted, free).await? {
             return Ok(left_open);
         }
         let mut free = Free { looks, pool };
@@ -327,32 +331,45 @@ impl Mover {
 
     /// Publishes in each bucket the queued time up to which it serves its
     /// own line (None: lifts it; nothing is written while no bucket was or
-    /// is bounded). False: a gate has seen a later mover, and this one
-    /// stops its round.
+    /// is bounded), and the voucher's `free` units no waiting request is
+    /// given, when they changed or their last word is a third of its life
+    /// old (lua/seckill.lua lets a request its bucket cannot fill wait for
+    /// them). False: a gate has seen a later mover, and this one stops its
+    /// round.
     async fn publish_bounds(
         &mut self,
         gates: &[VoucherKeys],
         epoch: u64,
         allotted: &Allotment,
+        free: i64,
     ) -> Result<bool> {
         let voucher = gates[0].voucher();
         let bounds: Vec<Option<u64>> = (0..gates.len())
             .map(|b| allotted.bound_of(b).map(|t| t.max(1.0) as u64))
             .collect();
         let any = bounds.iter().any(Option::is_some);
-        if !any && !self.bounded.contains_key(&voucher) {
-            return Ok(true);
-        }
         // Three passes if a pass is slow, but never past the lease: a
         // worker that dies leaves no bound longer than its lease.
         let ttl = (self.last_pass.as_millis() as u64).saturating_mul(3).clamp(
             BOUND_HOLDS_MS,
             BOUND_HOLDS_MS.max(self.lease.as_millis() as u64),
         );
-        if let Some(seen) = self.set_bounds(gates, epoch, &bounds, ttl).await? {
+        let fresh = self
+            .published
+            .get(&voucher)
+            .is_some_and(|(said, at)| *said == free && (at.elapsed().as_millis() as u64) < ttl / 3);
+        if !any && !self.bounded.contains_key(&voucher) && fresh {
+            return Ok(true);
+        }
+        let said = std::time::Instant::now();
+        if let Some(seen) = self
+            .set_bounds(gates, epoch, &bounds, ttl, Some(free))
+            .await?
+        {
             self.fenced(voucher, seen);
             return Ok(false);
         }
+        self.published.insert(voucher, (free, said));
         if any {
             self.bounded.insert(voucher, epoch);
         } else {
@@ -369,10 +386,11 @@ impl Mover {
         epoch: u64,
         bounds: &[Option<u64>],
         ttl: u64,
+        free: Option<i64>,
     ) -> Result<Option<u64>> {
         let calls = gates.iter().zip(bounds).map(|(keys, up_to_us)| {
             let mut conn = self.conn.clone();
-            async move { transfer::set_bound(&mut conn, keys, epoch, *up_to_us, ttl).await }
+            async move { transfer::set_bound(&mut conn, keys, epoch, *up_to_us, ttl, free).await }
         });
         let mut fenced = None;
         for answer in futures_util::future::join_all(calls).await {
@@ -415,7 +433,7 @@ impl Mover {
     async fn lift(&mut self, gates: &[VoucherKeys], epoch: u64) -> Result<()> {
         let unbounded = vec![None; gates.len()];
         if self
-            .set_bounds(gates, epoch, &unbounded, BOUND_HOLDS_MS)
+            .set_bounds(gates, epoch, &unbounded, BOUND_HOLDS_MS, None)
             .await?
             .is_some()
         {
