@@ -61,8 +61,9 @@
 --                                  the mover, is at least the quantity, or
 --                                  lapsed): the request waits on the
 --                                  waitlist as for code 2 "sold out", and
---                                  the mover brings the units (position 0:
---                                  the waitlist is full, nothing written)
+--                                  the mover brings the units; also the
+--                                  answer to a user waiting already (a
+--                                  resend). A full waitlist: code 9
 --   {3, "not started", begin_ms}   the sale window opens at begin_ms (Unix ms)
 --   {4, "ended", end_ms}           the sale window closed at end_ms (Unix ms)
 --   {5, "unknown voucher", 0}      the voucher was never preloaded (`seckill preload`)
@@ -256,7 +257,11 @@ if left <= 0 or held or elsewhere then
   if not redis.call('ZSCORE', KEYS[4], user) then
     -- A full waitlist: the losing path of a hot sale writes nothing.
     local cap = tonumber(meta[7] or '')
-    if cap and redis.call('ZCARD', KEYS[4]) >= cap then return {2, reason, 0} end
+    if cap and redis.call('ZCARD', KEYS[4]) >= cap then
+      -- Units here, but no room to wait for the rest: as without buckets.
+      if reason ~= 'sold out' then return {9, 'not enough stock', left} end
+      return {2, 'sold out', 0}
+    end
     local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
     if last[2] and tonumber(last[2]) >= queued_us then queued_us = tonumber(last[2]) + 1 end
     redis.call('ZADD', KEYS[4], 'NX', queued_us, user)
@@ -271,7 +276,14 @@ if left <= 0 or held or elsewhere then
   end
   return {2, reason, redis.call('ZRANK', KEYS[4], user) + 1}
 end
-if left < quantity then return {9, 'not enough stock', left} end
+if left < quantity then
+  -- A request that waits already keeps its place (a resend of one whose
+  -- answer was lost, after the mover's count fell): it is not refused
+  -- while it may still be served.
+  local rank = redis.call('ZRANK', KEYS[4], user)
+  if rank then return {2, 'waiting for units', rank + 1} end
+  return {9, 'not enough stock', left}
+end
 
 redis.call('DECRBY', KEYS[2], quantity)
 redis.call('SADD', KEYS[3], user)

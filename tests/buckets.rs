@@ -1086,10 +1086,12 @@ async fn a_request_its_bucket_cannot_fill_waits_for_units_the_voucher_holds_else
     env.cleanup().await;
 }
 
-/// The mover's word on the voucher's free units decides: below the
-/// quantity asked, a bucket holding some units still answers
-/// `not_enough_stock` (nothing written); at or above it the request waits,
-/// told the voucher is not sold out, and the mover brings its units.
+/// The mover's word on the voucher's free units decides (meta units_free,
+/// set here by hand first, then by the mover): below the quantity asked, a
+/// bucket holding some units answers `not_enough_stock` (nothing
+/// written); at or above it the request waits, told the voucher is not
+/// sold out, and keeps its place when resent after the count fell; the
+/// mover then brings its units.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_the_whole_voucher_cannot_fill_is_refused_and_one_it_can_waits() {
     let env = TestEnv::on_cluster().await;
@@ -1107,29 +1109,28 @@ async fn a_request_the_whole_voucher_cannot_fill_is_refused_and_one_it_can_waits
         let came = buy(user, quantity, order).await;
         assert!(matches!(came, Admission::Admitted { .. }), "{came:?}");
     }
-    let worker = env.spawn_worker(&common::fast_worker(&[]));
     let meta = layout.keys(1).expect("keys").meta();
-    let published = async |want: &str| {
-        let start = std::time::Instant::now();
-        loop {
-            let free: Option<String> = redis.clone().hget(&meta, "units_free").await.expect("hget");
-            if free.as_deref() == Some(want) {
-                return;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "units_free {free:?}, not {want}:\n{}",
-                worker.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    let count = async |free: i64| {
+        let until = now_ms() + 60_000;
+        let _: () = redis
+            .clone()
+            .hset_multiple(&meta, &[("units_free", free), ("units_free_until", until)])
+            .await
+            .expect("hset");
     };
-    published("2").await;
+    count(1).await;
     assert_eq!(
         buy(one[1], 3, 25).await,
         Admission::NotEnoughStock { left: 1 },
-        "the voucher holds 2 units"
+        "the voucher holds fewer than 3"
     );
+    count(2).await;
+    let waits = Admission::WaitingForUnits {
+        waitlist_position: 1,
+    };
+    assert_eq!(buy(one[2], 2, 26).await, waits);
+    count(0).await;
+    assert_eq!(buy(one[2], 2, 27).await, waits, "a resend keeps its place");
     let out = env
         .cmd()
         .args([
@@ -1147,9 +1148,30 @@ async fn a_request_the_whole_voucher_cannot_fill_is_refused_and_one_it_can_waits
     assert_eq!(answer["outcome"], "sold_out", "{answer}");
     assert_eq!(answer["units_elsewhere"], true, "{answer}");
     assert_eq!(answer["waitlist_position"], 1, "{answer}");
-    // The mover brings it bucket 2's unit.
+    // The mover brings it bucket 2's unit, and says none is left.
+    let worker = env.spawn_worker(&common::fast_worker(&[]));
     env.wait_orders(V, 5, Duration::from_secs(30)).await;
-    published("0").await;
+    let start = std::time::Instant::now();
+    loop {
+        let free: Option<String> = redis.clone().hget(&meta, "units_free").await.expect("hget");
+        if free.as_deref() == Some("0") {
+            let until: i64 = redis
+                .clone()
+                .hget(&meta, "units_free_until")
+                .await
+                .expect("hget");
+            // The mover's, not the hand-set one (a minute ahead).
+            if until < now_ms() + 30_000 {
+                break;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "units_free {free:?}:\n{}",
+            worker.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     worker.signal("TERM");
     worker.expect_success(Duration::from_secs(30));
     let s = assert_invariants(&env, V).await;
@@ -1196,7 +1218,15 @@ async fn a_split_that_gives_a_bucket_less_than_the_per_user_limit_is_refused() {
     let out = update(&["--buckets", "6"]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("fewer than the per-user limit"));
+    // A new split and limit are judged together: a pair that fails
+    // changes neither; one that holds with a lowered limit is made.
+    let out = update(&["--buckets", "4", "--per-user-limit", "4"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
     let out = update(&["--per-user-limit", "4"]);
+    assert!(out.status.success(), "the split is still 3: {out:?}");
+    let out = update(&["--buckets", "6", "--per-user-limit", "2"]);
     assert!(out.status.success(), "{out:?}");
+    let out = update(&["--per-user-limit", "3"]);
+    assert_eq!(out.status.code(), Some(1), "the split is 6 now: {out:?}");
     env.cleanup().await;
 }

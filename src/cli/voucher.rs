@@ -181,13 +181,27 @@ async fn update(cfg: &Config, args: UpdateArgs) -> anyhow::Result<u8> {
     let db = Db::connect(cfg).await?;
     let mut redis = redis_conn::connect(cfg).await?;
     let updated = async {
+        // A new split and a new limit are judged together, and a lowered
+        // limit goes first, so neither is refused for the other's old value
+        // and a refused pair changes nothing.
+        let mut limit_first = false;
+        if let (Some(n), Some(limit)) = (args.buckets, change.per_user_limit) {
+            let v = voucher::get(&db, args.id).await?;
+            voucher::validate_split(args.id, v.total_stock, n, limit)?;
+            limit_first = limit < v.policy.per_user_limit;
+        }
+        let mut policy_now = None;
+        if limit_first {
+            policy_now = Some(policy::update(&db, &mut redis, &cfg.prefix, args.id, change).await?);
+        }
         if let Some(n) = args.buckets {
             buckets::split(&db, &mut redis, &cfg.prefix, args.id, n).await?;
         }
-        let (policy, at_gate) = match change.is_empty() {
-            false => policy::update(&db, &mut redis, &cfg.prefix, args.id, change).await?,
+        let (policy, at_gate) = match (policy_now, change.is_empty()) {
+            (Some(done), _) => done,
+            (None, false) => policy::update(&db, &mut redis, &cfg.prefix, args.id, change).await?,
             // Only the split changed: the policy as it is.
-            true => (voucher::get(&db, args.id).await?.policy, false),
+            (None, true) => (voucher::get(&db, args.id).await?.policy, false),
         };
         let buckets_now = voucher::get(&db, args.id).await?.buckets;
         Ok::<_, crate::error::Error>((policy, at_gate, buckets_now))

@@ -51,9 +51,12 @@ pub fn validate_split(voucher: u64, total: i64, buckets: u32, per_user_limit: u3
         return Ok(());
     }
     let most = (total / i64::from(per_user_limit.max(1))).max(1);
+    let or_limit = match share {
+        0 => String::new(),
+        s => format!(", or a per-user limit of {s} or less"),
+    };
     Err(Error::InvalidInput(format!(
-        "voucher {voucher}: {total} units in {buckets} buckets give each {share}, fewer than the per-user limit {per_user_limit}: use at most {most} bucket(s), or a per-user limit of {} or less",
-        share.max(1)
+        "voucher {voucher}: {total} units in {buckets} buckets give each {share}, fewer than the per-user limit {per_user_limit}: use at most {most} bucket(s){or_limit}"
     )))
 }
 
@@ -470,6 +473,10 @@ pub async fn update_policy(db: &Db, id: u64, change: PolicyChange) -> Result<Ver
         // The row is there: the new limit is above its buckets' share.
         let limit = change.per_user_limit.unwrap_or(v.policy.per_user_limit);
         validate_split(id, v.total_stock, v.buckets, limit)?;
+        // Or it was not, and the split changed since.
+        return Err(Error::InvalidInput(format!(
+            "voucher {id}: its buckets changed while its policy was updated; nothing changed, try again"
+        )));
     }
     Ok(v.versioned_policy())
 }
