@@ -1230,3 +1230,38 @@ async fn a_split_that_gives_a_bucket_less_than_the_per_user_limit_is_refused() {
     assert_eq!(out.status.code(), Some(1), "the split is 6 now: {out:?}");
     env.cleanup().await;
 }
+
+/// A bucket on a server its state was not checked on is not drawn on
+/// until a gate guard checks it (lua/lib/server_checked.lua); a worker
+/// that runs none (--gate-check 0s) says so, once, instead of leaving its
+/// operator a bucket that never moves again and no reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_without_a_guard_names_a_bucket_it_cannot_draw_on() {
+    let env = TestEnv::on_cluster().await;
+    let (layout, mut redis) = env.live_voucher_in_buckets(V, 30, 3).await;
+    // As a restart leaves it: meta names a server that is not this one.
+    let _: () = redis
+        .hset(
+            layout.keys(1).expect("keys").meta(),
+            "run_id",
+            "0123456789abcdef",
+        )
+        .await
+        .expect("hset");
+    let worker = env.spawn_worker(&common::fast_worker(&["--gate-check", "0s"]));
+    let told = "nothing draws on it until a gate guard has checked it";
+    let start = std::time::Instant::now();
+    while !worker.log_text().contains(told) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{}",
+            worker.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    worker.signal("TERM");
+    let log = worker.log_text();
+    worker.expect_success(Duration::from_secs(30));
+    assert_eq!(log.matches(told).count(), 1, "once: {log}");
+    env.cleanup().await;
+}

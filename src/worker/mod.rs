@@ -120,6 +120,8 @@ pub async fn run(
             bounded: Default::default(),
             last_pass: Default::default(),
             published: Default::default(),
+            guarded: !opts.gate_check.is_zero(),
+            told_unchecked: Default::default(),
             moves_left: false,
             until_idle: opts.until_idle,
         };

@@ -87,6 +87,10 @@ pub struct Mover {
     /// Per voucher, the free units last published in its buckets, and
     /// when.
     pub(super) published: HashMap<u64, (i64, std::time::Instant)>,
+    /// This worker runs a gate guard (--gate-check above 0).
+    pub(super) guarded: bool,
+    /// Vouchers whose unchecked bucket a guardless worker has told of.
+    pub(super) told_unchecked: std::collections::HashSet<u64>,
 }
 
 /// A voucher's free units as a round reads them and its moves change them.
@@ -176,6 +180,18 @@ impl Mover {
             self.stats.note_mover_settled(pass);
         }
         Ok(())
+    }
+
+    /// A bucket on a server its state was not checked on waits for a gate
+    /// guard's check; a worker without one (--gate-check 0s) says so once
+    /// per voucher, or its operator would see a bucket that never moves
+    /// again and no reason.
+    fn unchecked_unguarded(&mut self, v: u64) {
+        if !self.guarded && self.told_unchecked.insert(v) {
+            tracing::warn!(
+                "mover: voucher {v}: a bucket's master restarted or failed over, and nothing draws on it until a gate guard has checked it; this worker runs none (--gate-check 0s): run one (the default) on some worker"
+            );
+        }
     }
 
     fn note_failure(&mut self, v: u64, e: &Error) {
@@ -400,7 +416,11 @@ impl Mover {
                 // Lost meanwhile, or on a server the guard has not checked
                 // yet: the guard rebuilds it; the next round publishes
                 // there again.
-                Bounded::NotLoaded | Bounded::Unchecked => self.moves_left = true,
+                Bounded::NotLoaded => self.moves_left = true,
+                Bounded::Unchecked => {
+                    self.moves_left = true;
+                    self.unchecked_unguarded(gates[0].voucher());
+                }
             }
         }
         Ok(fenced)
