@@ -312,3 +312,58 @@ fn usage_errors_are_one_line_for_every_command() {
         assert!(err.starts_with("error: "), "{args:?}: {err}");
     }
 }
+
+/// Issue 33, item 1: `status --watch` rides out a restart of its Redis: it
+/// says what failed and shows the table again once the server answers.
+/// Seen failing: the first read on the broken connection ended the watch
+/// with an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_watch_rides_out_a_redis_restart() {
+    let redis = common::own_redis::OwnRedis::start();
+    let env = TestEnv::on_redis(&redis.url()).await;
+    env.live_voucher(1, 10).await;
+    redis.snapshot();
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let (out, err) = (
+        dir.join(format!("status-watch-{}.out", env.prefix)),
+        dir.join(format!("status-watch-{}.err", env.prefix)),
+    );
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("seckill"))
+        .args(["status", "--watch", "200ms", "--format", "json"])
+        .envs(env.store_env())
+        .stdout(std::fs::File::create(&out).expect("out"))
+        .stderr(std::fs::File::create(&err).expect("err"))
+        .spawn()
+        .expect("status --watch");
+    // Each refresh prints one JSON array, its last line "]".
+    let shown = || {
+        std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| *l == "]")
+            .count()
+    };
+    let wait_for = |n: usize, child: &mut std::process::Child| {
+        let start = std::time::Instant::now();
+        while shown() < n {
+            assert!(
+                child.try_wait().expect("wait").is_none(),
+                "the watch ended: {}",
+                std::fs::read_to_string(&err).unwrap_or_default()
+            );
+            assert!(start.elapsed() < Duration::from_secs(20), "{n} refreshes");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_for(1, &mut child);
+    redis.crash_and_restart();
+    let before = shown();
+    wait_for(before + 2, &mut child);
+    child.kill().ok();
+    child.wait().ok();
+    let said = std::fs::read_to_string(&err).unwrap_or_default();
+    assert!(said.contains("looking again in"), "{said}");
+    std::fs::remove_file(&out).ok();
+    std::fs::remove_file(&err).ok();
+    env.cleanup().await;
+}

@@ -42,7 +42,30 @@ async fn watch_loop(
 ) -> anyhow::Result<u8> {
     let in_place = std::io::stdout().is_terminal() && args.format.format == Format::Table;
     loop {
-        let rows = status::read(db, redis, &cfg.prefix, &args.vouchers).await?;
+        let rows = match (
+            status::read(db, redis, &cfg.prefix, &args.vouchers).await,
+            args.watch,
+        ) {
+            (Ok(rows), _) => rows,
+            // Watching rides out a store's restart: it says so and looks
+            // again next time, on a new Redis connection (MySQL's pool
+            // drops the broken ones itself).
+            (Err(e), Some(every)) => {
+                tracing::warn!(
+                    "status: {e}; looking again in {}",
+                    humantime::format_duration(every)
+                );
+                if let Ok(fresh) = redis_conn::connect(cfg).await {
+                    *redis = fresh;
+                }
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => return Ok(exit_code::OK),
+                    _ = tokio::time::sleep(every) => {}
+                }
+                continue;
+            }
+            (Err(e), None) => return Err(e.into()),
+        };
         if in_place {
             // Clear the screen and home the cursor: a refresh, not a scroll.
             out!("\x1b[2J\x1b[H")?;

@@ -11,11 +11,24 @@ use serde_json::json;
 use super::{AppState, State};
 use crate::store::scripts::ADMISSION;
 
-/// The process is up.
+/// The process is up and can recover by itself: its Redis connections'
+/// mender has finished a round lately (src/http/shared_redis.rs). A store
+/// that is down fails `/readyz`, never this.
 #[utoipa::path(get, path = "/healthz", tag = "meta", security(()),
-    responses((status = 200, description = "Up", content_type = "text/plain")))]
-pub async fn healthz() -> &'static str {
-    "ok\n"
+    responses(
+        (status = 200, description = "Up", content_type = "text/plain"),
+        (status = 503, description = "Stuck: the Redis connections' mender has not finished a round for twice its longest (12.5 s by default)", content_type = "text/plain"),
+    ))]
+pub async fn healthz(state: State) -> Response {
+    let since = state.mending.since_last_round();
+    if since > state.mending.stalled {
+        let why = format!(
+            "stuck: the Redis connections have not been looked after for {}\n",
+            humantime::format_duration(Duration::from_secs(since.as_secs()))
+        );
+        return (StatusCode::SERVICE_UNAVAILABLE, why).into_response();
+    }
+    "ok\n".into_response()
 }
 
 /// It can sell: Redis and MySQL answer, the script is loaded, a node id is held.

@@ -16,12 +16,12 @@ pub mod openapi;
 mod order;
 mod purchase;
 mod schema;
+mod shared_redis;
 mod tls;
 mod voucher;
 mod window;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,6 +39,7 @@ use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn::{self, Redis};
 pub use auth::ApiKeys;
 pub use error::ApiError;
+use shared_redis::SharedRedis;
 
 /// What `seckill serve` is told to do.
 #[derive(Debug, Clone)]
@@ -114,29 +115,28 @@ pub(crate) struct AppState {
     pub readiness: health::Readiness,
     /// MySQL lookups of already_bought answers under way at once.
     pub order_lookups: tokio::sync::Semaphore,
-    redis: Vec<Redis>,
+    redis: SharedRedis,
     /// With `--wait-replicas`, purchases get connections of their own: a
     /// WAIT holds up everything behind it on its connection, and a lagging
     /// replica must slow purchases only, not reads, tokens or payments.
-    purchases: Vec<Redis>,
-    next: AtomicUsize,
+    purchases: Option<SharedRedis>,
+    /// The connections' mender's progress (`/healthz`).
+    pub mending: shared_redis::Mending,
 }
 
 impl AppState {
     /// One of the shared connections, in turn (each is multiplexed: a
     /// clone sends on the same socket).
     pub fn redis(&self) -> Redis {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.redis.len();
-        self.redis[i].clone()
+        self.redis.next()
     }
 
     /// A connection for an admission (and its WAIT).
     pub fn purchase_redis(&self) -> Redis {
-        if self.purchases.is_empty() {
-            return self.redis();
+        match &self.purchases {
+            Some(p) => p.next(),
+            None => self.redis(),
         }
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.purchases.len();
-        self.purchases[i].clone()
     }
 }
 
@@ -181,17 +181,16 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
         None => None,
     };
     let cfg = Arc::new(cfg.clone());
-    let mut redis = Vec::with_capacity(opts.redis_connections);
-    for _ in 0..opts.redis_connections {
-        redis.push(redis_conn::connect(&cfg).await?);
-    }
-    redis_conn::check_version(&mut redis[0]).await?;
-    let mut purchases = Vec::new();
-    if opts.wait.is_some() {
-        for _ in 0..opts.redis_connections {
-            purchases.push(redis_conn::connect(&cfg).await?);
-        }
-    }
+    let mut first = redis_conn::connect(&cfg).await?;
+    redis_conn::check_version(&mut first).await?;
+    let mut redis = vec![first];
+    redis.extend(shared_redis::open(&cfg, opts.redis_connections.saturating_sub(1)).await?);
+    let purchases = match opts.wait {
+        Some(_) => shared_redis::open(&cfg, opts.redis_connections).await?,
+        None => Vec::new(),
+    };
+    let redis = SharedRedis::new(redis)
+        .ok_or_else(|| Error::InvalidInput("--redis-connections must be at least 1".into()))?;
     let db = Db::connect(&cfg).await?;
     let ids = OrderIds::lease(&cfg, opts.node_id).await?;
     let stop_renewing = CancellationToken::new();
@@ -208,9 +207,21 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
         readiness: health::Readiness::default(),
         order_lookups: tokio::sync::Semaphore::new(ORDER_LOOKUPS),
         redis,
-        purchases,
-        next: AtomicUsize::new(0),
+        purchases: SharedRedis::new(purchases),
+        mending: shared_redis::Mending::new(cfg.connect_timeout),
     });
+    let stop_mending = CancellationToken::new();
+    let mender = {
+        let state = state.clone();
+        let stop = stop_mending.clone();
+        tokio::spawn(async move {
+            let mut pools = vec![(&state.redis, "shared")];
+            if let Some(p) = &state.purchases {
+                pools.push((p, "purchase"));
+            }
+            shared_redis::mend_until(&state.cfg, &pools, &state.mending, stop).await;
+        })
+    };
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
         .map_err(|e| Error::InvalidInput(format!("cannot listen on {}: {e}", opts.listen)))?;
@@ -263,6 +274,8 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
             Ok(())
         }
     };
+    stop_mending.cancel();
+    mender.await.ok();
     stop_renewing.cancel();
     renewing.await.ok();
     ids.release().await;

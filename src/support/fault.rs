@@ -14,7 +14,8 @@
 //! (the gates read, MySQL's snapshot not taken yet); for the gate guard
 //! `gate_paused` (a gate paused, not yet rebuilt); for the mover of a
 //! voucher in buckets `between_take_and_give` (units taken from one gate,
-//! in transit, not yet given to the other).
+//! in transit, not yet given to the other); for `seckill serve`'s Redis
+//! connections' mender `mend_round` (before each round).
 //!
 //! `SECKILL_TEST_PANIC=<place>` panics at `startup` (before the command
 //! line is read) or in `command` (inside the command, on the runtime), so a

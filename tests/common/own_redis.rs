@@ -81,6 +81,22 @@ impl OwnRedis {
         assert_eq!(self.cli(&["save"]).trim(), "OK");
     }
 
+    /// A clean SHUTDOWN (no save: the last snapshot stays); `start_again`
+    /// starts it from that snapshot, as an operator's restart.
+    pub fn shut_down(&self) {
+        self.cli(&["shutdown", "nosave"]);
+        for _ in 0..100 {
+            if self.cli(&["ping"]).trim() != "PONG" {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn start_again(&self) {
+        self.launch();
+    }
+
     /// kill -9, then a start from the last snapshot: every write since is lost.
     pub fn crash_and_restart(&self) {
         let pid = std::fs::read_to_string(self.dir.join("redis.pid")).expect("pid file");
