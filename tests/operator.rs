@@ -323,6 +323,16 @@ async fn status_watch_rides_out_a_redis_restart() {
     let env = TestEnv::on_redis(&redis.url()).await;
     env.live_voucher(1, 10).await;
     redis.snapshot();
+    // A first read that fails is an error, watching or not: a typo does
+    // not wait forever.
+    let typo = std::process::Command::new("timeout")
+        .arg("20")
+        .arg(assert_cmd::cargo::cargo_bin("seckill"))
+        .args(["status", "--watch", "200ms", "--voucher", "999"])
+        .envs(env.store_env())
+        .output()
+        .expect("status --watch");
+    assert_eq!(typo.status.code(), Some(1), "{typo:?}");
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
     let (out, err) = (
         dir.join(format!("status-watch-{}.out", env.prefix)),

@@ -1395,7 +1395,7 @@ async fn serve_answers_again_by_itself_after_its_mysql_restarts() {
 
 /// `/healthz` fails only when serve can no longer recover by itself: its
 /// Redis connections' mender has not finished a round for twice its
-/// longest (here 4.5 s: `--connect-timeout 1s`), stalled by the test hook.
+/// longest (here 10.5 s: `--connect-timeout 1s`), stalled by the test hook.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthz_fails_when_the_connections_mender_stalls() {
     let env = TestEnv::new().await;

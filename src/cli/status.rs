@@ -41,6 +41,7 @@ async fn watch_loop(
     redis: &mut crate::store::redis_conn::Redis,
 ) -> anyhow::Result<u8> {
     let in_place = std::io::stdout().is_terminal() && args.format.format == Format::Table;
+    let mut shown = false;
     loop {
         let rows = match (
             status::read(db, redis, &cfg.prefix, &args.vouchers).await,
@@ -49,8 +50,10 @@ async fn watch_loop(
             (Ok(rows), _) => rows,
             // Watching rides out a store's restart: it says so and looks
             // again next time, on a new Redis connection (MySQL's pool
-            // drops the broken ones itself).
-            (Err(e), Some(every)) => {
+            // drops the broken ones itself). A first read that fails is an
+            // error, as without --watch: a typo or a wrong password does
+            // not wait forever.
+            (Err(e), Some(every)) if shown => {
                 tracing::warn!(
                     "status: {e}; looking again in {}",
                     humantime::format_duration(every)
@@ -64,8 +67,9 @@ async fn watch_loop(
                 }
                 continue;
             }
-            (Err(e), None) => return Err(e.into()),
+            (Err(e), _) => return Err(e.into()),
         };
+        shown = true;
         if in_place {
             // Clear the screen and home the cursor: a refresh, not a scroll.
             out!("\x1b[2J\x1b[H")?;

@@ -17,7 +17,7 @@ use crate::store::scripts::ADMISSION;
 #[utoipa::path(get, path = "/healthz", tag = "meta", security(()),
     responses(
         (status = 200, description = "Up", content_type = "text/plain"),
-        (status = 503, description = "Stuck: the Redis connections' mender has not finished a round for twice its longest (12.5 s by default)", content_type = "text/plain"),
+        (status = 503, description = "Stuck: the Redis connections' mender has not finished a round for twice its longest (18.5 s by default)", content_type = "text/plain"),
     ))]
 pub async fn healthz(state: State) -> Response {
     let since = state.mending.since_last_round();

@@ -14,12 +14,13 @@
 //!
 //! The mender's own progress is what `/healthz` reports: it fails only when
 //! no round has finished for twice the longest a round can take (a PING's
-//! timeout and a connect's, plus the pause between rounds: 12.5 s with the
-//! default `--connect-timeout` of 5 s), so the mender is stuck or gone; never
+//! timeout, a connect's and a PING's again for the question after the
+//! handshake, plus the pause between rounds: 18.5 s with the default
+//! `--connect-timeout` of 5 s), so the mender is stuck or gone; never
 //! because a store is down, so a liveness probe does not restart serve in a
 //! loop during a Redis outage.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
@@ -31,13 +32,16 @@ use crate::store::redis_conn::{self, Redis, RedisConn};
 
 /// How often every connection is PINGed.
 pub const MEND_EVERY: Duration = Duration::from_millis(500);
-/// A PING slower than this counts as no answer.
-const PING_TIMEOUT: Duration = Duration::from_secs(1);
+/// A PING slower than this counts as no answer (a purchase connection's
+/// PING may queue behind a WAIT of `--wait-timeout`, 500 ms by default).
+const PING_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Connections shared by all requests, each replaced when it stops
 /// answering.
 pub struct SharedRedis {
     slots: Vec<RwLock<Redis>>,
+    /// Per slot: the last replacement failed (said once per outage).
+    down: Vec<AtomicBool>,
     next: AtomicUsize,
 }
 
@@ -45,6 +49,7 @@ impl SharedRedis {
     /// None for no connections.
     pub fn new(connections: Vec<Redis>) -> Option<Self> {
         (!connections.is_empty()).then(|| SharedRedis {
+            down: connections.iter().map(|_| AtomicBool::new(false)).collect(),
             slots: connections.into_iter().map(RwLock::new).collect(),
             next: AtomicUsize::new(0),
         })
@@ -62,7 +67,8 @@ impl SharedRedis {
     /// PINGs every connection at once and replaces each that did not
     /// answer, if a new one can be made now.
     async fn mend(&self, cfg: &Config, what: &str) {
-        let rounds = self.slots.iter().enumerate().map(|(i, slot)| async move {
+        let rounds = self.slots.iter().zip(&self.down).enumerate();
+        let rounds = rounds.map(|(i, (slot, down))| async move {
             let mut conn = slot.read().unwrap_or_else(|e| e.into_inner()).clone();
             if conn.is_cluster() {
                 return;
@@ -72,12 +78,24 @@ impl SharedRedis {
             if matches!(tokio::time::timeout(PING_TIMEOUT, answer).await, Ok(Ok(_))) {
                 return;
             }
-            match redis_conn::connect(cfg).await {
-                Ok(fresh) => {
+            // The whole connect is bounded (its INFO after the handshake
+            // too), so a round is: a round is what `/healthz` watches.
+            let fresh = tokio::time::timeout(connect_limit(cfg), redis_conn::connect(cfg)).await;
+            match fresh {
+                Ok(Ok(fresh)) => {
                     *slot.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+                    down.store(false, Ordering::Relaxed);
                     tracing::warn!("serve: {what} Redis connection {i} did not answer; replaced");
                 }
-                Err(e) => tracing::debug!("serve: {what} Redis connection {i}: {e}"),
+                Ok(Err(e)) if !down.swap(true, Ordering::Relaxed) => tracing::warn!(
+                    "serve: {what} Redis connection {i} does not answer and a new one cannot be made yet ({e}); trying every {}",
+                    humantime::format_duration(MEND_EVERY)
+                ),
+                Err(_) if !down.swap(true, Ordering::Relaxed) => tracing::warn!(
+                    "serve: {what} Redis connection {i} does not answer and a new one timed out; trying every {}",
+                    humantime::format_duration(MEND_EVERY)
+                ),
+                _ => {}
             }
         });
         futures_util::future::join_all(rounds).await;
@@ -97,7 +115,9 @@ impl Mending {
         Mending {
             start: Instant::now(),
             last_ms: AtomicU64::new(0),
-            stalled: 2 * (PING_TIMEOUT + connect_timeout) + MEND_EVERY,
+            // Twice the longest round (pools are mended at once) and the
+            // pause between two.
+            stalled: 2 * (PING_TIMEOUT + connect_timeout + PING_TIMEOUT) + MEND_EVERY,
         }
     }
 
@@ -121,10 +141,16 @@ pub async fn mend_until(
     stop: CancellationToken,
 ) {
     loop {
-        // Where a test stalls the mender.
-        crate::support::fault::pause("mend_round").await;
-        for (pool, what) in pools {
-            pool.mend(cfg, what).await;
+        let round = async {
+            // Where a test stalls the mender.
+            crate::support::fault::pause("mend_round").await;
+            let each = pools.iter().map(|(pool, what)| pool.mend(cfg, what));
+            futures_util::future::join_all(each).await;
+        };
+        // A stop does not wait for a round a dead server holds up.
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = round => {}
         }
         mending.round_done();
         tokio::select! {
@@ -132,6 +158,12 @@ pub async fn mend_until(
             _ = tokio::time::sleep(MEND_EVERY) => {}
         }
     }
+}
+
+/// The longest a replacement's connect may take: the handshake's timeout,
+/// and a PING's for the question that follows it (cluster or not).
+fn connect_limit(cfg: &Config) -> Duration {
+    cfg.connect_timeout + PING_TIMEOUT
 }
 
 /// A shared set of `n` connections, opened now.
