@@ -1,7 +1,8 @@
 //! Who may call: application servers holding one of the keys in
 //! `--api-key-file` (one per line, so a new key can be added before the old
-//! one is removed; SIGHUP reads the file again). Compared in constant time;
-//! never logged.
+//! one is removed; SIGHUP reads the file again). Kept and compared as
+//! SHA-256 digests, so a comparison takes the same time whatever the keys'
+//! or the presented token's lengths and contents; never logged.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -18,7 +19,7 @@ use crate::error::{Error, Result};
 /// The keys, and the file they came from (read again by `reload`).
 #[derive(Clone)]
 pub struct ApiKeys {
-    keys: Arc<RwLock<Arc<Vec<Vec<u8>>>>>,
+    keys: Arc<RwLock<Arc<Vec<Digest>>>>,
     file: Option<PathBuf>,
 }
 
@@ -64,7 +65,7 @@ impl ApiKeys {
         Ok(count)
     }
 
-    fn current(&self) -> Arc<Vec<Vec<u8>>> {
+    fn current(&self) -> Arc<Vec<Digest>> {
         match self.keys.read() {
             Ok(keys) => keys.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
@@ -80,7 +81,7 @@ impl ApiKeys {
         })
     }
 
-    fn parse(text: &str, name: &str) -> Result<Vec<Vec<u8>>> {
+    fn parse(text: &str, name: &str) -> Result<Vec<Digest>> {
         let keys: Vec<Vec<u8>> = text
             .lines()
             .map(str::trim)
@@ -98,25 +99,30 @@ impl ApiKeys {
                 n + 1
             )));
         }
-        Ok(keys)
+        Ok(keys.iter().map(|k| digest(k)).collect())
     }
 
-    /// Whether `presented` is one of the keys. Every key is compared in full
-    /// whatever the outcome, so the time taken says nothing about them.
+    /// Whether `presented` is one of the keys. Every key's digest is
+    /// compared in full with the token's whatever the outcome, so the time
+    /// taken says nothing about them (not even their lengths).
     pub fn allows(&self, presented: &[u8]) -> bool {
+        let presented = digest(presented);
         self.current().iter().fold(false, |found, key| {
-            found | equal_in_constant_time(key, presented)
+            found | equal_in_fixed_time(key, &presented)
         })
     }
 }
 
-fn equal_in_constant_time(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = (a.len() ^ b.len()) as u64;
-    for i in 0..a.len().max(b.len()) {
-        let x = a.get(i).copied().unwrap_or(0);
-        let y = b.get(i).copied().unwrap_or(0);
-        diff |= u64::from(x ^ y);
-    }
+type Digest = [u8; 32];
+
+fn digest(bytes: &[u8]) -> Digest {
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref());
+    out
+}
+
+fn equal_in_fixed_time(a: &Digest, b: &Digest) -> bool {
+    let diff = a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y));
     diff == 0
 }
 
