@@ -13,6 +13,8 @@ pub enum ApiError {
     BadRequest(String),
     /// No key, or not one of ours.
     Unauthorized,
+    /// The request did not arrive in time (its body): nothing was done.
+    RequestTimeout(String),
     NotFound(String),
     /// Too many requests in flight, or a store that did not answer in time
     /// before anything was sent.
@@ -33,6 +35,7 @@ impl IntoResponse for ApiError {
                 json!({ "error": "a valid API key is required (Authorization: Bearer <key>)" }),
             ),
             ApiError::NotFound(m) => (StatusCode::NOT_FOUND, json!({ "error": m })),
+            ApiError::RequestTimeout(m) => (StatusCode::REQUEST_TIMEOUT, json!({ "error": m })),
             ApiError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, json!({ "error": m })),
             ApiError::Unknown(m) => (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -54,6 +57,11 @@ impl IntoResponse for ApiError {
         match status {
             StatusCode::UNAUTHORIZED => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            // The rest of the body may still come: the connection is not
+            // reused for another request.
+            StatusCode::REQUEST_TIMEOUT => {
+                headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
             StatusCode::SERVICE_UNAVAILABLE => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

@@ -143,25 +143,32 @@ impl AppState {
 pub(crate) type State = axum::extract::State<Arc<AppState>>;
 
 /// A JSON body whose every rejection (no JSON content type, malformed,
-/// unknown or missing fields, too large) is a 400 with one line.
+/// unknown or missing fields, too large) is a 400 with one line, and one
+/// that does not arrive within `--request-timeout` a 408: nothing was done
+/// (the backstop's 503 "unknown" is for a request whose store call may
+/// have run).
 pub(crate) struct Body<T>(pub T);
 
-impl<T, S> axum::extract::FromRequest<S> for Body<T>
+impl<T> axum::extract::FromRequest<Arc<AppState>> for Body<T>
 where
     T: serde::de::DeserializeOwned,
-    S: Send + Sync,
 {
     type Rejection = ApiError;
 
     async fn from_request(
         req: axum::extract::Request,
-        state: &S,
+        state: &Arc<AppState>,
     ) -> std::result::Result<Self, ApiError> {
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(v)) => Ok(Body(v)),
-            Err(rejection) => Err(ApiError::BadRequest(
+        let read = axum::Json::<T>::from_request(req, state);
+        match tokio::time::timeout(state.request_timeout, read).await {
+            Ok(Ok(axum::Json(v))) => Ok(Body(v)),
+            Ok(Err(rejection)) => Err(ApiError::BadRequest(
                 rejection.body_text().replace('\n', " "),
             )),
+            Err(_) => Err(ApiError::RequestTimeout(format!(
+                "the request's body did not arrive within {}; nothing was done",
+                humantime::format_duration(state.request_timeout)
+            ))),
         }
     }
 }

@@ -68,6 +68,7 @@ pub fn status_of(outcome: &Admission) -> StatusCode {
         (status = 429, description = "rate_limited (Retry-After)", body = super::schema::PurchaseAnswer),
         (status = 503, description = "paused (Retry-After), or unknown: the gate's answer was lost, retry; or too many requests in flight", body = super::schema::UnknownAnswer),
         (status = 400, description = "bad input; nothing written", body = super::schema::ErrorAnswer),
+        (status = 408, description = "the body did not arrive within --request-timeout; nothing was done", body = super::schema::ErrorAnswer),
         (status = 401, description = "no valid API key; nothing written", body = super::schema::ErrorAnswer),
     ))]
 pub async fn create(

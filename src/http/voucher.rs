@@ -69,6 +69,7 @@ const DEFAULT_TTL: std::time::Duration = std::time::Duration::from_secs(600);
     responses(
         (status = 200, description = "The token and its lifetime", body = super::schema::TokenAnswer),
         (status = 400, description = "Bad input (a ttl over 24 h, say)", body = super::schema::ErrorAnswer),
+        (status = 408, description = "the body did not arrive within --request-timeout; nothing was done", body = super::schema::ErrorAnswer),
         (status = 401, description = "No valid API key", body = super::schema::ErrorAnswer),
     ))]
 pub async fn issue_token(
