@@ -467,6 +467,7 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('--redis-connections', '--redis-connections', [CompletionResultType]::ParameterName, 'Multiplexed Redis connections shared by all requests')
             [CompletionResult]::new('--tls-cert', '--tls-cert', [CompletionResultType]::ParameterName, 'Serve HTTPS with this certificate chain (PEM; needs --tls-key)')
             [CompletionResult]::new('--tls-key', '--tls-key', [CompletionResultType]::ParameterName, 'The private key of --tls-cert (PEM)')
+            [CompletionResult]::new('--metrics-addr', '--metrics-addr', [CompletionResultType]::ParameterName, 'Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9465) and not on --listen, which then answers 404 there')
             [CompletionResult]::new('--wait-replicas', '--wait-replicas', [CompletionResultType]::ParameterName, 'After a success, wait until N replicas of the voucher''s master have it (a failover to one of them then keeps it) [default: no wait]')
             [CompletionResult]::new('--wait-timeout', '--wait-timeout', [CompletionResultType]::ParameterName, 'The longest --wait-replicas waits before giving up (the admission stands either way)')
             [CompletionResult]::new('--node-id', '--node-id', [CompletionResultType]::ParameterName, 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]')

@@ -443,6 +443,7 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand --redis-connections 'Multiplexed Redis connections shared by all requests'
             cand --tls-cert 'Serve HTTPS with this certificate chain (PEM; needs --tls-key)'
             cand --tls-key 'The private key of --tls-cert (PEM)'
+            cand --metrics-addr 'Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9465) and not on --listen, which then answers 404 there'
             cand --wait-replicas 'After a success, wait until N replicas of the voucher''s master have it (a failover to one of them then keeps it) [default: no wait]'
             cand --wait-timeout 'The longest --wait-replicas waits before giving up (the admission stands either way)'
             cand --node-id 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]'

@@ -417,6 +417,7 @@ complete -c seckill -n "__fish_seckill_using_subcommand serve" -l drain -d 'On S
 complete -c seckill -n "__fish_seckill_using_subcommand serve" -l redis-connections -d 'Multiplexed Redis connections shared by all requests' -r
 complete -c seckill -n "__fish_seckill_using_subcommand serve" -l tls-cert -d 'Serve HTTPS with this certificate chain (PEM; needs --tls-key)' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand serve" -l tls-key -d 'The private key of --tls-cert (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l metrics-addr -d 'Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9465) and not on --listen, which then answers 404 there' -r
 complete -c seckill -n "__fish_seckill_using_subcommand serve" -l wait-replicas -d 'After a success, wait until N replicas of the voucher\'s master have it (a failover to one of them then keeps it) [default: no wait]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand serve" -l wait-timeout -d 'The longest --wait-replicas waits before giving up (the admission stands either way)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand serve" -l node-id -d 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]' -r

@@ -1493,3 +1493,25 @@ async fn a_body_that_does_not_arrive_is_408_and_nothing_is_done() {
     drop(serve);
     env.cleanup().await;
 }
+
+/// Issue 33, item 4: with `--metrics-addr`, `/metrics` is served on that
+/// listener alone and the API's address answers 404 for it (the shipped
+/// unit's API listens on every address).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_on_their_own_listener_are_not_on_the_api_s() {
+    let env = TestEnv::new().await;
+    env.live_voucher(1, 5).await;
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let serve = Serve::start(&env, &["--metrics-addr", &addr]);
+    assert_eq!(serve.buy(1, json!(1)).0, 201);
+    assert_eq!(serve.get("/metrics", None).0, 404);
+    let mut page = http_agent()
+        .get(&format!("http://{addr}/metrics"))
+        .call()
+        .expect("the metrics listener");
+    let text = page.body_mut().read_to_string().unwrap_or_default();
+    assert!(text.contains("seckill_http_requests_total"), "{text}");
+    assert!(serve.stop().success());
+    env.cleanup().await;
+}

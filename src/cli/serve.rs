@@ -43,6 +43,10 @@ pub struct ServeArgs {
     /// The private key of --tls-cert (PEM)
     #[arg(long, env = "SECKILL_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g.
+    /// 127.0.0.1:9465) and not on --listen, which then answers 404 there
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
     #[command(flatten)]
     pub replicas: ReplicaWaitOpt,
     #[command(flatten)]
@@ -62,6 +66,7 @@ pub async fn run(cfg: &Config, args: ServeArgs) -> anyhow::Result<u8> {
         request_timeout: args.request_timeout,
         drain: args.drain,
         redis_connections: args.redis_connections,
+        metrics_addr: args.metrics_addr,
         node_id: args.node.node_id,
         tls: args.tls_cert.zip(args.tls_key),
         wait: args.replicas.wait(),

@@ -174,3 +174,18 @@ pub async fn render(State(state): State<Arc<AppState>>) -> Response {
     );
     response
 }
+
+/// `--metrics-addr`: `/metrics` alone on a listener of its own until
+/// `stop` (bound now: a busy port fails serve at start).
+pub async fn serve_page(
+    addr: std::net::SocketAddr,
+    state: Arc<AppState>,
+    stop: tokio_util::sync::CancellationToken,
+) -> crate::error::Result<tokio::task::JoinHandle<()>> {
+    let page = axum::Router::new()
+        .route("/metrics", axum::routing::get(render))
+        .with_state(state);
+    let task = crate::support::metrics_page::start(addr, page, stop).await?;
+    tracing::info!("metrics on http://{addr}/metrics (not on the API's address)");
+    Ok(task)
+}

@@ -56,6 +56,9 @@ pub struct ServeOptions {
     /// Multiplexed Redis connections shared by all requests (with
     /// `wait`, as many again for purchases).
     pub redis_connections: usize,
+    /// `/metrics` on a listener of its own here, and 404 on the API's
+    /// (which may face the internet: sales velocity is nobody's business).
+    pub metrics_addr: Option<SocketAddr>,
     pub node_id: Option<u16>,
     /// HTTPS with this certificate chain and key (PEM); none: plain HTTP.
     pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
@@ -247,6 +250,10 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
         }
     );
     reload_keys_on_sighup(hangups, opts.api_keys.clone(), stop.clone());
+    let metrics_page = match opts.metrics_addr {
+        Some(addr) => Some(metrics::serve_page(addr, state.clone(), stop.clone()).await?),
+        None => None,
+    };
     let app = limited(state, opts);
     let stopping = stop.clone();
     let shutdown = async move {
@@ -283,6 +290,9 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
     };
     stop_mending.cancel();
     mender.await.ok();
+    if let Some(page) = metrics_page {
+        page.await.ok();
+    }
     stop_renewing.cancel();
     renewing.await.ok();
     ids.release().await;
@@ -313,7 +323,7 @@ fn reload_keys_on_sighup(
     });
 }
 
-fn router(state: Arc<AppState>) -> Router {
+fn router(state: Arc<AppState>, public_metrics: bool) -> Router {
     let v1 = Router::new()
         .route("/v1/vouchers/{voucher}", get(voucher::show))
         .route("/v1/vouchers/{voucher}/purchases", post(purchase::create))
@@ -329,12 +339,14 @@ fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             auth::require_key,
         ));
-    Router::new()
+    let mut open = Router::new()
         .merge(v1)
         .route("/healthz", get(health::healthz))
-        .route("/readyz", get(health::readyz))
-        .route("/metrics", get(metrics::render))
-        .fallback(error::not_found)
+        .route("/readyz", get(health::readyz));
+    if public_metrics {
+        open = open.route("/metrics", get(metrics::render));
+    }
+    open.fallback(error::not_found)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             metrics::observe,
@@ -362,7 +374,7 @@ fn limited(
         + Send
         + 'static,
 > {
-    let app = router(state.clone());
+    let app = router(state.clone(), opts.metrics_addr.is_none());
     let refused = move |e: axum::BoxError| {
         let state = state.clone();
         async move { error::overloaded(&state, e) }

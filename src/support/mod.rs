@@ -1,10 +1,12 @@
 //! Small pieces every layer uses: secret masking, time parsing, order ids,
-//! signals, retry backoff, set digests, server versions and the test-only fault hook.
+//! signals, retry backoff, set digests, server versions, the metrics listener and the
+//! test-only fault hook.
 
 pub mod backoff;
 pub mod fault;
 pub mod host;
 pub mod mask;
+pub mod metrics_page;
 pub mod set_digest;
 pub mod shutdown;
 pub mod snowflake;

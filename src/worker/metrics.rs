@@ -12,7 +12,6 @@ use std::sync::Arc;
 use axum::http::header;
 use axum::routing::get;
 use axum::Router;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use prometheus_client::encoding::text::encode;
@@ -24,7 +23,7 @@ use prometheus_client::registry::Registry;
 use redis::AsyncCommands;
 
 use super::stats::WorkerStats;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::gate::policy::{self, Rejections};
 use crate::gate::state::GateState;
 use crate::store::config::Config;
@@ -40,10 +39,6 @@ pub async fn start(
     stats: Arc<WorkerStats>,
     stop: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|e| Error::InvalidInput(format!("--metrics-addr {addr}: {e}")))?;
-    tracing::info!("metrics on http://{addr}/metrics");
     let page = Router::new().route(
         "/metrics",
         get(move || {
@@ -60,14 +55,9 @@ pub async fn start(
             }
         }),
     );
-    Ok(tokio::spawn(async move {
-        let served = axum::serve(listener, page)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await;
-        if let Err(e) = served {
-            tracing::warn!("metrics endpoint stopped: {e}");
-        }
-    }))
+    let task = crate::support::metrics_page::start(addr, page, stop).await?;
+    tracing::info!("metrics on http://{addr}/metrics");
+    Ok(task)
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
