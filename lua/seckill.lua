@@ -277,10 +277,10 @@ if left <= 0 or held or elsewhere then
   return {2, reason, redis.call('ZRANK', KEYS[4], user) + 1}
 end
 if left < quantity then
-  -- A request that waits already keeps its place (a resend of one whose
-  -- answer was lost, after the mover's count fell): it is not refused
-  -- while it may still be served.
-  local rank = redis.call('ZRANK', KEYS[4], user)
+  -- A voucher in buckets: a request that waits already keeps its place (a
+  -- resend of one whose answer was lost, after the mover's count fell): it
+  -- is not refused while it may still be served.
+  local rank = buckets > 1 and redis.call('ZRANK', KEYS[4], user)
   if rank then return {2, 'waiting for units', rank + 1} end
   return {9, 'not enough stock', left}
 end
