@@ -1250,15 +1250,7 @@ async fn a_worker_without_a_guard_names_a_bucket_it_cannot_draw_on() {
         .expect("hset");
     let worker = env.spawn_worker(&common::fast_worker(&["--gate-check", "0s"]));
     let told = "nothing draws on it until a gate guard has checked it";
-    let start = std::time::Instant::now();
-    while !worker.log_text().contains(told) {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "{}",
-            worker.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    worker.wait_log(told, Duration::from_secs(30));
     worker.signal("TERM");
     let log = worker.log_text();
     worker.expect_success(Duration::from_secs(30));

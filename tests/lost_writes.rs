@@ -17,20 +17,6 @@ use common::{fast_worker, json, one_voucher_per_master, TestEnv};
 use redis::AsyncCommands;
 use seckill::gate::buckets::bucket_of;
 
-/// Waits for `needle` in the worker's log; how long it took.
-fn wait_log(worker: &WorkerProc, needle: &str, limit: Duration) -> Duration {
-    let start = Instant::now();
-    while !worker.log_text().contains(needle) {
-        assert!(
-            start.elapsed() < limit,
-            "no {needle:?} in the worker's log within {limit:?}:\n{}",
-            worker.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    start.elapsed()
-}
-
 /// The worker's own account of the pause: "reopened after <duration>".
 fn pause_length(worker: &WorkerProc) -> String {
     let log = worker.log_text();
@@ -130,7 +116,7 @@ async fn a_redis_restarted_from_an_older_snapshot_is_paused_rebuilt_and_reopened
     env.wait_orders(V, 300, Duration::from_secs(30)).await;
     redis.crash_and_restart();
     env.forget_redis();
-    let paused = wait_log(&worker, "admission paused", Duration::from_secs(10));
+    let paused = worker.wait_log("admission paused", Duration::from_secs(10));
     let buy = env
         .cmd()
         .args([
@@ -162,7 +148,7 @@ async fn a_redis_restarted_from_an_older_snapshot_is_paused_rebuilt_and_reopened
     assert_eq!(pending[0]["paused"], true, "{pending}");
     let table = env.cmd().args(["status"]).output().unwrap();
     assert!(String::from_utf8_lossy(&table.stdout).contains("paused"));
-    let reopened = wait_log(&worker, "reopened", Duration::from_secs(30));
+    let reopened = worker.wait_log("reopened", Duration::from_secs(30));
     eprintln!(
         "Redis back -> paused after {paused:?}; paused for {} (reopened {reopened:?} later)",
         pause_length(&worker)
@@ -192,8 +178,8 @@ async fn a_failover_to_a_replica_that_missed_the_last_admissions_is_paused_rebui
     let killed = Instant::now();
     cluster.wait_master(replica, Duration::from_secs(30));
     let failover = killed.elapsed();
-    let paused = wait_log(&worker, "admission paused", Duration::from_secs(10));
-    let reopened = wait_log(&worker, "reopened", Duration::from_secs(30));
+    let paused = worker.wait_log("admission paused", Duration::from_secs(10));
+    let reopened = worker.wait_log("reopened", Duration::from_secs(30));
     eprintln!(
         "failover {failover:?}; then paused after {paused:?}; paused for {} (reopened {reopened:?} later)",
         pause_length(&worker)
@@ -225,8 +211,8 @@ async fn lost_buyers_buying_again_before_the_guard_looks_do_not_hide_the_loss() 
     let again = env.admit_users(V, 200, 100).await;
     assert_eq!(again.outcomes.success, 200, "{again:?}");
     worker.signal("CONT");
-    wait_log(&worker, GATE_PAUSED, Duration::from_secs(10));
-    wait_log(&worker, "reopened", Duration::from_secs(30));
+    worker.wait_log(GATE_PAUSED, Duration::from_secs(10));
+    worker.wait_log("reopened", Duration::from_secs(30));
     let out = env
         .cmd()
         .args(["buy", "--voucher", "1", "--user", "150"])
@@ -303,8 +289,8 @@ async fn a_gate_that_mysql_cannot_vouch_for_stays_paused_until_an_operator_fixes
     let keys = seckill::store::keys::VoucherKeys::new(&env.prefix, V).unwrap();
     let mut redis = env.redis().await;
     let _: () = redis.srem(keys.buyers(), 3).await.unwrap();
-    wait_log(&worker, GATE_PAUSED, Duration::from_secs(10));
-    wait_log(&worker, "--fix-mysql", Duration::from_secs(10));
+    worker.wait_log(GATE_PAUSED, Duration::from_secs(10));
+    worker.wait_log("--fix-mysql", Duration::from_secs(10));
     let buy = |user: &str| env.buy_exit(1, user);
     assert_eq!(buy("500"), Some(15), "still paused");
     // No reopen, not even the operator's, within the pause's grace (the
@@ -447,11 +433,11 @@ async fn a_batch_in_hand_that_redis_lost_holds_the_gate_until_it_is_committed() 
         &[("SECKILL_TEST_PAUSE", "after_lock=6s*1")],
     );
     worker.expect_gate_pauses();
-    wait_log(&worker, "test pause at after_lock", Duration::from_secs(30));
+    worker.wait_log("test pause at after_lock", Duration::from_secs(30));
     redis.crash_and_restart();
     env.forget_redis();
-    wait_log(&worker, GATE_PAUSED, Duration::from_secs(10));
-    wait_log(&worker, "and reopened", Duration::from_secs(60));
+    worker.wait_log(GATE_PAUSED, Duration::from_secs(10));
+    worker.wait_log("and reopened", Duration::from_secs(60));
     // The 500 told "success" hold their units; 500 are left for new buyers.
     let report = env.admit_users(V, 800, 1_000_000).await;
     assert_eq!(
@@ -509,7 +495,7 @@ async fn a_pause_that_failed_after_a_restart_is_tried_again() {
     env.admit_users(V, 20, 0).await;
     env.wait_orders(V, 20, Duration::from_secs(30)).await;
     // The guard has looked at the gate since (its run id is known).
-    wait_log(&worker, "", Duration::from_secs(1));
+    worker.wait_log("", Duration::from_secs(1));
     std::thread::sleep(Duration::from_millis(1500));
     redis.snapshot();
     redis.crash_and_restart();
@@ -519,7 +505,7 @@ async fn a_pause_that_failed_after_a_restart_is_tried_again() {
         "OK"
     );
     env.forget_redis();
-    wait_log(&worker, "no permissions", Duration::from_secs(10));
+    worker.wait_log("no permissions", Duration::from_secs(10));
     std::thread::sleep(Duration::from_millis(2500));
     assert!(
         !worker.log_text().contains(GATE_PAUSED),
@@ -530,8 +516,8 @@ async fn a_pause_that_failed_after_a_restart_is_tried_again() {
         redis.cli(&["acl", "setuser", "default", "+evalsha"]).trim(),
         "OK"
     );
-    wait_log(&worker, GATE_PAUSED, Duration::from_secs(10));
-    wait_log(&worker, "and reopened", Duration::from_secs(30));
+    worker.wait_log(GATE_PAUSED, Duration::from_secs(10));
+    worker.wait_log("and reopened", Duration::from_secs(30));
     worker.signal("TERM");
     worker.expect_success(Duration::from_secs(30));
     assert_invariants(&env, V).await;
@@ -556,12 +542,11 @@ async fn a_worker_started_after_a_restart_sees_the_run_id_change_in_meta() {
     env.forget_redis();
     let mut second = env.spawn_worker(&fast_worker(&[]));
     second.expect_gate_pauses();
-    wait_log(
-        &second,
+    second.wait_log(
         "the Redis server holding it changed",
         Duration::from_secs(10),
     );
-    wait_log(&second, "and reopened", Duration::from_secs(30));
+    second.wait_log("and reopened", Duration::from_secs(30));
     second.signal("TERM");
     second.expect_success(Duration::from_secs(30));
     assert_invariants(&env, V).await;
@@ -724,15 +709,14 @@ async fn a_bucket_whose_master_fails_over_to_a_lagging_replica_is_paused_and_reb
     assert!(lost.len() > 20, "{} admissions to lose", lost.len());
     cluster.kill9(master);
     cluster.wait_master(replica, Duration::from_secs(30));
-    let paused = wait_log(
-        &worker,
+    let paused = worker.wait_log(
         "bucket 1: the Redis server holding it changed",
         Duration::from_secs(10),
     );
     // Held paused for 3 s: its users are told so, the others buy.
     assert_eq!(buy(&env, V, user_of(VICTIM, 3, 5_000_000, false)), Some(15));
     assert_eq!(buy(&env, V, user_of(VICTIM, 3, 5_000_000, true)), Some(0));
-    wait_log(&worker, "and reopened", Duration::from_secs(30));
+    worker.wait_log("and reopened", Duration::from_secs(30));
     eprintln!(
         "paused {paused:?} after the failover; paused for {}",
         pause_length(&worker)
@@ -854,13 +838,8 @@ async fn a_bucket_gone_whole_is_rebuilt_from_its_users_orders() {
     let buyers_before: u64 = redis.scard(k.buyers()).await.expect("scard");
     assert!(buyers_before > 20);
     common::lose_gate(&mut redis, &k).await;
-    wait_log(
-        &worker,
-        "bucket 2: the gate is gone",
-        Duration::from_secs(20),
-    );
-    wait_log(
-        &worker,
+    worker.wait_log("bucket 2: the gate is gone", Duration::from_secs(20));
+    worker.wait_log(
         "test pause at between_gate_and_mysql_reads",
         Duration::from_secs(30),
     );
@@ -993,8 +972,7 @@ async fn a_bucket_back_from_older_data_is_not_drawn_on_before_the_guard_checks_i
     assert!(waiting > 0, "nobody waits");
     cluster.kill9(master);
     cluster.wait_master(replica, Duration::from_secs(30));
-    wait_log(
-        &worker,
+    worker.wait_log(
         "bucket 2: gate checked against MySQL",
         Duration::from_secs(60),
     );
@@ -1048,20 +1026,12 @@ async fn a_lost_batch_whose_transaction_ran_past_its_deadline_is_kept_and_commit
         &[("SECKILL_TEST_PAUSE", "before_commit=4s*1")],
     );
     worker.expect_gate_pauses();
-    wait_log(
-        &worker,
-        "test pause at before_commit",
-        Duration::from_secs(30),
-    );
+    worker.wait_log("test pause at before_commit", Duration::from_secs(30));
     redis.crash_and_restart();
     env.forget_redis();
-    wait_log(
-        &worker,
-        "abandoned a MySQL transaction",
-        Duration::from_secs(30),
-    );
+    worker.wait_log("abandoned a MySQL transaction", Duration::from_secs(30));
     env.wait_orders(V, 500, Duration::from_secs(60)).await;
-    wait_log(&worker, "and reopened", Duration::from_secs(60));
+    worker.wait_log("and reopened", Duration::from_secs(60));
     let log = worker.log_text();
     assert!(
         !log.contains("let go of"),

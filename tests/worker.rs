@@ -153,15 +153,7 @@ async fn wait_for_pause(w: &common::process::WorkerProc, step: &str) {
 }
 
 async fn wait_for_log(w: &common::process::WorkerProc, line: &str) {
-    let start = std::time::Instant::now();
-    while !w.log_text().contains(line) {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the worker never logged '{line}':\n{}",
-            w.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    w.wait_log(line, Duration::from_secs(30));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -141,6 +141,21 @@ impl WorkerProc {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Waits for `needle` in the worker's log (the log shown if it never
+    /// comes within `limit`); how long it took.
+    pub fn wait_log(&self, needle: &str, limit: Duration) -> Duration {
+        let start = std::time::Instant::now();
+        while !self.log_text().contains(needle) {
+            assert!(
+                start.elapsed() < limit,
+                "no {needle:?} in the worker's log within {limit:?}:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        start.elapsed()
+    }
 }
 
 impl Drop for WorkerProc {
