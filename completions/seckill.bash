@@ -1492,7 +1492,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__serve)
-            opts="-v -q -h -V --listen --api-key-file --max-in-flight --request-timeout --drain --redis-connections --tls-cert --tls-key --metrics-addr --wait-replicas --wait-timeout --node-id --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
+            opts="-v -q -h -V --listen --api-key-file --max-in-flight --request-timeout --header-timeout --idle-timeout --max-connections --drain --redis-connections --tls-cert --tls-key --metrics-addr --wait-replicas --wait-timeout --node-id --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1511,6 +1511,18 @@ _seckill() {
                     return 0
                     ;;
                 --request-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --header-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --idle-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-connections)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

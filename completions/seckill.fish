@@ -413,6 +413,9 @@ complete -c seckill -n "__fish_seckill_using_subcommand serve" -l listen -d 'Add
 complete -c seckill -n "__fish_seckill_using_subcommand serve" -l api-key-file -d 'File of API keys, one per line (blank lines and # comments skipped); every /v1 request must carry one as `Authorization: Bearer <key>`' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand serve" -l max-in-flight -d 'Requests handled at once; more are answered 503 at once' -r
 complete -c seckill -n "__fish_seckill_using_subcommand serve" -l request-timeout -d 'A request not answered within this is answered 503 (outcome unknown)' -r
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l header-timeout -d 'A connection is closed when a request\'s head has not arrived within this of its opening, or of its first byte after an answer' -r
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l idle-timeout -d 'A keep-alive connection with no request for this long is closed (keep it above a load balancer\'s idle timeout: 60 s on most)' -r
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l max-connections -d 'Connections open at once (fewer if the descriptor limit leaves less room); at the cap the longest idle or slow ones are closed for newcomers' -r
 complete -c seckill -n "__fish_seckill_using_subcommand serve" -l drain -d 'On SIGTERM/SIGINT, requests in flight get this long to finish' -r
 complete -c seckill -n "__fish_seckill_using_subcommand serve" -l redis-connections -d 'Multiplexed Redis connections shared by all requests' -r
 complete -c seckill -n "__fish_seckill_using_subcommand serve" -l tls-cert -d 'Serve HTTPS with this certificate chain (PEM; needs --tls-key)' -r -F

@@ -339,6 +339,21 @@ async fn bad_input_is_one_line_a_non_zero_exit_and_changes_nothing() {
             "--request-timeout must be",
         ),
         case(
+            &["serve", "--max-connections", "0"],
+            1,
+            "--max-connections must be between 1 and 1000000",
+        ),
+        case(
+            &["serve", "--header-timeout", "0s"],
+            1,
+            "--header-timeout must be at least 100ms",
+        ),
+        case(
+            &["serve", "--idle-timeout", "10ms"],
+            1,
+            "--idle-timeout must be at least 100ms",
+        ),
+        case(
             &["serve", "--wait-replicas", "1", "--wait-timeout", "3s"],
             1,
             "--wait-timeout must be above 0 and at least 200ms below --request-timeout",

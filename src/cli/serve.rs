@@ -31,6 +31,18 @@ pub struct ServeArgs {
     /// A request not answered within this is answered 503 (outcome unknown)
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub request_timeout: std::time::Duration,
+    /// A connection is closed when a request's head has not arrived within
+    /// this of its opening, or of its first byte after an answer
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub header_timeout: std::time::Duration,
+    /// A keep-alive connection with no request for this long is closed
+    /// (keep it above a load balancer's idle timeout: 60 s on most)
+    #[arg(long, default_value = "75s", value_parser = parse_duration)]
+    pub idle_timeout: std::time::Duration,
+    /// Connections open at once (fewer if the descriptor limit leaves less
+    /// room); at the cap the longest idle or slow ones are closed for newcomers
+    #[arg(long, default_value_t = 10_000)]
+    pub max_connections: usize,
     /// On SIGTERM/SIGINT, requests in flight get this long to finish
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub drain: std::time::Duration,
@@ -64,6 +76,9 @@ pub async fn run(cfg: &Config, args: ServeArgs) -> anyhow::Result<u8> {
         api_keys,
         max_in_flight: args.max_in_flight,
         request_timeout: args.request_timeout,
+        header_timeout: args.header_timeout,
+        idle_timeout: args.idle_timeout,
+        max_connections: args.max_connections,
         drain: args.drain,
         redis_connections: args.redis_connections,
         metrics_addr: args.metrics_addr,

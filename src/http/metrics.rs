@@ -1,6 +1,7 @@
 //! `GET /metrics` of `seckill serve` (Prometheus text format, through the
 //! Prometheus org's own client crate): requests by route, status and
-//! outcome, their latency, requests in flight, and Redis errors; and the
+//! outcome, their latency, requests in flight, Redis errors, connections
+//! open and closed by serve (timers, the cap); and the
 //! access line of each request at `-v`. Label sets
 //! are bounded: a route is its template (`/v1/vouchers/{voucher}/...`),
 //! never an id.
@@ -47,6 +48,7 @@ pub struct ServeMetrics {
     latency: LatencyFamily,
     in_flight: Gauge,
     redis_errors: Counter,
+    pub connections: ConnectionMetrics,
 }
 
 fn latency_histogram() -> Histogram {
@@ -81,12 +83,15 @@ impl Default for ServeMetrics {
             "Redis calls of requests that failed (timeouts, lost connections)",
             redis_errors.clone(),
         );
+        let connections = ConnectionMetrics::default();
+        connections.register(&mut registry);
         ServeMetrics {
             registry,
             requests,
             latency,
             in_flight,
             redis_errors,
+            connections,
         }
     }
 }
@@ -105,6 +110,57 @@ impl ServeMetrics {
                 outcome,
             })
             .inc();
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClosedLabels {
+    reason: &'static str,
+}
+
+/// The API listener's connections: open now, and those serve closed itself
+/// by reason (`header_timeout`, `idle_timeout`, `shed` at the cap,
+/// `refused` at the cap while every one was busy).
+#[derive(Clone, Debug, Default)]
+pub struct ConnectionMetrics {
+    open: Gauge,
+    closed: Family<ClosedLabels, Counter>,
+}
+
+/// Counts a connection open until dropped.
+pub struct OpenConnection(Gauge);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+impl ConnectionMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "connections",
+            "Connections open on the API listener",
+            self.open.clone(),
+        );
+        registry.register(
+            "connections_closed",
+            "Connections serve closed: header_timeout, idle_timeout, shed (at the connection cap, the longest waiting for their clients), refused (at the cap while every one was busy)",
+            self.closed.clone(),
+        );
+    }
+
+    pub fn open(&self) -> OpenConnection {
+        self.open.inc();
+        OpenConnection(self.open.clone())
+    }
+
+    pub fn closed(&self, reason: &'static str, n: usize) {
+        if n > 0 {
+            self.closed
+                .get_or_create(&ClosedLabels { reason })
+                .inc_by(n as u64);
+        }
     }
 }
 

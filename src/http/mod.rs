@@ -8,6 +8,7 @@
 //! its shared state and its limits, and runs it until shutdown.
 
 mod auth;
+mod connections;
 mod error;
 mod health;
 mod ids;
@@ -51,6 +52,13 @@ pub struct ServeOptions {
     pub max_in_flight: usize,
     /// A request not answered within this is answered 503.
     pub request_timeout: Duration,
+    /// A request's head must arrive within this of the connection's
+    /// opening or of its first byte; between requests a connection may
+    /// wait `idle_timeout`.
+    pub header_timeout: Duration,
+    pub idle_timeout: Duration,
+    /// Connections open at once (fewer if the descriptor limit is lower).
+    pub max_connections: usize,
     /// Requests in flight at shutdown get this long to finish.
     pub drain: Duration,
     /// Multiplexed Redis connections shared by all requests (with
@@ -85,6 +93,15 @@ impl ServeOptions {
         }
         if self.request_timeout < Duration::from_millis(10) {
             return bad("--request-timeout must be at least 10ms");
+        }
+        if self.header_timeout < Duration::from_millis(100) {
+            return bad("--header-timeout must be at least 100ms");
+        }
+        if self.idle_timeout < Duration::from_millis(100) {
+            return bad("--idle-timeout must be at least 100ms");
+        }
+        if !(1..=1_000_000).contains(&self.max_connections) {
+            return bad("--max-connections must be between 1 and 1000000");
         }
         if !(1..=64).contains(&self.redis_connections) {
             return bad("--redis-connections must be between 1 and 64");
@@ -190,6 +207,7 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
         Some((cert, key)) => Some(tls::acceptor(cert, key)?),
         None => None,
     };
+    let cap = connections::connection_cap(opts.max_connections, opts.redis_connections)?;
     let cfg = Arc::new(cfg.clone());
     let mut first = redis_conn::connect(&cfg).await?;
     redis_conn::check_version(&mut first).await?;
@@ -239,10 +257,11 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
         .local_addr()
         .map_err(|e| Error::InvalidInput(format!("cannot listen on {}: {e}", opts.listen)))?;
     tracing::info!(
-        "serve listening on {}://{local} (node id {}, {} in flight at most{})",
+        "serve listening on {}://{local} (node id {}, {} in flight and {} connections at most{})",
         if tls.is_some() { "https" } else { "http" },
         ids.node(),
         opts.max_in_flight,
+        cap.connections,
         if state.keys.is_some() {
             ""
         } else {
@@ -254,28 +273,27 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
         Some(addr) => Some(metrics::serve_page(addr, state.clone(), stop.clone()).await?),
         None => None,
     };
+    let connection_metrics = state.metrics.connections.clone();
+    if cap.connections < opts.max_connections {
+        tracing::info!(
+            "at most {} connections: the descriptor limit is {} and {} are kept for the stores (raise LimitNOFILE for more)",
+            cap.connections,
+            cap.descriptors,
+            cap.kept_back
+        );
+    }
     let app = limited(state, opts);
-    let stopping = stop.clone();
-    let shutdown = async move {
-        stopping.cancelled().await;
-        tracing::info!("stopping: no new connections; finishing the requests in flight");
+    let limits = connections::ConnectionLimits {
+        timers: connections::Timers {
+            header: opts.header_timeout,
+            idle: opts.idle_timeout,
+        },
+        cap: cap.connections,
     };
+    let stopping = stop.clone();
     let served = async move {
-        match tls {
-            Some(acceptor) => {
-                let listener = tls::TlsListener::new(listener, acceptor)
-                    .map_err(|e| Error::InvalidInput(format!("cannot listen on {local}: {e}")))?;
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(shutdown)
-                    .await
-            }
-            None => {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(shutdown)
-                    .await
-            }
-        }
-        .map_err(|e| Error::InvalidInput(format!("serving on {local}: {e}")))
+        connections::serve(listener, tls, app, limits, connection_metrics, stopping).await;
+        Ok::<(), Error>(())
     };
     let drained = async {
         stop.cancelled().await;
@@ -361,29 +379,16 @@ fn router(state: Arc<AppState>, public_metrics: bool) -> Router {
 /// refused at once, never queued; the timeout is a backstop past the
 /// handlers' own (`--request-timeout`, after which a purchase answers
 /// `unknown`).
-fn limited(
-    state: Arc<AppState>,
-    opts: &ServeOptions,
-) -> axum::routing::IntoMakeService<
-    impl tower::Service<
-            axum::extract::Request,
-            Response = axum::response::Response,
-            Error = std::convert::Infallible,
-            Future = impl Send,
-        > + Clone
-        + Send
-        + 'static,
-> {
+fn limited(state: Arc<AppState>, opts: &ServeOptions) -> impl connections::Routes {
     let app = router(state.clone(), opts.metrics_addr.is_none());
     let refused = move |e: axum::BoxError| {
         let state = state.clone();
         async move { error::overloaded(&state, e) }
     };
-    let service = ServiceBuilder::new()
+    ServiceBuilder::new()
         .layer(HandleErrorLayer::new(refused))
         .load_shed()
         .concurrency_limit(opts.max_in_flight)
         .timeout(opts.request_timeout + Duration::from_secs(1))
-        .service(app);
-    axum::ServiceExt::<axum::extract::Request>::into_make_service(service)
+        .service(app)
 }
