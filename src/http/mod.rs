@@ -94,11 +94,12 @@ impl ServeOptions {
         if self.request_timeout < Duration::from_millis(10) {
             return bad("--request-timeout must be at least 10ms");
         }
-        if self.header_timeout < Duration::from_millis(100) {
-            return bad("--header-timeout must be at least 100ms");
+        let day = Duration::from_secs(86_400);
+        if !(Duration::from_millis(100)..=day).contains(&self.header_timeout) {
+            return bad("--header-timeout must be between 100ms and 1day");
         }
-        if self.idle_timeout < Duration::from_millis(100) {
-            return bad("--idle-timeout must be at least 100ms");
+        if !(Duration::from_millis(100)..=day).contains(&self.idle_timeout) {
+            return bad("--idle-timeout must be between 100ms and 1day");
         }
         if !(1..=1_000_000).contains(&self.max_connections) {
             return bad("--max-connections must be between 1 and 1000000");

@@ -16,6 +16,7 @@
 //! - On stop: no new connection; idle ones close, busy ones after their
 //!   answer.
 
+mod counted;
 mod descriptors;
 mod open_set;
 mod watched;
@@ -30,16 +31,23 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
+pub use counted::ConnectionMetrics;
 pub use descriptors::connection_cap;
 use open_set::OpenSet;
 pub use watched::Timers;
 use watched::{Conn, Lapse, Watched};
 
-use super::metrics::ConnectionMetrics;
-
 /// A request's head larger than this is refused (431): it bounds what a
 /// slow client makes the process hold (hyper's default is ~400 KiB).
 const MAX_HEAD: usize = 16 * 1024;
+
+/// Connections told to close per pass at the cap (one pass over the open
+/// set frees room for this many newcomers), and how far a burst may pass
+/// the cap while they close (kept back from it in descriptors.rs).
+pub const BATCH: usize = 16;
+
+/// Refused newcomers whose 503 is being written at once.
+pub const LINGERING: usize = 16;
 
 /// What every connection serves: the router behind the process's limits.
 pub trait Routes:
@@ -73,6 +81,15 @@ pub struct ConnectionLimits {
     pub cap: usize,
 }
 
+impl ConnectionLimits {
+    /// How long a connection waits before it may be shed: one just opened
+    /// or just answered most likely has a request on the wire, which a
+    /// close would reset (a newcomer is better refused 503 meanwhile).
+    fn grace(&self) -> Duration {
+        Duration::from_millis(100).min(self.timers.header / 4)
+    }
+}
+
 /// Serves `service` on every connection `listener` accepts until `stop`,
 /// then until every connection has closed.
 pub async fn serve<S>(
@@ -87,8 +104,7 @@ pub async fn serve<S>(
 {
     let open = OpenSet::new();
     let mut cap_log = CapLog::default();
-    // Shed in batches at the cap: one pass over the set frees room for many.
-    let batch = (limits.cap / 64).max(1);
+    let lingering = Arc::new(tokio::sync::Semaphore::new(LINGERING));
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -97,23 +113,29 @@ pub async fn serve<S>(
         let stream = match accepted {
             Ok((stream, _)) => stream,
             Err(e) if out_of_descriptors(&e) => {
-                let shed = open.shed_longest_waiting(batch);
-                metrics.closed("shed", shed);
+                let shed = open.shed_longest_waiting(BATCH, limits.grace());
                 cap_log.out_of_descriptors(&e, shed);
                 // The shed ones close within a poll; the backlog waits that long.
                 open.one_closed(Duration::from_millis(10)).await;
                 continue;
             }
-            // The client gave up before it was taken (ECONNABORTED, ...).
-            Err(e) => {
+            // The client gave up before it was taken.
+            Err(e) if client_gone(&e) => {
                 tracing::debug!("accept: {e}");
                 continue;
             }
+            // Anything else (ENOBUFS, ENOMEM, ...) may last: the listener
+            // stays ready, so trying again at once would spin.
+            Err(e) => {
+                tracing::debug!("accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
         };
-        if !make_room(&open, limits.cap, batch, &metrics, &mut cap_log).await {
+        if !make_room(&open, &limits, &mut cap_log).await {
             metrics.closed("refused", 1);
             cap_log.at_cap(limits.cap, 0, 1);
-            refuse(stream, tls.is_some());
+            refuse(stream, tls.is_some(), &lingering);
             continue;
         }
         let place = open.admit();
@@ -134,35 +156,31 @@ pub async fn serve<S>(
 
 /// Room for one more connection: at the cap, the longest waiting ones are
 /// told to close, and a newcomer is taken once those told are enough to
-/// bring the count back under the cap (a burst may pass it by `batch` at
-/// most while they close). False when nothing can be shed: every
-/// connection is handling a request, or those told have not closed in 30
-/// ms (busy ones close after their answer).
-async fn make_room(
-    open: &OpenSet,
-    cap: usize,
-    batch: usize,
-    metrics: &ConnectionMetrics,
-    cap_log: &mut CapLog,
-) -> bool {
-    let overshoot = batch.max(8);
-    for _ in 0..4 {
+/// bring the count back under the cap (a burst may pass it by `BATCH` at
+/// most while they close: descriptors.rs keeps that many back). False when
+/// nothing can be shed (every connection is handling a request or has
+/// waited less than the grace), or those told have not closed in 40 ms
+/// (busy ones close after their answer).
+async fn make_room(open: &OpenSet, limits: &ConnectionLimits, cap_log: &mut CapLog) -> bool {
+    let cap = limits.cap;
+    for attempt in 0..5 {
         let count = open.len();
         if count < cap {
             return true;
         }
         if count.saturating_sub(open.closing()) < cap {
-            if count < cap + overshoot {
+            if count < cap + BATCH {
                 return true;
             }
-            open.one_closed(Duration::from_millis(10)).await;
+            if attempt < 4 {
+                open.one_closed(Duration::from_millis(10)).await;
+            }
             continue;
         }
-        let shed = open.shed_longest_waiting(batch);
+        let shed = open.shed_longest_waiting(BATCH, limits.grace());
         if shed == 0 {
             return false;
         }
-        metrics.closed("shed", shed);
         cap_log.at_cap(cap, shed, 0);
     }
     false
@@ -182,6 +200,9 @@ async fn connection<S>(
     S: Routes,
 {
     let _open = metrics.open();
+    // A token of its own: polling the server's shared one at every wake-up
+    // of every connection would contend on its lock.
+    let stop = stop.child_token();
     let conn = place.conn.clone();
     // Beneath TLS: the handshake's bytes count as the head's.
     let watched = Watched::new(stream, conn.clone());
@@ -189,11 +210,12 @@ async fn connection<S>(
         None => serve_one(watched, service, &conn, timers, &stop).await,
         Some(acceptor) => {
             let shaken = tokio::select! {
+                biased;
                 s = acceptor.accept(watched) => {
                     s.map_err(|e| Ended::Failed(format!("TLS handshake: {e}")))
                 }
+                _ = conn.shed.notified() => Err(Ended::Shed),
                 lapse = conn.lapsed(timers) => Err(Ended::Lapsed(lapse)),
-                _ = conn.shed.notified() => return,
                 _ = stop.cancelled() => return,
             };
             match shaken {
@@ -203,6 +225,7 @@ async fn connection<S>(
         }
     };
     match ended {
+        Err(Ended::Shed) => metrics.closed("shed", 1),
         Err(Ended::Lapsed(Lapse::Header)) => metrics.closed("header_timeout", 1),
         Err(Ended::Lapsed(Lapse::Idle)) => metrics.closed("idle_timeout", 1),
         Err(Ended::Failed(e)) => tracing::debug!("connection: {e}"),
@@ -210,8 +233,10 @@ async fn connection<S>(
     }
 }
 
-/// How a connection ended other than by its client or a shed.
+/// How a connection ended other than by its client or a stop.
 enum Ended {
+    /// Told to close for a newcomer (after its answer, if it had a request).
+    Shed,
     Lapsed(Lapse),
     Failed(String),
 }
@@ -245,23 +270,31 @@ where
         .max_buf_size(MAX_HEAD)
         .serve_connection(TokioIo::new(io), handler);
     tokio::pin!(connection);
-    let mut closing = false;
+    let (mut closing, mut shed) = (false, false);
     loop {
+        // The connection first: a request that has come is read (and the
+        // connection marked busy) before a shed or a lapse is looked at,
+        // so neither drops a request the socket holds already.
         tokio::select! {
+            biased;
             ended = connection.as_mut() => {
-                return ended.map_err(|e| Ended::Failed(e.to_string()));
+                return match ended {
+                    _ if shed => Err(Ended::Shed),
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(Ended::Failed(e.to_string())),
+                };
             }
-            // Dropping the connection closes it: nothing is being handled.
-            lapse = conn.lapsed(timers) => return Err(Ended::Lapsed(lapse)),
             _ = conn.shed.notified(), if !closing => {
                 // Chosen while waiting, it may have taken a request since:
                 // that request is answered first.
                 if !conn.is_busy() {
-                    return Ok(());
+                    return Err(Ended::Shed);
                 }
                 connection.as_mut().graceful_shutdown();
-                closing = true;
+                (closing, shed) = (true, true);
             }
+            // Dropping the connection closes it: nothing is being handled.
+            lapse = conn.lapsed(timers) => return Err(Ended::Lapsed(lapse)),
             _ = stop.cancelled(), if !closing => {
                 connection.as_mut().graceful_shutdown();
                 closing = true;
@@ -270,23 +303,53 @@ where
     }
 }
 
+/// The client gave up before its connection was taken.
+fn client_gone(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::Interrupted
+    )
+}
+
 /// Accept failed for want of a descriptor (the process's or the system's).
 fn out_of_descriptors(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE))
 }
 
-/// A newcomer at the cap while every connection is handling a request: a
-/// 503 on plain HTTP (written only if the socket takes it at once), a
-/// close on TLS (an answer would need a handshake).
-fn refuse(stream: TcpStream, tls: bool) {
-    if !tls {
+/// A newcomer at the cap while nothing can be shed: a 503 on plain HTTP,
+/// a close on TLS (an answer would need a handshake). The 503 is written,
+/// the write side shut and the client's request read and dropped for up to
+/// 100 ms before the close: closing on unread bytes sends a reset, which
+/// can destroy the answer before the client reads it. At most `LINGERING`
+/// at once; past that the newcomer is closed at once (a reset, its request
+/// unread: nothing was done).
+fn refuse(stream: TcpStream, tls: bool, lingering: &Arc<tokio::sync::Semaphore>) {
+    if tls {
+        return;
+    }
+    let Ok(permit) = lingering.clone().try_acquire_owned() else {
+        return;
+    };
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let _permit = permit;
+        let mut stream = stream;
         const BODY: &str = r#"{"error":"too many connections; retry in a moment"}"#;
         let answer = format!(
             "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{BODY}",
             BODY.len()
         );
-        let _ = stream.try_write(answer.as_bytes());
-    }
+        let linger = async {
+            stream.write_all(answer.as_bytes()).await?;
+            stream.shutdown().await?;
+            let mut sink = [0u8; 1024];
+            while stream.read(&mut sink).await? > 0 {}
+            Ok::<(), std::io::Error>(())
+        };
+        let _ = tokio::time::timeout(Duration::from_millis(100), linger).await;
+    });
 }
 
 /// One WARN when the cap first bites, then at most one per 10 s with what

@@ -75,16 +75,21 @@ impl OpenSet {
     }
 
     /// Tells up to `n` of the connections that have waited longest for
-    /// their client to close; how many it told (none when every one is
+    /// their client (at least `grace`) to close; how many it told (none when every one is
     /// handling a request or was told already). One pass over the set,
     /// however many are told: at the cap, a flood of newcomers sheds in
     /// batches rather than scanning every connection for each.
-    pub fn shed_longest_waiting(&self, n: usize) -> usize {
+    pub fn shed_longest_waiting(&self, n: usize, grace: std::time::Duration) -> usize {
+        let waited_since = Instant::now()
+            .saturating_duration_since(self.epoch)
+            .saturating_sub(grace)
+            .as_micros() as u64;
         let chosen: Vec<Arc<Conn>> = {
             let open = self.lock();
             let mut waiting: Vec<(u64, &Arc<Conn>)> = open
                 .values()
                 .filter_map(|c| c.waiting_since().map(|since| (since, c)))
+                .filter(|(since, _)| *since <= waited_since)
                 .collect();
             if n < waiting.len() {
                 waiting.select_nth_unstable_by_key(n, |(since, _)| *since);

@@ -49,11 +49,13 @@ pub struct Conn {
     phase: AtomicU8,
     /// Microseconds from `epoch` to the start of the phase.
     since: AtomicU64,
+    /// An answer produced and not yet flushed to the socket: the
+    /// connection is still busy for a shed (its deadline is the idle one,
+    /// so a client that reads nothing is still closed in time).
+    answering: AtomicBool,
     /// Chosen to make room for a newcomer (at most once).
     shed_chosen: AtomicBool,
     pub shed: Notify,
-    /// Each change of phase moves the deadline `lapsed` waits for.
-    phase_changed: Notify,
 }
 
 impl Conn {
@@ -64,9 +66,9 @@ impl Conn {
             epoch,
             phase: AtomicU8::new(HEAD),
             since: AtomicU64::new(0),
+            answering: AtomicBool::new(false),
             shed_chosen: AtomicBool::new(false),
             shed: Notify::new(),
-            phase_changed: Notify::new(),
         };
         conn.enter(HEAD);
         conn
@@ -81,7 +83,6 @@ impl Conn {
     fn enter(&self, phase: u8) {
         self.since.store(self.now_micros(), Ordering::Relaxed);
         self.phase.store(phase, Ordering::Release);
-        self.phase_changed.notify_waiters();
     }
 
     /// A request is being handled until the guard is dropped (also when
@@ -91,8 +92,9 @@ impl Conn {
         Busy(self.clone())
     }
 
+    /// Handling a request, or writing its answer.
     pub fn is_busy(&self) -> bool {
-        self.phase.load(Ordering::Acquire) == BUSY
+        self.phase.load(Ordering::Acquire) == BUSY || self.answering.load(Ordering::Acquire)
     }
 
     /// Since when the connection has been waiting for its client (idle
@@ -129,25 +131,21 @@ impl Conn {
     }
 
     /// Resolves when the connection's phase has outlived its time: never
-    /// while a request is handled.
+    /// while a request is handled. Nothing wakes it per request (a wake-up
+    /// and a timer at each change of phase cost serve a fifth more CPU per
+    /// request in scripts/bench-serve.sh): it looks again at least every
+    /// min(header, idle), soon enough for any deadline a change since can
+    /// set, as each lies at least that far from its change.
     pub async fn lapsed(&self, timers: Timers) -> Lapse {
+        let look_every = timers.header.min(timers.idle);
         loop {
-            // Registered before the phase is read, so no change is missed.
-            let changed = self.phase_changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            match self.deadline(timers) {
-                None => changed.await,
-                Some((deadline, lapse)) => {
-                    if Instant::now() >= deadline {
-                        return lapse;
-                    }
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(deadline) => {}
-                        _ = changed => {}
-                    }
-                }
-            }
+            let now = Instant::now();
+            let next = match self.deadline(timers) {
+                Some((deadline, lapse)) if now >= deadline => return lapse,
+                Some((deadline, _)) => deadline.min(now + look_every),
+                None => now + look_every,
+            };
+            tokio::time::sleep_until(next).await;
         }
     }
 }
@@ -156,6 +154,7 @@ pub struct Busy(Arc<Conn>);
 
 impl Drop for Busy {
     fn drop(&mut self) {
+        self.0.answering.store(true, Ordering::Release);
         self.0.enter(IDLE);
     }
 }
@@ -197,7 +196,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let flushed = Pin::new(&mut self.inner).poll_flush(cx);
+        // hyper flushes once an answer's bytes are all written.
+        if matches!(flushed, Poll::Ready(Ok(()))) {
+            self.conn.answering.store(false, Ordering::Release);
+        }
+        flushed
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
