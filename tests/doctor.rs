@@ -10,7 +10,7 @@ use common::own_redis::OwnRedis;
 use common::rights::{
     apply_mysql_grants, as_role, documented_users_before_init, redis_acl_users, PASSWORD,
 };
-use common::TestEnv;
+use common::{within_seconds, TestEnv};
 use serde_json::Value;
 
 /// The report's rows by check name, and the exit code.
@@ -374,5 +374,46 @@ async fn node_ids_running_out_warn_and_none_left_fails() {
         .del((0..1024u16).map(lease).collect::<Vec<_>>())
         .await
         .unwrap();
+    env.cleanup().await;
+}
+
+/// Issue 34: a server with an asynchronous replica warns (a failover to it
+/// can lose the last commits, orders buyers were told they bought); one
+/// whose replica acknowledges semi-synchronously is ok. A real primary and
+/// replica of the test's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_asynchronous_replica_warns_and_a_semi_synchronous_one_is_ok() {
+    let primary = OwnMysql::start("log_bin=binlog\nserver_id=1\nsync_binlog=1");
+    let replica = OwnMysql::start("server_id=2");
+    primary.root_sql("GRANT REPLICATION SLAVE ON *.* TO 'seckill'@'%'");
+    let env = primary.test_env().await;
+    let replication = || {
+        let (_, checks) = doctor(&mut env.cmd(), &[]);
+        (
+            status_of(&checks, "mysql replication").to_string(),
+            found_of(&checks, "mysql replication").to_string(),
+        )
+    };
+    assert_eq!(replication(), ("ok".into(), "no replicas".into()));
+    replica.root_sql(&format!(
+        "CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={}, MASTER_USER='seckill', \
+         MASTER_PASSWORD='seckill'; START SLAVE",
+        primary.port
+    ));
+    let mut seen = replication();
+    within_seconds(60, "the primary counts its replica", || {
+        seen = replication();
+        seen.1 != "no replicas"
+    });
+    assert_eq!(seen, ("warn".into(), "1 replica(s), asynchronous".into()));
+    primary.root_sql("SET GLOBAL rpl_semi_sync_master_enabled = ON");
+    replica.root_sql(
+        "SET GLOBAL rpl_semi_sync_slave_enabled = ON; STOP SLAVE IO_THREAD; START SLAVE IO_THREAD",
+    );
+    within_seconds(60, "the replica acknowledges semi-synchronously", || {
+        seen = replication();
+        seen.0 == "ok"
+    });
+    assert_eq!(seen.1, "1 replica(s), semi-synchronous (1 acknowledging)");
     env.cleanup().await;
 }

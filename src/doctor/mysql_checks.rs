@@ -47,6 +47,7 @@ pub async fn checks(cfg: &Config, role: Option<Role>) -> (Vec<Check>, Option<Db>
         }
         Err(e) => out.push(Check::fail("mysql settings", e)),
     }
+    out.push(replication(&replicas(&mut conn).await));
     out.push(schema_version(&mut conn, db.name(), role).await);
     if let Some(role) = role {
         out.push(rights(&mut conn, db.name(), role).await);
@@ -80,6 +81,69 @@ async fn variables(conn: &mut Conn) -> Result<Vars, String> {
         .into_iter()
         .map(|(k, v)| (k.to_ascii_lowercase(), v))
         .collect())
+}
+
+/// What the server says of its replicas: its status counters (MariaDB's
+/// `Slaves_connected`, the semi-synchronous ones of either server), and on
+/// MySQL, which has no such counter, `SHOW REPLICAS` (needs REPLICATION
+/// SLAVE: refused, the count is unknown).
+async fn replicas(conn: &mut Conn) -> Result<Vars, String> {
+    let rows: Vec<(String, String)> = conn
+        .query(
+            "SHOW GLOBAL STATUS WHERE Variable_name IN ('Slaves_connected', \
+             'Rpl_semi_sync_master_status', 'Rpl_semi_sync_master_clients', \
+             'Rpl_semi_sync_source_status', 'Rpl_semi_sync_source_clients')",
+        )
+        .await
+        .map_err(|e| describe_mysql(&e))?;
+    let mut status: Vars = rows
+        .into_iter()
+        .map(|(k, v)| (k.to_ascii_lowercase(), v))
+        .collect();
+    if !status.contains_key("slaves_connected") {
+        match conn.query::<mysql_async::Row, _>("SHOW REPLICAS").await {
+            Ok(rows) => {
+                status.insert("slaves_connected".into(), rows.len().to_string());
+            }
+            Err(e) => return Err(describe_mysql(&e)),
+        }
+    }
+    Ok(status)
+}
+
+/// Replicas that may lack the last commits: a failover to one loses orders
+/// the workers acknowledged (a restore of a backup does the same).
+fn replication(status: &Result<Vars, String>) -> Check {
+    let name = "mysql replication";
+    let check = match status {
+        Err(e) => Check::warn(name, format!("not readable: {e}")),
+        Ok(status) => {
+            let get = |a: &str, b: &str| status.get(a).or_else(|| status.get(b)).cloned();
+            let replicas = status
+                .get("slaves_connected")
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+            let semi_sync_on = get("rpl_semi_sync_master_status", "rpl_semi_sync_source_status")
+                .is_some_and(|v| v.eq_ignore_ascii_case("ON"));
+            let acknowledging = get(
+                "rpl_semi_sync_master_clients",
+                "rpl_semi_sync_source_clients",
+            )
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+            match (replicas, semi_sync_on && acknowledging > 0) {
+                (0, _) => Check::ok(name, "no replicas"),
+                (n, true) => Check::ok(
+                    name,
+                    format!("{n} replica(s), semi-synchronous ({acknowledging} acknowledging)"),
+                ),
+                (n, false) => Check::warn(name, format!("{n} replica(s), asynchronous")),
+            }
+        }
+    };
+    check
+        .why("an asynchronous replica may lack the last commits: a failover to it loses orders the workers committed and buyers were told they bought, and reconcile then counts those buyers as admissions that never reached MySQL")
+        .fix("semi-synchronous replication: SET GLOBAL rpl_semi_sync_master_enabled = ON here and rpl_semi_sync_slave_enabled = ON on each replica (MySQL: the semisync plugins and rpl_semi_sync_source_enabled / rpl_semi_sync_replica_enabled), and in my.cnf; or fail over only to a replica that has every commit")
 }
 
 fn flush_log(vars: &Vars) -> Check {
@@ -367,6 +431,47 @@ mod tests {
             sync_binlog(&vars(&[("log_bin", "ON"), ("sync_binlog", "1")])).status,
             Status::Ok
         );
+    }
+
+    #[test]
+    fn replicas_count_only_when_asynchronous() {
+        let judge = |pairs: &[(&str, &str)]| {
+            let c = replication(&Ok(vars(pairs)));
+            (c.status, c.found)
+        };
+        assert_eq!(
+            judge(&[("slaves_connected", "0")]),
+            (Status::Ok, "no replicas".into())
+        );
+        assert_eq!(
+            judge(&[
+                ("slaves_connected", "2"),
+                ("rpl_semi_sync_master_status", "OFF")
+            ]),
+            (Status::Warn, "2 replica(s), asynchronous".into())
+        );
+        // Enabled, yet fallen back to asynchronous: no replica acknowledges.
+        assert_eq!(
+            judge(&[
+                ("slaves_connected", "1"),
+                ("rpl_semi_sync_master_status", "ON"),
+                ("rpl_semi_sync_master_clients", "0")
+            ])
+            .0,
+            Status::Warn
+        );
+        assert_eq!(
+            judge(&[
+                ("slaves_connected", "1"),
+                ("rpl_semi_sync_source_status", "ON"),
+                ("rpl_semi_sync_source_clients", "1")
+            ]),
+            (
+                Status::Ok,
+                "1 replica(s), semi-synchronous (1 acknowledging)".into()
+            )
+        );
+        assert_eq!(replication(&Err("denied".into())).status, Status::Warn);
     }
 
     #[test]
