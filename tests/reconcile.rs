@@ -32,11 +32,15 @@ fn reconcile(env: &TestEnv, extra: &[&str]) -> (i32, Value) {
 
 /// The drifts reported for voucher V as (class, amount).
 fn drifts(report: &Value) -> Vec<(String, u64)> {
+    drifts_of(report, V)
+}
+
+fn drifts_of(report: &Value, voucher: u64) -> Vec<(String, u64)> {
     report["vouchers"]
         .as_array()
         .unwrap()
         .iter()
-        .filter(|v| v["voucher"] == V)
+        .filter(|v| v["voucher"] == voucher)
         .flat_map(|v| v["drifts"].as_array().unwrap().clone())
         .map(|d| {
             (
@@ -843,5 +847,91 @@ async fn a_set_edited_without_its_digest_is_found_by_a_deep_read() {
     let (code, report) = reconcile(&env, &["--dry-run"]);
     assert_eq!((code, &report["vouchers"][0]["read"]), (0, &"quick".into()));
     assert_invariants(&env, V).await;
+    env.cleanup().await;
+}
+
+/// Issue 34 (the part built so far): a MySQL that lost its last commits (a
+/// backup restored: a dump taken after 30 orders, restored after 60, one
+/// of them paid) no longer has reconcile drop the 30 buyers it lost and
+/// sell their units again. Their acknowledged entries, still kept in the
+/// stream, tell them from lost admissions: `orders_lost_by_mysql` 30, no
+/// `buyers_without_order`, no `redis_stock_low`; `--yes` keeps them and
+/// says "not repaired"; the paid user 45 cannot buy again. Before: 30
+/// buyers dropped, 30 units back on sale, user 45 bought a second order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_mysql_lost_keeps_its_buyer_and_its_unit() {
+    let env = TestEnv::new().await;
+    env.live_voucher(77, 100).await;
+    let drain = || {
+        env.spawn_worker(&["--until-idle", "--block", "100ms"])
+            .expect_success(Duration::from_secs(60))
+    };
+    env.admit_users(77, 30, 0).await;
+    drain();
+    let dump = std::env::temp_dir().join(format!("seckill-{}-dump.sql", env.db_name));
+    let url = url::Url::parse(&env.cfg.mysql_url).unwrap();
+    let client = |program: &str| {
+        let mut c = std::process::Command::new(program);
+        c.args(["--no-defaults", "-h127.0.0.1", "-useckill", "-pseckill"])
+            .arg(format!("-P{}", url.port().unwrap_or(3306)));
+        c
+    };
+    let dumped = client("mariadb-dump").arg(&env.db_name).output().unwrap();
+    assert!(dumped.status.success(), "{dumped:?}");
+    std::fs::write(&dump, &dumped.stdout).unwrap();
+    for user in 31..=60 {
+        assert_eq!(env.buy_exit(77, &user.to_string()), Some(0));
+    }
+    drain();
+    let mut conn = env.db().await.conn().await.unwrap();
+    let paid: u64 = conn
+        .query_first("SELECT id FROM seckill_order WHERE voucher_id = 77 AND user_id = 45")
+        .await
+        .unwrap()
+        .unwrap();
+    drop(conn);
+    let out = env
+        .cmd()
+        .args(["pay", "--order", &paid.to_string()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let restored = client("mariadb")
+        .arg(&env.db_name)
+        .stdin(std::fs::File::open(&dump).unwrap())
+        .output()
+        .unwrap();
+    assert!(restored.status.success(), "{restored:?}");
+    std::fs::remove_file(&dump).ok();
+
+    let report_of = |extra: &[&str]| {
+        let (code, report) = reconcile(&env, extra);
+        let outcome = report["vouchers"][0]["outcome"].clone();
+        (code, drifts_of(&report, 77), outcome)
+    };
+    let lost = vec![("orders_lost_by_mysql".to_string(), 30)];
+    assert_eq!(
+        report_of(&["--dry-run"]),
+        (3, lost.clone(), Value::from("not_repaired"))
+    );
+    assert_eq!(
+        report_of(&["--yes"]),
+        (3, lost, Value::from("not_repaired"))
+    );
+    let keys = VoucherKeys::new(&env.prefix, 77).unwrap();
+    let mut redis = env.redis().await;
+    let buyers: u64 = redis.scard(keys.buyers()).await.unwrap();
+    let stock: i64 = redis.get(keys.stock()).await.unwrap();
+    assert_eq!(
+        (buyers, stock),
+        (60, 40),
+        "the lost buyers and their units stay"
+    );
+    assert_eq!(
+        env.buy_exit(77, "45"),
+        Some(10),
+        "the paid user bought again"
+    );
+    assert_eq!(env.buy_exit(77, "61"), Some(0));
     env.cleanup().await;
 }

@@ -25,6 +25,10 @@ pub enum DriftClass {
     /// Buyers with no order and no order in flight (a lost or refused
     /// admission): drop them so they may try again.
     BuyersWithoutOrder,
+    /// Orders a worker committed and acknowledged that MySQL no longer has
+    /// (it lost its last commits): their buyers keep their units and stay
+    /// buyers; restoring the orders into MySQL is not built yet.
+    OrdersLostByMysql,
     /// Cancelled orders whose unit never came back at the gate.
     CancelledNotReleased,
     /// Pending orders with no payment deadline in Redis.
@@ -47,6 +51,9 @@ impl DriftClass {
             DriftClass::RedisStockLow => "give the units back at the gate",
             DriftClass::BuyersMissing => "add them to the buyers",
             DriftClass::BuyersWithoutOrder => "drop them from the buyers",
+            DriftClass::OrdersLostByMysql => {
+                "keep their buyers and units; restore the orders into MySQL by hand (see the README)"
+            }
             DriftClass::CancelledNotReleased => "give their units back (release path)",
             DriftClass::DeadlineMissing => "schedule their deadlines",
             DriftClass::MysqlInconsistent => "set stock = total - active (only with --fix-mysql)",
@@ -148,7 +155,9 @@ pub fn classify(s: &Snapshot) -> (Vec<Drift>, i64) {
     let mut unreleased = s.cancelled_unreleased_settled();
     unreleased.extend(s.spoken_for());
     let no_deadline: BTreeSet<u64> = s.deadlines_missing().iter().map(|(o, _)| *o).collect();
+    let lost: BTreeSet<u64> = s.lost_commits.iter().map(|(user, _)| *user).collect();
     for (class, ids) in [
+        (DriftClass::OrdersLostByMysql, &lost),
         (DriftClass::BuyersMissing, &missing),
         (DriftClass::BuyersWithoutOrder, &orphans),
         (DriftClass::CancelledNotReleased, &unreleased),

@@ -584,7 +584,15 @@ async fn reconcile_gate(
             return Ok(report);
         }
         if opts.dry_run {
-            report.outcome = Outcome::WouldRepair;
+            let only_lost_commits = report
+                .drifts
+                .iter()
+                .all(|d| d.class == DriftClass::OrdersLostByMysql);
+            report.outcome = if only_lost_commits {
+                Outcome::NotRepaired
+            } else {
+                Outcome::WouldRepair
+            };
             return Ok(report);
         }
         match repair(db, conn, &keys, voucher, &s, &report.drifts, opts, ids).await? {

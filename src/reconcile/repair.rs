@@ -185,7 +185,11 @@ pub(super) async fn repair(
         let limit = s.policy.per_user_limit;
         deadline::release(conn, keys, voucher, &with_units, limit, &[], ids, under).await?;
     }
-    Ok(RepairResult::Applied { unrepaired: false })
+    // Orders MySQL lost are only kept (their buyers and units, above):
+    // restoring them is the operator's until reconcile can.
+    Ok(RepairResult::Applied {
+        unrepaired: has(DriftClass::OrdersLostByMysql),
+    })
 }
 
 /// Sets the gate's digests that left their sets behind to the sets' (the

@@ -20,7 +20,7 @@ use crate::store::db::{join_ids, Db};
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::{pipeline_per_item, RedisConn};
 use crate::store::registry;
-use crate::stream::backlog::in_flight_orders;
+use crate::stream::backlog::{acknowledged_orders, in_flight_orders};
 use crate::support::set_digest::SetDigest;
 
 #[derive(Debug, Clone, Default)]
@@ -70,6 +70,12 @@ pub struct Snapshot {
     pub deadlines: HashSet<u64>,
     /// (user, order) of entries not yet acknowledged.
     pub in_flight: Vec<(u64, u64)>,
+    /// (user, order) of orders a worker committed and acknowledged (their
+    /// entries still kept) that MySQL does not have: it lost its last
+    /// commits (a failover to an asynchronous replica, a backup restored).
+    /// Their buyers hold their units as if in flight: never dropped, their
+    /// units never given back.
+    pub lost_commits: Vec<(u64, u64)>,
     pub dead_letters: u64,
     pub witness: Witness,
     /// The gate's set digests as read before the sets, and which of them
@@ -156,11 +162,13 @@ impl Snapshot {
         (pending + self.paid_units) as i64
     }
 
-    /// In-flight orders MySQL does not have yet: units taken at the gate only.
+    /// In-flight orders MySQL does not have yet, and committed ones it
+    /// lost: units taken at the gate only.
     pub fn unpersisted(&self) -> Vec<(u64, u64)> {
         self.in_flight
             .iter()
             .filter(|(_, order)| !self.order_ids.contains(order))
+            .chain(&self.lost_commits)
             .copied()
             .collect()
     }
@@ -586,6 +594,24 @@ pub async fn read_gates(
             _ => {
                 s.cancelled.insert(id);
             }
+        }
+    }
+    // Buyers with no order in MySQL and none in flight: a lost admission,
+    // or a commit MySQL lost. The kept acknowledged entries tell them apart
+    // (read only when there are such buyers).
+    for (s, k) in snaps.iter_mut().zip(&keys) {
+        let orphans: BTreeSet<u64> = s.buyers.difference(&s.holders()).copied().collect();
+        if orphans.is_empty() {
+            continue;
+        }
+        for (user, order, quantity) in acknowledged_orders(conn, k, &orphans).await? {
+            if s.order_ids.contains(&order) || s.released.contains(&order) {
+                continue;
+            }
+            if quantity != 1 {
+                s.quantities.insert(order, quantity);
+            }
+            s.lost_commits.push((user, order));
         }
     }
     Ok(snaps

@@ -149,21 +149,11 @@ pub async fn in_flight_orders<C: RedisConn>(
     keys: &VoucherKeys,
 ) -> Result<Vec<(u64, u64, u64)>> {
     let stream = keys.orders();
-    let length: u64 = conn.xlen(&stream).await?;
-    if length == 0 {
+    let Some(seen) = look(conn, &stream).await? else {
         return Ok(Vec::new());
-    }
-    let groups: StreamInfoGroupsReply = conn.xinfo_groups(&stream).await?;
-    let group = groups.groups.into_iter().find(|g| g.name == WORKER_GROUP);
-    let pending: std::collections::HashSet<String> = match &group {
-        Some(g) if g.pending > 0 => {
-            let reply: redis::streams::StreamPendingCountReply = conn
-                .xpending_count(&stream, WORKER_GROUP, "-", "+", g.pending)
-                .await?;
-            reply.ids.into_iter().map(|p| p.id).collect()
-        }
-        _ => Default::default(),
     };
+    let group = seen.group;
+    let pending = pending_ids(conn, &stream, group.as_ref()).await?;
     let after = group
         .as_ref()
         .map(|g| StreamId::lenient(&g.last_delivered_id));
@@ -175,31 +165,103 @@ pub async fn in_flight_orders<C: RedisConn>(
         (None, Some(a)) => a.next(),
         (_, None) => StreamId::ZERO,
     };
-    const PAGE: usize = 5_000;
-    let mut from = start.to_string();
     let mut out = Vec::new();
+    for_each_page(conn, &stream, &start.to_string(), "+", |e| {
+        if after.is_none_or(|a| StreamId::lenient(&e.id) > a) || pending.contains(&e.id) {
+            out.extend(order_of(e));
+        }
+    })
+    .await?;
+    Ok(out)
+}
+
+/// (user, order, quantity) of the acknowledged entries still kept (worker
+/// `--keep`, 1 h by default) whose user is one of `users`, less those
+/// dead-lettered: orders a worker committed to MySQL before it
+/// acknowledged them. Reconcile asks only for buyers MySQL has no order
+/// of (a MySQL that lost its last commits): the kept entries are paged
+/// through only then.
+pub async fn acknowledged_orders<C: RedisConn>(
+    conn: &mut C,
+    keys: &VoucherKeys,
+    users: &std::collections::BTreeSet<u64>,
+) -> Result<Vec<(u64, u64, u64)>> {
+    let stream = keys.orders();
+    if users.is_empty() {
+        return Ok(Vec::new());
+    }
+    let Some(StreamLook {
+        group: Some(group), ..
+    }) = look(conn, &stream).await?
+    else {
+        return Ok(Vec::new());
+    };
+    let pending = pending_ids(conn, &stream, Some(&group)).await?;
+    // Dead letters carry their entry's fields: an order refused for good
+    // was acknowledged without a commit.
+    let mut dead = std::collections::HashSet::new();
+    for_each_page(conn, &keys.dead(), "-", "+", |e| {
+        dead.extend(e.get::<u64>("order"));
+    })
+    .await?;
+    let mut out = Vec::new();
+    for_each_page(conn, &stream, "-", &group.last_delivered_id, |e| {
+        if pending.contains(&e.id) {
+            return;
+        }
+        out.extend(
+            order_of(e).filter(|(user, order, _)| users.contains(user) && !dead.contains(order)),
+        );
+    })
+    .await?;
+    Ok(out)
+}
+
+/// The ids of the group's pending entries.
+async fn pending_ids<C: RedisConn>(
+    conn: &mut C,
+    stream: &str,
+    group: Option<&StreamInfoGroup>,
+) -> Result<std::collections::HashSet<String>> {
+    Ok(match group {
+        Some(g) if g.pending > 0 => {
+            let reply: redis::streams::StreamPendingCountReply = conn
+                .xpending_count(stream, WORKER_GROUP, "-", "+", g.pending)
+                .await?;
+            reply.ids.into_iter().map(|p| p.id).collect()
+        }
+        _ => Default::default(),
+    })
+}
+
+/// Every entry from `from` to `to` (inclusive), a few thousand a command.
+async fn for_each_page<C: RedisConn>(
+    conn: &mut C,
+    stream: &str,
+    from: &str,
+    to: &str,
+    mut each: impl FnMut(&redis::streams::StreamId),
+) -> Result<()> {
+    const PAGE: usize = 5_000;
+    let mut from = from.to_string();
     loop {
         let page: redis::streams::StreamRangeReply =
-            conn.xrange_count(&stream, &from, "+", PAGE).await?;
-        out.extend(
-            page.ids
-                .iter()
-                .filter(|e| {
-                    after.is_none_or(|a| StreamId::lenient(&e.id) > a) || pending.contains(&e.id)
-                })
-                .filter_map(|e| {
-                    let quantity = match e.map.get("quantity") {
-                        None => 1,
-                        Some(_) => e
-                            .get::<u64>("quantity")
-                            .filter(|q| (1..=u64::from(MAX_QUANTITY)).contains(q))?,
-                    };
-                    Some((e.get::<u64>("user")?, e.get::<u64>("order")?, quantity))
-                }),
-        );
+            conn.xrange_count(stream, &from, to, PAGE).await?;
+        page.ids.iter().for_each(&mut each);
         match page.ids.last() {
             Some(last) if page.ids.len() == PAGE => from = format!("({}", last.id),
-            _ => return Ok(out),
+            _ => return Ok(()),
         }
     }
+}
+
+/// An entry's (user, order, quantity), if well formed.
+fn order_of(e: &redis::streams::StreamId) -> Option<(u64, u64, u64)> {
+    let quantity = match e.map.get("quantity") {
+        None => 1,
+        Some(_) => e
+            .get::<u64>("quantity")
+            .filter(|q| (1..=u64::from(MAX_QUANTITY)).contains(q))?,
+    };
+    Some((e.get::<u64>("user")?, e.get::<u64>("order")?, quantity))
 }
