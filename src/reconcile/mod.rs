@@ -597,11 +597,22 @@ async fn reconcile_gate(
         }
         match repair(db, conn, &keys, voucher, &s, &report.drifts, opts, ids).await? {
             RepairResult::Applied { unrepaired } => {
+                let lost = report
+                    .drifts
+                    .iter()
+                    .any(|d| d.class == DriftClass::OrdersLostByMysql);
                 report.outcome = if unrepaired {
                     Outcome::NotRepaired
                 } else {
+                    // The units of orders MySQL lost stay taken: a reopened
+                    // gate sells none of them, and a sale paused until they
+                    // are restored by hand would stop for nothing.
                     reopen_on_read(conn, &keys, &s, &mut report).await?;
-                    Outcome::Repaired
+                    if lost {
+                        Outcome::NotRepaired
+                    } else {
+                        Outcome::Repaired
+                    }
                 };
                 report.drifts.splice(0..0, repaired_before);
                 return Ok(report);

@@ -186,10 +186,9 @@ pub(super) async fn repair(
         deadline::release(conn, keys, voucher, &with_units, limit, &[], ids, under).await?;
     }
     // Orders MySQL lost are only kept (their buyers and units, above):
-    // restoring them is the operator's until reconcile can.
-    Ok(RepairResult::Applied {
-        unrepaired: has(DriftClass::OrdersLostByMysql),
-    })
+    // restoring them is the operator's until reconcile can (mod.rs reports
+    // them not repaired).
+    Ok(RepairResult::Applied { unrepaired: false })
 }
 
 /// Sets the gate's digests that left their sets behind to the sets' (the

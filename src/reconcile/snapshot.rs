@@ -599,9 +599,9 @@ pub async fn read_gates(
     // Buyers with no order in MySQL and none in flight: a lost admission,
     // or a commit MySQL lost. The kept acknowledged entries tell them apart
     // (read only when there are such buyers).
-    for (s, k) in snaps.iter_mut().zip(&keys) {
+    for ((s, k), known) in snaps.iter_mut().zip(&keys).zip(&known) {
         let orphans: BTreeSet<u64> = s.buyers.difference(&s.holders()).copied().collect();
-        if orphans.is_empty() {
+        if orphans.is_empty() || !known {
             continue;
         }
         for (user, order, quantity) in acknowledged_orders(conn, k, &orphans).await? {

@@ -176,11 +176,15 @@ pub async fn in_flight_orders<C: RedisConn>(
 }
 
 /// (user, order, quantity) of the acknowledged entries still kept (worker
-/// `--keep`, 1 h by default) whose user is one of `users`, less those
-/// dead-lettered: orders a worker committed to MySQL before it
-/// acknowledged them. Reconcile asks only for buyers MySQL has no order
-/// of (a MySQL that lost its last commits): the kept entries are paged
-/// through only then.
+/// `--keep`, 1 h by default) of `users`: orders a worker committed to MySQL
+/// before it acknowledged them. Per user the newest such entry decides (a
+/// requeued dead letter leaves its first entry acknowledged behind it);
+/// one whose (user, order) was dead-lettered was refused, not committed,
+/// and a user with any dead letter is not looked for (a refused admission
+/// is the common reason for a buyer MySQL has no order of, and would page
+/// every kept entry at each look). Read newest first, until every user
+/// looked for is found: reconcile asks only for buyers MySQL has no order
+/// of (a MySQL that lost its last commits).
 pub async fn acknowledged_orders<C: RedisConn>(
     conn: &mut C,
     keys: &VoucherKeys,
@@ -196,25 +200,43 @@ pub async fn acknowledged_orders<C: RedisConn>(
     else {
         return Ok(Vec::new());
     };
-    let pending = pending_ids(conn, &stream, Some(&group)).await?;
-    // Dead letters carry their entry's fields: an order refused for good
-    // was acknowledged without a commit.
-    let mut dead = std::collections::HashSet::new();
+    let mut dead_users = std::collections::HashSet::new();
     for_each_page(conn, &keys.dead(), "-", "+", |e| {
-        dead.extend(e.get::<u64>("order"));
+        dead_users.extend(e.get::<u64>("user"));
     })
     .await?;
+    let mut wanted: std::collections::BTreeSet<u64> = users
+        .iter()
+        .filter(|u| !dead_users.contains(u))
+        .copied()
+        .collect();
+    if wanted.is_empty() {
+        return Ok(Vec::new());
+    }
+    let pending = pending_ids(conn, &stream, Some(&group)).await?;
+    const PAGE: usize = 5_000;
+    let mut to = group.last_delivered_id.clone();
     let mut out = Vec::new();
-    for_each_page(conn, &stream, "-", &group.last_delivered_id, |e| {
-        if pending.contains(&e.id) {
-            return;
+    loop {
+        let page: redis::streams::StreamRangeReply =
+            conn.xrevrange_count(&stream, &to, "-", PAGE).await?;
+        for e in &page.ids {
+            if pending.contains(&e.id) {
+                continue;
+            }
+            if let Some((user, order, quantity)) = order_of(e) {
+                if wanted.remove(&user) {
+                    out.push((user, order, quantity));
+                }
+            }
         }
-        out.extend(
-            order_of(e).filter(|(user, order, _)| users.contains(user) && !dead.contains(order)),
-        );
-    })
-    .await?;
-    Ok(out)
+        match page.ids.last() {
+            Some(last) if page.ids.len() == PAGE && !wanted.is_empty() => {
+                to = format!("({}", last.id)
+            }
+            _ => return Ok(out),
+        }
+    }
 }
 
 /// The ids of the group's pending entries.

@@ -459,8 +459,8 @@ impl GateGuard {
             Outcome::NotRepaired => {
                 if !pause.needs_operator {
                     tracing::warn!(
-                        "{v}: its gate stays paused: MySQL's stock disagrees with its orders ({what}); run `seckill reconcile --voucher {} --fix-mysql`",
-                        v.voucher
+                        "{v}: its gate stays paused ({what}); {}",
+                        operator_step(&report.drifts, v.voucher)
                     );
                 }
                 pause.needs_operator = true;
@@ -638,8 +638,9 @@ impl GateGuard {
                     "voucher {voucher}: counted again once its buckets were still: nothing held back"
                 ),
                 Ok(Counted::NotRepaired(drifts)) => tracing::warn!(
-                    "voucher {voucher}: counted again once its buckets were still, but MySQL's stock disagrees with its orders ({}): nothing given back; run `seckill reconcile --voucher {voucher} --fix-mysql`",
-                    drift_summary(&drifts)
+                    "voucher {voucher}: counted again once its buckets were still, but not all repaired ({}); {}",
+                    drift_summary(&drifts),
+                    operator_step(&drifts, voucher)
                 ),
                 Ok(Counted::NotYet | Counted::Busy) => {}
                 Err(e) => tracing::warn!(
@@ -651,6 +652,18 @@ impl GateGuard {
 }
 
 /// "class amount, ..." of what reconcile found, or "nothing to repair".
+/// What an operator does about drift a repair left.
+fn operator_step(drifts: &[reconcile::Drift], voucher: u64) -> String {
+    let has = |c: reconcile::DriftClass| drifts.iter().any(|d| d.class == c);
+    if has(reconcile::DriftClass::MysqlInconsistent) {
+        format!("MySQL's stock disagrees with its orders: run `seckill reconcile --voucher {voucher} --fix-mysql`")
+    } else if has(reconcile::DriftClass::OrdersLostByMysql) {
+        format!("MySQL lost orders its workers committed (their buyers and units are kept): restore them, see `seckill reconcile --dry-run --voucher {voucher}`")
+    } else {
+        format!("see `seckill reconcile --dry-run --voucher {voucher}`")
+    }
+}
+
 fn drift_summary(drifts: &[reconcile::Drift]) -> String {
     let repaired: Vec<String> = drifts
         .iter()
