@@ -166,10 +166,11 @@ pub async fn in_flight_orders<C: RedisConn>(
         (_, None) => StreamId::ZERO,
     };
     let mut out = Vec::new();
-    for_each_page(conn, &stream, &start.to_string(), "+", |e| {
+    for_each_page(conn, &stream, Range::From(&start.to_string()), |e| {
         if after.is_none_or(|a| StreamId::lenient(&e.id) > a) || pending.contains(&e.id) {
             out.extend(order_of(e));
         }
+        true
     })
     .await?;
     Ok(out)
@@ -201,8 +202,9 @@ pub async fn acknowledged_orders<C: RedisConn>(
         return Ok(Vec::new());
     };
     let mut dead_users = std::collections::HashSet::new();
-    for_each_page(conn, &keys.dead(), "-", "+", |e| {
+    for_each_page(conn, &keys.dead(), Range::From("-"), |e| {
         dead_users.extend(e.get::<u64>("user"));
+        true
     })
     .await?;
     let mut wanted: std::collections::BTreeSet<u64> = users
@@ -214,29 +216,20 @@ pub async fn acknowledged_orders<C: RedisConn>(
         return Ok(Vec::new());
     }
     let pending = pending_ids(conn, &stream, Some(&group)).await?;
-    const PAGE: usize = 5_000;
-    let mut to = group.last_delivered_id.clone();
     let mut out = Vec::new();
-    loop {
-        let page: redis::streams::StreamRangeReply =
-            conn.xrevrange_count(&stream, &to, "-", PAGE).await?;
-        for e in &page.ids {
-            if pending.contains(&e.id) {
-                continue;
-            }
+    let newest_first = Range::Newest(&group.last_delivered_id);
+    for_each_page(conn, &stream, newest_first, |e| {
+        if !pending.contains(&e.id) {
             if let Some((user, order, quantity)) = order_of(e) {
                 if wanted.remove(&user) {
                     out.push((user, order, quantity));
                 }
             }
         }
-        match page.ids.last() {
-            Some(last) if page.ids.len() == PAGE && !wanted.is_empty() => {
-                to = format!("({}", last.id)
-            }
-            _ => return Ok(out),
-        }
-    }
+        !wanted.is_empty()
+    })
+    .await?;
+    Ok(out)
 }
 
 /// The ids of the group's pending entries.
@@ -256,22 +249,40 @@ async fn pending_ids<C: RedisConn>(
     })
 }
 
-/// Every entry from `from` to `to` (inclusive), a few thousand a command.
+/// Which entries a page walk reads, in its order.
+enum Range<'a> {
+    /// Oldest first, from this id (inclusive) to the end.
+    From(&'a str),
+    /// Newest first, from this id (inclusive) back to the start.
+    Newest(&'a str),
+}
+
+/// Every entry of `range`, a few thousand a command, until `each` says
+/// stop (false).
 async fn for_each_page<C: RedisConn>(
     conn: &mut C,
     stream: &str,
-    from: &str,
-    to: &str,
-    mut each: impl FnMut(&redis::streams::StreamId),
+    range: Range<'_>,
+    mut each: impl FnMut(&redis::streams::StreamId) -> bool,
 ) -> Result<()> {
     const PAGE: usize = 5_000;
-    let mut from = from.to_string();
+    let (mut at, newest_first) = match range {
+        Range::From(id) => (id.to_string(), false),
+        Range::Newest(id) => (id.to_string(), true),
+    };
     loop {
-        let page: redis::streams::StreamRangeReply =
-            conn.xrange_count(stream, &from, to, PAGE).await?;
-        page.ids.iter().for_each(&mut each);
+        let page: redis::streams::StreamRangeReply = if newest_first {
+            conn.xrevrange_count(stream, &at, "-", PAGE).await?
+        } else {
+            conn.xrange_count(stream, &at, "+", PAGE).await?
+        };
+        for e in &page.ids {
+            if !each(e) {
+                return Ok(());
+            }
+        }
         match page.ids.last() {
-            Some(last) if page.ids.len() == PAGE => from = format!("({}", last.id),
+            Some(last) if page.ids.len() == PAGE => at = format!("({}", last.id),
             _ => return Ok(()),
         }
     }

@@ -651,7 +651,6 @@ impl GateGuard {
     }
 }
 
-/// "class amount, ..." of what reconcile found, or "nothing to repair".
 /// What an operator does about drift a repair left.
 fn operator_step(drifts: &[reconcile::Drift], voucher: u64) -> String {
     let has = |c: reconcile::DriftClass| drifts.iter().any(|d| d.class == c);
@@ -664,6 +663,7 @@ fn operator_step(drifts: &[reconcile::Drift], voucher: u64) -> String {
     }
 }
 
+/// "class amount, ..." of what reconcile found, or "nothing to repair".
 fn drift_summary(drifts: &[reconcile::Drift]) -> String {
     let repaired: Vec<String> = drifts
         .iter()

@@ -9,8 +9,9 @@
 //! - At most `--max-connections` are open, fewer when the descriptor limit
 //!   leaves less room beside the stores (descriptors.rs). A newcomer at the
 //!   cap makes room by shedding the connections that have waited longest
-//!   for their clients (open_set.rs); only when every one is handling a
-//!   request is the newcomer refused (a 503 on plain HTTP). An accept that
+//!   for their clients (open_set.rs); only when none can be shed (each is
+//!   handling a request, or has waited under 100 ms) is the newcomer
+//!   refused (a 503 on plain HTTP). An accept that
 //!   fails for want of descriptors sheds the same way and tries again at
 //!   once, rather than leaving the backlog to wait.
 //! - On stop: no new connection; idle ones close, busy ones after their

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::watched::Conn;
+use super::watched::{micros_since, Conn};
 
 #[derive(Debug)]
 pub struct OpenSet {
@@ -80,10 +80,7 @@ impl OpenSet {
     /// however many are told: at the cap, a flood of newcomers sheds in
     /// batches rather than scanning every connection for each.
     pub fn shed_longest_waiting(&self, n: usize, grace: std::time::Duration) -> usize {
-        let waited_since = Instant::now()
-            .saturating_duration_since(self.epoch)
-            .saturating_sub(grace)
-            .as_micros() as u64;
+        let waited_since = micros_since(self.epoch, grace);
         let chosen: Vec<Arc<Conn>> = {
             let open = self.lock();
             let mut waiting: Vec<(u64, &Arc<Conn>)> = open

@@ -41,6 +41,15 @@ pub enum Lapse {
     Idle,
 }
 
+/// Microseconds from `epoch` to `ago` before now: how the phases' starts
+/// are kept and compared.
+pub fn micros_since(epoch: Instant, ago: Duration) -> u64 {
+    Instant::now()
+        .saturating_duration_since(epoch)
+        .saturating_sub(ago)
+        .as_micros() as u64
+}
+
 /// What the accept loop and the connection's own task share of it.
 #[derive(Debug)]
 pub struct Conn {
@@ -74,14 +83,9 @@ impl Conn {
         conn
     }
 
-    fn now_micros(&self) -> u64 {
-        Instant::now()
-            .saturating_duration_since(self.epoch)
-            .as_micros() as u64
-    }
-
     fn enter(&self, phase: u8) {
-        self.since.store(self.now_micros(), Ordering::Relaxed);
+        self.since
+            .store(micros_since(self.epoch, Duration::ZERO), Ordering::Relaxed);
         self.phase.store(phase, Ordering::Release);
     }
 
