@@ -577,6 +577,7 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
             [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
             [CompletionResult]::new('show', 'show', [CompletionResultType]::ParameterValue, 'One order: status, user, voucher, created, payment deadline, paid/cancelled time')
+            [CompletionResult]::new('unhold', 'unhold', [CompletionResultType]::ParameterValue, 'Let a held order''s payment deadline run (the payment provider has it unpaid): reconcile schedules it again, and past it the order is cancelled and its unit given back')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
         }
@@ -605,12 +606,41 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
             [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
             break
         }
+        'seckill;order;unhold' {
+            [CompletionResult]::new('--order', '--order', [CompletionResultType]::ParameterName, 'Order id')
+            [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis URL (redis://[:password@]host:port/[db])')
+            [CompletionResult]::new('--mysql-url', '--mysql-url', [CompletionResultType]::ParameterName, 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]')
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key prefix of every Redis key')
+            [CompletionResult]::new('--connect-timeout', '--connect-timeout', [CompletionResultType]::ParameterName, 'How long to wait for a server to accept a connection')
+            [CompletionResult]::new('--redis-password-file', '--redis-password-file', [CompletionResultType]::ParameterName, 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none')
+            [CompletionResult]::new('--mysql-password-file', '--mysql-password-file', [CompletionResultType]::ParameterName, 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none')
+            [CompletionResult]::new('--redis-ca-cert', '--redis-ca-cert', [CompletionResultType]::ParameterName, 'CA certificate (PEM) to trust for rediss:// URLs instead of the system''s roots')
+            [CompletionResult]::new('--redis-client-cert', '--redis-client-cert', [CompletionResultType]::ParameterName, 'Client certificate (PEM) for rediss:// with mutual TLS')
+            [CompletionResult]::new('--redis-client-key', '--redis-client-key', [CompletionResultType]::ParameterName, 'The client certificate''s private key (PEM)')
+            [CompletionResult]::new('--mysql-ssl-mode', '--mysql-ssl-mode', [CompletionResultType]::ParameterName, 'MySQL TLS, as the mysql client''s --ssl-mode: verify-ca checks the certificate''s chain, verify-identity its host name too')
+            [CompletionResult]::new('--mysql-ca-cert', '--mysql-ca-cert', [CompletionResultType]::ParameterName, 'CA certificate (PEM) to check the MySQL server''s certificate against (verify-ca, verify-identity) instead of the built-in roots')
+            [CompletionResult]::new('--mysql-client-cert', '--mysql-client-cert', [CompletionResultType]::ParameterName, 'Client certificate (PEM) for MySQL with mutual TLS')
+            [CompletionResult]::new('--mysql-client-key', '--mysql-client-key', [CompletionResultType]::ParameterName, 'The client certificate''s private key (PEM)')
+            [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')
+            [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Only errors on stderr')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Only errors on stderr')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')
+            [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
+            [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
+            break
+        }
         'seckill;order;help' {
             [CompletionResult]::new('show', 'show', [CompletionResultType]::ParameterValue, 'One order: status, user, voucher, created, payment deadline, paid/cancelled time')
+            [CompletionResult]::new('unhold', 'unhold', [CompletionResultType]::ParameterValue, 'Let a held order''s payment deadline run (the payment provider has it unpaid): reconcile schedules it again, and past it the order is cancelled and its unit given back')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
         }
         'seckill;order;help;show' {
+            break
+        }
+        'seckill;order;help;unhold' {
             break
         }
         'seckill;order;help;help' {
@@ -645,6 +675,7 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
         }
         'seckill;reconcile' {
             [CompletionResult]::new('--voucher', '--voucher', [CompletionResultType]::ParameterName, 'Only these vouchers (repeatable) [default: every voucher registered at the gate or holding orders in MySQL]')
+            [CompletionResult]::new('--drop-lost-commits', '--drop-lost-commits', [CompletionResultType]::ParameterName, 'Drop the buyers whose orders MySQL may have lost with their stream entries (drift orders_lost_unrestorable), their units back on sale: give the amount the report names (one --voucher only)')
             [CompletionResult]::new('--attempts', '--attempts', [CompletionResultType]::ParameterName, 'How often to re-read a voucher that keeps moving before calling it busy')
             [CompletionResult]::new('--settle', '--settle', [CompletionResultType]::ParameterName, 'Cancellations and new orders younger than this are still being handled by a worker, not drift (keep it above the worker''s --deadline-lease)')
             [CompletionResult]::new('--node-id', '--node-id', [CompletionResultType]::ParameterName, 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]')
@@ -799,9 +830,13 @@ Register-ArgumentCompleter -Native -CommandName 'seckill' -ScriptBlock {
         }
         'seckill;help;order' {
             [CompletionResult]::new('show', 'show', [CompletionResultType]::ParameterValue, 'One order: status, user, voucher, created, payment deadline, paid/cancelled time')
+            [CompletionResult]::new('unhold', 'unhold', [CompletionResultType]::ParameterValue, 'Let a held order''s payment deadline run (the payment provider has it unpaid): reconcile schedules it again, and past it the order is cancelled and its unit given back')
             break
         }
         'seckill;help;order;show' {
+            break
+        }
+        'seckill;help;order;unhold' {
             break
         }
         'seckill;help;waitlist' {

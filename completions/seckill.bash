@@ -121,6 +121,9 @@ _seckill() {
             seckill__subcmd__help__subcmd__order,show)
                 cmd="seckill__subcmd__help__subcmd__order__subcmd__show"
                 ;;
+            seckill__subcmd__help__subcmd__order,unhold)
+                cmd="seckill__subcmd__help__subcmd__order__subcmd__unhold"
+                ;;
             seckill__subcmd__help__subcmd__token,issue)
                 cmd="seckill__subcmd__help__subcmd__token__subcmd__issue"
                 ;;
@@ -139,11 +142,17 @@ _seckill() {
             seckill__subcmd__order,show)
                 cmd="seckill__subcmd__order__subcmd__show"
                 ;;
+            seckill__subcmd__order,unhold)
+                cmd="seckill__subcmd__order__subcmd__unhold"
+                ;;
             seckill__subcmd__order__subcmd__help,help)
                 cmd="seckill__subcmd__order__subcmd__help__subcmd__help"
                 ;;
             seckill__subcmd__order__subcmd__help,show)
                 cmd="seckill__subcmd__order__subcmd__help__subcmd__show"
+                ;;
+            seckill__subcmd__order__subcmd__help,unhold)
+                cmd="seckill__subcmd__order__subcmd__help__subcmd__unhold"
                 ;;
             seckill__subcmd__token,help)
                 cmd="seckill__subcmd__token__subcmd__help"
@@ -704,7 +713,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__help__subcmd__order)
-            opts="show"
+            opts="show unhold"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -718,6 +727,20 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__help__subcmd__order__subcmd__show)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        seckill__subcmd__help__subcmd__order__subcmd__unhold)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -998,7 +1021,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__order)
-            opts="-v -q -h -V --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version show help"
+            opts="-v -q -h -V --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version show unhold help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1064,7 +1087,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__order__subcmd__help)
-            opts="show help"
+            opts="show unhold help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1105,6 +1128,20 @@ _seckill() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        seckill__subcmd__order__subcmd__help__subcmd__unhold)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         seckill__subcmd__order__subcmd__show)
             opts="-v -q -h -V --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
@@ -1114,6 +1151,76 @@ _seckill() {
             case "${prev}" in
                 --format)
                     COMPREPLY=($(compgen -W "table json" -- "${cur}"))
+                    return 0
+                    ;;
+                --redis-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --connect-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --redis-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --redis-ca-cert)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --redis-client-cert)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --redis-client-key)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-ssl-mode)
+                    COMPREPLY=($(compgen -W "disabled preferred required verify-ca verify-identity" -- "${cur}"))
+                    return 0
+                    ;;
+                --mysql-ca-cert)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-client-cert)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mysql-client-key)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        seckill__subcmd__order__subcmd__unhold)
+            opts="-v -q -h -V --order --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --order)
+                    COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 --redis-url)
@@ -1406,13 +1513,17 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__reconcile)
-            opts="-y -v -q -h -V --voucher --dry-run --fix-mysql --deep --attempts --settle --yes --node-id --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
+            opts="-y -v -q -h -V --voucher --dry-run --fix-mysql --deep --drop-lost-commits --attempts --settle --yes --node-id --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
                 --voucher)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --drop-lost-commits)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

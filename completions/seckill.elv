@@ -550,6 +550,7 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand -V 'Print version'
             cand --version 'Print version'
             cand show 'One order: status, user, voucher, created, payment deadline, paid/cancelled time'
+            cand unhold 'Let a held order''s payment deadline run (the payment provider has it unpaid): reconcile schedules it again, and past it the order is cancelled and its unit given back'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'seckill;order;show'= {
@@ -576,11 +577,38 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand -V 'Print version'
             cand --version 'Print version'
         }
+        &'seckill;order;unhold'= {
+            cand --order 'Order id'
+            cand --redis-url 'Redis URL (redis://[:password@]host:port/[db])'
+            cand --mysql-url 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]'
+            cand --prefix 'Key prefix of every Redis key'
+            cand --connect-timeout 'How long to wait for a server to accept a connection'
+            cand --redis-password-file 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none'
+            cand --mysql-password-file 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none'
+            cand --redis-ca-cert 'CA certificate (PEM) to trust for rediss:// URLs instead of the system''s roots'
+            cand --redis-client-cert 'Client certificate (PEM) for rediss:// with mutual TLS'
+            cand --redis-client-key 'The client certificate''s private key (PEM)'
+            cand --mysql-ssl-mode 'MySQL TLS, as the mysql client''s --ssl-mode: verify-ca checks the certificate''s chain, verify-identity its host name too'
+            cand --mysql-ca-cert 'CA certificate (PEM) to check the MySQL server''s certificate against (verify-ca, verify-identity) instead of the built-in roots'
+            cand --mysql-client-cert 'Client certificate (PEM) for MySQL with mutual TLS'
+            cand --mysql-client-key 'The client certificate''s private key (PEM)'
+            cand -v 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand --verbose 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+            cand -q 'Only errors on stderr'
+            cand --quiet 'Only errors on stderr'
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
         &'seckill;order;help'= {
             cand show 'One order: status, user, voucher, created, payment deadline, paid/cancelled time'
+            cand unhold 'Let a held order''s payment deadline run (the payment provider has it unpaid): reconcile schedules it again, and past it the order is cancelled and its unit given back'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'seckill;order;help;show'= {
+        }
+        &'seckill;order;help;unhold'= {
         }
         &'seckill;order;help;help'= {
         }
@@ -612,6 +640,7 @@ set edit:completion:arg-completer[seckill] = {|@words|
         }
         &'seckill;reconcile'= {
             cand --voucher 'Only these vouchers (repeatable) [default: every voucher registered at the gate or holding orders in MySQL]'
+            cand --drop-lost-commits 'Drop the buyers whose orders MySQL may have lost with their stream entries (drift orders_lost_unrestorable), their units back on sale: give the amount the report names (one --voucher only)'
             cand --attempts 'How often to re-read a voucher that keeps moving before calling it busy'
             cand --settle 'Cancellations and new orders younger than this are still being handled by a worker, not drift (keep it above the worker''s --deadline-lease)'
             cand --node-id 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]'
@@ -747,8 +776,11 @@ set edit:completion:arg-completer[seckill] = {|@words|
         }
         &'seckill;help;order'= {
             cand show 'One order: status, user, voucher, created, payment deadline, paid/cancelled time'
+            cand unhold 'Let a held order''s payment deadline run (the payment provider has it unpaid): reconcile schedules it again, and past it the order is cancelled and its unit given back'
         }
         &'seckill;help;order;show'= {
+        }
+        &'seckill;help;order;unhold'= {
         }
         &'seckill;help;waitlist'= {
         }

@@ -497,29 +497,30 @@ complete -c seckill -n "__fish_seckill_using_subcommand pay" -s v -l verbose -d 
 complete -c seckill -n "__fish_seckill_using_subcommand pay" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand pay" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c seckill -n "__fish_seckill_using_subcommand pay" -s V -l version -d 'Print version'
-complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
-complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
-complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l prefix -d 'Key prefix of every Redis key' -r
-complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
-complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
-complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
-complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
-complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
-complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
-complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show unhold help" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show unhold help" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show unhold help" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show unhold help" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show unhold help" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show unhold help" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show unhold help" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show unhold help" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show unhold help" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show unhold help" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
 preferred\t''
 required\t''
 verify-ca\t''
 verify-identity\t''"
-complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
-complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
-complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
-complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
-complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -s q -l quiet -d 'Only errors on stderr'
-complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -s h -l help -d 'Print help'
-complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -s V -l version -d 'Print version'
-complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -f -a "show" -d 'One order: status, user, voucher, created, payment deadline, paid/cancelled time'
-complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show unhold help" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show unhold help" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show unhold help" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show unhold help" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show unhold help" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show unhold help" -s h -l help -d 'Print help'
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show unhold help" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show unhold help" -f -a "show" -d 'One order: status, user, voucher, created, payment deadline, paid/cancelled time'
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show unhold help" -f -a "unhold" -d 'Let a held order\'s payment deadline run (the payment provider has it unpaid): reconcile schedules it again, and past it the order is cancelled and its unit given back'
+complete -c seckill -n "__fish_seckill_using_subcommand order; and not __fish_seen_subcommand_from show unhold help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -l format -d 'Output format' -r -f -a "table\t'A table for people'
 json\t'JSON for scripts'"
 complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
@@ -543,7 +544,30 @@ complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_s
 complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -s q -l quiet -d 'Only errors on stderr'
 complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from show" -s V -l version -d 'Print version'
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from unhold" -l order -d 'Order id' -r
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from unhold" -l redis-url -d 'Redis URL (redis://[:password@]host:port/[db])' -r
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from unhold" -l mysql-url -d 'MySQL URL (mysql://user:password@host:port/database) [default: mysql://seckill:***@127.0.0.1:13306/seckill]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from unhold" -l prefix -d 'Key prefix of every Redis key' -r
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from unhold" -l connect-timeout -d 'How long to wait for a server to accept a connection' -r
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from unhold" -l redis-password-file -d 'Read the Redis password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from unhold" -l mysql-password-file -d 'Read the MySQL password from this file (one trailing newline is dropped), e.g. a systemd credential; the URL must then have none' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from unhold" -l redis-ca-cert -d 'CA certificate (PEM) to trust for rediss:// URLs instead of the system\'s roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from unhold" -l redis-client-cert -d 'Client certificate (PEM) for rediss:// with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from unhold" -l redis-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from unhold" -l mysql-ssl-mode -d 'MySQL TLS, as the mysql client\'s --ssl-mode: verify-ca checks the certificate\'s chain, verify-identity its host name too' -r -f -a "disabled\t''
+preferred\t''
+required\t''
+verify-ca\t''
+verify-identity\t''"
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from unhold" -l mysql-ca-cert -d 'CA certificate (PEM) to check the MySQL server\'s certificate against (verify-ca, verify-identity) instead of the built-in roots' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from unhold" -l mysql-client-cert -d 'Client certificate (PEM) for MySQL with mutual TLS' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from unhold" -l mysql-client-key -d 'The client certificate\'s private key (PEM)' -r -F
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from unhold" -s v -l verbose -d 'More log output on stderr (-v debug, -vv trace); RUST_LOG overrides'
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from unhold" -s q -l quiet -d 'Only errors on stderr'
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from unhold" -s h -l help -d 'Print help'
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from unhold" -s V -l version -d 'Print version'
 complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from help" -f -a "show" -d 'One order: status, user, voucher, created, payment deadline, paid/cancelled time'
+complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from help" -f -a "unhold" -d 'Let a held order\'s payment deadline run (the payment provider has it unpaid): reconcile schedules it again, and past it the order is cancelled and its unit given back'
 complete -c seckill -n "__fish_seckill_using_subcommand order; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l voucher -d 'Voucher id' -r
 complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -l limit -d 'How many users from the head of the line to show' -r
@@ -571,6 +595,7 @@ complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -s q -l quiet 
 complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c seckill -n "__fish_seckill_using_subcommand waitlist" -s V -l version -d 'Print version'
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l voucher -d 'Only these vouchers (repeatable) [default: every voucher registered at the gate or holding orders in MySQL]' -r
+complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l drop-lost-commits -d 'Drop the buyers whose orders MySQL may have lost with their stream entries (drift orders_lost_unrestorable), their units back on sale: give the amount the report names (one --voucher only)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l attempts -d 'How often to re-read a voucher that keeps moving before calling it busy' -r
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l settle -d 'Cancellations and new orders younger than this are still being handled by a worker, not drift (keep it above the worker\'s --deadline-lease)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand reconcile" -l node-id -d 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]' -r
@@ -672,3 +697,4 @@ complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_su
 complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from voucher" -f -a "list" -d 'List vouchers: MySQL stock and orders beside the Redis gate\'s state'
 complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from token" -f -a "issue" -d 'Issue a user\'s admission token for a voucher that requires one'
 complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from order" -f -a "show" -d 'One order: status, user, voucher, created, payment deadline, paid/cancelled time'
+complete -c seckill -n "__fish_seckill_using_subcommand help; and __fish_seen_subcommand_from order" -f -a "unhold" -d 'Let a held order\'s payment deadline run (the payment provider has it unpaid): reconcile schedules it again, and past it the order is cancelled and its unit given back'

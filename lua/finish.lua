@@ -12,16 +12,24 @@
 -- KEYS[2]  seckill:{V}:timeouts   zset   order id -> payment deadline (ms)
 -- KEYS[3]  seckill:{V}:dead       stream dead letters
 -- KEYS[4]  seckill:{V}:locks      hash   the lease locks (lua/lib/lease.lua)
--- KEYS[5]  seckill:{V}:meta       hash   optional (**new**): its timeouts_digest
+-- KEYS[5]  seckill:{V}:meta       hash   optional: its timeouts_digest
 --                                        follows the deadlines added
---                                        (lua/lib/digest.lua)
+--                                        (lua/lib/digest.lua), and its
+--                                        `committed` counts the orders
+--                                        inserted (below)
 --
 -- ARGV[1]  consumer group
 -- ARGV[2]  lock owner token
 -- ARGV[3]  D, the number of deadlines, then D pairs: order id, deadline ms
 -- then     N, the number of dead letters, then N triples: entry id, reason, deliveries
 -- then     U, the number of locks to release, then U user ids
--- then     the entry ids to acknowledge (dead-lettered ones included)
+-- then     C, the number of entry ids that follow whose orders this batch
+--          inserted into MySQL, then those C ids (**new**, the witness of
+--          MySQL's commits: each adds one to meta's `committed` when its
+--          XACK succeeds, so a replay adds nothing; the gate guard finds a
+--          MySQL that lost commits by it having fewer orders than that)
+-- then     the other entry ids to acknowledge (dead-lettered ones, and
+--          orders MySQL had already)
 --
 -- Returns the number of entries acknowledged.
 --
@@ -62,8 +70,16 @@ for _ = 1, locked do
   users[#users + 1] = ARGV[i]
   i = i + 1
 end
+local inserted = tonumber(ARGV[i]); i = i + 1
+local last_inserted = i + inserted - 1
 local acked = 0
-for j = i, #ARGV, SLICE do
+for j = i, last_inserted, SLICE do
+  acked = acked + redis.call('XACK', KEYS[1], group, unpack(ARGV, j, math.min(j + SLICE - 1, last_inserted)))
+end
+if acked > 0 and KEYS[5] then
+  redis.call('HINCRBY', KEYS[5], 'committed', acked)
+end
+for j = last_inserted + 1, #ARGV, SLICE do
   acked = acked + redis.call('XACK', KEYS[1], group, unpack(ARGV, j, math.min(j + SLICE - 1, #ARGV)))
 end
 lease_release(KEYS[4], owner, users)

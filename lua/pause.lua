@@ -26,6 +26,9 @@
 --                  reopen succeeds: workers whose batches Redis lost take it
 --                  to notice and hold the gate. A pause of a gate already
 --                  paused extends a shorter grace.
+--          ARGV[4] optional (**new**): why, written to meta's paused_reason
+--                  (`redis_lost_writes`, `mysql_lost_commits`) for `status`;
+--                  the latest pause's reason is kept, and a reopen drops it
 -- reopen:  ARGV[2] required: the order count; the gate reopens only if it has
 --                  at least that many buyers, its grace has run out and no
 --                  worker holds it
@@ -130,6 +133,7 @@ if action == 'pause' then
       redis.call('HSET', KEYS[1], 'reopen_after_ms', string.format('%d', after))
     end
   end
+  if ARGV[4] and ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'paused_reason', ARGV[4]) end
   if paused then return 2 end
   redis.call('HSET', KEYS[1], 'paused', '1')
   return 1
@@ -144,7 +148,7 @@ elseif action == 'reopen' then
   if (tonumber(redis.call('HGET', KEYS[1], 'reopen_after_ms')) or 0) > now_ms() or holding then
     return 3
   end
-  redis.call('HDEL', KEYS[1], 'paused', 'reopen_after_ms', 'pause_token')
+  redis.call('HDEL', KEYS[1], 'paused', 'reopen_after_ms', 'pause_token', 'paused_reason')
   return 1
 end
 return redis.error_reply('ERR pause.lua: ARGV[1] must be pause, reopen, hold, unhold or held')

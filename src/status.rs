@@ -5,7 +5,7 @@ use redis::{FromRedisValue, Value};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::gate::pause::META_PAUSED;
+use crate::gate::pause::{META_PAUSED, META_PAUSED_REASON};
 use crate::gate::policy::{Rejections, META_REJECTED_BAD_TOKEN, META_REJECTED_RATE_LIMITED};
 use crate::orders::voucher::{self, Voucher};
 use crate::store::db::Db;
@@ -34,8 +34,12 @@ pub struct VoucherStatus {
     pub deadline_read_error: Option<String>,
     /// Attempts the admission policy turned away, per reason.
     pub rejected: Rejections,
-    /// The gate admits nobody while a worker rebuilds it (Redis lost writes).
+    /// The gate admits nobody while a worker rebuilds it (Redis lost writes)
+    /// or MySQL's lost orders are restored.
     pub paused: bool,
+    /// Why it is paused (**new**): `redis_lost_writes`, `mysql_lost_commits`,
+    /// or null (not paused, or paused by a release that did not say).
+    pub paused_reason: Option<String>,
 }
 
 type GateRow = (bool, Option<i64>, u64, u64, u64, Option<u64>);
@@ -65,6 +69,7 @@ impl VoucherStatus {
         self.rejected.rate_limited += b.rejected.rate_limited;
         self.rejected.bad_token += b.rejected.bad_token;
         self.paused |= b.paused;
+        self.paused_reason = self.paused_reason.or(b.paused_reason);
         self
     }
 }
@@ -76,7 +81,7 @@ async fn gate_status(
     k: &VoucherKeys,
     row: &[Value],
 ) -> Result<VoucherStatus> {
-    if row.len() != 11 {
+    if row.len() != 12 {
         return Err(Error::Redis(format!(
             "gate of voucher {}: {} replies",
             v.id,
@@ -95,6 +100,10 @@ async fn gate_status(
         Err(e) => (Vec::new(), Some(e.to_string())),
     };
     let paused = matches!(&row[9], Value::BulkString(b) if b.as_slice() == b"1");
+    let paused_reason = match &row[11] {
+        Value::BulkString(b) if paused => Some(String::from_utf8_lossy(b).into_owned()),
+        _ => None,
+    };
     // Only streams with entries need the group's view.
     let b = if stream_len > 0 {
         backlog(conn, k).await?
@@ -114,6 +123,7 @@ async fn gate_status(
         deadline_read_error,
         rejected: Rejections::from_meta(rate_limited, bad_token),
         paused,
+        paused_reason,
     })
 }
 
@@ -146,7 +156,8 @@ pub async fn read(
             .hget(k.meta(), META_REJECTED_BAD_TOKEN)
             .zrange_withscores(k.timeouts(), 0, 0)
             .hget(k.meta(), META_PAUSED)
-            .get(k.pool());
+            .get(k.pool())
+            .hget(k.meta(), META_PAUSED_REASON);
         Ok(())
     })
     .await?;

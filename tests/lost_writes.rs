@@ -891,9 +891,15 @@ async fn a_view_read_while_a_hold_ran_cannot_reopen_the_gate() {
     let keys = seckill::store::keys::VoucherKeys::new(&env.prefix, V).unwrap();
     let mut redis = env.redis().await;
     for (end, how) in [(true, "given back"), (false, "lapsed")] {
-        pause::pause(&mut redis, &keys, None, Duration::ZERO)
-            .await
-            .expect("pause");
+        pause::pause(
+            &mut redis,
+            &keys,
+            None,
+            Duration::ZERO,
+            seckill::gate::pause::PauseReason::RedisLostWrites,
+        )
+        .await
+        .expect("pause");
         let lease = Duration::from_millis(if end { 60_000 } else { 300 });
         assert!(pause::hold(&mut redis, &keys, "w1", lease)
             .await

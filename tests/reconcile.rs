@@ -472,9 +472,15 @@ async fn reconcile_reopens_a_consistent_paused_gate_unless_it_is_held() {
 
     // Its grace still running: paused too.
     let _: () = redis.del(keys.holds()).await.unwrap();
-    seckill::gate::pause::pause(&mut redis, &keys, None, Duration::from_secs(60))
-        .await
-        .unwrap();
+    seckill::gate::pause::pause(
+        &mut redis,
+        &keys,
+        None,
+        Duration::from_secs(60),
+        seckill::gate::pause::PauseReason::RedisLostWrites,
+    )
+    .await
+    .unwrap();
     let (_, report) = reconcile(&env, &["--yes"]);
     assert_eq!(report["vouchers"][0]["reopened"], false, "{report:#}");
     assert_eq!(buy("100"), Some(15));
@@ -543,9 +549,15 @@ async fn a_reopen_is_refused_when_the_gate_was_paused_again_after_the_read() {
     let env = quiet_sale().await;
     let keys = VoucherKeys::new(&env.prefix, V).unwrap();
     let mut redis = env.redis().await;
-    seckill::gate::pause::pause(&mut redis, &keys, None, Duration::ZERO)
-        .await
-        .unwrap();
+    seckill::gate::pause::pause(
+        &mut redis,
+        &keys,
+        None,
+        Duration::ZERO,
+        seckill::gate::pause::PauseReason::RedisLostWrites,
+    )
+    .await
+    .unwrap();
     // The look pass reads once, the repair pass again: stop in the second.
     let mut run = Command::new(assert_cmd::cargo::cargo_bin("seckill"))
         .args(["reconcile", "--yes", "--settle", "0s", "--format", "json"])
@@ -564,9 +576,15 @@ async fn a_reopen_is_refused_when_the_gate_was_paused_again_after_the_read() {
         .nth(1);
     assert!(second.is_some(), "reconcile never reached its repair pass");
     // A guard pauses it again (its grace already over).
-    seckill::gate::pause::pause(&mut redis, &keys, None, Duration::ZERO)
-        .await
-        .unwrap();
+    seckill::gate::pause::pause(
+        &mut redis,
+        &keys,
+        None,
+        Duration::ZERO,
+        seckill::gate::pause::PauseReason::RedisLostWrites,
+    )
+    .await
+    .unwrap();
     std::thread::spawn(move || said.for_each(drop));
     let out = run.wait_with_output().unwrap();
     let report = json(&out);
@@ -850,16 +868,16 @@ async fn a_set_edited_without_its_digest_is_found_by_a_deep_read() {
     env.cleanup().await;
 }
 
-/// Issue 34 (the part built so far): a MySQL that lost its last commits (a
-/// backup restored: a dump taken after 30 orders, restored after 60, one
-/// of them paid) no longer has reconcile drop the 30 buyers it lost and
-/// sell their units again. Their acknowledged entries, still kept in the
-/// stream, tell them from lost admissions: `orders_lost_by_mysql` 30, no
-/// `buyers_without_order`, no `redis_stock_low`; `--yes` keeps them and
-/// says "not repaired"; the paid user 45 cannot buy again. Before: 30
-/// buyers dropped, 30 units back on sale, user 45 bought a second order.
+/// MySQL lost its last 30 commits (a dump restored, issue 34), with no
+/// worker running: reconcile tells the lost commits (their entries still
+/// kept) from lost admissions, `orders_lost_by_mysql` 30 and no
+/// `buyers_without_order` or `redis_stock_low`, and `--yes` restores them
+/// with their ids: pending, the paid user's held (its deadline was gone).
+/// The gate, paused as a Redis failover beside it would leave it, reopens;
+/// user 45 cannot buy again. Before: 30 buyers dropped, 30 units back on
+/// sale, user 45 bought a second order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_commit_mysql_lost_keeps_its_buyer_and_its_unit() {
+async fn a_commit_mysql_lost_keeps_its_buyer_and_is_restored() {
     let env = TestEnv::new().await;
     env.live_voucher(77, 100).await;
     let drain = || {
@@ -868,41 +886,20 @@ async fn a_commit_mysql_lost_keeps_its_buyer_and_its_unit() {
     };
     env.admit_users(77, 30, 0).await;
     drain();
-    let dump = std::env::temp_dir().join(format!("seckill-{}-dump.sql", env.db_name));
-    let url = url::Url::parse(&env.cfg.mysql_url).unwrap();
-    let client = |program: &str| {
-        let mut c = std::process::Command::new(program);
-        c.args(["--no-defaults", "-h127.0.0.1", "-useckill", "-pseckill"])
-            .arg(format!("-P{}", url.port().unwrap_or(3306)));
-        c
-    };
-    let dumped = client("mariadb-dump").arg(&env.db_name).output().unwrap();
-    assert!(dumped.status.success(), "{dumped:?}");
-    std::fs::write(&dump, &dumped.stdout).unwrap();
+    let dump = env.dump_mysql();
     for user in 31..=60 {
         assert_eq!(env.buy_exit(77, &user.to_string()), Some(0));
     }
     drain();
-    let mut conn = env.db().await.conn().await.unwrap();
-    let paid: u64 = conn
-        .query_first("SELECT id FROM seckill_order WHERE voucher_id = 77 AND user_id = 45")
-        .await
-        .unwrap()
-        .unwrap();
-    drop(conn);
+    let before = env.orders(77).await;
+    let paid = before.iter().find(|o| o.1 == 45).unwrap().0;
     let out = env
         .cmd()
         .args(["pay", "--order", &paid.to_string()])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
-    let restored = client("mariadb")
-        .arg(&env.db_name)
-        .stdin(std::fs::File::open(&dump).unwrap())
-        .output()
-        .unwrap();
-    assert!(restored.status.success(), "{restored:?}");
-    std::fs::remove_file(&dump).ok();
+    env.restore_mysql(&dump);
 
     let report_of = |extra: &[&str]| {
         let (code, report) = reconcile(&env, extra);
@@ -912,20 +909,27 @@ async fn a_commit_mysql_lost_keeps_its_buyer_and_its_unit() {
     let lost = vec![("orders_lost_by_mysql".to_string(), 30)];
     assert_eq!(
         report_of(&["--dry-run"]),
-        (3, lost.clone(), Value::from("not_repaired"))
+        (3, lost.clone(), Value::from("would_repair"))
     );
-    // Paused, as a Redis that failed over with MySQL would leave it: the
-    // repair reopens it (the lost orders' units stay taken: a reopened
-    // gate sells none of them), and says the orders are not repaired.
     let keys = VoucherKeys::new(&env.prefix, 77).unwrap();
     let mut redis = env.redis().await;
     let _: () = redis.hset(keys.meta(), "paused", "1").await.unwrap();
-    assert_eq!(
-        report_of(&["--yes"]),
-        (3, lost, Value::from("not_repaired"))
-    );
+    assert_eq!(report_of(&["--yes"]), (4, lost, Value::from("repaired")));
     let paused: Option<String> = redis.hget(keys.meta(), "paused").await.unwrap();
     assert_ne!(paused.as_deref(), Some("1"), "the gate stayed paused");
+    let after = env.orders(77).await;
+    let pending_again: Vec<(u64, u64, i8)> =
+        before.iter().map(|&(id, user, _)| (id, user, 0)).collect();
+    assert_eq!(
+        after, pending_again,
+        "the orders came back with their ids, pending"
+    );
+    let (code, report) = reconcile(&env, &["--dry-run"]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(
+        report["vouchers"][0]["orders_held"],
+        serde_json::json!([paid])
+    );
     let buyers: u64 = redis.scard(keys.buyers()).await.unwrap();
     let stock: i64 = redis.get(keys.stock()).await.unwrap();
     assert_eq!(
@@ -939,5 +943,7 @@ async fn a_commit_mysql_lost_keeps_its_buyer_and_its_unit() {
         "the paid user bought again"
     );
     assert_eq!(env.buy_exit(77, "61"), Some(0));
+    drain();
+    assert_invariants(&env, 77).await;
     env.cleanup().await;
 }

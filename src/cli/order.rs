@@ -1,4 +1,4 @@
-//! `seckill order show`
+//! `seckill order show` and `seckill order unhold`
 
 use clap::{Args, Subcommand};
 
@@ -14,6 +14,17 @@ use crate::support::timespec::format_ms;
 pub enum OrderCommand {
     /// One order: status, user, voucher, created, payment deadline, paid/cancelled time
     Show(ShowArgs),
+    /// Let a held order's payment deadline run (the payment provider has it
+    /// unpaid): reconcile schedules it again, and past it the order is
+    /// cancelled and its unit given back
+    Unhold(UnholdArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct UnholdArgs {
+    /// Order id
+    #[arg(long = "order", value_parser = parse_id, allow_hyphen_values = true)]
+    pub id: u64,
 }
 
 #[derive(Args, Debug)]
@@ -26,7 +37,10 @@ pub struct ShowArgs {
 }
 
 pub async fn run(cfg: &Config, cmd: OrderCommand) -> anyhow::Result<u8> {
-    let OrderCommand::Show(args) = cmd;
+    let args = match cmd {
+        OrderCommand::Show(args) => args,
+        OrderCommand::Unhold(args) => return unhold(cfg, args).await,
+    };
     let db = Db::connect(cfg).await?;
     let found = order::get(&db, args.id).await;
     db.close().await;
@@ -50,7 +64,16 @@ fn order_table(o: &OrderView) -> comfy_table::Table {
         ("voucher", o.voucher.to_string()),
         ("units", o.quantity.to_string()),
         ("created", format_ms(o.created_ms)),
-        ("payment deadline", format_ms(o.deadline_ms)),
+        (
+            "payment deadline",
+            match o.held {
+                true => format!(
+                    "{} (held: restored, payment unknown)",
+                    format_ms(o.deadline_ms)
+                ),
+                false => format_ms(o.deadline_ms),
+            },
+        ),
         ("paid", time(o.paid_ms)),
         ("cancelled", time(o.cancelled_ms)),
     ];
@@ -58,4 +81,29 @@ fn order_table(o: &OrderView) -> comfy_table::Table {
         t.add_row(vec![k.to_string(), v]);
     }
     t
+}
+
+async fn unhold(cfg: &Config, args: UnholdArgs) -> anyhow::Result<u8> {
+    let db = Db::connect(cfg).await?;
+    let done: crate::Result<(bool, Option<OrderView>)> = async {
+        let unheld = crate::orders::restore::unhold(&db, args.id).await?;
+        Ok((unheld, order::get(&db, args.id).await?))
+    }
+    .await;
+    db.close().await;
+    let (unheld, found) = done?;
+    let Some(o) = found else {
+        errln!("error: unknown order: there is no order {}", args.id);
+        return Ok(exit_code::UNKNOWN_ORDER);
+    };
+    if unheld {
+        outln!(
+            "order {}: no longer held; `seckill reconcile --voucher {}` schedules its payment deadline, and a worker cancels it past that",
+            o.id,
+            o.voucher
+        )?;
+    } else {
+        outln!("order {}: not held ({}); nothing changed", o.id, o.status)?;
+    }
+    Ok(exit_code::OK)
 }

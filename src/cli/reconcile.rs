@@ -30,6 +30,11 @@ pub struct ReconcileArgs {
     /// digests first; finds a counter or digest that drifted from its rows
     #[arg(long)]
     pub deep: bool,
+    /// Drop the buyers whose orders MySQL may have lost with their stream
+    /// entries (drift orders_lost_unrestorable), their units back on sale:
+    /// give the amount the report names (one --voucher only)
+    #[arg(long, value_name = "AMOUNT", requires = "vouchers")]
+    pub drop_lost_commits: Option<u64>,
     /// How often to re-read a voucher that keeps moving before calling it busy
     #[arg(long, default_value_t = 5)]
     pub attempts: usize,
@@ -58,6 +63,11 @@ pub async fn run(cfg: &Config, args: ReconcileArgs) -> anyhow::Result<u8> {
             "not a terminal, so nobody can confirm the repairs: pass --yes to repair, or --dry-run to look"
         );
     }
+    if args.drop_lost_commits.is_some() && args.vouchers.len() != 1 {
+        anyhow::bail!(
+            "--drop-lost-commits names the buyers of one voucher: give exactly one --voucher"
+        );
+    }
     let db = Db::connect(cfg).await?;
     let result = reconcile_with(cfg, &args, &db).await;
     db.close().await;
@@ -77,6 +87,7 @@ async fn reconcile_with(cfg: &Config, args: &ReconcileArgs, db: &Db) -> anyhow::
         attempts: args.attempts.max(1),
         settle_ms: args.settle.as_millis() as i64,
         deep: args.deep,
+        drop_lost_commits: args.drop_lost_commits,
     };
     let mut run = reconcile::Run::new(db, &mut redis, &cfg.prefix, !args.vouchers.is_empty());
     let plan = pass_with_progress(&mut run, &vouchers, &look).await?;
@@ -172,6 +183,18 @@ fn render(args: &ReconcileArgs, reports: &[VoucherReport]) -> anyhow::Result<()>
             }
             if !consistent {
                 outln!("{}", drift_table(reports))?;
+            }
+            for r in reports.iter().filter(|r| !r.orders_held.is_empty()) {
+                outln!(
+                    "voucher {}: {} order(s) held, restored after MySQL lost them with their payment unknown (nothing cancels them): {}; `seckill pay --order <id>` if the payment provider has it paid, else `seckill order unhold --order <id>` lets its deadline run",
+                    gate_name(r),
+                    r.orders_held.len(),
+                    r.orders_held
+                        .iter()
+                        .map(u64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )?;
             }
             Ok(())
         }

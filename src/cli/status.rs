@@ -143,7 +143,11 @@ pub fn status_table(rows: &[VoucherStatus], now: i64) -> comfy_table::Table {
         t.add_row(vec![
             v.id.to_string(),
             if r.paused {
-                "paused".to_string()
+                match r.paused_reason.as_deref() {
+                    Some("mysql_lost_commits") => "paused (MySQL lost commits)".to_string(),
+                    Some("redis_lost_writes") => "paused (Redis lost writes)".to_string(),
+                    _ => "paused".to_string(),
+                }
             } else {
                 r.voucher.sale_state(now).to_string()
             },

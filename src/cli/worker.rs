@@ -161,6 +161,14 @@ fn summary_table(s: &Summary) -> comfy_table::Table {
             s.stats.gate_pauses.to_string(),
         ),
         (
+            "gates paused (MySQL lost commits)",
+            s.stats.mysql_loss_pauses.to_string(),
+        ),
+        (
+            "orders restored into MySQL",
+            s.stats.orders_restored.to_string(),
+        ),
+        (
             "gates rebuilt and reopened",
             s.stats.gate_reopens.to_string(),
         ),

@@ -16,6 +16,28 @@ pub const META_PAUSED: &str = "paused";
 /// The meta field naming the latest pause (a reopen checks it).
 pub const META_PAUSE_TOKEN: &str = "pause_token";
 
+/// The meta field saying why the gate is paused ([`PauseReason`]).
+pub const META_PAUSED_REASON: &str = "paused_reason";
+
+/// Why a gate is paused, as meta's `paused_reason` and `status` say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PauseReason {
+    /// Redis may have lost writes MySQL holds (a restart, a failover).
+    RedisLostWrites,
+    /// MySQL has fewer orders than its workers committed (a failover to an
+    /// asynchronous replica, a backup restored).
+    MysqlLostCommits,
+}
+
+impl PauseReason {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            PauseReason::RedisLostWrites => "redis_lost_writes",
+            PauseReason::MysqlLostCommits => "mysql_lost_commits",
+        }
+    }
+}
+
 /// What pausing did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Paused {
@@ -61,13 +83,14 @@ pub async fn pause(
     keys: &VoucherKeys,
     orders: Option<u64>,
     grace: Duration,
+    reason: PauseReason,
 ) -> Result<Paused> {
     let mut call = call(keys, "pause");
     match orders {
         Some(n) => call.arg(n),
         None => call.arg(""),
     };
-    call.arg(ms(grace));
+    call.arg(ms(grace)).arg(reason.as_str());
     let code: i64 = call.invoke_async(conn).await?;
     Ok(match code {
         1 => Paused::Now,

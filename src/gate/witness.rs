@@ -47,7 +47,15 @@ pub struct GateDigests {
     /// How many deadlines the timeouts set holds (the witness counts the
     /// other two sets).
     pub timeouts_len: u64,
+    /// The orders workers inserted into MySQL and acknowledged here
+    /// ([`META_COMMITTED`]): read before MySQL, MySQL holds at least this
+    /// many of the gate's orders unless it lost commits.
+    pub committed: u64,
 }
+
+/// The meta field counting the orders workers inserted into MySQL
+/// (lua/finish.lua): the gate's witness of MySQL's commits.
+pub const META_COMMITTED: &str = "committed";
 
 /// The meta fields of [`GateDigests`], in its order.
 pub const DIGEST_FIELDS: [&str; 3] = ["buyers_digest", "released_digest", "timeouts_digest"];
@@ -81,7 +89,8 @@ pub async fn read_many_with_digests(
             .cmd("HMGET")
             .arg(k.meta())
             .arg(&DIGEST_FIELDS[..])
-            .zcard(k.timeouts());
+            .zcard(k.timeouts())
+            .hget(k.meta(), META_COMMITTED);
         Ok(())
     })
     .await?;
@@ -95,8 +104,9 @@ pub async fn read_many_with_digests(
                 u64,
                 (Option<String>, Option<String>, Option<String>),
                 u64,
+                Option<u64>,
             );
-            let (last, stock, buyers, released, (b, r, t), timeouts_len): Row =
+            let (last, stock, buyers, released, (b, r, t), timeouts_len, committed): Row =
                 FromRedisValue::from_redis_value(Value::Array(c))
                     .map_err(|e| Error::Redis(format!("witness: {e}")))?;
             let witness = Witness {
@@ -115,6 +125,7 @@ pub async fn read_many_with_digests(
                 released: r,
                 timeouts: t,
                 timeouts_len,
+                committed: committed.unwrap_or(0),
             };
             Ok((witness, digests))
         })

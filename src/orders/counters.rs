@@ -186,6 +186,24 @@ pub async fn orders_per_voucher(db: &Db, vouchers: &[u64]) -> Result<HashMap<u64
     Ok(rows.into_iter().collect())
 }
 
+/// Per voucher with orders, from the counters: all its orders, and its
+/// cancelled ones (the gate guard's check of MySQL against what the gates
+/// saw it commit). Vouchers without orders, or unknown to MySQL, are absent.
+pub async fn totals_per_voucher(db: &Db, vouchers: &[u64]) -> Result<HashMap<u64, (u64, u64)>> {
+    if vouchers.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let mut conn = db.conn().await?;
+    let rows: Vec<(u64, u64, u64)> = conn
+        .query(format!(
+            "SELECT voucher_id, orders_total, orders_cancelled FROM seckill_voucher
+              WHERE voucher_id IN ({}) AND orders_total > 0",
+            join_ids(vouchers.iter().copied())
+        ))
+        .await?;
+    Ok(rows.into_iter().map(|(v, n, c)| (v, (n, c))).collect())
+}
+
 /// A voucher in `buckets` buckets: its orders per bucket, each counted in
 /// the bucket of its user. MySQL computes the rule of store/layout.rs
 /// (the first 8 bytes of SHA-1 of the decimal user id, big-endian, mod N:
@@ -226,6 +244,16 @@ pub struct Recount {
 pub async fn repair(db: &Db, voucher: u64) -> Result<Option<Recount>> {
     let mut conn = db.conn().await?;
     let mut tx = conn.start_transaction(TxOpts::default()).await?;
+    let recounted = repair_in(&mut tx, voucher).await?;
+    tx.commit().await?;
+    Ok(recounted)
+}
+
+/// [`repair`] inside the caller's transaction (which changed the rows).
+pub async fn repair_in(
+    tx: &mut mysql_async::Transaction<'_>,
+    voucher: u64,
+) -> Result<Option<Recount>> {
     let was: Option<CountersRow> = tx
         .exec_first(
             format!("SELECT {COLUMNS} FROM seckill_voucher WHERE voucher_id = ? FOR UPDATE"),
@@ -233,10 +261,9 @@ pub async fn repair(db: &Db, voucher: u64) -> Result<Option<Recount>> {
         )
         .await?;
     let Some(was) = was.map(Counters::from_row) else {
-        tx.rollback().await?;
         return Ok(None);
     };
-    let now = recount(&mut tx, voucher).await?;
+    let now = recount(&mut *tx, voucher).await?;
     if now != was {
         tx.exec_drop(
             "UPDATE seckill_voucher
@@ -259,7 +286,6 @@ pub async fn repair(db: &Db, voucher: u64) -> Result<Option<Recount>> {
         )
         .await?;
     }
-    tx.commit().await?;
     Ok(Some(Recount { was, now }))
 }
 

@@ -5,5 +5,6 @@ pub mod counters;
 pub mod deadline;
 pub mod order;
 pub mod payment;
+pub mod restore;
 pub mod timeouts;
 pub mod voucher;

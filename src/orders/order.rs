@@ -21,6 +21,10 @@ pub struct OrderView {
     pub deadline_ms: i64,
     pub paid_ms: Option<i64>,
     pub cancelled_ms: Option<i64>,
+    /// Its payment deadline is held (**new**): restored pending after
+    /// MySQL lost it, its payment unknown; nothing cancels it until the
+    /// operator pays or unholds it.
+    pub held: bool,
 }
 
 fn as_string<S: serde::Serializer>(id: &u64, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -71,13 +75,24 @@ pub fn status_name(code: i8) -> &'static str {
     OrderStatus::from_code(code).map_or("unknown", OrderStatus::name)
 }
 
-type Row = (u64, u64, u64, i8, i64, Option<i64>, Option<i64>, i64, u64);
+type Row = (
+    u64,
+    u64,
+    u64,
+    i8,
+    i64,
+    Option<i64>,
+    Option<i64>,
+    i64,
+    u64,
+    i8,
+);
 
 const SELECT_VIEW: &str = "SELECT o.id, o.user_id, o.voucher_id, o.status,
         CAST(ROUND(UNIX_TIMESTAMP(o.create_time) * 1000) AS SIGNED),
         CAST(ROUND(UNIX_TIMESTAMP(o.pay_time) * 1000) AS SIGNED),
         CAST(ROUND(UNIX_TIMESTAMP(o.cancel_time) * 1000) AS SIGNED),
-        v.pay_timeout_ms, o.quantity
+        v.pay_timeout_ms, o.quantity, o.held
    FROM seckill_order o JOIN seckill_voucher v ON v.voucher_id = o.voucher_id";
 
 pub async fn get(db: &Db, id: u64) -> Result<Option<OrderView>> {
@@ -110,6 +125,7 @@ async fn view_where(
         paid_ms: r.5,
         cancelled_ms: r.6,
         quantity: r.8,
+        held: r.9 == 1 && r.3 == OrderStatus::Pending.code(),
     }))
 }
 

@@ -37,7 +37,8 @@ pub async fn pay(db: &Db, order: u64) -> Result<PayOutcome> {
         "UPDATE seckill_order o JOIN seckill_voucher v ON v.voucher_id = o.voucher_id
             SET o.status = ?, o.pay_time = NOW(3), {ADD_PAID}
           WHERE o.id = ? AND o.status = ?
-            AND o.create_time > NOW(3) - INTERVAL v.pay_timeout_ms * 1000 MICROSECOND"
+            AND (o.held = 1
+                 OR o.create_time > NOW(3) - INTERVAL v.pay_timeout_ms * 1000 MICROSECOND)"
     );
     let params = (
         OrderStatus::Paid.code(),

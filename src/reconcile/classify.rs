@@ -26,9 +26,18 @@ pub enum DriftClass {
     /// admission): drop them so they may try again.
     BuyersWithoutOrder,
     /// Orders a worker committed and acknowledged that MySQL no longer has
-    /// (it lost its last commits): their buyers keep their units and stay
-    /// buyers; restoring the orders into MySQL is not built yet.
+    /// (it lost its last commits), their stream entries still kept: their
+    /// buyers keep their units and stay buyers, and the orders are
+    /// restored into MySQL with their ids (orders/restore.rs).
     OrdersLostByMysql,
+    /// MySQL lost more commits than the kept entries show (the gate's
+    /// witness of commits is ahead of its orders): the buyers with no order
+    /// anywhere may be theirs, so none is dropped and the gate's stock is
+    /// left as it is, until the operator drops them by their count.
+    OrdersLostUnrestorable,
+    /// Pending orders in MySQL whose unit the gate gave back: MySQL lost
+    /// their cancellation. Cancel them in MySQL again.
+    CancellationsLostByMysql,
     /// Cancelled orders whose unit never came back at the gate.
     CancelledNotReleased,
     /// Pending orders with no payment deadline in Redis.
@@ -52,7 +61,13 @@ impl DriftClass {
             DriftClass::BuyersMissing => "add them to the buyers",
             DriftClass::BuyersWithoutOrder => "drop them from the buyers",
             DriftClass::OrdersLostByMysql => {
-                "keep their buyers and units; restore the orders into MySQL by hand (see the README)"
+                "restore the orders into MySQL from the kept stream entries (their buyers and units kept)"
+            }
+            DriftClass::CancellationsLostByMysql => {
+                "cancel them in MySQL again (their units are back at the gate)"
+            }
+            DriftClass::OrdersLostUnrestorable => {
+                "keep their buyers and units; drop them only with --drop-lost-commits <amount>"
             }
             DriftClass::CancelledNotReleased => "give their units back (release path)",
             DriftClass::DeadlineMissing => "schedule their deadlines",
@@ -139,7 +154,10 @@ pub fn classify(s: &Snapshot) -> (Vec<Drift>, i64) {
             sample: Vec::new(),
             action: DriftClass::RedisStockHigh.action(),
         });
-    } else if stock < expected {
+    } else if stock < expected && s.unrestorable.is_empty() {
+        // Not with buyers whose orders MySQL may have lost: their units
+        // are unknown (no entry says how many), and what looks stuck may
+        // be theirs.
         out.push(Drift {
             class: DriftClass::RedisStockLow,
             amount: (expected - stock) as u64,
@@ -155,9 +173,11 @@ pub fn classify(s: &Snapshot) -> (Vec<Drift>, i64) {
     let mut unreleased = s.cancelled_unreleased_settled();
     unreleased.extend(s.spoken_for());
     let no_deadline: BTreeSet<u64> = s.deadlines_missing().iter().map(|(o, _)| *o).collect();
-    let lost: BTreeSet<u64> = s.lost_commits.iter().map(|(user, _)| *user).collect();
+    let lost: BTreeSet<u64> = s.lost_commits.iter().map(|l| l.user).collect();
     for (class, ids) in [
         (DriftClass::OrdersLostByMysql, &lost),
+        (DriftClass::OrdersLostUnrestorable, &s.unrestorable),
+        (DriftClass::CancellationsLostByMysql, &s.lost_cancellations),
         (DriftClass::BuyersMissing, &missing),
         (DriftClass::BuyersWithoutOrder, &orphans),
         (DriftClass::CancelledNotReleased, &unreleased),

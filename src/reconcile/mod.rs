@@ -23,6 +23,7 @@ use std::collections::HashMap;
 
 use crate::error::{Error, Result};
 use crate::gate::pause::Reopened;
+use crate::gate::witness::META_COMMITTED;
 use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
@@ -51,6 +52,10 @@ pub struct Options {
     /// and check MySQL's counters against the rows, instead of comparing
     /// counts and digests first.
     pub deep: bool,
+    /// The operator's word that the buyers whose orders MySQL may have
+    /// lost with their entries (`orders_lost_unrestorable`) are to be
+    /// dropped: given only with their count, which must match.
+    pub drop_lost_commits: Option<u64>,
 }
 
 /// Quick looks at a voucher that is moving or not yet agreed (work between
@@ -422,6 +427,34 @@ async fn reopen_if_paused(
 }
 
 /// [`reopen_if_paused`] on a full read.
+/// Lowers the gate's witness of MySQL's commits (meta `committed`) by what
+/// MySQL lost that nothing is left of to restore or keep: no kept entry,
+/// no buyer without an order (Redis lost them too, or the operator dropped
+/// them by their count). Otherwise the guard would pause the gate for that
+/// gap at every pass. Read before MySQL, the witness only errs low, so the
+/// gap taken off is never more than was lost.
+async fn forget_lost_commits(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    s: &Snapshot,
+) -> Result<()> {
+    let gap = s.commits_lost();
+    if gap == 0 || !s.lost_commits.is_empty() || !s.unrestorable.is_empty() {
+        return Ok(());
+    }
+    let _: i64 = redis::cmd("HINCRBY")
+        .arg(keys.meta())
+        .arg(META_COMMITTED)
+        .arg(-(gap as i64))
+        .query_async(conn)
+        .await?;
+    tracing::warn!(
+        "voucher {}: MySQL lost {gap} committed order(s) that no kept stream entry or buyer is left of: nothing to restore, counted as lost",
+        keys.voucher()
+    );
+    Ok(())
+}
+
 async fn reopen_on_read(
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
@@ -560,12 +593,20 @@ async fn reconcile_gate(
             Some(r) => r,
             None => target.read(db, conn, &keys, opts).await?,
         };
-        let s = match read {
+        let mut s = match read {
             Read::Snapshot(s) => s,
             Read::Missing => return Err(Error::VoucherNotFound(voucher)),
             Read::Moved if attempt >= opts.attempts => return Ok(busy_report(voucher)),
             Read::Moved => continue,
         };
+        let unrestorable = s.unrestorable.len() as u64;
+        if unrestorable > 0 && opts.drop_lost_commits == Some(unrestorable) {
+            // Named by the operator: plain buyers without an order now.
+            s.unrestorable.clear();
+        }
+        if !opts.dry_run {
+            forget_lost_commits(conn, &keys, &s).await?;
+        }
         let (drifts, expected) = classify(&s);
         let mut report = report_of(&s, drifts, expected);
         let behind = s.digests_behind();
@@ -584,35 +625,21 @@ async fn reconcile_gate(
             return Ok(report);
         }
         if opts.dry_run {
-            let only_lost_commits = report
-                .drifts
-                .iter()
-                .all(|d| d.class == DriftClass::OrdersLostByMysql);
-            report.outcome = if only_lost_commits {
-                Outcome::NotRepaired
-            } else {
-                Outcome::WouldRepair
+            report.outcome = match s.unrestorable.is_empty() {
+                true => Outcome::WouldRepair,
+                false => Outcome::NotRepaired,
             };
             return Ok(report);
         }
         match repair(db, conn, &keys, voucher, &s, &report.drifts, opts, ids).await? {
             RepairResult::Applied { unrepaired } => {
-                let lost = report
-                    .drifts
-                    .iter()
-                    .any(|d| d.class == DriftClass::OrdersLostByMysql);
+                // A gate paused while buyers may have lost their orders
+                // stays paused: the operator decides about them.
                 report.outcome = if unrepaired {
                     Outcome::NotRepaired
                 } else {
-                    // The units of orders MySQL lost stay taken: a reopened
-                    // gate sells none of them, and a sale paused until they
-                    // are restored by hand would stop for nothing.
                     reopen_on_read(conn, &keys, &s, &mut report).await?;
-                    if lost {
-                        Outcome::NotRepaired
-                    } else {
-                        Outcome::Repaired
-                    }
+                    Outcome::Repaired
                 };
                 report.drifts.splice(0..0, repaired_before);
                 return Ok(report);
@@ -626,7 +653,9 @@ async fn reconcile_gate(
                         .filter(|d| {
                             matches!(
                                 d.class,
-                                DriftClass::MysqlInconsistent | DriftClass::CountersDrift
+                                DriftClass::MysqlInconsistent
+                                    | DriftClass::CountersDrift
+                                    | DriftClass::OrdersLostByMysql
                             )
                         }),
                 );

@@ -271,8 +271,10 @@ impl Look<'_> {
             && digest(&self.digests.released) == Some(c.cancelled_digest);
         let deadlines_agree = gate.deadlines == c.orders_pending()
             && digest(&self.digests.timeouts) == Some(c.pending_digest);
+        // MySQL holds every order the gate saw committed (read after it).
+        let none_lost = self.digests.committed <= c.orders_total;
         let expected = row.stock - units as i64;
-        if !(buyers_agree && released_agree && deadlines_agree)
+        if !(buyers_agree && released_agree && deadlines_agree && none_lost)
             || expected < 0
             || gate_stock != expected
         {

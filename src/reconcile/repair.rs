@@ -10,6 +10,7 @@ use crate::gate::image::{publish_gate, BucketPlace, GateImage};
 use crate::gate::policy::{self, Published};
 use crate::orders::counters;
 use crate::orders::deadline;
+use crate::orders::restore;
 use crate::orders::voucher;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
@@ -57,6 +58,22 @@ pub(super) async fn repair(
             return Ok(RepairResult::Applied { unrepaired: false });
         }
     }
+    if has(DriftClass::OrdersLostByMysql) || has(DriftClass::CancellationsLostByMysql) {
+        // MySQL first, with the orders as the gate knows them now; the gate
+        // is decided on a fresh read that has them.
+        let cancel: Vec<u64> = s.lost_cancellations.iter().copied().collect();
+        let r = restore::restore(db, voucher, &s.lost_commits, &cancel).await?;
+        tracing::warn!(
+            "voucher {voucher}: restored {} order(s) MySQL lost from the kept stream entries: {} pending, {} cancelled (released at the gate, or past their deadline), {} held for the operator{}; cancelled again {} order(s) whose cancellation it lost",
+            r.count(),
+            r.pending,
+            r.cancelled,
+            r.held.len(),
+            held_list(&r.held),
+            r.cancelled_again
+        );
+        return Ok(RepairResult::MysqlFixed);
+    }
     if has(DriftClass::MysqlInconsistent) {
         if !opts.fix_mysql {
             // The gate is repaired against MySQL; with MySQL itself wrong,
@@ -97,7 +114,13 @@ pub(super) async fn repair(
     // back; the settled ones come back through release.lua below (one unit
     // each, to the waitlist or the stock), the settling ones by their own
     // release. So the script moves the stock by exactly expected - gate.
-    let delta = s.expected_gate_stock() - s.gate_stock.unwrap_or(0);
+    let mut delta = s.expected_gate_stock() - s.gate_stock.unwrap_or(0);
+    if !s.unrestorable.is_empty() {
+        // Units that look stuck may be held by buyers whose orders MySQL
+        // lost with their entries (their quantities unknown): none given
+        // back until the operator names them (classify.rs).
+        delta = delta.min(0);
+    }
     let holders = s.holders();
     let add: Vec<u64> = holders.difference(&s.buyers).copied().collect();
     let remove: Vec<u64> = s.buyers.difference(&holders).copied().collect();
@@ -185,10 +208,22 @@ pub(super) async fn repair(
         let limit = s.policy.per_user_limit;
         deadline::release(conn, keys, voucher, &with_units, limit, &[], ids, under).await?;
     }
-    // Orders MySQL lost are only kept (their buyers and units, above):
-    // restoring them is the operator's until reconcile can (mod.rs reports
-    // them not repaired).
-    Ok(RepairResult::Applied { unrepaired: false })
+    // Buyers whose orders MySQL may have lost with their entries are kept
+    // (holders), and the gate's stock judged without giving units back:
+    // not repaired until the operator names them.
+    Ok(RepairResult::Applied {
+        unrepaired: has(DriftClass::OrdersLostUnrestorable),
+    })
+}
+
+/// ": held a, b, c" (the first few), or nothing.
+fn held_list(held: &[u64]) -> String {
+    if held.is_empty() {
+        return String::new();
+    }
+    let few: Vec<String> = held.iter().take(10).map(u64::to_string).collect();
+    let more = if held.len() > 10 { ", ..." } else { "" };
+    format!(" (pay or unhold them: {}{more})", few.join(", "))
 }
 
 /// Sets the gate's digests that left their sets behind to the sets' (the
@@ -226,6 +261,7 @@ async fn rebuild_gate(
     let deadlines: Vec<(i64, u64)> = s
         .pending
         .iter()
+        .filter(|(order, _)| !s.held.contains(order))
         .map(|(order, created)| (created + s.pay_timeout_ms, *order))
         .collect();
     let place = s.bucket.as_ref().map(|b| BucketPlace {

@@ -60,6 +60,11 @@ pub struct VoucherReport {
     /// set without it): every look reads the voucher in full until a run
     /// without `--dry-run` sets it right.
     pub gate_digests_behind: bool,
+    /// Pending orders held for the operator (**new**): restored after MySQL
+    /// lost them, with no payment deadline Redis still knew (paid, or
+    /// cancelled in MySQL, before the loss). Nothing cancels them; `seckill
+    /// pay` or `seckill order unhold` settles each.
+    pub orders_held: Vec<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -93,6 +98,7 @@ pub fn busy_report(voucher: u64) -> VoucherReport {
         reopened: false,
         read: ReadKind::Full,
         gate_digests_behind: false,
+        orders_held: Vec::new(),
     }
 }
 
@@ -120,6 +126,8 @@ pub(super) fn agreed_report(a: &Agreed) -> VoucherReport {
         reopened: false,
         read: ReadKind::Quick,
         gate_digests_behind: false,
+        // A held order has no deadline: the quick look never agrees on it.
+        orders_held: Vec::new(),
     }
 }
 
@@ -149,5 +157,6 @@ pub(super) fn report_of(s: &Snapshot, drifts: Vec<Drift>, expected: i64) -> Vouc
         reopened: false,
         read: ReadKind::Full,
         gate_digests_behind: false,
+        orders_held: s.held.iter().copied().collect(),
     }
 }

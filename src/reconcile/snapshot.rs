@@ -15,6 +15,7 @@ use crate::gate::policy::{
 use crate::gate::witness::{self, GateDigests, Witness, DIGEST_FIELDS};
 use crate::orders::counters::Counters;
 use crate::orders::order::OrderStatus;
+use crate::orders::restore::{LostCommit, LostState};
 use crate::orders::voucher::Policy;
 use crate::store::db::{join_ids, Db};
 use crate::store::keys::VoucherKeys;
@@ -37,6 +38,9 @@ pub struct Snapshot {
     pub gate_policy: Policy,
     /// (order id, created ms) of pending orders.
     pub pending: Vec<(u64, i64)>,
+    /// Pending orders held for the operator (restored after MySQL lost
+    /// them, their payment unknown): no deadline is theirs to schedule.
+    pub held: BTreeSet<u64>,
     pub paid: usize,
     /// The units paid orders hold.
     pub paid_units: u64,
@@ -70,12 +74,24 @@ pub struct Snapshot {
     pub deadlines: HashSet<u64>,
     /// (user, order) of entries not yet acknowledged.
     pub in_flight: Vec<(u64, u64)>,
-    /// (user, order) of orders a worker committed and acknowledged (their
-    /// entries still kept) that MySQL does not have: it lost its last
-    /// commits (a failover to an asynchronous replica, a backup restored).
-    /// Their buyers hold their units as if in flight: never dropped, their
-    /// units never given back.
-    pub lost_commits: Vec<(u64, u64)>,
+    /// Orders a worker committed and acknowledged (their entries still
+    /// kept) that MySQL does not have: it lost its last commits (a failover
+    /// to an asynchronous replica, a backup restored). Their buyers are
+    /// never dropped, and the units of those not released are held as if
+    /// in flight, until the orders are restored.
+    pub lost_commits: Vec<LostCommit>,
+    /// Buyers with no order anywhere, while MySQL lost more commits than
+    /// the kept entries show ([`Snapshot::commits_lost`]): any of them may
+    /// be a buyer whose order is gone with its entry, so none is dropped
+    /// and the gate's stock is not judged (their quantities are unknown)
+    /// unless the operator names their count (`--drop-lost-commits`).
+    pub unrestorable: BTreeSet<u64>,
+    /// Pending orders in MySQL whose unit the gate gave back (in the
+    /// released set): a release follows a cancellation MySQL committed, so
+    /// MySQL lost that cancellation (a backup restored from between the
+    /// two, an asynchronous replica). Cancelled again, their units are
+    /// MySQL's stock again, as the gate has them.
+    pub lost_cancellations: BTreeSet<u64>,
     pub dead_letters: u64,
     pub witness: Witness,
     /// The gate's set digests as read before the sets, and which of them
@@ -165,19 +181,36 @@ impl Snapshot {
     /// In-flight orders MySQL does not have yet, and committed ones it
     /// lost: units taken at the gate only.
     pub fn unpersisted(&self) -> Vec<(u64, u64)> {
+        let lost = self
+            .lost_commits
+            .iter()
+            .filter(|l| l.state != LostState::Released)
+            .map(|l| (l.user, l.order));
         self.in_flight
             .iter()
             .filter(|(_, order)| !self.order_ids.contains(order))
-            .chain(&self.lost_commits)
             .copied()
+            .chain(lost)
             .collect()
     }
 
-    /// Users who hold a unit: an order in MySQL (any status) or in flight.
+    /// Users who are buyers for good: an order in MySQL (any status), in
+    /// flight, or one MySQL lost.
     pub fn holders(&self) -> BTreeSet<u64> {
         let mut h = self.order_users.clone();
         h.extend(self.unpersisted().into_iter().map(|(user, _)| user));
+        h.extend(self.lost_commits.iter().map(|l| l.user));
+        h.extend(&self.unrestorable);
         h
+    }
+
+    /// How many more orders the gate's workers inserted into MySQL than
+    /// MySQL has of its users (the witness read before MySQL, so a commit
+    /// in between only lowers it): above 0, MySQL lost commits.
+    pub fn commits_lost(&self) -> u64 {
+        self.gate_digests
+            .committed
+            .saturating_sub(self.recounted.orders_total)
     }
 
     pub fn cancelled_unreleased(&self) -> BTreeSet<u64> {
@@ -196,7 +229,12 @@ impl Snapshot {
     pub fn deadlines_missing(&self) -> Vec<(u64, i64)> {
         self.pending
             .iter()
-            .filter(|(order, _)| !self.deadlines.contains(order) && !self.settling.contains(order))
+            .filter(|(order, _)| {
+                !self.deadlines.contains(order)
+                    && !self.settling.contains(order)
+                    && !self.held.contains(order)
+                    && !self.lost_cancellations.contains(order)
+            })
             .copied()
             .collect()
     }
@@ -240,7 +278,16 @@ impl Snapshot {
     /// order already (a release whose record Redis lost after its promoted
     /// order was persisted), and giving it back again would oversell.
     pub fn gate_owes(&self) -> i64 {
-        self.mysql_stock - self.unpersisted_units() - self.unreleased_units()
+        self.mysql_stock + self.lost_cancellation_units()
+            - self.unpersisted_units()
+            - self.unreleased_units()
+    }
+
+    /// The units of the pending orders whose cancellation MySQL lost: its
+    /// stock once they are cancelled again.
+    pub fn lost_cancellation_units(&self) -> i64 {
+        let units: u64 = self.lost_cancellations.iter().map(|o| self.units(*o)).sum();
+        units as i64
     }
 
     /// The units of cancelled orders not yet given back at the gate.
@@ -305,7 +352,7 @@ async fn scan_members(conn: &mut impl RedisConn, cmd: &str, key: &str) -> Result
         cursor = next;
     }
 }
-type OrderRow = (u64, u64, u64, i8, i64, i8, u64);
+type OrderRow = (u64, u64, u64, i8, i64, i8, u64, i8);
 
 /// Reads many vouchers with a few round trips in all: the witnesses (one
 /// MULTI), the gates (one pipeline), the streams of those with entries, the
@@ -508,7 +555,7 @@ pub async fn read_gates(
                 "SELECT voucher_id, id, user_id, status,
                         CAST(ROUND(UNIX_TIMESTAMP(create_time) * 1000) AS SIGNED),
                         COALESCE(cancel_time, create_time) > NOW(3) - INTERVAL ? MICROSECOND,
-                        quantity
+                        quantity, held
                    FROM seckill_order WHERE voucher_id IN ({list})"
             ),
             (settle_ms * 1000,),
@@ -569,7 +616,7 @@ pub async fn read_gates(
             );
         }
     }
-    for (v, id, user, status, created, recent, quantity) in orders {
+    for (v, id, user, status, created, recent, quantity, held) in orders {
         let Some(i) = gate_of(v, user) else { continue };
         let s = &mut snaps[i];
         s.recounted.count(id, user, status, quantity);
@@ -586,7 +633,12 @@ pub async fn read_gates(
             s.settling.insert(id);
         }
         match OrderStatus::from_code(status) {
-            Some(OrderStatus::Pending) => s.pending.push((id, created)),
+            Some(OrderStatus::Pending) => {
+                s.pending.push((id, created));
+                if held == 1 {
+                    s.held.insert(id);
+                }
+            }
             Some(OrderStatus::Paid) => {
                 s.paid += 1;
                 s.paid_units += quantity;
@@ -599,19 +651,45 @@ pub async fn read_gates(
     // Buyers with no order in MySQL and none in flight: a lost admission,
     // or a commit MySQL lost. The kept acknowledged entries tell them apart
     // (read only when there are such buyers).
+    let now = crate::support::timespec::now_ms();
     for ((s, k), known) in snaps.iter_mut().zip(&keys).zip(&known) {
         let orphans: BTreeSet<u64> = s.buyers.difference(&s.holders()).copied().collect();
         if orphans.is_empty() || !known {
             continue;
         }
-        for (user, order, quantity) in acknowledged_orders(conn, k, &orphans).await? {
-            if s.order_ids.contains(&order) || s.released.contains(&order) {
+        for m in acknowledged_orders(conn, k, &orphans).await? {
+            if s.order_ids.contains(&m.order) {
                 continue;
             }
+            let quantity = u64::from(m.quantity);
             if quantity != 1 {
-                s.quantities.insert(order, quantity);
+                s.quantities.insert(m.order, quantity);
             }
-            s.lost_commits.push((user, order));
+            let state = if s.released.contains(&m.order) {
+                LostState::Released
+            } else if s.deadlines.contains(&m.order) && m.created_ms + s.pay_timeout_ms <= now {
+                LostState::PastDeadline
+            } else if s.deadlines.contains(&m.order) {
+                LostState::AwaitingPayment
+            } else {
+                LostState::Unknown
+            };
+            s.lost_commits.push(LostCommit {
+                user: m.user,
+                order: m.order,
+                quantity,
+                created_ms: m.created_ms,
+                state,
+            });
+        }
+    }
+    // MySQL lost more than the kept entries show: whoever is left without
+    // an order may be one of those.
+    for s in &mut snaps {
+        let pending: BTreeSet<u64> = s.pending.iter().map(|(o, _)| *o).collect();
+        s.lost_cancellations = pending.intersection(&s.released).copied().collect();
+        if s.commits_lost() > s.lost_commits.len() as u64 {
+            s.unrestorable = s.buyers.difference(&s.holders()).copied().collect();
         }
     }
     Ok(snaps

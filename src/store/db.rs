@@ -237,6 +237,13 @@ pub fn snapshot_tx() -> mysql_async::TxOpts {
 
 /// Integer ids as a SQL list (`1,2,3`). Integers cannot inject anything, and
 /// inlining them spares a prepared statement per list length.
+/// A Unix time in ms as a DATETIME(3) expression (`FROM_UNIXTIME(s.mmm)`),
+/// for values built into a statement (times before 1970 read as 1970).
+pub fn sql_time_ms(ms: i64) -> String {
+    let ms = ms.max(0);
+    format!("FROM_UNIXTIME({}.{:03})", ms / 1000, ms % 1000)
+}
+
 pub fn join_ids(ids: impl IntoIterator<Item = u64>) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();

@@ -130,6 +130,21 @@ Migration {
             ADD COLUMN buckets INT NOT NULL DEFAULT 1,
             ADD COLUMN bucket_tags VARCHAR(2048) NOT NULL DEFAULT ''",
     ],
+},
+Migration {
+    version: 7,
+    name: "held orders",
+    statements: &[
+        // held = 1: a pending order reconcile restored after MySQL lost it,
+        // whose payment deadline Redis no longer had (paid, or cancelled
+        // in MySQL, before the loss: only the payment provider can tell).
+        // No deadline is scheduled for it, so nothing cancels it on its
+        // own; the operator settles it (`seckill pay`, or `seckill order
+        // unhold` to let its deadline run). The index counts them cheaply.
+        "ALTER TABLE seckill_order
+            ADD COLUMN held TINYINT NOT NULL DEFAULT 0,
+            ADD KEY idx_order_held (held, status)",
+    ],
 }];
 
 pub fn latest() -> u32 {

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::error::Result;
 use crate::store::keys::{VoucherKeys, WORKER_GROUP};
-use crate::stream::entry::MAX_QUANTITY;
+use crate::stream::entry::{OrderMessage, RawEntry, MAX_QUANTITY};
 use crate::stream::id::StreamId;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -190,7 +190,7 @@ pub async fn acknowledged_orders<C: RedisConn>(
     conn: &mut C,
     keys: &VoucherKeys,
     users: &std::collections::BTreeSet<u64>,
-) -> Result<Vec<(u64, u64, u64)>> {
+) -> Result<Vec<OrderMessage>> {
     let stream = keys.orders();
     if users.is_empty() {
         return Ok(Vec::new());
@@ -220,9 +220,10 @@ pub async fn acknowledged_orders<C: RedisConn>(
     let newest_first = Range::Newest(&group.last_delivered_id);
     for_each_page(conn, &stream, newest_first, |e| {
         if !pending.contains(&e.id) {
-            if let Some((user, order, quantity)) = order_of(e) {
-                if wanted.remove(&user) {
-                    out.push((user, order, quantity));
+            // Whole, as a worker parsed it: its time is the order's.
+            if let Ok(m) = RawEntry::from_map(&e.id, &e.map).parse(keys.voucher()) {
+                if wanted.remove(&m.user) {
+                    out.push(m);
                 }
             }
         }

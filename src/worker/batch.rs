@@ -240,7 +240,7 @@ impl Lane {
                 d.reason
             );
         }
-        for id in &done.acks {
+        for id in done.inserted.iter().chain(&done.acks) {
             self.last_error.remove(id);
         }
         self.stats
@@ -296,6 +296,8 @@ impl Lane {
                     plan.redis
                         .deadlines
                         .push((m.order, m.created_ms + p.pay_timeout_ms));
+                    plan.redis.inserted.push(m.entry_id.clone());
+                    continue;
                 }
                 Fate::AlreadyStored { pending } => {
                     plan.counts.1 += 1;

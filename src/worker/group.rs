@@ -234,7 +234,10 @@ pub struct Completion<'a> {
     /// (order id, payment deadline ms) of the pending orders.
     pub deadlines: Vec<(u64, i64)>,
     pub dead: Vec<DeadLetter>,
-    /// Entry ids to acknowledge (dead-lettered ones included).
+    /// Entry ids to acknowledge whose orders the batch inserted: counted
+    /// into the gate's witness of MySQL's commits (meta `committed`).
+    pub inserted: Vec<String>,
+    /// The other entry ids to acknowledge (dead-lettered ones included).
     pub acks: Vec<String>,
     /// Users whose locks to release, and their owner's token.
     pub locks: &'a [u64],
@@ -264,7 +267,8 @@ pub async fn finish(
         inv.arg(&d.entry_id).arg(&d.reason).arg(d.deliveries);
     }
     inv.arg(c.locks.len()).arg(c.locks);
-    for id in acks {
+    inv.arg(c.inserted.len());
+    for id in c.inserted.iter().chain(acks) {
         inv.arg(id);
     }
     Ok(inv.invoke_async(conn).await?)

@@ -20,6 +20,18 @@
 //!   order committed in between had its buyer recorded before it. This
 //!   covers what the first sign cannot see (a restart while no worker ran).
 //!
+//! And one of the mirror case, MySQL that lost its last commits (a failover
+//! to an asynchronous replica, a backup restored): the voucher's gates
+//! count the orders workers inserted into MySQL (meta `committed`, bumped
+//! by lua/finish.lua with each acknowledgement) and hold the cancelled
+//! orders whose units came back (the released set: each was cancelled in
+//! MySQL first), and MySQL holds fewer orders, or fewer cancelled ones,
+//! than that. Redis is read first here, so a commit in between only
+//! raises MySQL's counts. The gates are paused (reason
+//! `mysql_lost_commits`) and rebuilt by reconcile, which restores the lost
+//! orders from their kept stream entries and reopens them; buyers it
+//! cannot restore keep the gate paused for the operator.
+//!
 //! A pause carries a grace (`--lock-lease`): a worker holding a batch whose
 //! entries the restart lost notices within a third of its lease and holds
 //! the gate until that batch is committed (lua/pause.lua), so no rebuild
@@ -41,7 +53,8 @@ use super::recount::{Counted, Recounts};
 use super::WorkerStats;
 use crate::error::{Error, Result};
 use crate::gate::mover_fence;
-use crate::gate::pause::{self, Paused, META_PAUSED};
+use crate::gate::pause::{self, PauseReason, Paused, META_PAUSED};
+use crate::gate::witness::META_COMMITTED;
 use crate::orders::counters;
 use crate::reconcile::{self, Outcome};
 use crate::store::config::Config;
@@ -152,6 +165,25 @@ struct Look {
     recorded_run_id: Option<String>,
 }
 
+/// What MySQL lacks of what a voucher's gates saw it commit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct MysqlBehind {
+    /// Orders workers inserted.
+    orders: u64,
+    /// Cancellations whose units the gates gave back.
+    cancellations: u64,
+}
+
+impl MysqlBehind {
+    fn is_none(&self) -> bool {
+        self.sum() == 0
+    }
+
+    fn sum(&self) -> u64 {
+        self.orders + self.cancellations
+    }
+}
+
 /// The meta field recording the run id of the server a guard last saw
 /// holding the gate.
 const META_RUN_ID: &str = "run_id";
@@ -199,8 +231,6 @@ impl GateGuard {
         known.extend(registry::members(&mut self.conn, &self.cfg.prefix).await?);
         let vouchers: Vec<u64> = known.iter().copied().collect();
         self.state.known = Some(known);
-        // MySQL first: see the module comment.
-        let orders = counters::orders_per_voucher(&self.db, &vouchers).await?;
         // MySQL's word on the split: a bucket 0 that lost its meta reads as
         // a voucher of one gate, which a rebuild would make of every
         // bucket's users and stock.
@@ -229,6 +259,29 @@ impl GateGuard {
                 });
                 keys.push(layout.keys(b)?);
             }
+        }
+        // Redis first for the commits MySQL lost, MySQL first for the writes
+        // Redis lost: see the module comment.
+        let seen = self.commits_seen(&gates, &keys).await?;
+        let totals = counters::totals_per_voucher(&self.db, &vouchers).await?;
+        let orders: HashMap<u64, u64> = totals.iter().map(|(v, (n, _))| (*v, *n)).collect();
+        let lost_commits: HashMap<u64, MysqlBehind> = seen
+            .iter()
+            .map(|(v, (committed, released))| {
+                let (n, cancelled) = totals.get(v).copied().unwrap_or((0, 0));
+                let behind = MysqlBehind {
+                    orders: committed.saturating_sub(n),
+                    cancellations: released.saturating_sub(cancelled),
+                };
+                (*v, behind)
+            })
+            .filter(|(_, behind)| !behind.is_none())
+            .collect();
+        self.stats
+            .set_mysql_commits_lost(lost_commits.values().map(MysqlBehind::sum).sum());
+        match crate::orders::restore::held_count(&self.db).await {
+            Ok(n) => self.stats.set_orders_held(n),
+            Err(e) => tracing::debug!("gate guard: held orders not counted: {e}"),
         }
         let rows = pipeline_per_item(&mut self.conn, &keys, false, true, |pipe, k| {
             pipe.hexists(k.meta(), "begin_ms")
@@ -266,8 +319,9 @@ impl GateGuard {
                     )
                 }
             };
+            let lost = lost_commits.get(&id.voucher).copied().unwrap_or_default();
             let done = match look {
-                Ok(look) => self.watch(*id, k, &look, sign, live).await,
+                Ok(look) => self.watch(*id, k, &look, (sign, lost), live).await,
                 Err(e) => Err(e),
             };
             if let Err(e) = done {
@@ -286,14 +340,17 @@ impl GateGuard {
     }
 
     /// Handles one gate.
+    /// `counts`: MySQL's orders of the gate, and what MySQL lacks of what
+    /// its voucher's gates saw it commit.
     async fn watch(
         &mut self,
         v: GateId,
         keys: &VoucherKeys,
         look: &Look,
-        orders: u64,
+        counts: (u64, MysqlBehind),
         live: bool,
     ) -> Result<()> {
+        let (orders, behind) = counts;
         let moved = look.run_id.as_ref().and_then(|now| {
             [self.state.run_ids.get(&v), look.recorded_run_id.as_ref()]
                 .into_iter()
@@ -331,7 +388,14 @@ impl GateGuard {
         }
         self.state.missing_since.remove(&v);
         let why = if let Some((before, now)) = moved {
-            let paused = pause::pause(&mut self.conn, keys, None, self.grace).await?;
+            let paused = pause::pause(
+                &mut self.conn,
+                keys,
+                None,
+                self.grace,
+                PauseReason::RedisLostWrites,
+            )
+            .await?;
             // Only now: a pause that failed is tried again next pass.
             self.record_run_id(v, keys, look).await?;
             match paused {
@@ -342,9 +406,31 @@ impl GateGuard {
                 )),
                 _ => None,
             }
+        } else if !behind.is_none() && !look.paused {
+            self.record_run_id(v, keys, look).await?;
+            // No grace: Redis lost nothing, so no worker holds a batch it
+            // lost (were it so, the run id's sign pauses with one).
+            let reason = PauseReason::MysqlLostCommits;
+            match pause::pause(&mut self.conn, keys, None, Duration::ZERO, reason).await? {
+                Paused::Now => {
+                    // Counted apart from the gate_pauses of Redis's losses.
+                    self.stats.add_mysql_loss_pause();
+                    self.state.paused.insert(v, Pause::new());
+                    tracing::warn!(
+                        "{v}: MySQL holds {} order(s) fewer of voucher {} than its workers committed, and {} cancellation(s) fewer than its gates gave units back for: MySQL lost commits (a failover to an asynchronous replica, or a backup restored); admission paused until they are restored from what Redis kept",
+                        behind.orders,
+                        v.voucher,
+                        behind.cancellations
+                    );
+                    crate::support::fault::pause("gate_paused").await;
+                    None
+                }
+                Paused::NotNeeded | Paused::NotLoaded => return Ok(()),
+                Paused::Already => None,
+            }
         } else if look.buyers < orders && !look.paused {
             self.record_run_id(v, keys, look).await?;
-            match pause::pause(&mut self.conn, keys, Some(orders), self.grace).await? {
+            match pause::pause(&mut self.conn, keys, Some(orders), self.grace, PauseReason::RedisLostWrites).await? {
                 Paused::Now => Some(format!(
                     "the gate has {} buyer(s) but MySQL holds {orders} order(s) of its users: Redis lost writes",
                     look.buyers
@@ -392,6 +478,31 @@ impl GateGuard {
         Ok(())
     }
 
+    /// Per voucher (summed over its buckets), what its gates saw MySQL
+    /// commit: the orders workers inserted, and the cancelled orders whose
+    /// units came back (each was cancelled in MySQL first). One pipeline.
+    async fn commits_seen(
+        &mut self,
+        gates: &[GateId],
+        keys: &[VoucherKeys],
+    ) -> Result<HashMap<u64, (u64, u64)>> {
+        let rows = pipeline_per_item(&mut self.conn, keys, false, false, |pipe, k| {
+            pipe.hget(k.meta(), META_COMMITTED).scard(k.released());
+            Ok(())
+        })
+        .await?;
+        let mut out: HashMap<u64, (u64, u64)> = HashMap::new();
+        for (id, row) in gates.iter().zip(rows) {
+            let (committed, released): (Option<u64>, u64) =
+                FromRedisValue::from_redis_value(Value::Array(row))
+                    .map_err(|e| Error::Redis(format!("{id}: committed: {e}")))?;
+            let seen = out.entry(id.voucher).or_default();
+            seen.0 += committed.unwrap_or(0);
+            seen.1 += released;
+        }
+        Ok(out)
+    }
+
     fn paused_now(&mut self, v: GateId, why: &str) {
         self.stats.add_gate_pause();
         self.state.paused.insert(v, Pause::new());
@@ -408,6 +519,7 @@ impl GateGuard {
             settle_ms: SETTLE_MS,
             // It rebuilds from what it reads: every member, not digests.
             deep: true,
+            drop_lost_commits: None,
         };
         let checked = match v.buckets {
             0 | 1 => {
@@ -441,6 +553,15 @@ impl GateGuard {
             // Its stock set from a share read while the other buckets sold
             // on, which may have come out low (recount.rs).
             self.state.recounts.owe(v.voucher);
+        }
+        let restored: u64 = report
+            .drifts
+            .iter()
+            .filter(|d| d.class == reconcile::DriftClass::OrdersLostByMysql)
+            .map(|d| d.amount)
+            .sum();
+        if restored > 0 && matches!(report.outcome, Outcome::Repaired | Outcome::NotRepaired) {
+            self.stats.add_orders_restored(restored);
         }
         if report.reopened {
             let since = pause
@@ -617,6 +738,7 @@ impl GateGuard {
                 attempts: 2,
                 settle_ms: SETTLE_MS,
                 deep: true,
+                drop_lost_commits: None,
             };
             let counted = self
                 .state
@@ -656,8 +778,14 @@ fn operator_step(drifts: &[reconcile::Drift], voucher: u64) -> String {
     let has = |c: reconcile::DriftClass| drifts.iter().any(|d| d.class == c);
     if has(reconcile::DriftClass::MysqlInconsistent) {
         format!("MySQL's stock disagrees with its orders: run `seckill reconcile --voucher {voucher} --fix-mysql`")
-    } else if has(reconcile::DriftClass::OrdersLostByMysql) {
-        format!("MySQL lost orders its workers committed (their buyers and units are kept): restore them, see `seckill reconcile --dry-run --voucher {voucher}`")
+    } else if let Some(d) = drifts
+        .iter()
+        .find(|d| d.class == reconcile::DriftClass::OrdersLostUnrestorable)
+    {
+        format!(
+            "MySQL lost more committed orders than the kept stream entries show, so {} buyer(s) without an order may be theirs (kept, their units kept): restore those orders from a backup or the application's records, or drop the buyers with `seckill reconcile --voucher {voucher} --drop-lost-commits {}`",
+            d.amount, d.amount
+        )
     } else {
         format!("see `seckill reconcile --dry-run --voucher {voucher}`")
     }

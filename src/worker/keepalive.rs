@@ -344,10 +344,24 @@ impl Ticker {
     async fn pause_gate(&mut self, why: &str) {
         let voucher = self.keys.voucher();
         let grace = self.owner.lease;
-        let mut paused = pause::pause(&mut self.conn, &self.keys, None, grace).await;
+        let mut paused = pause::pause(
+            &mut self.conn,
+            &self.keys,
+            None,
+            grace,
+            pause::PauseReason::RedisLostWrites,
+        )
+        .await;
         if paused.is_err() {
             self.reconnect().await;
-            paused = pause::pause(&mut self.conn, &self.keys, None, grace).await;
+            paused = pause::pause(
+                &mut self.conn,
+                &self.keys,
+                None,
+                grace,
+                pause::PauseReason::RedisLostWrites,
+            )
+            .await;
         }
         match paused {
             Ok(pause::Paused::Now) => tracing::warn!(

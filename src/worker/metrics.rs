@@ -100,7 +100,7 @@ async fn render(cfg: &Config, stats: &WorkerStats) -> String {
 fn register_worker(registry: &mut Registry, stats: &WorkerStats) {
     let s = stats.snapshot();
     // Names without `_total`: the encoder adds it to counters.
-    let counters: [(&str, &str, u64); 17] = [
+    let counters: [(&str, &str, u64); 19] = [
         (
             "orders_persisted",
             "Orders inserted into MySQL by this worker",
@@ -162,6 +162,16 @@ fn register_worker(registry: &mut Registry, stats: &WorkerStats) {
             s.gate_pauses,
         ),
         (
+            "gate_pauses_mysql_lost_commits",
+            "Gates paused by this worker because MySQL held fewer orders than its workers committed",
+            s.mysql_loss_pauses,
+        ),
+        (
+            "orders_restored",
+            "Orders MySQL lost that this worker's gate guard restored into it from the kept stream entries",
+            s.orders_restored,
+        ),
+        (
             "gate_reopens",
             "Paused or lost gates this worker rebuilt from MySQL and reopened",
             s.gate_reopens,
@@ -190,6 +200,16 @@ fn register_worker(registry: &mut Registry, stats: &WorkerStats) {
     for (name, help, value) in counters {
         registry.register(name, help, ConstCounter::new(value));
     }
+    registry.register(
+        "mysql_commits_lost",
+        "Orders the gates saw workers commit that MySQL no longer holds, at the gate guard's last pass (above 0: MySQL lost commits)",
+        ConstGauge::new(s.mysql_commits_lost as f64),
+    );
+    registry.register(
+        "orders_held",
+        "Pending orders restored after MySQL lost them whose payment only the payment provider knows: held for the operator (pay or unhold them)",
+        ConstGauge::new(s.orders_held as f64),
+    );
     registry.register(
         "deadline_lateness_max_seconds",
         "Worst time from a payment deadline to its cancellation",

@@ -386,15 +386,13 @@ async fn insert_orders<'a>(
         if n > 0 {
             sql.push(',');
         }
-        let ms = m.created_ms.max(0);
         let _ = write!(
             sql,
-            "({},{},{voucher},{},FROM_UNIXTIME({}.{:03}),{})",
+            "({},{},{voucher},{},{},{})",
             m.order,
             m.user,
             OrderStatus::Pending.code(),
-            ms / 1000,
-            ms % 1000,
+            crate::store::db::sql_time_ms(m.created_ms),
             m.quantity
         );
     }

@@ -21,8 +21,14 @@ pub struct WorkerStats {
     max_lateness_ms: AtomicU64,
     deadline_errors: AtomicU64,
     gate_pauses: AtomicU64,
+    mysql_loss_pauses: AtomicU64,
     gate_reopens: AtomicU64,
     gates_paused: AtomicU64,
+    orders_restored: AtomicU64,
+    /// At the guard's last pass: orders committed that MySQL lost, and
+    /// pending orders held for the operator.
+    mysql_commits_lost: AtomicU64,
+    orders_held: AtomicU64,
     /// Passes the gate guard has completed (succeeded or failed).
     guard_passes: AtomicU64,
     units_moved: AtomicU64,
@@ -92,6 +98,15 @@ pub struct StatsSnapshot {
     pub deadline_errors: u64,
     /// Gates this worker paused: Redis had lost writes MySQL holds.
     pub gate_pauses: u64,
+    /// Gates this worker paused: MySQL had lost commits workers made.
+    pub mysql_loss_pauses: u64,
+    /// Orders MySQL lost that this worker's guard restored into it.
+    pub orders_restored: u64,
+    /// At the guard's last pass: how many fewer orders MySQL held than the
+    /// gates saw committed (every voucher's), and how many pending orders
+    /// were held for the operator.
+    pub mysql_commits_lost: u64,
+    pub orders_held: u64,
     /// Paused gates this worker rebuilt from MySQL and reopened.
     pub gate_reopens: u64,
     /// Passes of the gate guard over every voucher.
@@ -130,6 +145,18 @@ impl WorkerStats {
     }
     pub fn add_gate_pause(&self) {
         self.gate_pauses.fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn add_mysql_loss_pause(&self) {
+        self.mysql_loss_pauses.fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn add_orders_restored(&self, n: u64) {
+        self.orders_restored.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn set_mysql_commits_lost(&self, n: u64) {
+        self.mysql_commits_lost.store(n, Ordering::Relaxed);
+    }
+    pub fn set_orders_held(&self, n: u64) {
+        self.orders_held.store(n, Ordering::Relaxed);
     }
     pub fn add_gate_reopen(&self) {
         self.gate_reopens.fetch_add(1, Ordering::Relaxed);
@@ -197,6 +224,10 @@ impl WorkerStats {
             max_lateness_ms: get(&self.max_lateness_ms),
             deadline_errors: get(&self.deadline_errors),
             gate_pauses: get(&self.gate_pauses),
+            mysql_loss_pauses: get(&self.mysql_loss_pauses),
+            orders_restored: get(&self.orders_restored),
+            mysql_commits_lost: get(&self.mysql_commits_lost),
+            orders_held: get(&self.orders_held),
             gate_reopens: get(&self.gate_reopens),
             guard_passes: get(&self.guard_passes),
             units_moved: get(&self.units_moved),

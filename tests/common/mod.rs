@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod invariants;
+pub mod mysql_dump;
 pub mod own_cluster;
 pub mod own_mysql;
 pub mod own_redis;
