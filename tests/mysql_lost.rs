@@ -444,3 +444,44 @@ async fn a_restore_of_a_voucher_in_buckets_brings_back_every_buckets_orders() {
     drop(worker);
     env.cleanup().await;
 }
+
+/// A preload after the loss rebuilds the gate from MySQL: the lost buyers
+/// are no buyers there any more, and their units are back on sale. Their
+/// entries are still kept: reconcile finds them by the gate's witness of
+/// commits (ahead of MySQL), restores the orders, makes the users buyers
+/// again and takes their units back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preload_after_the_loss_does_not_hide_the_lost_orders() {
+    let env = TestEnv::new().await;
+    env.live_voucher(83, 50).await;
+    let drain = || {
+        env.spawn_worker(&["--until-idle", "--block", "100ms"])
+            .expect_success(Duration::from_secs(60))
+    };
+    env.admit_users(83, 10, 0).await;
+    drain();
+    let dump = env.dump_mysql();
+    env.admit_users(83, 10, 10).await;
+    drain();
+    let before = env.orders(83).await;
+    env.restore_mysql(&dump);
+    env.preload(83).await;
+    assert_eq!(
+        gate_stock(&env, 83).await,
+        40,
+        "the preload gave the lost units back"
+    );
+
+    let (code, report) = env.reconcile_json(&["--yes"]);
+    assert_eq!(code, 4, "{report:#}");
+    assert_eq!(env.orders(83).await, before, "the orders came back");
+    assert_eq!(gate_stock(&env, 83).await, 30, "{report:#}");
+    let s = assert_invariants(&env, 83).await;
+    assert_eq!(s.buyers.len(), 20);
+    assert_eq!(
+        env.buy_exit(83, "15"),
+        Some(10),
+        "a lost buyer bought again"
+    );
+    env.cleanup().await;
+}

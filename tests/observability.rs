@@ -189,7 +189,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus_scraping_a_sa
         .flatten()
         .flat_map(|g| g["rules"].as_array().into_iter().flatten())
         .collect();
-    assert_eq!(all.len(), 14, "{rules}");
+    assert_eq!(all.len(), 16, "{rules}");
     for rule in &all {
         assert_eq!(rule["health"], "ok", "{rule}");
     }

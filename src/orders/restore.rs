@@ -20,6 +20,10 @@ use crate::orders::counters;
 use crate::orders::order::OrderStatus;
 use crate::store::db::{join_ids, sql_time_ms, Db};
 
+/// Orders per statement: a million lost orders in one INSERT would pass
+/// MySQL's max_allowed_packet.
+const CHUNK: usize = 5_000;
+
 /// An order MySQL lost, as its kept stream entry and the gate know it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LostCommit {
@@ -117,34 +121,38 @@ pub async fn restore(
             fresh.len()
         )));
     }
-    let mut sql = String::from(
-        "INSERT INTO seckill_order (id, user_id, voucher_id, status, create_time, quantity, cancel_time, held) VALUES ",
-    );
-    for (n, l) in fresh.iter().enumerate() {
-        if n > 0 {
-            sql.push(',');
-        }
-        let (status, cancel_time, held) = match l.state {
-            LostState::Released | LostState::PastDeadline => (OrderStatus::Cancelled, "NOW(3)", 0),
-            LostState::AwaitingPayment => (OrderStatus::Pending, "NULL", 0),
-            LostState::Unknown => (OrderStatus::Pending, "NULL", 1),
-        };
-        let _ = write!(
-            sql,
-            "({},{},{voucher},{},{},{},{cancel_time},{held})",
-            l.order,
-            l.user,
-            status.code(),
-            sql_time_ms(l.created_ms),
-            l.quantity
+    for chunk in fresh.chunks(CHUNK) {
+        let mut sql = String::from(
+            "INSERT INTO seckill_order (id, user_id, voucher_id, status, create_time, quantity, cancel_time, held) VALUES ",
         );
-        match l.state {
-            LostState::Released | LostState::PastDeadline => out.cancelled += 1,
-            LostState::AwaitingPayment => out.pending += 1,
-            LostState::Unknown => out.held.push(l.order),
+        for (n, l) in chunk.iter().enumerate() {
+            if n > 0 {
+                sql.push(',');
+            }
+            let (status, cancel_time, held) = match l.state {
+                LostState::Released | LostState::PastDeadline => {
+                    (OrderStatus::Cancelled, "NOW(3)", 0)
+                }
+                LostState::AwaitingPayment => (OrderStatus::Pending, "NULL", 0),
+                LostState::Unknown => (OrderStatus::Pending, "NULL", 1),
+            };
+            let _ = write!(
+                sql,
+                "({},{},{voucher},{},{},{},{cancel_time},{held})",
+                l.order,
+                l.user,
+                status.code(),
+                sql_time_ms(l.created_ms),
+                l.quantity
+            );
+            match l.state {
+                LostState::Released | LostState::PastDeadline => out.cancelled += 1,
+                LostState::AwaitingPayment => out.pending += 1,
+                LostState::Unknown => out.held.push(l.order),
+            }
         }
+        tx.query_drop(sql).await?;
     }
-    tx.query_drop(sql).await?;
     tx.exec_drop(
         "UPDATE seckill_voucher SET stock = stock - ? WHERE voucher_id = ?",
         (units, voucher),
@@ -164,23 +172,23 @@ async fn absent<'a>(
     if lost.is_empty() {
         return Ok(Vec::new());
     }
-    let ids = join_ids(lost.iter().map(|l| l.order));
-    let users = join_ids(lost.iter().map(|l| l.user));
-    let taken_ids: HashSet<u64> = tx
-        .query(format!("SELECT id FROM seckill_order WHERE id IN ({ids})"))
-        .await?
-        .into_iter()
-        .collect();
-    let taken_users: HashSet<u64> = tx
-        .exec(
-            format!(
-                "SELECT user_id FROM seckill_order WHERE voucher_id = ? AND user_id IN ({users})"
-            ),
-            (voucher,),
-        )
-        .await?
-        .into_iter()
-        .collect();
+    let mut taken_ids: HashSet<u64> = HashSet::new();
+    let mut taken_users: HashSet<u64> = HashSet::new();
+    for chunk in lost.chunks(CHUNK) {
+        let ids = join_ids(chunk.iter().map(|l| l.order));
+        let users = join_ids(chunk.iter().map(|l| l.user));
+        let found: Vec<u64> = tx
+            .query(format!("SELECT id FROM seckill_order WHERE id IN ({ids})"))
+            .await?;
+        taken_ids.extend(found);
+        let found: Vec<u64> = tx
+            .exec(
+                format!("SELECT user_id FROM seckill_order WHERE voucher_id = ? AND user_id IN ({users})"),
+                (voucher,),
+            )
+            .await?;
+        taken_users.extend(found);
+    }
     Ok(lost
         .iter()
         .filter(|l| !taken_ids.contains(&l.order) && !taken_users.contains(&l.user))
@@ -199,35 +207,38 @@ async fn cancel_again(
         return Ok(0);
     }
     let pending = OrderStatus::Pending.code();
-    let rows: Vec<(u64, u64)> = tx
-        .exec(
+    let mut units = 0;
+    for chunk in orders.chunks(CHUNK) {
+        let rows: Vec<(u64, u64)> = tx
+            .exec(
+                format!(
+                    "SELECT id, quantity FROM seckill_order
+                      WHERE voucher_id = ? AND status = ? AND id IN ({}) FOR UPDATE",
+                    join_ids(chunk.iter().copied())
+                ),
+                (voucher, pending),
+            )
+            .await?;
+        if rows.is_empty() {
+            continue;
+        }
+        tx.exec_drop(
             format!(
-                "SELECT id, quantity FROM seckill_order
-                  WHERE voucher_id = ? AND status = ? AND id IN ({}) FOR UPDATE",
-                join_ids(orders.iter().copied())
+                "UPDATE seckill_order SET status = ?, cancel_time = NOW(3)
+                  WHERE voucher_id = ? AND status = ? AND id IN ({})",
+                join_ids(rows.iter().map(|(id, _)| *id))
             ),
-            (voucher, pending),
+            (OrderStatus::Cancelled.code(), voucher, pending),
         )
         .await?;
-    if rows.is_empty() {
-        return Ok(0);
+        units += rows.iter().map(|(_, q)| q).sum::<u64>();
+        out.cancelled_again += rows.len() as u64;
     }
-    let units: u64 = rows.iter().map(|(_, q)| q).sum();
-    tx.exec_drop(
-        format!(
-            "UPDATE seckill_order SET status = ?, cancel_time = NOW(3)
-              WHERE voucher_id = ? AND status = ? AND id IN ({})",
-            join_ids(rows.iter().map(|(id, _)| *id))
-        ),
-        (OrderStatus::Cancelled.code(), voucher, pending),
-    )
-    .await?;
     tx.exec_drop(
         "UPDATE seckill_voucher SET stock = stock + ? WHERE voucher_id = ?",
         (units, voucher),
     )
     .await?;
-    out.cancelled_again = rows.len() as u64;
     Ok(units)
 }
 

@@ -21,7 +21,7 @@ use crate::store::db::{join_ids, Db};
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::{pipeline_per_item, RedisConn};
 use crate::store::registry;
-use crate::stream::backlog::{acknowledged_orders, in_flight_orders};
+use crate::stream::backlog::{acknowledged_orders, in_flight_orders, Wanted};
 use crate::support::set_digest::SetDigest;
 
 #[derive(Debug, Clone, Default)]
@@ -654,10 +654,23 @@ pub async fn read_gates(
     let now = crate::support::timespec::now_ms();
     for ((s, k), known) in snaps.iter_mut().zip(&keys).zip(&known) {
         let orphans: BTreeSet<u64> = s.buyers.difference(&s.holders()).copied().collect();
-        if orphans.is_empty() || !known {
+        if (orphans.is_empty() && s.commits_lost() == 0) || !known {
             continue;
         }
-        for m in acknowledged_orders(conn, k, &orphans).await? {
+        let mut found = acknowledged_orders(conn, k, Wanted::Users(&orphans)).await?;
+        found.retain(|m| !s.order_ids.contains(&m.order));
+        let unexplained = s.commits_lost().saturating_sub(found.len() as u64);
+        if unexplained > 0 {
+            // Lost commits of users who are no longer buyers here either (a
+            // preload or a rebuild after the loss): their entries may be
+            // kept all the same.
+            let mut known = s.order_users.clone();
+            known.extend(&orphans);
+            known.extend(s.in_flight.iter().map(|(user, _)| *user));
+            let besides = Wanted::Besides(&known, unexplained as usize);
+            found.extend(acknowledged_orders(conn, k, besides).await?);
+        }
+        for m in found {
             if s.order_ids.contains(&m.order) {
                 continue;
             }

@@ -176,23 +176,35 @@ pub async fn in_flight_orders<C: RedisConn>(
     Ok(out)
 }
 
-/// (user, order, quantity) of the acknowledged entries still kept (worker
-/// `--keep`, 1 h by default) of `users`: orders a worker committed to MySQL
-/// before it acknowledged them. Per user the newest such entry decides (a
-/// requeued dead letter leaves its first entry acknowledged behind it);
-/// one whose (user, order) was dead-lettered was refused, not committed,
-/// and a user with any dead letter is not looked for (a refused admission
-/// is the common reason for a buyer MySQL has no order of, and would page
-/// every kept entry at each look). Read newest first, until every user
-/// looked for is found: reconcile asks only for buyers MySQL has no order
-/// of (a MySQL that lost its last commits).
+/// Which users' kept acknowledged entries [`acknowledged_orders`] looks for.
+pub enum Wanted<'a> {
+    /// These users, each found once.
+    Users(&'a std::collections::BTreeSet<u64>),
+    /// Any user but these (those MySQL has an order of), until this many
+    /// are found: MySQL lost more commits than the gate's buyers show (a
+    /// preload after the loss, Redis's buyers lost too).
+    Besides(&'a std::collections::BTreeSet<u64>, usize),
+}
+
+/// The acknowledged entries still kept (worker `--keep`, 1 h by default)
+/// of the users `wanted`: orders a worker committed to MySQL before it
+/// acknowledged them. Per user the newest such entry decides (a requeued
+/// dead letter leaves its first entry acknowledged behind it); a user with
+/// any dead letter is not looked for (a refused admission, not a commit,
+/// and the common reason for a buyer MySQL has no order of). Read newest
+/// first, until every user wanted is found: reconcile asks only when MySQL
+/// may have lost its last commits.
 pub async fn acknowledged_orders<C: RedisConn>(
     conn: &mut C,
     keys: &VoucherKeys,
-    users: &std::collections::BTreeSet<u64>,
+    wanted: Wanted<'_>,
 ) -> Result<Vec<OrderMessage>> {
     let stream = keys.orders();
-    if users.is_empty() {
+    let nothing = match wanted {
+        Wanted::Users(users) => users.is_empty(),
+        Wanted::Besides(_, limit) => limit == 0,
+    };
+    if nothing {
         return Ok(Vec::new());
     }
     let Some(StreamLook {
@@ -207,27 +219,38 @@ pub async fn acknowledged_orders<C: RedisConn>(
         true
     })
     .await?;
-    let mut wanted: std::collections::BTreeSet<u64> = users
-        .iter()
-        .filter(|u| !dead_users.contains(u))
-        .copied()
-        .collect();
-    if wanted.is_empty() {
-        return Ok(Vec::new());
-    }
     let pending = pending_ids(conn, &stream, Some(&group)).await?;
+    // Users decided (their newest entry read), whether wanted or not.
+    let mut decided: std::collections::HashSet<u64> = dead_users;
+    let mut left = match wanted {
+        Wanted::Users(users) => users.iter().filter(|u| !decided.contains(u)).count(),
+        Wanted::Besides(_, limit) => limit,
+    };
     let mut out = Vec::new();
     let newest_first = Range::Newest(&group.last_delivered_id);
     for_each_page(conn, &stream, newest_first, |e| {
-        if !pending.contains(&e.id) {
-            // Whole, as a worker parsed it: its time is the order's.
-            if let Ok(m) = RawEntry::from_map(&e.id, &e.map).parse(keys.voucher()) {
-                if wanted.remove(&m.user) {
-                    out.push(m);
-                }
-            }
+        if left == 0 {
+            return false;
         }
-        !wanted.is_empty()
+        if pending.contains(&e.id) {
+            return true;
+        }
+        // Whole, as a worker parsed it: its time is the order's.
+        let Ok(m) = RawEntry::from_map(&e.id, &e.map).parse(keys.voucher()) else {
+            return true;
+        };
+        if !decided.insert(m.user) {
+            return true;
+        }
+        let wanted = match wanted {
+            Wanted::Users(users) => users.contains(&m.user),
+            Wanted::Besides(users, _) => !users.contains(&m.user),
+        };
+        if wanted {
+            left -= 1;
+            out.push(m);
+        }
+        left > 0
     })
     .await?;
     Ok(out)
