@@ -485,3 +485,51 @@ async fn a_preload_after_the_loss_does_not_hide_the_lost_orders() {
     );
     env.cleanup().await;
 }
+
+/// A lost order whose deadline comes before any guard looks (here: its
+/// guard looks once an hour): the worker's canceller finds it missing from
+/// MySQL while the gate's witness says MySQL holds fewer orders than were
+/// committed, so it keeps the deadline instead of dropping it. The restore
+/// then knows it unpaid (cancelled, its unit given back by the next claim)
+/// instead of holding it for the operator. Before, the deadline was
+/// dropped and the order came back held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_of_an_order_mysql_lost_is_kept_for_the_restore() {
+    let env = TestEnv::new().await;
+    env.live_voucher_paying_within(84, 10, 4_000).await;
+    let mut worker = env.spawn_worker(&fast_worker(&["--gate-check", "1h"]));
+    worker.expect_gate_pauses();
+    env.admit_users(84, 3, 0).await;
+    env.wait_orders(84, 3, Duration::from_secs(30)).await;
+    let dump = env.dump_mysql();
+    buy_users(&env, 84, 4..=4);
+    env.wait_orders(84, 4, Duration::from_secs(30)).await;
+    let lost = order_of(&orders_held(&env, 84).await, 4).0;
+    env.restore_mysql(&dump);
+    // The canceller came to its deadline: kept, or (before) dropped.
+    within(
+        30,
+        "the canceller at the lost order's deadline",
+        async || {
+            let log = worker.log_text();
+            log.contains("their deadlines are kept")
+                || log.contains(&format!("order {lost} has a deadline"))
+        },
+    )
+    .await;
+
+    let (code, report) = env.reconcile_json(&["--yes"]);
+    assert_eq!(code, 4, "{report:#}");
+    let restored = order_of(&orders_held(&env, 84).await, 4);
+    assert_eq!(restored, (lost, 4, -1, 0), "restored cancelled, not held");
+    within(30, "every unit back", async || {
+        let orders = orders_held(&env, 84).await;
+        orders.len() == 4 && orders.iter().all(|o| o.2 == -1) && gate_stock(&env, 84).await == 10
+    })
+    .await;
+    let (code, report) = env.reconcile_json(&["--dry-run"]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_invariants(&env, 84).await;
+    drop(worker);
+    env.cleanup().await;
+}

@@ -71,8 +71,14 @@ pub struct Cancellation {
     pub cancelled_now: u64,
     /// The units those orders held, back in MySQL's stock now.
     pub units_now: u64,
-    /// Paid, or not in MySQL: their deadline is simply dropped.
+    /// Paid, or of another voucher: their deadline is simply dropped.
     pub settled: Vec<u64>,
+    /// Not in MySQL at all. A deadline is scheduled only once its order is
+    /// committed, so MySQL lost them (a failover, a backup restored) unless
+    /// they were deleted by hand: the caller decides (worker/canceller.rs).
+    pub missing: Vec<u64>,
+    /// The voucher row's count of orders, read in the same transaction.
+    pub orders_total: u64,
 }
 
 /// In one transaction: `pending -> cancelled` for these orders of `voucher`,
@@ -118,17 +124,19 @@ pub async fn cancel_unpaid(conn: &mut Conn, voucher: u64, orders: &[u64]) -> Res
             "SELECT id, voucher_id, status, quantity FROM seckill_order WHERE id IN ({ids})"
         ))
         .await?;
-    let per_user_limit: Option<i64> = tx
+    let row: Option<(i64, u64)> = tx
         .exec_first(
-            "SELECT per_user_limit FROM seckill_voucher WHERE voucher_id = ?",
+            "SELECT per_user_limit, orders_total FROM seckill_voucher WHERE voucher_id = ?",
             (voucher,),
         )
         .await?;
+    let (per_user_limit, orders_total) = (row.map(|r| r.0), row.map_or(0, |r| r.1));
     crate::support::fault::pause("before_cancel_commit").await;
     tx.commit().await?;
     let mut out = Cancellation {
         cancelled_now,
         units_now,
+        orders_total,
         per_user_limit: per_user_limit.map_or(1, |l| {
             l.clamp(1, i64::from(crate::orders::voucher::MAX_PER_USER_LIMIT)) as u32
         }),
@@ -148,10 +156,7 @@ pub async fn cancel_unpaid(conn: &mut Conn, voucher: u64, orders: &[u64]) -> Res
                 tracing::warn!("order {order} is still pending after its cancellation");
             }
             Some(_) => out.settled.push(order),
-            None => {
-                tracing::warn!("voucher {voucher}: order {order} has a deadline but is not in MySQL; dropping the deadline");
-                out.settled.push(order);
-            }
+            None => out.missing.push(order),
         }
     }
     Ok(out)

@@ -395,12 +395,15 @@ pub fn to_repair(reports: &[VoucherReport]) -> Vec<u64> {
 
 /// Whether repairing what `reports` found may mint order ids (a unit given
 /// back, by a release or a repair of stuck units, can promote a waitlisted
-/// user). A repair pass without them reports such drift as not repaired.
+/// user; an order MySQL lost may come back cancelled, its unit to give
+/// back). A repair pass without them reports such drift as not repaired.
 pub fn needs_order_ids(reports: &[VoucherReport]) -> bool {
     reports.iter().flat_map(|r| &r.drifts).any(|d| {
         matches!(
             d.class,
-            DriftClass::CancelledNotReleased | DriftClass::RedisStockLow
+            DriftClass::CancelledNotReleased
+                | DriftClass::RedisStockLow
+                | DriftClass::OrdersLostByMysql
         )
     })
 }

@@ -13,6 +13,7 @@ use super::options::DeadlineOptions;
 use super::WorkerStats;
 use crate::error::{is_lock_wait_timeout, Result};
 use crate::gate::buckets::{bucket_of, Layout, Layouts};
+use crate::gate::witness::META_COMMITTED;
 use crate::orders::deadline::{self, Due};
 use crate::store::config::Config;
 use crate::store::db::Db;
@@ -229,7 +230,10 @@ impl Canceller {
         (redis_now, at): (i64, Instant),
     ) -> Result<()> {
         let orders: Vec<u64> = due.iter().map(|d| d.order).collect();
-        let c = self.cancel_fenced(keys, &orders).await?;
+        // Before MySQL: see keep_lost.
+        let committed: Option<u64> = self.conn.hget(keys.meta(), META_COMMITTED).await?;
+        let mut c = self.cancel_fenced(keys, &orders).await?;
+        keep_lost(voucher, &mut c, committed.unwrap_or(0));
         let committed = redis_now + at.elapsed().as_millis() as i64;
         let latest = due
             .iter()
@@ -390,4 +394,32 @@ impl Canceller {
     pub async fn any_due(&mut self) -> Result<bool> {
         Ok(self.until_next_due().await? == Duration::ZERO)
     }
+}
+
+/// Orders with a deadline that MySQL does not have: while MySQL holds fewer
+/// orders than this gate saw workers commit (its witness, read before
+/// MySQL, so a commit in between cannot make it look behind), MySQL lost
+/// them and the gate guard restores them: their deadlines stay (claimed,
+/// they come back after the lease), so the restore knows them unpaid and
+/// the next claim cancels them. Dropped, they would come back held, their
+/// payment unknown. Otherwise (deleted by hand) they are dropped.
+fn keep_lost(voucher: u64, c: &mut deadline::Cancellation, committed: u64) {
+    if c.missing.is_empty() {
+        return;
+    }
+    if committed > c.orders_total {
+        tracing::warn!(
+            "voucher {voucher}: {} order(s) with a payment deadline are not in MySQL, which holds {} order(s) of the {committed} its workers committed: MySQL lost them; their deadlines are kept for the restore",
+            c.missing.len(),
+            c.orders_total
+        );
+        c.missing.clear();
+        return;
+    }
+    for order in &c.missing {
+        tracing::warn!(
+            "voucher {voucher}: order {order} has a deadline but is not in MySQL; dropping the deadline"
+        );
+    }
+    c.settled.append(&mut c.missing);
 }
