@@ -151,6 +151,14 @@ async fn a_dump_restored_under_a_running_worker_is_paused_restored_and_reopened(
     );
     assert_eq!(env.buy_exit(77, "61"), Some(0));
     env.wait_orders(77, 61, Duration::from_secs(30)).await;
+    env.wait_drained(77, Duration::from_secs(30)).await;
+    // A preload (the gate rebuilt from MySQL) schedules no deadline for the
+    // held order: its payment is the operator's to settle.
+    env.preload(77).await;
+    let keys = VoucherKeys::new(&env.prefix, 77).unwrap();
+    let mut redis = env.redis().await;
+    let deadline: Option<f64> = redis.zscore(keys.timeouts(), paid).await.unwrap();
+    assert_eq!(deadline, None, "a held order got a deadline");
     // The operator, told by the payment provider it was paid, says so.
     pay(&env, paid);
     assert_eq!(order_of(&orders_held(&env, 77).await, 45).2, 1);

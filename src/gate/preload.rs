@@ -119,6 +119,8 @@ impl OrdersImage {
             image.users.push(o.user);
             match o.status {
                 Some(OrderStatus::Cancelled) => image.cancelled.push(o.id),
+                // A held order's deadline is the operator's (orders/restore.rs).
+                Some(OrderStatus::Pending) if o.held => {}
                 Some(OrderStatus::Pending) => image
                     .deadlines
                     .push((o.created_ms + v.pay_timeout_ms, o.id)),

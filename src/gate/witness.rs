@@ -104,7 +104,7 @@ pub async fn read_many_with_digests(
                 u64,
                 (Option<String>, Option<String>, Option<String>),
                 u64,
-                Option<u64>,
+                Option<i64>,
             );
             let (last, stock, buyers, released, (b, r, t), timeouts_len, committed): Row =
                 FromRedisValue::from_redis_value(Value::Array(c))
@@ -125,7 +125,8 @@ pub async fn read_many_with_digests(
                 released: r,
                 timeouts: t,
                 timeouts_len,
-                committed: committed.unwrap_or(0),
+                // Never below 0 (see reconcile's forget_lost_commits).
+                committed: committed.unwrap_or(0).max(0) as u64,
             };
             Ok((witness, digests))
         })

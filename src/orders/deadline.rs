@@ -99,7 +99,8 @@ pub async fn cancel_unpaid(conn: &mut Conn, voucher: u64, orders: &[u64]) -> Res
     let unpaid: Vec<(u64, u64)> = tx
         .query(format!(
             "SELECT id, quantity FROM seckill_order
-              WHERE voucher_id = {voucher} AND id IN ({ids}) AND status = {pending} FOR UPDATE"
+              WHERE voucher_id = {voucher} AND id IN ({ids}) AND status = {pending} AND held = 0
+              FOR UPDATE"
         ))
         .await?;
     let units_now: u64 = unpaid.iter().map(|(_, q)| q).sum();
@@ -121,7 +122,8 @@ pub async fn cancel_unpaid(conn: &mut Conn, voucher: u64, orders: &[u64]) -> Res
     }
     let rows: Vec<(u64, u64, i8, u64)> = tx
         .query(format!(
-            "SELECT id, voucher_id, status, quantity FROM seckill_order WHERE id IN ({ids})"
+            "SELECT id, voucher_id, IF(held = 1 AND status = {pending}, 2, status), quantity
+               FROM seckill_order WHERE id IN ({ids})"
         ))
         .await?;
     let row: Option<(i64, u64)> = tx

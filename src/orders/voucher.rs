@@ -569,6 +569,8 @@ pub struct OrderDigest {
     /// None for a status value this tool never writes.
     pub status: Option<OrderStatus>,
     pub created_ms: i64,
+    /// A pending order held for the operator (schema 7): no deadline.
+    pub held: bool,
 }
 
 /// The voucher and its orders, read in one consistent snapshot (a worker
@@ -585,9 +587,9 @@ pub async fn get_with_orders(db: &Db, id: u64) -> Result<(Voucher, Vec<OrderDige
         .await?;
     let voucher = row.map(from_row).ok_or(Error::VoucherNotFound(id))?;
     crate::support::fault::pause("between_snapshot_reads").await;
-    let rows: Vec<(u64, u64, i8, i64)> = tx
+    let rows: Vec<(u64, u64, i8, i64, i8)> = tx
         .exec(
-            "SELECT id, user_id, status, CAST(ROUND(UNIX_TIMESTAMP(create_time) * 1000) AS SIGNED)
+            "SELECT id, user_id, status, CAST(ROUND(UNIX_TIMESTAMP(create_time) * 1000) AS SIGNED), held
                FROM seckill_order WHERE voucher_id = ?",
             (id,),
         )
@@ -595,11 +597,12 @@ pub async fn get_with_orders(db: &Db, id: u64) -> Result<(Voucher, Vec<OrderDige
     tx.commit().await?;
     let orders = rows
         .into_iter()
-        .map(|(id, user, status, created_ms)| OrderDigest {
+        .map(|(id, user, status, created_ms, held)| OrderDigest {
             id,
             user,
             status: OrderStatus::from_code(status),
             created_ms,
+            held: held == 1,
         })
         .collect();
     Ok((voucher, orders))

@@ -112,6 +112,13 @@ pub struct GuardState {
     counted_at: HashMap<u64, Instant>,
     /// Vouchers in buckets whose rebuild may have held units back.
     recounts: Recounts,
+    /// What MySQL lacked of a voucher when a rebuild last found nothing
+    /// left to restore (a released order it never had, whose entry is
+    /// gone): not paused for again unless it grows.
+    accepted: HashMap<u64, MysqlBehind>,
+    /// What MySQL lacked of a voucher whose gates a rebuild reopened: the
+    /// same again next pass means the rebuild could not close it.
+    reopened_with: HashMap<u64, MysqlBehind>,
 }
 
 /// A gate the guard watches: a voucher's one gate, or one bucket of a
@@ -181,6 +188,10 @@ impl MysqlBehind {
 
     fn sum(&self) -> u64 {
         self.orders + self.cancellations
+    }
+
+    fn covers(&self, other: &MysqlBehind) -> bool {
+        other.orders <= self.orders && other.cancellations <= self.cancellations
     }
 }
 
@@ -279,6 +290,19 @@ impl GateGuard {
             .collect();
         self.stats
             .set_mysql_commits_lost(lost_commits.values().map(MysqlBehind::sum).sum());
+        for (v, was) in std::mem::take(&mut self.state.reopened_with) {
+            match lost_commits.get(&v) {
+                Some(now) if *now == was => {
+                    tracing::warn!(
+                        "voucher {v}: MySQL still lacks {} order(s) and {} cancellation(s) the gates saw, which nothing kept can restore; not paused for again unless it grows (see `seckill reconcile --dry-run --voucher {v}`)",
+                        now.orders,
+                        now.cancellations
+                    );
+                    self.state.accepted.insert(v, was);
+                }
+                _ => {}
+            }
+        }
         match crate::orders::restore::held_count(&self.db).await {
             Ok(n) => self.stats.set_orders_held(n),
             Err(e) => tracing::debug!("gate guard: held orders not counted: {e}"),
@@ -319,7 +343,15 @@ impl GateGuard {
                     )
                 }
             };
-            let lost = lost_commits.get(&id.voucher).copied().unwrap_or_default();
+            let mut lost = lost_commits.get(&id.voucher).copied().unwrap_or_default();
+            if self
+                .state
+                .accepted
+                .get(&id.voucher)
+                .is_some_and(|a| a.covers(&lost))
+            {
+                lost = MysqlBehind::default();
+            }
             let done = match look {
                 Ok(look) => self.watch(*id, k, &look, (sign, lost), live).await,
                 Err(e) => Err(e),
@@ -458,7 +490,11 @@ impl GateGuard {
             return Ok(());
         }
         pause.tried = Some(Instant::now());
-        self.rebuild(v, keys).await
+        self.rebuild(v, keys).await?;
+        if !behind.is_none() && !self.state.paused.contains_key(&v) {
+            self.state.reopened_with.insert(v.voucher, behind);
+        }
+        Ok(())
     }
 
     /// Remembers the server now holding the gate, here and in its meta
@@ -493,11 +529,12 @@ impl GateGuard {
         .await?;
         let mut out: HashMap<u64, (u64, u64)> = HashMap::new();
         for (id, row) in gates.iter().zip(rows) {
-            let (committed, released): (Option<u64>, u64) =
+            let (committed, released): (Option<i64>, u64) =
                 FromRedisValue::from_redis_value(Value::Array(row))
                     .map_err(|e| Error::Redis(format!("{id}: committed: {e}")))?;
             let seen = out.entry(id.voucher).or_default();
-            seen.0 += committed.unwrap_or(0);
+            // Two reconcilers lowering it at once may take it below 0.
+            seen.0 += committed.unwrap_or(0).max(0) as u64;
             seen.1 += released;
         }
         Ok(out)
