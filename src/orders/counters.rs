@@ -168,24 +168,6 @@ pub const ADD_PAID: &str = concat!(
     sql_modulus!()
 );
 
-/// How many orders (of any status) MySQL holds per voucher, from the
-/// counters: one per user, so also how many users must be buyers at each
-/// gate. Vouchers without orders, or unknown to MySQL, are absent.
-pub async fn orders_per_voucher(db: &Db, vouchers: &[u64]) -> Result<HashMap<u64, u64>> {
-    if vouchers.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let mut conn = db.conn().await?;
-    let rows: Vec<(u64, u64)> = conn
-        .query(format!(
-            "SELECT voucher_id, orders_total FROM seckill_voucher
-              WHERE voucher_id IN ({}) AND orders_total > 0",
-            join_ids(vouchers.iter().copied())
-        ))
-        .await?;
-    Ok(rows.into_iter().collect())
-}
-
 /// Per voucher with orders, from the counters: all its orders, and its
 /// cancelled ones (the gate guard's check of MySQL against what the gates
 /// saw it commit). Vouchers without orders, or unknown to MySQL, are absent.
