@@ -155,6 +155,11 @@ pub async fn create(
             ));
         }
     };
+    if let Err(e) = crate::support::fault::point("serve_after_admit").await {
+        return Err(ApiError::Unknown(format!(
+            "the gate's answer was lost ({e}); the purchase may or may not have happened: retry it"
+        )));
+    }
     if outcome == Admission::AlreadyBought {
         return Ok(already_bought(&state, voucher, user).await);
     }

@@ -133,7 +133,7 @@ pub async fn cancel_unpaid(conn: &mut Conn, voucher: u64, orders: &[u64]) -> Res
         )
         .await?;
     let (per_user_limit, orders_total) = (row.map(|r| r.0), row.map_or(0, |r| r.1));
-    crate::support::fault::pause("before_cancel_commit").await;
+    crate::support::fault::point("before_cancel_commit").await?;
     tx.commit().await?;
     let mut out = Cancellation {
         cancelled_now,

@@ -78,6 +78,7 @@ pub async fn pay(db: &Db, order: u64) -> Result<PayOutcome> {
 /// order paid and drops the deadline itself.
 pub async fn pay_and_drop_deadline(cfg: &Config, db: &Db, order: u64) -> Result<PayOutcome> {
     let outcome = pay(db, order).await?;
+    crate::support::fault::pause("after_pay").await;
     if let PayOutcome::Paid { voucher, user } = outcome {
         match redis_conn::connect(cfg).await {
             Ok(mut redis) => forget_quietly(&mut redis, &cfg.prefix, (voucher, user), order).await,
@@ -95,6 +96,7 @@ pub async fn pay_on(
     order: u64,
 ) -> Result<PayOutcome> {
     let outcome = pay(db, order).await?;
+    crate::support::fault::pause("after_pay").await;
     if let PayOutcome::Paid { voucher, user } = outcome {
         forget_quietly(conn, prefix, (voucher, user), order).await;
     }

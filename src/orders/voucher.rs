@@ -586,7 +586,7 @@ pub async fn get_with_orders(db: &Db, id: u64) -> Result<(Voucher, Vec<OrderDige
         .exec_first(select_vouchers("WHERE v.voucher_id = ?"), (id,))
         .await?;
     let voucher = row.map(from_row).ok_or(Error::VoucherNotFound(id))?;
-    crate::support::fault::pause("between_snapshot_reads").await;
+    crate::support::fault::point("between_snapshot_reads").await?;
     let rows: Vec<(u64, u64, i8, i64, i8)> = tx
         .exec(
             "SELECT id, user_id, status, CAST(ROUND(UNIX_TIMESTAMP(create_time) * 1000) AS SIGNED), held

@@ -42,6 +42,7 @@ pub(super) async fn repair(
     opts: &Options,
     ids: Option<&OrderIds>,
 ) -> Result<RepairResult> {
+    crate::support::fault::point("before_repair").await?;
     let has = |c: DriftClass| drifts.iter().any(|d| d.class == c);
     if has(DriftClass::CountersDrift) {
         // MySQL's own bookkeeping, counted again under the voucher row's

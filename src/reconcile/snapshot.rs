@@ -540,7 +540,7 @@ pub async fn read_gates(
 
     let list = join_ids(vouchers.iter().copied());
     // Where a test widens the gap between the two stores' reads.
-    crate::support::fault::pause("between_gate_and_mysql_reads").await;
+    crate::support::fault::point("between_gate_and_mysql_reads").await?;
     let mut mysql = db.conn().await?;
     // One snapshot for both queries: a worker committing a batch between
     // them would otherwise show the stock from before and the orders from

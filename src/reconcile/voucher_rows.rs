@@ -63,6 +63,6 @@ pub async fn read(tx: &mut impl Queryable, list: &str) -> Result<HashMap<u64, Vo
         }
     }
     // Where a test stops between the rows and the rest of the snapshot.
-    crate::support::fault::pause("between_snapshot_reads").await;
+    crate::support::fault::point("between_snapshot_reads").await?;
     Ok(out)
 }

@@ -1,21 +1,38 @@
-//! Test hooks for crash tests: `SECKILL_TEST_PAUSE=<step>=<duration>[,...]`
-//! makes a worker stop for that long at a named step of a batch and say so
-//! on stderr, so a test can kill -9 it exactly there. Unset (always, in
-//! production) it costs one lookup in an empty map.
+//! Fault points for crash tests and the fault explorer (`tests/explore.rs`).
+//! Unset (always, in production) each point costs one lookup in an empty
+//! map.
 //!
-//! `<step>=<duration>*<n>` pauses there only the first n times.
+//! `SECKILL_TEST_PAUSE=<point>=<duration>[*<n>][,...]` pauses at a point
+//! (only the first n times with `*n`) and says so on stderr, so a test can
+//! kill -9 the process exactly there.
 //!
-//! Steps: `after_lock` (locks held, nothing in MySQL), `before_commit` (the
-//! transaction is open), `after_commit` (committed, not yet acknowledged),
-//! `after_ack` (acknowledged and unlocked); for payment deadlines
-//! `before_cancel_commit` and `after_cancel` (cancelled in MySQL, the unit not
-//! yet given back in Redis); for preload and reconcile `between_snapshot_reads`
-//! (a voucher's row read, its orders not yet) and `between_gate_and_mysql_reads`
-//! (the gates read, MySQL's snapshot not taken yet); for the gate guard
-//! `gate_paused` (a gate paused, not yet rebuilt); for the mover of a
-//! voucher in buckets `between_take_and_give` (units taken from one gate,
-//! in transit, not yet given to the other); for `seckill serve`'s Redis
-//! connections' mender `mend_round` (before each round).
+//! `SECKILL_TEST_FAULT=<point>@<k>=<action>[,...]` acts on the k-th time
+//! the process reaches the point (counted from 1, `@k` omitted: the first):
+//! `pause:<duration>`; `hold` (waits until the file `release` appears in
+//! `SECKILL_TEST_FAULT_DIR`, so a second fault can be made while this
+//! process stands there); `abort` (the process dies at once, as a kill -9
+//! there would have it); `error` (the step fails as a store error would
+//! make it; a point that cannot fail holds this action for nothing and
+//! says so). Each action says `fault <action> at <point> (hit <k>)` on
+//! stderr first, and a hold `fault released at <point>` when let go.
+//!
+//! The points, each between two durable writes: a batch's `after_lock`
+//! (locks held, nothing in MySQL), `before_commit` (the transaction is
+//! open), `after_commit` (committed, not yet acknowledged), `after_ack`
+//! (acknowledged and unlocked); a payment deadline's `before_cancel_commit`
+//! and `after_cancel` (cancelled in MySQL, the unit not yet given back in
+//! Redis); preload and reconcile's `between_snapshot_reads` (a voucher's
+//! row read, its orders not yet) and `between_gate_and_mysql_reads` (the
+//! gates read, MySQL's snapshot not taken yet), reconcile's
+//! `before_repair` (drift found, nothing repaired yet; the gate guard's
+//! rebuild too); the gate guard's `gate_paused` (a gate paused, not yet
+//! rebuilt); the mover's `between_take_and_give` (units
+//! taken from one gate, in transit, not yet given to the other); `seckill
+//! serve`'s `serve_after_admit` (admitted at the gate, the answer not yet
+//! written) and its Redis connections' mender `mend_round` (before each
+//! round); a payment's `after_pay` (`seckill pay` and serve's: paid in
+//! MySQL, the deadline not yet taken off the gate, the answer not yet
+//! given).
 //!
 //! `SECKILL_TEST_PANIC=<place>` panics at `startup` (before the command
 //! line is read) or in `command` (inside the command, on the runtime), so a
@@ -23,11 +40,16 @@
 //! RUST_BACKTRACE says.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
 use std::time::Duration;
 
+use crate::error::{Error, Result};
+
 pub const ENV: &str = "SECKILL_TEST_PAUSE";
+pub const FAULT_ENV: &str = "SECKILL_TEST_FAULT";
+pub const FAULT_DIR_ENV: &str = "SECKILL_TEST_FAULT_DIR";
 
 /// How long to pause at a step, and how many more times (`*N`; unbounded
 /// without it).
@@ -36,9 +58,31 @@ struct Pause {
     left: AtomicU64,
 }
 
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    Pause(Duration),
+    Hold,
+    Abort,
+    Error,
+}
+
+/// The faults asked for one point, by the hit they fire on, and how many
+/// times the process reached it so far.
+#[derive(Default)]
+struct Point {
+    at: Vec<(u64, Action)>,
+    hits: AtomicU64,
+}
+
 static PAUSES: LazyLock<HashMap<String, Pause>> = LazyLock::new(|| {
     std::env::var(ENV)
         .map(|spec| parse(&spec))
+        .unwrap_or_default()
+});
+
+static FAULTS: LazyLock<HashMap<String, Point>> = LazyLock::new(|| {
+    std::env::var(FAULT_ENV)
+        .map(|spec| parse_faults(&spec))
         .unwrap_or_default()
 });
 
@@ -61,19 +105,105 @@ fn parse(spec: &str) -> HashMap<String, Pause> {
         .collect()
 }
 
-/// Pauses at `step` when the test hook asks for it.
-pub async fn pause(step: &str) {
-    let Some(p) = PAUSES.get(step) else { return };
-    let taken = p
-        .left
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-    if taken.is_ok() {
-        tracing::warn!(
-            "test pause at {step} for {}",
-            humantime::format_duration(p.length)
-        );
-        tokio::time::sleep(p.length).await;
+fn parse_action(text: &str) -> Option<Action> {
+    match text.trim() {
+        "hold" => Some(Action::Hold),
+        "abort" => Some(Action::Abort),
+        "error" => Some(Action::Error),
+        other => {
+            let d = other.strip_prefix("pause:")?;
+            humantime::parse_duration(d.trim()).ok().map(Action::Pause)
+        }
     }
+}
+
+fn parse_faults(spec: &str) -> HashMap<String, Point> {
+    let mut points: HashMap<String, Point> = HashMap::new();
+    for item in spec.split(',') {
+        let Some((place, action)) = item.split_once('=') else {
+            continue;
+        };
+        let (name, k) = match place.split_once('@') {
+            Some((name, k)) => match k.trim().parse::<u64>() {
+                Ok(k) if k > 0 => (name, k),
+                _ => continue,
+            },
+            None => (place, 1),
+        };
+        if let Some(action) = parse_action(action) {
+            let point = points.entry(name.trim().to_string()).or_default();
+            point.at.push((k, action));
+        }
+    }
+    points
+}
+
+/// A fault point whose step can fail: `error` makes it fail here.
+pub async fn point(step: &str) -> Result<()> {
+    timed_pause(step).await;
+    match reach(step).await {
+        Some(Action::Error) => Err(Error::Redis(format!(
+            "test fault: an error injected at {step}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// A fault point whose step cannot fail (an `error` there does nothing).
+pub async fn pause(step: &str) {
+    timed_pause(step).await;
+    if reach(step).await == Some(Action::Error) {
+        eprintln!("fault error at {step} fails nothing: this step cannot fail");
+    }
+}
+
+async fn timed_pause(step: &str) {
+    if let Some(p) = PAUSES.get(step) {
+        let taken = p
+            .left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if taken.is_ok() {
+            tracing::warn!(
+                "test pause at {step} for {}",
+                humantime::format_duration(p.length)
+            );
+            tokio::time::sleep(p.length).await;
+        }
+    }
+}
+
+/// Counts a hit of `step` and acts out the fault asked for this hit (all
+/// but `error`, which is the caller's to return).
+async fn reach(step: &str) -> Option<Action> {
+    let point = FAULTS.get(step)?;
+    let hit = point.hits.fetch_add(1, Ordering::SeqCst) + 1;
+    let (_, action) = point.at.iter().find(|(k, _)| *k == hit)?;
+    let name = match action {
+        Action::Pause(d) => format!("pause {}", humantime::format_duration(*d)),
+        Action::Hold => "hold".into(),
+        Action::Abort => "abort".into(),
+        Action::Error => "error".into(),
+    };
+    // Straight to stderr: the explorer waits for this line, whatever the
+    // log filter says.
+    eprintln!("fault {name} at {step} (hit {hit})");
+    match action {
+        Action::Pause(d) => tokio::time::sleep(*d).await,
+        Action::Hold => {
+            let release = release_file();
+            while !release.as_ref().is_some_and(|f| f.exists()) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            eprintln!("fault released at {step}");
+        }
+        Action::Abort => std::process::abort(),
+        Action::Error => {}
+    }
+    Some(action.clone())
+}
+
+fn release_file() -> Option<PathBuf> {
+    std::env::var_os(FAULT_DIR_ENV).map(|d| PathBuf::from(d).join("release"))
 }
 
 pub const PANIC_ENV: &str = "SECKILL_TEST_PANIC";
@@ -87,6 +217,8 @@ pub fn panic_at(place: &str) {
 
 #[cfg(test)]
 mod tests {
+    use super::Action;
+
     #[test]
     fn parses_steps_and_ignores_garbage() {
         let p = super::parse("after_commit=1s, before_commit=250ms*2,junk,x=forever,y=1s*z");
@@ -94,5 +226,18 @@ mod tests {
         assert_eq!(p["after_commit"].length.as_millis(), 1000);
         assert_eq!(p["before_commit"].length.as_millis(), 250);
         assert_eq!(p["before_commit"].left.load(super::Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn parses_faults_by_hit_and_ignores_garbage() {
+        let p = super::parse_faults(
+            "after_lock@3=abort,after_lock@1=pause:20ms, gate_paused=hold,x@0=abort,y=boom,z@2=error,junk",
+        );
+        assert_eq!(p.len(), 3);
+        let lock = &p["after_lock"].at;
+        assert!(lock.contains(&(3, Action::Abort)));
+        assert!(lock.contains(&(1, Action::Pause(std::time::Duration::from_millis(20)))));
+        assert_eq!(p["gate_paused"].at, vec![(1, Action::Hold)]);
+        assert_eq!(p["z"].at, vec![(2, Action::Error)]);
     }
 }

@@ -181,7 +181,7 @@ impl Lane {
             }
         }
         alive.set_held(held.clone()).await;
-        crate::support::fault::pause("after_lock").await;
+        crate::support::fault::point("after_lock").await?;
         // A batch Redis lost must hold the gate before it commits, even if
         // this process was frozen past its keep-alive's ticks.
         alive.confirm_within(self.opts.lock_lease / 2).await;
@@ -206,7 +206,7 @@ impl Lane {
                 });
             }
         };
-        crate::support::fault::pause("after_commit").await;
+        crate::support::fault::point("after_commit").await?;
         let (inserted, duplicates) = completion.counts;
         let units = completion.units;
         // After an abandoned attempt, orders found stored may be that
@@ -227,7 +227,7 @@ impl Lane {
             ..completion.redis
         };
         group::finish(&mut self.conn, keys, &done).await?;
-        crate::support::fault::pause("after_ack").await;
+        crate::support::fault::point("after_ack").await?;
         tracing::debug!(
             "voucher {voucher}: batch of {}: lock {lock_ms:.1} ms, MySQL {sql_ms:.1} ms, finish {:.1} ms",
             deliveries.len(),

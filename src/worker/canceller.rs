@@ -241,7 +241,7 @@ impl Canceller {
             .max()
             .unwrap_or(0);
         self.stats.note_lateness(latest.max(0) as u64);
-        crate::support::fault::pause("after_cancel").await;
+        crate::support::fault::point("after_cancel").await?;
         let r = deadline::release(
             &mut self.conn,
             keys,

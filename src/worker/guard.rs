@@ -454,7 +454,7 @@ impl GateGuard {
                         v.voucher,
                         behind.cancellations
                     );
-                    crate::support::fault::pause("gate_paused").await;
+                    crate::support::fault::point("gate_paused").await?;
                     None
                 }
                 Paused::NotNeeded | Paused::NotLoaded => return Ok(()),
@@ -481,7 +481,7 @@ impl GateGuard {
         };
         if let Some(why) = why {
             self.paused_now(v, &why);
-            crate::support::fault::pause("gate_paused").await;
+            crate::support::fault::point("gate_paused").await?;
         }
         let pause = self.state.paused.entry(v).or_insert_with(Pause::new);
         // One that waits for an operator is looked at again now and then,

@@ -591,7 +591,7 @@ impl Mover {
             }
             Taken::Short(_) | Taken::Paused | Taken::NotLoaded => return Ok(0),
         };
-        crate::support::fault::pause("between_take_and_give").await;
+        crate::support::fault::point("between_take_and_give").await?;
         // The units land in the stock: the round serves the receiver's
         // allotted requests once every move to it is done, in order (a
         // give serving on arrival could serve a later, smaller request

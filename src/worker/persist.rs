@@ -140,7 +140,7 @@ async fn persist_fresh(
     }
     let pay_timeout_ms = lock_voucher(&mut tx, voucher).await?;
     insert_orders(&mut tx, voucher, msgs.iter()).await?;
-    crate::support::fault::pause("before_commit").await;
+    crate::support::fault::point("before_commit").await?;
     tx.commit().await?;
     Ok(Some(Persisted {
         fates: vec![Fate::Inserted; msgs.len()],
@@ -236,7 +236,7 @@ async fn persist_once(
             fates[i] = Some(Fate::Inserted);
         }
     }
-    crate::support::fault::pause("before_commit").await;
+    crate::support::fault::point("before_commit").await?;
     tx.commit().await?;
     Ok(Persisted {
         fates: fates
