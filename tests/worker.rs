@@ -840,7 +840,7 @@ async fn a_worker_whose_mysql_connection_goes_silent_mid_transaction_is_taken_ov
         url.host_str().expect("MySQL host"),
         url.port().unwrap_or(3306)
     );
-    let proxy = common::silent_proxy::SilentProxy::start(upstream.parse().expect("address")).await;
+    let proxy = common::fault_proxy::FaultProxy::start(upstream.parse().expect("address")).await;
     url.set_port(Some(proxy.port)).expect("port");
     // Through the proxy: the driver would move a local connection to the
     // server's unix socket.
@@ -853,7 +853,7 @@ async fn a_worker_whose_mysql_connection_goes_silent_mid_transaction_is_taken_ov
         ],
     );
     wait_for_pause(&a, "before_commit").await;
-    proxy.silence();
+    proxy.set(common::fault_proxy::Mode::BlackHole);
     let silenced = std::time::Instant::now();
     let b = env.spawn_worker(&args(&["--consumer", "taker", "--gate-check", "0s"]));
     env.wait_orders(V, 200, Duration::from_secs(60)).await;

@@ -62,6 +62,13 @@ pub fn digest_of<'a>(members: impl IntoIterator<Item = &'a String>) -> u64 {
 }
 
 pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
+    try_read_state(env, voucher)
+        .await
+        .unwrap_or_else(|broken| panic!("{broken}"))
+}
+
+/// The state, or that a user has two orders (the map by user holds one).
+pub async fn try_read_state(env: &TestEnv, voucher: u64) -> Result<VoucherState, String> {
     let mut conn = env.db().await.conn().await.expect("mysql");
     type Row = (i64, i64, u64, u64, u64, u64, u64, u64, u64, u64, u64);
     let (total, mysql_stock, c0, c1, c2, c3, c4, c5, c6, c7, c8): Row = conn
@@ -130,11 +137,12 @@ pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
         .into_iter()
         .map(|(u, id, st, _)| (u, (id, st)))
         .collect();
-    assert_eq!(
-        orders.len(),
-        orders_len,
-        "I4: a user has two orders of voucher {voucher}"
-    );
+    if orders.len() != orders_len {
+        return Err(format!(
+            "I4: a user has two orders of voucher {voucher} ({orders_len} orders of {} users)",
+            orders.len()
+        ));
+    }
     drop(conn);
 
     // Every gate of the voucher: one, or one per bucket (then the pool and
@@ -204,7 +212,7 @@ pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
     for (_, order, quantity) in &entries {
         quantities.entry(*order).or_insert(*quantity);
     }
-    VoucherState {
+    Ok(VoucherState {
         released: released.into_iter().collect(),
         overdue_pending: overdue_pending.unwrap_or(0),
         total,
@@ -220,7 +228,7 @@ pub async fn read_state(env: &TestEnv, voucher: u64) -> VoucherState {
         gate_digests,
         set_digests,
         misrouted,
-    }
+    })
 }
 
 /// The pool's units and those in transit (taken from a gate, not landed
@@ -336,7 +344,37 @@ impl VoucherState {
 
 /// I1–I5 at a quiet moment (no worker racing this check).
 pub async fn assert_invariants(env: &TestEnv, voucher: u64) -> VoucherState {
-    let s = read_state(env, voucher).await;
+    check_invariants(env, voucher)
+        .await
+        .unwrap_or_else(|broken| panic!("{broken}"))
+}
+
+/// Fails with what does not add up, as [`assert_invariants`] (the fault
+/// explorer reports it instead of panicking).
+macro_rules! ensure {
+    ($cond:expr, $($what:tt)+) => {
+        if !$cond {
+            return Err(format!($($what)+));
+        }
+    };
+}
+
+macro_rules! ensure_eq {
+    ($a:expr, $b:expr, $($what:tt)+) => {
+        match (&$a, &$b) {
+            (a, b) => {
+                if a != b {
+                    return Err(format!("{}\n  left: {a:?}\n right: {b:?}", format!($($what)+)));
+                }
+            }
+        }
+    };
+}
+
+/// I1–I6 as [`assert_invariants`] checks them: the state, or the first
+/// that does not hold.
+pub async fn check_invariants(env: &TestEnv, voucher: u64) -> Result<VoucherState, String> {
+    let s = try_read_state(env, voucher).await?;
     let active: i64 = s
         .orders
         .values()
@@ -344,7 +382,7 @@ pub async fn assert_invariants(env: &TestEnv, voucher: u64) -> VoucherState {
         .map(|o| s.units(o.0) as i64)
         .sum();
     // I1: MySQL accounts for every unit (stock + Σ quantity(pending, paid)).
-    assert_eq!(
+    ensure_eq!(
         s.mysql_stock + active,
         s.total,
         "I1: mysql stock {} + units of active orders {active} != total {}",
@@ -352,25 +390,26 @@ pub async fn assert_invariants(env: &TestEnv, voucher: u64) -> VoucherState {
         s.total
     );
     // The voucher row's counters are what its orders add up to.
-    assert_eq!(
+    ensure_eq!(
         s.counters, s.counted,
         "order counters (orders, units: all, paid, cancelled; digests: users, pending, cancelled) {:?} != counted from the rows {:?}",
         s.counters, s.counted
     );
     // So are the gate's digests (what reconcile's quick look compares).
     if s.redis_stock.is_some() {
-        assert_eq!(
-            s.gate_digests, s.set_digests,
+        ensure_eq!(
+            s.gate_digests,
+            s.set_digests,
             "the gate's digests (buyers, released, timeouts) are not its sets'"
         );
     }
     // I3: no negative stock anywhere.
-    assert!(s.mysql_stock >= 0, "I3: mysql stock {} < 0", s.mysql_stock);
+    ensure!(s.mysql_stock >= 0, "I3: mysql stock {} < 0", s.mysql_stock);
     if let Some(rs) = s.redis_stock {
-        assert!(rs >= 0, "I3: redis stock {rs} < 0");
+        ensure!(rs >= 0, "I3: redis stock {rs} < 0");
         // I2: Redis stock equals MySQL stock less the units admitted but not yet persisted.
         let in_flight = s.unpersisted_units();
-        assert_eq!(
+        ensure_eq!(
             rs + in_flight,
             s.mysql_stock,
             "I2: redis stock {rs} + in flight {in_flight} != mysql stock {}",
@@ -378,7 +417,7 @@ pub async fn assert_invariants(env: &TestEnv, voucher: u64) -> VoucherState {
         );
     }
     // A voucher in buckets: every buyer and waiting user is in their own.
-    assert!(
+    ensure!(
         s.misrouted.is_empty(),
         "users at a bucket not theirs (user, bucket): {:?}",
         s.misrouted
@@ -387,21 +426,23 @@ pub async fn assert_invariants(env: &TestEnv, voucher: u64) -> VoucherState {
     let mut seen = BTreeSet::new();
     let unpersisted = s.unpersisted_users();
     for u in s.orders.keys().chain(unpersisted.iter()) {
-        assert!(
+        ensure!(
             seen.insert(*u),
             "I4: user {u} holds two units (order or in-flight entry)"
         );
     }
     // I5: the buyers at the gate are exactly the users with an order or an entry in flight.
-    assert_eq!(
-        s.buyers, seen,
+    ensure_eq!(
+        s.buyers,
+        seen,
         "I5: buyers at the gate differ from users with an order or an entry in flight"
     );
     // I6: no pending order lingers past its deadline, and every cancelled
     // order's unit was given back at the gate (the released set holds it;
     // I2 above shows it was given back once).
-    assert_eq!(
-        s.overdue_pending, 0,
+    ensure_eq!(
+        s.overdue_pending,
+        0,
         "I6: pending orders past their payment deadline"
     );
     let cancelled: BTreeSet<u64> = s
@@ -410,22 +451,22 @@ pub async fn assert_invariants(env: &TestEnv, voucher: u64) -> VoucherState {
         .filter(|o| o.1 == -1)
         .map(|o| o.0)
         .collect();
-    assert!(
+    ensure!(
         cancelled.is_subset(&s.released),
         "I6: cancelled orders whose unit was not given back: {:?}",
         cancelled.difference(&s.released).collect::<Vec<_>>()
     );
     // A buyer is never waitlisted; each waitlisted user appears once.
     let waitlisted: BTreeSet<u64> = s.waitlist.iter().copied().collect();
-    assert_eq!(
+    ensure_eq!(
         waitlisted.len(),
         s.waitlist.len(),
         "a user is on the waitlist twice"
     );
-    assert!(
+    ensure!(
         waitlisted.is_disjoint(&s.buyers),
         "a buyer is on the waitlist: {:?}",
         waitlisted.intersection(&s.buyers).collect::<Vec<_>>()
     );
-    s
+    Ok(s)
 }

@@ -3,6 +3,8 @@
 //! run in parallel without seeing each other. Nothing is mocked.
 #![allow(dead_code)]
 
+pub mod clock;
+pub mod fault_proxy;
 pub mod invariants;
 pub mod mysql_dump;
 pub mod own_cluster;
@@ -10,7 +12,7 @@ pub mod own_mysql;
 pub mod own_redis;
 pub mod process;
 pub mod rights;
-pub mod silent_proxy;
+pub mod serve_proc;
 pub mod terminal;
 pub mod tls;
 

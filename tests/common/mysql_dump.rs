@@ -36,7 +36,10 @@ impl TestEnv {
             .output()
             .expect("run mariadb-dump");
         assert!(dumped.status.success(), "mariadb-dump: {dumped:?}");
-        let path = std::env::temp_dir().join(format!("seckill-{}-dump.sql", self.db_name));
+        // One file per dump: a test may hold several of one database.
+        static DUMPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = DUMPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("seckill-{}-dump-{n}.sql", self.db_name));
         std::fs::write(&path, &dumped.stdout).expect("write the dump");
         Dump { path }
     }
