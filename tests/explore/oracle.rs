@@ -1,0 +1,176 @@
+//! What must hold once every fault healed and the workers went idle, read
+//! from the stores and the answers the clients got, not from the code
+//! under test: DESIGN's invariants per voucher (tests/common/invariants.rs),
+//! every buyer told success, bought or promoted holding that order in
+//! MySQL (unless a fault the README lists as able to undo it did), every
+//! payer told paid holding a paid order, no user past the per-user limit,
+//! no unit free at the gate while a request for one waits, every gate
+//! open and `reconcile --dry-run` clean.
+
+use std::collections::BTreeMap;
+
+use redis::AsyncCommands;
+use seckill::store::keys::VoucherKeys;
+
+use crate::common::invariants::{check_invariants, VoucherState};
+
+use super::run::{Answer, Stage, Told};
+
+/// The violations, and the answers a documented fault undid.
+#[derive(Default, Debug)]
+pub struct Verdict {
+    pub violations: Vec<String>,
+    pub undone: Vec<String>,
+}
+
+pub async fn judge(stage: &Stage) -> Verdict {
+    let mut verdict = Verdict::default();
+    let mut states: BTreeMap<u64, VoucherState> = BTreeMap::new();
+    for v in &stage.plan.vouchers {
+        match check_invariants(&stage.env, v.id).await {
+            Ok(s) => {
+                states.insert(v.id, s);
+            }
+            Err(broken) => verdict
+                .violations
+                .push(format!("voucher {}: {broken}", v.id)),
+        }
+    }
+    let (told, limits, windows) = {
+        let h = stage.history.lock().unwrap();
+        (
+            h.told.clone(),
+            h.limits.clone(),
+            rollback_windows(&h.events),
+        )
+    };
+    let held = held_orders(stage).await;
+    for t in &told {
+        let Some(s) = states.get(&t.voucher) else {
+            continue;
+        };
+        if let Some(broken) = broken_promise(t, s) {
+            // A payment MySQL lost with the order it paid: the order comes
+            // back held for the operator, who asks the payment provider
+            // (README, "When MySQL loses its last commits").
+            if matches!(t.answer, Answer::Paid(o) if held.contains(&o)) {
+                verdict
+                    .undone
+                    .push(format!("{broken} (held for the operator)"));
+                continue;
+            }
+            // A Redis gone back to a snapshot forgets the admissions made
+            // since that no worker had persisted, and sells units MySQL no
+            // longer has until the guard's next pass (README, "When Redis
+            // loses its last writes", what remains exposed).
+            let undone = windows
+                .iter()
+                .any(|(from, to)| t.answered_ms >= *from && t.sent_ms <= *to)
+                && matches!(
+                    t.answer,
+                    Answer::Success(_) | Answer::Bought(_) | Answer::Promoted(_)
+                );
+            match undone {
+                true => verdict.undone.push(broken),
+                false => verdict.violations.push(broken),
+            }
+        }
+    }
+    for (v, s) in &states {
+        let limit = limits.get(v).copied().unwrap_or(1) as u64;
+        for (user, (order, _)) in &s.orders {
+            if s.units(*order) > limit {
+                verdict.violations.push(format!(
+                    "voucher {v}: user {user}'s order {order} holds {} units, the limit was at most {limit}",
+                    s.units(*order)
+                ));
+            }
+        }
+        let free = s.redis_stock.unwrap_or(0);
+        if free > 0 && !s.waitlist.is_empty() && limit == 1 {
+            verdict.violations.push(format!(
+                "voucher {v}: {free} unit(s) free at the gate while {} request(s) for one wait",
+                s.waitlist.len()
+            ));
+        }
+    }
+    gates_open(stage, &mut verdict).await;
+    let (code, report) = stage.env.reconcile_json(&["--dry-run"]);
+    if code != 0 {
+        verdict.violations.push(format!(
+            "reconcile --dry-run exit {code} after the workers went idle: {report}"
+        ));
+    }
+    verdict
+}
+
+/// The guard's bound after a Redis restart: `--gate-check` (300 ms here)
+/// and one pass, with room for a loaded machine.
+const GUARD_BOUND_MS: u64 = 1_500;
+
+/// (from, to) in ms of the answers each Redis rollback may undo: from the
+/// snapshot it came back to (none: from the start) to the guard's bound
+/// after it answered again.
+fn rollback_windows(events: &[(u64, String)]) -> Vec<(u64, u64)> {
+    let mut snapshot = 0;
+    let mut windows = Vec::new();
+    for (at, what) in events {
+        if what == "Redis snapshot taken" {
+            snapshot = *at;
+        } else if what.starts_with("fault: Redis killed -9") {
+            windows.push((snapshot, at + GUARD_BOUND_MS));
+        }
+    }
+    windows
+}
+
+/// What a client was told that the stores do not keep, if anything.
+fn broken_promise(t: &Told, s: &VoucherState) -> Option<String> {
+    let held = s.orders.get(&t.user);
+    let what = |kept: &str| {
+        format!(
+            "voucher {}: user {} told {:?} ({:?}, sent at {} ms, answered at {} ms); MySQL {kept}",
+            t.voucher, t.user, t.answer, t.via, t.sent_ms, t.answered_ms
+        )
+    };
+    let has = match held {
+        Some((id, status)) => format!("has order {id} with status {status}"),
+        None => "has no order of theirs".to_string(),
+    };
+    match &t.answer {
+        Answer::Success(o) | Answer::Bought(Some(o)) | Answer::Promoted(Some(o)) => {
+            (held.map(|h| h.0) != Some(*o)).then(|| what(&has))
+        }
+        Answer::Bought(None) | Answer::Promoted(None) => held.is_none().then(|| what(&has)),
+        Answer::Paid(o) => (held != Some(&(*o, 1))).then(|| what(&has)),
+        Answer::PayRefused(o, why) if why == "cancelled" || why == "deadline_passed" => {
+            (held == Some(&(*o, 1))).then(|| what(&has))
+        }
+        _ => None,
+    }
+}
+
+/// The orders restored held (payment unknown) after MySQL lost them.
+async fn held_orders(stage: &Stage) -> std::collections::BTreeSet<u64> {
+    use mysql_async::prelude::Queryable;
+    let mut conn = stage.env.db().await.conn().await.expect("mysql");
+    let ids: Vec<u64> = conn
+        .query("SELECT id FROM seckill_order WHERE held = 1")
+        .await
+        .expect("held orders");
+    ids.into_iter().collect()
+}
+
+async fn gates_open(stage: &Stage, verdict: &mut Verdict) {
+    let mut redis = stage.env.new_redis_connection().await;
+    for v in &stage.plan.vouchers {
+        let keys = VoucherKeys::new(&stage.env.prefix, v.id).expect("keys");
+        let paused: Option<String> = redis.hget(keys.meta(), "paused").await.unwrap_or(None);
+        if paused.as_deref() == Some("1") {
+            verdict.violations.push(format!(
+                "voucher {}: its gate is still paused after every fault healed, the workers went idle and reconcile --yes ran",
+                v.id
+            ));
+        }
+    }
+}

@@ -1,0 +1,496 @@
+//! What one seed decides: the sale, the workload and the faults, before
+//! anything runs. The same seed gives the same plan on every machine.
+
+use std::fmt;
+
+use super::rng::Rng;
+
+#[derive(Debug, Clone)]
+pub struct VoucherPlan {
+    pub id: u64,
+    pub stock: i64,
+    pub per_user_limit: u32,
+    pub waitlist_limit: Option<u32>,
+    pub pay_timeout_ms: u64,
+    /// Added and preloaded this long into the sale (0: before it).
+    pub added_at_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    Http,
+    Cli,
+}
+
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    pub at_ms: u64,
+    pub voucher: u64,
+    pub user: u64,
+    pub quantity: u32,
+    pub via: Via,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Target {
+    Worker(usize),
+    Serve,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Store {
+    Redis,
+    Mysql,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Net {
+    BlackHole,
+    Delay(u64),
+    Reset,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PointAction {
+    Pause(u64),
+    Abort,
+    Error,
+}
+
+/// What the explorer does while a process stands held at a fault point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Then {
+    /// Redis killed and started from the snapshot taken at `snapshot_at_ms`.
+    RedisCrash,
+    /// MySQL set back to the dump taken at `snapshot_at_ms`.
+    MysqlRestore,
+    /// The other worker killed -9 (and started again).
+    KillOther,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    Kill9 {
+        target: Target,
+        at_ms: u64,
+        down_ms: u64,
+    },
+    Stop {
+        target: Target,
+        at_ms: u64,
+        for_ms: u64,
+    },
+    Point {
+        target: Target,
+        point: &'static str,
+        hit: u64,
+        action: PointAction,
+    },
+    Hold {
+        worker: usize,
+        point: &'static str,
+        hit: u64,
+        snapshot_at_ms: u64,
+        then: Then,
+    },
+    RedisRollback {
+        snapshot_at_ms: u64,
+        crash_at_ms: u64,
+    },
+    MysqlRollback {
+        dump_at_ms: u64,
+        restore_at_ms: u64,
+    },
+    Network {
+        target: Target,
+        store: Store,
+        at_ms: u64,
+        for_ms: u64,
+        how: Net,
+    },
+    Skew {
+        worker: usize,
+        offset_s: i64,
+    },
+}
+
+impl Fault {
+    /// The kind, as the coverage of a seed set counts it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Fault::Kill9 { .. } => "kill9",
+            Fault::Stop { .. } => "sigstop",
+            Fault::Point {
+                action: PointAction::Pause(_),
+                ..
+            } => "point_pause",
+            Fault::Point {
+                action: PointAction::Abort,
+                ..
+            } => "point_abort",
+            Fault::Point {
+                action: PointAction::Error,
+                ..
+            } => "point_error",
+            Fault::Hold { .. } => "hold_and_combine",
+            Fault::RedisRollback { .. } => "redis_rollback",
+            Fault::MysqlRollback { .. } => "mysql_rollback",
+            Fault::Network {
+                how: Net::BlackHole,
+                ..
+            } => "net_blackhole",
+            Fault::Network {
+                how: Net::Delay(_), ..
+            } => "net_delay",
+            Fault::Network {
+                how: Net::Reset, ..
+            } => "net_reset",
+            Fault::Skew { .. } => "clock_skew",
+        }
+    }
+}
+
+/// Every kind [`Fault::kind`] names: CI's seed set covers each.
+pub const KINDS: &[&str] = &[
+    "kill9",
+    "sigstop",
+    "point_pause",
+    "point_abort",
+    "point_error",
+    "hold_and_combine",
+    "redis_rollback",
+    "mysql_rollback",
+    "net_blackhole",
+    "net_delay",
+    "net_reset",
+    "clock_skew",
+];
+
+pub const WORKER_POINTS: &[&str] = &[
+    "after_lock",
+    "before_commit",
+    "after_commit",
+    "after_ack",
+    "before_cancel_commit",
+    "after_cancel",
+    "gate_paused",
+    "before_repair",
+    "between_gate_and_mysql_reads",
+    "between_snapshot_reads",
+];
+
+pub const SERVE_POINTS: &[&str] = &["serve_after_admit", "after_pay"];
+
+/// Where a held worker is worth holding while another fault happens.
+const HOLD_POINTS: &[&str] = &[
+    "after_lock",
+    "before_commit",
+    "after_commit",
+    "after_cancel",
+    "gate_paused",
+];
+
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub seed: u64,
+    pub vouchers: Vec<VoucherPlan>,
+    pub workers: usize,
+    pub attempts: Vec<Attempt>,
+    /// Percent of the buyers told success who pay, and the latest a payer
+    /// pays, in percent of the payment deadline (above 100: some too late).
+    pub pay_percent: u64,
+    pub pay_latest_percent: u64,
+    pub reconcile_at_ms: Vec<u64>,
+    /// (when, voucher, new per-user limit)
+    pub limit_updates: Vec<(u64, u64, u32)>,
+    pub duration_ms: u64,
+    pub faults: Vec<Fault>,
+}
+
+impl Plan {
+    pub fn from_seed(seed: u64) -> Plan {
+        let mut r = Rng::new(seed);
+        let duration_ms = r.range(2_500, 5_000);
+        let workers = r.range(1, 2) as usize;
+        let mut vouchers = Vec::new();
+        let count = r.range(1, 2);
+        for i in 0..count {
+            vouchers.push(voucher(&mut r, 1 + i, 0));
+        }
+        if r.chance(25) {
+            // Preloaded mid-sale beside the others.
+            let at = r.range(300, duration_ms / 2);
+            vouchers.push(voucher(&mut r, 1 + count, at));
+        }
+        let mut attempts = Vec::new();
+        for v in &vouchers {
+            let users = r.range(v.stock as u64 / 2 + 5, v.stock as u64 * 2 + 20);
+            for user in 1..=users {
+                let early = r.chance(50);
+                let from = v.added_at_ms;
+                let at = match early {
+                    true => from + r.range(0, 500),
+                    false => r.range(from, duration_ms),
+                };
+                let quantity = r.range(1, v.per_user_limit as u64) as u32;
+                let via = match r.chance(80) {
+                    true => Via::Http,
+                    false => Via::Cli,
+                };
+                attempts.push(Attempt {
+                    at_ms: at,
+                    voucher: v.id,
+                    user,
+                    quantity,
+                    via,
+                });
+                if r.chance(12) {
+                    // The same request again, as an impatient buyer sends it.
+                    attempts.push(Attempt {
+                        at_ms: (at + r.range(0, 800)).min(duration_ms),
+                        voucher: v.id,
+                        user,
+                        quantity,
+                        via: *r.pick(&[Via::Http, Via::Cli]),
+                    });
+                }
+            }
+        }
+        attempts.sort_by_key(|a| a.at_ms);
+        let mut reconcile_at_ms = Vec::new();
+        if r.chance(40) {
+            reconcile_at_ms.push(r.range(200, duration_ms));
+        }
+        let mut limit_updates = Vec::new();
+        if r.chance(20) {
+            let v = r.pick(&vouchers).id;
+            limit_updates.push((r.range(200, duration_ms), v, r.range(1, 3) as u32));
+        }
+        let fault_count = r.range(1, 3);
+        let faults = (0..fault_count)
+            .map(|_| fault(&mut r, workers, duration_ms))
+            .collect();
+        Plan {
+            seed,
+            vouchers,
+            workers,
+            attempts,
+            pay_percent: r.range(30, 80),
+            pay_latest_percent: r.range(50, 130),
+            reconcile_at_ms,
+            limit_updates,
+            duration_ms,
+            faults,
+        }
+    }
+
+    /// The plan with only the faults at `keep` (a shrunk schedule).
+    pub fn keeping(&self, keep: &[usize]) -> Plan {
+        let mut p = self.clone();
+        p.faults = keep
+            .iter()
+            .filter_map(|&i| self.faults.get(i).cloned())
+            .collect();
+        p
+    }
+}
+
+fn voucher(r: &mut Rng, id: u64, added_at_ms: u64) -> VoucherPlan {
+    let per_user_limit = match r.chance(30) {
+        true => r.range(2, 3) as u32,
+        false => 1,
+    };
+    VoucherPlan {
+        id,
+        stock: r.range(3, 40) as i64,
+        per_user_limit,
+        waitlist_limit: r.chance(30).then(|| r.range(1, 10) as u32),
+        pay_timeout_ms: r.range(1_500, 4_000),
+        added_at_ms,
+    }
+}
+
+fn target(r: &mut Rng, workers: usize) -> Target {
+    match r.chance(70) {
+        true => Target::Worker(r.range(0, workers as u64 - 1) as usize),
+        false => Target::Serve,
+    }
+}
+
+fn fault(r: &mut Rng, workers: usize, duration_ms: u64) -> Fault {
+    let at = r.range(100, duration_ms);
+    match r.range(0, 9) {
+        0 => Fault::Kill9 {
+            target: target(r, workers),
+            at_ms: at,
+            down_ms: r.range(0, 1_500),
+        },
+        1 => Fault::Stop {
+            target: target(r, workers),
+            at_ms: at,
+            for_ms: r.range(200, 3_000),
+        },
+        2 | 3 => {
+            let t = target(r, workers);
+            let point = match t {
+                Target::Worker(_) => *r.pick(WORKER_POINTS),
+                Target::Serve => *r.pick(SERVE_POINTS),
+            };
+            let action = match r.range(0, 2) {
+                0 => PointAction::Pause(r.range(100, 3_000)),
+                1 => PointAction::Abort,
+                _ => PointAction::Error,
+            };
+            Fault::Point {
+                target: t,
+                point,
+                hit: r.range(1, 6),
+                action,
+            }
+        }
+        4 => Fault::Hold {
+            worker: r.range(0, workers as u64 - 1) as usize,
+            point: HOLD_POINTS[r.range(0, HOLD_POINTS.len() as u64 - 1) as usize],
+            hit: r.range(1, 4),
+            snapshot_at_ms: r.range(0, duration_ms / 2),
+            then: match r.range(0, 2) {
+                0 => Then::RedisCrash,
+                1 => Then::MysqlRestore,
+                _ => Then::KillOther,
+            },
+        },
+        5 => {
+            let snapshot = r.range(0, duration_ms);
+            Fault::RedisRollback {
+                snapshot_at_ms: snapshot,
+                crash_at_ms: r.range(snapshot, duration_ms + 500),
+            }
+        }
+        6 => {
+            let dump = r.range(0, duration_ms);
+            Fault::MysqlRollback {
+                dump_at_ms: dump,
+                restore_at_ms: r.range(dump, duration_ms + 500),
+            }
+        }
+        7 | 8 => Fault::Network {
+            target: target(r, workers),
+            store: *r.pick(&[Store::Redis, Store::Mysql]),
+            at_ms: at,
+            for_ms: r.range(300, 4_000),
+            how: match r.range(0, 2) {
+                0 => Net::BlackHole,
+                1 => Net::Delay(r.range(20, 400)),
+                _ => Net::Reset,
+            },
+        },
+        _ => Fault::Skew {
+            worker: r.range(0, workers as u64 - 1) as usize,
+            offset_s: *r.pick(&[-1_800, -90, 90, 1_800]),
+        },
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Worker(i) => write!(f, "worker {i}"),
+            Target::Serve => write!(f, "serve"),
+        }
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fault::Kill9 {
+                target,
+                at_ms,
+                down_ms,
+            } => write!(f, "kill -9 {target} at {at_ms} ms, back {down_ms} ms later"),
+            Fault::Stop {
+                target,
+                at_ms,
+                for_ms,
+            } => write!(f, "SIGSTOP {target} at {at_ms} ms for {for_ms} ms"),
+            Fault::Point {
+                target,
+                point,
+                hit,
+                action,
+            } => write!(f, "{action:?} {target} at {point} (hit {hit})"),
+            Fault::Hold {
+                worker,
+                point,
+                hit,
+                snapshot_at_ms,
+                then,
+            } => write!(
+                f,
+                "hold worker {worker} at {point} (hit {hit}), then {then:?} (snapshot at {snapshot_at_ms} ms), release"
+            ),
+            Fault::RedisRollback {
+                snapshot_at_ms,
+                crash_at_ms,
+            } => write!(
+                f,
+                "Redis snapshot at {snapshot_at_ms} ms, kill -9 and restart from it at {crash_at_ms} ms"
+            ),
+            Fault::MysqlRollback {
+                dump_at_ms,
+                restore_at_ms,
+            } => write!(
+                f,
+                "MySQL dumped at {dump_at_ms} ms, set back to the dump at {restore_at_ms} ms"
+            ),
+            Fault::Network {
+                target,
+                store,
+                at_ms,
+                for_ms,
+                how,
+            } => write!(
+                f,
+                "{how:?} between {target} and {store:?} at {at_ms} ms for {for_ms} ms"
+            ),
+            Fault::Skew { worker, offset_s } => {
+                write!(f, "worker {worker}'s clock {offset_s:+} s off")
+            }
+        }
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "seed {}: {} worker(s), {} attempts over {} ms, {}% pay (latest {}% of the deadline)",
+            self.seed,
+            self.workers,
+            self.attempts.len(),
+            self.duration_ms,
+            self.pay_percent,
+            self.pay_latest_percent
+        )?;
+        for v in &self.vouchers {
+            writeln!(
+                f,
+                "  voucher {}: stock {}, limit {}, waitlist {:?}, pay within {} ms, added at {} ms",
+                v.id, v.stock, v.per_user_limit, v.waitlist_limit, v.pay_timeout_ms, v.added_at_ms
+            )?;
+        }
+        for at in &self.reconcile_at_ms {
+            writeln!(f, "  reconcile --yes at {at} ms")?;
+        }
+        for (at, v, l) in &self.limit_updates {
+            writeln!(
+                f,
+                "  voucher update --id {v} --per-user-limit {l} at {at} ms"
+            )?;
+        }
+        for (i, fault) in self.faults.iter().enumerate() {
+            writeln!(f, "  fault {i}: {fault}")?;
+        }
+        Ok(())
+    }
+}

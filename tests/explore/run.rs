@@ -1,0 +1,1005 @@
+//! One plan played against the real binary and real servers: a Redis of
+//! the seed's own (so it can go back to a snapshot), a database of its own
+//! on the project's MariaDB, `seckill serve` and one or two workers each
+//! behind proxies of their own, buyers and payers over HTTP and the CLI,
+//! an operator, and the plan's faults. Every answer a client got is kept
+//! for the oracle.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::common::fault_proxy::{FaultProxy, Mode};
+use crate::common::mysql_dump::Dump;
+use crate::common::own_redis::OwnRedis;
+use crate::common::process::WorkerProc;
+use crate::common::serve_proc::Serve;
+use crate::common::{fast_worker, free_port, TestEnv};
+
+use super::plan::{Attempt, Fault, Net, Plan, PointAction, Store, Target, Then, Via};
+
+/// What a client was told.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    /// A unit is the buyer's: the order id.
+    Success(u64),
+    /// Already a buyer (a resend after a lost answer), with the order id
+    /// when MySQL had it.
+    Bought(Option<u64>),
+    /// On the waitlist at this position.
+    Waiting(u64),
+    /// Seen bought while waiting: the waitlist gave them units.
+    Promoted(Option<u64>),
+    Refused(String),
+    /// No answer, or one saying the outcome is unknown.
+    Unknown(String),
+    Paid(u64),
+    PayRefused(u64, String),
+}
+
+#[derive(Debug, Clone)]
+pub struct Told {
+    pub voucher: u64,
+    pub user: u64,
+    pub sent_ms: u64,
+    pub answered_ms: u64,
+    pub via: Via,
+    pub answer: Answer,
+}
+
+#[derive(Default)]
+pub struct History {
+    pub told: Vec<Told>,
+    /// (ms, what happened): faults fired, processes started again.
+    pub events: Vec<(u64, String)>,
+    /// Violations seen while running (a process not answering in its bound).
+    pub violations: Vec<String>,
+    pub logs: Vec<(String, String)>,
+    /// The highest per-user limit each voucher had.
+    pub limits: BTreeMap<u64, u32>,
+}
+
+impl History {
+    /// The faults the explorer made and those the processes acted out at
+    /// their fault points (a point's hit may never come).
+    pub fn faults_fired(&self) -> usize {
+        let made = self
+            .events
+            .iter()
+            .filter(|e| e.1.starts_with("fault:"))
+            .count();
+        let acted: usize = self
+            .logs
+            .iter()
+            .map(|(_, log)| {
+                log.lines()
+                    .filter(|l| l.starts_with("fault ") && !l.starts_with("fault released"))
+                    .count()
+            })
+            .sum();
+        made + acted
+    }
+}
+
+enum Proc {
+    Worker(WorkerProc),
+    Serve(Serve),
+}
+
+impl Proc {
+    fn pid(&self) -> u32 {
+        match self {
+            Proc::Worker(w) => w.pid(),
+            Proc::Serve(s) => s.child.id(),
+        }
+    }
+
+    fn exited(&mut self) -> bool {
+        match self {
+            Proc::Worker(w) => w.wait_for(Duration::ZERO).is_some(),
+            Proc::Serve(s) => matches!(s.child.try_wait(), Ok(Some(_))),
+        }
+    }
+
+    fn log_text(&self) -> String {
+        match self {
+            Proc::Worker(w) => w.log_text(),
+            Proc::Serve(s) => s.log_text(),
+        }
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .ok();
+}
+
+struct Slot {
+    proc: Option<Proc>,
+    incarnation: u32,
+    /// Not to be started again before this (a kill -9's time down).
+    down_until: Option<Instant>,
+    stopped: bool,
+}
+
+/// Everything the threads of a run share.
+pub struct Stage {
+    pub plan: Plan,
+    pub env: TestEnv,
+    redis: OwnRedis,
+    t0: Instant,
+    dir: PathBuf,
+    serve_port: u16,
+    slots: Mutex<HashMap<Target, Slot>>,
+    proxies: HashMap<(Target, Store), FaultProxy>,
+    pub history: Mutex<History>,
+    /// The workload is over: the supervisor and the watchers stop.
+    done: std::sync::atomic::AtomicBool,
+    /// The dumps taken, by the fault that took them.
+    dumps: Mutex<HashMap<usize, Dump>>,
+    /// The processes are being stopped: the supervisor stops too.
+    stopping: std::sync::atomic::AtomicBool,
+    supervisor: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The runtime the proxies run on, for the threads that drive them.
+    rt: tokio::runtime::Handle,
+}
+
+impl Stage {
+    pub async fn new(plan: Plan) -> Arc<Stage> {
+        let redis = OwnRedis::start();
+        let env = TestEnv::on_redis(&redis.url()).await;
+        let dir =
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("explore-{}", env.prefix));
+        std::fs::create_dir_all(&dir).expect("the run's folder");
+        let mysql = url::Url::parse(&env.cfg.mysql_url).expect("mysql url");
+        let mysql_addr = format!("127.0.0.1:{}", mysql.port().unwrap_or(3306))
+            .parse()
+            .expect("mysql address");
+        let redis_addr = format!("127.0.0.1:{}", redis.port)
+            .parse()
+            .expect("redis address");
+        let mut targets: Vec<Target> = (0..plan.workers).map(Target::Worker).collect();
+        targets.push(Target::Serve);
+        let mut proxies = HashMap::new();
+        for t in &targets {
+            proxies.insert((*t, Store::Redis), FaultProxy::start(redis_addr).await);
+            proxies.insert((*t, Store::Mysql), FaultProxy::start(mysql_addr).await);
+        }
+        let slots = targets
+            .iter()
+            .map(|t| {
+                (
+                    *t,
+                    Slot {
+                        proc: None,
+                        incarnation: 0,
+                        down_until: None,
+                        stopped: false,
+                    },
+                )
+            })
+            .collect();
+        let mut history = History::default();
+        for v in &plan.vouchers {
+            history.limits.insert(v.id, v.per_user_limit);
+        }
+        Arc::new(Stage {
+            plan,
+            env,
+            redis,
+            t0: Instant::now(),
+            dir,
+            serve_port: free_port(),
+            slots: Mutex::new(slots),
+            proxies,
+            history: Mutex::new(history),
+            done: Default::default(),
+            dumps: Mutex::default(),
+            stopping: Default::default(),
+            supervisor: Mutex::default(),
+            rt: tokio::runtime::Handle::current(),
+        })
+    }
+
+    pub fn ms(&self) -> u64 {
+        self.t0.elapsed().as_millis() as u64
+    }
+
+    fn sleep_until(&self, at_ms: u64) {
+        let now = self.ms();
+        if at_ms > now {
+            std::thread::sleep(Duration::from_millis(at_ms - now));
+        }
+    }
+
+    pub fn event(&self, what: String) {
+        let at = self.ms();
+        self.history.lock().unwrap().events.push((at, what));
+    }
+
+    pub fn violation(&self, what: String) {
+        self.history.lock().unwrap().violations.push(what);
+    }
+
+    fn tell(&self, attempt: (u64, u64, Via), sent_ms: u64, answer: Answer) {
+        let (voucher, user, via) = attempt;
+        let answered_ms = self.ms();
+        self.history.lock().unwrap().told.push(Told {
+            voucher,
+            user,
+            sent_ms,
+            answered_ms,
+            via,
+            answer,
+        });
+    }
+
+    /// The store URLs a process behind its own proxies uses.
+    fn proxied_env(&self, target: Target) -> Vec<(String, String)> {
+        let redis = &self.proxies[&(target, Store::Redis)];
+        let mysql = &self.proxies[&(target, Store::Mysql)];
+        let mut url = url::Url::parse(&self.env.cfg.mysql_url).expect("mysql url");
+        url.set_port(Some(mysql.port)).expect("a port");
+        // Through the proxy: the driver would move a local connection to
+        // the server's unix socket.
+        url.query_pairs_mut().append_pair("prefer_socket", "false");
+        vec![
+            (
+                "SECKILL_REDIS_URL".into(),
+                format!("redis://127.0.0.1:{}/", redis.port),
+            ),
+            ("SECKILL_MYSQL_URL".into(), url.to_string()),
+        ]
+    }
+
+    fn fault_dir(&self, target: Target) -> PathBuf {
+        self.dir.join(match target {
+            Target::Worker(i) => format!("worker-{i}"),
+            Target::Serve => "serve".into(),
+        })
+    }
+
+    /// The fault points and clock the plan gives this process: points on
+    /// its first start only (a fault fires once), the clock on every one.
+    fn fault_env(&self, target: Target, incarnation: u32) -> Vec<(String, String)> {
+        let mut vars = Vec::new();
+        let dir = self.fault_dir(target);
+        std::fs::create_dir_all(&dir).ok();
+        vars.push(("SECKILL_TEST_FAULT_DIR".into(), dir.display().to_string()));
+        let mut spec = Vec::new();
+        for f in &self.plan.faults {
+            match f {
+                Fault::Point {
+                    target: t,
+                    point,
+                    hit,
+                    action,
+                } if *t == target && incarnation == 0 => {
+                    let a = match action {
+                        PointAction::Pause(ms) => format!("pause:{ms}ms"),
+                        PointAction::Abort => "abort".into(),
+                        PointAction::Error => "error".into(),
+                    };
+                    spec.push(format!("{point}@{hit}={a}"));
+                }
+                Fault::Hold {
+                    worker, point, hit, ..
+                } if Target::Worker(*worker) == target && incarnation == 0 => {
+                    spec.push(format!("{point}@{hit}=hold"));
+                }
+                Fault::Skew { worker, offset_s } if Target::Worker(*worker) == target => {
+                    let offset = format!("{offset_s:+}s");
+                    for (k, v) in crate::common::clock::skewed_clock(&offset, offset_s / 2) {
+                        vars.push((k.to_string(), v));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if !spec.is_empty() {
+            vars.push(("SECKILL_TEST_FAULT".into(), spec.join(",")));
+        }
+        vars
+    }
+
+    fn spawn(&self, target: Target, incarnation: u32) -> Proc {
+        let mut vars = self.proxied_env(target);
+        vars.extend(self.fault_env(target, incarnation));
+        let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        match target {
+            Target::Worker(_) => {
+                let mut w = self.env.spawn_worker_with(&worker_flags(&[]), &vars);
+                // Pauses are the guard's answer to many of these faults; a
+                // gate left paused is the oracle's to find.
+                w.expect_gate_pauses();
+                Proc::Worker(w)
+            }
+            Target::Serve => Proc::Serve(Serve::start_at(
+                self.serve_port,
+                &self.env,
+                &[],
+                &[],
+                "seckill=info",
+                &vars,
+            )),
+        }
+    }
+
+    /// Starts every process of the plan.
+    pub fn start_processes(&self) {
+        let mut slots = self.slots.lock().unwrap();
+        for (target, slot) in slots.iter_mut() {
+            slot.proc = Some(self.spawn(*target, 0));
+        }
+    }
+
+    /// Starts again, as systemd would, a process that died (a kill -9, an
+    /// abort at a fault point) once its time down is over.
+    fn supervise(&self) {
+        while !self.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            self.restart_dead();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn restart_dead(&self) {
+        let mut slots = self.slots.lock().unwrap();
+        let mut restarted = Vec::new();
+        for (target, slot) in slots.iter_mut() {
+            if slot.down_until.is_some_and(|t| Instant::now() < t) {
+                continue;
+            }
+            let dead = match slot.proc.as_mut() {
+                Some(p) => p.exited(),
+                None => true,
+            };
+            if dead {
+                if let Some(p) = slot.proc.take() {
+                    let log = p.log_text();
+                    self.history
+                        .lock()
+                        .unwrap()
+                        .logs
+                        .push((format!("{target} #{}", slot.incarnation), log));
+                }
+                slot.incarnation += 1;
+                slot.down_until = None;
+                slot.proc = Some(self.spawn(*target, slot.incarnation));
+                restarted.push(*target);
+            }
+        }
+        drop(slots);
+        for t in restarted {
+            self.event(format!("{t} started again"));
+        }
+    }
+
+    fn kill9(&self, target: Target, down_ms: u64) {
+        let mut slots = self.slots.lock().unwrap();
+        if let Some(slot) = slots.get_mut(&target) {
+            if let Some(p) = slot.proc.as_ref() {
+                signal(p.pid(), "KILL");
+            }
+            slot.down_until = Some(Instant::now() + Duration::from_millis(down_ms));
+        }
+    }
+
+    fn stop(&self, target: Target, stopped: bool) {
+        let mut slots = self.slots.lock().unwrap();
+        if let Some(slot) = slots.get_mut(&target) {
+            if let Some(p) = slot.proc.as_ref() {
+                signal(p.pid(), if stopped { "STOP" } else { "CONT" });
+            }
+            slot.stopped = stopped;
+        }
+    }
+
+    /// The plan's timed faults, each at its moment.
+    fn drive_faults(self: &Arc<Self>) {
+        let mut steps: Vec<(u64, usize, bool)> = Vec::new();
+        for (i, f) in self.plan.faults.iter().enumerate() {
+            match f {
+                Fault::Kill9 { at_ms, .. } => steps.push((*at_ms, i, true)),
+                Fault::Stop { at_ms, for_ms, .. } | Fault::Network { at_ms, for_ms, .. } => {
+                    steps.push((*at_ms, i, true));
+                    steps.push((at_ms + for_ms, i, false));
+                }
+                Fault::RedisRollback {
+                    snapshot_at_ms,
+                    crash_at_ms,
+                } => {
+                    steps.push((*snapshot_at_ms, i, true));
+                    steps.push((*crash_at_ms, i, false));
+                }
+                Fault::MysqlRollback {
+                    dump_at_ms,
+                    restore_at_ms,
+                } => {
+                    steps.push((*dump_at_ms, i, true));
+                    steps.push((*restore_at_ms, i, false));
+                }
+                Fault::Hold { snapshot_at_ms, .. } => steps.push((*snapshot_at_ms, i, true)),
+                Fault::Point { .. } | Fault::Skew { .. } => {}
+            }
+        }
+        steps.sort();
+        for (at, i, first) in steps {
+            self.sleep_until(at);
+            let f = self.plan.faults[i].clone();
+            self.act(i, &f, first);
+        }
+    }
+
+    fn act(&self, index: usize, f: &Fault, first: bool) {
+        match (f, first) {
+            (
+                Fault::Kill9 {
+                    target, down_ms, ..
+                },
+                _,
+            ) => {
+                self.kill9(*target, *down_ms);
+                self.event(format!("fault: kill -9 {target}"));
+            }
+            (Fault::Stop { target, .. }, start) => {
+                self.stop(*target, start);
+                self.event(match start {
+                    true => format!("fault: SIGSTOP {target}"),
+                    false => format!("healed: SIGCONT {target}"),
+                });
+            }
+            (
+                Fault::Network {
+                    target, store, how, ..
+                },
+                true,
+            ) => {
+                let proxy = &self.proxies[&(*target, *store)];
+                match how {
+                    Net::BlackHole => proxy.set(Mode::BlackHole),
+                    Net::Delay(ms) => proxy.set(Mode::Delay(Duration::from_millis(*ms))),
+                    Net::Reset => self.rt.block_on(proxy.reset()),
+                }
+                self.event(format!("fault: {how:?} between {target} and {store:?}"));
+            }
+            (Fault::Network { target, store, .. }, false) => {
+                self.proxies[&(*target, *store)].heal();
+                self.event(format!("healed: {target} and {store:?}"));
+            }
+            (Fault::RedisRollback { .. } | Fault::Hold { .. }, true) => {
+                self.redis.snapshot();
+                self.event("Redis snapshot taken".into());
+                if let Fault::Hold {
+                    then: Then::MysqlRestore,
+                    ..
+                } = f
+                {
+                    let dump = self.env.dump_mysql();
+                    self.dumps.lock().unwrap().insert(index, dump);
+                }
+            }
+            (Fault::RedisRollback { .. }, false) => {
+                self.redis.crash_and_restart();
+                self.event("fault: Redis killed -9, started from its snapshot".into());
+            }
+            (Fault::MysqlRollback { .. }, true) => {
+                let dump = self.env.dump_mysql();
+                self.dumps.lock().unwrap().insert(index, dump);
+                self.event("MySQL dumped".into());
+            }
+            (Fault::MysqlRollback { .. }, false) => {
+                if let Some(d) = self.dumps.lock().unwrap().remove(&index) {
+                    self.env.restore_mysql(&d);
+                }
+                self.event("fault: MySQL set back to its dump".into());
+            }
+            _ => {}
+        }
+    }
+
+    /// Watches for a held process and makes the second fault while it
+    /// stands there, then lets it go.
+    fn combine_holds(&self) {
+        let holds: Vec<(usize, usize, &'static str, Then)> = self
+            .plan
+            .faults
+            .iter()
+            .enumerate()
+            .filter_map(|(i, f)| match f {
+                Fault::Hold {
+                    worker,
+                    point,
+                    then,
+                    ..
+                } => Some((i, *worker, *point, *then)),
+                _ => None,
+            })
+            .collect();
+        for (index, worker, point, then) in holds {
+            let target = Target::Worker(worker);
+            let needle = format!("fault hold at {point}");
+            loop {
+                if self.done.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                let held = {
+                    let slots = self.slots.lock().unwrap();
+                    slots[&target]
+                        .proc
+                        .as_ref()
+                        .is_some_and(|p| p.log_text().contains(&needle))
+                };
+                if held {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            self.event(format!("held: {target} at {point}"));
+            match then {
+                Then::RedisCrash => {
+                    self.redis.crash_and_restart();
+                    self.event("fault: Redis killed -9, started from its snapshot".into());
+                }
+                Then::MysqlRestore => {
+                    let dump = self.dumps.lock().unwrap().remove(&index);
+                    let dump = dump.unwrap_or_else(|| self.env.dump_mysql());
+                    self.env.restore_mysql(&dump);
+                    self.event("fault: MySQL set back to its dump".into());
+                }
+                Then::KillOther => {
+                    let other = Target::Worker((worker + 1) % self.plan.workers.max(1));
+                    if other != target {
+                        self.kill9(other, 200);
+                        self.event(format!("fault: kill -9 {other}"));
+                    }
+                }
+            }
+            self.release(target);
+        }
+    }
+
+    fn release(&self, target: Target) {
+        std::fs::write(self.fault_dir(target).join("release"), b"").ok();
+    }
+
+    /// Every fault undone: holds let go, stopped processes continued,
+    /// networks healed, dead processes started again.
+    pub fn heal(&self) {
+        let targets: Vec<Target> = self.slots.lock().unwrap().keys().copied().collect();
+        for t in targets {
+            self.release(t);
+            self.stop(t, false);
+        }
+        for proxy in self.proxies.values() {
+            proxy.heal();
+        }
+        let mut slots = self.slots.lock().unwrap();
+        for slot in slots.values_mut() {
+            slot.down_until = None;
+        }
+        drop(slots);
+        self.restart_dead();
+        self.event("healed every fault".into());
+    }
+
+    pub fn serve_url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.serve_port)
+    }
+
+    /// The buyers, payers, operator, watcher, faults and supervisor, until
+    /// the workload is over and every timed fault has happened.
+    pub fn play(self: &Arc<Self>) {
+        let mut threads = Vec::new();
+        let lanes = 6;
+        for lane in 0..lanes {
+            let stage = self.clone();
+            let mine: Vec<Attempt> = self
+                .plan
+                .attempts
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| i % lanes == lane)
+                .map(|(_, a)| a.clone())
+                .collect();
+            threads.push(std::thread::spawn(move || {
+                for a in mine {
+                    stage.sleep_until(a.at_ms);
+                    stage.buy(&a);
+                }
+            }));
+        }
+        let stage = self.clone();
+        threads.push(std::thread::spawn(move || stage.operate()));
+        let stage = self.clone();
+        let faults = std::thread::spawn(move || stage.drive_faults());
+        let stage = self.clone();
+        let holds = std::thread::spawn(move || stage.combine_holds());
+        let stage = self.clone();
+        *self.supervisor.lock().unwrap() = Some(std::thread::spawn(move || stage.supervise()));
+        let stage = self.clone();
+        let payer = std::thread::spawn(move || stage.pay_and_watch());
+        for t in threads {
+            t.join().ok();
+        }
+        faults.join().ok();
+        self.done.store(true, std::sync::atomic::Ordering::SeqCst);
+        holds.join().ok();
+        payer.join().ok();
+    }
+
+    fn http(&self) -> ureq::Agent {
+        // A buyer's application server gives up on an answer after a while.
+        ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(5)))
+            .build()
+            .into()
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let r = self
+            .http()
+            .post(&self.serve_url(path))
+            .header("content-type", "application/json")
+            .send(body.to_string());
+        Serve::answer(r)
+    }
+
+    pub fn get(&self, path: &str) -> (u16, Value) {
+        Serve::answer(self.http().get(&self.serve_url(path)).call())
+    }
+
+    fn cli(&self, args: &[&str]) -> (Option<i32>, Value, String) {
+        let out = self
+            .env
+            .cmd()
+            .args(args)
+            .timeout(Duration::from_secs(30))
+            .output();
+        match out {
+            Ok(out) => (
+                out.status.code(),
+                serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            ),
+            Err(e) => (None, Value::Null, e.to_string()),
+        }
+    }
+
+    /// One purchase, resent as a client resends one whose outcome it does
+    /// not know (no answer, 503, paused), up to 8 times.
+    fn buy(&self, a: &Attempt) {
+        for _ in 0..8 {
+            let sent = self.ms();
+            let answer = match a.via {
+                Via::Http => {
+                    let (status, body) = self.post(
+                        &format!("/v1/vouchers/{}/purchases", a.voucher),
+                        &json!({ "user": a.user, "quantity": a.quantity }),
+                    );
+                    read_purchase(status, &body)
+                }
+                Via::Cli => {
+                    let (code, body, err) = self.cli(&[
+                        "buy",
+                        "--voucher",
+                        &a.voucher.to_string(),
+                        "--user",
+                        &a.user.to_string(),
+                        "--quantity",
+                        &a.quantity.to_string(),
+                        "--format",
+                        "json",
+                    ]);
+                    match body.get("outcome") {
+                        Some(_) => read_purchase(200, &body),
+                        None => Answer::Unknown(format!("exit {code:?}: {}", err.trim())),
+                    }
+                }
+            };
+            let again = matches!(&answer, Answer::Unknown(_))
+                || matches!(&answer, Answer::Refused(r) if r == "paused");
+            self.tell((a.voucher, a.user, a.via), sent, answer);
+            if !again {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    /// Whether (and how late, in percent of the deadline) this buyer pays:
+    /// from the seed and the buyer, not from the order threads run in.
+    fn pays(&self, voucher: u64, user: u64) -> Option<u64> {
+        let mut r = super::rng::Rng::new(self.plan.seed ^ (voucher << 32) ^ user);
+        r.chance(self.plan.pay_percent)
+            .then(|| r.range(0, self.plan.pay_latest_percent))
+    }
+
+    /// Pays the orders of buyers told success who pay, each at its moment,
+    /// and watches the waiting buyers for a promotion.
+    fn pay_and_watch(&self) {
+        let mut paid: std::collections::BTreeSet<u64> = Default::default();
+        let mut promoted: std::collections::BTreeSet<(u64, u64)> = Default::default();
+        let mut last_watch = 0;
+        loop {
+            let done = self.done.load(std::sync::atomic::Ordering::SeqCst);
+            let told: Vec<Told> = self.history.lock().unwrap().told.clone();
+            let now = self.ms();
+            for t in &told {
+                let order = match t.answer {
+                    Answer::Success(o) | Answer::Promoted(Some(o)) => o,
+                    _ => continue,
+                };
+                let Some(late) = self.pays(t.voucher, t.user) else {
+                    continue;
+                };
+                let timeout = self.pay_timeout(t.voucher);
+                if paid.contains(&order) || now < t.answered_ms + timeout * late / 100 {
+                    continue;
+                }
+                paid.insert(order);
+                self.pay(t, order);
+            }
+            if now >= last_watch + 400 {
+                last_watch = now;
+                let waiting: Vec<(u64, u64)> = told
+                    .iter()
+                    .filter(|t| matches!(t.answer, Answer::Waiting(_)))
+                    .map(|t| (t.voucher, t.user))
+                    .collect();
+                for (v, u) in waiting {
+                    if !promoted.contains(&(v, u)) && self.watch_promotion(v, u) {
+                        promoted.insert((v, u));
+                    }
+                }
+            }
+            if done {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn pay_timeout(&self, voucher: u64) -> u64 {
+        self.plan
+            .vouchers
+            .iter()
+            .find(|v| v.id == voucher)
+            .map(|v| v.pay_timeout_ms)
+            .unwrap_or(0)
+    }
+
+    /// Whether the buyer is seen bought (told so).
+    pub fn watch_promotion(&self, voucher: u64, user: u64) -> bool {
+        let sent = self.ms();
+        let (status, body) = self.get(&format!("/v1/vouchers/{voucher}/purchases/{user}"));
+        if status != 200 || body["bought"] != json!(true) {
+            return false;
+        }
+        let order = body["order"]["id"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .or_else(|| body["order"]["id"].as_u64());
+        self.tell((voucher, user, Via::Http), sent, Answer::Promoted(order));
+        true
+    }
+
+    /// One payment, asked again while the outcome is unknown or the order
+    /// not in MySQL yet (the worker persists within about a second).
+    fn pay(&self, t: &Told, order: u64) {
+        let via = match order % 5 {
+            0 => Via::Cli,
+            _ => Via::Http,
+        };
+        for _ in 0..20 {
+            let sent = self.ms();
+            let outcome = match via {
+                Via::Http => {
+                    let (status, body) =
+                        self.post(&format!("/v1/orders/{order}/payment"), &json!({}));
+                    match body["outcome"].as_str() {
+                        Some(o) if status != 503 => o.to_string(),
+                        _ => format!("unknown (status {status})"),
+                    }
+                }
+                Via::Cli => {
+                    let (_, body, err) =
+                        self.cli(&["pay", "--order", &order.to_string(), "--format", "json"]);
+                    match body["outcome"].as_str() {
+                        Some(o) => o.to_string(),
+                        None => format!("unknown ({})", err.trim()),
+                    }
+                }
+            };
+            let answer = match outcome.as_str() {
+                "paid" | "already_paid" => Answer::Paid(order),
+                o => Answer::PayRefused(order, o.to_string()),
+            };
+            let again = outcome == "unknown_order" || outcome.starts_with("unknown");
+            self.tell((t.voucher, t.user, via), sent, answer);
+            if !again {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// The operator's part: vouchers added mid-sale, reconcile --yes and
+    /// voucher update at their moments.
+    fn operate(&self) {
+        let mut steps: Vec<(u64, String, Vec<String>)> = Vec::new();
+        for v in self.plan.vouchers.iter().filter(|v| v.added_at_ms > 0) {
+            steps.push((v.added_at_ms, "add".into(), vec![v.id.to_string()]));
+        }
+        for at in &self.plan.reconcile_at_ms {
+            steps.push((*at, "reconcile".into(), vec![]));
+        }
+        for (at, v, limit) in &self.plan.limit_updates {
+            steps.push((*at, "update".into(), vec![v.to_string(), limit.to_string()]));
+        }
+        steps.sort();
+        for (at, what, args) in steps {
+            self.sleep_until(at);
+            match what.as_str() {
+                "add" => {
+                    let id: u64 = args[0].parse().unwrap_or_default();
+                    self.add_voucher(id);
+                }
+                "reconcile" => {
+                    let (code, _, err) =
+                        self.cli(&["reconcile", "--yes", "--settle", "0s", "--format", "json"]);
+                    self.event(format!("reconcile --yes: exit {code:?} {}", err.trim()));
+                }
+                _ => {
+                    let (code, _, err) = self.cli(&[
+                        "voucher",
+                        "update",
+                        "--id",
+                        &args[0],
+                        "--per-user-limit",
+                        &args[1],
+                    ]);
+                    if code == Some(0) {
+                        let v: u64 = args[0].parse().unwrap_or_default();
+                        let l: u32 = args[1].parse().unwrap_or(1);
+                        let mut h = self.history.lock().unwrap();
+                        let e = h.limits.entry(v).or_insert(l);
+                        *e = (*e).max(l);
+                    }
+                    self.event(format!(
+                        "voucher update --id {} --per-user-limit {}: exit {code:?} {}",
+                        args[0],
+                        args[1],
+                        err.trim()
+                    ));
+                }
+            }
+        }
+    }
+
+    /// `voucher add` and `preload` as an operator runs them.
+    pub fn add_voucher(&self, id: u64) {
+        let Some(v) = self.plan.vouchers.iter().find(|v| v.id == id) else {
+            return;
+        };
+        let mut args = vec![
+            "voucher".to_string(),
+            "add".into(),
+            "--id".into(),
+            id.to_string(),
+            "--stock".into(),
+            v.stock.to_string(),
+            "--begin".into(),
+            "-1m".into(),
+            "--pay-timeout".into(),
+            format!("{}ms", v.pay_timeout_ms),
+            "--per-user-limit".into(),
+            v.per_user_limit.to_string(),
+        ];
+        if let Some(w) = v.waitlist_limit {
+            args.extend(["--waitlist-limit".into(), w.to_string()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, _, err) = self.cli(&args);
+        assert_eq!(code, Some(0), "voucher add {id}: {err}");
+        let (code, _, err) = self.cli(&["preload", "--voucher", &id.to_string()]);
+        assert_eq!(code, Some(0), "preload {id}: {err}");
+    }
+
+    /// Logs of the processes running now (the dead ones' are kept already).
+    pub fn collect_logs(&self) {
+        let slots = self.slots.lock().unwrap();
+        let mut h = self.history.lock().unwrap();
+        for (t, slot) in slots.iter() {
+            if let Some(p) = slot.proc.as_ref() {
+                h.logs
+                    .push((format!("{t} #{}", slot.incarnation), p.log_text()));
+            }
+        }
+    }
+
+    /// SIGTERM to every process; each must stop within its bound.
+    pub fn stop_processes(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(s) = self.supervisor.lock().unwrap().take() {
+            s.join().ok();
+        }
+        let mut slots = self.slots.lock().unwrap();
+        let mut late = Vec::new();
+        for (t, slot) in slots.iter_mut() {
+            let Some(mut p) = slot.proc.take() else {
+                continue;
+            };
+            signal(p.pid(), "TERM");
+            let until = Instant::now() + Duration::from_secs(30);
+            while !p.exited() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if !p.exited() {
+                late.push(format!("{t} did not stop within 30 s of SIGTERM"));
+            }
+            self.history
+                .lock()
+                .unwrap()
+                .logs
+                .push((format!("{t} #{} (stopped)", slot.incarnation), p.log_text()));
+        }
+        drop(slots);
+        for l in late {
+            self.violation(l);
+        }
+    }
+
+    pub async fn cleanup(self: Arc<Self>) {
+        std::fs::remove_dir_all(&self.dir).ok();
+        match Arc::try_unwrap(self) {
+            Ok(stage) => stage.env.cleanup().await,
+            Err(_) => eprintln!("explore: a thread still holds the run; its stores are left"),
+        }
+    }
+}
+
+/// The explorer's workers: the tests' short leases, and the guard and the
+/// sweep of lost deadlines quick, so a run's bounds are seconds.
+pub fn worker_flags<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut flags = fast_worker(&[
+        "--gate-check",
+        "300ms",
+        "--sweep-every",
+        "1s",
+        "--sweep-grace",
+        "1s",
+    ]);
+    flags.extend_from_slice(extra);
+    flags
+}
+
+/// A purchase's answer as the buyer reads it.
+fn read_purchase(status: u16, body: &Value) -> Answer {
+    let order = |k: &str| {
+        body[k]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .or_else(|| body[k].as_u64())
+    };
+    match body["outcome"].as_str() {
+        Some("success") => match order("order_id") {
+            Some(o) => Answer::Success(o),
+            None => Answer::Unknown(format!("success without an order id: {body}")),
+        },
+        Some("already_bought") => Answer::Bought(order("order_id")),
+        Some("sold_out" | "waiting_for_units") if body["waitlist_position"].is_u64() => {
+            Answer::Waiting(body["waitlist_position"].as_u64().unwrap_or(0))
+        }
+        Some(other) if status != 503 && status != 0 => Answer::Refused(other.to_string()),
+        _ => Answer::Unknown(format!("status {status}: {body}")),
+    }
+}
