@@ -188,12 +188,52 @@ async fn settle(stage: &Arc<Stage>) {
         )),
         Err(e) => stage.violation(format!("worker --until-idle: {e}")),
     }
+    left_for_the_operator(stage);
     let (code, report) = stage.env.reconcile_json(&["--yes"]);
     stage.event(format!("reconcile --yes after the drain: exit {code}"));
     if ![0, 4].contains(&code) {
         stage.violation(format!(
             "reconcile --yes after the drain: exit {code}: {report}"
         ));
+    }
+}
+
+/// The workers mend what a fault did by themselves ("no operator is
+/// needed"): drift `reconcile --dry-run` still finds once they went idle
+/// is a violation, unless a Redis rollback happened (what remains exposed
+/// then includes units only an operator's reconcile gives back).
+fn left_for_the_operator(stage: &Arc<Stage>) {
+    let (code, report) = stage.env.reconcile_json(&["--dry-run"]);
+    if code == 0 {
+        return;
+    }
+    let drifts: Vec<String> = report["vouchers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|v| {
+            let voucher = v["voucher"].clone();
+            v["drifts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(move |d| format!("voucher {voucher}: {} {}", d["class"], d["amount"]))
+        })
+        .collect();
+    let what = format!(
+        "the workers left drift for an operator after every fault healed (reconcile --dry-run exit {code}): {}",
+        drifts.join(", ")
+    );
+    let redis_rolled_back = stage
+        .history
+        .lock()
+        .unwrap()
+        .events
+        .iter()
+        .any(|e| e.1.starts_with("fault: Redis killed -9"));
+    match redis_rolled_back {
+        true => stage.event(format!("{what} (after a Redis rollback: documented)")),
+        false => stage.violation(what),
     }
 }
 
