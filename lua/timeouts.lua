@@ -9,9 +9,13 @@
 --
 -- KEYS[1]  seckill:{V}:timeouts  zset   order id -> payment deadline (ms)
 -- KEYS[2]  seckill:{V}:meta      hash   timeouts_digest
+-- KEYS[3]  seckill:{V}:paid      set    order ids paid ('paid' only)
 -- ARGV[1]  'add' (pairs: a deadline moves to the score given), 'add_nx'
 --          (pairs: a deadline already there is left as it is, e.g. one
---          claimed with its lease) or 'remove' (order ids)
+--          claimed with its lease), 'remove' (order ids) or 'paid' (order
+--          ids, paid in MySQL: their deadlines removed and the ids kept in
+--          KEYS[3], so a MySQL that loses the payment does not cancel the
+--          order: the worker pays it again)
 -- ARGV[2..] order id, deadline ms pairs ('add', 'add_nx') or order ids
 --
 -- Returns how many orders were added or removed.
@@ -20,16 +24,20 @@
 -- changes neither the set nor its digest.
 
 local mode = ARGV[1]
-if mode == 'remove' then
+if mode == 'paid' and not KEYS[3] then
+  return redis.error_reply("ERR timeouts.lua: 'paid' needs KEYS[3], the paid set")
+end
+if mode == 'remove' or mode == 'paid' then
   local gone = {}
   for i = 2, #ARGV do
     if redis.call('ZREM', KEYS[1], ARGV[i]) == 1 then gone[#gone + 1] = ARGV[i] end
+    if mode == 'paid' then redis.call('SADD', KEYS[3], ARGV[i]) end
   end
   digest_move(KEYS[2], 'timeouts_digest', gone, -1)
   return #gone
 end
 if mode ~= 'add' and mode ~= 'add_nx' then
-  return redis.error_reply("ERR timeouts.lua: ARGV[1] must be 'add', 'add_nx' or 'remove'")
+  return redis.error_reply("ERR timeouts.lua: ARGV[1] must be 'add', 'add_nx', 'remove' or 'paid'")
 end
 local pairs_ = {}
 for i = 2, #ARGV - 1, 2 do

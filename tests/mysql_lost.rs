@@ -541,3 +541,59 @@ async fn a_deadline_of_an_order_mysql_lost_is_kept_for_the_restore() {
     drop(worker);
     env.cleanup().await;
 }
+
+/// A payment MySQL lost with its last commits, the order itself kept (the
+/// fault explorer's E1, seed 19: a buyer told "paid" had the order
+/// cancelled and its unit sold again). The payment dropped the order's
+/// deadline and the gate kept the order in its paid set; after the
+/// restore MySQL has it pending with no deadline, so the sweep schedules
+/// it; the canceller, seeing it paid at the gate, pays it again instead
+/// of cancelling it. An unpaid order beside it is cancelled as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payment_mysql_lost_is_made_again_not_cancelled() {
+    let env = TestEnv::new().await;
+    env.live_voucher_paying_within(79, 10, 2_000).await;
+    env.admit_users(79, 3, 0).await;
+    env.spawn_worker(&fast_worker(&["--until-idle"]))
+        .expect_success(Duration::from_secs(60));
+    let dump = env.dump_mysql();
+    let before = orders_held(&env, 79).await;
+    let (paid_1, paid_2, unpaid) = (
+        order_of(&before, 1).0,
+        order_of(&before, 2).0,
+        order_of(&before, 3).0,
+    );
+    pay(&env, paid_1);
+    pay(&env, paid_2);
+    env.restore_mysql(&dump);
+    let restored = orders_held(&env, 79).await;
+    assert!(restored.iter().all(|o| o.2 == 0), "{restored:?}");
+
+    let worker = env.spawn_worker(&fast_worker(&[
+        "--gate-check",
+        "1s",
+        "--sweep-every",
+        "1s",
+        "--sweep-grace",
+        "1s",
+    ]));
+    within(60, "every order settled", async || {
+        orders_held(&env, 79).await.iter().all(|o| o.2 != 0)
+    })
+    .await;
+    let after = orders_held(&env, 79).await;
+    assert_eq!(
+        [paid_1, paid_2, unpaid].map(|o| after.iter().find(|r| r.0 == o).map(|r| r.2)),
+        [Some(1), Some(1), Some(-1)],
+        "the paid orders paid again, the unpaid one cancelled: {after:?}"
+    );
+    worker.wait_log(
+        "MySQL lost the payment of 2 order(s)",
+        Duration::from_secs(30),
+    );
+    worker.signal("TERM");
+    worker.expect_success(Duration::from_secs(30));
+    let s = assert_invariants(&env, 79).await;
+    assert_eq!((s.mysql_stock, s.redis_stock), (8, Some(8)));
+    env.cleanup().await;
+}

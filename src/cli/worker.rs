@@ -169,6 +169,10 @@ fn summary_table(s: &Summary) -> comfy_table::Table {
             s.stats.orders_restored.to_string(),
         ),
         (
+            "payments MySQL lost, made again",
+            s.stats.payments_restored.to_string(),
+        ),
+        (
             "gates rebuilt and reopened",
             s.stats.gate_reopens.to_string(),
         ),

@@ -33,12 +33,8 @@ pub async fn pay(db: &Db, order: u64) -> Result<PayOutcome> {
     // One statement, the voucher's counters with the order: a payer that
     // stops mid-way (a frozen `serve`) cannot hold the voucher row, which
     // every batch of the voucher needs, past the statement.
-    let pay = format!(
-        "UPDATE seckill_order o JOIN seckill_voucher v ON v.voucher_id = o.voucher_id
-            SET o.status = ?, o.pay_time = NOW(3), {ADD_PAID}
-          WHERE o.id = ? AND o.status = ?
-            AND (o.held = 1
-                 OR o.create_time > NOW(3) - INTERVAL v.pay_timeout_ms * 1000 MICROSECOND)"
+    let pay = pay_sql(
+        "AND (o.held = 1 OR o.create_time > NOW(3) - INTERVAL v.pay_timeout_ms * 1000 MICROSECOND)",
     );
     let params = (
         OrderStatus::Paid.code(),
@@ -73,9 +69,44 @@ pub async fn pay(db: &Db, order: u64) -> Result<PayOutcome> {
     })
 }
 
-/// Pays the order; once paid, drops its deadline too. Dropping it is an
-/// optimisation only: if Redis cannot be reached, the canceller finds the
-/// order paid and drops the deadline itself.
+/// The conditional update of one order pending → paid, with the voucher's
+/// counters, under `condition` besides.
+fn pay_sql(condition: &str) -> String {
+    format!(
+        "UPDATE seckill_order o JOIN seckill_voucher v ON v.voucher_id = o.voucher_id
+            SET o.status = ?, o.pay_time = NOW(3), {ADD_PAID}
+          WHERE o.id = ? AND o.status = ? {condition}"
+    )
+}
+
+/// Pays again, whatever their deadline, the pending `orders` of `voucher`
+/// that Redis saw paid (its paid set) and MySQL no longer has paid: MySQL
+/// lost the payments (a failover to an asynchronous replica, a backup
+/// restored). Returns those paid again.
+pub async fn pay_again(db: &Db, voucher: u64, orders: &[u64]) -> Result<Vec<u64>> {
+    let mut conn = db.conn().await?;
+    let pay = pay_sql("AND o.voucher_id = ?");
+    let mut paid = Vec::new();
+    for &order in orders {
+        let params = (
+            OrderStatus::Paid.code(),
+            set_digest::hash(order),
+            order,
+            OrderStatus::Pending.code(),
+            voucher,
+        );
+        conn.exec_drop(&pay, params).await?;
+        if conn.affected_rows() > 0 {
+            paid.push(order);
+        }
+    }
+    Ok(paid)
+}
+
+/// Pays the order; once paid, drops its deadline and records the payment
+/// at the gate. If Redis cannot be reached, the canceller finds the order
+/// paid and drops the deadline itself (but nothing records the payment:
+/// a MySQL that then loses it cancels the order).
 pub async fn pay_and_drop_deadline(cfg: &Config, db: &Db, order: u64) -> Result<PayOutcome> {
     let outcome = pay(db, order).await?;
     crate::support::fault::pause("after_pay").await;
@@ -116,7 +147,9 @@ async fn forget_quietly(
 }
 
 /// After a payment, the deadline has nothing left to do; dropping it saves
-/// the canceller a MySQL round trip (it would find the order paid anyway).
+/// the canceller a MySQL round trip (it would find the order paid anyway),
+/// and the gate keeps the order in its paid set: should MySQL lose the
+/// payment, the canceller pays the order again instead of cancelling it.
 pub async fn forget_deadline(
     conn: &mut impl RedisConn,
     prefix: &str,
@@ -127,6 +160,6 @@ pub async fn forget_deadline(
     let keys = Layout::read(conn, prefix, voucher)
         .await?
         .keys_of_user(user)?;
-    crate::orders::timeouts::drop_deadlines(conn, &keys, &[order]).await?;
+    crate::orders::timeouts::drop_paid(conn, &keys, &[order]).await?;
     Ok(())
 }

@@ -49,10 +49,34 @@ pub async fn drop_deadlines(
     keys: &VoucherKeys,
     orders: &[u64],
 ) -> Result<usize> {
+    remove(conn, keys, orders, false).await
+}
+
+/// Drops the deadlines of `orders`, paid in MySQL, and keeps them in the
+/// gate's paid set: a MySQL that loses the payment (a failover, a backup
+/// restored) would otherwise see them unpaid and cancel them.
+pub async fn drop_paid(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    orders: &[u64],
+) -> Result<usize> {
+    remove(conn, keys, orders, true).await
+}
+
+async fn remove(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    orders: &[u64],
+    paid: bool,
+) -> Result<usize> {
     let mut gone = 0;
     for chunk in orders.chunks(CHUNK) {
         let mut inv = TIMEOUTS.prepare_invoke();
-        inv.key(keys.timeouts()).key(keys.meta()).arg("remove");
+        inv.key(keys.timeouts()).key(keys.meta());
+        match paid {
+            true => inv.key(keys.paid()).arg("paid"),
+            false => inv.arg("remove"),
+        };
         for order in chunk {
             inv.arg(*order);
         }

@@ -76,6 +76,11 @@ impl VoucherKeys {
     pub fn released(&self) -> String {
         self.key("released")
     }
+    /// The orders paid through this tool (`lua/timeouts.lua paid`): what
+    /// Redis saw paid, for a MySQL that lost the payment.
+    pub fn paid(&self) -> String {
+        self.key("paid")
+    }
     pub fn events(&self) -> String {
         self.key("events")
     }

@@ -15,6 +15,7 @@ use crate::error::{is_lock_wait_timeout, Result};
 use crate::gate::buckets::{bucket_of, Layout, Layouts};
 use crate::gate::witness::META_COMMITTED;
 use crate::orders::deadline::{self, Due};
+use crate::orders::{payment, timeouts};
 use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
@@ -230,6 +231,10 @@ impl Canceller {
         (redis_now, at): (i64, Instant),
     ) -> Result<()> {
         let orders: Vec<u64> = due.iter().map(|d| d.order).collect();
+        let orders = self.take_out_paid(voucher, keys, orders).await?;
+        if orders.is_empty() {
+            return Ok(());
+        }
         // Before MySQL: see keep_lost.
         let committed: Option<u64> = self.conn.hget(keys.meta(), META_COMMITTED).await?;
         let mut c = self.cancel_fenced(keys, &orders).await?;
@@ -271,6 +276,49 @@ impl Canceller {
             );
         }
         Ok(())
+    }
+
+    /// Orders the gate saw paid (its paid set) are never cancelled: one
+    /// pending in MySQL lost its payment with the last commits of a MySQL
+    /// that went back in time, and is paid again; their deadlines go.
+    async fn take_out_paid(
+        &mut self,
+        voucher: u64,
+        keys: &VoucherKeys,
+        orders: Vec<u64>,
+    ) -> Result<Vec<u64>> {
+        if orders.is_empty() {
+            return Ok(orders);
+        }
+        let seen: Vec<bool> = redis::cmd("SMISMEMBER")
+            .arg(keys.paid())
+            .arg(&orders)
+            .query_async(&mut self.conn)
+            .await?;
+        let paid: Vec<u64> = orders
+            .iter()
+            .zip(&seen)
+            .filter(|(_, paid)| **paid)
+            .map(|(o, _)| *o)
+            .collect();
+        if !paid.is_empty() {
+            let again = payment::pay_again(&self.db, voucher, &paid).await?;
+            if !again.is_empty() {
+                tracing::warn!(
+                    "voucher {voucher}: MySQL lost the payment of {} order(s) the gate saw paid (a failover to an asynchronous replica, or a backup restored): paid again, not cancelled: {}",
+                    again.len(),
+                    crate::store::db::join_ids(again.iter().copied())
+                );
+                self.stats.add_payments_restored(again.len() as u64);
+            }
+            timeouts::drop_paid(&mut self.conn, keys, &paid).await?;
+        }
+        Ok(orders
+            .into_iter()
+            .zip(seen)
+            .filter(|(_, paid)| !paid)
+            .map(|(o, _)| o)
+            .collect())
     }
 
     /// The cancellation's transaction locks the voucher's row: fenced as

@@ -100,7 +100,7 @@ async fn render(cfg: &Config, stats: &WorkerStats) -> String {
 fn register_worker(registry: &mut Registry, stats: &WorkerStats) {
     let s = stats.snapshot();
     // Names without `_total`: the encoder adds it to counters.
-    let counters: [(&str, &str, u64); 19] = [
+    let counters: [(&str, &str, u64); 20] = [
         (
             "orders_persisted",
             "Orders inserted into MySQL by this worker",
@@ -170,6 +170,11 @@ fn register_worker(registry: &mut Registry, stats: &WorkerStats) {
             "orders_restored",
             "Orders MySQL lost that this worker's gate guard restored into it from the kept stream entries",
             s.orders_restored,
+        ),
+        (
+            "payments_restored",
+            "Payments MySQL lost that this worker's canceller made again, the gate having seen them paid",
+            s.payments_restored,
         ),
         (
             "gate_reopens",

@@ -25,6 +25,7 @@ pub struct WorkerStats {
     gate_reopens: AtomicU64,
     gates_paused: AtomicU64,
     orders_restored: AtomicU64,
+    payments_restored: AtomicU64,
     /// At the guard's last pass: orders committed that MySQL lost, and
     /// pending orders held for the operator.
     mysql_commits_lost: AtomicU64,
@@ -102,6 +103,9 @@ pub struct StatsSnapshot {
     pub mysql_loss_pauses: u64,
     /// Orders MySQL lost that this worker's guard restored into it.
     pub orders_restored: u64,
+    /// Payments MySQL lost that this worker's canceller made again (the
+    /// gate had seen them paid).
+    pub payments_restored: u64,
     /// At the guard's last pass: how many fewer orders MySQL held than the
     /// gates saw committed (every voucher's), and how many pending orders
     /// were held for the operator.
@@ -151,6 +155,9 @@ impl WorkerStats {
     }
     pub fn add_orders_restored(&self, n: u64) {
         self.orders_restored.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn add_payments_restored(&self, n: u64) {
+        self.payments_restored.fetch_add(n, Ordering::Relaxed);
     }
     pub fn set_mysql_commits_lost(&self, n: u64) {
         self.mysql_commits_lost.store(n, Ordering::Relaxed);
@@ -226,6 +233,7 @@ impl WorkerStats {
             gate_pauses: get(&self.gate_pauses),
             mysql_loss_pauses: get(&self.mysql_loss_pauses),
             orders_restored: get(&self.orders_restored),
+            payments_restored: get(&self.payments_restored),
             mysql_commits_lost: get(&self.mysql_commits_lost),
             orders_held: get(&self.orders_held),
             gate_reopens: get(&self.gate_reopens),
