@@ -8,6 +8,7 @@
 #   scripts/explore.sh --minutes M           fresh random seeds for M minutes
 #   scripts/explore.sh --seed N --faults 0,2 seed N with only those faults
 #   --no-shrink                              report a violation unshrunk
+#   --until-caught                           stop at the first violation (measuring a defect)
 #
 # Exit 0 when no invariant was violated, 1 otherwise, 2 on bad usage. The
 # last line sums up: `explore: K seeds, F faults, V violations, S s`.
@@ -15,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 usage() {
-  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 number() {
@@ -30,6 +31,7 @@ while [ $# -gt 0 ]; do
       [[ "${2:-}" =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "explore.sh: --faults needs indices like 0,2, not '${2:-}'" >&2; exit 2; }
       export SECKILL_EXPLORE_FAULTS="$2"; shift 2 ;;
     --no-shrink) export SECKILL_EXPLORE_SHRINK=0; shift ;;
+    --until-caught) export SECKILL_EXPLORE_UNTIL_CAUGHT=1; shift ;;
     -h|--help) usage ;;
     *) echo "explore.sh: unknown argument '$1'" >&2; usage ;;
   esac

@@ -318,7 +318,8 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 /// `scripts/explore.sh`: SECKILL_EXPLORE_SEED, _COUNT or _MINUTES, _FAULTS
-/// (indices of the faults to keep), _SHRINK=0 to skip shrinking. Prints one
+/// (indices of the faults to keep), _SHRINK=0 to skip shrinking,
+/// _UNTIL_CAUGHT to stop at the first violation. Prints one
 /// line per seed, a report per violation, and the sum; exits 1 on any.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "the explorer's entry point: scripts/explore.sh"]
@@ -336,6 +337,8 @@ async fn explore() {
         .ok()
         .map(|s| s.split(',').filter_map(|i| i.trim().parse().ok()).collect());
     let shrinking = std::env::var("SECKILL_EXPLORE_SHRINK").map_or(true, |v| v != "0");
+    // Measuring a defect put back: the first seed that catches it, and when.
+    let until_caught = std::env::var_os("SECKILL_EXPLORE_UNTIL_CAUGHT").is_some();
     let (mut seeds, mut faults, mut violations) = (0u64, 0usize, 0usize);
     let (mut setup, mut running) = (Duration::ZERO, Duration::ZERO);
     let mut seed = first;
@@ -374,6 +377,13 @@ async fn explore() {
                     kept.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
                 );
             }
+        }
+        if until_caught && !o.violations.is_empty() {
+            println!(
+                "explore: caught by seed {seed} after {seeds} seed(s), {:.1} min",
+                started.elapsed().as_secs_f64() / 60.0
+            );
+            break;
         }
         seed = match minutes {
             Some(_) => rng::Rng::new(seed).next() % 1_000_000_000,
@@ -436,8 +446,9 @@ fn ci_seeds_cover_every_fault_kind() {
     assert!(missing.is_empty(), "no CI seed makes {missing:?}");
 }
 
-/// Prints the fault kinds of seeds (`SECKILL_EXPLORE_SEED`, `_COUNT`)
-/// without running them: how CI's seed set was picked.
+/// Prints the fault kinds of seeds (`SECKILL_EXPLORE_SEED`, `_COUNT`; with
+/// `SECKILL_EXPLORE_PLANS` set, each whole plan) without running them: how
+/// CI's seed set was picked.
 #[test]
 #[ignore = "a listing for choosing seeds"]
 fn list_plans() {
@@ -446,5 +457,8 @@ fn list_plans() {
         let p = Plan::from_seed(seed);
         let kinds: Vec<&str> = p.faults.iter().map(|f| f.kind()).collect();
         println!("{seed}: {}", kinds.join(" "));
+        if std::env::var_os("SECKILL_EXPLORE_PLANS").is_some() {
+            println!("{p}");
+        }
     }
 }
