@@ -7,7 +7,7 @@
 #   scripts/explore-defect.sh E29 --seed 10          does seed 10 catch E29?
 #   scripts/explore-defect.sh E29 --minutes 10       fresh seeds for 10 minutes
 #
-# The worktree is /tmp/seckill-defect-<ID> (removed at the end); it builds
+# The worktree is /tmp/seckill-defect (removed at the end); it builds
 # in target/defects (first made as a copy of target/debug). Exit as
 # scripts/explore.sh does: 1 means the explorer caught the defect.
 set -euo pipefail
@@ -19,7 +19,9 @@ id="${1:-}"
   exit 2
 }
 shift
-tree="/tmp/seckill-defect-$id"
+# One fixed place: a defect after another rebuilds only what its patch
+# touches (run one at a time).
+tree="/tmp/seckill-defect"
 git worktree remove --force "$tree" >/dev/null 2>&1 || rm -rf "$tree"
 git worktree add --detach "$tree" HEAD >/dev/null
 trap 'git worktree remove --force "$tree" >/dev/null 2>&1 || true' EXIT
