@@ -597,3 +597,26 @@ async fn a_payment_mysql_lost_is_made_again_not_cancelled() {
     assert_eq!((s.mysql_stock, s.redis_stock), (8, Some(8)));
     env.cleanup().await;
 }
+
+/// The witness below 0 (two reconcilers each taking a forgotten gap off
+/// it): the canceller reads it as 0 and cancels as before, where reading it
+/// as a count failed every pass of the voucher's deadlines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_witness_below_zero_does_not_stop_cancellations() {
+    let env = TestEnv::new().await;
+    env.live_voucher_paying_within(80, 5, 1_000).await;
+    env.admit_users(80, 2, 0).await;
+    let keys = VoucherKeys::new(&env.prefix, 80).unwrap();
+    let mut redis = env.redis().await;
+    let worker = env.spawn_worker(&fast_worker(&["--gate-check", "0s"]));
+    env.wait_orders(80, 2, Duration::from_secs(30)).await;
+    let _: () = redis.hset(keys.meta(), "committed", -3).await.unwrap();
+    within(30, "both unpaid orders cancelled", async || {
+        orders_held(&env, 80).await.iter().all(|o| o.2 == -1)
+    })
+    .await;
+    worker.signal("TERM");
+    worker.expect_success(Duration::from_secs(30));
+    assert_invariants(&env, 80).await;
+    env.cleanup().await;
+}

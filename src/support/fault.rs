@@ -1,4 +1,4 @@
-//! Fault points for crash tests and the fault explorer (`tests/explore.rs`).
+//! Fault points for crash tests and the fault explorer (`tests/explore/`).
 //! Unset (always, in production) each point costs one lookup in an empty
 //! map.
 //!
@@ -59,7 +59,7 @@ struct Pause {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub enum Action {
+enum Action {
     Pause(Duration),
     Hold,
     Abort,

@@ -231,14 +231,25 @@ impl Canceller {
         (redis_now, at): (i64, Instant),
     ) -> Result<()> {
         let orders: Vec<u64> = due.iter().map(|d| d.order).collect();
-        let orders = self.take_out_paid(voucher, keys, orders).await?;
         if orders.is_empty() {
             return Ok(());
         }
-        // Before MySQL: see keep_lost.
-        let committed: Option<u64> = self.conn.hget(keys.meta(), META_COMMITTED).await?;
+        // One round trip, before MySQL: the gate's witness of commits (see
+        // keep_lost; two reconcilers lowering it at once may take it below
+        // 0) and which of these orders the gate saw paid.
+        let (committed, seen): (Option<i64>, Vec<bool>) = redis::pipe()
+            .hget(keys.meta(), META_COMMITTED)
+            .cmd("SMISMEMBER")
+            .arg(keys.paid())
+            .arg(&orders)
+            .query_async(&mut self.conn)
+            .await?;
+        let orders = self.take_out_paid(voucher, keys, orders, &seen).await?;
+        if orders.is_empty() {
+            return Ok(());
+        }
         let mut c = self.cancel_fenced(keys, &orders).await?;
-        keep_lost(voucher, &mut c, committed.unwrap_or(0));
+        keep_lost(voucher, &mut c, committed.unwrap_or(0).max(0) as u64);
         let committed = redis_now + at.elapsed().as_millis() as i64;
         let latest = due
             .iter()
@@ -278,26 +289,20 @@ impl Canceller {
         Ok(())
     }
 
-    /// Orders the gate saw paid (its paid set) are never cancelled: one
-    /// pending in MySQL lost its payment with the last commits of a MySQL
-    /// that went back in time, and is paid again; their deadlines go.
+    /// Orders the gate saw paid (`seen`: in its paid set) are never
+    /// cancelled: one pending in MySQL lost its payment with the last
+    /// commits of a MySQL that went back in time, and is paid again; their
+    /// deadlines go. The others are returned.
     async fn take_out_paid(
         &mut self,
         voucher: u64,
         keys: &VoucherKeys,
         orders: Vec<u64>,
+        seen: &[bool],
     ) -> Result<Vec<u64>> {
-        if orders.is_empty() {
-            return Ok(orders);
-        }
-        let seen: Vec<bool> = redis::cmd("SMISMEMBER")
-            .arg(keys.paid())
-            .arg(&orders)
-            .query_async(&mut self.conn)
-            .await?;
         let paid: Vec<u64> = orders
             .iter()
-            .zip(&seen)
+            .zip(seen)
             .filter(|(_, paid)| **paid)
             .map(|(o, _)| *o)
             .collect();
@@ -316,7 +321,7 @@ impl Canceller {
         Ok(orders
             .into_iter()
             .zip(seen)
-            .filter(|(_, paid)| !paid)
+            .filter(|(_, paid)| !**paid)
             .map(|(o, _)| o)
             .collect())
     }

@@ -137,14 +137,11 @@ async fn settle(stage: &Arc<Stage>) {
             let keys =
                 seckill::store::keys::VoucherKeys::new(&stage.env.prefix, v.id).expect("keys");
             let backlog = seckill::stream::backlog::backlog(&mut env_redis, &keys).await;
-            let paused: Option<String> =
-                redis::AsyncCommands::hget(&mut env_redis, keys.meta(), "paused")
-                    .await
-                    .unwrap_or(None);
+            let paused = oracle::gate_paused(&mut env_redis, &keys).await;
             match backlog {
-                Ok(b) if b.in_flight() == 0 && paused.as_deref() != Some("1") => {}
+                Ok(b) if b.in_flight() == 0 && !paused => {}
                 Ok(b) => busy.push(format!(
-                    "voucher {}: {} in flight, paused {:?}",
+                    "voucher {}: {} in flight, paused {}",
                     v.id,
                     b.in_flight(),
                     paused

@@ -161,12 +161,20 @@ async fn held_orders(stage: &Stage) -> std::collections::BTreeSet<u64> {
     ids.into_iter().collect()
 }
 
+/// Whether the voucher's gate is paused (meta `paused`; unreadable: not).
+pub async fn gate_paused(
+    redis: &mut seckill::store::redis_conn::Redis,
+    keys: &VoucherKeys,
+) -> bool {
+    let paused: Option<String> = redis.hget(keys.meta(), "paused").await.unwrap_or(None);
+    paused.as_deref() == Some("1")
+}
+
 async fn gates_open(stage: &Stage, verdict: &mut Verdict) {
     let mut redis = stage.env.new_redis_connection().await;
     for v in &stage.plan.vouchers {
         let keys = VoucherKeys::new(&stage.env.prefix, v.id).expect("keys");
-        let paused: Option<String> = redis.hget(keys.meta(), "paused").await.unwrap_or(None);
-        if paused.as_deref() == Some("1") {
+        if gate_paused(&mut redis, &keys).await {
             verdict.violations.push(format!(
                 "voucher {}: its gate is still paused after every fault healed, the workers went idle and reconcile --yes ran",
                 v.id
