@@ -362,6 +362,8 @@ async fn explore() {
             o.undone.len(),
             o.total.as_secs_f64()
         );
+        // Minutes to the first violation, before shrinking spends more.
+        let found_after = started.elapsed().as_secs_f64() / 60.0;
         if !o.violations.is_empty() {
             violations += o.violations.len();
             println!("{}", report(&o));
@@ -376,10 +378,7 @@ async fn explore() {
             }
         }
         if until_caught && !o.violations.is_empty() {
-            println!(
-                "explore: caught by seed {seed} after {seeds} seed(s), {:.1} min",
-                started.elapsed().as_secs_f64() / 60.0
-            );
+            println!("explore: caught by seed {seed} after {seeds} seed(s), {found_after:.1} min");
             break;
         }
         seed = match minutes {

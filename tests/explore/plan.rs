@@ -66,6 +66,10 @@ pub enum Then {
     MysqlRestore,
     /// The other worker killed -9 (and started again).
     KillOther,
+    /// The held worker itself SIGSTOPped this long (past its leases, so
+    /// another takes its work over), then continued and let go: a process
+    /// frozen inside its transaction.
+    Freeze(u64),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -205,6 +209,12 @@ pub struct Plan {
     pub limit_updates: Vec<(u64, u64, u32)>,
     pub duration_ms: u64,
     pub faults: Vec<Fault>,
+    /// The workers' `--gate-check` (the guard's period).
+    pub gate_check_ms: u64,
+    /// The workers' `--mysql-timeout` (None: the default, 10 s).
+    pub mysql_timeout_ms: Option<u64>,
+    /// (when, voucher): `seckill preload` run again on a live voucher.
+    pub preloads: Vec<(u64, u64)>,
 }
 
 impl Plan {
@@ -270,7 +280,7 @@ impl Plan {
         let faults = (0..fault_count)
             .map(|_| fault(&mut r, workers, duration_ms))
             .collect();
-        Plan {
+        let mut plan = Plan {
             seed,
             vouchers,
             workers,
@@ -281,7 +291,119 @@ impl Plan {
             limit_updates,
             duration_ms,
             faults,
+            gate_check_ms: 300,
+            mysql_timeout_ms: None,
+            preloads: Vec::new(),
+        };
+        plan.add_extras();
+        plan
+    }
+
+    /// What a seed decides beyond the first plans, drawn from a second
+    /// stream so the seeds measured before keep their sale, workload and
+    /// faults: buyers still arriving after the faults (a loss shows where
+    /// new buyers meet the units it freed), a big voucher (more pending
+    /// entries than a reclaim reads at once), a slow guard, a short MySQL
+    /// timeout with long stalls inside the transaction, a held worker
+    /// frozen, and preload run again mid-sale.
+    fn add_extras(&mut self) {
+        let mut r = Rng::new(self.seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ 0xE7_7A5);
+        if r.chance(12) {
+            let id = self.vouchers.len() as u64 + 1;
+            let mut big = voucher(&mut r, id, 0);
+            big.stock = r.range(150, 400) as i64;
+            big.per_user_limit = 1;
+            let users = big.stock as u64 * 5 / 4;
+            for user in 1..=users {
+                let at = r.range(0, self.duration_ms / 2);
+                let via = match r.chance(90) {
+                    true => Via::Http,
+                    false => Via::Cli,
+                };
+                self.attempts.push(Attempt {
+                    at_ms: at,
+                    voucher: id,
+                    user,
+                    quantity: 1,
+                    via,
+                });
+            }
+            self.vouchers.push(big);
         }
+        if r.chance(25) {
+            self.gate_check_ms = r.range(2_000, 5_000);
+        }
+        if r.chance(40) {
+            self.mysql_timeout_ms = Some(2_000);
+        }
+        let stalls = ["before_commit", "before_cancel_commit", "after_lock"];
+        for f in self.faults.iter_mut() {
+            match f {
+                Fault::Point {
+                    point,
+                    action: PointAction::Pause(ms),
+                    ..
+                } if stalls.contains(point) && r.chance(50) => *ms = r.range(3_000, 7_000),
+                Fault::Hold { then, .. } if r.chance(35) => {
+                    *then = Then::Freeze(r.range(1_500, 4_000))
+                }
+                _ => {}
+            }
+        }
+        if r.chance(30) {
+            let v = r.pick(&self.vouchers).clone();
+            let at = r
+                .range(300, self.duration_ms + 2_000)
+                .max(v.added_at_ms + 300);
+            self.preloads.push((at, v.id));
+        }
+        if r.chance(60) {
+            let from = self.faults_end() + r.range(500, 2_500);
+            for v in self.vouchers.clone() {
+                let past = self
+                    .attempts
+                    .iter()
+                    .filter(|a| a.voucher == v.id)
+                    .map(|a| a.user)
+                    .max()
+                    .unwrap_or(0);
+                let late = r
+                    .range(v.stock as u64 / 2 + 3, v.stock as u64 + 10)
+                    .min(120);
+                for user in past + 1..=past + late {
+                    self.attempts.push(Attempt {
+                        at_ms: from + r.range(0, 1_500),
+                        voucher: v.id,
+                        user,
+                        quantity: r.range(1, v.per_user_limit as u64) as u32,
+                        via: match r.chance(80) {
+                            true => Via::Http,
+                            false => Via::Cli,
+                        },
+                    });
+                }
+            }
+        }
+        self.attempts.sort_by_key(|a| a.at_ms);
+    }
+
+    /// When the last timed fault is over (a fault point's moment is not
+    /// known: the sale's end stands for it).
+    fn faults_end(&self) -> u64 {
+        self.faults
+            .iter()
+            .map(|f| match f {
+                Fault::Kill9 { at_ms, down_ms, .. } => at_ms + down_ms,
+                Fault::Stop { at_ms, for_ms, .. } | Fault::Network { at_ms, for_ms, .. } => {
+                    at_ms + for_ms
+                }
+                Fault::RedisRollback { crash_at_ms, .. } => *crash_at_ms,
+                Fault::MysqlRollback { restore_at_ms, .. } => *restore_at_ms,
+                Fault::Point { .. } | Fault::Hold { .. } | Fault::Skew { .. } => 0,
+            })
+            .max()
+            .unwrap_or(0)
+            .max(self.duration_ms)
     }
 
     /// The plan with only the faults at `keep` (a shrunk schedule).
@@ -481,6 +603,18 @@ impl fmt::Display for Plan {
         }
         for at in &self.reconcile_at_ms {
             writeln!(f, "  reconcile --yes at {at} ms")?;
+        }
+        if self.gate_check_ms != 300 || self.mysql_timeout_ms.is_some() {
+            writeln!(
+                f,
+                "  workers: --gate-check {}ms, --mysql-timeout {}",
+                self.gate_check_ms,
+                self.mysql_timeout_ms
+                    .map_or("default".to_string(), |ms| format!("{ms}ms"))
+            )?;
+        }
+        for (at, v) in &self.preloads {
+            writeln!(f, "  preload --voucher {v} again at {at} ms")?;
         }
         for (at, v, l) in &self.limit_updates {
             writeln!(

@@ -315,7 +315,14 @@ impl Stage {
         let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         match target {
             Target::Worker(_) => {
-                let mut w = self.env.spawn_worker_with(&worker_flags(&[]), &vars);
+                let gate_check = format!("{}ms", self.plan.gate_check_ms);
+                let mysql_timeout = self.plan.mysql_timeout_ms.map(|ms| format!("{ms}ms"));
+                let mut flags = worker_flags(&[]);
+                set_flag(&mut flags, "--gate-check", &gate_check);
+                if let Some(t) = mysql_timeout.as_deref() {
+                    flags.extend(["--mysql-timeout", t]);
+                }
+                let mut w = self.env.spawn_worker_with(&flags, &vars);
                 // Pauses are the guard's answer to many of these faults; a
                 // gate left paused is the oracle's to find.
                 w.expect_gate_pauses();
@@ -559,6 +566,13 @@ impl Stage {
                         self.kill9(other, 200);
                         self.event(format!("fault: kill -9 {other}"));
                     }
+                }
+                Then::Freeze(ms) => {
+                    self.stop(target, true);
+                    self.event(format!("fault: SIGSTOP {target} where it is held"));
+                    std::thread::sleep(Duration::from_millis(ms));
+                    self.stop(target, false);
+                    self.event(format!("healed: SIGCONT {target}"));
                 }
             }
             self.release(target);
@@ -841,6 +855,9 @@ impl Stage {
         for at in &self.plan.reconcile_at_ms {
             steps.push((*at, "reconcile".into(), vec![]));
         }
+        for (at, v) in &self.plan.preloads {
+            steps.push((*at, "preload".into(), vec![v.to_string()]));
+        }
         for (at, v, limit) in &self.plan.limit_updates {
             steps.push((*at, "update".into(), vec![v.to_string(), limit.to_string()]));
         }
@@ -856,6 +873,15 @@ impl Stage {
                     let (code, _, err) =
                         self.cli(&["reconcile", "--yes", "--settle", "0s", "--format", "json"]);
                     self.event(format!("reconcile --yes: exit {code:?} {}", err.trim()));
+                }
+                "preload" => {
+                    // Refused while orders are in flight: an answer, not a fault.
+                    let (code, _, err) = self.cli(&["preload", "--voucher", &args[0]]);
+                    self.event(format!(
+                        "preload --voucher {} again: exit {code:?} {}",
+                        args[0],
+                        err.trim()
+                    ));
                 }
                 _ => {
                     let (code, _, err) = self.cli(&[
@@ -980,6 +1006,15 @@ pub fn worker_flags<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     ]);
     flags.extend_from_slice(extra);
     flags
+}
+
+/// Sets a flag `worker_flags` already gives to another value.
+fn set_flag<'a>(flags: &mut [&'a str], name: &str, value: &'a str) {
+    if let Some(i) = flags.iter().position(|f| *f == name) {
+        if let Some(v) = flags.get_mut(i + 1) {
+            *v = value;
+        }
+    }
 }
 
 /// A purchase's answer as the buyer reads it.
