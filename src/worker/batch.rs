@@ -198,6 +198,10 @@ impl Lane {
                 alive.set_held(Vec::new()).await;
                 if let Err(r) = self.owner.release(&mut self.conn, keys, &held).await {
                     tracing::warn!("voucher {voucher}: could not release {} lock(s), they expire with their lease: {r}", held.len());
+                    // The lane's connection may be half-open (it answered
+                    // nothing for a reply timeout): a multiplexed one is never
+                    // replaced by itself, and a stopping lane still uses it.
+                    self.reconnect().await;
                 }
                 return Err(match e {
                     PersistError::Mysql(e) => Error::from(e),

@@ -106,7 +106,9 @@ impl Lane {
                 if let Some(passed) = deadlines {
                     worked |= passed?;
                 }
-                if self.lane == 0 && last_trim.elapsed() >= TRIM_EVERY {
+                // Not while stopping: a stop must not wait on housekeeping.
+                if self.lane == 0 && !self.stop.is_cancelled() && last_trim.elapsed() >= TRIM_EVERY
+                {
                     self.trim_all().await;
                     last_trim = Instant::now();
                 }

@@ -27,6 +27,7 @@ pub mod stats;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
@@ -41,6 +42,9 @@ use lane::Lane;
 use lock::LockOwner;
 pub use options::{default_consumer, DeadlineOptions, WorkerOptions};
 pub use stats::{StatsSnapshot, WorkerStats};
+
+/// The longest an exiting worker spends leaving the groups' consumer lists.
+const FORGET_SELF_WITHIN: Duration = Duration::from_secs(2);
 
 /// Redis says the stream or its consumer group is gone.
 fn lost_group(e: &Error) -> bool {
@@ -205,7 +209,17 @@ pub async fn run(
         task.await.ok();
     }
     if let Some(mut w) = last {
-        w.forget_self().await;
+        // Best effort, and bounded: a connection gone silent would hold
+        // the exit for a reply timeout per voucher, past systemd's
+        // TimeoutStopSec; a consumer left behind is forgotten later.
+        if tokio::time::timeout(FORGET_SELF_WITHIN, w.forget_self())
+            .await
+            .is_err()
+        {
+            tracing::debug!(
+                "leaving the consumer list took over {FORGET_SELF_WITHIN:?}; left for later"
+            );
+        }
     }
     if opts.until_idle && outcome.is_ok() && !stop.is_cancelled() {
         tracing::info!("no work left: exiting (--until-idle)");
