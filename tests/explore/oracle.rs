@@ -36,12 +36,13 @@ pub async fn judge(stage: &Stage) -> Verdict {
                 .push(format!("voucher {}: {broken}", v.id)),
         }
     }
-    let (told, limits, windows) = {
+    let (told, limits, windows, in_hand) = {
         let h = stage.history.lock().unwrap();
         (
             h.told.clone(),
             h.limits.clone(),
             rollback_windows(&h.events),
+            h.in_hand.clone(),
         )
     };
     let held = held_orders(stage).await;
@@ -70,9 +71,20 @@ pub async fn judge(stage: &Stage) -> Verdict {
                     t.answer,
                     Answer::Success(_) | Answer::Bought(_) | Answer::Promoted(_)
                 );
-            match undone {
-                true => verdict.undone.push(broken),
-                false => verdict.violations.push(broken),
+            // Unless a worker had it in hand: that batch is kept (README,
+            // the same section).
+            let kept_by = match t.answer {
+                Answer::Success(o) | Answer::Bought(Some(o)) | Answer::Promoted(Some(o)) => {
+                    in_hand.get(&o)
+                }
+                _ => None,
+            };
+            match (undone, kept_by) {
+                (true, None) => verdict.undone.push(broken),
+                (true, Some(who)) => verdict.violations.push(format!(
+                    "{broken}; its order was in the hand of {who} when Redis went back to its snapshot"
+                )),
+                (false, _) => verdict.violations.push(broken),
             }
         }
     }

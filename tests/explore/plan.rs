@@ -215,6 +215,10 @@ pub struct Plan {
     pub mysql_timeout_ms: Option<u64>,
     /// (when, voucher): `seckill preload` run again on a live voucher.
     pub preloads: Vec<(u64, u64)>,
+    /// How long a held worker stays held after the second fault (0: let
+    /// go at once); past `--mysql-timeout`, its transaction's deadline
+    /// passes while Redis has lost its batch.
+    pub hold_linger_ms: u64,
 }
 
 impl Plan {
@@ -294,6 +298,7 @@ impl Plan {
             gate_check_ms: 300,
             mysql_timeout_ms: None,
             preloads: Vec::new(),
+            hold_linger_ms: 0,
         };
         plan.add_extras();
         plan
@@ -382,6 +387,40 @@ impl Plan {
                         },
                     });
                 }
+            }
+        }
+        // Drawn last, so the draws above keep their values.
+        if r.chance(20) {
+            // A batch's transaction stalled far past a short
+            // --mysql-timeout: the voucher must move again within the
+            // README's bound for a hung transaction, not when the stall
+            // ends (run.rs watches for it).
+            self.mysql_timeout_ms = Some(2_000);
+            self.faults.push(Fault::Point {
+                target: Target::Worker(r.range(0, self.workers as u64 - 1) as usize),
+                point: "before_commit",
+                hit: r.range(1, 3),
+                action: PointAction::Pause(r.range(9_000, 12_000)),
+            });
+        }
+        if let Some(timeout) = self.mysql_timeout_ms {
+            if r.chance(50) {
+                self.hold_linger_ms = timeout + 700;
+            }
+        }
+        let crashes: Vec<u64> = self
+            .faults
+            .iter()
+            .filter_map(|f| match f {
+                Fault::RedisRollback { crash_at_ms, .. } => Some(*crash_at_ms),
+                _ => None,
+            })
+            .collect();
+        for crash in crashes {
+            if r.chance(50) {
+                // An operator repairing right after Redis came back, with
+                // the guard's rebuild and the orders in flight around it.
+                self.reconcile_at_ms.push(crash + r.range(200, 1_500));
             }
         }
         self.attempts.sort_by_key(|a| a.at_ms);
@@ -611,6 +650,13 @@ impl fmt::Display for Plan {
                 self.gate_check_ms,
                 self.mysql_timeout_ms
                     .map_or("default".to_string(), |ms| format!("{ms}ms"))
+            )?;
+        }
+        if self.hold_linger_ms > 0 {
+            writeln!(
+                f,
+                "  a held worker stays held {} ms after the second fault",
+                self.hold_linger_ms
             )?;
         }
         for (at, v) in &self.preloads {

@@ -20,7 +20,12 @@ use crate::common::process::WorkerProc;
 use crate::common::serve_proc::Serve;
 use crate::common::{fast_worker, free_port, TestEnv};
 
+use seckill::store::keys::{VoucherKeys, WORKER_GROUP};
+
 use super::plan::{Attempt, Fault, Net, Plan, PointAction, Store, Target, Then, Via};
+
+/// Room for a loaded machine in the bound of a hung transaction.
+const STALL_SLACK_MS: u64 = 2_500;
 
 /// What a client was told.
 #[derive(Debug, Clone, PartialEq)]
@@ -61,6 +66,10 @@ pub struct History {
     pub logs: Vec<(String, String)>,
     /// The highest per-user limit each voucher had.
     pub limits: BTreeMap<u64, u32>,
+    /// Orders a held worker had in hand (read, not acknowledged) when
+    /// Redis went back to a snapshot, with who held them: the README keeps
+    /// such a batch, so no rollback excuses losing one.
+    pub in_hand: BTreeMap<u64, String>,
 }
 
 impl History {
@@ -551,6 +560,12 @@ impl Stage {
             self.event(format!("held: {target} at {point}"));
             match then {
                 Then::RedisCrash => {
+                    if self.nothing_else_befalls(index, target) {
+                        let held = self.in_hand(target);
+                        let who = format!("{target}, held at {point}");
+                        let mut h = self.history.lock().unwrap();
+                        h.in_hand.extend(held.into_iter().map(|o| (o, who.clone())));
+                    }
                     self.redis.crash_and_restart();
                     self.event("fault: Redis killed -9, started from its snapshot".into());
                 }
@@ -575,8 +590,217 @@ impl Stage {
                     self.event(format!("healed: SIGCONT {target}"));
                 }
             }
+            if self.plan.hold_linger_ms > 0 && !matches!(then, Then::Freeze(_)) {
+                std::thread::sleep(Duration::from_millis(self.plan.hold_linger_ms));
+            }
             self.release(target);
         }
+    }
+
+    /// Whether the plan makes no fault but the one at `index` on `target`
+    /// (one that kills, stops or cuts off the held worker may lose its
+    /// batch, as the README lists).
+    fn nothing_else_befalls(&self, index: usize, target: Target) -> bool {
+        let worker = match target {
+            Target::Worker(w) => w,
+            Target::Serve => return false,
+        };
+        self.plan.faults.iter().enumerate().all(|(i, f)| {
+            i == index
+                || match f {
+                    Fault::Kill9 { target: t, .. }
+                    | Fault::Stop { target: t, .. }
+                    | Fault::Point { target: t, .. }
+                    | Fault::Network { target: t, .. } => *t != target,
+                    Fault::Hold { worker: w, .. } | Fault::Skew { worker: w, .. } => *w != worker,
+                    Fault::RedisRollback { .. } | Fault::MysqlRollback { .. } => true,
+                }
+        })
+    }
+
+    /// The orders in the entries pending to `target`'s consumer (its host
+    /// name and pid): read and not acknowledged, so in its hand.
+    fn in_hand(&self, target: Target) -> Vec<u64> {
+        let Some(pid) = self.slots.lock().unwrap()[&target]
+            .proc
+            .as_ref()
+            .map(|p| p.pid())
+        else {
+            return Vec::new();
+        };
+        let suffix = format!("-{pid}");
+        let prefix = self.env.prefix.clone();
+        let vouchers: Vec<u64> = self.plan.vouchers.iter().map(|v| v.id).collect();
+        let env = &self.env;
+        self.rt.block_on(async move {
+            let mut redis = env.new_redis_connection().await;
+            let mut orders = Vec::new();
+            for v in vouchers {
+                let Ok(keys) = VoucherKeys::new(&prefix, v) else {
+                    continue;
+                };
+                let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+                    .arg(keys.orders())
+                    .arg(WORKER_GROUP)
+                    .arg("-")
+                    .arg("+")
+                    .arg(100_000)
+                    .query_async(&mut redis)
+                    .await
+                    .unwrap_or_default();
+                for (id, consumer, _, _) in pending {
+                    if !consumer.ends_with(&suffix) {
+                        continue;
+                    }
+                    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+                        .arg(keys.orders())
+                        .arg(&id)
+                        .arg(&id)
+                        .query_async(&mut redis)
+                        .await
+                        .unwrap_or_default();
+                    orders.extend(entries.iter().flat_map(|(_, fields)| {
+                        fields
+                            .iter()
+                            .filter(|(k, _)| k == "order")
+                            .filter_map(|(_, o)| o.parse::<u64>().ok())
+                    }));
+                }
+            }
+            orders
+        })
+    }
+
+    /// Watches for a stall inside a batch's transaction longer than the
+    /// README's bound for a hung transaction (`--mysql-timeout`, plus the
+    /// taker's `--claim-idle` and a half, plus a lock wait): by the end of
+    /// that bound, every order told success before the stall began must
+    /// be in MySQL (the stalled batch abandoned and taken over), not when
+    /// the stall ends. Only where no other fault of the plan can explain
+    /// a slower MySQL.
+    fn watch_stalls(&self) {
+        let Some(timeout) = self.plan.mysql_timeout_ms else {
+            return;
+        };
+        let bound = timeout + STALL_SLACK_MS + 750 + 1_000;
+        let stalls: Vec<(usize, usize, u64, u64)> = self
+            .plan
+            .faults
+            .iter()
+            .enumerate()
+            .filter_map(|(i, f)| match f {
+                Fault::Point {
+                    target: Target::Worker(w),
+                    point: "before_commit",
+                    hit,
+                    action: PointAction::Pause(ms),
+                } if *ms >= bound + 2_000 => Some((i, *w, *hit, *ms)),
+                _ => None,
+            })
+            .collect();
+        for (index, worker, hit, ms) in stalls {
+            let target = Target::Worker(worker);
+            let needle = format!("at before_commit (hit {hit})");
+            let began = loop {
+                if self.done.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                let seen = {
+                    let slots = self.slots.lock().unwrap();
+                    slots[&target].proc.as_ref().is_some_and(|p| {
+                        p.log_text()
+                            .lines()
+                            .any(|l| l.starts_with("fault pause") && l.contains(&needle))
+                    })
+                };
+                if seen {
+                    break self.ms();
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            if !self.quiet_around(index, began, began + bound) {
+                self.event(format!(
+                    "{target} stalled before COMMIT at {began} ms: other faults near, not judged"
+                ));
+                continue;
+            }
+            self.event(format!("{target} stalled before COMMIT for {ms} ms"));
+            let told: Vec<u64> = {
+                let h = self.history.lock().unwrap();
+                h.told
+                    .iter()
+                    .filter(|t| t.answered_ms < began)
+                    .filter_map(|t| match t.answer {
+                        Answer::Success(o)
+                        | Answer::Bought(Some(o))
+                        | Answer::Promoted(Some(o)) => Some(o),
+                        _ => None,
+                    })
+                    .collect()
+            };
+            self.sleep_until(began + bound);
+            let missing = self.not_in_mysql(&told);
+            if !missing.is_empty() {
+                self.violation(format!(
+                    "{target} stalled inside a transaction at {began} ms (a {ms} ms pause before COMMIT, --mysql-timeout {timeout}ms): {} of {} order(s) told success before it were not in MySQL {bound} ms later, the README's bound for a hung transaction (e.g. {:?})",
+                    missing.len(),
+                    told.len(),
+                    &missing[..missing.len().min(5)]
+                ));
+            }
+        }
+    }
+
+    /// Whether no fault of the plan but the one at `index` is near
+    /// `from..to` (within 3 s before), nor can have changed what MySQL or
+    /// Redis keep before `to`. A fault point's moment is unknown: any
+    /// other one on a worker is near.
+    fn quiet_around(&self, index: usize, from: u64, to: u64) -> bool {
+        let near = |at: u64, end: u64| at <= to && end + 3_000 >= from;
+        let operator_near = self
+            .plan
+            .reconcile_at_ms
+            .iter()
+            .chain(self.plan.preloads.iter().map(|(at, _)| at))
+            .any(|at| near(*at, *at));
+        !operator_near
+            && self.plan.faults.iter().enumerate().all(|(i, f)| {
+                i == index
+                    || match f {
+                        Fault::Kill9 { at_ms, down_ms, .. } => !near(*at_ms, at_ms + down_ms),
+                        Fault::Stop { at_ms, for_ms, .. }
+                        | Fault::Network { at_ms, for_ms, .. } => !near(*at_ms, at_ms + for_ms),
+                        Fault::Point { target, .. } => *target == Target::Serve,
+                        Fault::RedisRollback { crash_at_ms, .. } => *crash_at_ms > to,
+                        Fault::MysqlRollback { restore_at_ms, .. } => *restore_at_ms > to,
+                        Fault::Hold { .. } | Fault::Skew { .. } => false,
+                    }
+            })
+    }
+
+    /// Of these orders, those MySQL does not have.
+    fn not_in_mysql(&self, orders: &[u64]) -> Vec<u64> {
+        use mysql_async::prelude::Queryable;
+        if orders.is_empty() {
+            return Vec::new();
+        }
+        let list = orders
+            .iter()
+            .map(|o| o.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let env = &self.env;
+        let stored: Vec<u64> = self.rt.block_on(async move {
+            let mut conn = env.db().await.conn().await.expect("mysql");
+            conn.query(format!("SELECT id FROM seckill_order WHERE id IN ({list})"))
+                .await
+                .expect("orders by id")
+        });
+        orders
+            .iter()
+            .filter(|o| !stored.contains(o))
+            .copied()
+            .collect()
     }
 
     fn release(&self, target: Target) {
@@ -636,6 +860,8 @@ impl Stage {
         let stage = self.clone();
         let holds = std::thread::spawn(move || stage.combine_holds());
         let stage = self.clone();
+        let stalls = std::thread::spawn(move || stage.watch_stalls());
+        let stage = self.clone();
         *self.supervisor.lock().unwrap() = Some(std::thread::spawn(move || stage.supervise()));
         let stage = self.clone();
         let payer = std::thread::spawn(move || stage.pay_and_watch());
@@ -645,6 +871,7 @@ impl Stage {
         faults.join().ok();
         self.done.store(true, std::sync::atomic::Ordering::SeqCst);
         holds.join().ok();
+        stalls.join().ok();
         payer.join().ok();
     }
 
