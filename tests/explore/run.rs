@@ -767,6 +767,20 @@ impl Stage {
             && self.plan.faults.iter().enumerate().all(|(i, f)| {
                 i == index
                     || match f {
+                        // serve's faults change what buyers are told, not
+                        // what the workers persist.
+                        Fault::Kill9 {
+                            target: Target::Serve,
+                            ..
+                        }
+                        | Fault::Stop {
+                            target: Target::Serve,
+                            ..
+                        }
+                        | Fault::Network {
+                            target: Target::Serve,
+                            ..
+                        } => true,
                         Fault::Kill9 { at_ms, down_ms, .. } => !near(*at_ms, at_ms + down_ms),
                         Fault::Stop { at_ms, for_ms, .. }
                         | Fault::Network { at_ms, for_ms, .. } => !near(*at_ms, at_ms + for_ms),
