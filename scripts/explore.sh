@@ -9,6 +9,7 @@
 #   scripts/explore.sh --seed N --faults 0,2 seed N with only those faults
 #   --no-shrink                              report a violation unshrunk
 #   --until-caught                           stop at the first violation (measuring a defect)
+#   --report                                 the history of every seed, not only of violations
 #
 # Exit 0 when no invariant was violated, 1 otherwise, 2 on bad usage. The
 # last line sums up: `explore: K seeds, F faults, V violations, S s`.
@@ -16,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 usage() {
-  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 number() {
@@ -32,6 +33,7 @@ while [ $# -gt 0 ]; do
       export SECKILL_EXPLORE_FAULTS="$2"; shift 2 ;;
     --no-shrink) export SECKILL_EXPLORE_SHRINK=0; shift ;;
     --until-caught) export SECKILL_EXPLORE_UNTIL_CAUGHT=1; shift ;;
+    --report) export SECKILL_EXPLORE_REPORT=1; shift ;;
     -h|--help) usage ;;
     *) echo "explore.sh: unknown argument '$1'" >&2; usage ;;
   esac

@@ -233,16 +233,9 @@ async fn a_replayed_preload_of_a_consistent_gate_keeps_every_buyer() {
     let own = OwnRedis::start();
     let env = own_env(&own).await;
     sold(&env, 50, 30).await;
-    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
-    let mut redis = env.redis().await;
 
     let monitor = Monitor::start(&own);
-    let out = env
-        .cmd()
-        .args(["preload", "--voucher", "1"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    preload(&env, &[]);
     let call = monitor.call(&scripts::PRELOAD);
     let once = env.snapshot().await;
 
@@ -250,8 +243,6 @@ async fn a_replayed_preload_of_a_consistent_gate_keeps_every_buyer() {
     // the replay must know itself, write nothing, and say it published.
     assert_eq!(int(&replay(&env, &call).await), 1);
     assert_unchanged(&env, &once, "the replay wrote nothing").await;
-    let buyers: u64 = redis.scard(keys.buyers()).await.unwrap();
-    assert_eq!(buyers, 30);
 
     // Staging sets gone under another run's tag: refused, nothing written.
     let mut other = call.clone();
@@ -259,6 +250,29 @@ async fn a_replayed_preload_of_a_consistent_gate_keeps_every_buyer() {
     assert_eq!(int(&replay(&env, &other).await), 0);
     assert_unchanged(&env, &once, "the refusal wrote nothing").await;
 
+    assert_every_buyer_kept(&env).await;
+    env.cleanup().await;
+}
+
+/// `seckill preload --voucher 1`, with these variables set; it must
+/// succeed.
+fn preload(env: &TestEnv, vars: &[(&str, &str)]) -> std::process::Output {
+    let out = env
+        .cmd()
+        .args(["preload", "--voucher", "1"])
+        .envs(vars.iter().copied())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    out
+}
+
+/// The 30 buyers of `sold(.., 50, 30)` all still known to the gate: buyer
+/// 1 is refused a second order, and the invariants hold.
+async fn assert_every_buyer_kept(env: &TestEnv) {
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let buyers: u64 = env.redis().await.scard(keys.buyers()).await.unwrap();
+    assert_eq!(buyers, 30, "every buyer kept");
     let buy = env
         .cmd()
         .args(["buy", "--voucher", "1", "--user", "1"])
@@ -269,7 +283,29 @@ async fn a_replayed_preload_of_a_consistent_gate_keeps_every_buyer() {
         Some(i32::from(seckill::exit_code::ALREADY_BOUGHT)),
         "buyer 1 holds an order: {buy:?}"
     );
-    assert_invariants(&env, V).await;
+    assert_invariants(env, V).await;
+}
+
+/// The explorer's `script_resent` fault (support/fault.rs): the call goes
+/// out twice, the same bytes, and the command answers as the second reply
+/// says; on preload, a publish resent must keep every buyer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_resend_fault_sends_a_script_call_twice_and_a_resent_preload_keeps_every_buyer() {
+    let own = OwnRedis::start();
+    let env = own_env(&own).await;
+    sold(&env, 50, 30).await;
+
+    let monitor = Monitor::start(&own);
+    let out = preload(&env, &[("SECKILL_TEST_FAULT", "resend_preload@1=resend")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("fault resend at resend_preload (hit 1)"),
+        "{stderr}"
+    );
+    let calls = monitor.calls(&scripts::PRELOAD, 2);
+    assert_eq!(calls.len(), 2, "the call and its resend");
+    assert_eq!(calls[0], calls[1], "resent as it was sent");
+    assert_every_buyer_kept(&env).await;
     env.cleanup().await;
 }
 

@@ -9,11 +9,13 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{
-    AsyncConnectionConfig, ClientTlsConfig, Cmd, Pipeline, RedisFuture, TlsCertificates, Value,
+    Arg, AsyncConnectionConfig, ClientTlsConfig, Cmd, Pipeline, RedisFuture, TlsCertificates, Value,
 };
 
 use crate::error::{describe_redis, Error, Result};
 use crate::store::config::Config;
+use crate::store::scripts;
+use crate::support::fault;
 use crate::support::mask::{mask_url, url_list};
 use crate::support::version;
 
@@ -44,12 +46,25 @@ pub enum Redis {
     Cluster(ClusterConnection),
 }
 
-impl ConnectionLike for Redis {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+impl Redis {
+    fn send<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Redis::Node(c) => c.req_packed_command(cmd),
             Redis::Cluster(c) => c.req_packed_command(cmd),
         }
+    }
+}
+
+impl ConnectionLike for Redis {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        if fault::armed() && resend_asked(cmd) {
+            return Box::pin(async move {
+                // Dropped, as a reply lost on the way is.
+                let _ = self.send(cmd).await;
+                self.send(cmd).await
+            });
+        }
+        self.send(cmd)
     }
 
     fn req_packed_commands<'a>(
@@ -76,6 +91,20 @@ impl RedisConn for Redis {
     fn is_cluster(&self) -> bool {
         matches!(self, Redis::Cluster(_))
     }
+}
+
+/// Whether a test fault asks this script call (a lone EVALSHA) to be sent
+/// twice: its point is `resend_<script>` (support/fault.rs).
+fn resend_asked(cmd: &Cmd) -> bool {
+    let mut args = cmd.args_iter();
+    let (Some(Arg::Simple(name)), Some(Arg::Simple(hash))) = (args.next(), args.next()) else {
+        return false;
+    };
+    name.eq_ignore_ascii_case(b"EVALSHA")
+        && std::str::from_utf8(hash)
+            .ok()
+            .and_then(scripts::stem_of)
+            .is_some_and(|stem| fault::resend(&format!("resend_{stem}")))
 }
 
 /// Redis 6.2 brought XAUTOCLAIM, which the worker needs.

@@ -2,6 +2,7 @@
 //! sends EVALSHA and, on NOSCRIPT (a restarted or flushed server), loads the
 //! script and retries.
 
+use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use redis::Script;
@@ -192,6 +193,18 @@ pub fn all() -> Vec<(&'static str, &'static Script)> {
         ("run_id.lua", &RUN_ID),
         ("acl_check.lua", &ACL_CHECK),
     ]
+}
+
+/// The file stem of the script whose SHA1 this is (`preload`), for the
+/// test fault that resends a script call.
+pub fn stem_of(hash: &str) -> Option<&'static str> {
+    static BY_HASH: LazyLock<HashMap<String, &'static str>> = LazyLock::new(|| {
+        all()
+            .into_iter()
+            .map(|(file, script)| (script.get_hash().to_string(), file.trim_end_matches(".lua")))
+            .collect()
+    });
+    BY_HASH.get(hash).copied()
 }
 
 #[cfg(test)]

@@ -13,8 +13,15 @@
 //! process stands there); `abort` (the process dies at once, as a kill -9
 //! there would have it); `error` (the step fails as a store error would
 //! make it; a point that cannot fail holds this action for nothing and
-//! says so). Each action says `fault <action> at <point> (hit <k>)` on
-//! stderr first, and a hold `fault released at <point>` when let go.
+//! says so); `resend`, at a script call's point only (below). Each action
+//! says `fault <action> at <point> (hit <k>)` on stderr first, and a hold
+//! `fault released at <point>` when let go.
+//!
+//! Every script call (a lone EVALSHA) is a point too, `resend_<script>`
+//! (the file stem: `resend_preload`), where `resend` sends the call, drops
+//! its reply as a lost one is dropped and sends it again, answering with
+//! the second reply: what a client that resends after an I/O error (the
+//! cluster client does) makes the server run.
 //!
 //! The points, each between two durable writes: a batch's `after_lock`
 //! (locks held, nothing in MySQL), `before_commit` (the transaction is
@@ -64,6 +71,7 @@ enum Action {
     Hold,
     Abort,
     Error,
+    Resend,
 }
 
 /// The faults asked for one point, by the hit they fire on, and how many
@@ -110,6 +118,7 @@ fn parse_action(text: &str) -> Option<Action> {
         "hold" => Some(Action::Hold),
         "abort" => Some(Action::Abort),
         "error" => Some(Action::Error),
+        "resend" => Some(Action::Resend),
         other => {
             let d = other.strip_prefix("pause:")?;
             humantime::parse_duration(d.trim()).ok().map(Action::Pause)
@@ -172,9 +181,19 @@ async fn timed_pause(step: &str) {
     }
 }
 
-/// Counts a hit of `step` and acts out the fault asked for this hit (all
-/// but `error`, which is the caller's to return).
-async fn reach(step: &str) -> Option<Action> {
+/// Whether any fault was asked of this process (a script call looks for
+/// its point only then).
+pub fn armed() -> bool {
+    !FAULTS.is_empty()
+}
+
+/// Counts a hit of a script call's point: whether to send this call twice.
+pub fn resend(step: &str) -> bool {
+    hit(step) == Some(Action::Resend)
+}
+
+/// Counts a hit of `step` and says the fault asked for this hit, if any.
+fn hit(step: &str) -> Option<Action> {
     let point = FAULTS.get(step)?;
     let hit = point.hits.fetch_add(1, Ordering::SeqCst) + 1;
     let (_, action) = point.at.iter().find(|(k, _)| *k == hit)?;
@@ -183,11 +202,19 @@ async fn reach(step: &str) -> Option<Action> {
         Action::Hold => "hold".into(),
         Action::Abort => "abort".into(),
         Action::Error => "error".into(),
+        Action::Resend => "resend".into(),
     };
     // Straight to stderr: the explorer waits for this line, whatever the
     // log filter says.
     eprintln!("fault {name} at {step} (hit {hit})");
-    match action {
+    Some(action.clone())
+}
+
+/// Counts a hit of `step` and acts out the fault asked for this hit (all
+/// but `error`, which is the caller's to return).
+async fn reach(step: &str) -> Option<Action> {
+    let action = hit(step)?;
+    match &action {
         Action::Pause(d) => tokio::time::sleep(*d).await,
         Action::Hold => {
             let release = release_file();
@@ -198,8 +225,9 @@ async fn reach(step: &str) -> Option<Action> {
         }
         Action::Abort => std::process::abort(),
         Action::Error => {}
+        Action::Resend => eprintln!("fault resend at {step} resends nothing: no script call"),
     }
-    Some(action.clone())
+    Some(action)
 }
 
 fn release_file() -> Option<PathBuf> {
@@ -239,5 +267,7 @@ mod tests {
         assert!(lock.contains(&(1, Action::Pause(std::time::Duration::from_millis(20)))));
         assert_eq!(p["gate_paused"].at, vec![(1, Action::Hold)]);
         assert_eq!(p["z"].at, vec![(2, Action::Error)]);
+        let r = super::parse_faults("resend_preload@2=resend");
+        assert_eq!(r["resend_preload"].at, vec![(2, Action::Resend)]);
     }
 }

@@ -97,8 +97,24 @@ impl OwnRedis {
         self.launch();
     }
 
+    /// kill -9, then a start with no data at all, as a failover to a
+    /// replica that had synced nothing: every key is lost.
+    pub fn crash_and_restart_empty(&self) {
+        self.kill9();
+        let snapshot = self.dir.join("dump.rdb");
+        if snapshot.exists() {
+            std::fs::remove_file(&snapshot).expect("the snapshot removed");
+        }
+        self.launch();
+    }
+
     /// kill -9, then a start from the last snapshot: every write since is lost.
     pub fn crash_and_restart(&self) {
+        self.kill9();
+        self.launch();
+    }
+
+    fn kill9(&self) {
         let pid = std::fs::read_to_string(self.dir.join("redis.pid")).expect("pid file");
         let status = Command::new("kill")
             .args(["-9", pid.trim()])
@@ -111,7 +127,6 @@ impl OwnRedis {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        self.launch();
     }
 }
 

@@ -265,7 +265,11 @@ fn tail(text: &str, lines: usize) -> String {
 /// What a violation prints: the seed, the schedule, what broke, what
 /// happened and when, and the end of each process's log.
 fn report(o: &Outcome) -> String {
-    let mut r = format!("VIOLATION\n{}", o.plan);
+    let head = match o.violations.is_empty() {
+        true => "NO VIOLATION",
+        false => "VIOLATION",
+    };
+    let mut r = format!("{head}\n{}", o.plan);
     for v in &o.violations {
         r.push_str(&format!("  broken: {v}\n"));
     }
@@ -336,6 +340,8 @@ async fn explore() {
     let shrinking = std::env::var("SECKILL_EXPLORE_SHRINK").map_or(true, |v| v != "0");
     // Measuring a defect put back: the first seed that catches it, and when.
     let until_caught = std::env::var_os("SECKILL_EXPLORE_UNTIL_CAUGHT").is_some();
+    // The history of a seed that broke nothing too (what fired, when).
+    let every_report = std::env::var_os("SECKILL_EXPLORE_REPORT").is_some();
     let (mut seeds, mut faults, mut violations) = (0u64, 0usize, 0usize);
     let (mut setup, mut running) = (Duration::ZERO, Duration::ZERO);
     let mut seed = first;
@@ -364,6 +370,9 @@ async fn explore() {
         );
         // Minutes to the first violation, before shrinking spends more.
         let found_after = started.elapsed().as_secs_f64() / 60.0;
+        if o.violations.is_empty() && every_report {
+            println!("{}", report(&o));
+        }
         if !o.violations.is_empty() {
             violations += o.violations.len();
             println!("{}", report(&o));
@@ -407,7 +416,7 @@ async fn seed_holds(seed: u64) {
 
 /// CI's seeds (`list_plans` shows their faults): together they cover
 /// every fault kind, each test one seed, so nextest runs them side by side.
-const CI_SEEDS: &[u64] = &[2, 5, 10, 12, 15];
+const CI_SEEDS: &[u64] = &[2, 4, 10, 12, 15, 33];
 
 macro_rules! ci_seeds {
     ($($name:ident: $seed:expr,)*) => {
@@ -422,10 +431,39 @@ macro_rules! ci_seeds {
 
 ci_seeds! {
     seed_2: 2,
-    seed_5: 5,
+    seed_4: 4,
     seed_10: 10,
     seed_12: 12,
     seed_15: 15,
+    seed_33: 33,
+}
+
+/// The schedule that found E4 (design/explorer.md: a half-open Redis
+/// connection held SIGTERM past systemd's stop timeout): seed 5's sale and
+/// workload with its faults 0 and 3 as they were drawn before a stall was
+/// made the only fault of half the seeds with one (seed 5's now is).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn e4_a_stalled_transaction_on_a_half_open_redis_connection() {
+    use plan::{Fault, Net, PointAction, Store, Target};
+    let mut p = Plan::from_seed(5);
+    p.faults = vec![
+        Fault::Network {
+            target: Target::Worker(0),
+            store: Store::Redis,
+            at_ms: 411,
+            for_ms: 2_545,
+            how: Net::BlackHole,
+        },
+        Fault::Point {
+            target: Target::Worker(0),
+            point: "before_commit",
+            hit: 1,
+            action: PointAction::Pause(10_791),
+        },
+    ];
+    p.reconcile_at_ms = vec![2_760];
+    let o = run_plan(p).await;
+    assert!(o.violations.is_empty(), "{}", report(&o));
 }
 
 #[test]

@@ -121,14 +121,16 @@ pub async fn judge(stage: &Stage) -> Verdict {
 const GUARD_BOUND_MS: u64 = 1_500;
 
 /// (from, to) in ms of the answers each Redis rollback may undo: from the
-/// snapshot it came back to (none: from the start) to the guard's bound
-/// after it answered again.
+/// snapshot it came back to (none, or back empty: from the start) to the
+/// guard's bound after it answered again.
 fn rollback_windows(events: &[(u64, String)]) -> Vec<(u64, u64)> {
     let mut snapshot = 0;
     let mut windows = Vec::new();
     for (at, what) in events {
         if what == "Redis snapshot taken" {
             snapshot = *at;
+        } else if what.starts_with("fault: Redis killed -9, started empty") {
+            windows.push((0, at + GUARD_BOUND_MS));
         } else if what.starts_with("fault: Redis killed -9") {
             windows.push((snapshot, at + GUARD_BOUND_MS));
         }

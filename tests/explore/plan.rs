@@ -62,6 +62,10 @@ pub enum PointAction {
 pub enum Then {
     /// Redis killed and started from the snapshot taken at `snapshot_at_ms`.
     RedisCrash,
+    /// Redis killed and started with no data (every gate lost whole, the
+    /// node-id leases with them); then, if the plan says so, `seckill
+    /// preload` of every voucher while the worker is still held.
+    RedisEmpty,
     /// MySQL set back to the dump taken at `snapshot_at_ms`.
     MysqlRestore,
     /// The other worker killed -9 (and started again).
@@ -100,6 +104,8 @@ pub enum Fault {
     RedisRollback {
         snapshot_at_ms: u64,
         crash_at_ms: u64,
+        /// Started with no data instead of from the snapshot.
+        empty: bool,
     },
     MysqlRollback {
         dump_at_ms: u64,
@@ -116,9 +122,66 @@ pub enum Fault {
         worker: usize,
         offset_s: i64,
     },
+    /// A script call sent twice, its first reply lost on the way (what a
+    /// client that resends after an I/O error makes Redis run).
+    Resend {
+        by: Caller,
+        script: &'static str,
+        hit: u64,
+    },
 }
 
+/// Who makes a script call: a process of the sale, or `seckill preload`
+/// run again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    Process(Target),
+    Preload,
+}
+
+/// The scripts a worker calls that change state (file stems).
+const WORKER_SCRIPTS: &[&str] = &[
+    "lock_acquire",
+    "lock_release",
+    "finish",
+    "timeouts",
+    "release",
+    "claim_due",
+    "pause",
+    "fence",
+    "digest_sync",
+    "run_id",
+];
+
+/// The scripts serve calls that change state (a purchase with no replica
+/// wait is a lone call of the admission script).
+const SERVE_SCRIPTS: &[&str] = &["seckill", "token", "timeouts"];
+
 impl Fault {
+    /// Whether it befalls serve alone, whose faults change what buyers are
+    /// told, not what the workers persist.
+    pub fn only_on_serve(&self) -> bool {
+        matches!(
+            self,
+            Fault::Kill9 {
+                target: Target::Serve,
+                ..
+            } | Fault::Stop {
+                target: Target::Serve,
+                ..
+            } | Fault::Network {
+                target: Target::Serve,
+                ..
+            } | Fault::Point {
+                target: Target::Serve,
+                ..
+            } | Fault::Resend {
+                by: Caller::Process(Target::Serve),
+                ..
+            }
+        )
+    }
+
     /// The kind, as the coverage of a seed set counts it.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -150,6 +213,7 @@ impl Fault {
                 how: Net::Reset, ..
             } => "net_reset",
             Fault::Skew { .. } => "clock_skew",
+            Fault::Resend { .. } => "script_resent",
         }
     }
 }
@@ -168,6 +232,7 @@ pub const KINDS: &[&str] = &[
     "net_delay",
     "net_reset",
     "clock_skew",
+    "script_resent",
 ];
 
 pub const WORKER_POINTS: &[&str] = &[
@@ -219,6 +284,9 @@ pub struct Plan {
     /// go at once); past `--mysql-timeout`, its transaction's deadline
     /// passes while Redis has lost its batch.
     pub hold_linger_ms: u64,
+    /// `seckill preload` of every voucher while a worker is held after
+    /// Redis came back empty (an operator preloading the lost gates).
+    pub preload_in_hold: bool,
 }
 
 impl Plan {
@@ -299,6 +367,7 @@ impl Plan {
             mysql_timeout_ms: None,
             preloads: Vec::new(),
             hold_linger_ms: 0,
+            preload_in_hold: false,
         };
         plan.add_extras();
         plan
@@ -402,6 +471,20 @@ impl Plan {
                 hit: r.range(1, 3),
                 action: PointAction::Pause(r.range(9_000, 12_000)),
             });
+            if r.chance(50) {
+                // Alone (serve's faults aside, which change nothing a worker
+                // persists), so a slower MySQL has no other explanation:
+                // run.rs judges the bound only then, and the stall's window
+                // spans the whole sale.
+                let stall = self.faults.len() - 1;
+                let mut i = 0;
+                self.faults.retain(|f| {
+                    i += 1;
+                    i - 1 == stall || f.only_on_serve()
+                });
+                self.reconcile_at_ms.clear();
+                self.preloads.clear();
+            }
         }
         if let Some(timeout) = self.mysql_timeout_ms {
             if r.chance(50) {
@@ -423,6 +506,55 @@ impl Plan {
                 self.reconcile_at_ms.push(crash + r.range(200, 1_500));
             }
         }
+        if r.chance(30) {
+            let by = match self.preloads.is_empty() || r.chance(40) {
+                true => Caller::Process(target(&mut r, self.workers)),
+                false => Caller::Preload,
+            };
+            let script = match by {
+                Caller::Process(Target::Worker(_)) => *r.pick(WORKER_SCRIPTS),
+                Caller::Process(Target::Serve) => *r.pick(SERVE_SCRIPTS),
+                Caller::Preload => "preload",
+            };
+            // A preload calls its script once; the others, batch after batch.
+            let hit = r.range(1, 5);
+            self.faults.push(Fault::Resend {
+                by,
+                script,
+                hit: if by == Caller::Preload { 1 } else { hit },
+            });
+        }
+        for (at, v) in self.preloads.clone() {
+            if r.chance(60) {
+                // Buyers pressing again after the preload: a gate that
+                // forgot who bought sells to them again.
+                let before: Vec<Attempt> = self
+                    .attempts
+                    .iter()
+                    .filter(|a| a.voucher == v && a.at_ms + 200 < at)
+                    .cloned()
+                    .collect();
+                for _ in 0..before.len().min(8) {
+                    let again = r.pick(&before).clone();
+                    self.attempts.push(Attempt {
+                        at_ms: at + r.range(100, 1_500),
+                        ..again
+                    });
+                }
+            }
+        }
+        for f in self.faults.iter_mut() {
+            // Back with nothing: a failover to a replica that had synced
+            // nothing, every gate and node-id lease lost whole.
+            match f {
+                Fault::RedisRollback { empty, .. } if r.chance(30) => *empty = true,
+                Fault::Hold { then, .. } if *then == Then::RedisCrash && r.chance(40) => {
+                    *then = Then::RedisEmpty;
+                    self.preload_in_hold = r.chance(50);
+                }
+                _ => {}
+            }
+        }
         self.attempts.sort_by_key(|a| a.at_ms);
     }
 
@@ -438,7 +570,10 @@ impl Plan {
                 }
                 Fault::RedisRollback { crash_at_ms, .. } => *crash_at_ms,
                 Fault::MysqlRollback { restore_at_ms, .. } => *restore_at_ms,
-                Fault::Point { .. } | Fault::Hold { .. } | Fault::Skew { .. } => 0,
+                Fault::Point { .. }
+                | Fault::Hold { .. }
+                | Fault::Skew { .. }
+                | Fault::Resend { .. } => 0,
             })
             .max()
             .unwrap_or(0)
@@ -525,6 +660,7 @@ fn fault(r: &mut Rng, workers: usize, duration_ms: u64) -> Fault {
             Fault::RedisRollback {
                 snapshot_at_ms: snapshot,
                 crash_at_ms: r.range(snapshot, duration_ms + 500),
+                empty: false,
             }
         }
         6 => {
@@ -561,6 +697,15 @@ impl fmt::Display for Target {
     }
 }
 
+impl fmt::Display for Caller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Caller::Process(t) => write!(f, "{t}"),
+            Caller::Preload => write!(f, "preload again"),
+        }
+    }
+}
+
 impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -593,10 +738,16 @@ impl fmt::Display for Fault {
             Fault::RedisRollback {
                 snapshot_at_ms,
                 crash_at_ms,
+                empty: false,
             } => write!(
                 f,
                 "Redis snapshot at {snapshot_at_ms} ms, kill -9 and restart from it at {crash_at_ms} ms"
             ),
+            Fault::RedisRollback {
+                crash_at_ms,
+                empty: true,
+                ..
+            } => write!(f, "Redis killed -9 at {crash_at_ms} ms, started empty"),
             Fault::MysqlRollback {
                 dump_at_ms,
                 restore_at_ms,
@@ -616,6 +767,9 @@ impl fmt::Display for Fault {
             ),
             Fault::Skew { worker, offset_s } => {
                 write!(f, "worker {worker}'s clock {offset_s:+} s off")
+            }
+            Fault::Resend { by, script, hit } => {
+                write!(f, "{script}.lua's call by {by} sent twice (hit {hit})")
             }
         }
     }
@@ -650,6 +804,12 @@ impl fmt::Display for Plan {
                 self.gate_check_ms,
                 self.mysql_timeout_ms
                     .map_or("default".to_string(), |ms| format!("{ms}ms"))
+            )?;
+        }
+        if self.preload_in_hold {
+            writeln!(
+                f,
+                "  every voucher preloaded while a worker is held after Redis came back empty"
             )?;
         }
         if self.hold_linger_ms > 0 {

@@ -22,7 +22,7 @@ use crate::common::{fast_worker, free_port, TestEnv};
 
 use seckill::store::keys::{VoucherKeys, WORKER_GROUP};
 
-use super::plan::{Attempt, Fault, Net, Plan, PointAction, Store, Target, Then, Via};
+use super::plan::{Attempt, Caller, Fault, Net, Plan, PointAction, Store, Target, Then, Via};
 
 /// Room for a loaded machine in the bound of a hung transaction.
 const STALL_SLACK_MS: u64 = 2_500;
@@ -303,6 +303,13 @@ impl Stage {
                 } if Target::Worker(*worker) == target && incarnation == 0 => {
                     spec.push(format!("{point}@{hit}=hold"));
                 }
+                Fault::Resend {
+                    by: Caller::Process(t),
+                    script,
+                    hit,
+                } if *t == target && incarnation == 0 => {
+                    spec.push(format!("resend_{script}@{hit}=resend"));
+                }
                 Fault::Skew { worker, offset_s } if Target::Worker(*worker) == target => {
                     let offset = format!("{offset_s:+}s");
                     for (k, v) in crate::common::clock::skewed_clock(&offset, offset_s / 2) {
@@ -430,6 +437,7 @@ impl Stage {
                 Fault::RedisRollback {
                     snapshot_at_ms,
                     crash_at_ms,
+                    ..
                 } => {
                     steps.push((*snapshot_at_ms, i, true));
                     steps.push((*crash_at_ms, i, false));
@@ -442,7 +450,7 @@ impl Stage {
                     steps.push((*restore_at_ms, i, false));
                 }
                 Fault::Hold { snapshot_at_ms, .. } => steps.push((*snapshot_at_ms, i, true)),
-                Fault::Point { .. } | Fault::Skew { .. } => {}
+                Fault::Point { .. } | Fault::Skew { .. } | Fault::Resend { .. } => {}
             }
         }
         steps.sort();
@@ -501,6 +509,7 @@ impl Stage {
                     self.dumps.lock().unwrap().insert(index, dump);
                 }
             }
+            (Fault::RedisRollback { empty: true, .. }, false) => self.redis_back_empty(),
             (Fault::RedisRollback { .. }, false) => {
                 self.redis.crash_and_restart();
                 self.event("fault: Redis killed -9, started from its snapshot".into());
@@ -518,6 +527,13 @@ impl Stage {
             }
             _ => {}
         }
+    }
+
+    /// Redis killed -9 and started with no data: every gate, stream and
+    /// node-id lease lost whole.
+    fn redis_back_empty(&self) {
+        self.redis.crash_and_restart_empty();
+        self.event("fault: Redis killed -9, started empty".into());
     }
 
     /// Watches for a held process and makes the second fault while it
@@ -558,16 +574,31 @@ impl Stage {
                 std::thread::sleep(Duration::from_millis(20));
             }
             self.event(format!("held: {target} at {point}"));
+            if matches!(then, Then::RedisCrash | Then::RedisEmpty)
+                && self.nothing_else_befalls(index, target)
+            {
+                let held = self.in_hand(target);
+                let who = format!("{target}, held at {point}");
+                let mut h = self.history.lock().unwrap();
+                h.in_hand.extend(held.into_iter().map(|o| (o, who.clone())));
+            }
             match then {
                 Then::RedisCrash => {
-                    if self.nothing_else_befalls(index, target) {
-                        let held = self.in_hand(target);
-                        let who = format!("{target}, held at {point}");
-                        let mut h = self.history.lock().unwrap();
-                        h.in_hand.extend(held.into_iter().map(|o| (o, who.clone())));
-                    }
                     self.redis.crash_and_restart();
                     self.event("fault: Redis killed -9, started from its snapshot".into());
+                }
+                Then::RedisEmpty => {
+                    self.redis_back_empty();
+                    if self.plan.preload_in_hold {
+                        for v in &self.plan.vouchers {
+                            let id = v.id.to_string();
+                            let (code, _, err) = self.cli(&["preload", "--voucher", &id]);
+                            self.event(format!(
+                                "preload --voucher {id} while {target} is held: exit {code:?} {}",
+                                err.trim()
+                            ));
+                        }
+                    }
                 }
                 Then::MysqlRestore => {
                     let dump = self.dumps.lock().unwrap().remove(&index);
@@ -613,7 +644,16 @@ impl Stage {
                     | Fault::Point { target: t, .. }
                     | Fault::Network { target: t, .. } => *t != target,
                     Fault::Hold { worker: w, .. } | Fault::Skew { worker: w, .. } => *w != worker,
-                    Fault::RedisRollback { .. } | Fault::MysqlRollback { .. } => true,
+                    Fault::Resend {
+                        by: Caller::Process(t),
+                        ..
+                    } => *t != target,
+                    Fault::RedisRollback { .. }
+                    | Fault::MysqlRollback { .. }
+                    | Fault::Resend {
+                        by: Caller::Preload,
+                        ..
+                    } => true,
                 }
         })
     }
@@ -766,28 +806,19 @@ impl Stage {
         !operator_near
             && self.plan.faults.iter().enumerate().all(|(i, f)| {
                 i == index
+                    || f.only_on_serve()
                     || match f {
-                        // serve's faults change what buyers are told, not
-                        // what the workers persist.
-                        Fault::Kill9 {
-                            target: Target::Serve,
-                            ..
-                        }
-                        | Fault::Stop {
-                            target: Target::Serve,
-                            ..
-                        }
-                        | Fault::Network {
-                            target: Target::Serve,
-                            ..
-                        } => true,
                         Fault::Kill9 { at_ms, down_ms, .. } => !near(*at_ms, at_ms + down_ms),
                         Fault::Stop { at_ms, for_ms, .. }
                         | Fault::Network { at_ms, for_ms, .. } => !near(*at_ms, at_ms + for_ms),
-                        Fault::Point { target, .. } => *target == Target::Serve,
                         Fault::RedisRollback { crash_at_ms, .. } => *crash_at_ms > to,
                         Fault::MysqlRollback { restore_at_ms, .. } => *restore_at_ms > to,
-                        Fault::Hold { .. } | Fault::Skew { .. } => false,
+                        // A fault point's or a resent call's moment is not
+                        // known: near.
+                        Fault::Point { .. }
+                        | Fault::Resend { .. }
+                        | Fault::Hold { .. }
+                        | Fault::Skew { .. } => false,
                     }
             })
     }
@@ -912,10 +943,38 @@ impl Stage {
     }
 
     fn cli(&self, args: &[&str]) -> (Option<i32>, Value, String) {
+        self.cli_with(args, &[])
+    }
+
+    /// The script calls of `seckill preload` run again that the plan sends
+    /// twice (each run a process of its own, so each run's hits count
+    /// from 1).
+    fn preload_resends(&self) -> Vec<(String, String)> {
+        let spec: Vec<String> = self
+            .plan
+            .faults
+            .iter()
+            .filter_map(|f| match f {
+                Fault::Resend {
+                    by: Caller::Preload,
+                    script,
+                    hit,
+                } => Some(format!("resend_{script}@{hit}=resend")),
+                _ => None,
+            })
+            .collect();
+        match spec.is_empty() {
+            true => Vec::new(),
+            false => vec![("SECKILL_TEST_FAULT".into(), spec.join(","))],
+        }
+    }
+
+    fn cli_with(&self, args: &[&str], vars: &[(String, String)]) -> (Option<i32>, Value, String) {
         let out = self
             .env
             .cmd()
             .args(args)
+            .envs(vars.iter().map(|(k, v)| (k, v)))
             .timeout(Duration::from_secs(30))
             .output();
         match out {
@@ -1117,7 +1176,8 @@ impl Stage {
                 }
                 "preload" => {
                     // Refused while orders are in flight: an answer, not a fault.
-                    let (code, _, err) = self.cli(&["preload", "--voucher", &args[0]]);
+                    let vars = self.preload_resends();
+                    let (code, _, err) = self.cli_with(&["preload", "--voucher", &args[0]], &vars);
                     self.event(format!(
                         "preload --voucher {} again: exit {code:?} {}",
                         args[0],
