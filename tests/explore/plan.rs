@@ -524,6 +524,27 @@ impl Plan {
                 hit: if by == Caller::Preload { 1 } else { hit },
             });
         }
+        let restores: Vec<u64> = self
+            .faults
+            .iter()
+            .filter_map(|f| match f {
+                Fault::MysqlRollback { restore_at_ms, .. } => Some(*restore_at_ms),
+                _ => None,
+            })
+            .collect();
+        for restore in restores {
+            // An operator after MySQL failed over to a replica that lacked
+            // its last commits: preload and reconcile, with the workers'
+            // detection and restore of the lost orders around them.
+            if r.chance(50) {
+                let v = r.pick(&self.vouchers).clone();
+                let at = (restore + r.range(300, 1_500)).max(v.added_at_ms + 300);
+                self.preloads.push((at, v.id));
+            }
+            if r.chance(40) {
+                self.reconcile_at_ms.push(restore + r.range(300, 2_000));
+            }
+        }
         for (at, v) in self.preloads.clone() {
             if r.chance(60) {
                 // Buyers pressing again after the preload: a gate that
