@@ -186,7 +186,7 @@ async fn settle(stage: &Arc<Stage>) {
         Err(e) => stage.violation(format!("worker --until-idle: {e}")),
     }
     left_for_the_operator(stage);
-    let (code, report) = stage.env.reconcile_json(&["--yes"]);
+    let (code, report) = stage.reconcile(&["--yes"]);
     stage.event(format!("reconcile --yes after the drain: exit {code}"));
     if ![0, 4].contains(&code) {
         stage.violation(format!(
@@ -200,7 +200,7 @@ async fn settle(stage: &Arc<Stage>) {
 /// is a violation, unless a Redis rollback happened (what remains exposed
 /// then includes units only an operator's reconcile gives back).
 fn left_for_the_operator(stage: &Arc<Stage>) {
-    let (code, report) = stage.env.reconcile_json(&["--dry-run"]);
+    let (code, report) = stage.reconcile(&["--dry-run"]);
     if code == 0 {
         return;
     }

@@ -107,7 +107,7 @@ pub async fn judge(stage: &Stage) -> Verdict {
         }
     }
     gates_open(stage, &mut verdict).await;
-    let (code, report) = stage.env.reconcile_json(&["--dry-run"]);
+    let (code, report) = stage.reconcile(&["--dry-run"]);
     if code != 0 {
         verdict.violations.push(format!(
             "reconcile --dry-run exit {code} after the workers went idle: {report}"
