@@ -182,6 +182,14 @@ impl Fault {
         )
     }
 
+    /// Its `SECKILL_TEST_FAULT` item, if it is a resent script call.
+    pub fn resend_spec(&self) -> Option<String> {
+        match self {
+            Fault::Resend { script, hit, .. } => Some(format!("resend_{script}@{hit}=resend")),
+            _ => None,
+        }
+    }
+
     /// The kind, as the coverage of a seed set counts it.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -476,12 +484,10 @@ impl Plan {
                 // persists), so a slower MySQL has no other explanation:
                 // run.rs judges the bound only then, and the stall's window
                 // spans the whole sale.
-                let stall = self.faults.len() - 1;
-                let mut i = 0;
-                self.faults.retain(|f| {
-                    i += 1;
-                    i - 1 == stall || f.only_on_serve()
-                });
+                if let Some(stall) = self.faults.pop() {
+                    self.faults.retain(Fault::only_on_serve);
+                    self.faults.push(stall);
+                }
                 self.reconcile_at_ms.clear();
                 self.preloads.clear();
             }
@@ -571,7 +577,7 @@ impl Plan {
                 Fault::RedisRollback { empty, .. } if r.chance(30) => *empty = true,
                 Fault::Hold { then, .. } if *then == Then::RedisCrash && r.chance(40) => {
                     *then = Then::RedisEmpty;
-                    self.preload_in_hold = r.chance(50);
+                    self.preload_in_hold |= r.chance(50);
                 }
                 _ => {}
             }

@@ -305,11 +305,8 @@ impl Stage {
                 }
                 Fault::Resend {
                     by: Caller::Process(t),
-                    script,
-                    hit,
-                } if *t == target && incarnation == 0 => {
-                    spec.push(format!("resend_{script}@{hit}=resend"));
-                }
+                    ..
+                } if *t == target && incarnation == 0 => spec.extend(f.resend_spec()),
                 Fault::Skew { worker, offset_s } if Target::Worker(*worker) == target => {
                     let offset = format!("{offset_s:+}s");
                     for (k, v) in crate::common::clock::skewed_clock(&offset, offset_s / 2) {
@@ -954,14 +951,16 @@ impl Stage {
             .plan
             .faults
             .iter()
-            .filter_map(|f| match f {
-                Fault::Resend {
-                    by: Caller::Preload,
-                    script,
-                    hit,
-                } => Some(format!("resend_{script}@{hit}=resend")),
-                _ => None,
+            .filter(|f| {
+                matches!(
+                    f,
+                    Fault::Resend {
+                        by: Caller::Preload,
+                        ..
+                    }
+                )
             })
+            .filter_map(Fault::resend_spec)
             .collect();
         match spec.is_empty() {
             true => Vec::new(),
