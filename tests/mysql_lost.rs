@@ -494,6 +494,61 @@ async fn a_preload_after_the_loss_does_not_hide_the_lost_orders() {
     env.cleanup().await;
 }
 
+/// A preload after MySQL lost commits and before anything restored them
+/// (the fault explorer's E6, seed 1 of the `mysql_failover` family: a
+/// buyer told promoted, whose order MySQL lost, bought again after the
+/// preload and held a second order; the first could not come back). The
+/// image of MySQL alone has no lost buyer: published open, it let them
+/// buy again. The gate's witness, read before MySQL, shows the loss: the
+/// preload publishes the gate paused and says so, and the restore reopens
+/// it with every lost buyer back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preload_before_the_restore_lets_no_lost_buyer_buy_again() {
+    let env = TestEnv::new().await;
+    env.live_voucher(86, 50).await;
+    let drain = || {
+        env.spawn_worker(&["--until-idle", "--block", "100ms"])
+            .expect_success(Duration::from_secs(60))
+    };
+    env.admit_users(86, 10, 0).await;
+    drain();
+    let dump = env.dump_mysql();
+    env.admit_users(86, 10, 10).await;
+    drain();
+    let before = env.orders(86).await;
+    env.restore_mysql(&dump);
+    let out = env
+        .cmd()
+        .args(["preload", "--voucher", "86", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        env.buy_exit(86, "15"),
+        Some(15),
+        "a lost buyer is answered paused, not sold a second order"
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report[0]["mysql_lost_commits"], 10, "{report:#}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("published paused until they are restored"),
+        "{out:?}"
+    );
+
+    let (code, report) = env.reconcile_json(&["--yes"]);
+    assert_eq!(code, 4, "{report:#}");
+    assert_eq!(env.orders(86).await, before, "the orders came back");
+    assert_eq!(gate_stock(&env, 86).await, 30, "{report:#}");
+    assert_invariants(&env, 86).await;
+    assert_eq!(
+        env.buy_exit(86, "15"),
+        Some(10),
+        "a lost buyer is a buyer again"
+    );
+    assert_eq!(env.buy_exit(86, "21"), Some(0), "the gate reopened");
+    env.cleanup().await;
+}
+
 /// A lost order whose deadline comes before any guard looks (here: its
 /// guard looks once an hour): the worker's canceller finds it missing from
 /// MySQL while the gate's witness says MySQL holds fewer orders than were
@@ -539,6 +594,55 @@ async fn a_deadline_of_an_order_mysql_lost_is_kept_for_the_restore() {
     assert_eq!(code, 0, "{report:#}");
     assert_invariants(&env, 84).await;
     drop(worker);
+    env.cleanup().await;
+}
+
+/// A preload after MySQL lost an order that had since been cancelled and
+/// its unit given back (the fault explorer's E5, seed 1 of the
+/// `mysql_failover` family: ten never-paid orders came back held). The
+/// preload rebuilt the released set from MySQL, which no longer had the
+/// order, and the release was the only mark Redis kept of it (the
+/// deadline goes with the release): the restore then knew it neither
+/// released nor due, took it for paid and held it for the operator, its
+/// unit kept from the sale. Restored cancelled, with its unit at the gate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preload_after_the_loss_keeps_the_lost_orders_releases() {
+    let env = TestEnv::new().await;
+    env.live_voucher_paying_within(85, 10, 1_500).await;
+    let mut worker = env.spawn_worker(&fast_worker(&["--gate-check", "1h"]));
+    env.admit_users(85, 3, 0).await;
+    env.wait_orders(85, 3, Duration::from_secs(30)).await;
+    let dump = env.dump_mysql();
+    buy_users(&env, 85, 4..=4);
+    env.wait_orders(85, 4, Duration::from_secs(30)).await;
+    let lost = order_of(&orders_held(&env, 85).await, 4).0;
+    let keys = VoucherKeys::new(&env.prefix, 85).unwrap();
+    within(30, "user 4's order cancelled and released", async || {
+        let mut redis = env.redis().await;
+        let released: bool = redis.sismember(keys.released(), lost).await.unwrap();
+        released && order_of(&orders_held(&env, 85).await, 4).2 == -1
+    })
+    .await;
+    worker.signal("TERM");
+    assert!(
+        worker.wait_for(Duration::from_secs(30)).is_some(),
+        "the worker stops"
+    );
+    env.restore_mysql(&dump);
+    env.preload(85).await;
+
+    let (code, report) = env.reconcile_json(&["--yes"]);
+    assert_eq!(code, 4, "{report:#}");
+    let restored = order_of(&orders_held(&env, 85).await, 4);
+    assert_eq!(
+        restored,
+        (lost, 4, -1, 0),
+        "restored cancelled, not held: {report:#}"
+    );
+    assert_eq!(gate_stock(&env, 85).await, 7, "{report:#}");
+    let (code, report) = env.reconcile_json(&["--dry-run"]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_invariants(&env, 85).await;
     env.cleanup().await;
 }
 

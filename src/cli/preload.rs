@@ -46,6 +46,13 @@ pub async fn run(cfg: &Config, args: PreloadArgs) -> anyhow::Result<u8> {
                         r.in_flight_ignored
                     );
                 }
+                if r.mysql_lost_commits > 0 {
+                    tracing::warn!(
+                        voucher = id,
+                        "MySQL lacks {} commit(s) the gate saw (a failover to an asynchronous replica, or a backup restored): published paused until they are restored (a worker's gate guard does it, or `seckill reconcile --yes`)",
+                        r.mysql_lost_commits
+                    );
+                }
                 reports.push(r);
             }
             Err(e) => {
@@ -65,7 +72,9 @@ pub async fn run(cfg: &Config, args: PreloadArgs) -> anyhow::Result<u8> {
 fn preload_table(reports: &[PreloadReport]) -> comfy_table::Table {
     let mut t = table(&["voucher", "total", "gate stock", "buyers", "note"]);
     for r in reports {
-        let note = if r.in_flight_ignored > 0 {
+        let note = if r.mysql_lost_commits > 0 {
+            format!("paused: MySQL lost {} commit(s)", r.mysql_lost_commits)
+        } else if r.in_flight_ignored > 0 {
             format!("forced over {} in flight", r.in_flight_ignored)
         } else {
             "loaded".to_string()

@@ -16,7 +16,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::gate::buckets::{self, bucket_of, Layout};
 use crate::gate::image::{publish_gate, BucketPlace, GateImage};
-use crate::gate::pause::{self, META_PAUSE_TOKEN};
+use crate::gate::pause::{self, PauseReason, META_PAUSE_TOKEN};
 use crate::gate::transfer;
 use crate::gate::witness;
 use crate::orders::order::OrderStatus;
@@ -25,6 +25,7 @@ use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
 use crate::store::registry;
 use crate::stream::backlog::backlog;
+use std::time::Duration;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct PreloadReport {
@@ -36,6 +37,10 @@ pub struct PreloadReport {
     pub in_flight_ignored: u64,
     /// Gates the stock is split over (1: one gate).
     pub buckets: u32,
+    /// What MySQL lacks of what the gate saw it commit (orders workers
+    /// inserted, cancellations whose units came back): MySQL lost commits,
+    /// and the gate was published paused for their restore. 0 normally.
+    pub mysql_lost_commits: u64,
 }
 
 pub async fn preload<C: RedisConn>(
@@ -58,9 +63,27 @@ pub async fn preload<C: RedisConn>(
     // A pause after this (a guard that saw Redis lose writes) must not be
     // undone by the reopen below, which relies on this view.
     let pause_seen: Option<String> = conn.hget(keys.meta(), META_PAUSE_TOKEN).await?;
+    let committed: Option<i64> = conn.hget(keys.meta(), witness::META_COMMITTED).await?;
     let in_flight = refuse_in_flight(conn, &keys, force).await?;
     let (v, orders) = voucher::get_with_orders(db, voucher_id).await?;
-    let image = OrdersImage::of(&v, &orders);
+    let mut image = OrdersImage::of(&v, &orders);
+    image.keep_releases_mysql_lost(conn, &keys, &orders).await?;
+    // Read before MySQL, the witness shows what MySQL lost since (a
+    // failover, a backup restored): an image of MySQL alone would drop the
+    // lost buyers, who could then buy again before anything restored
+    // their orders. Published paused, as the gate guard pauses it; the
+    // guard's restore (or `reconcile --yes`) reopens it.
+    let lost = mysql_lost_commits(committed, before.released, &v);
+    if lost > 0 {
+        pause::pause(
+            conn,
+            &keys,
+            None,
+            Duration::ZERO,
+            PauseReason::MysqlLostCommits,
+        )
+        .await?;
+    }
 
     let published = publish_gate(conn, &keys, &image.gate(&v, v.stock, None), &before).await?;
     if !published {
@@ -68,8 +91,10 @@ pub async fn preload<C: RedisConn>(
     }
     // The gate is MySQL's image now: one a worker paused (Redis had lost
     // writes) opens again, if it has a buyer for every order.
-    let seen = pause_seen.unwrap_or_default();
-    pause::reopen(conn, &keys, image.users.len() as u64, Some(&seen)).await?;
+    if lost == 0 {
+        let seen = pause_seen.unwrap_or_default();
+        pause::reopen(conn, &keys, image.users.len() as u64, Some(&seen)).await?;
+    }
     Ok(PreloadReport {
         voucher: voucher_id,
         total_stock: v.total_stock,
@@ -77,7 +102,19 @@ pub async fn preload<C: RedisConn>(
         buyers: image.users.len() as u64,
         in_flight_ignored: if force { in_flight } else { 0 },
         buckets: 1,
+        mysql_lost_commits: lost,
     })
+}
+
+/// What MySQL lacks of what a gate saw it commit: `committed` (meta) and
+/// `released` (the released set's size), both read before MySQL was,
+/// against the voucher's row. The witness errs low, never high.
+fn mysql_lost_commits(committed: Option<i64>, released: u64, v: &Voucher) -> u64 {
+    let orders = committed.unwrap_or(0).max(0) as u64;
+    let cancellations = released;
+    let total = v.orders_pending + v.orders_paid + v.orders_cancelled;
+    orders.saturating_sub(total.max(0) as u64)
+        + cancellations.saturating_sub(v.orders_cancelled.max(0) as u64)
 }
 
 /// The orders in flight at a gate; unless `force`, an error when there are
@@ -128,6 +165,27 @@ impl OrdersImage {
             }
         }
         image
+    }
+
+    /// Keeps in the released set its members MySQL has no order of:
+    /// cancelled orders whose unit the gate gave back and whose commits
+    /// MySQL then lost (a failover, a backup restored). Their release is
+    /// all Redis keeps of them once their deadline went with it, and the
+    /// restore (orders/restore.rs) reads it to bring them back cancelled:
+    /// rebuilt from MySQL alone, they came back held as if paid, their
+    /// units kept from the sale. A release after the witness was read
+    /// makes the publish refuse, so reading the set now is enough.
+    async fn keep_releases_mysql_lost<C: RedisConn>(
+        &mut self,
+        conn: &mut C,
+        keys: &VoucherKeys,
+        orders: &[OrderDigest],
+    ) -> Result<()> {
+        let released: Vec<u64> = conn.smembers(keys.released()).await?;
+        let known: std::collections::HashSet<u64> = orders.iter().map(|o| o.id).collect();
+        self.cancelled
+            .extend(released.into_iter().filter(|id| !known.contains(id)));
+        Ok(())
     }
 
     fn gate<'a>(
@@ -197,7 +255,8 @@ async fn preload_buckets<C: RedisConn>(
     let tags = layout.tags_text();
     for (b, keys) in gates.iter().enumerate() {
         let b = b as u32;
-        let image = OrdersImage::of(&v, orders.iter().filter(|o| bucket_of(o.user, n) == b));
+        let mut image = OrdersImage::of(&v, orders.iter().filter(|o| bucket_of(o.user, n) == b));
+        image.keep_releases_mysql_lost(conn, keys, &orders).await?;
         let place = BucketPlace {
             bucket: b,
             buckets: n,
@@ -230,5 +289,8 @@ async fn preload_buckets<C: RedisConn>(
         buyers,
         in_flight_ignored: if force { in_flight } else { 0 },
         buckets: n,
+        // A sale in buckets that began is refused above; before it,
+        // nothing was committed.
+        mysql_lost_commits: 0,
     })
 }
