@@ -416,7 +416,7 @@ async fn seed_holds(seed: u64) {
 
 /// CI's seeds (`list_plans` shows their faults): together they cover
 /// every fault kind, each test one seed, so nextest runs them side by side.
-const CI_SEEDS: &[u64] = &[2, 4, 10, 12, 15, 33];
+const CI_SEEDS: &[u64] = &[2, 4, 10, 11, 12, 15, 23, 28, 32];
 
 macro_rules! ci_seeds {
     ($($name:ident: $seed:expr,)*) => {
@@ -433,9 +433,12 @@ ci_seeds! {
     seed_2: 2,
     seed_4: 4,
     seed_10: 10,
+    seed_11: 11,
     seed_12: 12,
     seed_15: 15,
-    seed_33: 33,
+    seed_23: 23,
+    seed_28: 28,
+    seed_32: 32,
 }
 
 /// The schedule that found E4 (design/explorer.md: a half-open Redis
@@ -467,7 +470,7 @@ async fn e4_a_stalled_transaction_on_a_half_open_redis_connection() {
 }
 
 #[test]
-fn ci_seeds_cover_every_fault_kind() {
+fn ci_seeds_cover_every_fault_kind_and_family() {
     let covered: std::collections::BTreeSet<&str> = CI_SEEDS
         .iter()
         .flat_map(|s| Plan::from_seed(*s).faults)
@@ -478,6 +481,18 @@ fn ci_seeds_cover_every_fault_kind() {
         .filter(|k| !covered.contains(*k))
         .collect();
     assert!(missing.is_empty(), "no CI seed makes {missing:?}");
+    let families: std::collections::BTreeSet<&str> = CI_SEEDS
+        .iter()
+        .filter_map(|s| Plan::from_seed(*s).family)
+        .collect();
+    let missing: Vec<&&str> = plan::FAMILIES
+        .iter()
+        .filter(|f| !families.contains(*f))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "no CI seed draws the family {missing:?}"
+    );
 }
 
 /// Prints the fault kinds of seeds (`SECKILL_EXPLORE_SEED`, `_COUNT`; with

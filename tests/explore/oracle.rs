@@ -41,11 +41,25 @@ pub async fn judge(stage: &Stage) -> Verdict {
         (
             h.told.clone(),
             h.limits.clone(),
-            rollback_windows(&h.events),
+            rollback_windows(&h.events, stage.plan.gate_check_ms),
             h.in_hand.clone(),
         )
     };
     let held = held_orders(stage).await;
+    // A restored order is held (payment unknown) only when Redis kept
+    // neither its deadline nor its release: it was paid. One whose buyer
+    // never asked to pay keeps a unit from the sale for an operator who
+    // needs none (README, "When MySQL loses its last commits").
+    for o in &held {
+        let asked = told
+            .iter()
+            .any(|t| matches!(&t.answer, Answer::Paid(p) | Answer::PayRefused(p, _) if p == o));
+        if !asked {
+            verdict.violations.push(format!(
+                "order {o} is held for the operator (restored, payment unknown) though its buyer never asked to pay it"
+            ));
+        }
+    }
     for t in &told {
         let Some(s) = states.get(&t.voucher) else {
             continue;
@@ -120,14 +134,20 @@ pub async fn judge(stage: &Stage) -> Verdict {
 /// and one pass, with room for a loaded machine.
 const GUARD_BOUND_MS: u64 = 1_500;
 
-/// (from, to) in ms of the answers each Redis rollback may undo: from the
-/// snapshot it came back to (none, or back empty: from the start) to the
-/// guard's bound after it answered again.
-fn rollback_windows(events: &[(u64, String)]) -> Vec<(u64, u64)> {
+/// (from, to) in ms of the answers each store's rollback may undo. Redis:
+/// from the snapshot it came back to (none, or back empty: from the start)
+/// to the guard's bound after it answered again. MySQL: from the restore
+/// to the guard's next pass (`--gate-check` and a pass), while a release of
+/// a unit whose cancellation MySQL lost gives the gate a unit a pending
+/// order holds, sold to a buyer whose order is then dead-lettered (README,
+/// "When MySQL loses its last commits", what remains exposed).
+fn rollback_windows(events: &[(u64, String)], gate_check_ms: u64) -> Vec<(u64, u64)> {
     let mut snapshot = 0;
     let mut windows = Vec::new();
     for (at, what) in events {
-        if what == "Redis snapshot taken" {
+        if what == super::run::MYSQL_RESTORE_BEGINS {
+            windows.push((*at, at + gate_check_ms + GUARD_BOUND_MS));
+        } else if what == "Redis snapshot taken" {
             snapshot = *at;
         } else if what.starts_with("fault: Redis killed -9, started empty") {
             windows.push((0, at + GUARD_BOUND_MS));

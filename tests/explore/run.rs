@@ -27,6 +27,16 @@ use super::plan::{Attempt, Caller, Fault, Net, Plan, PointAction, Store, Target,
 /// Room for a loaded machine in the bound of a hung transaction.
 const STALL_SLACK_MS: u64 = 2_500;
 
+/// The event of a MySQL set back to a dump, logged as the switch begins
+/// (the oracle's window of what it may undo starts there).
+pub const MYSQL_RESTORE_BEGINS: &str = "MySQL switching back to its dump";
+
+/// The README's bound for a worker stopped inside its transaction at the
+/// explorer's flags: the `--lock-lease` (1 s), one lock wait (1 s), one
+/// retry backoff (1 s here), the taker's `--claim-idle` and a half
+/// (0.75 s), and the slack of a loaded machine.
+const FROZEN_BOUND_MS: u64 = 1_000 + 1_000 + 1_000 + 750 + STALL_SLACK_MS;
+
 /// What a client was told.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Answer {
@@ -517,6 +527,7 @@ impl Stage {
                 self.event("MySQL dumped".into());
             }
             (Fault::MysqlRollback { .. }, false) => {
+                self.event(MYSQL_RESTORE_BEGINS.into());
                 if let Some(d) = self.dumps.lock().unwrap().remove(&index) {
                     self.env.restore_mysql(&d);
                 }
@@ -600,6 +611,7 @@ impl Stage {
                 Then::MysqlRestore => {
                     let dump = self.dumps.lock().unwrap().remove(&index);
                     let dump = dump.unwrap_or_else(|| self.env.dump_mysql());
+                    self.event(MYSQL_RESTORE_BEGINS.into());
                     self.env.restore_mysql(&dump);
                     self.event("fault: MySQL set back to its dump".into());
                 }
@@ -612,11 +624,23 @@ impl Stage {
                 }
                 Then::Freeze(ms) => {
                     self.stop(target, true);
+                    let began = self.ms();
                     self.event(format!("fault: SIGSTOP {target} where it is held"));
-                    std::thread::sleep(Duration::from_millis(ms));
+                    if point == "before_commit" {
+                        self.judge_frozen(index, target, began, ms);
+                    }
+                    self.sleep_until(began + ms);
                     self.stop(target, false);
                     self.event(format!("healed: SIGCONT {target}"));
                 }
+            }
+            if self.plan.reconcile_in_hold && matches!(then, Then::RedisCrash | Then::RedisEmpty) {
+                let (code, _, err) =
+                    self.cli(&["reconcile", "--yes", "--settle", "0s", "--format", "json"]);
+                self.event(format!(
+                    "reconcile --yes while {target} is held: exit {code:?} {}",
+                    err.trim()
+                ));
             }
             if self.plan.hold_linger_ms > 0 && !matches!(then, Then::Freeze(_)) {
                 std::thread::sleep(Duration::from_millis(self.plan.hold_linger_ms));
@@ -708,6 +732,51 @@ impl Stage {
         })
     }
 
+    /// A worker SIGSTOPped inside its batch's transaction (the voucher
+    /// row locked) for `ms`: within the README's bound for a stopped
+    /// worker (its lease, one lock wait, one retry backoff; here also the
+    /// taker's `--claim-idle` and a half, and room for a loaded machine),
+    /// every order told success before the freeze must be in MySQL, not
+    /// when the process wakes. Judged only where nothing else of the plan
+    /// can explain a slower MySQL.
+    fn judge_frozen(&self, index: usize, target: Target, began: u64, ms: u64) {
+        let bound = FROZEN_BOUND_MS;
+        if ms < bound + 2_000 || self.plan.workers < 2 {
+            return;
+        }
+        if !self.quiet_around(index, began, began + bound) {
+            self.event(format!(
+                "{target} frozen inside a transaction at {began} ms: other faults near, not judged"
+            ));
+            return;
+        }
+        let told = self.told_success_before(began);
+        self.sleep_until(began + bound);
+        let missing = self.not_in_mysql(&told);
+        if !missing.is_empty() {
+            self.violation(format!(
+                "{target} frozen (SIGSTOP) inside a transaction at {began} ms for {ms} ms: {} of {} order(s) told success before it were not in MySQL {bound} ms later, the README's bound for a worker stopped inside its transaction (e.g. {:?})",
+                missing.len(),
+                told.len(),
+                &missing[..missing.len().min(5)]
+            ));
+        }
+    }
+
+    /// The orders of buyers told success (or bought, or promoted) with an
+    /// order id, answered before `ms`.
+    fn told_success_before(&self, ms: u64) -> Vec<u64> {
+        let h = self.history.lock().unwrap();
+        h.told
+            .iter()
+            .filter(|t| t.answered_ms < ms)
+            .filter_map(|t| match t.answer {
+                Answer::Success(o) | Answer::Bought(Some(o)) | Answer::Promoted(Some(o)) => Some(o),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Watches for a stall inside a batch's transaction longer than the
     /// README's bound for a hung transaction (`--mysql-timeout`, plus the
     /// taker's `--claim-idle` and a half, plus a lock wait): by the end of
@@ -762,19 +831,7 @@ impl Stage {
                 continue;
             }
             self.event(format!("{target} stalled before COMMIT for {ms} ms"));
-            let told: Vec<u64> = {
-                let h = self.history.lock().unwrap();
-                h.told
-                    .iter()
-                    .filter(|t| t.answered_ms < began)
-                    .filter_map(|t| match t.answer {
-                        Answer::Success(o)
-                        | Answer::Bought(Some(o))
-                        | Answer::Promoted(Some(o)) => Some(o),
-                        _ => None,
-                    })
-                    .collect()
-            };
+            let told = self.told_success_before(began);
             self.sleep_until(began + bound);
             let missing = self.not_in_mysql(&told);
             if !missing.is_empty() {
