@@ -130,13 +130,14 @@ pub async fn judge(stage: &Stage) -> Verdict {
     verdict
 }
 
-/// The guard's bound after a Redis restart: `--gate-check` (300 ms here)
-/// and one pass, with room for a loaded machine.
+/// The guard's bound after a store's rollback, beyond its `--gate-check`:
+/// one pass, with room for a loaded machine.
 const GUARD_BOUND_MS: u64 = 1_500;
 
 /// (from, to) in ms of the answers each store's rollback may undo. Redis:
 /// from the snapshot it came back to (none, or back empty: from the start)
-/// to the guard's bound after it answered again. MySQL: from the restore
+/// to the guard's next pass after it answered again (`--gate-check` and
+/// a pass). MySQL: from the restore
 /// to the guard's next pass (`--gate-check` and a pass), while a release of
 /// a unit whose cancellation MySQL lost gives the gate a unit a pending
 /// order holds, sold to a buyer whose order is then dead-lettered (README,
@@ -147,12 +148,12 @@ fn rollback_windows(events: &[(u64, String)], gate_check_ms: u64) -> Vec<(u64, u
     for (at, what) in events {
         if what == super::run::MYSQL_RESTORE_BEGINS {
             windows.push((*at, at + gate_check_ms + GUARD_BOUND_MS));
-        } else if what == "Redis snapshot taken" {
+        } else if what == super::run::REDIS_SNAPSHOT_BEGINS {
             snapshot = *at;
         } else if what.starts_with("fault: Redis killed -9, started empty") {
-            windows.push((0, at + GUARD_BOUND_MS));
+            windows.push((0, at + gate_check_ms + GUARD_BOUND_MS));
         } else if what.starts_with("fault: Redis killed -9") {
-            windows.push((snapshot, at + GUARD_BOUND_MS));
+            windows.push((snapshot, at + gate_check_ms + GUARD_BOUND_MS));
         }
     }
     windows

@@ -273,6 +273,7 @@ pub const FAMILIES: &[&str] = &[
     "lost_batch_in_hand",
     "mysql_failover",
     "frozen_in_transaction",
+    "redis_rollback_with_waitlist",
 ];
 
 /// Where a family holds a worker: inside the transaction two times in
@@ -614,13 +615,48 @@ impl Plan {
         // draws its own.
         let end = self.duration_ms;
         self.attempts.retain(|a| a.at_ms <= end);
-        // In turn by seed, so that a dozen seeds meet each family.
+        // In turn by seed, so that a dozen seeds meet each family; a
+        // quarter of them, chosen from a stream of their own (so the
+        // others keep their draws), go to the family added last.
+        let later = Rng::new(self.seed ^ 99).chance(25);
         match self.seed % 3 {
+            _ if later => self.redis_rollback_with_waitlist(&mut r),
             0 => self.lost_batch_in_hand(&mut r),
             1 => self.mysql_failover(&mut r),
             _ => self.frozen_in_transaction(&mut r),
         }
         self.attempts.sort_by_key(|a| a.at_ms);
+    }
+
+    /// Redis back to a snapshot taken while the first deadlines were
+    /// still ahead, after units were released, waiting buyers promoted,
+    /// persisted and paid: a waitlist on every voucher, short deadlines,
+    /// and `reconcile --yes` after the guard's bound, with buyers still
+    /// coming. The rebuild and the repair must not give again a unit an
+    /// order holds, nor promote from the lost buyers while paused.
+    fn redis_rollback_with_waitlist(&mut self, r: &mut Rng) {
+        self.family = Some("redis_rollback_with_waitlist");
+        for v in self.vouchers.iter_mut() {
+            v.waitlist_limit = None;
+            v.pay_timeout_ms = r.range(1_500, 2_200);
+        }
+        self.pay_percent = r.range(40, 70);
+        self.pay_latest_percent = r.range(30, 80);
+        self.gate_check_ms = match r.chance(50) {
+            true => 300,
+            false => r.range(1_000, 2_500),
+        };
+        let snapshot = r.range(600, 1_400);
+        let crash = snapshot + r.range(1_500, 3_000);
+        self.faults.push(Fault::RedisRollback {
+            snapshot_at_ms: snapshot,
+            crash_at_ms: crash,
+            empty: false,
+        });
+        if r.chance(60) {
+            self.reconcile_at_ms.push(crash + r.range(1_600, 2_600));
+        }
+        self.steady_buyers(r, crash, crash + 3_000);
     }
 
     /// A worker holds a batch Redis then loses (back to a snapshot from

@@ -31,6 +31,9 @@ const STALL_SLACK_MS: u64 = 2_500;
 /// (the oracle's window of what it may undo starts there).
 pub const MYSQL_RESTORE_BEGINS: &str = "MySQL switching back to its dump";
 
+/// The event of a Redis snapshot, logged as SAVE is sent.
+pub const REDIS_SNAPSHOT_BEGINS: &str = "Redis snapshot begins";
+
 /// The README's bound for a worker stopped inside its transaction at the
 /// explorer's flags: the `--lock-lease` (1 s), one lock wait (1 s), one
 /// retry backoff (1 s here), the taker's `--claim-idle` and a half
@@ -505,6 +508,9 @@ impl Stage {
                 self.event(format!("healed: {target} and {store:?}"));
             }
             (Fault::RedisRollback { .. } | Fault::Hold { .. }, true) => {
+                // Logged as SAVE is sent: an admission answered while it
+                // runs may be after its cut, so the oracle's window opens here.
+                self.event(REDIS_SNAPSHOT_BEGINS.into());
                 self.redis.snapshot();
                 self.event("Redis snapshot taken".into());
                 if let Fault::Hold {
