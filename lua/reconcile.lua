@@ -27,7 +27,8 @@
 --             checks, src/gate/witness.rs): last order-stream entry id ('' if
 --             none), gate stock ('' if none), buyers count, released count
 -- ARGV[5]     stock delta (+ gives units back, - takes them away)
--- ARGV[6]     A, then A user ids to add to the buyers
+-- ARGV[6]     A, then A user ids to add to the buyers (each also taken off
+--             KEYS[6] and KEYS[10] when given: a buyer waits no more)
 -- then        R, then R user ids to remove from the buyers
 -- then        D, then D pairs: order id, payment deadline ms
 -- then        P, then P fresh order ids (optional, with KEYS[6..8]): units
@@ -74,6 +75,11 @@ local adds = tonumber(ARGV[i]); i = i + 1
 local changed = {}
 for _ = 1, adds do
   if redis.call('SADD', KEYS[2], ARGV[i]) == 1 then changed[#changed + 1] = ARGV[i] end
+  -- A buyer waits no more: a promotion Redis lost (back to older data)
+  -- leaves its user waiting, where only a promotion reaching them would
+  -- take them off.
+  if KEYS[6] then redis.call('ZREM', KEYS[6], ARGV[i]) end
+  if KEYS[10] then redis.call('HDEL', KEYS[10], ARGV[i]) end
   i = i + 1
 end
 counted('buyers_digest', changed, 1)

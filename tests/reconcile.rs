@@ -947,3 +947,40 @@ async fn a_commit_mysql_lost_keeps_its_buyer_and_is_restored() {
     assert_invariants(&env, 77).await;
     env.cleanup().await;
 }
+
+/// A promotion Redis lost, whose order MySQL holds (the fault explorer's
+/// E7, seed 19 of the `redis_rollback_with_waitlist` family: Redis went
+/// back to a snapshot taken while five users still waited, after units
+/// released since had promoted them and their orders were persisted).
+/// The repair made them buyers again from MySQL's orders but left them on
+/// the waitlist, where nothing ever takes a buyer off but a promotion
+/// reaching them: `status` counted them waiting, and `reconcile --dry-run`
+/// saw nothing. A user the repair makes a buyer leaves the waitlist.
+#[tokio::test]
+async fn a_buyer_the_repair_brings_back_leaves_the_waitlist() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 2).await;
+    assert_eq!(env.buy_exit(V, "1"), Some(0));
+    assert_eq!(env.buy_exit(V, "2"), Some(0));
+    assert_eq!(env.buy_exit(V, "3"), Some(11), "user 3 waits");
+    env.spawn_worker(&["--until-idle", "--block", "100ms"])
+        .expect_success(Duration::from_secs(60));
+    // Redis lost that user 2 was promoted: waiting again, no buyer.
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let third: f64 = redis.zscore(keys.waitlist(), 3).await.unwrap();
+    let _: () = redis.srem(keys.buyers(), 2).await.unwrap();
+    let _: () = redis.zadd(keys.waitlist(), 2, third - 1.0).await.unwrap();
+    let _: () = redis.hset(keys.waitlist_quantity(), 2, 1).await.unwrap();
+
+    let (code, report) = reconcile(&env, &["--yes"]);
+    assert_eq!(code, 4, "{report:#}");
+    let waiting: Vec<u64> = redis.zrange(keys.waitlist(), 0, -1).await.unwrap();
+    assert_eq!(waiting, vec![3], "the buyer left the waitlist: {report:#}");
+    let wants: Option<u32> = redis.hget(keys.waitlist_quantity(), 2).await.unwrap();
+    assert_eq!(wants, None);
+    assert_invariants(&env, V).await;
+    let (code, report) = reconcile(&env, &["--dry-run"]);
+    assert_eq!(code, 0, "{report:#}");
+    env.cleanup().await;
+}
