@@ -604,6 +604,10 @@ impl Stage {
                 Then::RedisEmpty => {
                     self.redis_back_empty();
                     if self.plan.preload_in_hold {
+                        // After the held worker saw its batch lost and
+                        // took the hold (or 5 s): an operator preloading
+                        // the lost gates once the worker said so.
+                        self.wait_log(target, "Redis no longer has every entry", 5_000);
                         for v in &self.plan.vouchers {
                             let id = v.id.to_string();
                             let (code, _, err) = self.cli(&["preload", "--voucher", &id]);
@@ -652,6 +656,22 @@ impl Stage {
                 std::thread::sleep(Duration::from_millis(self.plan.hold_linger_ms));
             }
             self.release(target);
+        }
+    }
+
+    /// Waits up to `ms` for `needle` in `target`'s log.
+    fn wait_log(&self, target: Target, needle: &str, ms: u64) {
+        let until = self.ms() + ms;
+        while self.ms() < until {
+            let seen = self.slots.lock().unwrap()[&target]
+                .proc
+                .as_ref()
+                .is_some_and(|p| p.log_text().contains(needle));
+            if seen {
+                std::thread::sleep(Duration::from_millis(200));
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
