@@ -697,7 +697,15 @@ impl Plan {
     fn mysql_failover(&mut self, r: &mut Rng) {
         self.family = Some("mysql_failover");
         let d = self.duration_ms;
-        let dump = r.range(d / 4, d / 2);
+        // After every voucher was added: a dump from before one has not
+        // its row, which MySQL losing is another fault than this one's.
+        let added = self
+            .vouchers
+            .iter()
+            .map(|v| v.added_at_ms)
+            .max()
+            .unwrap_or(0);
+        let dump = r.range(d / 4, d / 2).max(added + 1_000);
         let restore = dump + r.range(1_500, 3_000);
         self.faults.push(Fault::MysqlRollback {
             dump_at_ms: dump,
