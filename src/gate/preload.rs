@@ -18,13 +18,14 @@ use crate::gate::buckets::{self, bucket_of, Layout};
 use crate::gate::image::{publish_gate, BucketPlace, GateImage};
 use crate::gate::pause::{self, PauseReason, META_PAUSE_TOKEN};
 use crate::gate::transfer;
-use crate::gate::witness;
+use crate::gate::witness::{self, MysqlBehind};
 use crate::orders::order::OrderStatus;
 use crate::orders::voucher::{self, OrderDigest, Voucher};
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
 use crate::store::registry;
 use crate::stream::backlog::backlog;
+use std::collections::HashSet;
 use std::time::Duration;
 
 #[derive(Debug, Clone, Serialize)]
@@ -61,19 +62,31 @@ pub async fn preload<C: RedisConn>(
     // witness below and the publish step refuses.
     let before = witness::read(conn, &keys).await?;
     // A pause after this (a guard that saw Redis lose writes) must not be
-    // undone by the reopen below, which relies on this view.
-    let pause_seen: Option<String> = conn.hget(keys.meta(), META_PAUSE_TOKEN).await?;
-    let committed: Option<i64> = conn.hget(keys.meta(), witness::META_COMMITTED).await?;
+    // undone by the reopen below, which relies on this view; the commits
+    // the gate saw tell what MySQL lost since.
+    let (pause_seen, committed): (Option<String>, Option<i64>) = redis::cmd("HMGET")
+        .arg(keys.meta())
+        .arg(&[META_PAUSE_TOKEN, witness::META_COMMITTED])
+        .query_async(conn)
+        .await?;
     let in_flight = refuse_in_flight(conn, &keys, force).await?;
     let (v, orders) = voucher::get_with_orders(db, voucher_id).await?;
     let mut image = OrdersImage::of(&v, &orders);
-    image.keep_releases_mysql_lost(conn, &keys, &orders).await?;
+    image
+        .keep_releases_mysql_lost(conn, &keys, &order_ids(&orders))
+        .await?;
     // Read before MySQL, the witness shows what MySQL lost since (a
     // failover, a backup restored): an image of MySQL alone would drop the
     // lost buyers, who could then buy again before anything restored
     // their orders. Published paused, as the gate guard pauses it; the
     // guard's restore (or `reconcile --yes`) reopens it.
-    let lost = mysql_lost_commits(committed, before.released, &v);
+    let lost = MysqlBehind::of(
+        committed.unwrap_or(0).max(0) as u64,
+        before.released,
+        (v.orders_pending + v.orders_paid + v.orders_cancelled).max(0) as u64,
+        v.orders_cancelled.max(0) as u64,
+    )
+    .sum();
     if lost > 0 {
         pause::pause(
             conn,
@@ -106,15 +119,9 @@ pub async fn preload<C: RedisConn>(
     })
 }
 
-/// What MySQL lacks of what a gate saw it commit: `committed` (meta) and
-/// `released` (the released set's size), both read before MySQL was,
-/// against the voucher's row. The witness errs low, never high.
-fn mysql_lost_commits(committed: Option<i64>, released: u64, v: &Voucher) -> u64 {
-    let orders = committed.unwrap_or(0).max(0) as u64;
-    let cancellations = released;
-    let total = v.orders_pending + v.orders_paid + v.orders_cancelled;
-    orders.saturating_sub(total.max(0) as u64)
-        + cancellations.saturating_sub(v.orders_cancelled.max(0) as u64)
+/// The ids of these orders, to look members up among.
+fn order_ids(orders: &[OrderDigest]) -> HashSet<u64> {
+    orders.iter().map(|o| o.id).collect()
 }
 
 /// The orders in flight at a gate; unless `force`, an error when there are
@@ -179,10 +186,9 @@ impl OrdersImage {
         &mut self,
         conn: &mut C,
         keys: &VoucherKeys,
-        orders: &[OrderDigest],
+        known: &HashSet<u64>,
     ) -> Result<()> {
         let released: Vec<u64> = conn.smembers(keys.released()).await?;
-        let known: std::collections::HashSet<u64> = orders.iter().map(|o| o.id).collect();
         self.cancelled
             .extend(released.into_iter().filter(|id| !known.contains(id)));
         Ok(())
@@ -253,10 +259,11 @@ async fn preload_buckets<C: RedisConn>(
     let pool = v.stock - share * i64::from(n);
     let mut buyers = 0;
     let tags = layout.tags_text();
+    let known = order_ids(&orders);
     for (b, keys) in gates.iter().enumerate() {
         let b = b as u32;
         let mut image = OrdersImage::of(&v, orders.iter().filter(|o| bucket_of(o.user, n) == b));
-        image.keep_releases_mysql_lost(conn, keys, &orders).await?;
+        image.keep_releases_mysql_lost(conn, keys, &known).await?;
         let place = BucketPlace {
             bucket: b,
             buckets: n,

@@ -57,6 +57,40 @@ pub struct GateDigests {
 /// (lua/finish.lua): the gate's witness of MySQL's commits.
 pub const META_COMMITTED: &str = "committed";
 
+/// What MySQL lacks of what a voucher's gates saw it commit: MySQL lost
+/// commits (a failover to an asynchronous replica, a backup restored).
+/// The witness errs low, never high.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MysqlBehind {
+    /// Orders workers inserted.
+    pub orders: u64,
+    /// Cancellations whose units the gates gave back.
+    pub cancellations: u64,
+}
+
+impl MysqlBehind {
+    /// From the gates' `committed` and released counts (read before
+    /// MySQL) and the voucher row's `orders_total` and `orders_cancelled`.
+    pub fn of(committed: u64, released: u64, orders_total: u64, orders_cancelled: u64) -> Self {
+        MysqlBehind {
+            orders: committed.saturating_sub(orders_total),
+            cancellations: released.saturating_sub(orders_cancelled),
+        }
+    }
+
+    pub fn is_none(&self) -> bool {
+        self.sum() == 0
+    }
+
+    pub fn sum(&self) -> u64 {
+        self.orders + self.cancellations
+    }
+
+    pub fn covers(&self, other: &MysqlBehind) -> bool {
+        other.orders <= self.orders && other.cancellations <= self.cancellations
+    }
+}
+
 /// The meta fields of [`GateDigests`], in its order.
 pub const DIGEST_FIELDS: [&str; 3] = ["buyers_digest", "released_digest", "timeouts_digest"];
 

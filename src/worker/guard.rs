@@ -54,7 +54,7 @@ use super::WorkerStats;
 use crate::error::{Error, Result};
 use crate::gate::mover_fence;
 use crate::gate::pause::{self, PauseReason, Paused, META_PAUSED};
-use crate::gate::witness::META_COMMITTED;
+use crate::gate::witness::{MysqlBehind, META_COMMITTED};
 use crate::orders::counters;
 use crate::reconcile::{self, Outcome};
 use crate::store::config::Config;
@@ -172,29 +172,6 @@ struct Look {
     recorded_run_id: Option<String>,
 }
 
-/// What MySQL lacks of what a voucher's gates saw it commit.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct MysqlBehind {
-    /// Orders workers inserted.
-    orders: u64,
-    /// Cancellations whose units the gates gave back.
-    cancellations: u64,
-}
-
-impl MysqlBehind {
-    fn is_none(&self) -> bool {
-        self.sum() == 0
-    }
-
-    fn sum(&self) -> u64 {
-        self.orders + self.cancellations
-    }
-
-    fn covers(&self, other: &MysqlBehind) -> bool {
-        other.orders <= self.orders && other.cancellations <= self.cancellations
-    }
-}
-
 /// The meta field recording the run id of the server a guard last saw
 /// holding the gate.
 const META_RUN_ID: &str = "run_id";
@@ -280,11 +257,7 @@ impl GateGuard {
             .iter()
             .map(|(v, (committed, released))| {
                 let (n, cancelled) = totals.get(v).copied().unwrap_or((0, 0));
-                let behind = MysqlBehind {
-                    orders: committed.saturating_sub(n),
-                    cancellations: released.saturating_sub(cancelled),
-                };
-                (*v, behind)
+                (*v, MysqlBehind::of(*committed, *released, n, cancelled))
             })
             .filter(|(_, behind)| !behind.is_none())
             .collect();

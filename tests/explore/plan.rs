@@ -569,13 +569,7 @@ impl Plan {
                     .filter(|a| a.voucher == v && a.at_ms + 200 < at)
                     .cloned()
                     .collect();
-                for _ in 0..before.len().min(8) {
-                    let again = r.pick(&before).clone();
-                    self.attempts.push(Attempt {
-                        at_ms: at + r.range(100, 1_500),
-                        ..again
-                    });
-                }
+                self.press_again(&mut r, &before, at);
             }
         }
         for f in self.faults.iter_mut() {
@@ -730,13 +724,7 @@ impl Plan {
             .filter(|a| a.voucher == v.id && a.at_ms >= dump && a.at_ms < restore)
             .cloned()
             .collect();
-        for _ in 0..lost.len().min(8) {
-            let again = r.pick(&lost).clone();
-            self.attempts.push(Attempt {
-                at_ms: at + r.range(100, 1_500),
-                ..again
-            });
-        }
+        self.press_again(r, &lost, at);
         if r.chance(40) {
             self.reconcile_at_ms.push(restore + r.range(300, 3_000));
         }
@@ -774,6 +762,18 @@ impl Plan {
                 let at = r.range(from.max(v.added_at_ms), to.max(v.added_at_ms + 1));
                 self.attempts.push(new_buyer(r, &v, user, at));
             }
+        }
+    }
+
+    /// Up to 8 of these attempts made again 0.1–1.5 s after `at` (buyers
+    /// pressing buy again after an operator's preload).
+    fn press_again(&mut self, r: &mut Rng, earlier: &[Attempt], at: u64) {
+        for _ in 0..earlier.len().min(8) {
+            let again = r.pick(earlier).clone();
+            self.attempts.push(Attempt {
+                at_ms: at + r.range(100, 1_500),
+                ..again
+            });
         }
     }
 

@@ -788,12 +788,24 @@ impl Stage {
             ));
             return;
         }
+        self.held_up_past(
+            began,
+            bound,
+            &format!("{target} frozen (SIGSTOP) inside a transaction at {began} ms for {ms} ms"),
+            "a worker stopped inside its transaction",
+        );
+    }
+
+    /// Waits until `began + bound` and reports, as `what` breaking the
+    /// README's bound for `bounded`, the orders told success before
+    /// `began` that MySQL still does not have.
+    fn held_up_past(&self, began: u64, bound: u64, what: &str, bounded: &str) {
         let told = self.told_success_before(began);
         self.sleep_until(began + bound);
         let missing = self.not_in_mysql(&told);
         if !missing.is_empty() {
             self.violation(format!(
-                "{target} frozen (SIGSTOP) inside a transaction at {began} ms for {ms} ms: {} of {} order(s) told success before it were not in MySQL {bound} ms later, the README's bound for a worker stopped inside its transaction (e.g. {:?})",
+                "{what}: {} of {} order(s) told success before it were not in MySQL {bound} ms later, the README's bound for {bounded} (e.g. {:?})",
                 missing.len(),
                 told.len(),
                 &missing[..missing.len().min(5)]
@@ -869,17 +881,12 @@ impl Stage {
                 continue;
             }
             self.event(format!("{target} stalled before COMMIT for {ms} ms"));
-            let told = self.told_success_before(began);
-            self.sleep_until(began + bound);
-            let missing = self.not_in_mysql(&told);
-            if !missing.is_empty() {
-                self.violation(format!(
-                    "{target} stalled inside a transaction at {began} ms (a {ms} ms pause before COMMIT, --mysql-timeout {timeout}ms): {} of {} order(s) told success before it were not in MySQL {bound} ms later, the README's bound for a hung transaction (e.g. {:?})",
-                    missing.len(),
-                    told.len(),
-                    &missing[..missing.len().min(5)]
-                ));
-            }
+            self.held_up_past(
+                began,
+                bound,
+                &format!("{target} stalled inside a transaction at {began} ms (a {ms} ms pause before COMMIT, --mysql-timeout {timeout}ms)"),
+                "a hung transaction",
+            );
         }
     }
 
