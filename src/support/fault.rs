@@ -7,7 +7,10 @@
 //! kill -9 the process exactly there.
 //!
 //! `SECKILL_TEST_FAULT=<point>@<k>=<action>[,...]` acts on the k-th time
-//! the process reaches the point (counted from 1, `@k` omitted: the first):
+//! the process reaches the point (counted from 1, `@k` omitted: the first;
+//! `@armed`: the first time after the file `arm` appeared in
+//! `SECKILL_TEST_FAULT_DIR`, so the explorer can aim a fault at a moment
+//! of the sale without knowing how many batches came before it):
 //! `pause:<duration>`; `hold` (waits until the file `release` appears in
 //! `SECKILL_TEST_FAULT_DIR`, so a second fault can be made while this
 //! process stands there); `abort` (the process dies at once, as a kill -9
@@ -48,7 +51,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -79,6 +82,9 @@ enum Action {
 #[derive(Default)]
 struct Point {
     at: Vec<(u64, Action)>,
+    /// The action to take on the first hit after the `arm` file appeared,
+    /// and whether it was taken.
+    armed: Option<(Action, AtomicBool)>,
     hits: AtomicU64,
 }
 
@@ -133,15 +139,19 @@ fn parse_faults(spec: &str) -> HashMap<String, Point> {
             continue;
         };
         let (name, k) = match place.split_once('@') {
+            Some((name, k)) if k.trim() == "armed" => (name, None),
             Some((name, k)) => match k.trim().parse::<u64>() {
-                Ok(k) if k > 0 => (name, k),
+                Ok(k) if k > 0 => (name, Some(k)),
                 _ => continue,
             },
-            None => (place, 1),
+            None => (place, Some(1)),
         };
         if let Some(action) = parse_action(action) {
             let point = points.entry(name.trim().to_string()).or_default();
-            point.at.push((k, action));
+            match k {
+                Some(k) => point.at.push((k, action)),
+                None => point.armed = Some((action, AtomicBool::new(false))),
+            }
         }
     }
     points
@@ -196,7 +206,10 @@ pub fn resend(step: &str) -> bool {
 fn hit(step: &str) -> Option<Action> {
     let point = FAULTS.get(step)?;
     let hit = point.hits.fetch_add(1, Ordering::SeqCst) + 1;
-    let (_, action) = point.at.iter().find(|(k, _)| *k == hit)?;
+    let action = match point.at.iter().find(|(k, _)| *k == hit) {
+        Some((_, action)) => action,
+        None => armed_now(point)?,
+    };
     let name = match action {
         Action::Pause(d) => format!("pause {}", humantime::format_duration(*d)),
         Action::Hold => "hold".into(),
@@ -230,8 +243,21 @@ async fn reach(step: &str) -> Option<Action> {
     Some(action)
 }
 
+/// The point's armed action, once, if the `arm` file appeared.
+fn armed_now(point: &Point) -> Option<&Action> {
+    let (action, taken) = point.armed.as_ref()?;
+    if taken.load(Ordering::SeqCst) || !fault_file("arm").is_some_and(|f| f.exists()) {
+        return None;
+    }
+    (!taken.swap(true, Ordering::SeqCst)).then_some(action)
+}
+
 fn release_file() -> Option<PathBuf> {
-    std::env::var_os(FAULT_DIR_ENV).map(|d| PathBuf::from(d).join("release"))
+    fault_file("release")
+}
+
+fn fault_file(name: &str) -> Option<PathBuf> {
+    std::env::var_os(FAULT_DIR_ENV).map(|d| PathBuf::from(d).join(name))
 }
 
 pub const PANIC_ENV: &str = "SECKILL_TEST_PANIC";
@@ -269,5 +295,8 @@ mod tests {
         assert_eq!(p["z"].at, vec![(2, Action::Error)]);
         let r = super::parse_faults("resend_preload@2=resend");
         assert_eq!(r["resend_preload"].at, vec![(2, Action::Resend)]);
+        let a = super::parse_faults("after_lock@armed=hold");
+        assert!(a["after_lock"].at.is_empty());
+        assert!(matches!(a["after_lock"].armed, Some((Action::Hold, _))));
     }
 }

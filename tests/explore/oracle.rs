@@ -36,13 +36,14 @@ pub async fn judge(stage: &Stage) -> Verdict {
                 .push(format!("voucher {}: {broken}", v.id)),
         }
     }
-    let (told, limits, windows, in_hand) = {
+    let (told, limits, windows, in_hand, holds_taken) = {
         let h = stage.history.lock().unwrap();
         (
             h.told.clone(),
             h.limits.clone(),
             rollback_windows(&h.events, stage.plan.gate_check_ms),
             h.in_hand.clone(),
+            holds_taken(&h.events),
         )
     };
     let held = held_orders(stage).await;
@@ -93,12 +94,23 @@ pub async fn judge(stage: &Stage) -> Verdict {
                 }
                 _ => None,
             };
-            match (undone, kept_by) {
-                (true, None) => verdict.undone.push(broken),
-                (true, Some(who)) => verdict.violations.push(format!(
+            // Nor once a held worker took the voucher's gate for the batch
+            // Redis lost: from then on no reopen and no repair giving units
+            // back succeeds while the hold is live, and the rebuild after
+            // it counts the batch (README, "Batches in hand"), so no
+            // admission sent after that moment is exposed.
+            let after_hold = holds_taken
+                .get(&t.voucher)
+                .filter(|taken| t.sent_ms >= **taken);
+            match (undone, kept_by, after_hold) {
+                (true, Some(who), _) => verdict.violations.push(format!(
                     "{broken}; its order was in the hand of {who} when Redis went back to its snapshot"
                 )),
-                (false, _) => verdict.violations.push(broken),
+                (true, None, Some(taken)) => verdict.violations.push(format!(
+                    "{broken}; sent after a held worker took the gate for the batch Redis lost ({taken} ms)"
+                )),
+                (true, None, None) => verdict.undone.push(broken),
+                (false, _, _) => verdict.violations.push(broken),
             }
         }
     }
@@ -159,6 +171,22 @@ fn rollback_windows(events: &[(u64, String)], gate_check_ms: u64) -> Vec<(u64, u
     windows
 }
 
+/// When a held worker was seen taking each voucher's gate for a batch
+/// Redis lost (the first time), with the poll's lag as margin: the pause
+/// it sets follows the line it logs by one round trip.
+fn holds_taken(events: &[(u64, String)]) -> BTreeMap<u64, u64> {
+    const MARGIN_MS: u64 = 100;
+    let mut taken = BTreeMap::new();
+    for (at, what) in events {
+        if let Some(v) = what.strip_prefix(super::run::HOLD_TAKEN) {
+            if let Ok(v) = v.parse::<u64>() {
+                taken.entry(v).or_insert(at + MARGIN_MS);
+            }
+        }
+    }
+    taken
+}
+
 /// What a client was told that the stores do not keep, if anything.
 fn broken_promise(t: &Told, s: &VoucherState) -> Option<String> {
     let held = s.orders.get(&t.user);
@@ -185,12 +213,14 @@ fn broken_promise(t: &Told, s: &VoucherState) -> Option<String> {
     }
 }
 
-/// The orders restored held (payment unknown) after MySQL lost them.
+/// The orders restored held (payment unknown) after MySQL lost them and
+/// still so: a held order cancelled since was not kept for the operator
+/// (E37: the canceller cancelled it, the flag stays).
 async fn held_orders(stage: &Stage) -> std::collections::BTreeSet<u64> {
     use mysql_async::prelude::Queryable;
     let mut conn = stage.env.db().await.conn().await.expect("mysql");
     let ids: Vec<u64> = conn
-        .query("SELECT id FROM seckill_order WHERE held = 1")
+        .query("SELECT id FROM seckill_order WHERE held = 1 AND status = 0")
         .await
         .expect("held orders");
     ids.into_iter().collect()

@@ -100,6 +100,9 @@ pub enum Fault {
         hit: u64,
         snapshot_at_ms: u64,
         then: Then,
+        /// Above 0: the hold fires on the first hit after this moment
+        /// (`@armed`), not on the `hit`-th.
+        armed_at_ms: u64,
     },
     RedisRollback {
         snapshot_at_ms: u64,
@@ -274,6 +277,7 @@ pub const FAMILIES: &[&str] = &[
     "mysql_failover",
     "frozen_in_transaction",
     "redis_rollback_with_waitlist",
+    "release_then_hold",
 ];
 
 /// Where a family holds a worker: inside the transaction two times in
@@ -596,19 +600,21 @@ impl Plan {
     fn add_family(&mut self) {
         let mut r = Rng::new(self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xFA_1117);
         // A stall made alone is a family of its own, drawn before.
-        if self.family.is_some() || !r.chance(60) {
+        if self.family.is_some() {
             return;
         }
-        self.faults.retain(Fault::only_on_serve);
-        self.reconcile_at_ms.clear();
-        self.preloads.clear();
-        self.limit_updates.clear();
-        self.hold_linger_ms = 0;
-        self.preload_in_hold = false;
-        // The late waves drawn for the faults just dropped: the family
-        // draws its own.
-        let end = self.duration_ms;
-        self.attempts.retain(|a| a.at_ms <= end);
+        if !r.chance(60) {
+            // A third of the others draw the family added last, from a
+            // stream of its own (the seeds that drew a family keep it).
+            let mut last = Rng::new(self.seed ^ 0x0E16);
+            if last.chance(35) {
+                self.make_alone();
+                self.release_then_hold(&mut last);
+                self.attempts.sort_by_key(|a| a.at_ms);
+            }
+            return;
+        }
+        self.make_alone();
         // In turn by seed, so that a dozen seeds meet each family; a
         // quarter of them, chosen from a stream of their own (so the
         // others keep their draws), go to the family added last.
@@ -620,6 +626,66 @@ impl Plan {
             _ => self.frozen_in_transaction(&mut r),
         }
         self.attempts.sort_by_key(|a| a.at_ms);
+    }
+
+    /// Every fault but serve's dropped, no operator run: the family's
+    /// schedule alone.
+    fn make_alone(&mut self) {
+        self.faults.retain(Fault::only_on_serve);
+        self.reconcile_at_ms.clear();
+        self.preloads.clear();
+        self.limit_updates.clear();
+        self.hold_linger_ms = 0;
+        self.preload_in_hold = false;
+        // The late waves drawn for the faults just dropped: the family
+        // draws its own.
+        let end = self.duration_ms;
+        self.attempts.retain(|a| a.at_ms <= end);
+    }
+
+    /// Units released after a Redis snapshot, then a worker held with a
+    /// batch (the first after the releases) while Redis goes back to that
+    /// snapshot: the rebuilt view has those units stuck (MySQL has them
+    /// back, the snapshot has not), and a repair must not give them to the
+    /// waitlist or the stock while the batch in hand may need them
+    /// (README, "Batches in hand"). A rush that sells every unit, an
+    /// uncapped waitlist, short deadlines few pay, two workers (the
+    /// other persists what the repair would promote), `reconcile --yes`
+    /// inside the hold in 60 %.
+    fn release_then_hold(&mut self, r: &mut Rng) {
+        self.family = Some("release_then_hold");
+        self.workers = 2;
+        self.mysql_timeout_ms = Some(2_000);
+        self.hold_linger_ms = 2_000 + 700;
+        self.gate_check_ms = 300;
+        self.attempts.clear();
+        for v in self.vouchers.iter_mut() {
+            v.waitlist_limit = None;
+            v.pay_timeout_ms = r.range(1_500, 2_000);
+            v.added_at_ms = 0;
+        }
+        for v in self.vouchers.clone() {
+            for user in 1..=v.stock as u64 + 8 {
+                let at = r.range(0, 400);
+                self.attempts.push(new_buyer(r, &v, user, at));
+            }
+        }
+        self.pay_percent = r.range(10, 30);
+        self.pay_latest_percent = r.range(20, 60);
+        let snapshot = r.range(900, 1_300);
+        // Before the first deadline: the first batch after it holds what
+        // its releases promoted or sold.
+        let armed = 1_400;
+        self.faults.push(Fault::Hold {
+            worker: r.range(0, 1) as usize,
+            point: *r.pick(FAMILY_HOLD_POINTS),
+            hit: 1,
+            snapshot_at_ms: snapshot,
+            then: Then::RedisCrash,
+            armed_at_ms: armed,
+        });
+        self.reconcile_in_hold = r.chance(60);
+        self.steady_buyers(r, armed, armed + 3_000);
     }
 
     /// Redis back to a snapshot taken while the first deadlines were
@@ -679,6 +745,7 @@ impl Plan {
             hit: r.range(1, 2),
             snapshot_at_ms: 0,
             then,
+            armed_at_ms: 0,
         });
         self.steady_buyers(r, 200, self.duration_ms + 3_000);
     }
@@ -729,6 +796,16 @@ impl Plan {
             self.reconcile_at_ms.push(restore + r.range(300, 3_000));
         }
         self.steady_buyers(r, restore, restore + 2_500);
+        // A preload before the guard's pass is followed by one after it
+        // (an operator preloading again once the guard restored the lost
+        // orders): the restored held orders, some paid, are in MySQL's
+        // image then. From a stream of its own, so the draws above keep
+        // their values.
+        let after = restore + self.gate_check_ms + 500;
+        if at < after {
+            let mut again = Rng::new(self.seed ^ 0x0E37);
+            self.preloads.push((after + again.range(0, 1_500), v.id));
+        }
     }
 
     /// A worker SIGSTOPped inside its batch's transaction (before
@@ -747,6 +824,7 @@ impl Plan {
             hit: r.range(1, 3),
             snapshot_at_ms: 0,
             then: Then::Freeze(r.range(8_500, 11_000)),
+            armed_at_ms: 0,
         });
         self.steady_buyers(r, 300, self.duration_ms + 2_000);
     }
@@ -898,6 +976,7 @@ fn fault(r: &mut Rng, workers: usize, duration_ms: u64) -> Fault {
                 1 => Then::MysqlRestore,
                 _ => Then::KillOther,
             },
+            armed_at_ms: 0,
         },
         5 => {
             let snapshot = r.range(0, duration_ms);
@@ -975,9 +1054,21 @@ impl fmt::Display for Fault {
                 hit,
                 snapshot_at_ms,
                 then,
+                armed_at_ms: 0,
             } => write!(
                 f,
                 "hold worker {worker} at {point} (hit {hit}), then {then:?} (snapshot at {snapshot_at_ms} ms), release"
+            ),
+            Fault::Hold {
+                worker,
+                point,
+                snapshot_at_ms,
+                then,
+                armed_at_ms,
+                ..
+            } => write!(
+                f,
+                "hold worker {worker} at {point} (first hit after {armed_at_ms} ms), then {then:?} (snapshot at {snapshot_at_ms} ms), release"
             ),
             Fault::RedisRollback {
                 snapshot_at_ms,

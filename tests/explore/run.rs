@@ -34,6 +34,10 @@ pub const MYSQL_RESTORE_BEGINS: &str = "MySQL switching back to its dump";
 /// The event of a Redis snapshot, logged as SAVE is sent.
 pub const REDIS_SNAPSHOT_BEGINS: &str = "Redis snapshot begins";
 
+/// The event of a held worker saying it holds a voucher's gate for a
+/// batch Redis lost, followed by the voucher's id.
+pub const HOLD_TAKEN: &str = "hold taken of the gate of voucher ";
+
 /// The README's bound for a worker stopped inside its transaction at the
 /// explorer's flags: the `--lock-lease` (1 s), one lock wait (1 s), one
 /// retry backoff (1 s here), the taker's `--claim-idle` and a half
@@ -312,10 +316,15 @@ impl Stage {
                     spec.push(format!("{point}@{hit}={a}"));
                 }
                 Fault::Hold {
-                    worker, point, hit, ..
-                } if Target::Worker(*worker) == target && incarnation == 0 => {
-                    spec.push(format!("{point}@{hit}=hold"));
-                }
+                    worker,
+                    point,
+                    hit,
+                    armed_at_ms,
+                    ..
+                } if Target::Worker(*worker) == target && incarnation == 0 => match armed_at_ms {
+                    0 => spec.push(format!("{point}@{hit}=hold")),
+                    _ => spec.push(format!("{point}@armed=hold")),
+                },
                 Fault::Resend {
                     by: Caller::Process(t),
                     ..
@@ -459,7 +468,16 @@ impl Stage {
                     steps.push((*dump_at_ms, i, true));
                     steps.push((*restore_at_ms, i, false));
                 }
-                Fault::Hold { snapshot_at_ms, .. } => steps.push((*snapshot_at_ms, i, true)),
+                Fault::Hold {
+                    snapshot_at_ms,
+                    armed_at_ms,
+                    ..
+                } => {
+                    steps.push((*snapshot_at_ms, i, true));
+                    if *armed_at_ms > 0 {
+                        steps.push((*armed_at_ms, i, false));
+                    }
+                }
                 Fault::Point { .. } | Fault::Skew { .. } | Fault::Resend { .. } => {}
             }
         }
@@ -521,6 +539,12 @@ impl Stage {
                     let dump = self.env.dump_mysql();
                     self.dumps.lock().unwrap().insert(index, dump);
                 }
+            }
+            (Fault::Hold { worker, .. }, false) => {
+                // Armed: the hold fires on the worker's next hit of its point.
+                let target = Target::Worker(*worker);
+                std::fs::write(self.fault_dir(target).join("arm"), b"").ok();
+                self.event(format!("armed: the hold of {target}"));
             }
             (Fault::RedisRollback { empty: true, .. }, false) => self.redis_back_empty(),
             (Fault::RedisRollback { .. }, false) => {
@@ -588,6 +612,64 @@ impl Stage {
                 std::thread::sleep(Duration::from_millis(20));
             }
             self.event(format!("held: {target} at {point}"));
+            let watching = std::sync::atomic::AtomicBool::new(true);
+            std::thread::scope(|scope| {
+                if matches!(then, Then::RedisCrash | Then::RedisEmpty)
+                    && self.only_redis_loss(index, target)
+                {
+                    scope.spawn(|| self.watch_holds_taken(target, &watching));
+                }
+                self.hold_and_combine(index, target, point, then);
+                watching.store(false, std::sync::atomic::Ordering::SeqCst);
+            });
+        }
+    }
+
+    /// Whether the hold at `index` is the plan's only loss of Redis's
+    /// writes and nothing else befalls its worker: then the hold's
+    /// promise (README, "Batches in hand": no reopen, no repair giving
+    /// units back while it is live) is judged alone.
+    fn only_redis_loss(&self, index: usize, target: Target) -> bool {
+        self.nothing_else_befalls(index, target)
+            && self.plan.faults.iter().enumerate().all(|(i, f)| {
+                i == index
+                    || !matches!(
+                        f,
+                        Fault::RedisRollback { .. }
+                            | Fault::Hold {
+                                then: Then::RedisCrash | Then::RedisEmpty,
+                                ..
+                            }
+                    )
+            })
+    }
+
+    /// Notes when the held worker says it holds a voucher's gate for the
+    /// batch Redis lost (the oracle's Redis window closes there for that
+    /// voucher), until `watching` goes false.
+    fn watch_holds_taken(&self, target: Target, watching: &std::sync::atomic::AtomicBool) {
+        let mut seen: Vec<u64> = Vec::new();
+        while watching.load(std::sync::atomic::Ordering::SeqCst) {
+            let log = self.slots.lock().unwrap()[&target]
+                .proc
+                .as_ref()
+                .map(|p| p.log_text())
+                .unwrap_or_default();
+            for v in &self.plan.vouchers {
+                let line = format!("voucher {}: Redis no longer has every entry", v.id);
+                if !seen.contains(&v.id) && log.contains(&line) {
+                    seen.push(v.id);
+                    self.event(format!("{HOLD_TAKEN}{}", v.id));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The second fault made while `target` stands held at `point`, then
+    /// the hold let go.
+    fn hold_and_combine(&self, index: usize, target: Target, point: &'static str, then: Then) {
+        {
             let mut again: Vec<Attempt> = Vec::new();
             if matches!(then, Then::RedisCrash | Then::RedisEmpty)
                 && self.nothing_else_befalls(index, target)
@@ -631,6 +713,9 @@ impl Stage {
                     self.event("fault: MySQL set back to its dump".into());
                 }
                 Then::KillOther => {
+                    let Target::Worker(worker) = target else {
+                        return;
+                    };
                     let other = Target::Worker((worker + 1) % self.plan.workers.max(1));
                     if other != target {
                         self.kill9(other, 200);
