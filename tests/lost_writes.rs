@@ -479,6 +479,105 @@ async fn a_batch_in_hand_that_redis_lost_holds_the_gate_until_it_is_committed() 
     env.cleanup().await;
 }
 
+/// Found by the fault explorer (seed 21, `lost_batch_in_hand`): one read
+/// serves every stream, and the worker persists each voucher's batch in
+/// turn. Voucher 2's batch, read with voucher 1's, waited in the worker's
+/// hand while voucher 1's stood in its transaction; Redis came back
+/// without both. Only the batch in the transaction held its gate, so
+/// voucher 2's gate was rebuilt from MySQL and reopened without its 20
+/// buyers: they could buy again, and their first orders (told "success")
+/// were then dead-lettered "already holds order". Every batch read is kept
+/// alive, and holds its gate, from the read on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_waiting_behind_another_gates_holds_its_gate_when_redis_loses_it() {
+    let redis = OwnRedis::start();
+    let mut env = TestEnv::on_redis(&redis.url()).await;
+    env.live_voucher(1, 100).await;
+    env.live_voucher(2, 100).await;
+    redis.snapshot();
+    env.admit_users(1, 20, 0).await;
+    env.admit_users(2, 20, 0).await;
+    // One read takes both streams' entries (vouchers in ascending order);
+    // voucher 1's batch is held inside its transaction.
+    let faults = std::env::temp_dir().join(format!("seckill-faults-{}", env.prefix));
+    std::fs::create_dir_all(&faults).unwrap();
+    let dir = faults.display().to_string();
+    let mut worker = env.spawn_worker_with(
+        &fast_worker(&["--batch", "1000", "--lanes", "1"]),
+        &[
+            ("SECKILL_TEST_FAULT", "before_commit@1=hold"),
+            ("SECKILL_TEST_FAULT_DIR", &dir),
+        ],
+    );
+    worker.expect_gate_pauses();
+    worker.wait_log("fault hold at before_commit", Duration::from_secs(30));
+    redis.crash_and_restart();
+    env.forget_redis();
+    // Voucher 2's gate: held for its batch (fixed), or rebuilt without it
+    // and reopened (the defect).
+    let started = Instant::now();
+    let log = loop {
+        let log = worker.log_text();
+        if log.contains("voucher 2: Redis no longer has every entry")
+            || log.contains("voucher 2: gate checked against MySQL")
+        {
+            break log;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the worker said nothing of voucher 2 after the restart:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let again = env
+        .cmd()
+        .args(["buy", "--voucher", "2", "--user", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        again.status.code(),
+        Some(15),
+        "a buyer whose batch was in the worker's hand bought again: {again:?}\n{log}"
+    );
+    std::fs::write(faults.join("release"), b"").unwrap();
+    env.wait_orders(1, 20, Duration::from_secs(60)).await;
+    env.wait_orders(2, 20, Duration::from_secs(60)).await;
+    for v in [1, 2] {
+        env.wait_drained(v, Duration::from_secs(60)).await;
+        let users: std::collections::BTreeSet<u64> =
+            env.orders(v).await.into_iter().map(|(_, u, _)| u).collect();
+        assert!(
+            (1..=20).all(|u| users.contains(&u)),
+            "voucher {v}: a buyer told success has no order: {users:?}\n{}",
+            worker.log_text()
+        );
+    }
+    // Each gate rebuilt with its batch counted, and reopened.
+    for v in [1, 2] {
+        let reopened = format!("voucher {v}: gate checked against MySQL");
+        let started = Instant::now();
+        while !worker
+            .log_text()
+            .lines()
+            .any(|l| l.contains(&reopened) && l.contains("reopened"))
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "voucher {v} was not reopened:\n{}",
+                worker.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    worker.signal("TERM");
+    worker.expect_success(Duration::from_secs(30));
+    for v in [1, 2] {
+        assert_invariants(&env, v).await;
+    }
+    std::fs::remove_dir_all(&faults).ok();
+    env.cleanup().await;
+}
+
 /// Issue 19, item 5: the guard sees the run id change, but its pause fails
 /// (here: scripts refused by an ACL right after the restart; in the field
 /// a timeout or OOM). The change must still be a sign on the next pass:

@@ -49,10 +49,21 @@ impl Lane {
         keys: &VoucherKeys,
         deliveries: Vec<Delivery>,
     ) -> Result<()> {
-        let voucher = keys.voucher();
-        let keys = keys.clone();
+        let alive = self.keep_alive(keys, &deliveries);
+        self.process_kept(keys, deliveries, alive).await
+    }
+
+    /// Starts keeping a batch alive: from the moment it is read, not
+    /// only once its turn comes, since a batch waiting behind another
+    /// gate's (one read serves every stream) is in this worker's hand too,
+    /// and Redis may lose it meanwhile.
+    pub(super) fn keep_alive(
+        &self,
+        keys: &VoucherKeys,
+        deliveries: &[Delivery],
+    ) -> keepalive::KeepAlive {
         let ids: Vec<String> = deliveries.iter().map(|d| d.raw.entry_id.clone()).collect();
-        let alive = keepalive::start(
+        keepalive::start(
             keepalive::Ticker {
                 cfg: self.cfg.clone(),
                 conn: self.conn.clone(),
@@ -64,7 +75,18 @@ impl Lane {
             },
             // Often enough that neither a lease nor the reclaim threshold passes.
             self.opts.lock_lease.min(self.opts.claim_idle) / 3,
-        );
+        )
+    }
+
+    /// [`Lane::process_batch`] with its keep-alive already running.
+    pub(super) async fn process_kept(
+        &mut self,
+        keys: &VoucherKeys,
+        deliveries: Vec<Delivery>,
+        alive: keepalive::KeepAlive,
+    ) -> Result<()> {
+        let voucher = keys.voucher();
+        let keys = keys.clone();
         let mut backoff = Backoff::default();
         let mut failures = 0u32;
         // A transaction abandoned past its deadline may have committed all

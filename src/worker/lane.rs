@@ -311,11 +311,20 @@ impl Lane {
         self.read_nothing = !worked;
         let largest = read.iter().map(|(_, d)| d.len()).max().unwrap_or(0);
         self.read_size = next_read_size(self.read_size, largest, &self.opts);
-        for (gate, deliveries) in read {
-            let Some(keys) = self.streams.get(&gate).cloned() else {
-                continue;
-            };
-            self.process_batch(&keys, deliveries).await?;
+        // Every gate's batch is in hand from this read on: each is kept
+        // alive (its gate held if Redis loses it) while the ones before it
+        // are persisted, or a gate rebuilt meanwhile would sell its units
+        // again and let its buyers buy twice (found by the fault explorer).
+        let batches: Vec<_> = read
+            .into_iter()
+            .filter_map(|(gate, deliveries)| {
+                let keys = self.streams.get(&gate).cloned()?;
+                let alive = self.keep_alive(&keys, &deliveries);
+                Some((keys, deliveries, alive))
+            })
+            .collect();
+        for (keys, deliveries, alive) in batches {
+            self.process_kept(&keys, deliveries, alive).await?;
         }
         Ok(worked)
     }
