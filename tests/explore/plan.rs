@@ -676,9 +676,11 @@ impl Plan {
         // Before the first deadline: the first batch after it holds what
         // its releases promoted or sold.
         let armed = 1_400;
+        let worker = r.range(0, 1) as usize;
+        let point = *r.pick(FAMILY_HOLD_POINTS);
         self.faults.push(Fault::Hold {
-            worker: r.range(0, 1) as usize,
-            point: *r.pick(FAMILY_HOLD_POINTS),
+            worker,
+            point,
             hit: 1,
             snapshot_at_ms: snapshot,
             then: Then::RedisCrash,
