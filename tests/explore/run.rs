@@ -599,14 +599,7 @@ impl Stage {
                 if self.done.load(std::sync::atomic::Ordering::SeqCst) {
                     return;
                 }
-                let held = {
-                    let slots = self.slots.lock().unwrap();
-                    slots[&target]
-                        .proc
-                        .as_ref()
-                        .is_some_and(|p| p.log_text().contains(&needle))
-                };
-                if held {
+                if self.log_of(target).contains(&needle) {
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(20));
@@ -619,7 +612,7 @@ impl Stage {
                 {
                     scope.spawn(|| self.watch_holds_taken(target, &watching));
                 }
-                self.hold_and_combine(index, target, point, then);
+                self.hold_and_combine(index, worker, point, then);
                 watching.store(false, std::sync::atomic::Ordering::SeqCst);
             });
         }
@@ -650,11 +643,7 @@ impl Stage {
     fn watch_holds_taken(&self, target: Target, watching: &std::sync::atomic::AtomicBool) {
         let mut seen: Vec<u64> = Vec::new();
         while watching.load(std::sync::atomic::Ordering::SeqCst) {
-            let log = self.slots.lock().unwrap()[&target]
-                .proc
-                .as_ref()
-                .map(|p| p.log_text())
-                .unwrap_or_default();
+            let log = self.log_of(target);
             for v in &self.plan.vouchers {
                 let line = format!("voucher {}: Redis no longer has every entry", v.id);
                 if !seen.contains(&v.id) && log.contains(&line) {
@@ -668,103 +657,104 @@ impl Stage {
 
     /// The second fault made while `target` stands held at `point`, then
     /// the hold let go.
-    fn hold_and_combine(&self, index: usize, target: Target, point: &'static str, then: Then) {
+    fn hold_and_combine(&self, index: usize, worker: usize, point: &'static str, then: Then) {
+        let target = Target::Worker(worker);
+        let mut again: Vec<Attempt> = Vec::new();
+        if matches!(then, Then::RedisCrash | Then::RedisEmpty)
+            && self.nothing_else_befalls(index, target)
         {
-            let mut again: Vec<Attempt> = Vec::new();
-            if matches!(then, Then::RedisCrash | Then::RedisEmpty)
-                && self.nothing_else_befalls(index, target)
-            {
-                let held = self.in_hand(target);
-                let who = format!("{target}, held at {point}");
-                let mut h = self.history.lock().unwrap();
-                h.in_hand.extend(held.into_iter().map(|o| (o, who.clone())));
-            }
-            match then {
-                Then::RedisCrash => {
-                    self.redis.crash_and_restart();
-                    self.event("fault: Redis killed -9, started from its snapshot".into());
-                }
-                Then::RedisEmpty => {
-                    self.redis_back_empty();
-                    if self.plan.preload_in_hold {
-                        // After the held worker saw its batch lost and
-                        // took the hold (or 5 s): an operator preloading
-                        // the lost gates once the worker said so.
-                        self.wait_log(target, "Redis no longer has every entry", 5_000);
-                        // The earliest buyers, whose orders MySQL lacks
-                        // and the preload's image with them, press buy
-                        // again: a gate published open sells to them twice.
-                        again = self.plan.attempts.iter().take(8).cloned().collect();
-                        for v in &self.plan.vouchers {
-                            let id = v.id.to_string();
-                            let (code, _, err) = self.cli(&["preload", "--voucher", &id]);
-                            self.event(format!(
-                                "preload --voucher {id} while {target} is held: exit {code:?} {}",
-                                err.trim()
-                            ));
-                        }
-                    }
-                }
-                Then::MysqlRestore => {
-                    let dump = self.dumps.lock().unwrap().remove(&index);
-                    let dump = dump.unwrap_or_else(|| self.env.dump_mysql());
-                    self.event(MYSQL_RESTORE_BEGINS.into());
-                    self.env.restore_mysql(&dump);
-                    self.event("fault: MySQL set back to its dump".into());
-                }
-                Then::KillOther => {
-                    let Target::Worker(worker) = target else {
-                        return;
-                    };
-                    let other = Target::Worker((worker + 1) % self.plan.workers.max(1));
-                    if other != target {
-                        self.kill9(other, 200);
-                        self.event(format!("fault: kill -9 {other}"));
-                    }
-                }
-                Then::Freeze(ms) => {
-                    self.stop(target, true);
-                    let began = self.ms();
-                    self.event(format!("fault: SIGSTOP {target} where it is held"));
-                    if point == "before_commit" {
-                        self.judge_frozen(index, target, began, ms);
-                    }
-                    self.sleep_until(began + ms);
-                    self.stop(target, false);
-                    self.event(format!("healed: SIGCONT {target}"));
-                }
-            }
-            if self.plan.reconcile_in_hold && matches!(then, Then::RedisCrash | Then::RedisEmpty) {
-                let (code, _, err) =
-                    self.cli(&["reconcile", "--yes", "--settle", "0s", "--format", "json"]);
-                self.event(format!(
-                    "reconcile --yes while {target} is held: exit {code:?} {}",
-                    err.trim()
-                ));
-            }
-            // Held on while they are answered (each buy retries a paused
-            // gate for up to 2.4 s), but no longer than the plan's linger.
-            std::thread::scope(|scope| {
-                for a in &again {
-                    scope.spawn(move || self.buy(a));
-                }
-                if self.plan.hold_linger_ms > 0 && !matches!(then, Then::Freeze(_)) {
-                    std::thread::sleep(Duration::from_millis(self.plan.hold_linger_ms));
-                }
-            });
-            self.release(target);
+            let held = self.in_hand(target);
+            let who = format!("{target}, held at {point}");
+            let mut h = self.history.lock().unwrap();
+            h.in_hand.extend(held.into_iter().map(|o| (o, who.clone())));
         }
+        match then {
+            Then::RedisCrash => {
+                self.redis.crash_and_restart();
+                self.event("fault: Redis killed -9, started from its snapshot".into());
+            }
+            Then::RedisEmpty => {
+                self.redis_back_empty();
+                if self.plan.preload_in_hold {
+                    // After the held worker saw its batch lost and
+                    // took the hold (or 5 s): an operator preloading
+                    // the lost gates once the worker said so.
+                    self.wait_log(target, "Redis no longer has every entry", 5_000);
+                    // The earliest buyers, whose orders MySQL lacks
+                    // and the preload's image with them, press buy
+                    // again: a gate published open sells to them twice.
+                    again = self.plan.attempts.iter().take(8).cloned().collect();
+                    for v in &self.plan.vouchers {
+                        let id = v.id.to_string();
+                        let (code, _, err) = self.cli(&["preload", "--voucher", &id]);
+                        self.event(format!(
+                            "preload --voucher {id} while {target} is held: exit {code:?} {}",
+                            err.trim()
+                        ));
+                    }
+                }
+            }
+            Then::MysqlRestore => {
+                let dump = self.dumps.lock().unwrap().remove(&index);
+                let dump = dump.unwrap_or_else(|| self.env.dump_mysql());
+                self.event(MYSQL_RESTORE_BEGINS.into());
+                self.env.restore_mysql(&dump);
+                self.event("fault: MySQL set back to its dump".into());
+            }
+            Then::KillOther => {
+                let other = Target::Worker((worker + 1) % self.plan.workers.max(1));
+                if other != target {
+                    self.kill9(other, 200);
+                    self.event(format!("fault: kill -9 {other}"));
+                }
+            }
+            Then::Freeze(ms) => {
+                self.stop(target, true);
+                let began = self.ms();
+                self.event(format!("fault: SIGSTOP {target} where it is held"));
+                if point == "before_commit" {
+                    self.judge_frozen(index, target, began, ms);
+                }
+                self.sleep_until(began + ms);
+                self.stop(target, false);
+                self.event(format!("healed: SIGCONT {target}"));
+            }
+        }
+        if self.plan.reconcile_in_hold && matches!(then, Then::RedisCrash | Then::RedisEmpty) {
+            let (code, _, err) =
+                self.cli(&["reconcile", "--yes", "--settle", "0s", "--format", "json"]);
+            self.event(format!(
+                "reconcile --yes while {target} is held: exit {code:?} {}",
+                err.trim()
+            ));
+        }
+        // Held on while they are answered (each buy retries a paused
+        // gate for up to 2.4 s), but no longer than the plan's linger.
+        std::thread::scope(|scope| {
+            for a in &again {
+                scope.spawn(move || self.buy(a));
+            }
+            if self.plan.hold_linger_ms > 0 && !matches!(then, Then::Freeze(_)) {
+                std::thread::sleep(Duration::from_millis(self.plan.hold_linger_ms));
+            }
+        });
+        self.release(target);
+    }
+
+    /// The log of `target`'s current process (empty: none running).
+    fn log_of(&self, target: Target) -> String {
+        self.slots.lock().unwrap()[&target]
+            .proc
+            .as_ref()
+            .map(|p| p.log_text())
+            .unwrap_or_default()
     }
 
     /// Waits up to `ms` for `needle` in `target`'s log.
     fn wait_log(&self, target: Target, needle: &str, ms: u64) {
         let until = self.ms() + ms;
         while self.ms() < until {
-            let seen = self.slots.lock().unwrap()[&target]
-                .proc
-                .as_ref()
-                .is_some_and(|p| p.log_text().contains(needle));
-            if seen {
+            if self.log_of(target).contains(needle) {
                 std::thread::sleep(Duration::from_millis(200));
                 return;
             }
@@ -946,14 +936,10 @@ impl Stage {
                 if self.done.load(std::sync::atomic::Ordering::SeqCst) {
                     return;
                 }
-                let seen = {
-                    let slots = self.slots.lock().unwrap();
-                    slots[&target].proc.as_ref().is_some_and(|p| {
-                        p.log_text()
-                            .lines()
-                            .any(|l| l.starts_with("fault pause") && l.contains(&needle))
-                    })
-                };
+                let seen = self
+                    .log_of(target)
+                    .lines()
+                    .any(|l| l.starts_with("fault pause") && l.contains(&needle));
                 if seen {
                     break self.ms();
                 }
