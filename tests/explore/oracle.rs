@@ -98,10 +98,15 @@ pub async fn judge(stage: &Stage) -> Verdict {
             // Redis lost: from then on no reopen and no repair giving units
             // back succeeds while the hold is live, and the rebuild after
             // it counts the batch (README, "Batches in hand"), so no
-            // admission sent after that moment is exposed.
+            // admission sent after that moment is exposed. Not a
+            // promotion: the poll that saw it was sent after the hold, but
+            // the release that made it may have come before (seed 7: a
+            // release 5 ms before the hold, dead-lettered `no stock in
+            // MySQL`, seen by a poll 280 ms after it).
             let after_hold = holds_taken
                 .get(&t.voucher)
-                .filter(|taken| t.sent_ms >= **taken);
+                .filter(|taken| t.sent_ms >= **taken)
+                .filter(|_| !matches!(t.answer, Answer::Promoted(_)));
             match (undone, kept_by, after_hold) {
                 (true, Some(who), _) => verdict.violations.push(format!(
                     "{broken}; its order was in the hand of {who} when Redis went back to its snapshot"
