@@ -140,6 +140,7 @@ pub async fn update(
 ) -> Result<(Policy, bool)> {
     let keys = VoucherKeys::new(prefix, voucher_id)?;
     let policy = voucher::update_policy(db, voucher_id, change).await?;
+    crate::support::fault::point("before_publish").await?;
     // Every bucket of a voucher split in buckets admits by its own meta.
     let layout =
         crate::gate::buckets::for_routing(conn, prefix, voucher_id, async || Ok(db.clone()))
