@@ -6,6 +6,7 @@
 #   scripts/explore.sh --seed N              one seed (a replay)
 #   scripts/explore.sh --seed N --count K    seeds N .. N+K-1
 #   scripts/explore.sh --minutes M           fresh random seeds for M minutes
+#   scripts/explore.sh --seeds 14,23,42      these seeds, in this order
 #   scripts/explore.sh --seed N --faults 0,2 seed N with only those faults
 #   --no-shrink                              report a violation unshrunk
 #   --until-caught                           stop at the first violation (measuring a defect)
@@ -17,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 usage() {
-  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 number() {
@@ -28,6 +29,9 @@ while [ $# -gt 0 ]; do
     --seed) number "$1" "${2:-}"; export SECKILL_EXPLORE_SEED="$2"; shift 2 ;;
     --count) number "$1" "${2:-}"; export SECKILL_EXPLORE_COUNT="$2"; shift 2 ;;
     --minutes) number "$1" "${2:-}"; export SECKILL_EXPLORE_MINUTES="$2"; shift 2 ;;
+    --seeds)
+      [[ "${2:-}" =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "explore.sh: --seeds needs seeds like 14,23, not '${2:-}'" >&2; exit 2; }
+      export SECKILL_EXPLORE_SEEDS="$2"; shift 2 ;;
     --faults)
       [[ "${2:-}" =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "explore.sh: --faults needs indices like 0,2, not '${2:-}'" >&2; exit 2; }
       export SECKILL_EXPLORE_FAULTS="$2"; shift 2 ;;

@@ -41,7 +41,7 @@ pub async fn judge(stage: &Stage) -> Verdict {
         (
             h.told.clone(),
             h.limits.clone(),
-            rollback_windows(&h.events, stage.plan.gate_check_ms),
+            rollback_windows(&h.events, stage.plan.gate_check_ms, stage.plan.workers),
             h.in_hand.clone(),
             holds_taken(&h.events),
         )
@@ -137,6 +137,7 @@ pub async fn judge(stage: &Stage) -> Verdict {
             ));
         }
     }
+    paused_for_nothing(stage, &told, &mut verdict);
     gates_open(stage, &mut verdict).await;
     let (code, report) = stage.reconcile(&["--dry-run"]);
     if code != 0 {
@@ -158,11 +159,44 @@ const GUARD_BOUND_MS: u64 = 1_500;
 /// to the guard's next pass (`--gate-check` and a pass), while a release of
 /// a unit whose cancellation MySQL lost gives the gate a unit a pending
 /// order holds, sold to a buyer whose order is then dead-lettered (README,
-/// "When MySQL loses its last commits", what remains exposed).
-fn rollback_windows(events: &[(u64, String)], gate_check_ms: u64) -> Vec<(u64, u64)> {
+/// "When MySQL loses its last commits", what remains exposed). A Redis
+/// that came back while every worker was stopped is looked at by no guard
+/// until one continues (SIGCONT, or started again after a kill): its
+/// window reaches to the guard's pass after the first.
+fn rollback_windows(
+    events: &[(u64, String)],
+    gate_check_ms: u64,
+    workers: usize,
+) -> Vec<(u64, u64)> {
     let mut snapshot = 0;
-    let mut windows = Vec::new();
+    let mut windows: Vec<(u64, u64)> = Vec::new();
+    let mut stopped = std::collections::BTreeSet::new();
+    // The window waiting for a worker to continue.
+    let mut unwatched: Option<usize> = None;
     for (at, what) in events {
+        // "worker 1", "worker 1 where it is held": the worker's number.
+        let worker = |w: &str| {
+            w.strip_prefix("worker ")
+                .and_then(|n| n.split_whitespace().next())
+                .map(str::to_string)
+        };
+        let stops = what
+            .strip_prefix("fault: SIGSTOP ")
+            .or(what.strip_prefix("fault: kill -9 "));
+        let continues = what
+            .strip_prefix("healed: SIGCONT ")
+            .or(what.strip_suffix(" started again"));
+        if let Some(w) = stops.and_then(worker) {
+            stopped.insert(w);
+        } else if let Some(w) = continues.and_then(worker) {
+            stopped.remove(&w);
+            if let Some(i) = unwatched.take() {
+                windows[i].1 = windows[i].1.max(at + gate_check_ms + GUARD_BOUND_MS);
+            }
+        }
+        if what.starts_with("fault: Redis killed -9") && stopped.len() >= workers {
+            unwatched = Some(windows.len());
+        }
         if what == super::run::MYSQL_RESTORE_BEGINS {
             windows.push((*at, at + gate_check_ms + GUARD_BOUND_MS));
         } else if what == super::run::REDIS_SNAPSHOT_BEGINS {
@@ -231,6 +265,34 @@ async fn held_orders(stage: &Stage) -> std::collections::BTreeSet<u64> {
     ids.into_iter().collect()
 }
 
+/// A gate is paused only on a sign that a store lost writes (README, "When
+/// Redis loses its last writes": a changed run id, fewer buyers than
+/// orders, a batch in hand whose entries are gone; "When MySQL loses its
+/// last commits"); `reconcile` and `preload` only reopen (preload
+/// publishes paused only over a live hold, which needs a lost batch).
+/// Where the plan loses nothing in either store, a buyer told `paused`
+/// was refused for nothing (E18: a worker frozen past its lease took the
+/// entries another had taken over and acknowledged for lost; E04: a
+/// resent preload emptied the gate's buyers).
+fn paused_for_nothing(stage: &Stage, told: &[Told], verdict: &mut Verdict) {
+    if stage.plan.loses_writes() {
+        return;
+    }
+    for t in told {
+        let paused = match &t.answer {
+            Answer::Refused(why) => why == "paused",
+            Answer::Unknown(what) => what.contains("\"outcome\":\"paused\""),
+            _ => false,
+        };
+        if paused {
+            verdict.violations.push(format!(
+                "voucher {}: user {} told paused ({:?}, sent at {} ms) though no store lost writes",
+                t.voucher, t.user, t.via, t.sent_ms
+            ));
+        }
+    }
+}
+
 /// Whether the voucher's gate is paused (meta `paused`; unreadable: not).
 pub async fn gate_paused(
     redis: &mut seckill::store::redis_conn::Redis,
@@ -250,5 +312,37 @@ async fn gates_open(stage: &Stage, verdict: &mut Verdict) {
                 v.id
             ));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rollback_windows;
+
+    fn events(lines: &[(u64, &str)]) -> Vec<(u64, String)> {
+        lines.iter().map(|(at, w)| (*at, w.to_string())).collect()
+    }
+
+    #[test]
+    fn a_redis_back_while_every_worker_is_down_is_exposed_until_one_runs_again() {
+        let mut e = events(&[
+            (420, "Redis snapshot begins"),
+            (1_542, "fault: kill -9 worker 0"),
+            (1_545, "fault: SIGSTOP worker 1"),
+            (1_897, "fault: Redis killed -9, started from its snapshot"),
+            (3_646, "worker 0 started again"),
+            (3_700, "healed: SIGCONT worker 1"),
+        ]);
+        assert_eq!(rollback_windows(&e, 300, 2), vec![(420, 3_646 + 1_800)]);
+        // One worker still running: its guard looks at once.
+        e.remove(2);
+        assert_eq!(rollback_windows(&e, 300, 2), vec![(420, 1_897 + 1_800)]);
+        // Frozen where it was held counts as stopped.
+        let e = events(&[
+            (0, "fault: SIGSTOP worker 0 where it is held"),
+            (10, "fault: Redis killed -9, started empty"),
+            (5_000, "healed: SIGCONT worker 0"),
+        ]);
+        assert_eq!(rollback_windows(&e, 300, 1), vec![(0, 5_000 + 1_800)]);
     }
 }

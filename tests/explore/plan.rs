@@ -278,6 +278,10 @@ pub const FAMILIES: &[&str] = &[
     "frozen_in_transaction",
     "redis_rollback_with_waitlist",
     "release_then_hold",
+    "pauser_dies",
+    "stopped_across_rollback",
+    "racing_updates",
+    "killed_behind_live",
 ];
 
 /// Where a family holds a worker: inside the transaction two times in
@@ -317,6 +321,29 @@ pub struct Plan {
     pub reconcile_in_hold: bool,
     /// The scenario family the seed drew, if any ([`Plan::add_family`]).
     pub family: Option<&'static str>,
+    /// How long a worker that died stays down before it is started again
+    /// (systemd's `RestartSec`; 0: at once).
+    pub restart_delay_ms: u64,
+    /// `reconcile --yes` this long after a worker died (the first time),
+    /// and the gates judged open right after it: the pauser is dead and
+    /// nothing was lost, so the repair reopens what it paused (E02).
+    pub reconcile_after_death_ms: Option<u64>,
+    /// (when, voucher, limits): `voucher update --per-user-limit` run
+    /// with each limit, the first stalled 1.2 s before its publish
+    /// (`before_publish`) and the others at once 150 ms after it; the gate
+    /// judged equal to MySQL once all exited.
+    pub racing_updates: Option<(u64, u64, Vec<u32>)>,
+    /// (worker, n): that worker reads and persists at most n entries a
+    /// batch (`--batch n --max-batch n`), so one reclaim call looks at
+    /// 10 n pending entries.
+    pub small_batch: Option<(usize, u32)>,
+    /// Every worker with one lane (`--lanes 1`): a held batch holds its
+    /// worker's reclaiming too.
+    pub one_lane: bool,
+    /// After a Redis restart, a purchase made once serve's node-id lease
+    /// would have lapsed (30 s after it; E41). In 40 % of the seeds, from
+    /// a stream of their own: the wait costs up to 30 s a seed.
+    pub probe_lease: bool,
 }
 
 impl Plan {
@@ -400,6 +427,12 @@ impl Plan {
             preload_in_hold: false,
             reconcile_in_hold: false,
             family: None,
+            restart_delay_ms: 0,
+            reconcile_after_death_ms: None,
+            racing_updates: None,
+            small_batch: None,
+            one_lane: false,
+            probe_lease: Rng::new(seed ^ 0x0E41).chance(40),
         };
         plan.add_extras();
         plan.add_family();
@@ -611,6 +644,20 @@ impl Plan {
                 self.make_alone();
                 self.release_then_hold(&mut last);
                 self.attempts.sort_by_key(|a| a.at_ms);
+                return;
+            }
+            // Of those left, half draw one of the families added in
+            // round 7 (a stream of their own again).
+            let mut later = Rng::new(self.seed ^ 0x0E02);
+            if later.chance(50) {
+                self.make_alone();
+                match later.range(0, 3) {
+                    0 => self.pauser_dies(&mut later),
+                    1 => self.stopped_across_rollback(&mut later),
+                    2 => self.racing_updates(&mut later),
+                    _ => self.killed_behind_live(&mut later),
+                }
+                self.attempts.sort_by_key(|a| a.at_ms);
             }
             return;
         }
@@ -664,12 +711,7 @@ impl Plan {
             v.pay_timeout_ms = r.range(1_500, 2_000);
             v.added_at_ms = 0;
         }
-        for v in self.vouchers.clone() {
-            for user in 1..=v.stock as u64 + 8 {
-                let at = r.range(0, 400);
-                self.attempts.push(new_buyer(r, &v, user, at));
-            }
-        }
+        self.rush(r, 8, 400);
         self.pay_percent = r.range(10, 30);
         self.pay_latest_percent = r.range(20, 60);
         let snapshot = r.range(900, 1_300);
@@ -688,6 +730,204 @@ impl Plan {
         });
         self.reconcile_in_hold = r.chance(60);
         self.steady_buyers(r, armed, armed + 3_000);
+    }
+
+    /// The only worker pauses its gates after a Redis restart that lost
+    /// nothing (a graceful one changes the run id too) and dies right
+    /// there, before its rebuild; systemd starts it again 4-6 s later.
+    /// Meanwhile an operator runs `reconcile --yes`, which must reopen
+    /// the gates it finds consistent (README, "pause": "a gate whose
+    /// pauser died does not wait for another worker"); run.rs judges
+    /// them right after it (E02).
+    fn pauser_dies(&mut self, r: &mut Rng) {
+        self.family = Some("pauser_dies");
+        self.workers = 1;
+        self.attempts.clear();
+        for v in self.vouchers.iter_mut() {
+            v.added_at_ms = 0;
+            // No deadline comes due around the restart: a release the
+            // snapshot missed would make the gate inconsistent, which
+            // any repair reopens.
+            v.pay_timeout_ms = 8_000;
+        }
+        self.rush(r, 5, 500);
+        self.pay_percent = r.range(30, 70);
+        self.pay_latest_percent = 10;
+        let crash = r.range(2_000, 2_500);
+        // Taken just before the crash, with nothing sold or paid since
+        // the rush: the restart loses nothing.
+        self.faults.push(Fault::RedisRollback {
+            snapshot_at_ms: crash - 50,
+            crash_at_ms: crash,
+            empty: false,
+        });
+        self.faults.push(Fault::Point {
+            target: Target::Worker(0),
+            point: "gate_paused",
+            hit: 1,
+            action: PointAction::Abort,
+        });
+        self.gate_check_ms = 300;
+        self.restart_delay_ms = r.range(4_000, 6_000);
+        // Past the pause's grace (`--lock-lease`, 1 s here).
+        self.reconcile_after_death_ms = Some(r.range(1_300, 2_000));
+        self.duration_ms = self.duration_ms.max(crash + 500);
+        let from = crash + 3_500;
+        self.steady_buyers(r, from, from + 2_000);
+    }
+
+    /// Every worker stopped (SIGSTOP) or down while Redis goes back to a snapshot,
+    /// and the buyers it forgot press buy again, with new ones, before any
+    /// guard looks: their admissions make the buyers match MySQL's orders
+    /// again, so only the run id tells the loss (E19). The oracle's window
+    /// reaches to the guard's first pass after the workers continue; the
+    /// lost buyers press again after it too.
+    fn stopped_across_rollback(&mut self, r: &mut Rng) {
+        self.family = Some("stopped_across_rollback");
+        self.attempts.clear();
+        for v in self.vouchers.iter_mut() {
+            v.added_at_ms = 0;
+            v.stock = v.stock.max(20);
+        }
+        let stop = r.range(1_300, 1_700);
+        for v in self.vouchers.clone() {
+            // Fewer than the stock before the stop: units stay for the
+            // ones after it.
+            for user in 1..=v.stock as u64 / 2 {
+                let at = r.range(0, stop - 300);
+                self.attempts.push(new_buyer(r, &v, user, at));
+            }
+        }
+        let snapshot = r.range(400, 800);
+        let stopped = r.range(2_000, 3_000);
+        // In half (a stream of its own), the workers are not stopped but
+        // down (killed, started again as cron or systemd would): a worker
+        // started after the restart sees the run id change only in what
+        // the gate recorded (E08).
+        let killed = Rng::new(self.seed ^ 0x0E08).chance(50);
+        for w in 0..self.workers {
+            let target = Target::Worker(w);
+            self.faults.push(match killed {
+                true => Fault::Kill9 {
+                    target,
+                    at_ms: stop,
+                    down_ms: stopped,
+                },
+                false => Fault::Stop {
+                    target,
+                    at_ms: stop,
+                    for_ms: stopped,
+                },
+            });
+        }
+        let crash = stop + r.range(200, 400);
+        self.faults.push(Fault::RedisRollback {
+            snapshot_at_ms: snapshot,
+            crash_at_ms: crash,
+            empty: false,
+        });
+        self.gate_check_ms = 300;
+        let lost: Vec<Attempt> = self
+            .attempts
+            .iter()
+            .filter(|a| a.at_ms > snapshot)
+            .cloned()
+            .collect();
+        // Half of them while the workers are stopped, the other half once
+        // the guard had its pass after they continued: a gate never
+        // rebuilt still lacks those buyers then, and sells to them twice.
+        let resumed = stop + stopped;
+        for (half, at) in [crash, resumed + 300 + 1_500 + 500].into_iter().enumerate() {
+            for again in lost.iter().skip(half).step_by(2).take(8) {
+                self.attempts.push(Attempt {
+                    at_ms: at + r.range(100, 800),
+                    ..again.clone()
+                });
+            }
+        }
+        self.duration_ms = resumed + 300 + 1_500 + 1_500;
+        self.steady_buyers(r, crash, self.duration_ms);
+    }
+
+    /// A worker killed -9 with entries pending behind a live worker's
+    /// big batch: worker 0 held with its locks taken (`after_lock`, its
+    /// second batch, read after its first stalled while a rush piled up)
+    /// while worker 1, reading two entries a batch, is killed and started
+    /// again. Worker 1's reclaim looks at 20 pending entries a
+    /// call, and the live batch is ahead of its own dead entries: they must
+    /// be reached (README: "idle entries behind any number of live ones
+    /// are reached") and persisted within the bound run.rs judges, while
+    /// worker 0 is still held (E42).
+    fn killed_behind_live(&mut self, r: &mut Rng) {
+        self.family = Some("killed_behind_live");
+        self.workers = 2;
+        self.small_batch = Some((1, 2));
+        // Else the held worker's other lane, reading 256 a batch, reclaims
+        // the dead entries itself (seed 135 with the defect put back).
+        self.one_lane = true;
+        self.mysql_timeout_ms = None;
+        self.attempts.clear();
+        self.vouchers.truncate(1);
+        // More units than buyers: every admission is an entry, and worker
+        // 1 has some in hand when it is killed.
+        let stock = r.range(700, 800) as i64;
+        if let Some(v) = self.vouchers.first_mut() {
+            v.stock = stock;
+            v.added_at_ms = 0;
+            v.per_user_limit = 1;
+            v.pay_timeout_ms = 4_000;
+        }
+        let v = self.vouchers[0].clone();
+        // A rush, and a second one faster than worker 1 alone persists
+        // (two entries a batch) around the kill.
+        for user in 1..=600 {
+            let at = match user <= 300 {
+                true => r.range(0, 400),
+                false => r.range(600, 1_200),
+            };
+            self.attempts.push(new_buyer(r, &v, user, at));
+        }
+        // Its first batch stalled inside its transaction while the rush
+        // piles up, so the next, the held one, is big (up to 256 entries;
+        // armed in the rush instead, it was 4 to 46, often fewer than one
+        // reclaim call looks at, and seed 87 caught E42 1 run in 6).
+        self.faults.push(Fault::Point {
+            target: Target::Worker(0),
+            point: "before_commit",
+            hit: 1,
+            action: PointAction::Pause(r.range(250, 400)),
+        });
+        self.faults.push(Fault::Hold {
+            worker: 0,
+            point: "after_lock",
+            hit: 2,
+            snapshot_at_ms: 0,
+            then: Then::KillOther,
+            armed_at_ms: 0,
+        });
+        self.hold_linger_ms = 1_000;
+        self.steady_buyers(r, 400, 3_000);
+    }
+
+    /// Operators (or their automation) changing one voucher's per-user
+    /// limit at once mid-sale: one `voucher update` stalled between its
+    /// MySQL update and its publish, 8-24 others with another limit made
+    /// meanwhile. Whichever publish lands last, the gate must end with
+    /// MySQL's policy (E13).
+    fn racing_updates(&mut self, r: &mut Rng) {
+        self.family = Some("racing_updates");
+        let v = r.pick(&self.vouchers).clone();
+        let at = r.range(
+            v.added_at_ms + 300,
+            (self.duration_ms / 2).max(v.added_at_ms + 400),
+        );
+        let first = r.range(1, 3) as u32;
+        let others: Vec<u32> = [1, 2, 3].into_iter().filter(|l| *l != first).collect();
+        let other = *r.pick(&others);
+        let mut limits = vec![first];
+        limits.extend((0..r.range(8, 24)).map(|_| other));
+        self.racing_updates = Some((at, v.id, limits));
+        self.steady_buyers(r, at, at + 2_000);
     }
 
     /// Redis back to a snapshot taken while the first deadlines were
@@ -719,6 +959,22 @@ impl Plan {
             self.reconcile_at_ms.push(crash + r.range(1_600, 2_600));
         }
         self.steady_buyers(r, crash, crash + 3_000);
+        // In half (a stream of its own, so the draws above keep their
+        // values), one worker whose guard, having paused the gate after
+        // the crash, stands there 2.5-4 s before its rebuild, while
+        // deadlines come due: a release must not promote from the lost
+        // buyers the paused gate still lists (E10). One worker, so no
+        // other guard rebuilds first.
+        let mut paused = Rng::new(self.seed ^ 0x0E10);
+        if paused.chance(50) {
+            self.workers = 1;
+            self.faults.push(Fault::Point {
+                target: Target::Worker(0),
+                point: "gate_paused",
+                hit: 1,
+                action: PointAction::Pause(paused.range(2_500, 4_000)),
+            });
+        }
     }
 
     /// A worker holds a batch Redis then loses (back to a snapshot from
@@ -829,6 +1085,23 @@ impl Plan {
             armed_at_ms: 0,
         });
         self.steady_buyers(r, 300, self.duration_ms + 2_000);
+        // And buyers when the frozen worker wakes (a stream of its own, so
+        // the draws above keep their values): one that takes the entries
+        // another took over and acknowledged for lost pauses the gate for
+        // nothing (E18).
+        let mut late = Rng::new(self.seed ^ 0x0E18);
+        self.steady_buyers(&mut late, 8_500, 14_000);
+    }
+
+    /// The stock and `extra` buyers of every voucher, each at a moment of
+    /// the first `within_ms`: a rush that sells out.
+    fn rush(&mut self, r: &mut Rng, extra: u64, within_ms: u64) {
+        for v in self.vouchers.clone() {
+            for user in 1..=v.stock as u64 + extra {
+                let at = r.range(0, within_ms);
+                self.attempts.push(new_buyer(r, &v, user, at));
+            }
+        }
     }
 
     /// New buyers of every voucher, arriving evenly from `from` to `to`
@@ -887,6 +1160,23 @@ impl Plan {
             .max()
             .unwrap_or(0)
             .max(self.duration_ms)
+    }
+
+    /// Whether a fault of the plan loses a store's writes: Redis back to a
+    /// snapshot or empty, MySQL back to a dump. (A resent `seckill
+    /// preload` must not: its second publish keeps the gate's buyers.)
+    pub fn loses_writes(&self) -> bool {
+        self.faults.iter().any(|f| {
+            matches!(
+                f,
+                Fault::RedisRollback { .. }
+                    | Fault::MysqlRollback { .. }
+                    | Fault::Hold {
+                        then: Then::RedisCrash | Then::RedisEmpty | Then::MysqlRestore,
+                        ..
+                    }
+            )
+        })
     }
 
     /// The plan with only the faults at `keep` (a shrunk schedule).
@@ -1163,6 +1453,38 @@ impl fmt::Display for Plan {
                 f,
                 "  a held worker stays held {} ms after the second fault",
                 self.hold_linger_ms
+            )?;
+        }
+        if self.restart_delay_ms > 0 {
+            writeln!(
+                f,
+                "  a worker that dies is started again {} ms later",
+                self.restart_delay_ms
+            )?;
+        }
+        if let Some((w, n)) = self.small_batch {
+            writeln!(f, "  worker {w}: --batch {n} --max-batch {n}")?;
+        }
+        if self.one_lane {
+            writeln!(f, "  every worker: --lanes 1")?;
+        }
+        if self.probe_lease {
+            writeln!(
+                f,
+                "  after a Redis restart, a purchase once a node-id lease would have lapsed"
+            )?;
+        }
+        if let Some((at, v, limits)) = &self.racing_updates {
+            writeln!(
+                f,
+                "  at {at} ms, {} voucher updates of voucher {v}, the first stalled before its publish (--per-user-limit {limits:?})",
+                limits.len()
+            )?;
+        }
+        if let Some(after) = self.reconcile_after_death_ms {
+            writeln!(
+                f,
+                "  reconcile --yes {after} ms after a worker died, the gates judged open right after"
             )?;
         }
         for (at, v) in &self.preloads {

@@ -34,6 +34,10 @@ pub const MYSQL_RESTORE_BEGINS: &str = "MySQL switching back to its dump";
 /// The event of a Redis snapshot, logged as SAVE is sent.
 pub const REDIS_SNAPSHOT_BEGINS: &str = "Redis snapshot begins";
 
+/// The event of a worker seen dead, kept down for the plan's restart
+/// delay (after its name).
+pub const DIED: &str = " died; down for the restart delay";
+
 /// The event of a held worker saying it holds a voucher's gate for a
 /// batch Redis lost, followed by the voucher's id.
 pub const HOLD_TAKEN: &str = "hold taken of the gate of voucher ";
@@ -354,6 +358,16 @@ impl Stage {
                 let mysql_timeout = self.plan.mysql_timeout_ms.map(|ms| format!("{ms}ms"));
                 let mut flags = worker_flags(&[]);
                 set_flag(&mut flags, "--gate-check", &gate_check);
+                let small = match self.plan.small_batch {
+                    Some((w, n)) if target == Target::Worker(w) => Some(n.to_string()),
+                    _ => None,
+                };
+                if let Some(n) = small.as_deref() {
+                    flags.extend(["--batch", n, "--max-batch", n]);
+                }
+                if self.plan.one_lane {
+                    flags.extend(["--lanes", "1"]);
+                }
                 if let Some(t) = mysql_timeout.as_deref() {
                     flags.extend(["--mysql-timeout", t]);
                 }
@@ -394,6 +408,7 @@ impl Stage {
     fn restart_dead(&self) {
         let mut slots = self.slots.lock().unwrap();
         let mut restarted = Vec::new();
+        let mut died = Vec::new();
         for (target, slot) in slots.iter_mut() {
             if slot.down_until.is_some_and(|t| Instant::now() < t) {
                 continue;
@@ -402,6 +417,13 @@ impl Stage {
                 Some(p) => p.exited(),
                 None => true,
             };
+            let delay = self.plan.restart_delay_ms;
+            if dead && slot.down_until.is_none() && delay > 0 && *target != Target::Serve {
+                // Down for systemd's RestartSec first.
+                slot.down_until = Some(Instant::now() + Duration::from_millis(delay));
+                died.push(*target);
+                continue;
+            }
             if dead {
                 if let Some(p) = slot.proc.take() {
                     let log = p.log_text();
@@ -418,6 +440,9 @@ impl Stage {
             }
         }
         drop(slots);
+        for t in died {
+            self.event(format!("{t}{DIED}"));
+        }
         for t in restarted {
             self.event(format!("{t} started again"));
         }
@@ -660,13 +685,19 @@ impl Stage {
     fn hold_and_combine(&self, index: usize, worker: usize, point: &'static str, then: Then) {
         let target = Target::Worker(worker);
         let mut again: Vec<Attempt> = Vec::new();
+        let mut preload_now = false;
+        // Read before Redis goes: the buyers of the batch in hand are the
+        // ones MySQL and a preload's image lack.
+        let held = match then {
+            Then::RedisCrash | Then::RedisEmpty => self.in_hand(target),
+            _ => Vec::new(),
+        };
         if matches!(then, Then::RedisCrash | Then::RedisEmpty)
             && self.nothing_else_befalls(index, target)
         {
-            let held = self.in_hand(target);
             let who = format!("{target}, held at {point}");
             let mut h = self.history.lock().unwrap();
-            h.in_hand.extend(held.into_iter().map(|o| (o, who.clone())));
+            h.in_hand.extend(held.iter().map(|o| (*o, who.clone())));
         }
         match then {
             Then::RedisCrash => {
@@ -680,18 +711,19 @@ impl Stage {
                     // took the hold (or 5 s): an operator preloading
                     // the lost gates once the worker said so.
                     self.wait_log(target, "Redis no longer has every entry", 5_000);
-                    // The earliest buyers, whose orders MySQL lacks
-                    // and the preload's image with them, press buy
-                    // again: a gate published open sells to them twice.
-                    again = self.plan.attempts.iter().take(8).cloned().collect();
-                    for v in &self.plan.vouchers {
-                        let id = v.id.to_string();
-                        let (code, _, err) = self.cli(&["preload", "--voucher", &id]);
-                        self.event(format!(
-                            "preload --voucher {id} while {target} is held: exit {code:?} {}",
-                            err.trim()
-                        ));
-                    }
+                    // The buyers of the batch in hand (then the
+                    // earliest), whose orders MySQL lacks and the
+                    // preload's image with them, press buy again at once,
+                    // inside the keep-alive's tick: a gate published open
+                    // sells to them twice (E17).
+                    again = self.buyers_of(&held);
+                    self.event(format!(
+                        "{} buyer(s) of the batch in hand press buy again after the preload",
+                        again.len()
+                    ));
+                    again.extend(self.plan.attempts.iter().take(8).cloned());
+                    again.truncate(8);
+                    preload_now = true;
                 }
             }
             Then::MysqlRestore => {
@@ -704,8 +736,24 @@ impl Stage {
             Then::KillOther => {
                 let other = Target::Worker((worker + 1) % self.plan.workers.max(1));
                 if other != target {
+                    if self.plan.small_batch.is_some() {
+                        // The other worker reads on meanwhile: the entries
+                        // it holds when killed are behind the held batch.
+                        std::thread::sleep(Duration::from_millis(300));
+                    }
+                    let live = self.in_hand(target);
+                    let dying = self.in_hand(other);
                     self.kill9(other, 200);
-                    self.event(format!("fault: kill -9 {other}"));
+                    let began = self.ms();
+                    self.event(format!(
+                        "fault: kill -9 {other} ({} entries pending to it, {} in the hand of {target})",
+                        dying.len(),
+                        live.len()
+                    ));
+                    // The family's own stall of worker 0 ends before it.
+                    if self.plan.family == Some("killed_behind_live") {
+                        self.judge_reclaimed(other, began, &live);
+                    }
                 }
             }
             Then::Freeze(ms) => {
@@ -720,25 +768,58 @@ impl Stage {
                 self.event(format!("healed: SIGCONT {target}"));
             }
         }
-        if self.plan.reconcile_in_hold && matches!(then, Then::RedisCrash | Then::RedisEmpty) {
-            let (code, _, err) =
-                self.cli(&["reconcile", "--yes", "--settle", "0s", "--format", "json"]);
-            self.event(format!(
-                "reconcile --yes while {target} is held: exit {code:?} {}",
-                err.trim()
-            ));
-        }
         // Held on while they are answered (each buy retries a paused
         // gate for up to 2.4 s), but no longer than the plan's linger.
         std::thread::scope(|scope| {
-            for a in &again {
-                scope.spawn(move || self.buy(a));
+            if preload_now {
+                // Each voucher's returning buyers right after its preload.
+                for v in &self.plan.vouchers {
+                    let id = v.id.to_string();
+                    let (code, _, err) = self.cli(&["preload", "--voucher", &id]);
+                    for a in again.iter().filter(|a| a.voucher == v.id) {
+                        scope.spawn(move || self.buy(a));
+                    }
+                    self.event(format!(
+                        "preload --voucher {id} while {target} is held: exit {code:?} {}",
+                        err.trim()
+                    ));
+                }
+            } else {
+                for a in &again {
+                    scope.spawn(move || self.buy(a));
+                }
+            }
+            if self.plan.reconcile_in_hold && matches!(then, Then::RedisCrash | Then::RedisEmpty) {
+                let (code, _, err) =
+                    self.cli(&["reconcile", "--yes", "--settle", "0s", "--format", "json"]);
+                self.event(format!(
+                    "reconcile --yes while {target} is held: exit {code:?} {}",
+                    err.trim()
+                ));
             }
             if self.plan.hold_linger_ms > 0 && !matches!(then, Then::Freeze(_)) {
                 std::thread::sleep(Duration::from_millis(self.plan.hold_linger_ms));
             }
         });
         self.release(target);
+    }
+
+    /// The attempts of the buyers told success with these orders (at most
+    /// 8), made again now.
+    fn buyers_of(&self, orders: &[u64]) -> Vec<Attempt> {
+        let h = self.history.lock().unwrap();
+        h.told
+            .iter()
+            .filter(|t| matches!(t.answer, Answer::Success(o) if orders.contains(&o)))
+            .filter_map(|t| {
+                self.plan
+                    .attempts
+                    .iter()
+                    .find(|a| a.voucher == t.voucher && a.user == t.user)
+                    .cloned()
+            })
+            .take(8)
+            .collect()
     }
 
     /// The log of `target`'s current process (empty: none running).
@@ -868,14 +949,39 @@ impl Stage {
             bound,
             &format!("{target} frozen (SIGSTOP) inside a transaction at {began} ms for {ms} ms"),
             "a worker stopped inside its transaction",
+            &[],
+        );
+    }
+
+    /// The entries `killed` left pending must be reclaimed and persisted
+    /// within the bound of a killed worker (its `--lock-lease`, the
+    /// taker's `--claim-idle` and a half, a retry backoff and the slack
+    /// of a loaded machine: `FROZEN_BOUND_MS`, with one lock wait more),
+    /// however many live entries of the held worker stand ahead of them:
+    /// every order told success before the kill but those in the held
+    /// worker's hand.
+    fn judge_reclaimed(&self, killed: Target, began: u64, live: &[u64]) {
+        self.held_up_past(
+            began,
+            FROZEN_BOUND_MS,
+            &format!(
+                "{killed} killed -9 at {began} ms beside a held batch of {} entries",
+                live.len()
+            ),
+            "a killed worker's entries (those in the held batch left out)",
+            live,
         );
     }
 
     /// Waits until `began + bound` and reports, as `what` breaking the
     /// README's bound for `bounded`, the orders told success before
-    /// `began` that MySQL still does not have.
-    fn held_up_past(&self, began: u64, bound: u64, what: &str, bounded: &str) {
-        let told = self.told_success_before(began);
+    /// `began` (but those `excused`) that MySQL still does not have.
+    fn held_up_past(&self, began: u64, bound: u64, what: &str, bounded: &str, excused: &[u64]) {
+        let told: Vec<u64> = self
+            .told_success_before(began)
+            .into_iter()
+            .filter(|o| !excused.contains(o))
+            .collect();
         self.sleep_until(began + bound);
         let missing = self.not_in_mysql(&told);
         if !missing.is_empty() {
@@ -957,6 +1063,7 @@ impl Stage {
                 bound,
                 &format!("{target} stalled inside a transaction at {began} ms (a {ms} ms pause before COMMIT, --mysql-timeout {timeout}ms)"),
                 "a hung transaction",
+                &[],
             );
         }
     }
@@ -1070,6 +1177,16 @@ impl Stage {
         }
         let stage = self.clone();
         threads.push(std::thread::spawn(move || stage.operate()));
+        if let Some(after) = self.plan.reconcile_after_death_ms {
+            let stage = self.clone();
+            threads.push(std::thread::spawn(move || {
+                stage.reconcile_after_death(after)
+            }));
+        }
+        if self.plan.racing_updates.is_some() {
+            let stage = self.clone();
+            threads.push(std::thread::spawn(move || stage.race_updates()));
+        }
         let stage = self.clone();
         let faults = std::thread::spawn(move || stage.drive_faults());
         let stage = self.clone();
@@ -1175,6 +1292,48 @@ impl Stage {
 
     /// One purchase, resent as a client resends one whose outcome it does
     /// not know (no answer, 503, paused), up to 8 times.
+    /// A purchase over HTTP by a buyer of voucher 1 no attempt named,
+    /// made as a client makes one (resent while the outcome is unknown),
+    /// after serve's node-id lease outlived a Redis restart: its answer
+    /// (recorded, judged with the others), or None when it got none.
+    pub fn probe_purchase(&self) -> Option<Answer> {
+        let v = self.plan.vouchers.first()?;
+        let user = self.last_user_of(v.id) + 1_000;
+        self.buy(&Attempt {
+            at_ms: self.ms(),
+            voucher: v.id,
+            user,
+            quantity: 1,
+            via: Via::Http,
+        });
+        let h = self.history.lock().unwrap();
+        h.told
+            .iter()
+            .rev()
+            .find(|t| t.voucher == v.id && t.user == user)
+            .map(|t| t.answer.clone())
+    }
+
+    fn last_user_of(&self, voucher: u64) -> u64 {
+        self.plan
+            .attempts
+            .iter()
+            .filter(|a| a.voucher == voucher)
+            .map(|a| a.user)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// When Redis was last killed and started again (None: never).
+    pub fn last_redis_restart_ms(&self) -> Option<u64> {
+        let h = self.history.lock().unwrap();
+        h.events
+            .iter()
+            .filter(|(_, what)| what.starts_with("fault: Redis killed -9"))
+            .map(|(at, _)| *at)
+            .max()
+    }
+
     fn buy(&self, a: &Attempt) {
         for _ in 0..8 {
             let sent = self.ms();
@@ -1394,6 +1553,142 @@ impl Stage {
                     ));
                 }
             }
+        }
+    }
+
+    /// `reconcile --yes` `after` ms after a worker died (the first time,
+    /// waited for up to the sale's end and 10 s), then every gate judged
+    /// open: the plan (`pauser_dies`) kills the only pauser right after
+    /// its pause of a Redis restart that lost nothing, so the gates are
+    /// consistent, no hold is live and the pause's grace is over; the
+    /// repair reopens them (README, "pause"), not the worker's restart.
+    fn reconcile_after_death(&self, after: u64) {
+        let until = self.plan.duration_ms + 10_000;
+        let died = loop {
+            let seen = self
+                .history
+                .lock()
+                .unwrap()
+                .events
+                .iter()
+                .find(|(_, what)| what.ends_with(DIED))
+                .map(|(at, _)| *at);
+            match seen {
+                Some(at) => break at,
+                None if self.ms() > until => {
+                    self.event("no worker died: nothing to reconcile after".into());
+                    return;
+                }
+                None => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        self.sleep_until(died + after);
+        let (code, _, err) =
+            self.cli(&["reconcile", "--yes", "--settle", "0s", "--format", "json"]);
+        self.event(format!(
+            "reconcile --yes after the pauser died: exit {code:?} {}",
+            err.trim()
+        ));
+        let paused: Vec<u64> = self.rt.block_on(async {
+            let mut redis = self.env.new_redis_connection().await;
+            let mut paused = Vec::new();
+            for v in &self.plan.vouchers {
+                let keys = VoucherKeys::new(&self.env.prefix, v.id).expect("keys");
+                if super::oracle::gate_paused(&mut redis, &keys).await {
+                    paused.push(v.id);
+                }
+            }
+            paused
+        });
+        let restarted = self
+            .history
+            .lock()
+            .unwrap()
+            .events
+            .iter()
+            .any(|(_, what)| what.ends_with(" started again"));
+        if !paused.is_empty() && !restarted {
+            self.violation(format!(
+                "voucher(s) {paused:?}: the gate is still paused after `reconcile --yes` (exit {code:?}), {after} ms after its pauser died, with nothing lost and no hold: a gate whose pauser died waits for another worker"
+            ));
+        }
+    }
+
+    /// The plan's `voucher update`s of one voucher run at once; once every
+    /// one exited, the gate's per-user limit must be MySQL's: of two
+    /// publishes, the older policy may not land last (E13).
+    fn race_updates(&self) {
+        let Some((at, voucher, limits)) = self.plan.racing_updates.clone() else {
+            return;
+        };
+        self.sleep_until(at);
+        let id = voucher.to_string();
+        let stalled = vec![(
+            "SECKILL_TEST_FAULT".to_string(),
+            "before_publish@1=pause:1200ms".to_string(),
+        )];
+        let codes: Vec<(u32, Option<i32>)> = std::thread::scope(|scope| {
+            let runs: Vec<_> = limits
+                .iter()
+                .enumerate()
+                .map(|(i, l)| {
+                    let (id, l) = (&id, *l);
+                    let vars = match i {
+                        0 => stalled.clone(),
+                        _ => Vec::new(),
+                    };
+                    if i == 1 {
+                        // The first is past its MySQL update by then.
+                        std::thread::sleep(Duration::from_millis(150));
+                    }
+                    scope.spawn(move || {
+                        let limit = l.to_string();
+                        let args = ["voucher", "update", "--id", id, "--per-user-limit", &limit];
+                        let (code, _, _) = self.cli_with(&args, &vars);
+                        (l, code)
+                    })
+                })
+                .collect();
+            runs.into_iter().filter_map(|r| r.join().ok()).collect()
+        });
+        let updated: Vec<u32> = codes
+            .iter()
+            .filter(|(_, c)| *c == Some(0))
+            .map(|(l, _)| *l)
+            .collect();
+        if let Some(most) = updated.iter().max() {
+            let mut h = self.history.lock().unwrap();
+            let e = h.limits.entry(voucher).or_insert(*most);
+            *e = (*e).max(*most);
+        }
+        self.event(format!(
+            "{} voucher updates of voucher {voucher}, the first stalled before its publish: {} exited 0",
+            limits.len(),
+            updated.len()
+        ));
+        let (gate, mysql) = self.rt.block_on(async {
+            use mysql_async::prelude::Queryable;
+            let keys = VoucherKeys::new(&self.env.prefix, voucher).expect("keys");
+            let mut redis = self.env.new_redis_connection().await;
+            let gate: Option<u32> =
+                redis::AsyncCommands::hget(&mut redis, keys.meta(), "per_user_limit")
+                    .await
+                    .unwrap_or(None);
+            let mut conn = self.env.db().await.conn().await.expect("mysql");
+            let mysql: Option<u32> = conn
+                .exec_first(
+                    "SELECT per_user_limit FROM seckill_voucher WHERE voucher_id = ?",
+                    (voucher,),
+                )
+                .await
+                .unwrap_or(None);
+            (gate, mysql)
+        });
+        if gate != mysql {
+            self.violation(format!(
+                "voucher {voucher}: after {} updates, one stalled before its publish, the gate's per-user limit is {gate:?} and MySQL's {mysql:?}: an older policy was published last",
+                limits.len()
+            ));
         }
     }
 
