@@ -1131,7 +1131,7 @@ impl Plan {
     }
 
     /// The highest user id the plan has for the voucher (0: none).
-    fn last_user(&self, voucher: u64) -> u64 {
+    pub fn last_user(&self, voucher: u64) -> u64 {
         self.attempts
             .iter()
             .filter(|a| a.voucher == voucher)

@@ -1298,7 +1298,7 @@ impl Stage {
     /// (recorded, judged with the others), or None when it got none.
     pub fn probe_purchase(&self) -> Option<Answer> {
         let v = self.plan.vouchers.first()?;
-        let user = self.last_user_of(v.id) + 1_000;
+        let user = self.plan.last_user(v.id) + 1_000;
         self.buy(&Attempt {
             at_ms: self.ms(),
             voucher: v.id,
@@ -1312,16 +1312,6 @@ impl Stage {
             .rev()
             .find(|t| t.voucher == v.id && t.user == user)
             .map(|t| t.answer.clone())
-    }
-
-    fn last_user_of(&self, voucher: u64) -> u64 {
-        self.plan
-            .attempts
-            .iter()
-            .filter(|a| a.voucher == voucher)
-            .map(|a| a.user)
-            .max()
-            .unwrap_or(0)
     }
 
     /// When Redis was last killed and started again (None: never).
