@@ -38,10 +38,14 @@ pub async fn judge(stage: &Stage) -> Verdict {
     }
     let (told, limits, windows, in_hand, holds_taken) = {
         let h = stage.history.lock().unwrap();
+        let mut windows = rollback_windows(&h.events, stage.plan.gate_check_ms, stage.plan.workers);
+        if stage.plan.trim_before_restore {
+            windows.extend(trimmed_windows(&h.events));
+        }
         (
             h.told.clone(),
             h.limits.clone(),
-            rollback_windows(&h.events, stage.plan.gate_check_ms, stage.plan.workers),
+            windows,
             h.in_hand.clone(),
             holds_taken(&h.events),
         )
@@ -138,6 +142,7 @@ pub async fn judge(stage: &Stage) -> Verdict {
         }
     }
     paused_for_nothing(stage, &told, &mut verdict);
+    paused_again(stage, &told, &mut verdict);
     gates_open(stage, &mut verdict).await;
     let (code, report) = stage.reconcile(&["--dry-run"]);
     if code != 0 {
@@ -210,6 +215,52 @@ fn rollback_windows(
     windows
 }
 
+/// (from, to) in ms of the answers MySQL may lose for good where the
+/// stream was trimmed past its lost commits: from the dump it went back
+/// to, to the trim. Nothing kept names those orders: the guard cannot
+/// restore them, and the operator drops them by their count (README,
+/// "Entries no longer kept").
+fn trimmed_windows(events: &[(u64, String)]) -> Vec<(u64, u64)> {
+    let mut dumped = None;
+    let mut windows = Vec::new();
+    for (at, what) in events {
+        if what == "MySQL dumped" {
+            dumped = Some(*at);
+        } else if what.ends_with("acknowledged entries trimmed (--keep past)") {
+            if let Some(from) = dumped.take() {
+                windows.push((from, *at));
+            }
+        }
+    }
+    windows
+}
+
+/// Once the operator dropped the lost commits nothing kept names, the
+/// gap is off the witness and the guard does not pause for it again, nor
+/// for a gap its rebuild cannot close, which it accepts after one reopen
+/// (README, "Entries no longer kept"): no buyer is told `paused` after
+/// the passes that follow (E39: the gate paused and reopened every pass).
+fn paused_again(stage: &Stage, told: &[Told], verdict: &mut Verdict) {
+    let Some(from) = stage.plan.no_pause_from_ms else {
+        return;
+    };
+    for t in told.iter().filter(|t| t.sent_ms >= from && is_paused(t)) {
+        verdict.violations.push(format!(
+            "voucher {}: user {} told paused ({:?}, sent at {} ms), after the guard had its passes over a gap of released units only (from {from} ms)",
+            t.voucher, t.user, t.via, t.sent_ms
+        ));
+    }
+}
+
+/// Whether the buyer was told the gate is paused.
+fn is_paused(t: &Told) -> bool {
+    match &t.answer {
+        Answer::Refused(why) => why == "paused",
+        Answer::Unknown(what) => what.contains("\"outcome\":\"paused\""),
+        _ => false,
+    }
+}
+
 /// When a held worker was seen taking each voucher's gate for a batch
 /// Redis lost (the first time), with the poll's lag as margin: the pause
 /// it sets follows the line it logs by one round trip.
@@ -279,12 +330,7 @@ fn paused_for_nothing(stage: &Stage, told: &[Told], verdict: &mut Verdict) {
         return;
     }
     for t in told {
-        let paused = match &t.answer {
-            Answer::Refused(why) => why == "paused",
-            Answer::Unknown(what) => what.contains("\"outcome\":\"paused\""),
-            _ => false,
-        };
-        if paused {
+        if is_paused(t) {
             verdict.violations.push(format!(
                 "voucher {}: user {} told paused ({:?}, sent at {} ms) though no store lost writes",
                 t.voucher, t.user, t.via, t.sent_ms

@@ -282,6 +282,8 @@ pub const FAMILIES: &[&str] = &[
     "stopped_across_rollback",
     "racing_updates",
     "killed_behind_live",
+    "preload_resent",
+    "failover_past_keep",
 ];
 
 /// Where a family holds a worker: inside the transaction two times in
@@ -344,6 +346,24 @@ pub struct Plan {
     /// would have lapsed (30 s after it; E41). In 40 % of the seeds, from
     /// a stream of their own: the wait costs up to 30 s a seed.
     pub probe_lease: bool,
+    /// A preload of the plan refused for orders in flight is run again
+    /// every 200 ms, for up to 3 s, as an operator retries it.
+    pub retry_preload: bool,
+    /// No buyer pays after this moment (the stretch MySQL then loses holds
+    /// no payment).
+    pub pays_until_ms: Option<u64>,
+    /// Every voucher's acknowledged entries trimmed just before MySQL is
+    /// set back (a worker's `--keep` shorter than the failover's reach):
+    /// nothing kept names the commits MySQL loses.
+    pub trim_before_restore: bool,
+    /// At this moment the operator reads `reconcile --dry-run` and, for
+    /// each voucher whose lost commits nothing kept can restore, runs
+    /// `reconcile --voucher V --drop-lost-commits N --yes` three times at
+    /// once (two operators, or a retried job, forgetting the gap).
+    pub drop_lost_commits_at_ms: Option<u64>,
+    /// From this moment no buyer may be told `paused`: the only gap MySQL
+    /// lost is released units, which the guard accepts after one pause.
+    pub no_pause_from_ms: Option<u64>,
 }
 
 impl Plan {
@@ -433,6 +453,11 @@ impl Plan {
             small_batch: None,
             one_lane: false,
             probe_lease: Rng::new(seed ^ 0x0E41).chance(40),
+            retry_preload: false,
+            pays_until_ms: None,
+            trim_before_restore: false,
+            drop_lost_commits_at_ms: None,
+            no_pause_from_ms: None,
         };
         plan.add_extras();
         plan.add_family();
@@ -656,6 +681,18 @@ impl Plan {
                     1 => self.stopped_across_rollback(&mut later),
                     2 => self.racing_updates(&mut later),
                     _ => self.killed_behind_live(&mut later),
+                }
+                self.attempts.sort_by_key(|a| a.at_ms);
+                return;
+            }
+            // Of those left, 60 % draw a family of round 8 (a stream of
+            // their own again).
+            let mut eighth = Rng::new(self.seed ^ 0x0E04);
+            if eighth.chance(60) {
+                self.make_alone();
+                match eighth.range(0, 1) {
+                    0 => self.preload_resent(&mut eighth),
+                    _ => self.failover_past_keep(&mut eighth),
                 }
                 self.attempts.sort_by_key(|a| a.at_ms);
             }
@@ -1093,6 +1130,117 @@ impl Plan {
         self.steady_buyers(&mut late, 8_500, 14_000);
     }
 
+    /// `seckill preload` of a voucher mid-sale at a quiet moment (nothing
+    /// in flight, so it publishes; retried while refused), its script
+    /// call sent twice, the first reply lost: the second run must keep
+    /// the gate's buyers, and the buyers of the rush, pressing buy again
+    /// after it while units are left, must be told they bought (E04).
+    fn preload_resent(&mut self, r: &mut Rng) {
+        self.family = Some("preload_resent");
+        self.attempts.clear();
+        for v in self.vouchers.iter_mut() {
+            v.added_at_ms = 0;
+            v.stock = v.stock.max(10);
+            // No deadline comes due around the preload.
+            v.pay_timeout_ms = 6_000;
+        }
+        // Half the stock: units are left for a buyer the gate forgot.
+        for v in self.vouchers.clone() {
+            for user in 1..=v.stock as u64 / 2 {
+                let at = r.range(0, 400);
+                self.attempts.push(new_buyer(r, &v, user, at));
+            }
+        }
+        let v = r.pick(&self.vouchers).clone();
+        let at = r.range(1_200, 2_000);
+        self.preloads.push((at, v.id));
+        self.retry_preload = true;
+        self.faults.push(Fault::Resend {
+            by: Caller::Preload,
+            script: "preload",
+            hit: 1,
+        });
+        let rush: Vec<Attempt> = self
+            .attempts
+            .iter()
+            .filter(|a| a.voucher == v.id)
+            .cloned()
+            .collect();
+        self.press_again(r, &rush, at);
+        self.duration_ms = self.duration_ms.max(at + 2_000);
+        self.steady_buyers(r, at + 1_500, at + 3_000);
+    }
+
+    /// MySQL set back to a dump (a failover to a lagging replica) after
+    /// the stream was trimmed past the commits it loses (`--keep` shorter
+    /// than the failover's reach), so nothing kept restores them: the
+    /// gates wait for the operator, who drops their buyers by their count,
+    /// from three runs at once. The gates must reopen, reconcile read the
+    /// vouchers after (E38: three runs forgetting the same gap took the
+    /// witness below 0), and no buyer be told `paused` once the guard had
+    /// its passes over what the drop left (E39: a gap nothing closes
+    /// paused and reopened the gate every pass). In half (a stream of its
+    /// own), every order of the lost stretch was cancelled and its unit
+    /// released before the failover, so MySQL lacks their cancellations
+    /// too.
+    fn failover_past_keep(&mut self, r: &mut Rng) {
+        self.family = Some("failover_past_keep");
+        self.attempts.clear();
+        self.gate_check_ms = 300;
+        let released = Rng::new(self.seed ^ 0x0E39).chance(50);
+        let deadline = match released {
+            true => r.range(1_200, 1_600),
+            false => 8_000,
+        };
+        for v in self.vouchers.iter_mut() {
+            v.added_at_ms = 0;
+            v.stock = v.stock.max(10);
+            v.waitlist_limit = None;
+            v.pay_timeout_ms = deadline;
+        }
+        for v in self.vouchers.clone() {
+            for user in 1..=v.stock as u64 / 2 {
+                let at = r.range(0, 400);
+                self.attempts.push(new_buyer(r, &v, user, at));
+            }
+        }
+        self.pay_percent = r.range(40, 80);
+        self.pay_latest_percent = 10;
+        // Released: after the rush's unpaid orders were cancelled, so the
+        // dump has them so.
+        let dump = match released {
+            true => r.range(2_600, 3_000),
+            false => r.range(900, 1_200),
+        };
+        self.pays_until_ms = Some(dump);
+        for v in self.vouchers.clone() {
+            let past = self.last_user(v.id);
+            for user in past + 1..=past + r.range(3, 8) {
+                let at = dump + r.range(100, 500);
+                self.attempts.push(new_buyer(r, &v, user, at));
+            }
+        }
+        // Released: past every deadline of the stretch and the sweep.
+        let restore = match released {
+            true => dump + 500 + deadline + r.range(1_200, 1_800),
+            false => dump + r.range(1_200, 1_800),
+        };
+        self.faults.push(Fault::MysqlRollback {
+            dump_at_ms: dump,
+            restore_at_ms: restore,
+        });
+        self.trim_before_restore = true;
+        // After the guard's pass (`--gate-check` and one pass) paused the
+        // gates for what nothing kept restores.
+        let drop = restore + 300 + 1_500 + r.range(500, 1_500);
+        self.drop_lost_commits_at_ms = Some(drop);
+        // The drop takes the gap off the witness; the guard's next passes
+        // accept whatever it left: three passes and the rebuild's room.
+        self.no_pause_from_ms = Some(drop + 3_000);
+        self.duration_ms = drop + 5_000;
+        self.steady_buyers(r, restore + 300, drop + 5_000);
+    }
+
     /// The stock and `extra` buyers of every voucher, each at a moment of
     /// the first `within_ms`: a rush that sells out.
     fn rush(&mut self, r: &mut Rng, extra: u64, within_ms: u64) {
@@ -1489,6 +1637,30 @@ impl fmt::Display for Plan {
         }
         for (at, v) in &self.preloads {
             writeln!(f, "  preload --voucher {v} again at {at} ms")?;
+        }
+        if self.retry_preload {
+            writeln!(
+                f,
+                "  a preload refused for orders in flight retried every 200 ms for 3 s"
+            )?;
+        }
+        if let Some(until) = self.pays_until_ms {
+            writeln!(f, "  no buyer pays after {until} ms")?;
+        }
+        if self.trim_before_restore {
+            writeln!(
+                f,
+                "  every acknowledged entry trimmed just before MySQL is set back (--keep past)"
+            )?;
+        }
+        if let Some(at) = self.drop_lost_commits_at_ms {
+            writeln!(
+                f,
+                "  at {at} ms, reconcile --drop-lost-commits N --yes three times at once per voucher with lost commits nothing kept restores"
+            )?;
+        }
+        if let Some(from) = self.no_pause_from_ms {
+            writeln!(f, "  no buyer told paused from {from} ms")?;
         }
         for (at, v, l) in &self.limit_updates {
             writeln!(

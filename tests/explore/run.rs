@@ -582,6 +582,9 @@ impl Stage {
                 self.event("MySQL dumped".into());
             }
             (Fault::MysqlRollback { .. }, false) => {
+                if self.plan.trim_before_restore {
+                    self.trim_streams();
+                }
                 self.event(MYSQL_RESTORE_BEGINS.into());
                 if let Some(d) = self.dumps.lock().unwrap().remove(&index) {
                     self.env.restore_mysql(&d);
@@ -589,6 +592,88 @@ impl Stage {
                 self.event("fault: MySQL set back to its dump".into());
             }
             _ => {}
+        }
+    }
+
+    /// Every voucher's acknowledged entries trimmed, as a worker's trim
+    /// does past `--keep` (nothing undelivered or pending).
+    fn trim_streams(&self) {
+        let prefix = self.env.prefix.clone();
+        let vouchers: Vec<u64> = self.plan.vouchers.iter().map(|v| v.id).collect();
+        let env = &self.env;
+        let trimmed = self.rt.block_on(async move {
+            let mut redis = env.new_redis_connection().await;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64);
+            let mut trimmed = 0;
+            for v in vouchers {
+                let Ok(keys) = VoucherKeys::new(&prefix, v) else {
+                    continue;
+                };
+                trimmed += seckill::worker::group::trim(&mut redis, &keys, 0, now)
+                    .await
+                    .unwrap_or(0);
+            }
+            trimmed
+        });
+        self.event(format!(
+            "fault: {trimmed} acknowledged entries trimmed (--keep past)"
+        ));
+    }
+
+    /// The operator dropping lost commits nothing kept can restore, by
+    /// their count, from three runs at once: `reconcile --dry-run` names
+    /// the amount of `orders_lost_unrestorable` per voucher.
+    fn drop_lost_commits(&self, at: u64) {
+        self.sleep_until(at);
+        let (_, report) = self.reconcile(&["--dry-run"]);
+        let lost: Vec<(u64, u64)> = report["vouchers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| {
+                let amount = r["drifts"]
+                    .as_array()?
+                    .iter()
+                    .find(|d| d["class"] == "orders_lost_unrestorable")?["amount"]
+                    .as_u64()?;
+                Some((r["voucher"].as_u64()?, amount))
+            })
+            .collect();
+        for (v, n) in lost {
+            let (v, n) = (v.to_string(), n.to_string());
+            let runs: Vec<_> = (0..3)
+                .map(|_| {
+                    let args = [
+                        "reconcile",
+                        "--voucher",
+                        &v,
+                        "--drop-lost-commits",
+                        &n,
+                        "--yes",
+                        "--settle",
+                        "0s",
+                        "--format",
+                        "json",
+                    ]
+                    .map(str::to_string);
+                    let mut run = self.env.cmd();
+                    std::thread::spawn(move || {
+                        run.args(&args).timeout(Duration::from_secs(30)).output()
+                    })
+                })
+                .collect();
+            for run in runs {
+                let code = run
+                    .join()
+                    .ok()
+                    .and_then(|o| o.ok())
+                    .and_then(|o| o.status.code());
+                self.event(format!(
+                    "reconcile --voucher {v} --drop-lost-commits {n} --yes: exit {code:?}"
+                ));
+            }
         }
     }
 
@@ -1183,6 +1268,10 @@ impl Stage {
                 stage.reconcile_after_death(after)
             }));
         }
+        if let Some(at) = self.plan.drop_lost_commits_at_ms {
+            let stage = self.clone();
+            threads.push(std::thread::spawn(move || stage.drop_lost_commits(at)));
+        }
         if self.plan.racing_updates.is_some() {
             let stage = self.clone();
             threads.push(std::thread::spawn(move || stage.race_updates()));
@@ -1389,6 +1478,9 @@ impl Stage {
                 let Some(late) = self.pays(t.voucher, t.user) else {
                     continue;
                 };
+                if self.plan.pays_until_ms.is_some_and(|until| now > until) {
+                    continue;
+                }
                 let timeout = self.pay_timeout(t.voucher);
                 if paid.contains(&order) || now < t.answered_ms + timeout * late / 100 {
                     continue;
@@ -1510,9 +1602,19 @@ impl Stage {
                     self.event(format!("reconcile --yes: exit {code:?} {}", err.trim()));
                 }
                 "preload" => {
-                    // Refused while orders are in flight: an answer, not a fault.
+                    // Refused while orders are in flight: an answer, not a
+                    // fault (retried where the plan says so).
                     let vars = self.preload_resends();
-                    let (code, _, err) = self.cli_with(&["preload", "--voucher", &args[0]], &vars);
+                    let give_up = self.ms() + 3_000;
+                    let (code, _, err) = loop {
+                        let (code, out, err) =
+                            self.cli_with(&["preload", "--voucher", &args[0]], &vars);
+                        let refused = code != Some(0) && err.contains("in flight");
+                        if !(self.plan.retry_preload && refused && self.ms() < give_up) {
+                            break (code, out, err);
+                        }
+                        std::thread::sleep(Duration::from_millis(200));
+                    };
                     self.event(format!(
                         "preload --voucher {} again: exit {code:?} {}",
                         args[0],
