@@ -364,6 +364,9 @@ pub struct Plan {
     /// From this moment no buyer may be told `paused`: the only gap MySQL
     /// lost is released units, which the guard accepts after one pause.
     pub no_pause_from_ms: Option<u64>,
+    /// Watch every voucher's locks through the sale: none may outlive
+    /// its batch (run.rs, `watch_locks`).
+    pub watch_locks: bool,
 }
 
 impl Plan {
@@ -458,6 +461,7 @@ impl Plan {
             trim_before_restore: false,
             drop_lost_commits_at_ms: None,
             no_pause_from_ms: None,
+            watch_locks: false,
         };
         plan.add_extras();
         plan.add_family();
@@ -1135,6 +1139,8 @@ impl Plan {
     /// call sent twice, the first reply lost: the second run must keep
     /// the gate's buyers, and the buyers of the rush, pressing buy again
     /// after it while units are left, must be told they bought (E04).
+    /// A worker's lock acquisition is sent twice too, and every lock
+    /// watched (E05).
     fn preload_resent(&mut self, r: &mut Rng) {
         self.family = Some("preload_resent");
         self.attempts.clear();
@@ -1169,6 +1175,14 @@ impl Plan {
         self.press_again(r, &rush, at);
         self.duration_ms = self.duration_ms.max(at + 2_000);
         self.steady_buyers(r, at + 1_500, at + 3_000);
+        // And one of a worker's first lock acquisitions sent twice: the
+        // batch's one release must give the lock back (E05).
+        self.faults.push(Fault::Resend {
+            by: Caller::Process(Target::Worker(0)),
+            script: "lock_acquire",
+            hit: r.range(1, 3),
+        });
+        self.watch_locks = true;
     }
 
     /// MySQL set back to a dump (a failover to a lagging replica) after
@@ -1658,6 +1672,9 @@ impl fmt::Display for Plan {
                 f,
                 "  at {at} ms, reconcile --drop-lost-commits N --yes three times at once per voucher with lost commits nothing kept restores"
             )?;
+        }
+        if self.watch_locks {
+            writeln!(f, "  every lock watched: none outlives its batch")?;
         }
         if let Some(from) = self.no_pause_from_ms {
             writeln!(f, "  no buyer told paused from {from} ms")?;

@@ -1100,6 +1100,73 @@ impl Stage {
     /// be in MySQL (the stalled batch abandoned and taken over), not when
     /// the stall ends. Only where no other fault of the plan can explain
     /// a slower MySQL.
+    /// A user's lock is held only while a batch has that user's entry in
+    /// hand: the batch renews it (its watchdog) and gives it back after
+    /// its ack. A lock whose value (expiry, count, owner) stays the same
+    /// 600 ms while nothing of its voucher is pending was given back by
+    /// no release (E05: a resent acquisition counted twice, the one
+    /// release left it held until its lease ran out, the user's next
+    /// batch denied meanwhile). Watched only where the plan befalls the
+    /// workers with nothing but resent calls (a worker that dies or loses
+    /// Redis leaves its locks to their lease).
+    fn watch_locks(&self) {
+        const STALE_MS: u64 = 600;
+        let prefix = self.env.prefix.clone();
+        let vouchers: Vec<u64> = self.plan.vouchers.iter().map(|v| v.id).collect();
+        let env = &self.env;
+        let done = &self.done;
+        let found = self.rt.block_on(async move {
+            let mut redis = env.new_redis_connection().await;
+            let started = Instant::now();
+            // (voucher, user) -> (value, first seen with nothing pending)
+            let mut seen: HashMap<(u64, String), (String, u64)> = HashMap::new();
+            let mut found = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let now = started.elapsed().as_millis() as u64;
+                for v in &vouchers {
+                    let Ok(keys) = VoucherKeys::new(&prefix, *v) else {
+                        continue;
+                    };
+                    let locks: HashMap<String, String> = redis::cmd("HGETALL")
+                        .arg(keys.locks())
+                        .query_async(&mut redis)
+                        .await
+                        .unwrap_or_default();
+                    let pending: (u64, redis::Value, redis::Value, redis::Value) =
+                        redis::cmd("XPENDING")
+                            .arg(keys.orders())
+                            .arg(WORKER_GROUP)
+                            .query_async(&mut redis)
+                            .await
+                            .unwrap_or((1, redis::Value::Nil, redis::Value::Nil, redis::Value::Nil));
+                    if pending.0 > 0 {
+                        seen.retain(|(voucher, _), _| voucher != v);
+                        continue;
+                    }
+                    seen.retain(|(voucher, user), (value, _)| {
+                        voucher != v || locks.get(user) == Some(value)
+                    });
+                    for (user, value) in locks.into_iter().filter(|(u, _)| u != "encoding") {
+                        let key = (*v, user.clone());
+                        let since = seen.entry(key).or_insert((value.clone(), now)).1;
+                        if now >= since + STALE_MS {
+                            found.push(format!(
+                                "voucher {v}: user {user}'s lock ({value}) held {} ms with nothing of the voucher pending: no release gave it back",
+                                now - since
+                            ));
+                            seen.remove(&(*v, user));
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            found
+        });
+        for f in found {
+            self.violation(f);
+        }
+    }
+
     fn watch_stalls(&self) {
         let Some(timeout) = self.plan.mysql_timeout_ms else {
             return;
@@ -1283,6 +1350,12 @@ impl Stage {
         let stage = self.clone();
         let stalls = std::thread::spawn(move || stage.watch_stalls());
         let stage = self.clone();
+        let locks = std::thread::spawn(move || {
+            if stage.plan.watch_locks {
+                stage.watch_locks()
+            }
+        });
+        let stage = self.clone();
         *self.supervisor.lock().unwrap() = Some(std::thread::spawn(move || stage.supervise()));
         let stage = self.clone();
         let payer = std::thread::spawn(move || stage.pay_and_watch());
@@ -1293,6 +1366,7 @@ impl Stage {
         self.done.store(true, std::sync::atomic::Ordering::SeqCst);
         holds.join().ok();
         stalls.join().ok();
+        locks.join().ok();
         payer.join().ok();
     }
 
@@ -1620,6 +1694,10 @@ impl Stage {
                         args[0],
                         err.trim()
                     ));
+                    // Counted as fired, as a process's fault lines are.
+                    for line in err.lines().filter(|l| l.starts_with("fault resend")) {
+                        self.event(format!("fault: {line}, by preload"));
+                    }
                 }
                 _ => {
                     let (code, _, err) = self.cli(&[
