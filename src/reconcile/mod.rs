@@ -23,13 +23,13 @@ use std::collections::HashMap;
 
 use crate::error::{Error, Result};
 use crate::gate::pause::Reopened;
-use crate::gate::witness::META_COMMITTED;
 use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
 use crate::store::layout::Layout;
 use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn::RedisConn;
+use crate::store::scripts::FORGET_COMMITS;
 pub use classify::{classify, Drift, DriftClass};
 use quick::Quick;
 use repair::{repair, sync_digests, RepairResult};
@@ -445,12 +445,22 @@ async fn forget_lost_commits(
     if gap == 0 || !s.lost_commits.is_empty() || !s.unrestorable.is_empty() {
         return Ok(());
     }
-    let _: i64 = redis::cmd("HINCRBY")
-        .arg(keys.meta())
-        .arg(META_COMMITTED)
-        .arg(-(gap as i64))
-        .query_async(conn)
+    crate::support::fault::point("before_forget").await?;
+    // Only off the witness this run read: another run that read the same
+    // gap may have taken it off since (lua/forget_commits.lua).
+    let left: i64 = FORGET_COMMITS
+        .key(keys.meta())
+        .arg(s.gate_digests.committed)
+        .arg(gap)
+        .invoke_async(conn)
         .await?;
+    if left < 0 {
+        tracing::info!(
+            "voucher {}: the gate's witness of commits moved since it was read (another reconcile took the gap off?); left to the next read",
+            keys.voucher()
+        );
+        return Ok(());
+    }
     tracing::warn!(
         "voucher {}: MySQL lost {gap} committed order(s) that no kept stream entry or buyer is left of: nothing to restore, counted as lost",
         keys.voucher()

@@ -109,6 +109,10 @@ pub static REQUEUE: LazyLock<Script> = LazyLock::new(|| {
 });
 
 /// Deletes a consumer from the group only while it has nothing pending.
+/// Takes a gap of lost commits off a gate's witness, once (see the file).
+pub static FORGET_COMMITS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/forget_commits.lua")));
+
 pub static FORGET_CONSUMER: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/forget_consumer.lua")));
 
