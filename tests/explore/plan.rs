@@ -1227,9 +1227,13 @@ impl Plan {
             false => r.range(900, 1_200),
         };
         self.pays_until_ms = Some(dump);
+        // More than a quarter of the stock (a third of what the witness
+        // then counts): three runs taking the gap off each would take the
+        // witness below 0.
         for v in self.vouchers.clone() {
             let past = self.last_user(v.id);
-            for user in past + 1..=past + r.range(3, 8) {
+            let stock = v.stock as u64;
+            for user in past + 1..=past + r.range(stock / 4 + 3, stock / 2 + 1) {
                 let at = dump + r.range(100, 500);
                 self.attempts.push(new_buyer(r, &v, user, at));
             }
