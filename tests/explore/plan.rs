@@ -284,6 +284,7 @@ pub const FAMILIES: &[&str] = &[
     "killed_behind_live",
     "preload_resent",
     "failover_past_keep",
+    "requeued_then_failover",
 ];
 
 /// Where a family holds a worker: inside the transaction two times in
@@ -367,6 +368,10 @@ pub struct Plan {
     /// Watch every voucher's locks through the sale: none may outlive
     /// its batch (run.rs, `watch_locks`).
     pub watch_locks: bool,
+    /// At this moment the operator runs `seckill pending --voucher V
+    /// --requeue --yes` for every voucher, its script call sent twice (the
+    /// first reply lost); no letter may come back "no such dead letter".
+    pub requeue_at_ms: Option<u64>,
 }
 
 impl Plan {
@@ -462,6 +467,7 @@ impl Plan {
             drop_lost_commits_at_ms: None,
             no_pause_from_ms: None,
             watch_locks: false,
+            requeue_at_ms: None,
         };
         plan.add_extras();
         plan.add_family();
@@ -698,6 +704,15 @@ impl Plan {
                     0 => self.preload_resent(&mut eighth),
                     _ => self.failover_past_keep(&mut eighth),
                 }
+                self.attempts.sort_by_key(|a| a.at_ms);
+                return;
+            }
+            // And half of those left the family added last (its own
+            // stream, so the seeds above keep theirs).
+            let mut last = Rng::new(self.seed ^ 0x0E33);
+            if last.chance(50) {
+                self.make_alone();
+                self.requeued_then_failover(&mut last);
                 self.attempts.sort_by_key(|a| a.at_ms);
             }
             return;
@@ -1259,6 +1274,72 @@ impl Plan {
         self.steady_buyers(r, restore + 300, drop + 5_000);
     }
 
+    /// Dead letters `no stock in MySQL` (buyers the gate sold to between
+    /// a Redis rollback and the guard's pass, MySQL sold out), requeued by
+    /// the operator once the unpaid orders' cancellations gave MySQL units
+    /// again (readmitted: a unit taken at the gate for each), its call
+    /// sent twice; then MySQL set back to a dump from before the requeue.
+    /// A requeued user has two kept entries, the dead letter's and the
+    /// requeued one: the restore of the lost commits must count the user
+    /// once (E33), and the resent requeue report what the first run did
+    /// (E07).
+    fn requeued_then_failover(&mut self, r: &mut Rng) {
+        self.family = Some("requeued_then_failover");
+        self.attempts.clear();
+        self.vouchers.truncate(1);
+        for v in self.vouchers.iter_mut() {
+            v.added_at_ms = 0;
+            v.stock = v.stock.clamp(10, 20);
+            v.per_user_limit = 1;
+            v.waitlist_limit = Some(0);
+            v.pay_timeout_ms = 1_500;
+        }
+        // Nobody pays: every unit of the rush comes back after its deadline.
+        self.pay_percent = 0;
+        self.rush(r, 0, 400);
+        // Late in the rush: the commits the rollback takes off the
+        // witness are the units the gate then sells again.
+        let snapshot = r.range(150, 250);
+        let crash = r.range(600, 800);
+        self.faults.push(Fault::RedisRollback {
+            snapshot_at_ms: snapshot,
+            crash_at_ms: crash,
+            empty: false,
+        });
+        // A slow guard: the gate sells what MySQL no longer has meanwhile.
+        self.gate_check_ms = 2_000;
+        for v in self.vouchers.clone() {
+            let past = self.last_user(v.id);
+            for user in past + 1..=past + r.range(4, 8) {
+                let at = crash + r.range(50, 400);
+                self.attempts.push(new_buyer(r, &v, user, at));
+            }
+        }
+        // After the rush's deadlines, their sweep and the guard's rebuild.
+        let dump = r.range(5_000, 5_500);
+        let requeue = dump + r.range(300, 600);
+        self.requeue_at_ms = Some(requeue);
+        let restore = requeue + r.range(1_500, 2_000);
+        self.faults.push(Fault::MysqlRollback {
+            dump_at_ms: dump,
+            restore_at_ms: restore,
+        });
+        // New buyers of the units the cancellations gave back, between the
+        // requeue and the failover: MySQL loses more commits than the
+        // Redis rollback took off the witness, so the guard sees the loss
+        // (README, "What remains exposed": the witness goes back with
+        // Redis) and restores the lost orders from the kept entries.
+        for v in self.vouchers.clone() {
+            let past = self.last_user(v.id);
+            for user in past + 1..=past + v.stock as u64 / 2 + 3 {
+                let at = r.range(requeue + 200, restore - 300);
+                self.attempts.push(new_buyer(r, &v, user, at));
+            }
+        }
+        self.duration_ms = restore + 3_000;
+        self.steady_buyers(r, restore + 500, restore + 3_000);
+    }
+
     /// The stock and `extra` buyers of every voucher, each at a moment of
     /// the first `within_ms`: a rush that sells out.
     fn rush(&mut self, r: &mut Rng, extra: u64, within_ms: u64) {
@@ -1675,6 +1756,12 @@ impl fmt::Display for Plan {
             writeln!(
                 f,
                 "  at {at} ms, reconcile --drop-lost-commits N --yes three times at once per voucher with lost commits nothing kept restores"
+            )?;
+        }
+        if let Some(at) = self.requeue_at_ms {
+            writeln!(
+                f,
+                "  at {at} ms, pending --requeue --yes of every voucher, its script call sent twice"
             )?;
         }
         if self.watch_locks {

@@ -622,6 +622,59 @@ impl Stage {
         ));
     }
 
+    /// The operator requeueing every voucher's dead letters, each call
+    /// sent twice (its first reply lost): a letter the first run requeued
+    /// must be reported so by the second's answer, not "no such dead
+    /// letter" (README, `seckill pending`: "a call resent after a lost
+    /// reply reports the same outcome"; E07).
+    fn requeue(&self, at: u64) {
+        self.sleep_until(at);
+        let vars = vec![(
+            "SECKILL_TEST_FAULT".to_string(),
+            "resend_requeue@1=resend".to_string(),
+        )];
+        for v in &self.plan.vouchers {
+            let id = v.id.to_string();
+            let (code, report, err) = self.cli_with(
+                &[
+                    "pending",
+                    "--voucher",
+                    &id,
+                    "--requeue",
+                    "--yes",
+                    "--format",
+                    "json",
+                ],
+                &vars,
+            );
+            let entries: Vec<&Value> = report["entries"]
+                .as_array()
+                .map(|e| e.iter().collect())
+                .unwrap_or_default();
+            let outcomes: Vec<String> = entries
+                .iter()
+                .map(|e| format!("{} {}", e["outcome"], e["reason"]))
+                .collect();
+            self.event(format!(
+                "pending --voucher {id} --requeue --yes: exit {code:?}, {} letter(s): {}",
+                entries.len(),
+                outcomes.join("; ")
+            ));
+            for line in err.lines().filter(|l| l.starts_with("fault resend")) {
+                self.event(format!("fault: {line}, by pending --requeue"));
+            }
+            for e in entries
+                .iter()
+                .filter(|e| e["reason"] == "no such dead letter")
+            {
+                self.violation(format!(
+                    "voucher {id}: pending --requeue (its call sent twice) reported dead letter {} \"no such dead letter\", a letter it had just listed",
+                    e["id"]
+                ));
+            }
+        }
+    }
+
     /// Every gate watched (meta `paused`, every 10 ms) from when no pause
     /// may come any more (`no_pause_from_ms`) to the sale's end: a pause
     /// then is one no buyer need meet to be wrong (the guard's rebuild
@@ -1387,6 +1440,10 @@ impl Stage {
         if let Some(from) = self.plan.no_pause_from_ms {
             let stage = self.clone();
             threads.push(std::thread::spawn(move || stage.watch_pauses(from)));
+        }
+        if let Some(at) = self.plan.requeue_at_ms {
+            let stage = self.clone();
+            threads.push(std::thread::spawn(move || stage.requeue(at)));
         }
         if let Some(at) = self.plan.drop_lost_commits_at_ms {
             let stage = self.clone();
