@@ -179,6 +179,7 @@ pub fn all() -> Vec<(&'static str, &'static Script)> {
         ("digest_sync.lua", &DIGEST_SYNC),
         ("requeue.lua", &REQUEUE),
         ("forget_consumer.lua", &FORGET_CONSUMER),
+        ("forget_commits.lua", &FORGET_COMMITS),
         ("claim_due.lua", &CLAIM_DUE),
         ("release.lua", &RELEASE),
         ("transfer_take.lua", &TRANSFER_TAKE),
