@@ -1278,7 +1278,8 @@ impl Plan {
     /// a Redis rollback and the guard's pass, MySQL sold out), requeued by
     /// the operator once the unpaid orders' cancellations gave MySQL units
     /// again (readmitted: a unit taken at the gate for each), its call
-    /// sent twice; then MySQL set back to a dump from before the requeue.
+    /// sent twice; then MySQL set back to a dump taken late in the rush
+    /// (before the dead letters were admitted).
     /// A requeued user has two kept entries, the dead letter's and the
     /// requeued one: the restore of the lost commits must count the user
     /// once (E33), and the resent requeue report what the first run did
@@ -1315,9 +1316,13 @@ impl Plan {
                 self.attempts.push(new_buyer(r, &v, user, at));
             }
         }
+        // MySQL dumped late in the rush: it loses commits older than the
+        // dead letters' first entries, so a restore reading the kept
+        // entries newest first reaches those entries (each requeued
+        // user's older one) before it has every lost user's.
+        let dump = r.range(snapshot + 50, snapshot + 150);
         // After the rush's deadlines, their sweep and the guard's rebuild.
-        let dump = r.range(5_000, 5_500);
-        let requeue = dump + r.range(300, 600);
+        let requeue = r.range(5_300, 5_900);
         self.requeue_at_ms = Some(requeue);
         let restore = requeue + r.range(1_500, 2_000);
         self.faults.push(Fault::MysqlRollback {
