@@ -457,7 +457,7 @@ async fn seed_holds(seed: u64) {
 
 /// CI's seeds (`list_plans` shows their faults): together they cover
 /// every fault kind, each test one seed, so nextest runs them side by side.
-const CI_SEEDS: &[u64] = &[2, 10, 11, 12, 13, 15, 19, 23, 28, 32, 42, 44, 66, 87];
+const CI_SEEDS: &[u64] = &[2, 10, 11, 12, 13, 15, 19, 23, 28, 32, 35, 42, 44, 66, 87];
 
 macro_rules! ci_seeds {
     ($($name:ident: $seed:expr,)*) => {
@@ -481,6 +481,7 @@ ci_seeds! {
     seed_23: 23,
     seed_28: 28,
     seed_32: 32,
+    seed_35: 35,
     seed_42: 42,
     seed_44: 44,
     seed_66: 66,
