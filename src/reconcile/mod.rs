@@ -436,14 +436,18 @@ async fn reopen_if_paused(
 /// them by their count). Otherwise the guard would pause the gate for that
 /// gap at every pass. Read before MySQL, the witness only errs low, so the
 /// gap taken off is never more than was lost.
+///
+/// False when the witness moved since the read (another run took the gap
+/// off, or a commit landed): nothing was taken off, and the caller reads
+/// again rather than repair on this view.
 async fn forget_lost_commits(
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
     s: &Snapshot,
-) -> Result<()> {
+) -> Result<bool> {
     let gap = s.commits_lost();
     if gap == 0 || !s.lost_commits.is_empty() || !s.unrestorable.is_empty() {
-        return Ok(());
+        return Ok(true);
     }
     crate::support::fault::point("before_forget").await?;
     // Only off the witness this run read: another run that read the same
@@ -456,16 +460,16 @@ async fn forget_lost_commits(
         .await?;
     if left < 0 {
         tracing::info!(
-            "voucher {}: the gate's witness of commits moved since it was read (another reconcile took the gap off?); left to the next read",
+            "voucher {}: the gate's witness of commits moved since it was read (another reconcile took the gap off?); reading again",
             keys.voucher()
         );
-        return Ok(());
+        return Ok(false);
     }
     tracing::warn!(
         "voucher {}: MySQL lost {gap} committed order(s) that no kept stream entry or buyer is left of: nothing to restore, counted as lost",
         keys.voucher()
     );
-    Ok(())
+    Ok(true)
 }
 
 async fn reopen_on_read(
@@ -617,8 +621,11 @@ async fn reconcile_gate(
             // Named by the operator: plain buyers without an order now.
             s.unrestorable.clear();
         }
-        if !opts.dry_run {
-            forget_lost_commits(conn, &keys, &s).await?;
+        if !opts.dry_run && !forget_lost_commits(conn, &keys, &s).await? {
+            if attempt >= opts.attempts {
+                return Ok(busy_report(voucher));
+            }
+            continue;
         }
         let (drifts, expected) = classify(&s);
         let mut report = report_of(&s, drifts, expected);
