@@ -108,11 +108,11 @@ pub static REQUEUE: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 
-/// Deletes a consumer from the group only while it has nothing pending.
 /// Takes a gap of lost commits off a gate's witness, once (see the file).
 pub static FORGET_COMMITS: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/forget_commits.lua")));
 
+/// Deletes a consumer from the group only while it has nothing pending.
 pub static FORGET_CONSUMER: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/forget_consumer.lua")));
 
