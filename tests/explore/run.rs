@@ -595,11 +595,27 @@ impl Stage {
         }
     }
 
+    /// The keys of every voucher of the plan.
+    fn voucher_keys(&self) -> Vec<VoucherKeys> {
+        self.plan
+            .vouchers
+            .iter()
+            .filter_map(|v| VoucherKeys::new(&self.env.prefix, v.id).ok())
+            .collect()
+    }
+
+    /// A CLI run's resent script calls (its `fault resend` lines) counted
+    /// as fired faults, as a process's are.
+    fn resends_fired(&self, err: &str, by: &str) {
+        for line in err.lines().filter(|l| l.starts_with("fault resend")) {
+            self.event(format!("fault: {line}, by {by}"));
+        }
+    }
+
     /// Every voucher's acknowledged entries trimmed, as a worker's trim
     /// does past `--keep` (nothing undelivered or pending).
     fn trim_streams(&self) {
-        let prefix = self.env.prefix.clone();
-        let vouchers: Vec<u64> = self.plan.vouchers.iter().map(|v| v.id).collect();
+        let all = self.voucher_keys();
         let env = &self.env;
         let trimmed = self.rt.block_on(async move {
             let mut redis = env.new_redis_connection().await;
@@ -607,11 +623,8 @@ impl Stage {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as i64);
             let mut trimmed = 0;
-            for v in vouchers {
-                let Ok(keys) = VoucherKeys::new(&prefix, v) else {
-                    continue;
-                };
-                trimmed += seckill::worker::group::trim(&mut redis, &keys, 0, now)
+            for keys in &all {
+                trimmed += seckill::worker::group::trim(&mut redis, keys, 0, now)
                     .await
                     .unwrap_or(0);
             }
@@ -671,9 +684,7 @@ impl Stage {
                 entries.len(),
                 outcomes.join("; ")
             ));
-            for line in err.lines().filter(|l| l.starts_with("fault resend")) {
-                self.event(format!("fault: {line}, by pending --requeue"));
-            }
+            self.resends_fired(&err, "pending --requeue");
             for e in entries
                 .iter()
                 .filter(|e| e["reason"] == "no such dead letter")
@@ -694,18 +705,15 @@ impl Stage {
     fn watch_pauses(&self, from: u64) {
         self.sleep_until(from);
         let end = self.plan.duration_ms;
-        let prefix = self.env.prefix.clone();
-        let vouchers: Vec<u64> = self.plan.vouchers.iter().map(|v| v.id).collect();
+        let all = self.voucher_keys();
         let env = &self.env;
         let seen = self.rt.block_on(async move {
             let mut redis = env.new_redis_connection().await;
             let mut seen: BTreeMap<u64, (u64, Option<String>)> = BTreeMap::new();
             let started = Instant::now();
             while started.elapsed() < Duration::from_millis(end.saturating_sub(from)) {
-                for v in &vouchers {
-                    let Ok(keys) = VoucherKeys::new(&prefix, *v) else {
-                        continue;
-                    };
+                for keys in &all {
+                    let v = &keys.voucher();
                     let (paused, reason): (Option<String>, Option<String>) = redis::cmd("HMGET")
                         .arg(keys.meta())
                         .arg("paused")
@@ -1082,16 +1090,12 @@ impl Stage {
             return Vec::new();
         };
         let suffix = format!("-{pid}");
-        let prefix = self.env.prefix.clone();
-        let vouchers: Vec<u64> = self.plan.vouchers.iter().map(|v| v.id).collect();
+        let all = self.voucher_keys();
         let env = &self.env;
         self.rt.block_on(async move {
             let mut redis = env.new_redis_connection().await;
             let mut orders = Vec::new();
-            for v in vouchers {
-                let Ok(keys) = VoucherKeys::new(&prefix, v) else {
-                    continue;
-                };
+            for keys in &all {
                 let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
                     .arg(keys.orders())
                     .arg(WORKER_GROUP)
@@ -1206,13 +1210,6 @@ impl Stage {
             .collect()
     }
 
-    /// Watches for a stall inside a batch's transaction longer than the
-    /// README's bound for a hung transaction (`--mysql-timeout`, plus the
-    /// taker's `--claim-idle` and a half, plus a lock wait): by the end of
-    /// that bound, every order told success before the stall began must
-    /// be in MySQL (the stalled batch abandoned and taken over), not when
-    /// the stall ends. Only where no other fault of the plan can explain
-    /// a slower MySQL.
     /// A user's lock is held only while a batch has that user's entry in
     /// hand: the batch renews it (its watchdog) and gives it back after
     /// its ack. A lock whose value (expiry, count, owner) stays the same
@@ -1224,8 +1221,7 @@ impl Stage {
     /// Redis leaves its locks to their lease).
     fn watch_locks(&self) {
         const STALE_MS: u64 = 600;
-        let prefix = self.env.prefix.clone();
-        let vouchers: Vec<u64> = self.plan.vouchers.iter().map(|v| v.id).collect();
+        let all = self.voucher_keys();
         let env = &self.env;
         let done = &self.done;
         let found = self.rt.block_on(async move {
@@ -1236,10 +1232,8 @@ impl Stage {
             let mut found = Vec::new();
             while !done.load(std::sync::atomic::Ordering::SeqCst) {
                 let now = started.elapsed().as_millis() as u64;
-                for v in &vouchers {
-                    let Ok(keys) = VoucherKeys::new(&prefix, *v) else {
-                        continue;
-                    };
+                for keys in &all {
+                    let v = &keys.voucher();
                     let locks: HashMap<String, String> = redis::cmd("HGETALL")
                         .arg(keys.locks())
                         .query_async(&mut redis)
@@ -1280,6 +1274,13 @@ impl Stage {
         }
     }
 
+    /// Watches for a stall inside a batch's transaction longer than the
+    /// README's bound for a hung transaction (`--mysql-timeout`, plus the
+    /// taker's `--claim-idle` and a half, plus a lock wait): by the end of
+    /// that bound, every order told success before the stall began must
+    /// be in MySQL (the stalled batch abandoned and taken over), not when
+    /// the stall ends. Only where no other fault of the plan can explain
+    /// a slower MySQL.
     fn watch_stalls(&self) {
         let Some(timeout) = self.plan.mysql_timeout_ms else {
             return;
@@ -1815,10 +1816,7 @@ impl Stage {
                         args[0],
                         err.trim()
                     ));
-                    // Counted as fired, as a process's fault lines are.
-                    for line in err.lines().filter(|l| l.starts_with("fault resend")) {
-                        self.event(format!("fault: {line}, by preload"));
-                    }
+                    self.resends_fired(&err, "preload");
                 }
                 _ => {
                     let (code, _, err) = self.cli(&[
