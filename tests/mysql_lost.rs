@@ -10,6 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::invariants::assert_invariants;
+use common::own_redis::OwnRedis;
 use common::{fast_worker, free_port, json, scrape_metrics, TestEnv};
 use mysql_async::prelude::*;
 use redis::AsyncCommands;
@@ -796,5 +797,87 @@ async fn a_witness_below_zero_does_not_stop_cancellations() {
     worker.signal("TERM");
     worker.expect_success(Duration::from_secs(30));
     assert_invariants(&env, 80).await;
+    env.cleanup().await;
+}
+
+/// Redis restarted from an older snapshot, then MySQL set back by fewer
+/// commits than Redis had lost of its count (E12 of design/explorer.md's
+/// "Defects found on main"): 10 orders at the snapshot, 20 more before the
+/// restart, 5 more after the guard rebuilt the gate, and MySQL back to
+/// before those 5. Before the fix, the gate's witness of commits went back
+/// with Redis (to 10) and nothing set it up again, so at 15 against
+/// MySQL's 30 the guard never saw the 5 lost; the canceller dropped their
+/// deadlines and only `reconcile --yes` restored them, held. Now the
+/// rebuild sets the witness up to MySQL's count, and the loss is found and
+/// restored as any other: pending, not held, deadlines kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mysql_loss_after_a_redis_rollback_is_found_and_restored() {
+    const V: u64 = 86;
+    let redis = OwnRedis::start();
+    let mut env = TestEnv::on_redis(&redis.url()).await;
+    env.live_voucher_paying_within(V, 100, 600_000).await;
+    let mut worker = env.spawn_worker(&fast_worker(&["--gate-check", "500ms"]));
+    worker.expect_gate_pauses();
+    env.admit_users(V, 10, 0).await;
+    env.wait_orders(V, 10, Duration::from_secs(30)).await;
+    env.wait_drained(V, Duration::from_secs(30)).await;
+    redis.snapshot();
+    env.admit_users(V, 20, 10).await;
+    env.wait_orders(V, 30, Duration::from_secs(30)).await;
+    env.wait_drained(V, Duration::from_secs(30)).await;
+    redis.crash_and_restart();
+    env.forget_redis();
+    worker.wait_log(REOPENED, Duration::from_secs(30));
+
+    let dump = env.dump_mysql();
+    buy_users(&env, V, 31..=35);
+    env.wait_orders(V, 35, Duration::from_secs(30)).await;
+    env.wait_drained(V, Duration::from_secs(30)).await;
+    let before = orders_held(&env, V).await;
+    env.restore_mysql(&dump);
+    assert_eq!(env.order_count(V).await, 30, "the dump is back");
+
+    worker.wait_log(LOST, Duration::from_secs(20));
+    within(30, "the five lost orders restored", async || {
+        orders_held(&env, V).await.len() == 35
+    })
+    .await;
+    assert_eq!(orders_held(&env, V).await, before, "restored as they were");
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut conn = env.redis().await;
+    for user in 31..=35 {
+        let order = order_of(&before, user).0;
+        let deadline: Option<f64> = conn.zscore(keys.timeouts(), order).await.unwrap();
+        assert!(
+            deadline.is_some(),
+            "order {order} of user {user} lost its deadline"
+        );
+    }
+    assert!(
+        !worker
+            .log_text()
+            .contains("has a deadline but is not in MySQL"),
+        "{}",
+        worker.log_text()
+    );
+    // The 20 deadlines Redis lost (users 11..30, too young for the guard's
+    // rebuild to count as missing) are all that is left to repair.
+    let (code, report) = env.reconcile_json(&["--yes"]);
+    let drifts = &report["vouchers"][0]["drifts"];
+    assert_eq!(
+        (
+            drifts[0]["class"].as_str(),
+            &drifts[0]["amount"],
+            drifts.as_array().map(Vec::len)
+        ),
+        (Some("deadline_missing"), &Value::from(20), Some(1)),
+        "{report:#}"
+    );
+    assert_eq!(code, 4, "{report:#}");
+    let (code, report) = env.reconcile_json(&["--dry-run"]);
+    assert_eq!(code, 0, "{report:#}");
+    worker.signal("TERM");
+    worker.expect_success(Duration::from_secs(30));
+    assert_invariants(&env, V).await;
     env.cleanup().await;
 }

@@ -26,10 +26,11 @@ use crate::gate::pause::Reopened;
 use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
+use crate::store::keys::WORKER_GROUP;
 use crate::store::layout::Layout;
 use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn::RedisConn;
-use crate::store::scripts::FORGET_COMMITS;
+use crate::store::scripts::{FORGET_COMMITS, RAISE_COMMITS};
 pub use classify::{classify, Drift, DriftClass};
 use quick::Quick;
 use repair::{repair, sync_digests, RepairResult};
@@ -472,6 +473,39 @@ async fn forget_lost_commits(
     Ok(true)
 }
 
+/// Sets the gate's witness of MySQL's commits back up to MySQL's count of
+/// the gate's orders (read after the witness), less the entries in flight
+/// whose acknowledgement may still count one of them (lua/raise_commits.lua):
+/// a Redis that went back in time took its increments since with it, and a
+/// witness left short would hide as many orders of MySQL's next loss. Never
+/// while MySQL lacks what the witness saw: that gap is the loss's sign.
+async fn raise_lost_witness(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    s: &Snapshot,
+) -> Result<()> {
+    let held = s.recounted.orders_total;
+    if s.commits_lost() > 0 || s.gate_digests.committed >= held {
+        return Ok(());
+    }
+    crate::support::fault::point("before_raise").await?;
+    let after: i64 = RAISE_COMMITS
+        .key(keys.orders())
+        .key(keys.meta())
+        .arg(WORKER_GROUP)
+        .arg(held)
+        .invoke_async(conn)
+        .await?;
+    if after > s.gate_digests.committed as i64 {
+        tracing::info!(
+            "voucher {}: the gate's witness of commits raised from {} to {after} of MySQL's {held} order(s) (Redis had lost its count)",
+            keys.voucher(),
+            s.gate_digests.committed
+        );
+    }
+    Ok(())
+}
+
 async fn reopen_on_read(
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
@@ -627,6 +661,9 @@ async fn reconcile_gate(
             }
             continue;
         }
+        if !opts.dry_run {
+            raise_lost_witness(conn, &keys, &s).await?;
+        }
         let (drifts, expected) = classify(&s);
         let mut report = report_of(&s, drifts, expected);
         let behind = s.digests_behind();
@@ -653,6 +690,8 @@ async fn reconcile_gate(
         }
         match repair(db, conn, &keys, voucher, &s, &report.drifts, opts, ids).await? {
             RepairResult::Applied { unrepaired } => {
+                // The repair may have made the gate's meta (gone whole).
+                raise_lost_witness(conn, &keys, &s).await?;
                 // A gate paused while buyers may have lost their orders
                 // stays paused: the operator decides about them.
                 report.outcome = if unrepaired {

@@ -112,6 +112,11 @@ pub static REQUEUE: LazyLock<Script> = LazyLock::new(|| {
 pub static FORGET_COMMITS: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/forget_commits.lua")));
 
+/// Sets a gate's witness of commits back up to what MySQL holds, less
+/// what is in flight (see the file).
+pub static RAISE_COMMITS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/raise_commits.lua")));
+
 /// Deletes a consumer from the group only while it has nothing pending.
 pub static FORGET_CONSUMER: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/forget_consumer.lua")));
@@ -180,6 +185,7 @@ pub fn all() -> Vec<(&'static str, &'static Script)> {
         ("requeue.lua", &REQUEUE),
         ("forget_consumer.lua", &FORGET_CONSUMER),
         ("forget_commits.lua", &FORGET_COMMITS),
+        ("raise_commits.lua", &RAISE_COMMITS),
         ("claim_due.lua", &CLAIM_DUE),
         ("release.lua", &RELEASE),
         ("transfer_take.lua", &TRANSFER_TAKE),

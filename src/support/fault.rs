@@ -36,7 +36,8 @@
 //! gates read, MySQL's snapshot not taken yet), reconcile's
 //! `before_repair` (drift found, nothing repaired yet; the gate guard's
 //! rebuild too), and its `before_forget` (a gap of lost commits nothing
-//! kept names read, not yet taken off the gate's witness); `voucher update`'s `before_publish` (the policy changed
+//! kept names read, not yet taken off the gate's witness) and `before_raise`
+//! (MySQL's count of orders read, the witness not yet set back up to it); `voucher update`'s `before_publish` (the policy changed
 //! in MySQL, not yet published at the gate); the gate guard's `gate_paused` (a gate paused, not yet
 //! rebuilt); the mover's `between_take_and_give` (units
 //! taken from one gate, in transit, not yet given to the other); `seckill
