@@ -372,6 +372,9 @@ pub struct Plan {
     /// --requeue --yes` for every voucher, its script call sent twice (the
     /// first reply lost); no letter may come back "no such dead letter".
     pub requeue_at_ms: Option<u64>,
+    /// `requeued_then_failover` with MySQL losing fewer commits than the
+    /// Redis rollback took off the witness (E12).
+    pub witness_short: bool,
 }
 
 impl Plan {
@@ -468,6 +471,7 @@ impl Plan {
             no_pause_from_ms: None,
             watch_locks: false,
             requeue_at_ms: None,
+            witness_short: false,
         };
         plan.add_extras();
         plan.add_family();
@@ -1331,12 +1335,21 @@ impl Plan {
         });
         // New buyers of the units the cancellations gave back, between the
         // requeue and the failover: MySQL loses more commits than the
-        // Redis rollback took off the witness, so the guard sees the loss
-        // (README, "What remains exposed": the witness goes back with
-        // Redis) and restores the lost orders from the kept entries.
+        // Redis rollback took off the witness, so the guard would see the
+        // loss even with a witness left short by the rollback. In half
+        // (`seed ^ 0x0E12`, a stream of its own) only one or two: as the
+        // family was first built, when MySQL's loss was smaller than that
+        // shortfall and went unseen until the witness was set back up at
+        // the guard's rebuild (E12 of the defects found on main).
+        let mut fewer = Rng::new(self.seed ^ 0x0E12);
+        self.witness_short = !fewer.chance(50);
         for v in self.vouchers.clone() {
             let past = self.last_user(v.id);
-            for user in past + 1..=past + v.stock as u64 / 2 + 3 {
+            let count = match self.witness_short {
+                true => fewer.range(1, 2),
+                false => v.stock as u64 / 2 + 3,
+            };
+            for user in past + 1..=past + count {
                 let at = r.range(requeue + 200, restore - 300);
                 self.attempts.push(new_buyer(r, &v, user, at));
             }
@@ -1767,6 +1780,12 @@ impl fmt::Display for Plan {
             writeln!(
                 f,
                 "  at {at} ms, pending --requeue --yes of every voucher, its script call sent twice"
+            )?;
+        }
+        if self.witness_short {
+            writeln!(
+                f,
+                "  MySQL loses fewer commits than the Redis rollback took off the witness"
             )?;
         }
         if self.watch_locks {
