@@ -9,8 +9,9 @@ use redis::streams::StreamRangeReply;
 use redis::{FromRedisValue, Value};
 
 use crate::error::{Error, Result};
-use crate::store::keys::VoucherKeys;
+use crate::store::keys::{VoucherKeys, WORKER_GROUP};
 use crate::store::redis_conn::{pipeline_per_item, RedisConn};
+use crate::store::scripts::RAISE_COMMITS;
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Witness {
@@ -56,6 +57,30 @@ pub struct GateDigests {
 /// The meta field counting the orders workers inserted into MySQL
 /// (lua/finish.lua): the gate's witness of MySQL's commits.
 pub const META_COMMITTED: &str = "committed";
+
+/// Sets the gate's witness of commits back up to `held`, MySQL's count of
+/// the gate's orders read before this call, less the entries in flight
+/// whose acknowledgement may still count one of them
+/// (lua/raise_commits.lua): a Redis that went back in time took the
+/// witness's counts since with it, and a witness left short hides as many
+/// orders of MySQL's next loss. Only raises it. Returns the witness after
+/// (-1: the gate has no meta, left alone). Never call it while MySQL lacks
+/// what the witness saw: that gap is the loss's sign, and the caller's
+/// count would be the lower one.
+pub async fn raise_committed(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    held: u64,
+) -> Result<i64> {
+    crate::support::fault::point("before_raise").await?;
+    Ok(RAISE_COMMITS
+        .key(keys.orders())
+        .key(keys.meta())
+        .arg(WORKER_GROUP)
+        .arg(held)
+        .invoke_async(conn)
+        .await?)
+}
 
 /// What MySQL lacks of what a voucher's gates saw it commit: MySQL lost
 /// commits (a failover to an asynchronous replica, a backup restored).

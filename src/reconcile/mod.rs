@@ -26,11 +26,10 @@ use crate::gate::pause::Reopened;
 use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
-use crate::store::keys::WORKER_GROUP;
 use crate::store::layout::Layout;
 use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn::RedisConn;
-use crate::store::scripts::{FORGET_COMMITS, RAISE_COMMITS};
+use crate::store::scripts::FORGET_COMMITS;
 pub use classify::{classify, Drift, DriftClass};
 use quick::Quick;
 use repair::{repair, sync_digests, RepairResult};
@@ -474,11 +473,9 @@ async fn forget_lost_commits(
 }
 
 /// Sets the gate's witness of MySQL's commits back up to MySQL's count of
-/// the gate's orders (read after the witness), less the entries in flight
-/// whose acknowledgement may still count one of them (lua/raise_commits.lua):
-/// a Redis that went back in time took its increments since with it, and a
-/// witness left short would hide as many orders of MySQL's next loss. Never
-/// while MySQL lacks what the witness saw: that gap is the loss's sign.
+/// the gate's orders (read after the witness): see
+/// [`crate::gate::witness::raise_committed`]. Never while MySQL lacks what
+/// the witness saw.
 async fn raise_lost_witness(
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
@@ -488,14 +485,7 @@ async fn raise_lost_witness(
     if s.commits_lost() > 0 || s.gate_digests.committed >= held {
         return Ok(());
     }
-    crate::support::fault::point("before_raise").await?;
-    let after: i64 = RAISE_COMMITS
-        .key(keys.orders())
-        .key(keys.meta())
-        .arg(WORKER_GROUP)
-        .arg(held)
-        .invoke_async(conn)
-        .await?;
+    let after = crate::gate::witness::raise_committed(conn, keys, held).await?;
     if after > s.gate_digests.committed as i64 {
         tracing::info!(
             "voucher {}: the gate's witness of commits raised from {} to {after} of MySQL's {held} order(s) (Redis had lost its count)",

@@ -54,7 +54,7 @@ use super::WorkerStats;
 use crate::error::{Error, Result};
 use crate::gate::mover_fence;
 use crate::gate::pause::{self, PauseReason, Paused, META_PAUSED};
-use crate::gate::witness::{MysqlBehind, META_COMMITTED};
+use crate::gate::witness::{self, MysqlBehind, META_COMMITTED};
 use crate::orders::counters;
 use crate::reconcile::{self, Outcome};
 use crate::store::config::Config;
@@ -333,6 +333,8 @@ impl GateGuard {
                 tracing::warn!("gate guard, {id}: {e}");
             }
         }
+        self.raise_witnesses(&gates, &keys, (&orders, &per_bucket), &seen, &lost_commits)
+            .await;
         self.recount_owed().await;
         let working = self
             .state
@@ -511,6 +513,52 @@ impl GateGuard {
             seen.1 += released;
         }
         Ok(out)
+    }
+
+    /// Sets each gate's witness of commits back up to MySQL's count of its
+    /// orders this pass (read after the witness), where it is short of
+    /// it: Redis went back in time (a rebuild raises it too, but leaves
+    /// out the entries in flight then, and those Redis had delivered
+    /// before its loss come back to be acknowledged as found stored,
+    /// which counts nothing), or an order committed by a worker whose
+    /// batch another then acknowledged. A witness short by N hides N
+    /// orders of MySQL's next loss. Never for a voucher whose MySQL lacks
+    /// what its gates saw (that gap is the loss's sign); a gate in buckets
+    /// only on a pass that counted its orders.
+    async fn raise_witnesses(
+        &mut self,
+        gates: &[GateId],
+        keys: &[VoucherKeys],
+        counted: (&HashMap<u64, u64>, &HashMap<u64, Vec<u64>>),
+        seen: &HashMap<u64, (u64, u64)>,
+        lost_commits: &HashMap<u64, MysqlBehind>,
+    ) {
+        let (orders, per_bucket) = counted;
+        for (id, k) in gates.iter().zip(keys) {
+            if lost_commits.contains_key(&id.voucher) {
+                continue;
+            }
+            let held = match id.buckets {
+                0 | 1 => {
+                    let held = orders.get(&id.voucher).copied().unwrap_or(0);
+                    // One gate: the voucher's count is the gate's.
+                    if seen.get(&id.voucher).map_or(0, |s| s.0) >= held {
+                        continue;
+                    }
+                    held
+                }
+                _ => match per_bucket
+                    .get(&id.voucher)
+                    .and_then(|c| c.get(id.bucket as usize))
+                {
+                    Some(&held) if held > 0 => held,
+                    _ => continue,
+                },
+            };
+            if let Err(e) = witness::raise_committed(&mut self.conn, k, held).await {
+                tracing::debug!("gate guard, {id}: its witness of commits not raised: {e}");
+            }
+        }
     }
 
     fn paused_now(&mut self, v: GateId, why: &str) {
