@@ -457,7 +457,10 @@ async fn seed_holds(seed: u64) {
 
 /// CI's seeds (`list_plans` shows their faults): together they cover
 /// every fault kind, each test one seed, so nextest runs them side by side.
-const CI_SEEDS: &[u64] = &[2, 10, 11, 12, 13, 15, 19, 23, 28, 32, 35, 42, 44, 66, 87];
+/// 143 draws `requeued_then_failover`'s witness_short (E12).
+const CI_SEEDS: &[u64] = &[
+    2, 10, 11, 12, 13, 15, 19, 23, 28, 32, 35, 42, 44, 66, 87, 143,
+];
 
 macro_rules! ci_seeds {
     ($($name:ident: $seed:expr,)*) => {
@@ -486,6 +489,7 @@ ci_seeds! {
     seed_44: 44,
     seed_66: 66,
     seed_87: 87,
+    seed_143: 143,
 }
 
 /// The schedule that found E4 (design/explorer.md: a half-open Redis

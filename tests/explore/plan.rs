@@ -1356,18 +1356,17 @@ impl Plan {
         }
         self.duration_ms = restore + 3_000;
         self.steady_buyers(r, restore + 500, restore + 3_000);
-        if self.witness_short {
-            // The witness set back up at the rebuild counts the orders
-            // MySQL committed between its dump and the Redis rollback,
-            // whose entries Redis lost: nothing kept restores them, so
-            // the gate waits for the operator (README, "Entries no longer
-            // kept"), who drops them by their count after the guard's
-            // pass, as in `failover_past_keep`; buyers come until after.
-            let drop = restore + 2_000 + 500 + fewer.range(500, 1_500);
-            self.drop_lost_commits_at_ms = Some(drop);
-            self.duration_ms = drop + 3_000;
-            self.steady_buyers(&mut fewer, drop + 500, drop + 3_000);
-        }
+        // The witness set back up after the Redis rollback counts the
+        // orders MySQL committed between its dump and that rollback, whose
+        // entries Redis lost: nothing kept restores them, so the gate
+        // waits for the operator (README, "Redis back in time, then
+        // MySQL"), who drops them by their count after the guard's pass,
+        // as in `failover_past_keep`; buyers come until after. (Drawn
+        // from the variant's stream: the draws above stay the seed's.)
+        let drop = restore + 2_000 + 500 + fewer.range(500, 1_500);
+        self.drop_lost_commits_at_ms = Some(drop);
+        self.duration_ms = drop + 3_000;
+        self.steady_buyers(&mut fewer, drop + 500, drop + 3_000);
     }
 
     /// The stock and `extra` buyers of every voucher, each at a moment of
