@@ -13,6 +13,10 @@
 -- ARGV[1]  the witness as read (meta `committed`; 0 when absent or below 0)
 -- ARGV[2]  the gap to take off (at most the witness)
 --
+-- Each gap taken off adds one to meta's `forgotten`, so that
+-- lua/raise_commits.lua, whose count of MySQL's orders may predate the
+-- loss, does not put the gap back.
+--
 -- Returns the witness after, or -1 when it had moved since the read
 -- (nothing taken off: the caller's next read sees what is left).
 --
@@ -26,4 +30,5 @@ end
 local now = tonumber(redis.call('HGET', KEYS[1], 'committed') or '0') or 0
 if now < 0 then now = 0 end
 if now ~= read then return -1 end
+redis.call('HINCRBY', KEYS[1], 'forgotten', 1)
 return redis.call('HINCRBY', KEYS[1], 'committed', -gap)

@@ -20,13 +20,24 @@
 -- found by the witness being above MySQL's count; lowering is
 -- lua/forget_commits.lua's job).
 --
+-- A count read before MySQL lost commits is still a count of orders the
+-- witness may hold: a loss after it is found by the witness being above
+-- MySQL's new count. Except once lua/forget_commits.lua took such a loss
+-- off the witness (the operator dropped commits nothing kept names): a
+-- count read before that would put the gap back, and the guard would
+-- pause for it again. So the caller passes meta's `forgotten` (bumped by
+-- each forget) as it read it before MySQL, and nothing is written if it
+-- moved since.
+--
 -- KEYS[1]  seckill:{V}:orders   stream
--- KEYS[2]  seckill:{V}:meta     hash   its `committed`
+-- KEYS[2]  seckill:{V}:meta     hash   its `committed` and `forgotten`
 -- ARGV[1]  the workers' consumer group
 -- ARGV[2]  MySQL's orders of this gate, counted before this call
+-- ARGV[3]  meta's `forgotten` as read before MySQL (0 when absent)
 --
--- Returns the witness after, or -1 when the gate has no meta (gone whole:
--- nothing is written, a meta of one field would read as a gate).
+-- Returns the witness after; -1 when the gate has no meta (gone whole:
+-- nothing is written, a meta of one field would read as a gate); -2 when
+-- a forget came after the caller's read (nothing written: read again).
 --
 -- Safe to run twice and at any time: each run writes at most what MySQL
 -- held when it was read, less what is in flight.
@@ -35,7 +46,14 @@ local held = tonumber(ARGV[2])
 if not held or held < 0 or held % 1 ~= 0 then
   return redis.error_reply('ERR raise_commits.lua: ARGV[2] must be a count of orders')
 end
+local forgotten = tonumber(ARGV[3])
+if not forgotten then
+  return redis.error_reply('ERR raise_commits.lua: ARGV[3] must be the forget count read')
+end
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
+if (tonumber(redis.call('HGET', KEYS[2], 'forgotten') or '0') or 0) ~= forgotten then
+  return -2
+end
 
 local in_flight = 0
 if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -49,6 +67,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
       -- Redis's lag is unknown (nil) after some deletions, and may stay
       -- above the truth after trims: the stream's length bounds it then.
       local lag = tonumber(f['lag']) or length
+      if lag < 0 then lag = length end
       in_flight = tonumber(f['pending']) + lag
     end
   end
@@ -56,7 +75,8 @@ end
 
 local floor = held - in_flight
 local now = tonumber(redis.call('HGET', KEYS[2], 'committed') or '0') or 0
-if floor > now then
+-- Never a witness below 0 (an old one may be: see forget_commits.lua).
+if floor > now and floor > 0 then
   redis.call('HSET', KEYS[2], 'committed', floor)
   return floor
 end

@@ -52,25 +52,35 @@ pub struct GateDigests {
     /// ([`META_COMMITTED`]): read before MySQL, MySQL holds at least this
     /// many of the gate's orders unless it lost commits.
     pub committed: u64,
+    /// How many gaps of lost commits were taken off the witness
+    /// ([`META_FORGOTTEN`]), read with it.
+    pub forgotten: u64,
 }
 
 /// The meta field counting the orders workers inserted into MySQL
 /// (lua/finish.lua): the gate's witness of MySQL's commits.
 pub const META_COMMITTED: &str = "committed";
+/// The meta field counting the gaps lua/forget_commits.lua took off the
+/// witness: a raise from a count of MySQL read before one would put the
+/// gap back (lua/raise_commits.lua refuses then).
+pub const META_FORGOTTEN: &str = "forgotten";
 
 /// Sets the gate's witness of commits back up to `held`, MySQL's count of
 /// the gate's orders read before this call, less the entries in flight
 /// whose acknowledgement may still count one of them
 /// (lua/raise_commits.lua): a Redis that went back in time took the
 /// witness's counts since with it, and a witness left short hides as many
-/// orders of MySQL's next loss. Only raises it. Returns the witness after
-/// (-1: the gate has no meta, left alone). Never call it while MySQL lacks
-/// what the witness saw: that gap is the loss's sign, and the caller's
-/// count would be the lower one.
+/// orders of MySQL's next loss. Only raises it, and only if no gap was
+/// taken off it since `forgotten` ([`META_FORGOTTEN`]) was read, before
+/// MySQL. Returns the witness after (-1: the gate has no meta, left alone;
+/// -2: a gap was taken off since). Never call it while MySQL lacks what
+/// the witness saw: that gap is the loss's sign, and the caller's count
+/// would be the lower one.
 pub async fn raise_committed(
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
     held: u64,
+    forgotten: u64,
 ) -> Result<i64> {
     crate::support::fault::point("before_raise").await?;
     Ok(RAISE_COMMITS
@@ -78,6 +88,7 @@ pub async fn raise_committed(
         .key(keys.meta())
         .arg(WORKER_GROUP)
         .arg(held)
+        .arg(forgotten)
         .invoke_async(conn)
         .await?)
 }
@@ -149,7 +160,8 @@ pub async fn read_many_with_digests(
             .arg(k.meta())
             .arg(&DIGEST_FIELDS[..])
             .zcard(k.timeouts())
-            .hget(k.meta(), META_COMMITTED);
+            .hget(k.meta(), META_COMMITTED)
+            .hget(k.meta(), META_FORGOTTEN);
         Ok(())
     })
     .await?;
@@ -164,8 +176,9 @@ pub async fn read_many_with_digests(
                 (Option<String>, Option<String>, Option<String>),
                 u64,
                 Option<i64>,
+                Option<u64>,
             );
-            let (last, stock, buyers, released, (b, r, t), timeouts_len, committed): Row =
+            let (last, stock, buyers, released, (b, r, t), timeouts_len, committed, forgotten): Row =
                 FromRedisValue::from_redis_value(Value::Array(c))
                     .map_err(|e| Error::Redis(format!("witness: {e}")))?;
             let witness = Witness {
@@ -186,6 +199,7 @@ pub async fn read_many_with_digests(
                 timeouts_len,
                 // Never below 0 (see reconcile's forget_lost_commits).
                 committed: committed.unwrap_or(0).max(0) as u64,
+                forgotten: forgotten.unwrap_or(0),
             };
             Ok((witness, digests))
         })

@@ -481,11 +481,14 @@ async fn raise_lost_witness(
     keys: &VoucherKeys,
     s: &Snapshot,
 ) -> Result<()> {
-    let held = s.recounted.orders_total;
+    // MySQL's orders as counted, or as its row says if fewer (a row behind
+    // its orders is drift for `--fix-mysql`, not a loss to pause for).
+    let held = s.recounted.orders_total.min(s.counters.orders_total);
     if s.commits_lost() > 0 || s.gate_digests.committed >= held {
         return Ok(());
     }
-    let after = crate::gate::witness::raise_committed(conn, keys, held).await?;
+    let forgotten = s.gate_digests.forgotten;
+    let after = crate::gate::witness::raise_committed(conn, keys, held, forgotten).await?;
     if after > s.gate_digests.committed as i64 {
         tracing::info!(
             "voucher {}: the gate's witness of commits raised from {} to {after} of MySQL's {held} order(s) (Redis had lost its count)",

@@ -54,7 +54,7 @@ use super::WorkerStats;
 use crate::error::{Error, Result};
 use crate::gate::mover_fence;
 use crate::gate::pause::{self, PauseReason, Paused, META_PAUSED};
-use crate::gate::witness::{self, MysqlBehind, META_COMMITTED};
+use crate::gate::witness::{self, MysqlBehind, META_COMMITTED, META_FORGOTTEN};
 use crate::orders::counters;
 use crate::reconcile::{self, Outcome};
 use crate::store::config::Config;
@@ -119,6 +119,8 @@ pub struct GuardState {
     /// What MySQL lacked of a voucher whose gates a rebuild reopened: the
     /// same again next pass means the rebuild could not close it.
     reopened_with: HashMap<u64, MysqlBehind>,
+    /// The last raise of a witness failed (said once until one succeeds).
+    raise_failing: bool,
 }
 
 /// A gate the guard watches: a voucher's one gate, or one bucket of a
@@ -250,7 +252,7 @@ impl GateGuard {
         }
         // Redis first for the commits MySQL lost, MySQL first for the writes
         // Redis lost: see the module comment.
-        let seen = self.commits_seen(&gates, &keys).await?;
+        let (seen, forgotten) = self.commits_seen(&gates, &keys).await?;
         let totals = counters::totals_per_voucher(&self.db, &vouchers).await?;
         let orders: HashMap<u64, u64> = totals.iter().map(|(v, (n, _))| (*v, *n)).collect();
         let lost_commits: HashMap<u64, MysqlBehind> = seen
@@ -333,7 +335,8 @@ impl GateGuard {
                 tracing::warn!("gate guard, {id}: {e}");
             }
         }
-        self.raise_witnesses(&gates, &keys, (&orders, &per_bucket), &seen, &lost_commits)
+        let read = (&seen, forgotten.as_slice());
+        self.raise_witnesses(&gates, &keys, (&orders, &per_bucket), read, &lost_commits)
             .await;
         self.recount_owed().await;
         let working = self
@@ -491,28 +494,34 @@ impl GateGuard {
 
     /// Per voucher (summed over its buckets), what its gates saw MySQL
     /// commit: the orders workers inserted, and the cancelled orders whose
-    /// units came back (each was cancelled in MySQL first). One pipeline.
+    /// units came back (each was cancelled in MySQL first). And per gate,
+    /// in `gates`' order, how many gaps were taken off its witness (for
+    /// the raise). One pipeline.
     async fn commits_seen(
         &mut self,
         gates: &[GateId],
         keys: &[VoucherKeys],
-    ) -> Result<HashMap<u64, (u64, u64)>> {
+    ) -> Result<(HashMap<u64, (u64, u64)>, Vec<u64>)> {
         let rows = pipeline_per_item(&mut self.conn, keys, false, false, |pipe, k| {
-            pipe.hget(k.meta(), META_COMMITTED).scard(k.released());
+            pipe.hget(k.meta(), META_COMMITTED)
+                .scard(k.released())
+                .hget(k.meta(), META_FORGOTTEN);
             Ok(())
         })
         .await?;
         let mut out: HashMap<u64, (u64, u64)> = HashMap::new();
+        let mut forgotten = Vec::with_capacity(gates.len());
         for (id, row) in gates.iter().zip(rows) {
-            let (committed, released): (Option<i64>, u64) =
+            let (committed, released, gaps): (Option<i64>, u64, Option<u64>) =
                 FromRedisValue::from_redis_value(Value::Array(row))
                     .map_err(|e| Error::Redis(format!("{id}: committed: {e}")))?;
             let seen = out.entry(id.voucher).or_default();
             // Two reconcilers lowering it at once may take it below 0.
             seen.0 += committed.unwrap_or(0).max(0) as u64;
             seen.1 += released;
+            forgotten.push(gaps.unwrap_or(0));
         }
-        Ok(out)
+        Ok((out, forgotten))
     }
 
     /// Sets each gate's witness of commits back up to MySQL's count of its
@@ -523,19 +532,21 @@ impl GateGuard {
     /// which counts nothing), or an order committed by a worker whose
     /// batch another then acknowledged. A witness short by N hides N
     /// orders of MySQL's next loss. Never for a voucher whose MySQL lacks
-    /// what its gates saw (that gap is the loss's sign); a gate in buckets
-    /// only on a pass that counted its orders.
+    /// orders its gates saw committed (that gap is the loss's sign), nor
+    /// over a gap taken off since this pass read the witness; a gate in
+    /// buckets only on a pass that counted its orders.
     async fn raise_witnesses(
         &mut self,
         gates: &[GateId],
         keys: &[VoucherKeys],
         counted: (&HashMap<u64, u64>, &HashMap<u64, Vec<u64>>),
-        seen: &HashMap<u64, (u64, u64)>,
+        read: (&HashMap<u64, (u64, u64)>, &[u64]),
         lost_commits: &HashMap<u64, MysqlBehind>,
     ) {
         let (orders, per_bucket) = counted;
-        for (id, k) in gates.iter().zip(keys) {
-            if lost_commits.contains_key(&id.voucher) {
+        let (seen, forgotten) = read;
+        for ((id, k), &forgotten) in gates.iter().zip(keys).zip(forgotten) {
+            if lost_commits.get(&id.voucher).is_some_and(|b| b.orders > 0) {
                 continue;
             }
             let held = match id.buckets {
@@ -555,8 +566,17 @@ impl GateGuard {
                     _ => continue,
                 },
             };
-            if let Err(e) = witness::raise_committed(&mut self.conn, k, held).await {
-                tracing::debug!("gate guard, {id}: its witness of commits not raised: {e}");
+            match witness::raise_committed(&mut self.conn, k, held, forgotten).await {
+                Ok(_) => self.state.raise_failing = false,
+                // Said once, not every pass: the fix of a short witness is
+                // off while it fails (an ACL without the script's commands?).
+                Err(e) if !self.state.raise_failing => {
+                    self.state.raise_failing = true;
+                    tracing::warn!(
+                        "gate guard, {id}: its witness of commits could not be set back up to MySQL's count ({e}); a MySQL loss of up to what it lacks would go unseen until it can"
+                    );
+                }
+                Err(e) => tracing::debug!("gate guard, {id}: witness not raised: {e}"),
             }
         }
     }
