@@ -7,6 +7,7 @@
 
 mod common;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use common::invariants::assert_invariants;
@@ -323,6 +324,21 @@ async fn a_worker_started_after_the_restore_restores_before_it_reopens() {
     env.cleanup().await;
 }
 
+/// Every entry of the voucher trimmed (a worker's `--keep` past them), then
+/// MySQL set back to `dump`: the commits it loses are named by nothing
+/// kept.
+async fn failover_past_keep(env: &TestEnv, keys: &VoucherKeys, dump: &common::mysql_dump::Dump) {
+    let mut redis = env.redis().await;
+    let _: u64 = redis::cmd("XTRIM")
+        .arg(keys.orders())
+        .arg("MAXLEN")
+        .arg(0)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    env.restore_mysql(dump);
+}
+
 /// Ten orders committed, MySQL dumped, five more committed, their entries
 /// trimmed (a worker's `--keep` past), MySQL set back to the dump: five
 /// commits lost that nothing kept names. The voucher's keys.
@@ -334,15 +350,7 @@ async fn five_lost_past_keep(env: &TestEnv, voucher: u64) -> VoucherKeys {
     env.wait_orders(voucher, 15, Duration::from_secs(30)).await;
     env.wait_drained(voucher, Duration::from_secs(30)).await;
     let keys = VoucherKeys::new(&env.prefix, voucher).unwrap();
-    let mut redis = env.redis().await;
-    let _: u64 = redis::cmd("XTRIM")
-        .arg(keys.orders())
-        .arg("MAXLEN")
-        .arg(0)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    env.restore_mysql(&dump);
+    failover_past_keep(env, &keys, &dump).await;
     keys
 }
 
@@ -953,11 +961,7 @@ async fn a_batch_in_hand_at_the_snapshot_leaves_no_witness_short() {
     .await;
 
     lost_and_restored(&env, &worker, V, 11..=13).await;
-    worker.signal("TERM");
-    worker.expect_success(Duration::from_secs(30));
-    assert_invariants(&env, V).await;
-    std::fs::remove_dir_all(&dir).ok();
-    env.cleanup().await;
+    stopped_and_checked(env, worker, V, &dir).await;
 }
 
 /// The raise never counts an order twice: while a committed batch stands
@@ -972,48 +976,111 @@ async fn a_batch_between_commit_and_ack_is_not_counted_twice() {
     let env = TestEnv::new().await;
     env.live_voucher_paying_within(V, 100, 600_000).await;
     env.admit_users(V, 10, 0).await;
-    let dir = std::env::temp_dir().join(format!("seckill-twice-{}", env.prefix));
+    let (worker, dir, port) = worker_held_at(&env, "100ms", "after_commit@1=hold");
+    worker.wait_log("fault hold at after_commit", Duration::from_secs(30));
+    assert_eq!(env.order_count(V).await, 10, "the batch is committed");
+    three_guard_passes(port, "over the batch in hand").await;
+    std::fs::write(dir.join("release"), b"").unwrap();
+    env.wait_drained(V, Duration::from_secs(30)).await;
+    three_guard_passes(port, "after the acknowledgement").await;
+    witness_at_with_no_loss(&env, &worker, V, 10).await;
+    stopped_and_checked(env, worker, V, &dir).await;
+}
+
+/// A raise from a count of MySQL read before the operator dropped lost
+/// commits does not put the dropped gap back: the guard reads the witness
+/// short (12 of MySQL's 15) and stands before its raise; meanwhile MySQL
+/// goes back to 10 orders with the entries of the other 5 trimmed, and
+/// the operator drops them (the witness taken down to 10). The raise then
+/// finds a gap taken off since its read and writes nothing; without that
+/// check it set the witness to 15 and the next pass paused the gate for a
+/// loss already dealt with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raise_read_before_a_drop_does_not_put_the_gap_back() {
+    const V: u64 = 89;
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 50).await;
+    env.admit_users(V, 10, 0).await;
+    env.spawn_worker(&["--until-idle", "--block", "100ms"])
+        .expect_success(Duration::from_secs(60));
+    let dump = env.dump_mysql();
+    env.admit_users(V, 5, 10).await;
+    env.spawn_worker(&["--until-idle", "--block", "100ms"])
+        .expect_success(Duration::from_secs(60));
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    // Short, as a Redis rollback leaves it.
+    let _: () = redis.hset(keys.meta(), "committed", 12).await.unwrap();
+
+    let (worker, dir, port) = worker_held_at(&env, "300ms", "before_raise@1=hold");
+    worker.wait_log("fault hold at before_raise", Duration::from_secs(30));
+    failover_past_keep(&env, &keys, &dump).await;
+    let (code, report) = env.reconcile_json(&["--dry-run", "--voucher", "89"]);
+    assert_eq!(code, 3, "{report:#}");
+    let amount = report["vouchers"][0]["drifts"][0]["amount"].to_string();
+    let (code, report) =
+        env.reconcile_json(&["--yes", "--voucher", "89", "--drop-lost-commits", &amount]);
+    assert_eq!(code, 4, "{report:#}");
+    let committed: Option<i64> = redis.hget(keys.meta(), "committed").await.unwrap();
+    assert_eq!(committed, Some(10), "the drop took the gap off");
+
+    std::fs::write(dir.join("release"), b"").unwrap();
+    worker.wait_log("fault released at before_raise", Duration::from_secs(30));
+    three_guard_passes(port, "after the raise").await;
+    witness_at_with_no_loss(&env, &worker, V, 10).await;
+    stopped_and_checked(env, worker, V, &dir).await;
+}
+
+/// A worker with its guard every `gate_check`, its passes counted on its
+/// metrics page (the port returned), held at `fault`
+/// (`SECKILL_TEST_FAULT`) until a file `release` appears in the folder
+/// returned.
+fn worker_held_at(env: &TestEnv, gate_check: &str, fault: &str) -> (WorkerProc, PathBuf, u16) {
+    let dir = std::env::temp_dir().join(format!("seckill-held-{}", env.prefix));
     std::fs::create_dir_all(&dir).unwrap();
     let dir_text = dir.to_string_lossy().to_string();
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let worker = env.spawn_worker_with(
-        &fast_worker(&["--gate-check", "100ms", "--metrics-addr", &addr]),
+        &fast_worker(&["--gate-check", gate_check, "--metrics-addr", &addr]),
         &[
-            ("SECKILL_TEST_FAULT", "after_commit@1=hold"),
+            ("SECKILL_TEST_FAULT", fault),
             ("SECKILL_TEST_FAULT_DIR", dir_text.as_str()),
         ],
     );
+    (worker, dir, port)
+}
+
+/// Waits for three more passes of the gate guard of the worker whose
+/// metrics page is on `port`.
+async fn three_guard_passes(port: u16, what: &str) {
     let passes = async || {
         let page = scrape_metrics(port).await;
         gauge(&page, "seckill_gate_guard_passes_total").unwrap_or(0.0)
     };
-    worker.wait_log("fault hold at after_commit", Duration::from_secs(30));
-    assert_eq!(env.order_count(V).await, 10, "the batch is committed");
     let from = passes().await;
-    within(
-        30,
-        "three guard passes over the batch in hand",
-        async || passes().await >= from + 3.0,
-    )
+    within(30, &format!("three guard passes {what}"), async || {
+        passes().await >= from + 3.0
+    })
     .await;
-    std::fs::write(dir.join("release"), b"").unwrap();
-    env.wait_drained(V, Duration::from_secs(30)).await;
-    let from = passes().await;
-    within(
-        30,
-        "three guard passes after the acknowledgement",
-        async || passes().await >= from + 3.0,
-    )
-    .await;
-    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+}
+
+/// The gate's witness of commits is `n`, and the worker never saw MySQL
+/// lose commits.
+async fn witness_at_with_no_loss(env: &TestEnv, worker: &WorkerProc, v: u64, n: i64) {
+    let keys = VoucherKeys::new(&env.prefix, v).unwrap();
     let mut redis = env.redis().await;
-    let committed: Option<u64> = redis.hget(keys.meta(), "committed").await.unwrap();
-    assert_eq!(committed, Some(10), "the witness of MySQL's 10 orders");
+    let committed: Option<i64> = redis.hget(keys.meta(), "committed").await.unwrap();
+    assert_eq!(committed, Some(n), "the witness of MySQL's {n} orders");
     assert!(!worker.log_text().contains(LOST), "{}", worker.log_text());
+}
+
+/// Stops the worker (it must end well), checks the invariants and cleans
+/// up the test's fault folder and keys.
+async fn stopped_and_checked(env: TestEnv, worker: WorkerProc, v: u64, dir: &std::path::Path) {
     worker.signal("TERM");
     worker.expect_success(Duration::from_secs(30));
-    assert_invariants(&env, V).await;
-    std::fs::remove_dir_all(&dir).ok();
+    assert_invariants(&env, v).await;
+    std::fs::remove_dir_all(dir).ok();
     env.cleanup().await;
 }
