@@ -1,5 +1,5 @@
 //! Every script that writes is safe to run twice with the same arguments
-//! (DESIGN.md §7c): a client — the redis crate's cluster client among them —
+//! (docs/src/concepts/rules.md): a client — the redis crate's cluster client among them —
 //! resends a call whose reply it lost, after the script ran. Each test
 //! records the real call with MONITOR on a Redis of its own (the `seckill`
 //! command or the library function that makes it), sends exactly that

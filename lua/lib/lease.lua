@@ -1,4 +1,4 @@
--- lib/lease.lua — layer 3 lease locks (DESIGN.md §5), prepended by the binary
+-- lib/lease.lua — layer 3 lease locks (docs/src/concepts/rules.md), prepended by the binary
 -- to lua/lock_acquire.lua, lua/lock_renew.lua, lua/lock_release.lua and
 -- lua/finish.lua (to run one of them by hand, prepend this file too).
 --

@@ -195,7 +195,7 @@ async fn append_fsync(conn: &mut Redis, nodes: &[Node]) -> Check {
     })
     .await;
     Check::new("redis appendfsync", r.status, r.value)
-        .why("a crash of the host loses the admissions not yet on disk: up to a second of them with everysec, up to about 30 s with no (README: \"When Redis loses its last writes\")")
+        .why("a crash of the host loses the admissions not yet on disk: up to a second of them with everysec, up to about 30 s with no (the book: \"When Redis loses its last writes\", docs/src/concepts/redis-loss.md)")
         .fix("CONFIG SET appendfsync always, or keep everysec and run the worker and serve with --wait-replicas 1 on a replicated Redis")
 }
 

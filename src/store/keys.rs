@@ -1,4 +1,4 @@
-//! The Redis key layout (DESIGN.md §3), a public contract. Every key of one
+//! The Redis key layout (docs/src/reference/key-layout.md), a public contract. Every key of one
 //! voucher carries the hash tag `{V}` so scripts touch a single cluster slot;
 //! a voucher split into buckets (gate/buckets.rs) has one tag per bucket,
 //! `{V}` for bucket 0 and `{V.b.s}` for bucket b > 0 (s: a salt chosen to

@@ -11,7 +11,7 @@ use crate::store::config::validate_prefix;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::RedisConn;
 
-/// The registry's key, a public contract (DESIGN.md §3).
+/// The registry's key, a public contract (docs/src/reference/key-layout.md).
 pub fn key(prefix: &str) -> Result<String> {
     validate_prefix(prefix)?;
     Ok(format!("{prefix}:vouchers"))

@@ -26,7 +26,7 @@ use crate::support::backoff::Backoff;
 use crate::worker::fence;
 use redis::AsyncCommands;
 
-/// Redis's clock, the one authority for deadlines (DESIGN.md §7c): on a
+/// Redis's clock, the one authority for deadlines (docs/src/concepts/rules.md): on a
 /// cluster, the clock of the node that holds the voucher (the keyed command
 /// beside TIME routes the pipeline there).
 async fn redis_time_ms(conn: &mut Redis, keys: &VoucherKeys) -> Result<i64> {

@@ -346,7 +346,7 @@ fn share_out(mut left: u64, wanted: &[u64]) -> Vec<bool> {
         .collect()
 }
 
-/// The conditional decrement (DESIGN §5): the units of `take` or none. It
+/// The conditional decrement (docs/src/concepts/layers.md, L4): the units of `take` or none. It
 /// reads the current row, so it is safe where a SELECT-then-UPDATE is not.
 /// Its orders are counted in the same statement (their INSERT follows in
 /// this transaction, or the whole of it rolls back).

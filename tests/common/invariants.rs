@@ -1,4 +1,4 @@
-//! The invariants of DESIGN.md §2, checked after every scenario. Each check
+//! The invariants (docs/src/concepts/invariants.md), checked after every scenario. Each check
 //! reads both stores and fails with the numbers that disagree.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -51,7 +51,7 @@ pub struct VoucherState {
     pub misrouted: Vec<(u64, u32)>,
 }
 
-/// A set's digest as DESIGN's reconcile compares it: the sum of the members'
+/// A set's digest as reconcile compares it: the sum of the members'
 /// first 52 bits of SHA-1 (of the decimal form) mod 2^52, computed here
 /// apart from the code under test.
 pub fn digest_of<'a>(members: impl IntoIterator<Item = &'a String>) -> u64 {

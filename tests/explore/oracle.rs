@@ -1,6 +1,6 @@
 //! What must hold once every fault healed and the workers went idle, read
 //! from the stores and the answers the clients got, not from the code
-//! under test: DESIGN's invariants per voucher (tests/common/invariants.rs),
+//! under test: the invariants (docs/src/concepts/invariants.md) per voucher (tests/common/invariants.rs),
 //! every buyer told success, bought or promoted holding that order in
 //! MySQL (unless a fault the README lists as able to undo it did), every
 //! payer told paid holding a paid order, no user past the per-user limit,
@@ -54,7 +54,7 @@ pub async fn judge(stage: &Stage) -> Verdict {
     // A restored order is held (payment unknown) only when Redis kept
     // neither its deadline nor its release: it was paid. One whose buyer
     // never asked to pay keeps a unit from the sale for an operator who
-    // needs none (README, "When MySQL loses its last commits").
+    // needs none (the book, "When MySQL loses its last commits").
     for o in &held {
         let asked = told
             .iter()
@@ -72,7 +72,7 @@ pub async fn judge(stage: &Stage) -> Verdict {
         if let Some(broken) = broken_promise(t, s) {
             // A payment MySQL lost with the order it paid: the order comes
             // back held for the operator, who asks the payment provider
-            // (README, "When MySQL loses its last commits").
+            // (the book, "When MySQL loses its last commits").
             if matches!(t.answer, Answer::Paid(o) if held.contains(&o)) {
                 verdict
                     .undone
@@ -81,7 +81,7 @@ pub async fn judge(stage: &Stage) -> Verdict {
             }
             // A Redis gone back to a snapshot forgets the admissions made
             // since that no worker had persisted, and sells units MySQL no
-            // longer has until the guard's next pass (README, "When Redis
+            // longer has until the guard's next pass (the book, "When Redis
             // loses its last writes", what remains exposed).
             let undone = windows
                 .iter()
@@ -101,7 +101,7 @@ pub async fn judge(stage: &Stage) -> Verdict {
             // Nor once a held worker took the voucher's gate for the batch
             // Redis lost: from then on no reopen and no repair giving units
             // back succeeds while the hold is live, and the rebuild after
-            // it counts the batch (README, "Batches in hand"), so no
+            // it counts the batch (the book, "Batches in hand"), so no
             // admission sent after that moment is exposed. Not a
             // promotion: the poll that saw it was sent after the hold, but
             // the release that made it may have come before (seed 7: a
@@ -239,7 +239,7 @@ fn trimmed_windows(events: &[(u64, String)]) -> Vec<(u64, u64)> {
 /// Once the operator dropped the lost commits nothing kept names, the
 /// gap is off the witness and the guard does not pause for it again, nor
 /// for a gap its rebuild cannot close, which it accepts after one reopen
-/// (README, "Entries no longer kept"): no buyer is told `paused` after
+/// (the book, "Entries no longer kept"): no buyer is told `paused` after
 /// the passes that follow (E39: the gate paused and reopened every pass).
 fn paused_again(stage: &Stage, told: &[Told], verdict: &mut Verdict) {
     let Some(from) = stage.plan.no_pause_from_ms else {
@@ -349,7 +349,7 @@ async fn held_orders(stage: &Stage) -> std::collections::BTreeSet<u64> {
     ids.into_iter().collect()
 }
 
-/// A gate is paused only on a sign that a store lost writes (README, "When
+/// A gate is paused only on a sign that a store lost writes (the book, "When
 /// Redis loses its last writes": a changed run id, fewer buyers than
 /// orders, a batch in hand whose entries are gone; "When MySQL loses its
 /// last commits"); `reconcile` and `preload` only reopen (preload

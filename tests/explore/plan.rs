@@ -755,7 +755,7 @@ impl Plan {
     /// snapshot: the rebuilt view has those units stuck (MySQL has them
     /// back, the snapshot has not), and a repair must not give them to the
     /// waitlist or the stock while the batch in hand may need them
-    /// (README, "Batches in hand"). A rush that sells every unit, an
+    /// (the book, "Batches in hand"). A rush that sells every unit, an
     /// uncapped waitlist, short deadlines few pay, two workers (the
     /// other persists what the repair would promote), `reconcile --yes`
     /// inside the hold in 60 %.
@@ -796,7 +796,7 @@ impl Plan {
     /// nothing (a graceful one changes the run id too) and dies right
     /// there, before its rebuild; systemd starts it again 4-6 s later.
     /// Meanwhile an operator runs `reconcile --yes`, which must reopen
-    /// the gates it finds consistent (README, "pause": "a gate whose
+    /// the gates it finds consistent (the book, "pause": "a gate whose
     /// pauser died does not wait for another worker"); run.rs judges
     /// them right after it (E02).
     fn pauser_dies(&mut self, r: &mut Rng) {
@@ -1359,7 +1359,7 @@ impl Plan {
         // The witness set back up after the Redis rollback counts the
         // orders MySQL committed between its dump and that rollback, whose
         // entries Redis lost: nothing kept restores them, so the gate
-        // waits for the operator (README, "Redis back in time, then
+        // waits for the operator (the book, "Redis back in time, then
         // MySQL"), who drops them by their count after the guard's pass,
         // as in `failover_past_keep`; buyers come until after. (Drawn
         // from the variant's stream: the draws above stay the seed's.)

@@ -851,7 +851,7 @@ impl Stage {
 
     /// Whether the hold at `index` is the plan's only loss of Redis's
     /// writes and nothing else befalls its worker: then the hold's
-    /// promise (README, "Batches in hand": no reopen, no repair giving
+    /// promise (the book, "Batches in hand": no reopen, no repair giving
     /// units back while it is live) is judged alone.
     fn only_redis_loss(&self, index: usize, target: Target) -> bool {
         self.nothing_else_befalls(index, target)
@@ -1850,7 +1850,7 @@ impl Stage {
     /// open: the plan (`pauser_dies`) kills the only pauser right after
     /// its pause of a Redis restart that lost nothing, so the gates are
     /// consistent, no hold is live and the pause's grace is over; the
-    /// repair reopens them (README, "pause"), not the worker's restart.
+    /// repair reopens them (the book, "pause"), not the worker's restart.
     fn reconcile_after_death(&self, after: u64) {
         let until = self.plan.duration_ms + 10_000;
         let died = loop {
