@@ -6,7 +6,7 @@
 //! (`lua/preload.lua` and `lua/reconcile.lua` check all four values).
 
 use redis::streams::StreamRangeReply;
-use redis::{FromRedisValue, Value};
+use redis::{FromRedisValue, ScriptInvocation, ServerErrorKind, Value};
 
 use crate::error::{Error, Result};
 use crate::store::keys::{VoucherKeys, WORKER_GROUP};
@@ -83,14 +83,60 @@ pub async fn raise_committed(
     forgotten: u64,
 ) -> Result<i64> {
     crate::support::fault::point("before_raise").await?;
-    Ok(RAISE_COMMITS
-        .key(keys.orders())
-        .key(keys.meta())
-        .arg(WORKER_GROUP)
-        .arg(held)
-        .arg(forgotten)
-        .invoke_async(conn)
-        .await?)
+    let raise = Raise {
+        keys: keys.clone(),
+        held,
+        forgotten,
+    };
+    Ok(raise.invocation().invoke_async(conn).await?)
+}
+
+/// One gate's raise: its keys, MySQL's count of its orders and the forget
+/// count, both read as [`raise_committed`] says.
+pub struct Raise {
+    pub keys: VoucherKeys,
+    pub held: u64,
+    pub forgotten: u64,
+}
+
+impl Raise {
+    fn invocation(&self) -> ScriptInvocation<'static> {
+        let mut inv = RAISE_COMMITS.key(self.keys.orders());
+        inv.key(self.keys.meta())
+            .arg(WORKER_GROUP)
+            .arg(self.held)
+            .arg(self.forgotten);
+        inv
+    }
+}
+
+/// [`raise_committed`] for many gates in one pipeline (a round trip per
+/// node, not per gate: the gate guard raises every selling voucher each
+/// pass). A gate whose server lost the script is raised on its own, which
+/// loads it. Each gate's witness after (or its error), in order.
+pub async fn raise_many(conn: &mut impl RedisConn, raises: &[Raise]) -> Result<Vec<Result<i64>>> {
+    if raises.is_empty() {
+        return Ok(Vec::new());
+    }
+    crate::support::fault::point("before_raise").await?;
+    let rows = pipeline_per_item(conn, raises, false, true, |pipe, r| {
+        pipe.invoke_script(&r.invocation());
+        Ok(())
+    })
+    .await?;
+    let mut out = Vec::with_capacity(raises.len());
+    for (r, row) in raises.iter().zip(rows) {
+        let reply = row.into_iter().next().unwrap_or(Value::Nil);
+        out.push(match reply {
+            Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript) => {
+                r.invocation().invoke_async(conn).await.map_err(Error::from)
+            }
+            Value::ServerError(e) => Err(redis::RedisError::from(e).into()),
+            v => i64::from_redis_value(v)
+                .map_err(|e| Error::Redis(format!("raise_commits.lua: {e}"))),
+        });
+    }
+    Ok(out)
 }
 
 /// What MySQL lacks of what a voucher's gates saw it commit: MySQL lost

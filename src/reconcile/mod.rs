@@ -475,20 +475,24 @@ async fn forget_lost_commits(
 /// Sets the gate's witness of MySQL's commits back up to MySQL's count of
 /// the gate's orders (read after the witness): see
 /// [`crate::gate::witness::raise_committed`]. Never while MySQL lacks what
-/// the witness saw.
+/// the witness saw. False when the gate had no meta to raise (gone whole:
+/// a repair makes it, and the caller raises again then).
 async fn raise_lost_witness(
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
     s: &Snapshot,
-) -> Result<()> {
+) -> Result<bool> {
     // MySQL's orders as counted, or as its row says if fewer (a row behind
     // its orders is drift for `--fix-mysql`, not a loss to pause for).
     let held = s.recounted.orders_total.min(s.counters.orders_total);
     if s.commits_lost() > 0 || s.gate_digests.committed >= held {
-        return Ok(());
+        return Ok(true);
     }
     let forgotten = s.gate_digests.forgotten;
     let after = crate::gate::witness::raise_committed(conn, keys, held, forgotten).await?;
+    if after == -1 {
+        return Ok(false);
+    }
     if after > s.gate_digests.committed as i64 {
         tracing::info!(
             "voucher {}: the gate's witness of commits raised from {} to {after} of MySQL's {held} order(s) (Redis had lost its count)",
@@ -496,7 +500,7 @@ async fn raise_lost_witness(
             s.gate_digests.committed
         );
     }
-    Ok(())
+    Ok(true)
 }
 
 async fn reopen_on_read(
@@ -654,9 +658,7 @@ async fn reconcile_gate(
             }
             continue;
         }
-        if !opts.dry_run {
-            raise_lost_witness(conn, &keys, &s).await?;
-        }
+        let witness_done = opts.dry_run || raise_lost_witness(conn, &keys, &s).await?;
         let (drifts, expected) = classify(&s);
         let mut report = report_of(&s, drifts, expected);
         let behind = s.digests_behind();
@@ -683,8 +685,10 @@ async fn reconcile_gate(
         }
         match repair(db, conn, &keys, voucher, &s, &report.drifts, opts, ids).await? {
             RepairResult::Applied { unrepaired } => {
-                // The repair may have made the gate's meta (gone whole).
-                raise_lost_witness(conn, &keys, &s).await?;
+                // The repair made the gate's meta (gone whole).
+                if !witness_done {
+                    raise_lost_witness(conn, &keys, &s).await?;
+                }
                 // A gate paused while buyers may have lost their orders
                 // stays paused: the operator decides about them.
                 report.outcome = if unrepaired {

@@ -545,6 +545,7 @@ impl GateGuard {
     ) {
         let (orders, per_bucket) = counted;
         let (seen, forgotten) = read;
+        let mut due: Vec<(GateId, witness::Raise)> = Vec::new();
         for ((id, k), &forgotten) in gates.iter().zip(keys).zip(forgotten) {
             if lost_commits.get(&id.voucher).is_some_and(|b| b.orders > 0) {
                 continue;
@@ -566,7 +567,23 @@ impl GateGuard {
                     _ => continue,
                 },
             };
-            match witness::raise_committed(&mut self.conn, k, held, forgotten).await {
+            let keys = k.clone();
+            due.push((
+                *id,
+                witness::Raise {
+                    keys,
+                    held,
+                    forgotten,
+                },
+            ));
+        }
+        let (ids, raises): (Vec<GateId>, Vec<witness::Raise>) = due.into_iter().unzip();
+        let results = match witness::raise_many(&mut self.conn, &raises).await {
+            Ok(each) => each,
+            Err(e) => vec![Err(e)],
+        };
+        for (id, raised) in ids.iter().zip(results) {
+            match raised {
                 Ok(_) => self.state.raise_failing = false,
                 // Said once, not every pass: the fix of a short witness is
                 // off while it fails (an ACL without the script's commands?).
