@@ -69,22 +69,177 @@ pub enum Error {
         bucket: u32,
     },
 
-    #[error("Redis: {0}")]
-    Redis(String),
+    /// The admission script refused the quantity asked (outside 1 ..= the
+    /// voucher's per-user limit) before writing anything: bad input, told
+    /// as such (`invalid input: ...`), not a failure of the store.
+    #[error("invalid input: {0}")]
+    QuantityRefused(String),
 
-    #[error("MySQL: {0}")]
-    Mysql(String),
+    /// A Redis command or script failed: `fault` is what callers branch
+    /// on; `cause` is the driver's error when there was one.
+    #[error("Redis: {message}")]
+    Redis {
+        fault: StoreFault,
+        message: String,
+        cause: Option<Cause>,
+    },
+
+    /// A MySQL statement failed: as [`Error::Redis`].
+    #[error("MySQL: {message}")]
+    Mysql {
+        fault: StoreFault,
+        message: String,
+        cause: Option<Cause>,
+    },
+}
+
+/// A store driver's own error, kept beside the one-line message made from
+/// it. Not the std `source()` of our error: the message already renders it,
+/// and `{:#}` (how the CLI prints an error) would print it twice.
+pub type Cause = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+
+/// What failed at a store, in the terms callers branch on (retry, create
+/// again, wait, answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreFault {
+    /// Redis: the stream or its consumer group does not exist (NOGROUP).
+    NoGroup,
+    /// MySQL: a lock wait ran past `innodb_lock_wait_timeout` (1205).
+    LockWaitTimeout,
+    /// MySQL: the transaction was chosen as a deadlock's victim (1213), or
+    /// met a write conflict (1020): it was rolled back.
+    Deadlock,
+    /// The connection broke, was refused, or timed out at the socket: the
+    /// command may or may not have run.
+    ConnectionLost,
+    /// One of the project's scripts (lua/) refused its arguments with an
+    /// error reply, before writing anything.
+    ScriptRefused,
+    /// Anything else: another server error, or a reply the code cannot read.
+    Other,
+}
+
+impl Error {
+    /// A Redis failure the code found itself (a reply it cannot read).
+    pub fn redis(message: impl Into<String>) -> Error {
+        Error::Redis {
+            fault: StoreFault::Other,
+            message: message.into(),
+            cause: None,
+        }
+    }
+
+    /// A MySQL failure the code found itself (rows it cannot accept).
+    pub fn mysql(message: impl Into<String>) -> Error {
+        Error::Mysql {
+            fault: StoreFault::Other,
+            message: message.into(),
+            cause: None,
+        }
+    }
+
+    /// The store fault, for a Redis or MySQL error.
+    pub fn store_fault(&self) -> Option<StoreFault> {
+        match self {
+            Error::Redis { fault, .. } | Error::Mysql { fault, .. } => Some(*fault),
+            _ => None,
+        }
+    }
+
+    /// The driver's error behind a Redis or MySQL error, if there was one.
+    pub fn cause(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        match self {
+            Error::Redis { cause, .. } | Error::Mysql { cause, .. } => cause.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// The same failure with `context` in front of its message (which
+    /// call, which voucher); the fault and the cause are kept.
+    pub fn context(self, context: impl std::fmt::Display) -> Error {
+        match self {
+            Error::Redis {
+                fault,
+                message,
+                cause,
+            } => Error::Redis {
+                fault,
+                message: format!("{context}: {message}"),
+                cause,
+            },
+            Error::Mysql {
+                fault,
+                message,
+                cause,
+            } => Error::Mysql {
+                fault,
+                message: format!("{context}: {message}"),
+                cause,
+            },
+            other => other,
+        }
+    }
 }
 
 impl From<redis::RedisError> for Error {
     fn from(e: redis::RedisError) -> Self {
-        Error::Redis(describe_redis(&e))
+        Error::Redis {
+            fault: redis_fault(&e),
+            message: describe_redis(&e),
+            cause: Some(std::sync::Arc::new(e)),
+        }
     }
 }
 
 impl From<mysql_async::Error> for Error {
     fn from(e: mysql_async::Error) -> Self {
-        Error::Mysql(describe_mysql(&e))
+        Error::Mysql {
+            fault: mysql_fault(&e),
+            message: describe_mysql(&e),
+            cause: Some(std::sync::Arc::new(e)),
+        }
+    }
+}
+
+fn redis_fault(e: &redis::RedisError) -> StoreFault {
+    if e.code() == Some("NOGROUP") {
+        StoreFault::NoGroup
+    } else if e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+    {
+        StoreFault::ConnectionLost
+    } else if e.code() == Some("ERR") && e.detail().is_some_and(names_a_script) {
+        StoreFault::ScriptRefused
+    } else {
+        StoreFault::Other
+    }
+}
+
+/// Whether an error reply's text starts as the project's scripts' refusals
+/// do: `<script>: ` or `<script>.lua: ` (a Lua runtime error starts
+/// `user_script:<line>:` instead).
+fn names_a_script(detail: &str) -> bool {
+    let Some((first, _)) = detail.split_once(": ") else {
+        return false;
+    };
+    crate::store::scripts::is_script(first.strip_suffix(".lua").unwrap_or(first))
+}
+
+fn mysql_fault(e: &mysql_async::Error) -> StoreFault {
+    match e {
+        mysql_async::Error::Server(s) => match s.code {
+            mysql_codes::LOCK_WAIT_TIMEOUT => StoreFault::LockWaitTimeout,
+            mysql_codes::LOCK_DEADLOCK | mysql_codes::RECORD_CHANGED => StoreFault::Deadlock,
+            mysql_codes::CONNECTION_KILLED => StoreFault::ConnectionLost,
+            _ => StoreFault::Other,
+        },
+        mysql_async::Error::Io(_) => StoreFault::ConnectionLost,
+        mysql_async::Error::Driver(
+            mysql_async::DriverError::ConnectionClosed | mysql_async::DriverError::PoolDisconnected,
+        ) => StoreFault::ConnectionLost,
+        _ => StoreFault::Other,
     }
 }
 
@@ -100,6 +255,8 @@ pub mod mysql_codes {
     /// ER_NO_SUCH_THREAD: KILL of a session that has ended already.
     pub const NO_SUCH_THREAD: u16 = 1094;
     pub const LOCK_DEADLOCK: u16 = 1213;
+    /// ER_CONNECTION_KILLED: the session was killed (the fence, an operator).
+    pub const CONNECTION_KILLED: u16 = 1927;
     /// ER_CHECKREAD "Record has changed since last read" (MariaDB with
     /// innodb_snapshot_isolation=ON): a write conflict, retried like one.
     pub const RECORD_CHANGED: u16 = 1020;
@@ -115,11 +272,6 @@ pub fn mysql_code(e: &mysql_async::Error) -> Option<u16> {
         mysql_async::Error::Server(s) => Some(s.code),
         _ => None,
     }
-}
-
-/// Whether a MySQL error, made one of ours, was a lock wait that timed out.
-pub fn is_lock_wait_timeout(e: &Error) -> bool {
-    matches!(e, Error::Mysql(m) if m.ends_with(&format!("(error {})", mysql_codes::LOCK_WAIT_TIMEOUT)))
 }
 
 /// One line for a MySQL error, without the driver's nested repetitions.

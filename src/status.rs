@@ -82,7 +82,7 @@ async fn gate_status(
     row: &[Value],
 ) -> Result<VoucherStatus> {
     if row.len() != 12 {
-        return Err(Error::Redis(format!(
+        return Err(Error::redis(format!(
             "gate of voucher {}: {} replies",
             v.id,
             row.len()
@@ -90,10 +90,10 @@ async fn gate_status(
     }
     let (meta, stock, dead, waitlist, stream_len, deadline_errors): GateRow =
         FromRedisValue::from_redis_value(Value::Array(row[..6].to_vec()))
-            .map_err(|e| Error::Redis(format!("gate of voucher {}: {e}", v.id)))?;
+            .map_err(|e| Error::redis(format!("gate of voucher {}: {e}", v.id)))?;
     let (rate_limited, bad_token): (Option<u64>, Option<u64>) =
         FromRedisValue::from_redis_value(Value::Array(row[6..8].to_vec()))
-            .map_err(|e| Error::Redis(format!("gate of voucher {}: {e}", v.id)))?;
+            .map_err(|e| Error::redis(format!("gate of voucher {}: {e}", v.id)))?;
     let (first, deadline_read_error) = match <Vec<(String, f64)>>::from_redis_value(row[8].clone())
     {
         Ok(first) => (first, None),
@@ -170,7 +170,7 @@ pub async fn read(
             if bucket == 0 && layout.buckets() > 1 {
                 // The pool: units of the voucher given to no bucket yet.
                 let pool: Option<i64> = FromRedisValue::from_redis_value(row[10].clone())
-                    .map_err(|e| Error::Redis(format!("pool of voucher {}: {e}", v.id)))?;
+                    .map_err(|e| Error::redis(format!("pool of voucher {}: {e}", v.id)))?;
                 gate.redis_stock = gate.redis_stock.map(|s| s + pool.unwrap_or(0));
             }
             status = Some(match status {

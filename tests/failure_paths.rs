@@ -188,3 +188,149 @@ async fn redelivered_batches_under_innodb_snapshot_isolation_meet_no_read_confli
     assert_eq!(s.mysql_stock, 0);
     drop(env);
 }
+
+/// Callers branch on what failed at a store, never on its wording: each
+/// fault the code acts on comes as its kind, with the driver's error kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_failures_come_as_the_kind_callers_branch_on() {
+    use mysql_async::prelude::Queryable;
+    use seckill::error::{Error, StoreFault};
+    use seckill::gate::admission::{admit_durably, Attempt};
+    use seckill::store::keys::VoucherKeys;
+
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 10).await;
+    env.live_voucher(2, 10).await;
+    let mut redis = env.redis().await;
+    let fault_of = |e: redis::RedisError| {
+        let e = Error::from(e);
+        assert!(e.cause().is_some(), "{e}: the driver's error is kept");
+        e.store_fault()
+    };
+
+    let no_group: redis::RedisResult<redis::Value> = redis::cmd("XREADGROUP")
+        .arg(&["GROUP", "nobody", "c", "STREAMS"])
+        .arg(format!("{}:no-stream", env.prefix))
+        .arg(">")
+        .query_async(&mut redis)
+        .await;
+    assert_eq!(fault_of(no_group.unwrap_err()), Some(StoreFault::NoGroup));
+
+    // The admission script's own refusal of its arguments, and a Lua
+    // runtime error (not a refusal of ours, though its text has a colon).
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let bad_user: redis::RedisResult<redis::Value> = seckill::store::scripts::ADMISSION
+        .key(keys.meta())
+        .key(keys.stock())
+        .key(keys.buyers())
+        .key(keys.waitlist())
+        .key(keys.orders())
+        .arg("not-a-user")
+        .arg(1)
+        .arg(V)
+        .invoke_async(&mut redis)
+        .await;
+    assert_eq!(
+        fault_of(bad_user.unwrap_err()),
+        Some(StoreFault::ScriptRefused)
+    );
+    let runtime: redis::RedisResult<redis::Value> = redis::cmd("EVAL")
+        .arg("error('seckill: not ours')")
+        .arg(0)
+        .query_async(&mut redis)
+        .await;
+    assert_eq!(fault_of(runtime.unwrap_err()), Some(StoreFault::Other));
+
+    // A quantity above the voucher's limit is the caller's input, refused
+    // before anything is written.
+    let attempt = Attempt {
+        voucher: V,
+        user: 7,
+        order_id: 1,
+        token: None,
+        quantity: 5,
+    };
+    let refused = admit_durably(&mut redis, &keys, attempt, None).await;
+    match refused {
+        Err(Error::QuantityRefused(reason)) => {
+            assert!(
+                reason.starts_with("quantity must be between 1 and 1"),
+                "{reason}"
+            );
+            assert!(format!("{}", Error::QuantityRefused(reason)).starts_with("invalid input: "));
+        }
+        other => panic!("expected a quantity refusal, got {other:?}"),
+    }
+    let buyers: u64 = redis.scard(keys.buyers()).await.unwrap();
+    assert_eq!(buyers, 0, "nothing written");
+
+    // MySQL: a lock wait past its timeout, a deadlock's victim, a session
+    // killed under its connection.
+    let db = env.db().await;
+    let mut holder = db.conn().await.unwrap();
+    let mut waiter = db.conn().await.unwrap();
+    let lock = "SELECT stock FROM seckill_voucher WHERE voucher_id = ? FOR UPDATE";
+    holder.query_drop("BEGIN").await.unwrap();
+    holder.exec_drop(lock, (V,)).await.unwrap();
+    waiter
+        .query_drop("SET SESSION innodb_lock_wait_timeout = 1")
+        .await
+        .unwrap();
+    waiter.query_drop("BEGIN").await.unwrap();
+    let waited = waiter.exec_drop(lock, (V,)).await.unwrap_err();
+    assert_eq!(
+        Error::from(waited).store_fault(),
+        Some(StoreFault::LockWaitTimeout)
+    );
+
+    // Each holds one row and asks for the other's: InnoDB rolls one back.
+    waiter.query_drop("ROLLBACK").await.unwrap();
+    waiter
+        .query_drop("SET SESSION innodb_lock_wait_timeout = 30")
+        .await
+        .unwrap();
+    waiter.query_drop("BEGIN").await.unwrap();
+    waiter.exec_drop(lock, (2u64,)).await.unwrap();
+    let holder_asks = tokio::spawn(async move {
+        let r = holder.exec_drop(lock, (2u64,)).await;
+        (holder, r)
+    });
+    // The holder's request waits on the lock before the waiter closes the
+    // cycle: InnoDB lists it among the lock waits.
+    let mut probe = db.conn().await.unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let waits: Option<u64> = probe
+            .query_first("SELECT COUNT(*) FROM information_schema.innodb_lock_waits")
+            .await
+            .unwrap();
+        if waits.unwrap_or(0) > 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < until, "the holder never waited");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let waiter_asks = waiter.exec_drop(lock, (V,)).await;
+    let (mut holder, holder_got) = holder_asks.await.unwrap();
+    let victim = match (holder_got, waiter_asks) {
+        (Err(e), Ok(())) | (Ok(()), Err(e)) => e,
+        other => panic!("one of the two is a deadlock's victim: {other:?}"),
+    };
+    assert_eq!(
+        Error::from(victim).store_fault(),
+        Some(StoreFault::Deadlock)
+    );
+    holder.query_drop("ROLLBACK").await.ok();
+    waiter.query_drop("ROLLBACK").await.ok();
+
+    let id = waiter.id();
+    probe.query_drop(format!("KILL {id}")).await.unwrap();
+    let lost = waiter.query_drop("SELECT 1").await.unwrap_err();
+    assert_eq!(
+        Error::from(lost).store_fault(),
+        Some(StoreFault::ConnectionLost)
+    );
+    // The pool disconnects at cleanup once every connection is back.
+    drop((holder, waiter, probe));
+    env.cleanup().await;
+}

@@ -3,7 +3,7 @@
 use crate::store::redis_conn::RedisConn;
 use redis::{ErrorKind, ScriptInvocation, ServerErrorKind, Value};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, StoreFault};
 use crate::store::keys::VoucherKeys;
 use crate::store::scripts::ADMISSION;
 
@@ -144,10 +144,22 @@ pub async fn admit(
 /// limit with an error reply, before writing anything: bad input, not a
 /// failure of the store.
 fn refused_input(e: redis::RedisError) -> Error {
-    let text = e.to_string();
-    match text.find("seckill: quantity") {
-        Some(at) => Error::InvalidInput(text[at + "seckill: ".len()..].trim().to_string()),
-        None => e.into(),
+    let refusal = Error::from(e);
+    let quantity = match &refusal {
+        Error::Redis {
+            fault: StoreFault::ScriptRefused,
+            cause: Some(cause),
+            ..
+        } => cause
+            .downcast_ref::<redis::RedisError>()
+            .and_then(|e| e.detail()?.strip_prefix("seckill: "))
+            .filter(|reason| reason.starts_with("quantity "))
+            .map(str::to_string),
+        _ => None,
+    };
+    match quantity {
+        Some(reason) => Error::QuantityRefused(reason),
+        None => refusal,
     }
 }
 
@@ -185,7 +197,7 @@ fn decode(
         }
     };
     let bad = || {
-        Error::Redis(format!(
+        Error::redis(format!(
             "admission script answered {code} {reason:?} {value:?}"
         ))
     };

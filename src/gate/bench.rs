@@ -284,7 +284,7 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
     for task in tasks {
         let r = task
             .await
-            .map_err(|e| Error::Redis(format!("a bench task failed: {e}")))?;
+            .map_err(|e| Error::redis(format!("a bench task failed: {e}")))?;
         for (sum, c) in counts.iter_mut().zip(r.counts) {
             *sum += c;
         }
@@ -298,7 +298,7 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
     stop_renewing.cancel();
     renewing.await.ok();
     if errors == plan.attempts {
-        return Err(Error::Redis(format!(
+        return Err(Error::redis(format!(
             "every attempt failed; the first with: {}",
             first_error.unwrap_or_default()
         )));
@@ -369,7 +369,7 @@ async fn issue_tokens(
     }
     for task in tasks {
         task.await
-            .map_err(|e| Error::Redis(format!("a token task failed: {e}")))??;
+            .map_err(|e| Error::redis(format!("a token task failed: {e}")))??;
     }
     Ok(Arc::try_unwrap(tokens).unwrap_or_else(|shared| (*shared).clone()))
 }

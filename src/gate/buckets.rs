@@ -59,7 +59,7 @@ pub async fn lay_out(
     };
     let layout = Layout::from_tags(prefix, voucher, Some(&tags))?;
     if layout.buckets() != v.buckets {
-        return Err(Error::Mysql(format!(
+        return Err(Error::mysql(format!(
             "voucher {voucher} has {} buckets but {} bucket tags recorded ({tags:?})",
             v.buckets,
             layout.buckets()

@@ -127,7 +127,7 @@ pub async fn read(conn: &mut impl RedisConn, keys: &VoucherKeys) -> Result<GateS
     let mut states = read_many(conn, std::slice::from_ref(keys)).await?;
     states
         .pop()
-        .ok_or_else(|| Error::Redis("an empty reply to the gate's pipeline".into()))
+        .ok_or_else(|| Error::redis("an empty reply to the gate's pipeline"))
 }
 
 /// The gates of many vouchers, in the order given.
@@ -147,7 +147,7 @@ pub async fn read_many(conn: &mut impl RedisConn, keys: &[VoucherKeys]) -> Resul
         .map(|(k, row)| {
             let (meta_exists, stock, buyers, waitlist, stream_length, last): GateRow =
                 FromRedisValue::from_redis_value(Value::Array(row))
-                    .map_err(|e| Error::Redis(format!("gate of voucher {}: {e}", k.voucher())))?;
+                    .map_err(|e| Error::redis(format!("gate of voucher {}: {e}", k.voucher())))?;
             Ok(GateState {
                 loaded: meta_exists && stock.is_some(),
                 stock,

@@ -376,7 +376,7 @@ pub async fn open(conn: &mut impl ConnectionLike, giver: Gate<'_>) -> Result<Vec
                 })
             }
             _ => {
-                return Err(Error::Redis(format!(
+                return Err(Error::redis(format!(
                     "transfer {id} of {} reads {record:?}, not \"<to> <units> <time_ms>\"",
                     giver.open_transfers()
                 )))
@@ -417,7 +417,7 @@ pub async fn in_transit(conn: &mut impl ConnectionLike, gates: &[VoucherKeys]) -
                     .and_then(|b| sides.get(b + 1).copied()),
             };
             let Some(receiver) = receiver else {
-                return Err(Error::Redis(format!(
+                return Err(Error::redis(format!(
                     "transfer {} of {} goes to {:?}, not a gate of the voucher",
                     t.id,
                     giver.open_transfers(),
@@ -433,5 +433,5 @@ pub async fn in_transit(conn: &mut impl ConnectionLike, gates: &[VoucherKeys]) -
 }
 
 fn unexpected(script: &str, code: i64, reason: &str) -> Error {
-    Error::Redis(format!("{script} answered {code} {reason:?}"))
+    Error::redis(format!("{script} answered {code} {reason:?}"))
 }

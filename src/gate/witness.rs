@@ -35,7 +35,7 @@ pub async fn read(conn: &mut impl RedisConn, keys: &VoucherKeys) -> Result<Witne
     read_many(conn, std::slice::from_ref(keys))
         .await?
         .pop()
-        .ok_or_else(|| Error::Redis("an empty reply to the witness read".into()))
+        .ok_or_else(|| Error::redis("an empty reply to the witness read"))
 }
 
 /// The gate's set digests as its meta holds them (`lua/lib/digest.lua`;
@@ -133,7 +133,7 @@ pub async fn raise_many(conn: &mut impl RedisConn, raises: &[Raise]) -> Result<V
             }
             Value::ServerError(e) => Err(redis::RedisError::from(e).into()),
             v => i64::from_redis_value(v)
-                .map_err(|e| Error::Redis(format!("raise_commits.lua: {e}"))),
+                .map_err(|e| Error::redis(format!("raise_commits.lua: {e}"))),
         });
     }
     Ok(out)
@@ -226,7 +226,7 @@ pub async fn read_many_with_digests(
             );
             let (last, stock, buyers, released, (b, r, t), timeouts_len, committed, forgotten): Row =
                 FromRedisValue::from_redis_value(Value::Array(c))
-                    .map_err(|e| Error::Redis(format!("witness: {e}")))?;
+                    .map_err(|e| Error::redis(format!("witness: {e}")))?;
             let witness = Witness {
                 last_entry_id: last
                     .ids

@@ -75,7 +75,9 @@ impl IntoResponse for ApiError {
 impl From<crate::error::Error> for ApiError {
     fn from(e: crate::error::Error) -> Self {
         match e {
-            crate::error::Error::InvalidInput(m) => ApiError::BadRequest(m),
+            crate::error::Error::InvalidInput(m) | crate::error::Error::QuantityRefused(m) => {
+                ApiError::BadRequest(m)
+            }
             other => ApiError::Internal(other.to_string()),
         }
     }

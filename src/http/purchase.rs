@@ -139,7 +139,7 @@ pub async fn create(
         Ok(Ok(answer)) => answer,
         // Refused by the script before any write (a quantity above the
         // voucher's limit).
-        Ok(Err(crate::error::Error::InvalidInput(m))) => return Err(ApiError::BadRequest(m)),
+        Ok(Err(crate::error::Error::QuantityRefused(m))) => return Err(ApiError::BadRequest(m)),
         Ok(Err(e)) => {
             state.metrics.redis_error();
             tracing::warn!("voucher {voucher}: admission of user {user}: {e}");

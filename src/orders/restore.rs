@@ -116,7 +116,7 @@ pub async fn restore(
         .map(|l| l.quantity)
         .sum();
     if units as i64 > stock {
-        return Err(Error::Mysql(format!(
+        return Err(Error::mysql(format!(
             "voucher {voucher}: the {} order(s) MySQL lost hold {units} unit(s), but its stock is {stock}: those units were sold again in MySQL; nothing restored",
             fresh.len()
         )));

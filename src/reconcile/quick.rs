@@ -166,7 +166,7 @@ async fn read_gates(conn: &mut impl RedisConn, keys: &[VoucherKeys]) -> Result<V
             limit,
             cap,
         ): Row = FromRedisValue::from_redis_value(Value::Array(chunk))
-            .map_err(|e| Error::Redis(format!("gate of voucher {}: {e}", k.voucher())))?;
+            .map_err(|e| Error::redis(format!("gate of voucher {}: {e}", k.voucher())))?;
         let entries = match stream_len {
             0 => Vec::new(),
             _ => in_flight_orders(conn, k).await?,

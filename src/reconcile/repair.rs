@@ -324,7 +324,7 @@ async fn publish_over_foreign_version(
 async fn fix_mysql_stock(db: &Db, voucher: u64, seen: i64, wanted: i64) -> Result<bool> {
     use mysql_async::prelude::*;
     if wanted < 0 {
-        return Err(Error::Mysql(format!(
+        return Err(Error::mysql(format!(
             "voucher {voucher}: more active orders than units; refusing to set a negative stock"
         )));
     }

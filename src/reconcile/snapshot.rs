@@ -459,14 +459,14 @@ pub async fn read_gates(
         .zip(keys.iter().zip(&gate_vouchers))
     {
         if chunk.len() != 13 {
-            return Err(Error::Redis(format!(
+            return Err(Error::redis(format!(
                 "gate of voucher {voucher}: {} replies",
                 chunk.len()
             )));
         }
         let (meta_exists, buyers, released, deadlines, dead_letters, stream_len): GateRow =
             FromRedisValue::from_redis_value(Value::Array(chunk[..6].to_vec()))
-                .map_err(|e| Error::Redis(format!("gate of voucher {voucher}: {e}")))?;
+                .map_err(|e| Error::redis(format!("gate of voucher {voucher}: {e}")))?;
         let registered = registered.contains(voucher);
         type MetaRow = (
             Option<u32>,
@@ -486,7 +486,7 @@ pub async fn read_gates(
             per_user_limit,
             waitlist_limit,
         ): MetaRow = FromRedisValue::from_redis_value(Value::Array(chunk[6..].to_vec()))
-            .map_err(|e| Error::Redis(format!("policy of voucher {voucher}: {e}")))?;
+            .map_err(|e| Error::redis(format!("policy of voucher {voucher}: {e}")))?;
         let entries = if stream_len > 0 {
             in_flight_orders(conn, k).await?
         } else {

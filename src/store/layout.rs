@@ -71,7 +71,7 @@ impl Layout {
             || tags[0] != voucher.to_string()
             || tags.iter().any(|t| !is_bucket_tag(t, voucher));
         if bad {
-            return Err(Error::Redis(format!(
+            return Err(Error::redis(format!(
                 "voucher {voucher}'s bucket tags read {:?}: not {{V}} then up to {} bucket tags",
                 tags.join(" "),
                 MAX_BUCKETS - 1

@@ -390,7 +390,7 @@ pub async fn server_version(conn: &mut impl RedisConn) -> Result<String> {
         })
         .collect::<Option<Vec<String>>>()
         .and_then(|versions| versions.into_iter().min_by_key(|v| version::major_minor(v)))
-        .ok_or_else(|| Error::Redis("INFO server has no redis_version".into()))
+        .ok_or_else(|| Error::redis("INFO server has no redis_version"))
 }
 
 /// Fails unless the server is at least [`MIN_REDIS`].

@@ -203,8 +203,8 @@ pub async fn migrate(conn: &mut Conn) -> Result<MigrateReport> {
         .query_first("SELECT GET_LOCK('seckill_schema_migrate', 60)")
         .await?;
     if locked != Some(1) {
-        return Err(Error::Mysql(
-            "another `seckill init` holds the migration lock; try again".into(),
+        return Err(Error::mysql(
+            "another `seckill init` holds the migration lock; try again",
         ));
     }
     let result = apply_missing(conn).await;

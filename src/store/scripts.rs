@@ -206,6 +206,15 @@ pub fn all() -> Vec<(&'static str, &'static Script)> {
     ]
 }
 
+/// Whether `stem` names one of the scripts (`seckill`, `fence`): their
+/// refusals begin `ERR <stem>: ` or `ERR <stem>.lua: `, which is how a
+/// refusal is told from another server error.
+pub fn is_script(stem: &str) -> bool {
+    all()
+        .iter()
+        .any(|(file, _)| file.strip_suffix(".lua") == Some(stem))
+}
+
 /// The file stem of the script whose SHA1 this is (`preload`), for the
 /// test fault that resends a script call.
 pub fn stem_of(hash: &str) -> Option<&'static str> {

@@ -97,7 +97,7 @@ pub async fn summary_of_buckets(
             }
         });
     }
-    sum.ok_or_else(|| crate::error::Error::Redis("a voucher with no gate".into()))
+    sum.ok_or_else(|| crate::error::Error::redis("a voucher with no gate"))
 }
 
 async fn has_group(conn: &mut impl RedisConn, keys: &VoucherKeys) -> Result<bool> {

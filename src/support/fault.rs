@@ -164,7 +164,7 @@ fn parse_faults(spec: &str) -> HashMap<String, Point> {
 pub async fn point(step: &str) -> Result<()> {
     timed_pause(step).await;
     match reach(step).await {
-        Some(Action::Error) => Err(Error::Redis(format!(
+        Some(Action::Error) => Err(Error::redis(format!(
             "test fault: an error injected at {step}"
         ))),
         _ => Ok(()),

@@ -11,7 +11,7 @@ use super::keepalive;
 use super::lane::Lane;
 use super::lost_group;
 use super::persist::{self, persist, Fate, PersistError};
-use crate::error::{is_lock_wait_timeout, mysql_code, mysql_codes, Error, Result};
+use crate::error::{mysql_code, mysql_codes, Error, Result, StoreFault};
 use crate::store::keys::VoucherKeys;
 use crate::stream::entry::OrderMessage;
 use crate::support::backoff::Backoff;
@@ -296,7 +296,7 @@ impl Lane {
             async |mysql: &mut mysql_async::Conn| persist(mysql, keys.voucher(), msgs).await,
             |e| match e {
                 PersistError::Mysql(e) => mysql_code(e) == Some(mysql_codes::LOCK_WAIT_TIMEOUT),
-                PersistError::Store(e) => is_lock_wait_timeout(e),
+                PersistError::Store(e) => e.store_fault() == Some(StoreFault::LockWaitTimeout),
                 PersistError::UnknownVoucher(_) => false,
             },
         )

@@ -72,10 +72,10 @@ pub(super) async fn look_all(conn: &mut Redis, gates: &[VoucherKeys]) -> Result<
         let row: Vec<Value> = reply.by_ref().take(5).collect();
         let (stock, (paused, begin), line, length, wanting_more): Row =
             FromRedisValue::from_redis_value(Value::Array(row))
-                .map_err(|e| Error::Redis(format!("mover look at {}: {e}", keys.meta())))?;
+                .map_err(|e| Error::redis(format!("mover look at {}: {e}", keys.meta())))?;
         if let Some(units) = reply.next() {
             pool = Option::<i64>::from_redis_value(units)
-                .map_err(|e| Error::Redis(format!("mover look at the pool: {e}")))?
+                .map_err(|e| Error::redis(format!("mover look at the pool: {e}")))?
                 .unwrap_or(0);
         }
         // Requests for more than a unit wait (whatever the limit is
@@ -131,7 +131,7 @@ async fn read_lines(
     for ((b, keys), reply) in items.iter().zip(replies) {
         let (line, length): (Vec<(String, f64)>, u64) =
             FromRedisValue::from_redis_value(Value::Array(reply))
-                .map_err(|e| Error::Redis(format!("mover look at {}: {e}", keys.waitlist())))?;
+                .map_err(|e| Error::redis(format!("mover look at {}: {e}", keys.waitlist())))?;
         looks[*b].line.waiting = line.iter().map(|(_, at)| (*at, 1)).collect();
         looks[*b].line.seen_all = length <= line.len() as u64;
         lines[*b] = line;
@@ -167,7 +167,7 @@ async fn read_wants(
             .next()
             .map(FromRedisValue::from_redis_value)
             .transpose()
-            .map_err(|e| Error::Redis(format!("mover look at the wanted units: {e}")))?
+            .map_err(|e| Error::redis(format!("mover look at the wanted units: {e}")))?
             .unwrap_or_default();
         for (entry, want) in look.line.waiting.iter_mut().zip(wants) {
             entry.1 = want.and_then(|w| w.parse::<i64>().ok()).unwrap_or(1).max(1);

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::options::DeadlineOptions;
 use super::WorkerStats;
-use crate::error::{is_lock_wait_timeout, Result};
+use crate::error::{Result, StoreFault};
 use crate::gate::buckets::{bucket_of, Layout, Layouts};
 use crate::gate::witness::META_COMMITTED;
 use crate::orders::deadline::{self, Due};
@@ -346,7 +346,7 @@ impl Canceller {
             async |mysql: &mut mysql_async::Conn| {
                 deadline::cancel_unpaid(mysql, keys.voucher(), orders).await
             },
-            is_lock_wait_timeout,
+            |e: &crate::Error| e.store_fault() == Some(StoreFault::LockWaitTimeout),
         )
         .await
     }
@@ -428,7 +428,7 @@ impl Canceller {
             let time = row.pop().unwrap_or(redis::Value::Nil);
             let now = time_ms(
                 redis::FromRedisValue::from_redis_value(time)
-                    .map_err(|e| crate::Error::Redis(format!("TIME: {e}")))?,
+                    .map_err(|e| crate::Error::redis(format!("TIME: {e}")))?,
             );
             // A voucher whose deadlines cannot be read is left out.
             let Ok(first) = <Vec<(String, f64)> as redis::FromRedisValue>::from_redis_value(first)

@@ -143,7 +143,7 @@ async fn xreadgroup<L: Copy + Eq + std::hash::Hash>(
     }
     let reply: redis::Value = cmd.query_async(conn).await?;
     let read = read_reply::streams(reply)
-        .map_err(|e| Error::Redis(format!("unexpected XREADGROUP reply: {e}")))?;
+        .map_err(|e| Error::redis(format!("unexpected XREADGROUP reply: {e}")))?;
     let by_key: HashMap<&str, L> = streams.iter().map(|(v, k)| (k.as_str(), *v)).collect();
     let mut out = Vec::new();
     for (key, raw) in read {

@@ -191,7 +191,7 @@ impl GateGuard {
                 }
                 Err(e) => {
                     let delay = backoff.retry_after(format_args!("gate guard: {e}"));
-                    if matches!(e, Error::Redis(_) | Error::RedisConnect { .. }) {
+                    if matches!(e, Error::Redis { .. } | Error::RedisConnect { .. }) {
                         if let Ok(c) = redis_conn::connect(&self.cfg).await {
                             self.conn = c;
                         }
@@ -514,7 +514,7 @@ impl GateGuard {
         for (id, row) in gates.iter().zip(rows) {
             let (committed, released, gaps): (Option<i64>, u64, Option<u64>) =
                 FromRedisValue::from_redis_value(Value::Array(row))
-                    .map_err(|e| Error::Redis(format!("{id}: committed: {e}")))?;
+                    .map_err(|e| Error::redis(format!("{id}: committed: {e}")))?;
             let seen = out.entry(id.voucher).or_default();
             // Two reconcilers lowering it at once may take it below 0.
             seen.0 += committed.unwrap_or(0).max(0) as u64;
@@ -908,16 +908,16 @@ fn look_of(row: Vec<Value>) -> Result<Look> {
     let mut row = row.into_iter();
     let mut next = || row.next().unwrap_or(Value::Nil);
     let loaded: bool =
-        FromRedisValue::from_redis_value(next()).map_err(|e| Error::Redis(format!("gate: {e}")))?;
+        FromRedisValue::from_redis_value(next()).map_err(|e| Error::redis(format!("gate: {e}")))?;
     let buyers: u64 = FromRedisValue::from_redis_value(next())
-        .map_err(|e| Error::Redis(format!("buyers: {e}")))?;
+        .map_err(|e| Error::redis(format!("buyers: {e}")))?;
     let paused: Option<String> = FromRedisValue::from_redis_value(next())
-        .map_err(|e| Error::Redis(format!("paused: {e}")))?;
+        .map_err(|e| Error::redis(format!("paused: {e}")))?;
     // A server that refuses INFO in scripts (an ACL) gives no run id: the
     // buyer count is then the only sign.
     let run_id: Option<String> = FromRedisValue::from_redis_value(next()).ok();
     let recorded_run_id: Option<String> = FromRedisValue::from_redis_value(next())
-        .map_err(|e| Error::Redis(format!("run id: {e}")))?;
+        .map_err(|e| Error::redis(format!("run id: {e}")))?;
     Ok(Look {
         loaded,
         buyers,

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, StoreFault};
 use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::node_lease::OrderIds;
@@ -48,7 +48,7 @@ const FORGET_SELF_WITHIN: Duration = Duration::from_secs(2);
 
 /// Redis says the stream or its consumer group is gone.
 fn lost_group(e: &Error) -> bool {
-    matches!(e, Error::Redis(m) if m.contains("NOGROUP"))
+    e.store_fault() == Some(StoreFault::NoGroup)
 }
 
 /// Runs until `stop` is cancelled (after finishing the batch in hand) or,
@@ -194,7 +194,7 @@ pub async fn run(
                 last = Some(w);
             }
             Err(e) => {
-                outcome = Err(Error::Redis(format!("a worker lane failed: {e}")));
+                outcome = Err(Error::redis(format!("a worker lane failed: {e}")));
             }
         }
     }
