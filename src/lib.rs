@@ -5,6 +5,8 @@
 //!
 //! - `store`: configuration, connections, schema, key layout, scripts, registry
 //! - `gate`: layer 1 (admission, waitlist, preload)
+//! - `purchase`: one purchase as `buy`, `bench` and `serve` make it
+//! - `bench`: the admission load generator (`seckill bench`)
 //! - `stream`: the order stream as data (ids, entries, backlog, dead letters)
 //! - `worker`: layers 2–5 as one long-running process
 //! - `orders`: MySQL's vouchers and orders, payment, deadline cancellation
@@ -12,6 +14,7 @@
 //! - `doctor`: the servers' settings and the roles' rights, checked
 //! - `support`: masking, time, ids, signals, backoff
 
+pub mod bench;
 pub mod cli;
 pub mod doctor;
 pub mod error;
@@ -19,6 +22,7 @@ pub mod exit_code;
 pub mod gate;
 pub mod http;
 pub mod orders;
+pub mod purchase;
 pub mod reconcile;
 pub mod status;
 pub mod store;

@@ -9,8 +9,8 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::common::{parse_id, Format, FormatOpt, NodeIdOpt, ReplicaWaitOpt};
 use super::render::{print_json, table};
+use crate::bench::{self, BenchPlan, BenchReport};
 use crate::exit_code;
-use crate::gate::bench::{self, BenchPlan, BenchReport};
 use crate::store::config::Config;
 
 #[derive(Args, Debug)]

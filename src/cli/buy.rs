@@ -6,8 +6,9 @@ use serde_json::json;
 use super::common::{parse_id, Format, FormatOpt, NodeIdOpt, ReplicaWaitOpt};
 use super::render::print_json;
 use crate::exit_code;
-use crate::gate::admission::{admit_durably, Admission, Attempt};
+use crate::gate::admission::Admission;
 use crate::gate::buckets;
+use crate::purchase::{self, Request};
 use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
@@ -41,33 +42,25 @@ pub struct BuyArgs {
 pub async fn run(cfg: &Config, args: BuyArgs) -> anyhow::Result<u8> {
     VoucherKeys::new(&cfg.prefix, args.voucher)?;
     let mut redis = redis_conn::connect(cfg).await?;
-    // The user's own bucket's gate (the voucher's one gate unless split).
-    let keys = buckets::for_routing(&mut redis, &cfg.prefix, args.voucher, async || {
+    let gates = buckets::for_routing(&mut redis, &cfg.prefix, args.voucher, async || {
         Db::connect(cfg).await
     })
-    .await?
-    .keys_of_user(args.user)?;
+    .await?;
     let ids = OrderIds::lease(cfg, args.node.node_id).await?;
-    let order_id = ids.next_id();
-    ids.release().await;
-    let attempt = Attempt {
+    let request = Request {
         voucher: args.voucher,
         user: args.user,
-        order_id: order_id?,
         token: args.token.as_deref(),
         quantity: args.quantity,
     };
     let wait = args.replicas.wait();
-    let (outcome, replicas_acked) = admit_durably(&mut redis, &keys, attempt, wait).await?;
-    if let (Some(wait), Some(acked)) = (wait, replicas_acked) {
-        if acked < wait.replicas {
-            tracing::warn!(
-                "only {acked} of {} replica(s) had the admission after {}: a failover now could lose it",
-                wait.replicas,
-                humantime::format_duration(wait.timeout)
-            );
-        }
-    }
+    let prepared = purchase::prepare(&gates, &ids, request);
+    // One id minted: the node id is free for another process before the
+    // admission (whose answer may take a replica wait) is sent.
+    ids.release().await;
+    let purchased = prepared?.send(&mut redis, wait).await?;
+    purchased.warn_if_replicas_short(&request, wait);
+    let (outcome, replicas_acked) = (purchased.outcome, purchased.replicas_acked);
     match args.format.format {
         Format::Json => {
             let mut v = outcome.report(args.voucher, args.user);

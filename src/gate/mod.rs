@@ -1,9 +1,8 @@
 //! Layer 1, the Redis gate: admission through `lua/seckill.lua`, the gate's
 //! state and waitlist, publishing a gate image from MySQL (preload and
-//! reconcile), and the admission load test.
+//! reconcile).
 
 pub mod admission;
-pub mod bench;
 pub mod buckets;
 pub mod image;
 pub mod mover_fence;

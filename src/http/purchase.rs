@@ -12,9 +12,10 @@ use super::error::ApiError;
 use super::ids::{parse_id, Id};
 use super::metrics::OutcomeLabel;
 use super::{AppState, Body, State};
-use crate::gate::admission::{self, Admission};
+use crate::gate::admission::Admission;
 
 use crate::orders::order;
+use crate::purchase::{purchase, Failed, Request};
 use crate::store::keys::VoucherKeys;
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -77,18 +78,7 @@ pub async fn create(
     Body(body): Body<PurchaseBody>,
 ) -> Result<Response, ApiError> {
     let voucher = parse_id("voucher", &voucher)?;
-    let user = body.user.0;
-    let quantity = body.quantity.unwrap_or(1);
-    if !(1..=crate::orders::voucher::MAX_PER_USER_LIMIT).contains(&quantity) {
-        return Err(ApiError::BadRequest(format!(
-            "quantity {quantity} is out of range: 1 to the voucher's per-user limit"
-        )));
-    }
-    if body.token.as_ref().is_some_and(|t| t.len() > MAX_TOKEN) {
-        return Err(ApiError::BadRequest(format!(
-            "token is longer than {MAX_TOKEN} characters"
-        )));
-    }
+    let request = body.request(voucher)?;
     let keys = VoucherKeys::new(&state.cfg.prefix, voucher)?;
     // Outside the sale window (by a cached window, about a second old)
     // nothing can win: answered here, no script run.
@@ -101,48 +91,21 @@ pub async fn create(
             ApiError::Unavailable(format!("the gate did not answer: {e}"))
         })?;
     if let Some(outcome) = early {
-        return Ok(respond(voucher, user, outcome));
+        return Ok(respond(voucher, request.user, outcome));
     }
-    // The user's bucket's gate, by the layout read with the window (the
-    // voucher's one gate unless it is split).
-    let layout = match state.windows.layout(voucher) {
-        Some(layout) => Some(layout),
-        // Bucket 0's gate not loaded: lost while the other buckets sell on?
-        None => {
-            state
-                .windows
-                .routing(&state.db, &state.cfg.prefix, voucher)
-                .await
-        }
-    };
-    let keys = match layout {
-        Some(layout) => layout.keys_of_user(user)?,
-        None => keys,
-    };
-    // Nothing is sent before this: a refusal here is a plain 503.
-    let order_id = state
-        .ids
-        .next_id()
-        .map_err(|e| ApiError::Unavailable(e.to_string()))?;
-    let attempt = admission::Attempt {
-        voucher,
-        user,
-        order_id,
-        token: body.token.as_deref(),
-        quantity,
-    };
+    let gates = state
+        .windows
+        .gates(&state.db, &state.cfg.prefix, voucher)
+        .await;
     let mut conn = state.purchase_redis();
-    let call = admission::admit_durably(&mut conn, &keys, attempt, state.wait);
-    // From here the script may have run: a failure is never told as a
-    // refusal (a retry answers already_bought if it did).
-    let (outcome, replicas_acked) = match tokio::time::timeout(state.request_timeout, call).await {
-        Ok(Ok(answer)) => answer,
-        // Refused by the script before any write (a quantity above the
-        // voucher's limit).
-        Ok(Err(crate::error::Error::QuantityRefused(m))) => return Err(ApiError::BadRequest(m)),
-        Ok(Err(e)) => {
+    let call = purchase(&mut conn, &*gates, &state.ids, request, state.wait);
+    let purchased = match tokio::time::timeout(state.request_timeout, call).await {
+        Ok(Ok(purchased)) => purchased,
+        Ok(Err(Failed::NotSent(e))) => return Err(ApiError::Unavailable(e.to_string())),
+        Ok(Err(Failed::Refused(reason))) => return Err(ApiError::BadRequest(reason)),
+        Ok(Err(Failed::Unknown(e))) => {
             state.metrics.redis_error();
-            tracing::warn!("voucher {voucher}: admission of user {user}: {e}");
+            tracing::warn!("voucher {voucher}: admission of user {}: {e}", request.user);
             return Err(ApiError::Unknown(format!(
                 "the gate's answer was lost ({e}); the purchase may or may not have happened: retry it"
             )));
@@ -160,22 +123,40 @@ pub async fn create(
             "the gate's answer was lost ({e}); the purchase may or may not have happened: retry it"
         )));
     }
-    if outcome == Admission::AlreadyBought {
-        return Ok(already_bought(&state, voucher, user).await);
+    if purchased.outcome == Admission::AlreadyBought {
+        return Ok(already_bought(&state, voucher, request.user).await);
     }
-    if let (Some(wait), Some(acked)) = (state.wait, replicas_acked) {
-        if acked < wait.replicas {
-            tracing::warn!(
-                "voucher {voucher}: only {acked} of {} replica(s) had user {user}'s admission in time: a failover now could lose it",
-                wait.replicas
-            );
-        }
-    }
+    purchased.warn_if_replicas_short(&request, state.wait);
     let extra = Extra {
-        replicas_acked,
+        replicas_acked: purchased.replicas_acked,
         ..Extra::default()
     };
-    Ok(answer(voucher, user, outcome, extra))
+    Ok(answer(voucher, request.user, purchased.outcome, extra))
+}
+
+impl PurchaseBody {
+    /// The purchase this body asks for, its fields checked as far as they
+    /// can be without the voucher (the script checks the quantity against
+    /// the voucher's per-user limit).
+    fn request(&self, voucher: u64) -> Result<Request<'_>, ApiError> {
+        let quantity = self.quantity.unwrap_or(1);
+        if !(1..=crate::orders::voucher::MAX_PER_USER_LIMIT).contains(&quantity) {
+            return Err(ApiError::BadRequest(format!(
+                "quantity {quantity} is out of range: 1 to the voucher's per-user limit"
+            )));
+        }
+        if self.token.as_ref().is_some_and(|t| t.len() > MAX_TOKEN) {
+            return Err(ApiError::BadRequest(format!(
+                "token is longer than {MAX_TOKEN} characters"
+            )));
+        }
+        Ok(Request {
+            voucher,
+            user: self.user.0,
+            token: self.token.as_deref(),
+            quantity,
+        })
+    }
 }
 
 /// How long an already_bought answer may wait for MySQL to name the order.

@@ -175,6 +175,16 @@ impl SaleWindows {
         }
     }
 
+    /// Each buyer's gate: by the layout read with the window, else the
+    /// one kept or recorded (bucket 0's gate not loaded: lost while the
+    /// other buckets sell on?), else the voucher's one gate.
+    pub async fn gates(&self, db: &Db, prefix: &str, voucher: u64) -> Arc<Layout> {
+        match self.routing(db, prefix, voucher).await {
+            Some(layout) => layout,
+            None => Arc::new(Layout::single(prefix, voucher)),
+        }
+    }
+
     fn keep_split(&self, voucher: u64, layout: &Arc<Layout>) {
         if layout.buckets() > 1 {
             if let Ok(mut split) = self.split.lock() {

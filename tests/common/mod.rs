@@ -696,7 +696,7 @@ impl TestEnv {
         voucher: u64,
         users: u64,
         offset: u64,
-    ) -> seckill::gate::bench::BenchReport {
+    ) -> seckill::bench::BenchReport {
         self.sale_in_background(voucher, users, offset, users, 64)
             .await
             .expect("admissions")
@@ -711,7 +711,7 @@ impl TestEnv {
         offset: u64,
         attempts: u64,
         concurrency: usize,
-    ) -> tokio::task::JoinHandle<seckill::gate::bench::BenchReport> {
+    ) -> tokio::task::JoinHandle<seckill::bench::BenchReport> {
         self.sale_of_quantities_in_background(voucher, users, offset, attempts, concurrency, (1, 1))
     }
 
@@ -725,9 +725,9 @@ impl TestEnv {
         attempts: u64,
         concurrency: usize,
         quantity: (u32, u32),
-    ) -> tokio::task::JoinHandle<seckill::gate::bench::BenchReport> {
+    ) -> tokio::task::JoinHandle<seckill::bench::BenchReport> {
         let cfg = self.cfg.clone();
-        let plan = seckill::gate::bench::BenchPlan {
+        let plan = seckill::bench::BenchPlan {
             voucher,
             users,
             user_offset: offset,
@@ -741,7 +741,7 @@ impl TestEnv {
             quantity,
         };
         tokio::spawn(async move {
-            seckill::gate::bench::run(&cfg, &plan, Default::default())
+            seckill::bench::run(&cfg, &plan, Default::default())
                 .await
                 .expect("admissions")
         })

@@ -13,10 +13,11 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::gate::admission::{admit_durably, Attempt, ReplicaWait, OUTCOME_NAMES};
+use crate::gate::admission::{Admission, ReplicaWait, OUTCOME_NAMES};
 use crate::gate::buckets::bucket_of;
 use crate::gate::token;
 use crate::orders::voucher::{validate_id, MAX_ID};
+use crate::purchase::{purchase, Request};
 use crate::store::config::Config;
 use crate::store::keys::VoucherKeys;
 use crate::store::node_lease::OrderIds;
@@ -239,30 +240,20 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
                 let user = plan.user_offset + i % plan.users + 1;
                 let t0 = Instant::now();
                 let quantity = plan.quantity_of(i);
-                let attempt = match ids.next_id() {
-                    Ok(order) => {
-                        let token = tokens.get((i % plan.users) as usize);
-                        let token = token.map(String::as_str);
-                        let attempt = Attempt {
-                            voucher: plan.voucher,
-                            user,
-                            order_id: order,
-                            token,
-                            quantity,
-                        };
-                        let keys = &keys[bucket_of(user, keys.len() as u32) as usize];
-                        admit_durably(&mut conn, keys, attempt, plan.wait_replicas).await
-                    }
-                    Err(e) => Err(e),
+                let token = tokens.get((i % plan.users) as usize);
+                let request = Request {
+                    voucher: plan.voucher,
+                    user,
+                    token: token.map(String::as_str),
+                    quantity,
                 };
-                match attempt {
-                    Ok((outcome, acked)) => {
-                        r.counts[outcome.code()] += 1;
-                        if matches!(outcome, crate::gate::admission::Admission::Admitted { .. }) {
+                match purchase(&mut conn, &keys[..], &ids, request, plan.wait_replicas).await {
+                    Ok(purchased) => {
+                        r.counts[purchased.outcome.code()] += 1;
+                        if matches!(purchased.outcome, Admission::Admitted { .. }) {
                             r.units += u64::from(quantity);
                         }
-                        let asked = plan.wait_replicas.map_or(0, |w| w.replicas);
-                        r.replicas_short += u64::from(acked.is_some_and(|a| a < asked));
+                        r.replicas_short += u64::from(purchased.replicas_short(plan.wait_replicas));
                     }
                     Err(e) => {
                         r.errors += 1;

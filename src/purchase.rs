@@ -1,0 +1,174 @@
+//! One purchase, as `seckill buy`, `seckill bench` and `seckill serve` make
+//! it: the buyer's own bucket's gate, a fresh order id, the admission script
+//! (with the wait for replicas when asked), the outcome typed. Callers parse
+//! their input, call [`purchase`] and render what it says.
+
+use std::borrow::Cow;
+
+use crate::error::Error;
+use crate::gate::admission::{admit_durably, Admission, Attempt, ReplicaWait};
+use crate::gate::buckets::bucket_of;
+use crate::store::keys::VoucherKeys;
+use crate::store::layout::Layout;
+use crate::store::node_lease::OrderIds;
+use crate::store::redis_conn::RedisConn;
+
+/// Who buys how many units of which voucher, with which admission token.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    pub voucher: u64,
+    pub user: u64,
+    pub token: Option<&'a str>,
+    pub quantity: u32,
+}
+
+/// What the gate answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Purchased {
+    pub outcome: Admission,
+    /// After a success, when a wait for replicas was asked: how many had it.
+    pub replicas_acked: Option<u32>,
+}
+
+impl Purchased {
+    /// Fewer replicas than asked had the admission when the wait ended: a
+    /// failover now could lose it.
+    pub fn replicas_short(&self, wait: Option<ReplicaWait>) -> bool {
+        matches!((wait, self.replicas_acked), (Some(w), Some(acked)) if acked < w.replicas)
+    }
+
+    /// Logs a success that fewer replicas than asked had.
+    pub fn warn_if_replicas_short(&self, request: &Request<'_>, wait: Option<ReplicaWait>) {
+        if let (true, Some(wait), Some(acked)) =
+            (self.replicas_short(wait), wait, self.replicas_acked)
+        {
+            tracing::warn!(
+                "voucher {}: only {acked} of {} replica(s) had user {}'s admission within {}: a failover now could lose it",
+                request.voucher,
+                wait.replicas,
+                request.user,
+                humantime::format_duration(wait.timeout)
+            );
+        }
+    }
+}
+
+/// Why there is no answer. What a caller may tell the buyer differs: only
+/// [`Failed::NotSent`] and [`Failed::Refused`] say the purchase did not
+/// happen.
+#[derive(Debug)]
+pub enum Failed {
+    /// Nothing reached the gate (no order id could be minted, the buyer's
+    /// gate could not be named): the purchase did not happen.
+    NotSent(Error),
+    /// The gate refused the request's input before writing anything (a
+    /// quantity above the voucher's per-user limit).
+    Refused(String),
+    /// The request may have reached the gate: whether the buyer holds a
+    /// unit is unknown. A retry is safe (one order per user): it answers
+    /// already bought if the first went through.
+    Unknown(Error),
+}
+
+impl From<Failed> for Error {
+    fn from(f: Failed) -> Error {
+        match f {
+            Failed::NotSent(e) | Failed::Unknown(e) => e,
+            Failed::Refused(reason) => Error::QuantityRefused(reason),
+        }
+    }
+}
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failed::NotSent(e) | Failed::Unknown(e) => e.fmt(f),
+            Failed::Refused(reason) => write!(f, "invalid input: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for Failed {}
+
+/// Where a voucher's buyers are admitted: each user's bucket's gate.
+pub trait Gates {
+    fn gate_of(&self, user: u64) -> crate::Result<Cow<'_, VoucherKeys>>;
+}
+
+/// A layout names each bucket's keys when asked.
+impl Gates for Layout {
+    fn gate_of(&self, user: u64) -> crate::Result<Cow<'_, VoucherKeys>> {
+        self.keys_of_user(user).map(Cow::Owned)
+    }
+}
+
+/// Every bucket's keys made once, bucket 0's first (the load generator:
+/// nothing is built per attempt).
+impl Gates for [VoucherKeys] {
+    fn gate_of(&self, user: u64) -> crate::Result<Cow<'_, VoucherKeys>> {
+        let buckets = u32::try_from(self.len()).unwrap_or(u32::MAX);
+        self.get(bucket_of(user, buckets) as usize)
+            .map(Cow::Borrowed)
+            .ok_or_else(|| Error::InvalidInput("a voucher with no gate".into()))
+    }
+}
+
+/// One purchase: routed to the user's bucket's gate, with a fresh order id
+/// from `ids`, admitted by the script, and after a success waited on until
+/// `wait`'s replicas have it (when asked).
+pub async fn purchase(
+    conn: &mut impl RedisConn,
+    gates: &(impl Gates + ?Sized),
+    ids: &OrderIds,
+    request: Request<'_>,
+    wait: Option<ReplicaWait>,
+) -> Result<Purchased, Failed> {
+    prepare(gates, ids, request)?.send(conn, wait).await
+}
+
+/// A purchase routed and given its order id, not sent yet.
+pub struct Prepared<'a> {
+    keys: Cow<'a, VoucherKeys>,
+    attempt: Attempt<'a>,
+}
+
+/// The steps of a purchase before anything is sent: a failure here is
+/// always [`Failed::NotSent`]. (`seckill buy` gives its node id back
+/// between the two steps.)
+pub fn prepare<'a>(
+    gates: &'a (impl Gates + ?Sized),
+    ids: &OrderIds,
+    request: Request<'a>,
+) -> Result<Prepared<'a>, Failed> {
+    let keys = gates.gate_of(request.user).map_err(Failed::NotSent)?;
+    let order_id = ids.next_id().map_err(Failed::NotSent)?;
+    let attempt = Attempt {
+        voucher: request.voucher,
+        user: request.user,
+        order_id,
+        token: request.token,
+        quantity: request.quantity,
+    };
+    Ok(Prepared { keys, attempt })
+}
+
+impl Prepared<'_> {
+    /// The admission, and the wait for replicas when asked.
+    pub async fn send(
+        self,
+        conn: &mut impl RedisConn,
+        wait: Option<ReplicaWait>,
+    ) -> Result<Purchased, Failed> {
+        // From here the script may have run: a failure is never told as a
+        // refusal, except the script's own refusal of the quantity, which
+        // it makes before writing anything.
+        match admit_durably(conn, &self.keys, self.attempt, wait).await {
+            Ok((outcome, replicas_acked)) => Ok(Purchased {
+                outcome,
+                replicas_acked,
+            }),
+            Err(Error::QuantityRefused(reason)) => Err(Failed::Refused(reason)),
+            Err(e) => Err(Failed::Unknown(e)),
+        }
+    }
+}
