@@ -424,7 +424,10 @@ async fn a_gate_missing_from_the_registry_is_registered_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn large_sets_are_scanned_in_pieces_and_read_whole() {
     // Over 10,000 buyers and deadlines: read by SSCAN/ZSCAN, not one command.
-    let env = TestEnv::new().await;
+    // A Redis of the test's own, so that its command counts are this
+    // reconcile's.
+    let own = common::own_redis::OwnRedis::start();
+    let env = TestEnv::on_redis(&own.url()).await;
     env.live_voucher(V, 12_000).await;
     env.admit_users(V, 12_000, 0).await;
     env.spawn_worker(&["--until-idle", "--block", "100ms", "--batch", "1024"])
@@ -436,6 +439,24 @@ async fn large_sets_are_scanned_in_pieces_and_read_whole() {
     let _: () = redis.srem(keys.buyers(), &[5, 11_999]).await.unwrap();
     let last: Vec<u64> = redis.zrange(keys.timeouts(), -1, -1).await.unwrap();
     let _: () = redis.zrem(keys.timeouts(), last[0]).await.unwrap();
+    // The drift sends reconcile past its look by counts to the full read:
+    // 12,000 members at most 5,000 a page, three pages at least of each.
+    assert_eq!(own.cli(&["config", "resetstat"]).trim(), "OK");
+    let (code, report) = reconcile(&env, &["--dry-run"]);
+    assert_eq!(code, 3, "{report:#}");
+    let stats = own.cli(&["info", "commandstats"]);
+    let calls = |cmd: &str| -> u64 {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(calls("sscan") >= 3, "buyers not scanned in pieces: {stats}");
+    assert!(
+        calls("zscan") >= 3,
+        "deadlines not scanned in pieces: {stats}"
+    );
     find_and_repair(&env, &[("buyers_missing", 2), ("deadline_missing", 1)]).await;
     env.cleanup().await;
 }

@@ -16,8 +16,7 @@ use common::invariants::assert_invariants;
 use common::own_redis::OwnRedis;
 use common::{fast_worker, TestEnv};
 use redis::{AsyncCommands, Script, Value};
-use seckill::gate::admission::admit;
-use seckill::store::keys::{VoucherKeys, WORKER_GROUP};
+use seckill::store::keys::VoucherKeys;
 use seckill::store::scripts;
 use seckill::worker::lock::LockOwner;
 
@@ -357,33 +356,6 @@ async fn a_replayed_lock_acquisition_is_freed_by_the_one_release() {
     env.cleanup().await;
 }
 
-/// Admits `user` under `order` and dead-letters its entry with `reason`, as
-/// the worker does after the last try (dead letter, then XACK).
-async fn admit_and_dead_letter(env: &TestEnv, user: u64, order: u64, reason: &str) -> String {
-    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
-    let mut redis = env.redis().await;
-    let outcome = admit(&mut redis, &keys, V, user, order, None)
-        .await
-        .unwrap();
-    assert_eq!(outcome.name(), "success");
-    let read = env.read_as(V, "dead-letterer", 1).await;
-    let e = &read[0];
-    let mut fields: Vec<(String, String)> = vec![
-        ("entry".into(), e.id.clone()),
-        ("reason".into(), reason.into()),
-        ("deliveries".into(), "6".into()),
-    ];
-    for (k, v) in &e.map {
-        fields.push((k.clone(), redis::from_redis_value(v.clone()).unwrap()));
-    }
-    let dead: String = redis.xadd(keys.dead(), "*", &fields).await.unwrap();
-    let _: () = redis
-        .xack(keys.orders(), WORKER_GROUP, &[&e.id])
-        .await
-        .unwrap();
-    dead
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replayed_requeue_reports_what_it_did_and_takes_nothing_twice() {
     let own = OwnRedis::start();
@@ -392,9 +364,13 @@ async fn a_replayed_requeue_reports_what_it_did_and_takes_nothing_twice() {
     let keys = VoucherKeys::new(&env.prefix, V).unwrap();
     let mut redis = env.redis().await;
     // Still a buyer: requeued on the unit its admission took.
-    let held = admit_and_dead_letter(&env, 4, 9_000_004, "voucher 1 is not in MySQL").await;
+    let held = env
+        .admit_and_dead_letter(V, 4, 9_000_004, "voucher 1 is not in MySQL")
+        .await;
     // Freed by reconcile since: a unit is taken again.
-    let freed = admit_and_dead_letter(&env, 5, 9_000_005, "no stock in MySQL").await;
+    let freed = env
+        .admit_and_dead_letter(V, 5, 9_000_005, "no stock in MySQL")
+        .await;
     let changed: i64 = redis.srem(keys.buyers(), 5).await.unwrap();
     env.move_digest(V, "buyers_digest", &[5], -changed).await;
     let _: () = redis.incr(keys.stock(), 1).await.unwrap();

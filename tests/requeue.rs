@@ -9,36 +9,9 @@ use common::invariants::assert_invariants;
 use common::{fast_worker, TestEnv};
 use redis::AsyncCommands;
 use seckill::gate::admission::admit;
-use seckill::store::keys::{VoucherKeys, WORKER_GROUP};
+use seckill::store::keys::VoucherKeys;
 
 const V: u64 = 1;
-
-/// Admits `user` at the gate under `order`, then dead-letters its entry with
-/// `reason`, as the worker does after the last try (dead letter, then XACK).
-async fn admit_and_dead_letter(env: &TestEnv, user: u64, order: u64, reason: &str) -> String {
-    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
-    let mut redis = env.redis().await;
-    let outcome = admit(&mut redis, &keys, V, user, order, None)
-        .await
-        .unwrap();
-    assert_eq!(outcome.name(), "success");
-    let read = env.read_as(V, "dead-letterer", 1).await;
-    let e = &read[0];
-    let mut fields: Vec<(String, String)> = vec![
-        ("entry".into(), e.id.clone()),
-        ("reason".into(), reason.into()),
-        ("deliveries".into(), "6".into()),
-    ];
-    for (k, v) in &e.map {
-        fields.push((k.clone(), redis::from_redis_value(v.clone()).unwrap()));
-    }
-    let dead: String = redis.xadd(keys.dead(), "*", &fields).await.unwrap();
-    let _: () = redis
-        .xack(keys.orders(), WORKER_GROUP, &[&e.id])
-        .await
-        .unwrap();
-    dead
-}
 
 fn outcome_of<'a>(report: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
     report["entries"]
@@ -62,30 +35,39 @@ async fn every_kind_of_dead_letter_is_requeued_or_kept_without_breaking_the_gate
     let order_of = |user: u64| stored.iter().find(|o| o.1 == user).unwrap().0;
 
     // Its user is still a buyer: the unit taken at its admission is held.
-    let held = admit_and_dead_letter(&env, 4, 9_000_004, "voucher 1 is not in MySQL").await;
+    let held = env
+        .admit_and_dead_letter(V, 4, 9_000_004, "voucher 1 is not in MySQL")
+        .await;
     // Reconcile freed its user and gave the unit back since: requeueing
     // must take a unit at the gate again.
-    let freed = admit_and_dead_letter(&env, 5, 9_000_005, "no stock in MySQL").await;
+    let freed = env
+        .admit_and_dead_letter(V, 5, 9_000_005, "no stock in MySQL")
+        .await;
     let changed: i64 = redis.srem(keys.buyers(), 5).await.unwrap();
     env.move_digest(V, "buyers_digest", &[5], -changed).await;
     let _: () = redis.incr(keys.stock(), 1).await.unwrap();
     // Its order id is another order's: requeued under a fresh one.
-    let collided = admit_and_dead_letter(
-        &env,
-        6,
-        order_of(2),
-        "order id collides with the order of user 2",
-    )
-    .await;
+    let collided = env
+        .admit_and_dead_letter(
+            V,
+            6,
+            order_of(2),
+            "order id collides with the order of user 2",
+        )
+        .await;
     // A second admission of a user who holds an order: kept.
     let changed: i64 = redis.srem(keys.buyers(), 1).await.unwrap();
     env.move_digest(V, "buyers_digest", &[1], -changed).await;
-    let second = admit_and_dead_letter(&env, 1, 9_000_011, "user 1 already holds an order").await;
+    let second = env
+        .admit_and_dead_letter(V, 1, 9_000_011, "user 1 already holds an order")
+        .await;
     // The gate was one unit ahead of MySQL (Redis lost a write): the unit
     // its admission took was never backed, so requeueing must take one at
     // the gate although its user is still a buyer.
     let _: () = redis.incr(keys.stock(), 1).await.unwrap();
-    let unbacked = admit_and_dead_letter(&env, 7, 9_000_007, "no stock in MySQL").await;
+    let unbacked = env
+        .admit_and_dead_letter(V, 7, 9_000_007, "no stock in MySQL")
+        .await;
     // Poison: kept.
     let poison: String = redis
         .xadd(
@@ -178,7 +160,9 @@ async fn a_dead_letter_whose_unit_went_elsewhere_is_not_requeued_when_none_is_le
     env.live_voucher(V, 1).await;
     let keys = VoucherKeys::new(&env.prefix, V).unwrap();
     let mut redis = env.redis().await;
-    let freed = admit_and_dead_letter(&env, 8, 9_000_008, "no stock in MySQL").await;
+    let freed = env
+        .admit_and_dead_letter(V, 8, 9_000_008, "no stock in MySQL")
+        .await;
     // Reconcile gave its unit back; another user bought it.
     let changed: i64 = redis.srem(keys.buyers(), 8).await.unwrap();
     env.move_digest(V, "buyers_digest", &[8], -changed).await;

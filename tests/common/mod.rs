@@ -800,6 +800,41 @@ impl TestEnv {
             .unwrap_or_default()
     }
 
+    /// Admits `user` at the voucher's gate under `order`, then dead-letters
+    /// its entry with `reason`, as the worker does after the last try (dead
+    /// letter, then XACK); returns the dead letter's id.
+    pub async fn admit_and_dead_letter(
+        &self,
+        voucher: u64,
+        user: u64,
+        order: u64,
+        reason: &str,
+    ) -> String {
+        let keys = seckill::store::keys::VoucherKeys::new(&self.prefix, voucher).unwrap();
+        let mut redis = self.redis().await;
+        let outcome =
+            seckill::gate::admission::admit(&mut redis, &keys, voucher, user, order, None)
+                .await
+                .unwrap();
+        assert_eq!(outcome.name(), "success");
+        let read = self.read_as(voucher, "dead-letterer", 1).await;
+        let e = &read[0];
+        let mut fields: Vec<(String, String)> = vec![
+            ("entry".into(), e.id.clone()),
+            ("reason".into(), reason.into()),
+            ("deliveries".into(), "6".into()),
+        ];
+        for (k, v) in &e.map {
+            fields.push((k.clone(), redis::from_redis_value(v.clone()).unwrap()));
+        }
+        let dead: String = redis.xadd(keys.dead(), "*", &fields).await.unwrap();
+        let _: () = redis
+            .xack(keys.orders(), seckill::store::keys::WORKER_GROUP, &[&e.id])
+            .await
+            .unwrap();
+        dead
+    }
+
     /// `seckill pending --voucher V --requeue --yes --format json`.
     pub fn requeue(&self, voucher: u64) -> std::process::Output {
         self.cmd()
