@@ -30,6 +30,8 @@ scripts/package.sh --install-cargo-deb
 
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
+# The library's API docs: a broken intra-doc link is an error.
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked
 
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --locked --no-fail-fast --test-threads 4 "$@"

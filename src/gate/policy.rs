@@ -87,7 +87,7 @@ pub async fn publish(
 }
 
 /// Publishes `policy` whatever version the gate holds, and leaves it
-/// without one (lua/policy.lua without ARGV[3]).
+/// without one (lua/policy.lua without `ARGV[3]`).
 pub async fn publish_unversioned(
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
