@@ -123,6 +123,31 @@ fn the_package_installs_works_from_its_paths_and_purges_cleanly() {
             "/lib/systemd/system/seckill-serve.service",
         ],
     );
+    // The installed front page's links lead to installed pages, and so do
+    // theirs (the book's pages are installed in the repository's layout).
+    let doc = Path::new("/usr/share/doc/seckill");
+    let mut pages = vec![doc.join("README.md")];
+    let mut seen = std::collections::BTreeSet::new();
+    while let Some(page) = pages.pop() {
+        if !seen.insert(page.clone()) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&page)
+            .unwrap_or_else(|e| panic!("{} not installed: {e}", page.display()));
+        for target in relative_links(&text) {
+            let linked = page.parent().unwrap().join(&target);
+            assert!(
+                linked.exists(),
+                "{} links to {target}, not installed",
+                page.display()
+            );
+            if target.ends_with(".md") {
+                pages.push(linked.canonicalize().unwrap());
+            }
+        }
+    }
+    assert!(seen.len() > 40, "only {} pages reached", seen.len());
+
     // The user the units run as, the environment file readable by it,
     // and nothing started.
     run("id", &["seckill"]);
@@ -164,4 +189,15 @@ fn the_package_installs_works_from_its_paths_and_purges_cleanly() {
     ] {
         assert!(!Path::new(gone).exists(), "{gone} left after purge");
     }
+}
+
+/// The targets of a Markdown page's relative links (`](path)` or
+/// `](path#anchor)`), without the anchor.
+fn relative_links(text: &str) -> Vec<String> {
+    text.split("](")
+        .skip(1)
+        .filter_map(|rest| rest.split(')').next())
+        .map(|target| target.split('#').next().unwrap_or("").to_string())
+        .filter(|t| !t.is_empty() && !t.contains("://") && !t.starts_with("mailto:"))
+        .collect()
 }
