@@ -24,8 +24,8 @@
 -- then     N, the number of dead letters, then N triples: entry id, reason, deliveries
 -- then     U, the number of locks to release, then U user ids
 -- then     C, the number of entry ids that follow whose orders this batch
---          inserted into MySQL, then those C ids (**new**, the witness of
---          MySQL's commits: each adds one to meta's `committed` when its
+--          inserted into MySQL, then those C ids (the witness of MySQL's
+--          commits: each adds one to meta's `committed` when its
 --          XACK succeeds, so a replay adds nothing; the gate guard finds a
 --          MySQL that lost commits by it having fewer orders than that)
 -- then     the other entry ids to acknowledge (dead-lettered ones, and

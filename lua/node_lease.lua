@@ -3,8 +3,9 @@
 -- node id mints an id a former holder already minted.
 --
 -- Public contract: application servers that mint the order ids they pass to
--- lua/seckill.lua take part the same way `seckill` does (see the README,
--- "Order ids"). Both keys carry the hash tag {nodes}: one Cluster slot.
+-- lua/seckill.lua take part the same way `seckill` does (see
+-- docs/src/concepts/order-ids.md). Both keys carry the hash tag {nodes}:
+-- one Cluster slot.
 --
 -- KEYS[1]  seckill:{nodes}:lease:<N>  string  the holder's token, with a TTL
 -- KEYS[2]  seckill:{nodes}:clock      hash    N -> the highest id time (Unix

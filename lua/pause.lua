@@ -26,7 +26,7 @@
 --                  reopen succeeds: workers whose batches Redis lost take it
 --                  to notice and hold the gate. A pause of a gate already
 --                  paused extends a shorter grace.
---          ARGV[4] optional (**new**): why, written to meta's paused_reason
+--          ARGV[4] optional: why, written to meta's paused_reason
 --                  (`redis_lost_writes`, `mysql_lost_commits`) for `status`;
 --                  the latest pause's reason is kept, and a reopen drops it
 -- reopen:  ARGV[2] required: the order count; the gate reopens only if it has

@@ -15,9 +15,9 @@
 --          at once, the older one cannot land last. Absent or empty (a
 --          caller older than the version): published unconditionally, and
 --          meta's policy_version is removed, as the policy it named is gone.
--- ARGV[4]  optional (**new**): per_user_limit, the most units one purchase
+-- ARGV[4]  optional: per_user_limit, the most units one purchase
 --          may take (1 .. 100); absent: meta's stays as it is
--- ARGV[5]  optional, with ARGV[4] (**new**): waitlist_limit, the most
+-- ARGV[5]  optional, with ARGV[4]: waitlist_limit, the most
 --          requests that may wait (decimal), or '' for no cap (removed)
 --
 -- Returns 1 when published, 0 when the voucher is not loaded at the gate

@@ -6,7 +6,7 @@
 -- KEYS[1]  seckill:{V}:meta            hash   written: total, begin_ms, end_ms, pay_timeout_ms,
 --                                             user_rate, require_token, policy_version,
 --                                             per_user_limit, waitlist_limit, published_run,
---                                             run_id (**new**: this server's, lua/lib/server_checked.lua)
+--                                             run_id (this server's, lua/lib/server_checked.lua)
 -- KEYS[2]  seckill:{V}:stock           string set to ARGV[5]
 -- KEYS[3]  seckill:{V}:buyers          set    replaced by KEYS[4] (or emptied when KEYS[4] is absent)
 -- KEYS[4]  seckill:{V}:buyers:staging:<run>  set  the rebuilt buyers, consumed
@@ -29,7 +29,7 @@
 --                                       key's creation)
 --
 -- KEYS[10] seckill:{V}:pool            string optional, bucket 0 of a voucher in
---                                       buckets only (**new**): set to ARGV[23],
+--                                       buckets only: set to ARGV[23],
 --                                       the units given to no bucket
 --
 -- `hold_is_live` comes from lua/lib/holds.lua, which the binary prepends.
@@ -54,20 +54,20 @@
 --            otherwise ARGV[10..11] are written and the version recorded.
 --            Absent or empty: ARGV[10..11] are written and meta's
 --            policy_version is removed.
--- ARGV[16]   optional (**new**): per_user_limit, written with ARGV[10..11]
--- ARGV[17]   optional, with ARGV[16] (**new**): waitlist_limit, '' for no
+-- ARGV[16]   optional: per_user_limit, written with ARGV[10..11]
+-- ARGV[17]   optional, with ARGV[16]: waitlist_limit, '' for no
 --            cap (meta's field is removed)
--- ARGV[18..19] optional, with ARGV[16..17] (**new**): the digests
+-- ARGV[18..19] optional, with ARGV[16..17]: the digests
 --            (lua/lib/digest.lua) of the members staged in KEYS[4] and
 --            KEYS[7], written to meta's buyers_digest and released_digest
 --            with the sets; absent, both fields are removed (a digest of
 --            the sets replaced would be wrong)
--- ARGV[20..22] optional, with ARGV[18..19] (**new**): the gate's bucket,
+-- ARGV[20..22] optional, with ARGV[18..19]: the gate's bucket,
 --            the voucher's bucket count and (bucket 0 only, '' for the
 --            others) every bucket's tag, space-separated: meta's bucket,
 --            buckets and bucket_tags, which lua/seckill.lua routes by;
 --            absent, the three fields are removed (a voucher of one gate)
--- ARGV[23]   with KEYS[10] (**new**): the pool's units
+-- ARGV[23]   with KEYS[10]: the pool's units
 --
 -- Returns 1 when published (or when this run had published already),
 -- 0 when refused: nothing is written then and the staging sets are dropped.

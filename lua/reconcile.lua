@@ -13,7 +13,7 @@
 -- KEYS[4]  seckill:{V}:released   KEYS[8]  seckill:{V}:meta
 --                                 KEYS[9]  seckill:{V}:holds     (optional)
 --                                 KEYS[10] seckill:{V}:waitlist_quantity (optional,
---                                          with KEYS[9]; **new**)
+--                                          with KEYS[9])
 --
 -- `serve_waitlist` comes from lua/lib/waitlist.lua, which the binary
 -- prepends with lua/lib/holds.lua.

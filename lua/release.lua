@@ -31,8 +31,8 @@
 --                                          worker holds the gate, a repair's
 --                                          release is deferred too)
 --                                 KEYS[10] seckill:{V}:waitlist_quantity (optional,
---                                          with KEYS[9]; **new**: the units
---                                          waiting requests want, absent: 1)
+--                                          with KEYS[9]): the units waiting
+--                                          requests want (absent: 1)
 --
 -- ARGV[1]  voucher id
 -- ARGV[2]  while the gate is paused (meta paused = 1, lua/pause.lua): '' to
@@ -41,13 +41,12 @@
 --          being rebuilt), or the pause_token of the view the caller has just
 --          repaired the gate on (reconcile): then it goes on if no pause came
 --          since.
--- ARGV[3]  N, then N triples (**changed in this release**: pairs before):
---          cancelled order id, the units it holds (its quantity), a fresh
---          order id for a promotion
--- then     F, then F more fresh order ids (**new**): promotions may be more
---          than the orders released (one order of 3 units serves three
---          requests of 1); pass the units released less N plus the
---          voucher's per-user limit, enough for any release
+-- ARGV[3]  N, then N triples: cancelled order id, the units it holds (its
+--          quantity), a fresh order id for a promotion
+-- then     F, then F more fresh order ids: promotions may be more than the
+--          orders released (one order of 3 units serves three requests of
+--          1); pass the units released less N plus the voucher's per-user
+--          limit, enough for any release
 -- then     order ids whose deadline is simply dropped (paid, or unknown to MySQL)
 --
 -- Returns {released, promoted, deferred}: units given back now (orders
@@ -69,10 +68,10 @@
 --   voucher         the voucher id
 --   released_order  a cancelled order released in the same call (its units
 --                   joined the pool the promotion was served from)
---   quantity        the units the promoted order holds (**new**)
+--   quantity        the units the promoted order holds
 --   time_ms         Redis server time of the promotion (Unix ms)
 --   waited_ms       how long the request waited, from its first queueing
---                   (**new**; the waitlist's score, this master's clock)
+--                   (the waitlist's score, this master's clock)
 
 -- `hold_is_live` comes from lua/lib/holds.lua, `serve_waitlist` from
 -- lua/lib/waitlist.lua; the binary prepends both.

@@ -10,10 +10,10 @@
 -- KEYS[5]  seckill:{V}:waitlist  zset
 -- KEYS[6]  seckill:{V}:requeued  hash   dead-letter id -> "<code> <order id>" of
 --                                the letters requeued in the last day
--- KEYS[7]  seckill:{V}:waitlist_quantity  hash  (optional, **new**): the
+-- KEYS[7]  seckill:{V}:waitlist_quantity  hash  (optional): the
 --                                units a re-admitted user waited for go
 --                                with the user's place on the waitlist
--- KEYS[8]  seckill:{V}:meta      hash   (optional, with KEYS[7]; **new**): its
+-- KEYS[8]  seckill:{V}:meta      hash   (optional, with KEYS[7]): its
 --                                buyers_digest follows a user re-admitted
 --                                (lua/lib/digest.lua)
 -- ARGV     triples: a dead-letter entry id, the order id to requeue it

@@ -4,16 +4,16 @@
 -- Public contract: application servers in any language call this script with
 -- EVALSHA (load it once with SCRIPT LOAD; on NOSCRIPT, SCRIPT LOAD again).
 -- All keys carry the voucher's hash tag, so the script runs on one Redis
--- Cluster slot. With the default prefix `seckill` and voucher V (**new**:
--- a voucher split into N buckets has one gate per bucket, bucket b's keys
--- under the tag recorded in bucket 0's meta field bucket_tags, {V} for
--- bucket 0; a user belongs to bucket
+-- Cluster slot. With the default prefix `seckill` and voucher V (a voucher
+-- split into N buckets has one gate per bucket, bucket b's keys under the
+-- tag recorded in bucket 0's meta field bucket_tags, {V} for bucket 0; a
+-- user belongs to bucket
 --   first 8 bytes of SHA-1(decimal user id), big-endian, mod N
 -- and is admitted only there, code 10):
 --
 -- KEYS[1]  seckill:{V}:meta      hash   total, begin_ms, end_ms, pay_timeout_ms;
 --                                 an admission updates its buyers_digest
---                                 (**new**, lua/lib/digest.lua)
+--                                 (lua/lib/digest.lua)
 -- KEYS[2]  seckill:{V}:stock     string remaining units at the gate
 -- KEYS[3]  seckill:{V}:buyers    set    user ids that hold a unit
 -- KEYS[4]  seckill:{V}:waitlist  zset   user id -> first queued time (microseconds)
@@ -24,14 +24,14 @@
 --                                 when the voucher has a user rate)
 -- KEYS[8]  seckill:{V}:waitlist_quantity  hash  user -> units wanted, for
 --                                 waitlisted requests of more than one unit
---                                 (**new**; needed only with ARGV[5] > 1)
+--                                 (needed only with ARGV[5] > 1)
 --
 -- ARGV[1]  user id     decimal integer, 1 .. 9223372036854775807
 -- ARGV[2]  order id    decimal integer, 1 .. 9223372036854775807, a snowflake id
 --                      made by the caller (unique per attempt)
 -- ARGV[3]  voucher id  decimal integer, the V of the keys (written into the stream entry)
 -- ARGV[4]  token       the user's admission token, or empty / absent for none
--- ARGV[5]  quantity    **new**, optional: the units wanted, 1 .. the voucher's
+-- ARGV[5]  quantity    optional: the units wanted, 1 .. the voucher's
 --                      per-user limit (meta per_user_limit, 1 when absent);
 --                      empty / absent for 1
 --
@@ -47,16 +47,16 @@
 --                                  order entry appended to the stream
 --   {1, "already bought", 0}       the user already holds a unit of this voucher
 --   {2, "sold out", position}      no unit left; the user is on the waitlist at
---                                  this 1-based position (queued once, ever);
---                                  **new**: also when a voucher in buckets
+--                                  this 1-based position (queued once, ever).
+--                                  Also the answer when a voucher in buckets
 --                                  keeps this bucket's units for requests
 --                                  that came earlier (meta serve_up_to_until,
 --                                  set by the mover, is later than now and
 --                                  requests wait here), whatever the
 --                                  quantity asked (not code 9)
---   {2, "waiting for units", position}  (**new**) a voucher in buckets: this
---                                  bucket holds fewer units than asked (but
---                                  some) and the voucher's other buckets may
+--   {2, "waiting for units", position}  a voucher in buckets: this bucket
+--                                  holds fewer units than asked (but some)
+--                                  and the voucher's other buckets may
 --                                  hold them (meta units_free, published by
 --                                  the mover, is at least the quantity, or
 --                                  lapsed): the request waits on the
@@ -73,17 +73,17 @@
 --   {8, "bad token", 0}            the voucher requires a token and ARGV[4] is
 --                                  not the one issued for this user (missing,
 --                                  wrong, expired, or another user's/voucher's)
---   {9, "not enough stock", left}  **new**: fewer units left than asked for
---                                  (but some): nothing written, never a
---                                  partial order; for a voucher in buckets,
+--   {9, "not enough stock", left}  fewer units left than asked for (but
+--                                  some): nothing written, never a partial
+--                                  order; for a voucher in buckets,
 --                                  only when the mover's last word is that
 --                                  the whole voucher has fewer units free
 --                                  than asked (meta units_free, live)
---   {10, "wrong bucket", bucket}  **new**: the voucher is split into buckets
---                                  (meta buckets > 1) and this user belongs
---                                  to another: nothing written; call again
---                                  with the keys of that bucket
--- Code 2 with position 0 (**new**): sold out and the waitlist is full (meta
+--   {10, "wrong bucket", bucket}  the voucher is split into buckets (meta
+--                                  buckets > 1) and this user belongs to
+--                                  another: nothing written; call again with
+--                                  the keys of that bucket
+-- Code 2 with position 0: sold out and the waitlist is full (meta
 -- waitlist_limit requests wait): nothing written.
 -- Bad arguments are an error reply starting with "ERR seckill:".
 --

@@ -34,8 +34,8 @@
 -- Returns {code, reason, value}:
 --   {0, "set", 0}             the bound is set (or lifted)
 --   {3, "fenced", epoch}      the bucket has seen a later mover: nothing written
---   {4, "unchecked", 0}       (**new**) the bucket is on a server other than
---                             the one its state was last checked on (meta's
+--   {4, "unchecked", 0}       the bucket is on a server other than the one
+--                             its state was last checked on (meta's
 --                             run_id: lua/lib/server_checked.lua), not yet
 --                             checked by the gate guard: nothing written
 --   {5, "not loaded", 0}      meta has no begin_ms: nothing written

@@ -9,9 +9,9 @@
 -- bound, lua/serve_up_to.lua; a fresh order id per promotion, a `promote`
 -- entry in the order stream and a `promoted` event whose released_order is
 -- "0": the units came by transfer); what no waiting request fits joins its
--- stock. The mover passes no ids (**changed**): its units land in the
--- stock, and it serves the bucket's line once every move to it is done (a
--- give of 0 units, ARGV[2]). The pool receiving units only adds them.
+-- stock. The mover passes no ids: its units land in the stock, and it
+-- serves the bucket's line once every move to it is done (a give of 0
+-- units, ARGV[2]). The pool receiving units only adds them.
 --
 -- KEYS[1]  the receiver's meta (the pool's: bucket 0's): fields paused,
 --          mover_epoch, begin_ms; promotions and buyers_digest as a release keeps them;
@@ -25,7 +25,7 @@
 -- KEYS[6]  seckill:{V.b.s}:orders
 --
 -- ARGV[1]  transfer id (the one taken)
--- ARGV[2]  its units (what the take answered); 0 (**new**) for a bucket:
+-- ARGV[2]  its units (what the take answered); 0 for a bucket:
 --          a serve, with no take before it: the bucket serves its waitlist
 --          from the stock it holds (the mover, after raising the bound of
 --          lua/serve_up_to.lua); its id, above every serve id before it
@@ -46,9 +46,9 @@
 --                            nothing written, the giver takes them back
 --   {3, "fenced", epoch}     the receiver has seen a later mover
 --   {4, "paused", 0}         the receiver's gate is paused (being rebuilt),
---                            or (**changed**) on a server other than the
---                            one its state was last checked on (meta's
---                            run_id: lua/lib/server_checked.lua), not yet
+--                            or on a server other than the one its state
+--                            was last checked on (meta's run_id:
+--                            lua/lib/server_checked.lua), not yet
 --                            checked by the gate guard: the units stay in
 --                            transit, give again later
 --   {5, "not loaded", 0}     the receiver's gate is not loaded (meta has no

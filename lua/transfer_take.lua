@@ -34,8 +34,8 @@
 --   {1, "short", stock}   fewer than ARGV[4] units: nothing written
 --   {2, "fenced", epoch}  the giver has seen a later mover: nothing written
 --   {3, "paused", 0}      the giver's gate is paused (being rebuilt), or
---                         (**changed**) on a server other than the one its
---                         state was last checked on (meta's run_id:
+--                         on a server other than the one its state was
+--                         last checked on (meta's run_id:
 --                         lua/lib/server_checked.lua), which the gate
 --                         guard has not checked yet: nothing written
 --   {4, "stale id", last} the id is not above the highest taken and has no

@@ -1,6 +1,7 @@
 -- lib/digest.lua — set digests in the gate's meta, prepended by the binary to
--- the scripts that change the buyers, released or timeouts sets (to run one
--- of them by hand, prepend this file too).
+-- the scripts of lua/ that change the buyers, released or timeouts sets,
+-- named below (to run one of them by hand, prepend this file too).
+-- Used by: finish.lua, reconcile.lua, release.lua, requeue.lua, timeouts.lua, transfer_give.lua
 --
 -- A set's digest (src/support/set_digest.rs) is the sum of its members'
 -- hashes modulo 2^52, a member's hash the first 52 bits (13 hex digits) of

@@ -1,6 +1,7 @@
 -- lib/holds.lua — whether a worker holds a voucher's gate, prepended by the
--- binary to lua/pause.lua, lua/preload.lua, lua/reconcile.lua and
--- lua/release.lua (to run one of them by hand, prepend this file too).
+-- binary to the scripts of lua/ named below (to run one of them by hand,
+-- prepend this file too).
+-- Used by: pause.lua, preload.lua, reconcile.lua, release.lua
 --
 -- seckill:{V}:holds (written by lua/pause.lua): worker token -> expiry (Redis
 -- TIME, ms). A live hold means a worker has a batch in hand whose entries

@@ -1,6 +1,7 @@
--- lib/lease.lua — layer 3 lease locks (docs/src/concepts/rules.md), prepended by the binary
--- to lua/lock_acquire.lua, lua/lock_renew.lua, lua/lock_release.lua and
--- lua/finish.lua (to run one of them by hand, prepend this file too).
+-- lib/lease.lua — layer 3 lease locks (docs/src/concepts/rules.md),
+-- prepended by the binary to the scripts of lua/ named below (to run one of
+-- them by hand, prepend this file too).
+-- Used by: finish.lua, lock_acquire.lua, lock_release.lua, lock_renew.lua
 --
 -- All of a voucher's locks live in one hash, seckill:{V}:locks:
 --   field  <user id>

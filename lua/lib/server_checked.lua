@@ -1,7 +1,7 @@
 -- lib/server_checked.lua — whether a gate is on the Redis server its state
--- was last checked on, prepended by the binary to lua/preload.lua,
--- lua/transfer_take.lua, lua/transfer_give.lua and lua/serve_up_to.lua (to
--- run one of them by hand, prepend this file too).
+-- was last checked on, prepended by the binary to the scripts of lua/ named
+-- below (to run one of them by hand, prepend this file too).
+-- Used by: preload.lua, serve_up_to.lua, transfer_give.lua, transfer_take.lua
 --
 -- A gate's meta records in `run_id` the run id of the server its state was
 -- last checked against MySQL on: preload's, and the worker's gate guard's

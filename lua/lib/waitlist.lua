@@ -1,6 +1,7 @@
 -- lib/waitlist.lua — order entries and serving the waitlist, prepended by the
--- binary to lua/release.lua, lua/reconcile.lua and lua/requeue.lua (to run
--- one of them by hand, prepend this file too, after lua/lib/digest.lua).
+-- binary to the scripts of lua/ named below (to run one of them by hand,
+-- prepend this file too, after lua/lib/digest.lua).
+-- Used by: reconcile.lua, release.lua, requeue.lua, transfer_give.lua
 
 -- Appends an order entry to `stream`; the `quantity` field only above one
 -- unit, so entries of one unit stay as every release wrote them.
