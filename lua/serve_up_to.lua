@@ -42,8 +42,8 @@
 --
 -- Safe to run twice: it sets the same fields again.
 
-local epoch, up_to, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
-if not epoch or epoch < 1 or epoch ~= math.floor(epoch) then
+local epoch, up_to, ttl = mover_epoch(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+if not epoch then
   return redis.error_reply('ERR serve_up_to: the epoch must be 1 or more')
 end
 if up_to ~= '' and not (type(up_to) == 'string' and string.match(up_to, '^[1-9][0-9]*$') and #up_to <= 16) then
@@ -59,11 +59,12 @@ if free ~= nil and free ~= '' and not (string.match(free, '^[0-9]+$') and #free 
 end
 
 local meta = redis.call('HMGET', KEYS[1], 'mover_epoch', 'begin_ms')
-local seen = tonumber(meta[1] or '0') or 0
-if epoch < seen then return {3, 'fenced', seen} end
+local seen = epoch_seen(meta[1])
+local refused = fenced(epoch, seen)
+if refused then return refused end
 if not meta[2] then return {5, 'not loaded', 0} end
 if not server_checked(KEYS[1]) then return {4, 'unchecked', 0} end
-if epoch > seen then redis.call('HSET', KEYS[1], 'mover_epoch', epoch) end
+see_epoch(KEYS[1], epoch, seen)
 
 local now = redis.call('TIME')
 local until_ms = string.format('%d', tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) + ttl)

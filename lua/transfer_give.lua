@@ -58,12 +58,12 @@
 -- Safe to run twice: KEYS[3] remembers every transfer that landed, meta's
 -- served_last the last serve.
 
-local t, units, epoch, voucher = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local t, units, epoch, voucher = ARGV[1], tonumber(ARGV[2]), mover_epoch(ARGV[3]), ARGV[4]
 if not valid_id(t) then return redis.error_reply('ERR transfer_give: bad transfer id') end
 if not units or units < 0 or units ~= math.floor(units) or (units == 0 and #KEYS ~= 8) then
   return redis.error_reply('ERR transfer_give: the units must be 1 or more (0 only for a bucket)')
 end
-if not epoch or epoch < 1 or epoch ~= math.floor(epoch) then
+if not epoch then
   return redis.error_reply('ERR transfer_give: the epoch must be 1 or more')
 end
 if not valid_id(voucher) or not (string.find(KEYS[1], '{' .. voucher .. '}', 1, true)
@@ -81,8 +81,9 @@ if units > 0 then
   if prior then return {2, 'void', 0} end
 end
 local meta = redis.call('HMGET', KEYS[1], 'paused', 'mover_epoch', 'begin_ms', 'served_last')
-local seen = tonumber(meta[2] or '0') or 0
-if epoch < seen then return {3, 'fenced', seen} end
+local seen = epoch_seen(meta[2])
+local refused = fenced(epoch, seen)
+if refused then return refused end
 if not meta[3] then return {5, 'not loaded', 0} end
 if meta[1] == '1' or not server_checked(KEYS[1]) then return {4, 'paused', 0} end
 -- A serve is remembered by meta's served_last, "<epoch> <id>" of the last
@@ -102,7 +103,7 @@ if units == 0 then
 else
   redis.call('HSET', KEYS[3], t, 'given')
 end
-if epoch > seen then redis.call('HSET', KEYS[1], 'mover_epoch', epoch) end
+see_epoch(KEYS[1], epoch, seen)
 if #KEYS == 3 then
   redis.call('INCRBY', KEYS[2], units)
   return {0, 'given', 0}

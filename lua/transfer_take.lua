@@ -32,12 +32,14 @@
 --   {0, "taken", units}   the units now in transit (between ARGV[4] and
 --                         ARGV[3]); a replay of this id answers the same
 --   {1, "short", stock}   fewer than ARGV[4] units: nothing written
---   {2, "fenced", epoch}  the giver has seen a later mover: nothing written
---   {3, "paused", 0}      the giver's gate is paused (being rebuilt), or
+--   {2, "paused", 0}      the giver's gate is paused (being rebuilt), or
 --                         on a server other than the one its state was
 --                         last checked on (meta's run_id:
 --                         lua/lib/server_checked.lua), which the gate
 --                         guard has not checked yet: nothing written
+--   {3, "fenced", epoch}  the giver has seen a later mover: nothing written
+--                         (lua/lib/mover_epoch.lua, the same code in the
+--                         give and the serve bound)
 --   {4, "stale id", last} the id is not above the highest taken and has no
 --                         open record: taken and settled already, or made
 --                         by a clock behind the last mover's; nothing written
@@ -47,7 +49,7 @@
 -- Safe to run twice: the open record answers a replay; after it is settled,
 -- `last` refuses the id.
 
-local t, to, want, least, epoch = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local t, to, want, least, epoch = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), mover_epoch(ARGV[5])
 if not valid_id(t) then return redis.error_reply('ERR transfer_take: bad transfer id') end
 if to ~= 'pool' and not string.match(to or '', '^[0-9]+$') then
   return redis.error_reply('ERR transfer_take: the receiver must be a bucket number or "pool"')
@@ -58,7 +60,7 @@ end
 if not least or least < 1 or least > want or least ~= math.floor(least) then
   return redis.error_reply('ERR transfer_take: the fewest units must be 1 .. the units wanted')
 end
-if not epoch or epoch < 1 or epoch ~= math.floor(epoch) then
+if not epoch then
   return redis.error_reply('ERR transfer_take: the epoch must be 1 or more')
 end
 
@@ -72,10 +74,11 @@ if last and (#t < #last or (#t == #last and t <= last)) then
   return {4, 'stale id', tonumber(last)}
 end
 local meta = redis.call('HMGET', KEYS[1], 'paused', 'mover_epoch', 'begin_ms')
-local seen = tonumber(meta[2] or '0') or 0
-if epoch < seen then return {2, 'fenced', seen} end
+local seen = epoch_seen(meta[2])
+local refused = fenced(epoch, seen)
+if refused then return refused end
 if not meta[3] then return {5, 'not loaded', 0} end
-if meta[1] == '1' or not server_checked(KEYS[1]) then return {3, 'paused', 0} end
+if meta[1] == '1' or not server_checked(KEYS[1]) then return {2, 'paused', 0} end
 local stock = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
 if stock < least then return {1, 'short', math.max(stock, 0)} end
 
@@ -84,5 +87,5 @@ local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 redis.call('DECRBY', KEYS[2], units)
 redis.call('HSET', KEYS[3], t, to .. ' ' .. units .. ' ' .. now_ms, 'last', t)
-if epoch > seen then redis.call('HSET', KEYS[1], 'mover_epoch', epoch) end
+see_epoch(KEYS[1], epoch, seen)
 return {0, 'taken', units}

@@ -176,8 +176,8 @@ pub async fn take(
     Ok(match code {
         0 => Taken::Units(value),
         1 => Taken::Short(value),
-        2 => Taken::Fenced(value),
-        3 => Taken::Paused,
+        2 => Taken::Paused,
+        3 => Taken::Fenced(value),
         4 => Taken::StaleId,
         5 => Taken::NotLoaded,
         _ => return Err(unexpected("transfer_take", code, &reason)),

@@ -38,6 +38,7 @@ const HOLDS_LIB: Lib = lib!("holds.lua");
 const WAITLIST_LIB: Lib = lib!("waitlist.lua");
 const DIGEST_LIB: Lib = lib!("digest.lua");
 const SERVER_CHECKED_LIB: Lib = lib!("server_checked.lua");
+const MOVER_EPOCH_LIB: Lib = lib!("mover_epoch.lua");
 
 /// The one declaration of which libraries the binary prepends to which
 /// script of lua/, in the order prepended; a script not listed gets none.
@@ -50,14 +51,23 @@ const PREPENDED: &[(&str, &[Lib])] = &[
     ("lock_release.lua", &[LEASE_LIB]),
     ("finish.lua", &[LEASE_LIB, DIGEST_LIB]),
     ("timeouts.lua", &[DIGEST_LIB]),
-    ("transfer_take.lua", &[VALID_ID_LIB, SERVER_CHECKED_LIB]),
+    (
+        "transfer_take.lua",
+        &[VALID_ID_LIB, SERVER_CHECKED_LIB, MOVER_EPOCH_LIB],
+    ),
     (
         "transfer_give.lua",
-        &[VALID_ID_LIB, DIGEST_LIB, WAITLIST_LIB, SERVER_CHECKED_LIB],
+        &[
+            VALID_ID_LIB,
+            DIGEST_LIB,
+            WAITLIST_LIB,
+            SERVER_CHECKED_LIB,
+            MOVER_EPOCH_LIB,
+        ],
     ),
     ("transfer_void.lua", &[VALID_ID_LIB]),
     ("transfer_settle.lua", &[VALID_ID_LIB]),
-    ("serve_up_to.lua", &[SERVER_CHECKED_LIB]),
+    ("serve_up_to.lua", &[SERVER_CHECKED_LIB, MOVER_EPOCH_LIB]),
     ("requeue.lua", &[VALID_ID_LIB, DIGEST_LIB, WAITLIST_LIB]),
     ("release.lua", &[HOLDS_LIB, DIGEST_LIB, WAITLIST_LIB]),
     ("reconcile.lua", &[HOLDS_LIB, DIGEST_LIB, WAITLIST_LIB]),
