@@ -60,6 +60,9 @@ need_packages() {
   # TLS tests make their certificates with openssl.
   command -v curl >/dev/null 2>&1 || missing+=(curl)
   command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+  # The benchmarks' data generator (scripts/lib/bench_data.py), held to the
+  # library's set digest by a test.
+  command -v python3 >/dev/null 2>&1 || missing+=(python3)
   if ((${#missing[@]})); then
     say "installing ${missing[*]} with apt-get"
     local sudo=

@@ -8,6 +8,7 @@ benchmark's whole time).
   bench_data.py many-streams N PREFIX       -> Redis protocol on stdout
   bench_data.py big-sql    V START END      -> SQL on stdout
   bench_data.py big-redis  V START END PREFIX -> Redis protocol on stdout
+  bench_data.py digest     ID...            -> the set digest of the ids
 
 many: vouchers 1..N of 10 units, each with 5 pending orders (id v*10+u,
 users 1..5) and a gate that matches; many-streams adds to each the worker's
@@ -20,7 +21,9 @@ paid, created two minutes ago with an hour to pay. The gate: every user a
 buyer, every pending order's deadline, stock 0 (sold out).
 
 Times count from BIG_VOUCHER_NOW (Unix seconds) if set, so steps agree.
-The digests are those of src/support/set_digest.rs.
+The digests are those of src/support/set_digest.rs (its tests hold this
+copy to it through the `digest` command: a generator written in Python
+cannot call the library).
 """
 import hashlib
 import os
@@ -126,6 +129,8 @@ def main():
         big_sql(int(args[0]), int(args[1]), int(args[2]))
     elif what == "big-redis":
         big_redis(int(args[0]), int(args[1]), int(args[2]), args[3])
+    elif what == "digest":
+        print(digest(int(a) for a in args))
     else:
         sys.exit(f"bench_data.py: unknown {what!r}")
 

@@ -100,6 +100,23 @@ mod tests {
         assert_eq!(sql_modulus!().parse::<u64>().ok(), Some(MODULUS));
     }
 
+    /// The benchmarks' data generator computes digests in Python: the
+    /// same ones.
+    #[test]
+    fn the_bench_data_generator_s_copy_of_the_digest_is_this_one() {
+        let ids = [1u64, 2, 42, 9_223_372_036_854_775_807, 1_000_000_000_007];
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/lib/bench_data.py");
+        let out = std::process::Command::new("python3")
+            .arg(script)
+            .arg("digest")
+            .args(ids.map(|i| i.to_string()))
+            .output()
+            .expect("python3 runs (scripts/services.sh installs it)");
+        assert!(out.status.success(), "{out:?}");
+        let printed = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert_eq!(printed, SetDigest::of(ids).0.to_string());
+    }
+
     #[test]
     fn the_digest_forgets_the_order_and_what_was_taken_out() {
         let mut a = SetDigest::of([1, 2, 3]);
