@@ -562,3 +562,34 @@ fn list_plans() {
         }
     }
 }
+
+/// Every past defect of design/defects/ can still be put back into the
+/// code (`scripts/explore-defect.sh` applies its patch to a worktree): a
+/// change to the code a patch touches must carry the patch along, or the
+/// measure of what the explorer catches quietly loses that defect.
+#[test]
+fn every_defect_patch_still_applies_to_the_code() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let dir = std::path::Path::new(root).join("design/defects");
+    let mut patches: Vec<_> = std::fs::read_dir(&dir)
+        .expect("design/defects")
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "patch"))
+        .collect();
+    patches.sort();
+    assert!(patches.len() >= 30, "{} patches", patches.len());
+    let stale: Vec<String> = patches
+        .iter()
+        .filter(|p| {
+            let checked = std::process::Command::new("git")
+                .args(["apply", "--check"])
+                .arg(p)
+                .current_dir(root)
+                .output()
+                .expect("git runs");
+            !checked.status.success()
+        })
+        .map(|p| p.display().to_string())
+        .collect();
+    assert!(stale.is_empty(), "patches that no longer apply: {stale:?}");
+}
