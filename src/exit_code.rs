@@ -1,5 +1,5 @@
 //! Exit codes: one place, documented in `seckill --help`, the man page and
-//! the README. Scripts and cron jobs depend on these numbers.
+//! the book (docs/src/reference/exit-codes.md). Scripts and cron jobs depend on these numbers.
 
 /// Everything went as asked (`buy`: the user was admitted).
 pub const OK: u8 = 0;
@@ -43,7 +43,7 @@ pub const ORDER_CANCELLED: u8 = 21;
 /// `pay`, `order show`: no such order.
 pub const UNKNOWN_ORDER: u8 = 22;
 
-/// The table shown in `seckill --help` and the README.
+/// The table shown in `seckill --help` and the book.
 pub const HELP: &str = "\
 Exit codes:
    0  success (buy: admitted)

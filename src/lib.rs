@@ -1,4 +1,4 @@
-//! `seckill`: a flash-sale system in five layers (see the README and the book under docs/).
+//! `seckill`: a flash-sale system in five layers (see the book under docs/).
 //!
 //! The library holds all logic; `src/cli` only parses arguments and renders
 //! results, and `src/main.rs` maps the outcome to an exit code.

@@ -1,6 +1,6 @@
 //! A voucher split into buckets (design/buckets.md): each user belongs to
 //! one bucket, by the same rule in Rust, in lua/seckill.lua and in the
-//! README, and is admitted only there.
+//! book (docs/src/concepts/buckets.md), and is admitted only there.
 
 mod common;
 

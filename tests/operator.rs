@@ -1,6 +1,6 @@
 //! The operator's surface: `seckill status`, the metrics endpoint, JSON that
 //! parses with the documented fields, no escape codes off a terminal, and
-//! help text that stays what the README and man pages say.
+//! help text that stays what the book and man pages say.
 
 mod common;
 

@@ -869,7 +869,7 @@ async fn a_set_edited_without_its_digest_is_found_by_a_deep_read() {
     assert_eq!(
         (code, &report["vouchers"][0]["read"]),
         (0, &"quick".into()),
-        "the blind spot the README states: {report:#}"
+        "the blind spot the book states: {report:#}"
     );
     let (code, report) = reconcile(&env, &["--dry-run", "--deep"]);
     assert_eq!(code, 3, "{report:#}");

@@ -37,7 +37,7 @@ pub struct PurchaseBody {
 /// is no token.
 const MAX_TOKEN: usize = 128;
 
-/// One status per outcome (the README's table); 201 for a success only.
+/// One status per outcome (docs/src/reference/http-api.md); 201 for a success only.
 pub fn status_of(outcome: &Admission) -> StatusCode {
     match outcome {
         Admission::Admitted { .. } => StatusCode::CREATED,

@@ -221,7 +221,7 @@ pub struct Recount {
 /// first: every transaction that changes this voucher's orders changes its
 /// row too, so none is half done while the rows are counted (the count's
 /// read view opens after the lock). It holds the row for as long as the
-/// count takes (see the README): workers and payments of this voucher wait
+/// count takes (the book, docs/src/concepts/deadlines.md): workers and payments of this voucher wait
 /// that long.
 pub async fn repair(db: &Db, voucher: u64) -> Result<Option<Recount>> {
     let mut conn = db.conn().await?;

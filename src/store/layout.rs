@@ -27,7 +27,7 @@ pub const META_BUCKET_TAGS: &str = "bucket_tags";
 /// The bucket of `user` in a voucher of `buckets` buckets: the first 8
 /// bytes of the SHA-1 of the user id's decimal form, big-endian, modulo
 /// `buckets`. `lua/seckill.lua` computes the same (a test holds the two
-/// together) and the README gives it to application servers.
+/// together) and the book gives it to application servers (docs/src/concepts/buckets.md).
 pub fn bucket_of(user: u64, buckets: u32) -> u32 {
     if buckets <= 1 {
         return 0;

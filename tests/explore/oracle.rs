@@ -2,7 +2,7 @@
 //! from the stores and the answers the clients got, not from the code
 //! under test: the invariants (docs/src/concepts/invariants.md) per voucher (tests/common/invariants.rs),
 //! every buyer told success, bought or promoted holding that order in
-//! MySQL (unless a fault the README lists as able to undo it did), every
+//! MySQL (unless a fault the book lists as able to undo it did), every
 //! payer told paid holding a paid order, no user past the per-user limit,
 //! no unit free at the gate while a request for one waits, every gate
 //! open and `reconcile --dry-run` clean.
@@ -90,8 +90,8 @@ pub async fn judge(stage: &Stage) -> Verdict {
                     t.answer,
                     Answer::Success(_) | Answer::Bought(_) | Answer::Promoted(_)
                 );
-            // Unless a worker had it in hand: that batch is kept (README,
-            // the same section).
+            // Unless a worker had it in hand: that batch is kept (the same
+            // page, docs/src/concepts/redis-loss.md).
             let kept_by = match t.answer {
                 Answer::Success(o) | Answer::Bought(Some(o)) | Answer::Promoted(Some(o)) => {
                     in_hand.get(&o)
@@ -164,8 +164,8 @@ const GUARD_BOUND_MS: u64 = 1_500;
 /// a pass). MySQL: from the restore
 /// to the guard's next pass (`--gate-check` and a pass), while a release of
 /// a unit whose cancellation MySQL lost gives the gate a unit a pending
-/// order holds, sold to a buyer whose order is then dead-lettered (README,
-/// "When MySQL loses its last commits", what remains exposed). A Redis
+/// order holds, sold to a buyer whose order is then dead-lettered
+/// (docs/src/concepts/mysql-loss.md, what remains exposed). A Redis
 /// that came back while every worker was stopped is looked at by no guard
 /// until one continues (SIGCONT, or started again after a kill): its
 /// window reaches to the guard's pass after the first.
@@ -219,8 +219,8 @@ fn rollback_windows(
 /// (from, to) in ms of the answers MySQL may lose for good where the
 /// stream was trimmed past its lost commits: from the dump it went back
 /// to, to the trim. Nothing kept names those orders: the guard cannot
-/// restore them, and the operator drops them by their count (README,
-/// "Entries no longer kept").
+/// restore them, and the operator drops them by their count
+/// (docs/src/concepts/mysql-loss.md, "Entries no longer kept").
 fn trimmed_windows(events: &[(u64, String)]) -> Vec<(u64, u64)> {
     let mut dumped = None;
     let mut windows = Vec::new();

@@ -553,7 +553,7 @@ impl Plan {
         if r.chance(20) {
             // A batch's transaction stalled far past a short
             // --mysql-timeout: the voucher must move again within the
-            // README's bound for a hung transaction, not when the stall
+            // book's bound for a hung transaction, not when the stall
             // ends (run.rs watches for it).
             self.mysql_timeout_ms = Some(2_000);
             self.faults.push(Fault::Point {
@@ -1129,7 +1129,7 @@ impl Plan {
     /// A worker SIGSTOPped inside its batch's transaction (before
     /// COMMIT, the voucher row locked) or after taking its locks, far
     /// past its leases, with another worker to take its batch over: the
-    /// sale must move again within the README's bound for a stopped
+    /// sale must move again within the book's bound for a stopped
     /// worker (run.rs judges it), not when the process wakes.
     fn frozen_in_transaction(&mut self, r: &mut Rng) {
         self.family = Some("frozen_in_transaction");

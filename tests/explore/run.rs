@@ -42,7 +42,7 @@ pub const DIED: &str = " died; down for the restart delay";
 /// batch Redis lost, followed by the voucher's id.
 pub const HOLD_TAKEN: &str = "hold taken of the gate of voucher ";
 
-/// The README's bound for a worker stopped inside its transaction at the
+/// The book's bound for a worker stopped inside its transaction at the
 /// explorer's flags: the `--lock-lease` (1 s), one lock wait (1 s), one
 /// retry backoff (1 s here), the taker's `--claim-idle` and a half
 /// (0.75 s), and the slack of a loaded machine.
@@ -88,7 +88,7 @@ pub struct History {
     /// The highest per-user limit each voucher had.
     pub limits: BTreeMap<u64, u32>,
     /// Orders a held worker had in hand (read, not acknowledged) when
-    /// Redis went back to a snapshot, with who held them: the README keeps
+    /// Redis went back to a snapshot, with who held them: the book keeps
     /// such a batch, so no rollback excuses losing one.
     pub in_hand: BTreeMap<u64, String>,
 }
@@ -638,7 +638,7 @@ impl Stage {
     /// The operator requeueing every voucher's dead letters, each call
     /// sent twice (its first reply lost): a letter the first run requeued
     /// must be reported so by the second's answer, not "no such dead
-    /// letter" (README, `seckill pending`: "a call resent after a lost
+    /// letter" (docs/src/guide/pending.md: "a call resent after a lost
     /// reply reports the same outcome"; E07).
     fn requeue(&self, at: u64) {
         self.sleep_until(at);
@@ -1051,7 +1051,7 @@ impl Stage {
 
     /// Whether the plan makes no fault but the one at `index` on `target`
     /// (one that kills, stops or cuts off the held worker may lose its
-    /// batch, as the README lists).
+    /// batch, as docs/src/concepts/redis-loss.md lists).
     fn nothing_else_befalls(&self, index: usize, target: Target) -> bool {
         let worker = match target {
             Target::Worker(w) => w,
@@ -1129,7 +1129,7 @@ impl Stage {
     }
 
     /// A worker SIGSTOPped inside its batch's transaction (the voucher
-    /// row locked) for `ms`: within the README's bound for a stopped
+    /// row locked) for `ms`: within the book's bound for a stopped
     /// worker (its lease, one lock wait, one retry backoff; here also the
     /// taker's `--claim-idle` and a half, and room for a loaded machine),
     /// every order told success before the freeze must be in MySQL, not
@@ -1176,7 +1176,7 @@ impl Stage {
     }
 
     /// Waits until `began + bound` and reports, as `what` breaking the
-    /// README's bound for `bounded`, the orders told success before
+    /// book's bound for `bounded`, the orders told success before
     /// `began` (but those `excused`) that MySQL still does not have.
     fn held_up_past(&self, began: u64, bound: u64, what: &str, bounded: &str, excused: &[u64]) {
         let told: Vec<u64> = self
@@ -1188,7 +1188,7 @@ impl Stage {
         let missing = self.not_in_mysql(&told);
         if !missing.is_empty() {
             self.violation(format!(
-                "{what}: {} of {} order(s) told success before it were not in MySQL {bound} ms later, the README's bound for {bounded} (e.g. {:?})",
+                "{what}: {} of {} order(s) told success before it were not in MySQL {bound} ms later, the book's bound for {bounded} (e.g. {:?})",
                 missing.len(),
                 told.len(),
                 &missing[..missing.len().min(5)]
@@ -1275,7 +1275,7 @@ impl Stage {
     }
 
     /// Watches for a stall inside a batch's transaction longer than the
-    /// README's bound for a hung transaction (`--mysql-timeout`, plus the
+    /// book's bound for a hung transaction (`--mysql-timeout`, plus the
     /// taker's `--claim-idle` and a half, plus a lock wait): by the end of
     /// that bound, every order told success before the stall began must
     /// be in MySQL (the stalled batch abandoned and taken over), not when
