@@ -116,7 +116,7 @@ async fn a_redis_restarted_from_an_older_snapshot_is_paused_rebuilt_and_reopened
     env.wait_orders(V, 300, Duration::from_secs(30)).await;
     redis.crash_and_restart();
     env.forget_redis();
-    let paused = worker.wait_log("admission paused", Duration::from_secs(10));
+    let paused = worker.wait_count("gate_pauses", 1, Duration::from_secs(10));
     let buy = env
         .cmd()
         .args([
@@ -148,7 +148,7 @@ async fn a_redis_restarted_from_an_older_snapshot_is_paused_rebuilt_and_reopened
     assert_eq!(pending[0]["paused"], true, "{pending}");
     let table = env.cmd().args(["status"]).output().unwrap();
     assert!(String::from_utf8_lossy(&table.stdout).contains("paused"));
-    let reopened = worker.wait_log("reopened", Duration::from_secs(30));
+    let reopened = worker.wait_count("gate_reopens", 1, Duration::from_secs(30));
     eprintln!(
         "Redis back -> paused after {paused:?}; paused for {} (reopened {reopened:?} later)",
         pause_length(&worker)
@@ -178,8 +178,8 @@ async fn a_failover_to_a_replica_that_missed_the_last_admissions_is_paused_rebui
     let killed = Instant::now();
     cluster.wait_master(replica, Duration::from_secs(30));
     let failover = killed.elapsed();
-    let paused = worker.wait_log("admission paused", Duration::from_secs(10));
-    let reopened = worker.wait_log("reopened", Duration::from_secs(30));
+    let paused = worker.wait_count("gate_pauses", 1, Duration::from_secs(10));
+    let reopened = worker.wait_count("gate_reopens", 1, Duration::from_secs(30));
     eprintln!(
         "failover {failover:?}; then paused after {paused:?}; paused for {} (reopened {reopened:?} later)",
         pause_length(&worker)
@@ -211,8 +211,8 @@ async fn lost_buyers_buying_again_before_the_guard_looks_do_not_hide_the_loss() 
     let again = env.admit_users(V, 200, 100).await;
     assert_eq!(again.outcomes.success, 200, "{again:?}");
     worker.signal("CONT");
-    worker.wait_log(GATE_PAUSED, Duration::from_secs(10));
-    worker.wait_log("reopened", Duration::from_secs(30));
+    worker.wait_count("gate_pauses", 1, Duration::from_secs(10));
+    worker.wait_count("gate_reopens", 1, Duration::from_secs(30));
     let out = env
         .cmd()
         .args(["buy", "--voucher", "1", "--user", "150"])
@@ -220,7 +220,7 @@ async fn lost_buyers_buying_again_before_the_guard_looks_do_not_hide_the_loss() 
         .unwrap();
     assert_eq!(out.status.code(), Some(10), "{out:?}");
     // The second admissions were refused by MySQL; the units they took at
-    // the gate come back with a reconcile (the exposure the README names).
+    // the gate come back with a reconcile (the exposure docs/src/concepts/redis-loss.md names).
     env.wait_drained(V, Duration::from_secs(60)).await;
     let pending = json(
         &env.cmd()
@@ -289,7 +289,7 @@ async fn a_gate_that_mysql_cannot_vouch_for_stays_paused_until_an_operator_fixes
     let keys = seckill::store::keys::VoucherKeys::new(&env.prefix, V).unwrap();
     let mut redis = env.redis().await;
     let _: () = redis.srem(keys.buyers(), 3).await.unwrap();
-    worker.wait_log(GATE_PAUSED, Duration::from_secs(10));
+    worker.wait_count("gate_pauses", 1, Duration::from_secs(10));
     worker.wait_log("--fix-mysql", Duration::from_secs(10));
     let buy = |user: &str| env.buy_exit(1, user);
     assert_eq!(buy("500"), Some(15), "still paused");
@@ -356,7 +356,7 @@ async fn a_cron_run_after_redis_lost_buyers_exits_only_with_the_gate_rebuilt_and
     env.cleanup().await;
 }
 
-/// What the README's durability table says of a lost Redis tail, seen with
+/// What the durability table (docs/src/concepts/redis-loss.md) says of a lost Redis tail, seen with
 /// the guard off: the worker had already put the forgotten admissions in
 /// MySQL, so the drift is a gate holding too many units and buyers missing
 /// from it (never too few units, or buyers without an order), and a repair
@@ -437,7 +437,7 @@ async fn a_batch_in_hand_that_redis_lost_holds_the_gate_until_it_is_committed() 
     redis.crash_and_restart();
     env.forget_redis();
     worker.wait_log(GATE_PAUSED, Duration::from_secs(10));
-    worker.wait_log("and reopened", Duration::from_secs(60));
+    worker.wait_count("gate_reopens", 1, Duration::from_secs(60));
     // The 500 told "success" hold their units; 500 are left for new buyers.
     let report = env.admit_users(V, 800, 1_000_000).await;
     assert_eq!(
@@ -616,7 +616,7 @@ async fn a_pause_that_failed_after_a_restart_is_tried_again() {
         "OK"
     );
     worker.wait_log(GATE_PAUSED, Duration::from_secs(10));
-    worker.wait_log("and reopened", Duration::from_secs(30));
+    worker.wait_count("gate_reopens", 1, Duration::from_secs(30));
     worker.signal("TERM");
     worker.expect_success(Duration::from_secs(30));
     assert_invariants(&env, V).await;
@@ -645,7 +645,7 @@ async fn a_worker_started_after_a_restart_sees_the_run_id_change_in_meta() {
         "the Redis server holding it changed",
         Duration::from_secs(10),
     );
-    second.wait_log("and reopened", Duration::from_secs(30));
+    second.wait_count("gate_reopens", 1, Duration::from_secs(30));
     second.signal("TERM");
     second.expect_success(Duration::from_secs(30));
     assert_invariants(&env, V).await;
@@ -815,7 +815,7 @@ async fn a_bucket_whose_master_fails_over_to_a_lagging_replica_is_paused_and_reb
     // Held paused for 3 s: its users are told so, the others buy.
     assert_eq!(buy(&env, V, user_of(VICTIM, 3, 5_000_000, false)), Some(15));
     assert_eq!(buy(&env, V, user_of(VICTIM, 3, 5_000_000, true)), Some(0));
-    worker.wait_log("and reopened", Duration::from_secs(30));
+    worker.wait_count("gate_reopens", 1, Duration::from_secs(30));
     eprintln!(
         "paused {paused:?} after the failover; paused for {}",
         pause_length(&worker)
@@ -1136,7 +1136,7 @@ async fn a_lost_batch_whose_transaction_ran_past_its_deadline_is_kept_and_commit
     env.forget_redis();
     worker.wait_log("abandoned a MySQL transaction", Duration::from_secs(30));
     env.wait_orders(V, 500, Duration::from_secs(60)).await;
-    worker.wait_log("and reopened", Duration::from_secs(60));
+    worker.wait_count("gate_reopens", 1, Duration::from_secs(60));
     let log = worker.log_text();
     assert!(
         !log.contains("let go of"),

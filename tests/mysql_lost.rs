@@ -19,8 +19,10 @@ use redis::AsyncCommands;
 use seckill::store::keys::VoucherKeys;
 use serde_json::Value;
 
-const LOST: &str = "MySQL lost commits";
-const REOPENED: &str = "reopened";
+/// The worker's counters of a pause for MySQL's lost commits and of a
+/// gate rebuilt and reopened.
+const LOST: &str = "gate_pauses_mysql_lost_commits";
+const REOPENED: &str = "gate_reopens";
 
 /// (order id, user, status, held) of the voucher's orders, by id.
 async fn orders_held(env: &TestEnv, voucher: u64) -> Vec<(u64, u64, i8, i8)> {
@@ -113,7 +115,7 @@ async fn a_dump_restored_under_a_running_worker_is_paused_restored_and_reopened(
     env.restore_mysql(&dump);
     assert_eq!(env.order_count(77).await, 30, "the dump is back");
 
-    let found = worker.wait_log(LOST, Duration::from_secs(10));
+    let found = worker.wait_count(LOST, 1, Duration::from_secs(10));
     let status = voucher_status(&env, 77);
     assert_eq!(
         (&status["paused"], &status["paused_reason"]),
@@ -126,7 +128,7 @@ async fn a_dump_restored_under_a_running_worker_is_paused_restored_and_reopened(
         Some(30.0),
         "{page}"
     );
-    worker.wait_log(REOPENED, Duration::from_secs(20));
+    worker.wait_count(REOPENED, 1, Duration::from_secs(20));
 
     let after = orders_held(&env, 77).await;
     assert_eq!(after.len(), 60, "{after:?}");
@@ -208,7 +210,7 @@ async fn a_restore_between_cancellations_and_their_release_cancels_each_once() {
     assert!(cancelled > 0, "{in_dump:?}");
     env.restore_mysql(&dump);
 
-    worker.wait_log(LOST, Duration::from_secs(10));
+    worker.wait_count(LOST, 1, Duration::from_secs(10));
     worker.wait_log(
         &format!("cancelled again {cancelled} order(s)"),
         Duration::from_secs(30),
@@ -267,7 +269,7 @@ async fn a_restore_during_a_sale_sells_no_unit_twice_and_loses_no_buyer() {
         "the sale ended before the restore: make it longer"
     );
     let report = sale.await.unwrap();
-    worker.wait_log(REOPENED, Duration::from_secs(30));
+    worker.wait_count(REOPENED, 1, Duration::from_secs(30));
     let admitted = 20 + report.outcomes.success;
     assert_eq!(
         admitted, 150,
@@ -312,8 +314,8 @@ async fn a_worker_started_after_the_restore_restores_before_it_reopens() {
     env.restore_mysql(&dump);
     let mut worker = env.spawn_worker(&fast_worker(&["--gate-check", "1s"]));
     worker.expect_gate_pauses();
-    worker.wait_log(LOST, Duration::from_secs(20));
-    worker.wait_log(REOPENED, Duration::from_secs(20));
+    worker.wait_count(LOST, 1, Duration::from_secs(20));
+    worker.wait_count(REOPENED, 1, Duration::from_secs(20));
     assert_eq!(
         env.orders(80).await,
         before,
@@ -374,7 +376,7 @@ async fn lost_commits_with_no_kept_entry_wait_for_the_operator_to_name_them() {
     worker.expect_gate_pauses();
     let keys = five_lost_past_keep(&env, 81).await;
     let mut redis = env.redis().await;
-    worker.wait_log(LOST, Duration::from_secs(10));
+    worker.wait_count(LOST, 1, Duration::from_secs(10));
     worker.wait_log("--drop-lost-commits 5", Duration::from_secs(20));
 
     let drift = |report: &Value| report["vouchers"][0]["drifts"].clone();
@@ -411,7 +413,7 @@ async fn lost_commits_with_no_kept_entry_wait_for_the_operator_to_name_them() {
     assert_eq!((buyers, stock), (10, 40));
     // Three guard passes later the gate is still open: the gap was
     // forgotten with the buyers.
-    let pauses = worker.log_text().matches(LOST).count();
+    let pauses = worker.count(LOST).expect("the worker's metrics");
     let passes = || async {
         gauge(
             &scrape_metrics(port).await,
@@ -429,11 +431,7 @@ async fn lost_commits_with_no_kept_entry_wait_for_the_operator_to_name_them() {
         passes().await.is_some_and(|p| p >= now + 3.0)
     })
     .await;
-    assert_eq!(
-        worker.log_text().matches(LOST).count(),
-        pauses,
-        "paused again"
-    );
+    assert_eq!(worker.count(LOST), Some(pauses), "paused again");
     assert_invariants(&env, 81).await;
     drop(worker);
     env.cleanup().await;
@@ -521,7 +519,7 @@ async fn a_restore_of_a_voucher_in_buckets_brings_back_every_buckets_orders() {
     env.wait_orders(82, 45, Duration::from_secs(30)).await;
     let before = env.orders(82).await;
     env.restore_mysql(&dump);
-    worker.wait_log(LOST, Duration::from_secs(10));
+    worker.wait_count(LOST, 1, Duration::from_secs(10));
     within(30, "the orders back", async || {
         env.orders(82).await == before
     })
@@ -827,7 +825,7 @@ async fn lost_and_restored(
     let before = orders_held(env, v).await;
     env.restore_mysql(&dump);
     assert_eq!(env.order_count(v).await, dumped, "the dump is back");
-    worker.wait_log(LOST, Duration::from_secs(20));
+    worker.wait_count(LOST, 1, Duration::from_secs(20));
     within(30, "the lost orders restored", async || {
         orders_held(env, v).await == before
     })
@@ -862,7 +860,7 @@ async fn a_mysql_loss_after_a_redis_rollback_is_found_and_restored() {
     env.wait_drained(V, Duration::from_secs(30)).await;
     redis.crash_and_restart();
     env.forget_redis();
-    worker.wait_log(REOPENED, Duration::from_secs(30));
+    worker.wait_count(REOPENED, 1, Duration::from_secs(30));
 
     let before = lost_and_restored(&env, &worker, V, 31..=35).await;
     let keys = VoucherKeys::new(&env.prefix, V).unwrap();
@@ -949,7 +947,7 @@ async fn a_batch_in_hand_at_the_snapshot_leaves_no_witness_short() {
     redis.crash_and_restart();
     env.forget_redis();
     worker.wait_log("fault hold at after_lock", Duration::from_secs(30));
-    worker.wait_log(REOPENED, Duration::from_secs(30));
+    worker.wait_count(REOPENED, 1, Duration::from_secs(30));
     std::fs::write(&release, b"").unwrap();
     env.wait_drained(V, Duration::from_secs(30)).await;
     let keys = VoucherKeys::new(&env.prefix, V).unwrap();
@@ -1072,7 +1070,7 @@ async fn witness_at_with_no_loss(env: &TestEnv, worker: &WorkerProc, v: u64, n: 
     let mut redis = env.redis().await;
     let committed: Option<i64> = redis.hget(keys.meta(), "committed").await.unwrap();
     assert_eq!(committed, Some(n), "the witness of MySQL's {n} orders");
-    assert!(!worker.log_text().contains(LOST), "{}", worker.log_text());
+    assert_eq!(worker.count(LOST), Some(0), "{}", worker.log_text());
 }
 
 /// Stops the worker (it must end well), checks the invariants and cleans

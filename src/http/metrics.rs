@@ -191,7 +191,7 @@ pub async fn serve_page(
     let page = axum::Router::new()
         .route("/metrics", axum::routing::get(render))
         .with_state(state);
-    let task = crate::support::metrics_page::start(addr, page, stop).await?;
+    let (task, addr) = crate::support::metrics_page::start(addr, page, stop).await?;
     tracing::info!("metrics on http://{addr}/metrics (not on the API's address)");
     Ok(task)
 }

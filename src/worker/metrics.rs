@@ -55,7 +55,7 @@ pub async fn start(
             }
         }),
     );
-    let task = crate::support::metrics_page::start(addr, page, stop).await?;
+    let (task, addr) = crate::support::metrics_page::start(addr, page, stop).await?;
     tracing::info!("metrics on http://{addr}/metrics");
     Ok(task)
 }

@@ -40,9 +40,12 @@ impl TestEnv {
         let out = log.with_extension("out");
         let stdout = std::fs::File::create(&out).expect("worker stdout file");
         let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("seckill"));
-        cmd.arg("worker")
-            .args(args)
-            .envs(self.store_env())
+        cmd.arg("worker").args(args);
+        // A metrics page on a port the system picks, for wait_count.
+        if !args.contains(&"--metrics-addr") {
+            cmd.args(["--metrics-addr", "127.0.0.1:0"]);
+        }
+        cmd.envs(self.store_env())
             .env("NO_COLOR", "1")
             .env("RUST_LOG", "seckill=info")
             .stdin(Stdio::null())
@@ -73,6 +76,55 @@ impl WorkerProc {
             self.pauses_expected || !log.contains(GATE_PAUSED),
             "the gate guard paused a gate although this test loses no writes:\n{log}"
         );
+    }
+
+    /// The port of the worker's metrics page, from the address it logs
+    /// when it has bound it.
+    pub fn metrics_port(&self) -> u16 {
+        const BOUND: &str = "metrics on http://127.0.0.1:";
+        self.wait_log(BOUND, Duration::from_secs(30));
+        let log = self.log_text();
+        let rest = &log[log.find(BOUND).unwrap_or(0) + BOUND.len()..];
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        digits
+            .parse()
+            .unwrap_or_else(|_| panic!("no metrics port in the worker's log:\n{log}"))
+    }
+
+    /// The worker's counter `seckill_<name>_total` as its metrics page
+    /// shows it now (None while the page does not answer).
+    pub fn count(&self, name: &str) -> Option<u64> {
+        let url = format!("http://127.0.0.1:{}/metrics", self.metrics_port());
+        let page = super::http_agent()
+            .get(&url)
+            .call()
+            .ok()?
+            .body_mut()
+            .read_to_string()
+            .ok()?;
+        let line = format!("seckill_{name}_total ");
+        page.lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map(|v| v as u64)
+    }
+
+    /// Waits until the worker's counter `seckill_<name>_total` reaches
+    /// `at_least` (an event counted, whatever the log says of it).
+    pub fn wait_count(&self, name: &str, at_least: u64, limit: Duration) -> Duration {
+        let start = Instant::now();
+        loop {
+            let now = self.count(name);
+            if now.is_some_and(|n| n >= at_least) {
+                return start.elapsed();
+            }
+            assert!(
+                start.elapsed() < limit,
+                "seckill_{name}_total still {now:?}, not {at_least}, after {limit:?}:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn pid(&self) -> u32 {
