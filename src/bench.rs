@@ -210,113 +210,152 @@ pub async fn run(cfg: &Config, plan: &BenchPlan, progress: Arc<AtomicU64>) -> Re
         (Arc::new(Vec::new()), None)
     };
 
-    let next = Arc::new(AtomicU64::new(0));
+    let shared = Arc::new(Attempts {
+        plan: plan.clone(),
+        keys,
+        ids,
+        tokens,
+        next: AtomicU64::new(0),
+        progress,
+    });
     let started = Instant::now();
-    let mut tasks = Vec::with_capacity(plan.concurrency);
-    for t in 0..plan.concurrency {
-        let mut conn = conns[t % conns.len()].clone();
-        let (keys, ids, next, progress, plan, tokens) = (
-            keys.clone(),
-            ids.clone(),
-            next.clone(),
-            progress.clone(),
-            plan.clone(),
-            tokens.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            let mut r = TaskResult {
-                counts: [0; OUTCOMES],
-                replicas_short: 0,
-                units: 0,
-                errors: 0,
-                first_error: None,
-                hist: new_histogram(),
-            };
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= plan.attempts {
-                    break;
-                }
-                let user = plan.user_offset + i % plan.users + 1;
-                let t0 = Instant::now();
-                let quantity = plan.quantity_of(i);
-                let token = tokens.get((i % plan.users) as usize);
-                let request = Request {
-                    voucher: plan.voucher,
-                    user,
-                    token: token.map(String::as_str),
-                    quantity,
-                };
-                match purchase(&mut conn, &keys[..], &ids, request, plan.wait_replicas).await {
-                    Ok(purchased) => {
-                        r.counts[purchased.outcome.code()] += 1;
-                        if matches!(purchased.outcome, Admission::Admitted { .. }) {
-                            r.units += u64::from(quantity);
-                        }
-                        r.replicas_short += u64::from(purchased.replicas_short(plan.wait_replicas));
-                    }
-                    Err(e) => {
-                        r.errors += 1;
-                        r.first_error.get_or_insert_with(|| e.to_string());
-                    }
-                }
-                r.hist.saturating_record(t0.elapsed().as_micros() as u64);
-                progress.fetch_add(1, Ordering::Relaxed);
-            }
-            r
-        }));
-    }
-    let mut counts = [0u64; OUTCOMES];
-    let mut replicas_short = 0;
-    let mut units_admitted = 0;
-    let mut errors = 0;
-    let mut first_error = None;
-    let mut hist = new_histogram();
+    let tasks: Vec<_> = (0..plan.concurrency)
+        .map(|t| {
+            let conn = conns[t % conns.len()].clone();
+            tokio::spawn(shared.clone().make(conn))
+        })
+        .collect();
+    let mut total = TaskResult::new();
     for task in tasks {
         let r = task
             .await
             .map_err(|e| Error::redis(format!("a bench task failed: {e}")))?;
-        for (sum, c) in counts.iter_mut().zip(r.counts) {
-            *sum += c;
-        }
-        errors += r.errors;
-        replicas_short += r.replicas_short;
-        units_admitted += r.units;
-        first_error = first_error.or(r.first_error);
-        hist.add(&r.hist).ok();
+        total.add(r);
     }
     let elapsed = started.elapsed();
     stop_renewing.cancel();
     renewing.await.ok();
-    if errors == plan.attempts {
+    if total.errors == plan.attempts {
         return Err(Error::redis(format!(
             "every attempt failed; the first with: {}",
-            first_error.unwrap_or_default()
+            total.first_error.unwrap_or_default()
         )));
     }
-    Ok(BenchReport {
-        voucher: plan.voucher,
-        attempts: plan.attempts,
-        errors,
-        first_error,
-        elapsed_ms: elapsed.as_millis() as u64,
-        attempts_per_sec: plan.attempts as f64
-            / elapsed.max(Duration::from_micros(1)).as_secs_f64(),
-        concurrency: plan.concurrency,
-        connections: plan.connections,
-        outcomes: OutcomeCounts::from(counts),
-        tokens_ms,
-        replicas_short: plan.wait_replicas.map(|_| replicas_short),
-        units_admitted,
-        latency: Latency {
-            p50_us: hist.value_at_quantile(0.50),
-            p90_us: hist.value_at_quantile(0.90),
-            p99_us: hist.value_at_quantile(0.99),
-            p999_us: hist.value_at_quantile(0.999),
-            max_us: hist.max(),
-            mean_us: hist.mean(),
-        },
-    })
+    Ok(total.report(plan, elapsed, tokens_ms))
+}
+
+/// What the tasks making the attempts share: the plan, where each user's
+/// gate is, the ids, the tokens, the next attempt's number.
+struct Attempts {
+    plan: BenchPlan,
+    keys: Arc<Vec<VoucherKeys>>,
+    ids: Arc<OrderIds>,
+    tokens: Arc<Vec<String>>,
+    next: AtomicU64,
+    progress: Arc<AtomicU64>,
+}
+
+impl Attempts {
+    /// One task: attempts, by the next number left, until none is.
+    async fn make(self: Arc<Self>, mut conn: redis_conn::Redis) -> TaskResult {
+        let plan = &self.plan;
+        let mut r = TaskResult::new();
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= plan.attempts {
+                break;
+            }
+            let user = plan.user_offset + i % plan.users + 1;
+            let t0 = Instant::now();
+            let quantity = plan.quantity_of(i);
+            let token = self.tokens.get((i % plan.users) as usize);
+            let request = Request {
+                voucher: plan.voucher,
+                user,
+                token: token.map(String::as_str),
+                quantity,
+            };
+            let purchased = purchase(
+                &mut conn,
+                &self.keys[..],
+                &self.ids,
+                request,
+                plan.wait_replicas,
+            )
+            .await;
+            match purchased {
+                Ok(purchased) => {
+                    r.counts[purchased.outcome.code()] += 1;
+                    if matches!(purchased.outcome, Admission::Admitted { .. }) {
+                        r.units += u64::from(quantity);
+                    }
+                    r.replicas_short += u64::from(purchased.replicas_short(plan.wait_replicas));
+                }
+                Err(e) => {
+                    r.errors += 1;
+                    r.first_error.get_or_insert_with(|| e.to_string());
+                }
+            }
+            r.hist.saturating_record(t0.elapsed().as_micros() as u64);
+            self.progress.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+impl TaskResult {
+    fn new() -> TaskResult {
+        TaskResult {
+            counts: [0; OUTCOMES],
+            replicas_short: 0,
+            units: 0,
+            errors: 0,
+            first_error: None,
+            hist: new_histogram(),
+        }
+    }
+
+    /// Adds another task's results to these.
+    fn add(&mut self, r: TaskResult) {
+        for (sum, c) in self.counts.iter_mut().zip(r.counts) {
+            *sum += c;
+        }
+        self.errors += r.errors;
+        self.replicas_short += r.replicas_short;
+        self.units += r.units;
+        if self.first_error.is_none() {
+            self.first_error = r.first_error;
+        }
+        self.hist.add(&r.hist).ok();
+    }
+
+    /// Every task's results as the run's report.
+    fn report(self, plan: &BenchPlan, elapsed: Duration, tokens_ms: Option<u64>) -> BenchReport {
+        let hist = &self.hist;
+        BenchReport {
+            voucher: plan.voucher,
+            attempts: plan.attempts,
+            errors: self.errors,
+            elapsed_ms: elapsed.as_millis() as u64,
+            attempts_per_sec: plan.attempts as f64
+                / elapsed.max(Duration::from_micros(1)).as_secs_f64(),
+            concurrency: plan.concurrency,
+            connections: plan.connections,
+            outcomes: OutcomeCounts::from(self.counts),
+            tokens_ms,
+            replicas_short: plan.wait_replicas.map(|_| self.replicas_short),
+            units_admitted: self.units,
+            latency: Latency {
+                p50_us: hist.value_at_quantile(0.50),
+                p90_us: hist.value_at_quantile(0.90),
+                p99_us: hist.value_at_quantile(0.99),
+                p999_us: hist.value_at_quantile(0.999),
+                max_us: hist.max(),
+                mean_us: hist.mean(),
+            },
+            first_error: self.first_error,
+        }
+    }
 }
 
 /// A token for each of the plan's users (index = user - offset - 1), issued

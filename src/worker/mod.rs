@@ -76,97 +76,28 @@ pub async fn run(
         }
         None => None,
     };
-    let deadline_worker = Canceller {
-        cfg: cfg.clone(),
-        opts: opts.deadlines.clone(),
-        db: db.clone(),
-        conn: redis_conn::connect(&cfg).await?,
-        ids: ids.clone(),
-        stats: stats.clone(),
-        pay_timeouts: HashMap::new(),
-        last_sweep: None,
-        layouts: Default::default(),
-        owner: format!("{}:{run_id}:deadlines", opts.consumer),
-        // Not renewed while it runs: long enough for its two lock waits
-        // (order rows, then the voucher's), each half the lock lease.
-        fence_lease: opts.lock_lease * 2,
-        mysql_timeout: opts.mysql_timeout,
+    let parts = Parts {
+        cfg,
+        opts,
+        db,
+        ids,
+        stats,
+        run_id,
     };
+    let deadline_worker = parts.canceller().await?;
     let stop_guard = stop.child_token();
-    let guard_task = (!opts.gate_check.is_zero()).then(|| {
-        let guard = GateGuard {
-            cfg: cfg.clone(),
-            db: db.clone(),
-            conn: conn.clone(),
-            ids: ids.clone(),
-            stats: stats.clone(),
-            every: opts.gate_check,
-            grace: opts.lock_lease,
-            owner: format!("{}:{run_id}:guard", opts.consumer),
-            state: Default::default(),
-        };
-        tokio::spawn(guard.run(stop_guard.clone()))
-    });
+    let guard_task = (!parts.opts.gate_check.is_zero())
+        .then(|| tokio::spawn(parts.gate_guard(conn).run(stop_guard.clone())));
     // Vouchers split in buckets: one worker at a time moves their stock.
     let stop_mover = stop.child_token();
-    let mover_task = {
-        let mover = mover::Mover {
-            cfg: cfg.clone(),
-            conn: redis_conn::connect(&cfg).await?,
-            db: db.clone(),
-            ids: ids.clone(),
-            stats: stats.clone(),
-            owner: format!("{}:{run_id}:mover", opts.consumer),
-            lease: opts.lock_lease,
-            layouts: Default::default(),
-            failing: Default::default(),
-            epoch_floors: Default::default(),
-            bounded: Default::default(),
-            last_pass: Default::default(),
-            published: Default::default(),
-            guarded: !opts.gate_check.is_zero(),
-            told_unchecked: Default::default(),
-            moves_left: false,
-            until_idle: opts.until_idle,
-        };
-        tokio::spawn(mover.run(stop_mover.clone()))
-    };
-    let (mut inline_deadlines, deadline_task) = if opts.until_idle {
+    let mover_task = tokio::spawn(parts.mover().await?.run(stop_mover.clone()));
+    let (inline_deadlines, deadline_task) = if parts.opts.until_idle {
         (Some(deadline_worker), None)
     } else {
         (None, Some(tokio::spawn(deadline_worker.run(stop.clone()))))
     };
-    let mut lanes = Vec::with_capacity(opts.lanes);
-    for lane in 0..opts.lanes {
-        lanes.push(Lane {
-            cfg: cfg.clone(),
-            opts: opts.clone(),
-            lane,
-            db: db.clone(),
-            conn: redis_conn::connect(&cfg).await?,
-            blocking: redis_conn::connect_blocking(&cfg, opts.block).await?,
-            owner: LockOwner {
-                // One owner per lane: two lanes never share a user's lock.
-                token: format!("{}:{run_id}:{lane}", opts.consumer),
-                lease: opts.lock_lease,
-            },
-            stats: stats.clone(),
-            stop: stop.clone(),
-            streams: BTreeMap::new(),
-            unsettled: Default::default(),
-            idle_since_pass: None,
-            last_error: HashMap::new(),
-            reclaim_cursors: HashMap::new(),
-            recreate_groups: false,
-            read_nothing: false,
-            read_size: opts.batch,
-            deadlines: if lane == 0 {
-                inline_deadlines.take()
-            } else {
-                None
-            },
-        });
-    }
+    let lanes = parts.lanes(&stop, inline_deadlines).await?;
+    let opts = &parts.opts;
     tracing::info!(
         "worker {} started (batch {} up to {}, lanes {}, claim idle {}, max deliveries {})",
         opts.consumer,
@@ -176,6 +107,148 @@ pub async fn run(
         humantime::format_duration(opts.claim_idle),
         opts.max_deliveries
     );
+    let (outcome, last) = run_lanes(lanes).await;
+    stop_guard.cancel();
+    if let Some(task) = guard_task {
+        task.await.ok();
+    }
+    stop_mover.cancel();
+    mover_task.await.ok();
+    if let Some(task) = deadline_task {
+        // Lanes stop only on `stop`, which also ends this task's loop.
+        task.await.ok();
+    }
+    if let Some(mut w) = last {
+        leave_consumer_lists(&mut w).await;
+    }
+    if opts.until_idle && outcome.is_ok() && !stop.is_cancelled() {
+        tracing::info!("no work left: exiting (--until-idle)");
+    }
+    if let Some(m) = metrics {
+        m.abort();
+    }
+    stop_renewing.cancel();
+    renewing.await.ok();
+    parts.db.close().await;
+    outcome
+}
+
+/// What every part of a worker shares.
+struct Parts {
+    cfg: Arc<Config>,
+    opts: Arc<WorkerOptions>,
+    db: Db,
+    ids: Arc<OrderIds>,
+    stats: Arc<WorkerStats>,
+    /// An id minted for this run: owner tokens are made from it.
+    run_id: u64,
+}
+
+impl Parts {
+    /// Layer 5: the payment deadlines.
+    async fn canceller(&self) -> Result<Canceller> {
+        Ok(Canceller {
+            cfg: self.cfg.clone(),
+            opts: self.opts.deadlines.clone(),
+            db: self.db.clone(),
+            conn: redis_conn::connect(&self.cfg).await?,
+            ids: self.ids.clone(),
+            stats: self.stats.clone(),
+            pay_timeouts: HashMap::new(),
+            last_sweep: None,
+            layouts: Default::default(),
+            owner: format!("{}:{}:deadlines", self.opts.consumer, self.run_id),
+            // Not renewed while it runs: long enough for its two lock waits
+            // (order rows, then the voucher's), each half the lock lease.
+            fence_lease: self.opts.lock_lease * 2,
+            mysql_timeout: self.opts.mysql_timeout,
+        })
+    }
+
+    /// The gate guard, on the worker's first connection.
+    fn gate_guard(&self, conn: redis_conn::Redis) -> GateGuard {
+        GateGuard {
+            cfg: self.cfg.clone(),
+            db: self.db.clone(),
+            conn,
+            ids: self.ids.clone(),
+            stats: self.stats.clone(),
+            every: self.opts.gate_check,
+            grace: self.opts.lock_lease,
+            owner: format!("{}:{}:guard", self.opts.consumer, self.run_id),
+            state: Default::default(),
+        }
+    }
+
+    /// The mover of vouchers split in buckets.
+    async fn mover(&self) -> Result<mover::Mover> {
+        Ok(mover::Mover {
+            cfg: self.cfg.clone(),
+            conn: redis_conn::connect(&self.cfg).await?,
+            db: self.db.clone(),
+            ids: self.ids.clone(),
+            stats: self.stats.clone(),
+            owner: format!("{}:{}:mover", self.opts.consumer, self.run_id),
+            lease: self.opts.lock_lease,
+            layouts: Default::default(),
+            failing: Default::default(),
+            epoch_floors: Default::default(),
+            bounded: Default::default(),
+            last_pass: Default::default(),
+            published: Default::default(),
+            guarded: !self.opts.gate_check.is_zero(),
+            told_unchecked: Default::default(),
+            moves_left: false,
+            until_idle: self.opts.until_idle,
+        })
+    }
+
+    /// The read loops, each on connections of its own; lane 0 runs the
+    /// deadlines inline when given them (`--until-idle`).
+    async fn lanes(
+        &self,
+        stop: &CancellationToken,
+        mut inline_deadlines: Option<Canceller>,
+    ) -> Result<Vec<Lane>> {
+        let opts = &self.opts;
+        let mut lanes = Vec::with_capacity(opts.lanes);
+        for lane in 0..opts.lanes {
+            lanes.push(Lane {
+                cfg: self.cfg.clone(),
+                opts: opts.clone(),
+                lane,
+                db: self.db.clone(),
+                conn: redis_conn::connect(&self.cfg).await?,
+                blocking: redis_conn::connect_blocking(&self.cfg, opts.block).await?,
+                owner: LockOwner {
+                    // One owner per lane: two lanes never share a user's lock.
+                    token: format!("{}:{}:{lane}", opts.consumer, self.run_id),
+                    lease: opts.lock_lease,
+                },
+                stats: self.stats.clone(),
+                stop: stop.clone(),
+                streams: BTreeMap::new(),
+                unsettled: Default::default(),
+                idle_since_pass: None,
+                last_error: HashMap::new(),
+                reclaim_cursors: HashMap::new(),
+                recreate_groups: false,
+                read_nothing: false,
+                read_size: opts.batch,
+                deadlines: if lane == 0 {
+                    inline_deadlines.take()
+                } else {
+                    None
+                },
+            });
+        }
+        Ok(lanes)
+    }
+}
+
+/// Runs the lanes to their end: the first error of any, and a lane to
+/// leave the consumer lists with.
+async fn run_lanes(lanes: Vec<Lane>) -> (Result<()>, Option<Lane>) {
     let mut running = tokio::task::JoinSet::new();
     for mut w in lanes {
         running.spawn(async move {
@@ -198,37 +271,19 @@ pub async fn run(
             }
         }
     }
-    stop_guard.cancel();
-    if let Some(task) = guard_task {
-        task.await.ok();
+    (outcome, last)
+}
+
+/// Best effort, and bounded: a connection gone silent would hold the exit
+/// for a reply timeout per voucher, past systemd's TimeoutStopSec; a
+/// consumer left behind is forgotten later.
+async fn leave_consumer_lists(w: &mut Lane) {
+    if tokio::time::timeout(FORGET_SELF_WITHIN, w.forget_self())
+        .await
+        .is_err()
+    {
+        tracing::debug!(
+            "leaving the consumer list took over {FORGET_SELF_WITHIN:?}; left for later"
+        );
     }
-    stop_mover.cancel();
-    mover_task.await.ok();
-    if let Some(task) = deadline_task {
-        // Lanes stop only on `stop`, which also ends this task's loop.
-        task.await.ok();
-    }
-    if let Some(mut w) = last {
-        // Best effort, and bounded: a connection gone silent would hold
-        // the exit for a reply timeout per voucher, past systemd's
-        // TimeoutStopSec; a consumer left behind is forgotten later.
-        if tokio::time::timeout(FORGET_SELF_WITHIN, w.forget_self())
-            .await
-            .is_err()
-        {
-            tracing::debug!(
-                "leaving the consumer list took over {FORGET_SELF_WITHIN:?}; left for later"
-            );
-        }
-    }
-    if opts.until_idle && outcome.is_ok() && !stop.is_cancelled() {
-        tracing::info!("no work left: exiting (--until-idle)");
-    }
-    if let Some(m) = metrics {
-        m.abort();
-    }
-    stop_renewing.cancel();
-    renewing.await.ok();
-    db.close().await;
-    outcome
 }
