@@ -207,17 +207,7 @@ impl Mover {
     async fn round(&mut self, layout: &Layout) -> Result<usize> {
         let gates = layout.all_keys()?;
         let Some(epoch) = self.lease(&gates[0]).await? else {
-            // Another worker moves this voucher. Only an --until-idle run
-            // asks what is left for it (so as not to exit while the holder
-            // may be a worker that died, whose lease runs out soon), by the
-            // holder's own rules; a long-running one has nothing to decide.
-            if !self.until_idle {
-                return Ok(0);
-            }
-            let (looks, pool) = look_all(&mut self.conn, &gates).await?;
-            let waiting = movable(&looks) && allotment(&looks, pool).any();
-            let open = transfer::any_open(&mut self.conn, layout).await?;
-            return Ok(usize::from(waiting || open));
+            return self.left_to_the_holder(layout, &gates).await;
         };
         let left_open = self.complete_stale(&gates).await?;
         let (looks, pool) = look_all(&mut self.conn, &gates).await?;
@@ -242,33 +232,67 @@ impl Mover {
             return Ok(left_open);
         }
         let mut free = Free { looks, pool };
+        self.fill_the_short(&gates, epoch, &mut free, &allotted)
+            .await?;
+        for b in 0..free.looks.len() {
+            if allotted.requests[b] > 0 {
+                self.serve(&gates, b, epoch, allotted.requests[b]).await?;
+            }
+        }
+        self.even_out(&gates, epoch, &mut free).await?;
+        Ok(left_open)
+    }
 
-        // The buckets whose allotted requests lack units, the earliest
-        // allotted request first; the pool gives first, then the buckets
-        // holding more than their own allotted requests take.
-        let earliest = |b: usize| free.looks[b].line.waiting.first().map_or(f64::MAX, |w| w.0);
+    /// Another worker moves this voucher. Only an --until-idle run asks
+    /// what is left for it (so as not to exit while the holder may be a
+    /// worker that died, whose lease runs out soon), by the holder's own
+    /// rules; a long-running one has nothing to decide.
+    async fn left_to_the_holder(
+        &mut self,
+        layout: &Layout,
+        gates: &[VoucherKeys],
+    ) -> Result<usize> {
+        if !self.until_idle {
+            return Ok(0);
+        }
+        let (looks, pool) = look_all(&mut self.conn, gates).await?;
+        let waiting = movable(&looks) && allotment(&looks, pool).any();
+        let open = transfer::any_open(&mut self.conn, layout).await?;
+        Ok(usize::from(waiting || open))
+    }
+
+    /// The buckets whose allotted requests lack units, the earliest
+    /// allotted request first; the pool gives first, then the buckets
+    /// holding more than their own allotted requests take.
+    async fn fill_the_short(
+        &mut self,
+        gates: &[VoucherKeys],
+        epoch: u64,
+        free: &mut Free,
+        allotted: &Allotment,
+    ) -> Result<()> {
+        let earliest =
+            |free: &Free, b: usize| free.looks[b].line.waiting.first().map_or(f64::MAX, |w| w.0);
         let mut short: Vec<usize> = (0..free.looks.len())
             .filter(|b| allotted.need[*b] > free.looks[*b].line.stock)
             .collect();
-        short.sort_by(|a, b| earliest(*a).total_cmp(&earliest(*b)));
+        short.sort_by(|a, b| earliest(free, *a).total_cmp(&earliest(free, *b)));
         for to in short {
             let mut lacks = allotted.need[to] - free.looks[to].line.stock;
             if pool_usable(&free.looks) {
-                lacks -= self
-                    .shift(&gates, epoch, &mut free, None, to, lacks)
-                    .await?;
+                lacks -= self.shift(gates, epoch, free, None, to, lacks).await?;
             }
             while lacks > 0 {
-                let spare = |d: usize| free.looks[d].line.stock - allotted.need[d];
+                let spare = |free: &Free, d: usize| free.looks[d].line.stock - allotted.need[d];
                 let Some(from) = (0..free.looks.len())
-                    .filter(|d| *d != to && !free.looks[*d].line.paused && spare(*d) > 0)
-                    .max_by_key(|d| spare(*d))
+                    .filter(|d| *d != to && !free.looks[*d].line.paused && spare(free, *d) > 0)
+                    .max_by_key(|d| spare(free, *d))
                 else {
                     break;
                 };
-                let units = lacks.min(spare(from));
+                let units = lacks.min(spare(free, from));
                 let moved = self
-                    .shift(&gates, epoch, &mut free, Some(from), to, units)
+                    .shift(gates, epoch, free, Some(from), to, units)
                     .await?;
                 if moved == 0 {
                     break;
@@ -276,14 +300,12 @@ impl Mover {
                 lacks -= moved;
             }
         }
-        for b in 0..free.looks.len() {
-            if allotted.requests[b] > 0 {
-                self.serve(&gates, b, epoch, allotted.requests[b]).await?;
-            }
-        }
+        Ok(())
+    }
 
-        // Even out: a bucket far below the average gets units, from the
-        // pool first, so it does not run dry while others hold plenty.
+    /// Even out: a bucket far below the average gets units, from the pool
+    /// first, so it does not run dry while others hold plenty.
+    async fn even_out(&mut self, gates: &[VoucherKeys], epoch: u64, free: &mut Free) -> Result<()> {
         let total: i64 = free.looks.iter().map(|l| l.line.stock).sum::<i64>() + free.pool;
         let average = total / free.looks.len() as i64;
         for to in 0..free.looks.len() {
@@ -296,9 +318,7 @@ impl Mover {
             }
             let mut wants = average - l.line.stock;
             if pool_usable(&free.looks) {
-                wants -= self
-                    .shift(&gates, epoch, &mut free, None, to, wants)
-                    .await?;
+                wants -= self.shift(gates, epoch, free, None, to, wants).await?;
             }
             let richest = (0..free.looks.len())
                 .filter(|d| {
@@ -310,12 +330,12 @@ impl Mover {
             if let Some(from) = richest {
                 let spare = free.looks[from].line.stock - average;
                 if wants > 0 && spare > 0 {
-                    self.shift(&gates, epoch, &mut free, Some(from), to, wants.min(spare))
+                    self.shift(gates, epoch, free, Some(from), to, wants.min(spare))
                         .await?;
                 }
             }
         }
-        Ok(left_open)
+        Ok(())
     }
 
     /// Moves up to `units` from bucket `from` (None: the pool) to `to`, no
