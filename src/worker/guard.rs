@@ -178,6 +178,14 @@ struct Look {
 /// holding the gate.
 const META_RUN_ID: &str = "run_id";
 
+/// What a look at a loaded gate leaves to do.
+enum Looked {
+    /// Open, nothing to fear, or caught up since the look.
+    Done,
+    /// Paused: to be rebuilt; why, when paused by this look.
+    Paused(Option<String>),
+}
+
 impl GateGuard {
     pub async fn run(mut self, stop: CancellationToken) {
         let mut backoff = Backoff::default();
@@ -211,45 +219,8 @@ impl GateGuard {
     /// logged and the others go on; the pass fails only when the stores
     /// cannot be read at all.
     pub async fn pass(&mut self) -> Result<()> {
-        let mut known = match self.state.known.take() {
-            Some(k) => k,
-            None => reconcile::candidates(&self.db, &mut self.conn, &self.cfg.prefix)
-                .await?
-                .into_iter()
-                .collect(),
-        };
-        known.extend(registry::members(&mut self.conn, &self.cfg.prefix).await?);
-        let vouchers: Vec<u64> = known.iter().copied().collect();
-        self.state.known = Some(known);
-        // MySQL's word on the split: a bucket 0 that lost its meta reads as
-        // a voucher of one gate, which a rebuild would make of every
-        // bucket's users and stock.
-        let split = crate::orders::voucher::split_in_buckets(&self.db, &vouchers).await?;
-        let mut gates: Vec<GateId> = Vec::with_capacity(vouchers.len());
-        let mut keys: Vec<VoucherKeys> = Vec::with_capacity(vouchers.len());
-        for &v in &vouchers {
-            if !split.contains(&v) {
-                gates.push(GateId {
-                    voucher: v,
-                    bucket: 0,
-                    buckets: 1,
-                });
-                keys.push(VoucherKeys::new(&self.cfg.prefix, v)?);
-                continue;
-            }
-            // Not laid out yet (never preloaded): nothing to watch.
-            let Some(layout) = self.layout_of(v).await? else {
-                continue;
-            };
-            for b in 0..layout.buckets() {
-                gates.push(GateId {
-                    voucher: v,
-                    bucket: b,
-                    buckets: layout.buckets(),
-                });
-                keys.push(layout.keys(b)?);
-            }
-        }
+        let vouchers = self.vouchers_to_watch().await?;
+        let (gates, keys) = self.gates_of(&vouchers).await?;
         // Redis first for the commits MySQL lost, MySQL first for the writes
         // Redis lost: see the module comment.
         let (seen, forgotten) = self.commits_seen(&gates, &keys).await?;
@@ -265,36 +236,12 @@ impl GateGuard {
             .collect();
         self.stats
             .set_mysql_commits_lost(lost_commits.values().map(MysqlBehind::sum).sum());
-        for (v, was) in std::mem::take(&mut self.state.reopened_with) {
-            match lost_commits.get(&v) {
-                Some(now) if *now == was => {
-                    tracing::warn!(
-                        "voucher {v}: MySQL still lacks {} order(s) and {} cancellation(s) the gates saw, which nothing kept can restore; not paused for again unless it grows (see `seckill reconcile --dry-run --voucher {v}`)",
-                        now.orders,
-                        now.cancellations
-                    );
-                    self.state.accepted.insert(v, was);
-                }
-                _ => {}
-            }
-        }
+        self.accept_what_a_rebuild_could_not_restore(&lost_commits);
         match crate::orders::restore::held_count(&self.db).await {
             Ok(n) => self.stats.set_orders_held(n),
             Err(e) => tracing::debug!("gate guard: held orders not counted: {e}"),
         }
-        let rows = pipeline_per_item(&mut self.conn, &keys, false, true, |pipe, k| {
-            pipe.hexists(k.meta(), "begin_ms")
-                .scard(k.buyers())
-                .hget(k.meta(), META_PAUSED)
-                .cmd("EVAL")
-                .arg(RUN_ID_SOURCE)
-                .arg(1)
-                .arg(k.meta())
-                .hget(k.meta(), META_RUN_ID);
-            Ok(())
-        })
-        .await?;
-        let looks: Vec<Result<Look>> = rows.into_iter().map(look_of).collect();
+        let looks = self.look_at(&keys).await?;
         let per_bucket = self.orders_per_bucket(&gates, &looks, &orders).await;
         let loaded_somewhere: BTreeSet<u64> = gates
             .iter()
@@ -349,6 +296,96 @@ impl GateGuard {
         Ok(())
     }
 
+    /// The vouchers this guard watches: those it knew (or, at the first
+    /// pass, every candidate of the stores) and every registered one.
+    async fn vouchers_to_watch(&mut self) -> Result<Vec<u64>> {
+        let mut known = match self.state.known.take() {
+            Some(k) => k,
+            None => reconcile::candidates(&self.db, &mut self.conn, &self.cfg.prefix)
+                .await?
+                .into_iter()
+                .collect(),
+        };
+        known.extend(registry::members(&mut self.conn, &self.cfg.prefix).await?);
+        let vouchers: Vec<u64> = known.iter().copied().collect();
+        self.state.known = Some(known);
+        Ok(vouchers)
+    }
+
+    /// Each voucher's gates (one per bucket) and their keys.
+    async fn gates_of(&mut self, vouchers: &[u64]) -> Result<(Vec<GateId>, Vec<VoucherKeys>)> {
+        // MySQL's word on the split: a bucket 0 that lost its meta reads as
+        // a voucher of one gate, which a rebuild would make of every
+        // bucket's users and stock.
+        let split = crate::orders::voucher::split_in_buckets(&self.db, vouchers).await?;
+        let mut gates: Vec<GateId> = Vec::with_capacity(vouchers.len());
+        let mut keys: Vec<VoucherKeys> = Vec::with_capacity(vouchers.len());
+        for &v in vouchers {
+            if !split.contains(&v) {
+                gates.push(GateId {
+                    voucher: v,
+                    bucket: 0,
+                    buckets: 1,
+                });
+                keys.push(VoucherKeys::new(&self.cfg.prefix, v)?);
+                continue;
+            }
+            // Not laid out yet (never preloaded): nothing to watch.
+            let Some(layout) = self.layout_of(v).await? else {
+                continue;
+            };
+            for b in 0..layout.buckets() {
+                gates.push(GateId {
+                    voucher: v,
+                    bucket: b,
+                    buckets: layout.buckets(),
+                });
+                keys.push(layout.keys(b)?);
+            }
+        }
+        Ok((gates, keys))
+    }
+
+    /// A voucher reopened last pass with MySQL lacking what nothing kept
+    /// could restore, and lacking the same now: accepted, not paused for
+    /// again unless it grows.
+    fn accept_what_a_rebuild_could_not_restore(
+        &mut self,
+        lost_commits: &HashMap<u64, MysqlBehind>,
+    ) {
+        for (v, was) in std::mem::take(&mut self.state.reopened_with) {
+            match lost_commits.get(&v) {
+                Some(now) if *now == was => {
+                    tracing::warn!(
+                        "voucher {v}: MySQL still lacks {} order(s) and {} cancellation(s) the gates saw, which nothing kept can restore; not paused for again unless it grows (see `seckill reconcile --dry-run --voucher {v}`)",
+                        now.orders,
+                        now.cancellations
+                    );
+                    self.state.accepted.insert(v, was);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Each gate as one pipeline reads it: loaded, buyers, paused, the
+    /// server's run id and the one meta records.
+    async fn look_at(&mut self, keys: &[VoucherKeys]) -> Result<Vec<Result<Look>>> {
+        let rows = pipeline_per_item(&mut self.conn, keys, false, true, |pipe, k| {
+            pipe.hexists(k.meta(), "begin_ms")
+                .scard(k.buyers())
+                .hget(k.meta(), META_PAUSED)
+                .cmd("EVAL")
+                .arg(RUN_ID_SOURCE)
+                .arg(1)
+                .arg(k.meta())
+                .hget(k.meta(), META_RUN_ID);
+            Ok(())
+        })
+        .await?;
+        Ok(rows.into_iter().map(look_of).collect())
+    }
+
     /// Handles one gate.
     /// `counts`: MySQL's orders of the gate, and what MySQL lacks of what
     /// its voucher's gates saw it commit.
@@ -361,6 +398,79 @@ impl GateGuard {
         live: bool,
     ) -> Result<()> {
         let (orders, behind) = counts;
+        if !look.loaded {
+            return self.gone_whole(v, keys, look, live).await;
+        }
+        self.state.missing_since.remove(&v);
+        let why = match self.pause_if_lost(v, keys, look, (orders, behind)).await? {
+            Looked::Done => return Ok(()),
+            Looked::Paused(why) => why,
+        };
+        if let Some(why) = why {
+            self.paused_now(v, &why);
+            crate::support::fault::point("gate_paused").await?;
+        }
+        let pause = self.state.paused.entry(v).or_insert_with(Pause::new);
+        // One that waits for an operator is looked at again now and then,
+        // not every pass (each look is a full reconcile read).
+        if pause.needs_operator && pause.tried.is_some_and(|t| t.elapsed() < OPERATOR_RETRY) {
+            return Ok(());
+        }
+        pause.tried = Some(Instant::now());
+        self.rebuild(v, keys).await?;
+        if !behind.is_none() && !self.state.paused.contains_key(&v) {
+            self.state.reopened_with.insert(v.voucher, behind);
+        }
+        Ok(())
+    }
+
+    /// A gate lost whole admits nobody ("unknown voucher"): nothing to
+    /// pause. Rebuilt only when MySQL holds orders of it (what Redis lost)
+    /// or, a bucket, its voucher sells on (`live`); one without orders
+    /// waits for `seckill preload`.
+    async fn gone_whole(
+        &mut self,
+        v: GateId,
+        keys: &VoucherKeys,
+        look: &Look,
+        live: bool,
+    ) -> Result<()> {
+        self.record_run_id(v, keys, look).await?;
+        self.state.paused.remove(&v);
+        if !live {
+            self.state.missing_since.remove(&v);
+            return Ok(());
+        }
+        // Rebuilt open: only after the grace a pause would have (from
+        // when this loss was first seen, not from an earlier pause), and
+        // when no worker holds it (a batch Redis lost, in hand).
+        let since = *self
+            .state
+            .missing_since
+            .entry(v)
+            .or_insert_with(Instant::now);
+        if since.elapsed() < self.grace || pause::is_held(&mut self.conn, keys).await? {
+            return Ok(());
+        }
+        self.state.missing_since.remove(&v);
+        tracing::warn!(
+            "{v}: the gate is gone from Redis while MySQL holds its orders or its voucher sells: rebuilding it from MySQL"
+        );
+        self.rebuild(v, keys).await
+    }
+
+    /// Pauses a loaded gate that may have lost writes (its server changed,
+    /// MySQL lacks commits it saw, fewer buyers than MySQL's orders):
+    /// Paused with why it was paused now (None: paused already), or Done
+    /// when it is open and has nothing to fear.
+    async fn pause_if_lost(
+        &mut self,
+        v: GateId,
+        keys: &VoucherKeys,
+        look: &Look,
+        counts: (u64, MysqlBehind),
+    ) -> Result<Looked> {
+        let (orders, behind) = counts;
         let moved = look.run_id.as_ref().and_then(|now| {
             [self.state.run_ids.get(&v), look.recorded_run_id.as_ref()]
                 .into_iter()
@@ -368,35 +478,6 @@ impl GateGuard {
                 .find(|before| *before != now)
                 .map(|before| (before.clone(), now.clone()))
         });
-        if !look.loaded {
-            self.record_run_id(v, keys, look).await?;
-            // A gate lost whole admits nobody ("unknown voucher"): nothing
-            // to pause. Rebuilt only when MySQL holds orders of it (what
-            // Redis lost) or, a bucket, its voucher sells on; one without
-            // orders waits for `seckill preload`.
-            self.state.paused.remove(&v);
-            if !live {
-                self.state.missing_since.remove(&v);
-                return Ok(());
-            }
-            // Rebuilt open: only after the grace a pause would have (from
-            // when this loss was first seen, not from an earlier pause), and
-            // when no worker holds it (a batch Redis lost, in hand).
-            let since = *self
-                .state
-                .missing_since
-                .entry(v)
-                .or_insert_with(Instant::now);
-            if since.elapsed() < self.grace || pause::is_held(&mut self.conn, keys).await? {
-                return Ok(());
-            }
-            self.state.missing_since.remove(&v);
-            tracing::warn!(
-                "{v}: the gate is gone from Redis while MySQL holds its orders or its voucher sells: rebuilding it from MySQL"
-            );
-            return self.rebuild(v, keys).await;
-        }
-        self.state.missing_since.remove(&v);
         let why = if let Some((before, now)) = moved {
             let paused = pause::pause(
                 &mut self.conn,
@@ -435,7 +516,7 @@ impl GateGuard {
                     crate::support::fault::point("gate_paused").await?;
                     None
                 }
-                Paused::NotNeeded | Paused::NotLoaded => return Ok(()),
+                Paused::NotNeeded | Paused::NotLoaded => return Ok(Looked::Done),
                 Paused::Already => None,
             }
         } else if look.buyers < orders && !look.paused {
@@ -446,33 +527,18 @@ impl GateGuard {
                     look.buyers
                 )),
                 // Caught up since the look (an admission in between).
-                Paused::NotNeeded | Paused::NotLoaded => return Ok(()),
+                Paused::NotNeeded | Paused::NotLoaded => return Ok(Looked::Done),
                 Paused::Already => None,
             }
         } else if !look.paused {
             self.record_run_id(v, keys, look).await?;
             self.state.paused.remove(&v);
-            return Ok(());
+            return Ok(Looked::Done);
         } else {
             self.record_run_id(v, keys, look).await?;
             None
         };
-        if let Some(why) = why {
-            self.paused_now(v, &why);
-            crate::support::fault::point("gate_paused").await?;
-        }
-        let pause = self.state.paused.entry(v).or_insert_with(Pause::new);
-        // One that waits for an operator is looked at again now and then,
-        // not every pass (each look is a full reconcile read).
-        if pause.needs_operator && pause.tried.is_some_and(|t| t.elapsed() < OPERATOR_RETRY) {
-            return Ok(());
-        }
-        pause.tried = Some(Instant::now());
-        self.rebuild(v, keys).await?;
-        if !behind.is_none() && !self.state.paused.contains_key(&v) {
-            self.state.reopened_with.insert(v.voucher, behind);
-        }
-        Ok(())
+        Ok(Looked::Paused(why))
     }
 
     /// Remembers the server now holding the gate, here and in its meta
