@@ -22,7 +22,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
 use redis::AsyncCommands;
 
-use super::stats::WorkerStats;
+use super::stats::{StatsSnapshot, WorkerStats};
 use crate::error::Result;
 use crate::gate::policy::{self, Rejections};
 use crate::gate::state::GateState;
@@ -99,110 +99,7 @@ async fn render(cfg: &Config, stats: &WorkerStats) -> String {
 
 fn register_worker(registry: &mut Registry, stats: &WorkerStats) {
     let s = stats.snapshot();
-    // Names without `_total`: the encoder adds it to counters.
-    let counters: [(&str, &str, u64); 20] = [
-        (
-            "orders_persisted",
-            "Orders inserted into MySQL by this worker",
-            s.persisted,
-        ),
-        (
-            "units_persisted",
-            "Units the orders inserted into MySQL by this worker hold",
-            s.units_persisted,
-        ),
-        (
-            "orders_duplicate",
-            "Redelivered entries whose order was already stored",
-            s.duplicates,
-        ),
-        (
-            "dead_lettered",
-            "Messages moved to a dead-letter stream",
-            s.dead_lettered,
-        ),
-        (
-            "entries_reclaimed",
-            "Entries taken over from silent consumers",
-            s.reclaimed,
-        ),
-        (
-            "lock_denied",
-            "Entries left pending because another worker held the user's lock",
-            s.lock_denied,
-        ),
-        (
-            "lock_lost",
-            "Lock leases that expired while their batch was being persisted",
-            s.lock_lost,
-        ),
-        (
-            "orders_cancelled",
-            "Unpaid orders cancelled at their payment deadline",
-            s.cancelled,
-        ),
-        (
-            "units_released",
-            "Units given back at the gate after a cancellation",
-            s.released,
-        ),
-        (
-            "promotions",
-            "Units handed to waitlisted users (released ones and the gate's stock they joined)",
-            s.promoted,
-        ),
-        (
-            "deadline_errors",
-            "Voucher passes of the payment deadlines that failed (each retried)",
-            s.deadline_errors,
-        ),
-        (
-            "gate_pauses",
-            "Gates paused by this worker because Redis lost writes MySQL holds",
-            s.gate_pauses,
-        ),
-        (
-            "gate_pauses_mysql_lost_commits",
-            "Gates paused by this worker because MySQL held fewer orders than its workers committed",
-            s.mysql_loss_pauses,
-        ),
-        (
-            "orders_restored",
-            "Orders MySQL lost that this worker's gate guard restored into it from the kept stream entries",
-            s.orders_restored,
-        ),
-        (
-            "payments_restored",
-            "Payments MySQL lost that this worker's canceller made again, the gate having seen them paid",
-            s.payments_restored,
-        ),
-        (
-            "gate_reopens",
-            "Paused or lost gates this worker rebuilt from MySQL and reopened",
-            s.gate_reopens,
-        ),
-        (
-            "gate_guard_passes",
-            "Passes of this worker's gate guard over every voucher it watches",
-            s.guard_passes,
-        ),
-        (
-            "units_moved",
-            "Units the mover moved between the buckets of vouchers split in buckets",
-            s.units_moved,
-        ),
-        (
-            "transfers_completed",
-            "Transfers between buckets a stopped mover left half done, completed",
-            s.transfers_completed,
-        ),
-        (
-            "worker_retries",
-            "Retries after a failed call to Redis or MySQL (an outage, a timeout)",
-            crate::support::backoff::retries(),
-        ),
-    ];
-    for (name, help, value) in counters {
+    for (name, help, value) in worker_counters(&s) {
         registry.register(name, help, ConstCounter::new(value));
     }
     registry.register(
@@ -230,6 +127,113 @@ fn register_worker(registry: &mut Registry, stats: &WorkerStats) {
         "Time to persist one batch (lock, MySQL, finish)",
         stats.timings.batch_seconds.clone(),
     );
+}
+
+/// The worker's counters: name, help, value. Names without `_total`: the
+/// encoder adds it to counters.
+fn worker_counters(s: &StatsSnapshot) -> [(&'static str, &'static str, u64); 20] {
+    [
+    (
+        "orders_persisted",
+        "Orders inserted into MySQL by this worker",
+        s.persisted,
+    ),
+    (
+        "units_persisted",
+        "Units the orders inserted into MySQL by this worker hold",
+        s.units_persisted,
+    ),
+    (
+        "orders_duplicate",
+        "Redelivered entries whose order was already stored",
+        s.duplicates,
+    ),
+    (
+        "dead_lettered",
+        "Messages moved to a dead-letter stream",
+        s.dead_lettered,
+    ),
+    (
+        "entries_reclaimed",
+        "Entries taken over from silent consumers",
+        s.reclaimed,
+    ),
+    (
+        "lock_denied",
+        "Entries left pending because another worker held the user's lock",
+        s.lock_denied,
+    ),
+    (
+        "lock_lost",
+        "Lock leases that expired while their batch was being persisted",
+        s.lock_lost,
+    ),
+    (
+        "orders_cancelled",
+        "Unpaid orders cancelled at their payment deadline",
+        s.cancelled,
+    ),
+    (
+        "units_released",
+        "Units given back at the gate after a cancellation",
+        s.released,
+    ),
+    (
+        "promotions",
+        "Units handed to waitlisted users (released ones and the gate's stock they joined)",
+        s.promoted,
+    ),
+    (
+        "deadline_errors",
+        "Voucher passes of the payment deadlines that failed (each retried)",
+        s.deadline_errors,
+    ),
+    (
+        "gate_pauses",
+        "Gates paused by this worker because Redis lost writes MySQL holds",
+        s.gate_pauses,
+    ),
+    (
+        "gate_pauses_mysql_lost_commits",
+        "Gates paused by this worker because MySQL held fewer orders than its workers committed",
+        s.mysql_loss_pauses,
+    ),
+    (
+        "orders_restored",
+        "Orders MySQL lost that this worker's gate guard restored into it from the kept stream entries",
+        s.orders_restored,
+    ),
+    (
+        "payments_restored",
+        "Payments MySQL lost that this worker's canceller made again, the gate having seen them paid",
+        s.payments_restored,
+    ),
+    (
+        "gate_reopens",
+        "Paused or lost gates this worker rebuilt from MySQL and reopened",
+        s.gate_reopens,
+    ),
+    (
+        "gate_guard_passes",
+        "Passes of this worker's gate guard over every voucher it watches",
+        s.guard_passes,
+    ),
+    (
+        "units_moved",
+        "Units the mover moved between the buckets of vouchers split in buckets",
+        s.units_moved,
+    ),
+    (
+        "transfers_completed",
+        "Transfers between buckets a stopped mover left half done, completed",
+        s.transfers_completed,
+    ),
+    (
+        "worker_retries",
+        "Retries after a failed call to Redis or MySQL (an outage, a timeout)",
+        crate::support::backoff::retries(),
+    ),
+    ]
 }
 
 fn register_vouchers(registry: &mut Registry, rows: &[VoucherRow]) {
