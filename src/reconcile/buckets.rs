@@ -22,11 +22,12 @@
 
 use redis::AsyncCommands;
 
-use super::snapshot::{read_gates, BucketView, GateSpec, Read, Snapshot, VoucherUnits};
+use super::snapshot::{read_gates, BucketView, GateRead, GateSpec, Read, Snapshot, VoucherUnits};
 use super::BucketCheck;
 use crate::error::Result;
 use crate::gate::transfer;
 use crate::store::db::Db;
+use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::RedisConn;
 use crate::store::scripts::POOL_FOLD;
 
@@ -59,33 +60,14 @@ pub async fn read_bucket(
     let (layout, bucket, judged) = (check.layout, check.bucket, check.judged);
     let fold = writing && judged == StockJudged::Here;
     let gates = layout.all_keys()?;
-    if fold && bucket == 0 {
-        let pool: i64 = conn
-            .get::<_, Option<i64>>(gates[0].pool())
-            .await?
-            .unwrap_or(0);
-        if pool > 0 {
-            let folded: i64 = POOL_FOLD
-                .key(gates[0].meta())
-                .key(gates[0].pool())
-                .key(gates[0].stock())
-                .arg(pool)
-                .invoke_async(conn)
-                .await?;
-            if folded == 0 {
-                // The pool moved, though the mover is held: read again.
-                return Ok(Read::Moved);
-            }
-        }
+    if fold && bucket == 0 && !fold_pool(conn, &gates).await? {
+        // The pool moved, though the mover is held: read again.
+        return Ok(Read::Moved);
     }
     // Transit first, the pool after: a stale transfer a mover's round
     // completes meanwhile (its units back in the pool) is counted twice
     // then, never not at all; the buckets' stock is read after, too.
-    let transit = transfer::in_transit(conn, &gates).await? as i64;
-    let pool: i64 = conn
-        .get::<_, Option<i64>>(gates[0].pool())
-        .await?
-        .unwrap_or(0);
+    let (transit, pool) = transit_and_pool(conn, &gates).await?;
     let specs: Vec<GateSpec> = gates
         .iter()
         .enumerate()
@@ -96,40 +78,13 @@ pub async fn read_bucket(
         })
         .collect();
     let reads = read_gates(db, conn, layout.keys(0)?.prefix(), &specs, settle_ms).await?;
-    let mut target = None;
-    let mut others = Vec::with_capacity(reads.len());
-    for (b, read) in reads.into_iter().enumerate() {
-        let Some(s) = read.snapshot else {
-            return Ok(Read::Missing);
-        };
-        // Every bucket still across the read makes the count exact; only
-        // a rebuild under a pause (the others selling on) settles for a
-        // count that errs low.
-        if read.moved && (b as u32 == bucket || !check.others_may_move) {
-            return Ok(Read::Moved);
-        }
-        if b as u32 == bucket {
-            target = Some(s);
-        } else {
-            // Its stock is the witness's; the released set read after
-            // must be the one that went with it.
-            if s.released.len() as u64 != s.witness.released {
-                return Ok(Read::Moved);
-            }
-            others.push(s);
-        }
-    }
-    let Some(mut s) = target else {
-        return Ok(Read::Missing);
+    let (mut s, others) = match bucket_and_others(reads, bucket, check.others_may_move) {
+        Ok(split) => split,
+        Err(read) => return Ok(read),
     };
     // Transfers and the pool as they were: a mover not held (a dry run)
     // may have moved units between places read at different moments.
-    let transit_after = transfer::in_transit(conn, &gates).await? as i64;
-    let pool_after: i64 = conn
-        .get::<_, Option<i64>>(gates[0].pool())
-        .await?
-        .unwrap_or(0);
-    if (transit_after, pool_after) != (transit, pool) {
+    if transit_and_pool(conn, &gates).await? != (transit, pool) {
         return Ok(Read::Moved);
     }
     // A hold that ran out during the read let a mover move: read again.
@@ -138,7 +93,111 @@ pub async fn read_bucket(
             return Ok(Read::Moved);
         }
     }
-    let all = || std::iter::once(&s).chain(others.iter());
+    let units = voucher_units(&s, &others, pool, transit);
+    // Here: MySQL's free stock less what every other place holds, which
+    // is what it holds and what the voucher is off.
+    let share = match judged {
+        StockJudged::Here => held(&s) + units.off,
+        // What it holds, so that its expected stock is its stock; when
+        // writing, less what the voucher holds beyond MySQL's units and the
+        // carrier could not take (its stock first, then cancelled units an
+        // order holds already: the carrier is repaired first). A dry run
+        // shows the difference on the carrier alone.
+        StockJudged::Elsewhere => match writing {
+            true => held(&s) + units.off.min(0),
+            false => held(&s),
+        },
+    };
+    let active_elsewhere: i64 = others.iter().map(|o| o.active_units()).sum();
+    let view = BucketView {
+        bucket,
+        buckets: layout.buckets(),
+        tags: layout.tags_text(),
+        voucher_active: s.active_units() + active_elsewhere,
+        units,
+        richest: richest(bucket, &s, &others, layout.buckets()),
+    };
+    // MySQL against itself stays a voucher's matter: the bucket's total is
+    // its share and its own active units, off by what the voucher is off.
+    let off = units.total - units.mysql_stock - view.voucher_active;
+    s.mysql_stock = share;
+    s.total = share + s.active_units() + off;
+    // The voucher row's counters count every bucket's orders.
+    s.counters = s.recounted;
+    s.bucket = Some(view);
+    Ok(Read::Snapshot(s))
+}
+
+/// Takes the pool into bucket 0's stock (lua/pool_fold.lua). False: the
+/// pool moved meanwhile, nothing taken.
+async fn fold_pool(conn: &mut impl RedisConn, gates: &[VoucherKeys]) -> Result<bool> {
+    let pool: i64 = conn
+        .get::<_, Option<i64>>(gates[0].pool())
+        .await?
+        .unwrap_or(0);
+    if pool <= 0 {
+        return Ok(true);
+    }
+    let folded: i64 = POOL_FOLD
+        .key(gates[0].meta())
+        .key(gates[0].pool())
+        .key(gates[0].stock())
+        .arg(pool)
+        .invoke_async(conn)
+        .await?;
+    Ok(folded != 0)
+}
+
+/// The units in transit between buckets, then the pool's.
+async fn transit_and_pool(conn: &mut impl RedisConn, gates: &[VoucherKeys]) -> Result<(i64, i64)> {
+    let transit = transfer::in_transit(conn, gates).await? as i64;
+    let pool: i64 = conn
+        .get::<_, Option<i64>>(gates[0].pool())
+        .await?
+        .unwrap_or(0);
+    Ok((transit, pool))
+}
+
+/// The snapshot of bucket `bucket` and those of the others, in bucket
+/// order; or, if they cannot be counted together, the read to answer with
+/// (Missing, Moved).
+fn bucket_and_others(
+    reads: Vec<GateRead>,
+    bucket: u32,
+    others_may_move: bool,
+) -> std::result::Result<(Box<Snapshot>, Vec<Snapshot>), Read> {
+    let mut target = None;
+    let mut others = Vec::with_capacity(reads.len());
+    for (b, read) in reads.into_iter().enumerate() {
+        let Some(s) = read.snapshot else {
+            return Err(Read::Missing);
+        };
+        // Every bucket still across the read makes the count exact; only
+        // a rebuild under a pause (the others selling on) settles for a
+        // count that errs low.
+        if read.moved && (b as u32 == bucket || !others_may_move) {
+            return Err(Read::Moved);
+        }
+        if b as u32 == bucket {
+            target = Some(s);
+        } else {
+            // Its stock is the witness's; the released set read after
+            // must be the one that went with it.
+            if s.released.len() as u64 != s.witness.released {
+                return Err(Read::Moved);
+            }
+            others.push(*s);
+        }
+    }
+    match target {
+        Some(s) => Ok((s, others)),
+        None => Err(Read::Missing),
+    }
+}
+
+/// The voucher's units wherever they are, as read.
+fn voucher_units(s: &Snapshot, others: &[Snapshot], pool: i64, transit: i64) -> VoucherUnits {
+    let all = || std::iter::once(s).chain(others);
     let mut units = VoucherUnits {
         total: s.total,
         mysql_stock: s.mysql_stock,
@@ -155,47 +214,21 @@ pub async fn read_bucket(
         - units.bucket_stock
         - units.in_flight
         - units.unreleased;
-    // Here: MySQL's free stock less what every other place holds, which
-    // is what it holds and what the voucher is off.
-    let share = match judged {
-        StockJudged::Here => held(&s) + units.off,
-        // What it holds, so that its expected stock is its stock; when
-        // writing, less what the voucher holds beyond MySQL's units and the
-        // carrier could not take (its stock first, then cancelled units an
-        // order holds already: the carrier is repaired first). A dry run
-        // shows the difference on the carrier alone.
-        StockJudged::Elsewhere => match writing {
-            true => held(&s) + units.off.min(0),
-            false => held(&s),
-        },
-    };
-    let richest = std::iter::once((bucket, s.gate_stock.unwrap_or(0)))
+    units
+}
+
+/// The bucket holding the most stock (the lowest such); `others` are the
+/// buckets but `bucket`, in order.
+fn richest(bucket: u32, s: &Snapshot, others: &[Snapshot], buckets: u32) -> u32 {
+    std::iter::once((bucket, s.gate_stock.unwrap_or(0)))
         .chain(
             others
                 .iter()
-                .zip((0..layout.buckets()).filter(|b| *b != bucket))
+                .zip((0..buckets).filter(|b| *b != bucket))
                 .map(|(o, b)| (b, o.gate_stock.unwrap_or(0))),
         )
         .max_by_key(|(b, stock)| (*stock, std::cmp::Reverse(*b)))
-        .map_or(0, |(b, _)| b);
-    let active_elsewhere: i64 = others.iter().map(|o| o.active_units()).sum();
-    let view = BucketView {
-        bucket,
-        buckets: layout.buckets(),
-        tags: layout.tags_text(),
-        voucher_active: s.active_units() + active_elsewhere,
-        units,
-        richest,
-    };
-    // MySQL against itself stays a voucher's matter: the bucket's total is
-    // its share and its own active units, off by what the voucher is off.
-    let off = units.total - units.mysql_stock - view.voucher_active;
-    s.mysql_stock = share;
-    s.total = share + s.active_units() + off;
-    // The voucher row's counters count every bucket's orders.
-    s.counters = s.recounted;
-    s.bucket = Some(view);
-    Ok(Read::Snapshot(s))
+        .map_or(0, |(b, _)| b)
 }
 
 /// The units a bucket holds as read: its stock, what it admitted that

@@ -659,13 +659,7 @@ async fn reconcile_gate(
             continue;
         }
         let witness_done = opts.dry_run || raise_lost_witness(conn, &keys, &s).await?;
-        let (drifts, expected) = classify(&s);
-        let mut report = report_of(&s, drifts, expected);
-        let behind = s.digests_behind();
-        report.gate_digests_behind = !behind.is_empty();
-        if !opts.dry_run && !behind.is_empty() {
-            report.gate_digests_behind = !sync_digests(conn, &keys, &behind).await?;
-        }
+        let mut report = look_at_read(conn, &keys, &s, opts).await?;
         if report.drifts.is_empty() {
             if !repaired_before.is_empty() {
                 report.drifts = repaired_before;
@@ -701,20 +695,7 @@ async fn reconcile_gate(
                 return Ok(report);
             }
             RepairResult::MysqlFixed => {
-                repaired_before.extend(
-                    report
-                        .drifts
-                        .into_iter()
-                        // Counters were counted again on the way (repair.rs).
-                        .filter(|d| {
-                            matches!(
-                                d.class,
-                                DriftClass::MysqlInconsistent
-                                    | DriftClass::CountersDrift
-                                    | DriftClass::OrdersLostByMysql
-                            )
-                        }),
-                );
+                repaired_before.extend(repaired_in_mysql(report.drifts));
             }
             RepairResult::Held => {
                 report.outcome = Outcome::Held;
@@ -729,4 +710,38 @@ async fn reconcile_gate(
             }
         }
     }
+}
+
+/// The report on a read: its drift classified, and whether the gate's
+/// digests are behind its sets (unless dry-run, set right first).
+async fn look_at_read(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    s: &Snapshot,
+    opts: &Options,
+) -> Result<VoucherReport> {
+    let (drifts, expected) = classify(s);
+    let mut report = report_of(s, drifts, expected);
+    let behind = s.digests_behind();
+    report.gate_digests_behind = !behind.is_empty();
+    if !opts.dry_run && !behind.is_empty() {
+        report.gate_digests_behind = !sync_digests(conn, keys, &behind).await?;
+    }
+    Ok(report)
+}
+
+/// The drift a repair that fixed MySQL repaired for good: the rest is
+/// decided again on a fresh read.
+fn repaired_in_mysql(drifts: Vec<Drift>) -> impl Iterator<Item = Drift> {
+    drifts
+        .into_iter()
+        // Counters were counted again on the way (repair.rs).
+        .filter(|d| {
+            matches!(
+                d.class,
+                DriftClass::MysqlInconsistent
+                    | DriftClass::CountersDrift
+                    | DriftClass::OrdersLostByMysql
+            )
+        })
 }

@@ -45,16 +45,7 @@ pub(super) async fn repair(
     crate::support::fault::point("before_repair").await?;
     let has = |c: DriftClass| drifts.iter().any(|d| d.class == c);
     if has(DriftClass::CountersDrift) {
-        // MySQL's own bookkeeping, counted again under the voucher row's
-        // lock (so exact whatever moved since the snapshot); the gate is
-        // not involved.
-        if let Some(r) = counters::repair(db, voucher).await? {
-            tracing::warn!(
-                "voucher {voucher}: order counters were {:?}, counted again from the orders: {:?}",
-                r.was,
-                r.now
-            );
-        }
+        recount_counters(db, voucher).await?;
         if drifts.len() == 1 {
             return Ok(RepairResult::Applied { unrepaired: false });
         }
@@ -62,96 +53,30 @@ pub(super) async fn repair(
     if has(DriftClass::OrdersLostByMysql) || has(DriftClass::CancellationsLostByMysql) {
         // MySQL first, with the orders as the gate knows them now; the gate
         // is decided on a fresh read that has them.
-        let cancel: Vec<u64> = s.lost_cancellations.iter().copied().collect();
-        let r = restore::restore(db, voucher, &s.lost_commits, &cancel).await?;
-        tracing::warn!(
-            "voucher {voucher}: restored {} order(s) MySQL lost from the kept stream entries: {} pending, {} cancelled (released at the gate, or past their deadline), {} held for the operator{}; cancelled again {} order(s) whose cancellation it lost",
-            r.count(),
-            r.pending,
-            r.cancelled,
-            r.held.len(),
-            held_list(&r.held),
-            r.cancelled_again
-        );
+        restore_lost_orders(db, voucher, s).await?;
         return Ok(RepairResult::MysqlFixed);
     }
     if has(DriftClass::MysqlInconsistent) {
-        if !opts.fix_mysql {
-            // The gate is repaired against MySQL; with MySQL itself wrong,
-            // touching the gate could only spread the damage.
-            tracing::error!(
-                "voucher {voucher}: MySQL stock + active orders != total; not repairing (see --fix-mysql)"
-            );
-            return Ok(RepairResult::Applied { unrepaired: true });
-        }
-        // A bucket's figures are its share: MySQL's row is the voucher's.
-        let (seen, wanted) = match &s.bucket {
-            Some(b) => (b.units.mysql_stock, b.units.total - b.voucher_active),
-            None => (s.mysql_stock, s.total - s.active_units()),
-        };
-        return Ok(if fix_mysql_stock(db, voucher, seen, wanted).await? {
-            RepairResult::MysqlFixed
-        } else {
-            RepairResult::Moved
-        });
+        return repair_mysql_stock(db, voucher, s, opts).await;
     }
     if has(DriftClass::GateNotLoaded) {
         return rebuild_gate(db, conn, keys, voucher, s).await;
     }
     if has(DriftClass::PolicyDiffers) {
-        // MySQL's policy as it is now, not as the snapshot saw it, with its
-        // version: a `voucher update` since (or publishing meanwhile) must
-        // not be undone.
-        let now = voucher::get(db, voucher).await?.versioned_policy();
-        if policy::publish(conn, keys, now).await? == Published::Newer {
-            publish_over_foreign_version(db, conn, keys, voucher).await?;
-        }
+        republish_policy(db, conn, keys, voucher).await?;
     }
     if has(DriftClass::NotRegistered) {
         // Idempotent and outside the gate's own keys: no witness needed.
         registry::register(conn, keys).await?;
     }
-    // The expected stock already leaves out every cancelled unit not yet
-    // back; the settled ones come back through release.lua below (one unit
-    // each, to the waitlist or the stock), the settling ones by their own
-    // release. So the script moves the stock by exactly expected - gate.
-    let mut delta = s.expected_gate_stock() - s.gate_stock.unwrap_or(0);
-    if !s.unrestorable.is_empty() {
-        // Units that look stuck may be held by buyers whose orders MySQL
-        // lost with their entries (their quantities unknown): none given
-        // back until the operator names them (classify.rs).
-        delta = delta.min(0);
-    }
-    let holders = s.holders();
-    let add: Vec<u64> = holders.difference(&s.buyers).copied().collect();
-    let remove: Vec<u64> = s.buyers.difference(&holders).copied().collect();
-    let deadlines: Vec<(u64, i64)> = s
-        .deadlines_missing()
-        .into_iter()
-        .map(|(order, created)| (order, created + s.pay_timeout_ms))
-        .collect();
-    let spoken = s.spoken_for();
-    let unreleased: Vec<u64> = s
-        .cancelled_unreleased_settled()
-        .into_iter()
-        .filter(|o| !spoken.contains(o))
-        .collect();
-    if !spoken.is_empty() {
+    let fix = GateFix::of(s);
+    if !fix.spoken.is_empty() {
         tracing::warn!(
             "voucher {voucher}: {} cancelled order(s) whose unit an order holds already (a release Redis lost): marked released, no unit given back",
-            spoken.len()
+            fix.spoken.len()
         );
     }
-    // Units given back go to waitlisted users first, each with a new order:
-    // with the gate's own stock they serve at most this many requests (a
-    // bucket may hold more stock than that while requests wait, kept under
-    // the mover's bound: it serves those, not this repair).
-    let promotions = if delta > 0 {
-        (delta as u64 + u64::from(s.policy.per_user_limit)).min(s.waiting)
-    } else {
-        0
-    };
-    let ids = match (unreleased.is_empty() && promotions == 0, ids) {
+    let ids = match (fix.unreleased.is_empty() && fix.promotions == 0, ids) {
         (true, _) => None,
         (false, Some(ids)) => Some(ids),
         (false, None) => {
@@ -163,11 +88,185 @@ pub(super) async fn repair(
         }
     };
     let fresh: Vec<u64> = match ids {
-        Some(ids) => (0..promotions)
+        Some(ids) => (0..fix.promotions)
             .map(|_| ids.next_id())
             .collect::<Result<_>>()?,
         None => Vec::new(),
     };
+    match apply_gate_fix(conn, keys, s, &fix, &fresh).await? {
+        1 => {}
+        2 => return Ok(RepairResult::Held),
+        _ => return Ok(RepairResult::Moved),
+    }
+    if let (false, Some(ids)) = (fix.unreleased.is_empty(), ids) {
+        // Under a pause (the guard's rebuild), the buyers were just
+        // repaired on this view: the release may promote from them.
+        let under = deadline::WhilePaused::RepairedUnder(&s.pause_token);
+        let with_units: Vec<(u64, u64)> =
+            fix.unreleased.iter().map(|o| (*o, s.units(*o))).collect();
+        let limit = s.policy.per_user_limit;
+        deadline::release(conn, keys, voucher, &with_units, limit, &[], ids, under).await?;
+    }
+    // Buyers whose orders MySQL may have lost with their entries are kept
+    // (holders), and the gate's stock judged without giving units back:
+    // not repaired until the operator names them.
+    Ok(RepairResult::Applied {
+        unrepaired: has(DriftClass::OrdersLostUnrestorable),
+    })
+}
+
+/// The voucher row's order counters counted again from its orders.
+async fn recount_counters(db: &Db, voucher: u64) -> Result<()> {
+    // MySQL's own bookkeeping, counted again under the voucher row's
+    // lock (so exact whatever moved since the snapshot); the gate is
+    // not involved.
+    if let Some(r) = counters::repair(db, voucher).await? {
+        tracing::warn!(
+            "voucher {voucher}: order counters were {:?}, counted again from the orders: {:?}",
+            r.was,
+            r.now
+        );
+    }
+    Ok(())
+}
+
+/// The commits MySQL lost restored from the kept stream entries, and the
+/// cancellations it lost made again.
+async fn restore_lost_orders(db: &Db, voucher: u64, s: &Snapshot) -> Result<()> {
+    let cancel: Vec<u64> = s.lost_cancellations.iter().copied().collect();
+    let r = restore::restore(db, voucher, &s.lost_commits, &cancel).await?;
+    tracing::warn!(
+        "voucher {voucher}: restored {} order(s) MySQL lost from the kept stream entries: {} pending, {} cancelled (released at the gate, or past their deadline), {} held for the operator{}; cancelled again {} order(s) whose cancellation it lost",
+        r.count(),
+        r.pending,
+        r.cancelled,
+        r.held.len(),
+        held_list(&r.held),
+        r.cancelled_again
+    );
+    Ok(())
+}
+
+/// MySQL's stock set from its total and active orders, with `--fix-mysql`.
+async fn repair_mysql_stock(
+    db: &Db,
+    voucher: u64,
+    s: &Snapshot,
+    opts: &Options,
+) -> Result<RepairResult> {
+    if !opts.fix_mysql {
+        // The gate is repaired against MySQL; with MySQL itself wrong,
+        // touching the gate could only spread the damage.
+        tracing::error!(
+            "voucher {voucher}: MySQL stock + active orders != total; not repairing (see --fix-mysql)"
+        );
+        return Ok(RepairResult::Applied { unrepaired: true });
+    }
+    // A bucket's figures are its share: MySQL's row is the voucher's.
+    let (seen, wanted) = match &s.bucket {
+        Some(b) => (b.units.mysql_stock, b.units.total - b.voucher_active),
+        None => (s.mysql_stock, s.total - s.active_units()),
+    };
+    Ok(if fix_mysql_stock(db, voucher, seen, wanted).await? {
+        RepairResult::MysqlFixed
+    } else {
+        RepairResult::Moved
+    })
+}
+
+/// MySQL's policy published at the gate.
+async fn republish_policy(
+    db: &Db,
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    voucher: u64,
+) -> Result<()> {
+    // MySQL's policy as it is now, not as the snapshot saw it, with its
+    // version: a `voucher update` since (or publishing meanwhile) must
+    // not be undone.
+    let now = voucher::get(db, voucher).await?.versioned_policy();
+    if policy::publish(conn, keys, now).await? == Published::Newer {
+        publish_over_foreign_version(db, conn, keys, voucher).await?;
+    }
+    Ok(())
+}
+
+/// What `lua/reconcile.lua` is to change at the gate, and the settled
+/// cancelled units given back after it.
+struct GateFix {
+    /// The stock moved by this much.
+    delta: i64,
+    add: Vec<u64>,
+    remove: Vec<u64>,
+    /// (order, deadline ms) of pending orders missing theirs.
+    deadlines: Vec<(u64, i64)>,
+    /// Cancelled orders marked released with no unit given back.
+    spoken: Vec<u64>,
+    /// Settled cancelled orders whose unit is given back.
+    unreleased: Vec<u64>,
+    /// Waitlisted users the units given back may serve, each a new order.
+    promotions: u64,
+}
+
+impl GateFix {
+    fn of(s: &Snapshot) -> GateFix {
+        // The expected stock already leaves out every cancelled unit not yet
+        // back; the settled ones come back through release.lua after the
+        // script (one unit each, to the waitlist or the stock), the settling
+        // ones by their own release. So the script moves the stock by exactly
+        // expected - gate.
+        let mut delta = s.expected_gate_stock() - s.gate_stock.unwrap_or(0);
+        if !s.unrestorable.is_empty() {
+            // Units that look stuck may be held by buyers whose orders MySQL
+            // lost with their entries (their quantities unknown): none given
+            // back until the operator names them (classify.rs).
+            delta = delta.min(0);
+        }
+        let holders = s.holders();
+        let add: Vec<u64> = holders.difference(&s.buyers).copied().collect();
+        let remove: Vec<u64> = s.buyers.difference(&holders).copied().collect();
+        let deadlines: Vec<(u64, i64)> = s
+            .deadlines_missing()
+            .into_iter()
+            .map(|(order, created)| (order, created + s.pay_timeout_ms))
+            .collect();
+        let spoken = s.spoken_for();
+        let unreleased: Vec<u64> = s
+            .cancelled_unreleased_settled()
+            .into_iter()
+            .filter(|o| !spoken.contains(o))
+            .collect();
+        // Units given back go to waitlisted users first, each with a new order:
+        // with the gate's own stock they serve at most this many requests (a
+        // bucket may hold more stock than that while requests wait, kept under
+        // the mover's bound: it serves those, not this repair).
+        let promotions = if delta > 0 {
+            (delta as u64 + u64::from(s.policy.per_user_limit)).min(s.waiting)
+        } else {
+            0
+        };
+        GateFix {
+            delta,
+            add,
+            remove,
+            deadlines,
+            spoken,
+            unreleased,
+            promotions,
+        }
+    }
+}
+
+/// Runs `lua/reconcile.lua` for `fix`, conditional on the witness read;
+/// `fresh` are the ids of the orders promotions make. Returns the script's
+/// answer: 1 applied, 2 a worker holds the gate, else the gate moved.
+async fn apply_gate_fix(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    s: &Snapshot,
+    fix: &GateFix,
+    fresh: &[u64],
+) -> Result<i64> {
     let mut inv = RECONCILE.prepare_invoke();
     inv.key(keys.stock())
         .key(keys.buyers())
@@ -180,41 +279,23 @@ pub(super) async fn repair(
         .key(keys.holds())
         .key(keys.waitlist_quantity())
         .arg(s.witness.args())
-        .arg(delta)
-        .arg(add.len());
-    for u in &add {
+        .arg(fix.delta)
+        .arg(fix.add.len());
+    for u in &fix.add {
         inv.arg(*u);
     }
-    inv.arg(remove.len());
-    for u in &remove {
+    inv.arg(fix.remove.len());
+    for u in &fix.remove {
         inv.arg(*u);
     }
-    inv.arg(deadlines.len());
-    for (order, at) in &deadlines {
+    inv.arg(fix.deadlines.len());
+    for (order, at) in &fix.deadlines {
         inv.arg(*order).arg(*at);
     }
-    inv.arg(fresh.len()).arg(&fresh);
-    inv.arg(spoken.len()).arg(&spoken);
+    inv.arg(fresh.len()).arg(fresh);
+    inv.arg(fix.spoken.len()).arg(&fix.spoken);
     let applied: i64 = inv.invoke_async(conn).await?;
-    match applied {
-        1 => {}
-        2 => return Ok(RepairResult::Held),
-        _ => return Ok(RepairResult::Moved),
-    }
-    if let (false, Some(ids)) = (unreleased.is_empty(), ids) {
-        // Under a pause (the guard's rebuild), the buyers were just
-        // repaired on this view: the release may promote from them.
-        let under = deadline::WhilePaused::RepairedUnder(&s.pause_token);
-        let with_units: Vec<(u64, u64)> = unreleased.iter().map(|o| (*o, s.units(*o))).collect();
-        let limit = s.policy.per_user_limit;
-        deadline::release(conn, keys, voucher, &with_units, limit, &[], ids, under).await?;
-    }
-    // Buyers whose orders MySQL may have lost with their entries are kept
-    // (holders), and the gate's stock judged without giving units back:
-    // not repaired until the operator names them.
-    Ok(RepairResult::Applied {
-        unrepaired: has(DriftClass::OrdersLostUnrestorable),
-    })
+    Ok(applied)
 }
 
 /// ": held a, b, c" (the first few), or nothing.

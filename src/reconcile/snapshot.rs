@@ -4,9 +4,9 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use mysql_async::prelude::*;
-use redis::{FromRedisValue, Value};
+use redis::{FromRedisValue, Pipeline, Value};
 
-use super::voucher_rows;
+use super::voucher_rows::{self, VoucherRow};
 use crate::error::{Error, Result};
 use crate::gate::pause::{META_PAUSED, META_PAUSE_TOKEN};
 use crate::gate::policy::{
@@ -22,6 +22,7 @@ use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::{pipeline_per_item, RedisConn};
 use crate::store::registry;
 use crate::stream::backlog::{acknowledged_orders, in_flight_orders, Wanted};
+use crate::stream::entry::OrderMessage;
 use crate::support::set_digest::SetDigest;
 
 #[derive(Debug, Clone, Default)]
@@ -324,8 +325,6 @@ pub async fn read_voucher(
     Ok(reads.pop().unwrap_or(Read::Missing))
 }
 
-type GateRow = (bool, Vec<u64>, Vec<u64>, Vec<u64>, u64, u64);
-
 /// Sets up to this size are read with one command; larger ones by scanning.
 const WHOLE: u64 = 10_000;
 
@@ -431,24 +430,7 @@ pub async fn read_gates(
     let registered = registry::registered(conn, prefix, &vouchers).await?;
     let items: Vec<(&VoucherKeys, &Witness)> = keys.iter().zip(&before).collect();
     let replies = pipeline_per_item(conn, &items, false, false, |pipe, (k, w)| {
-        pipe.exists(k.meta());
-        for (key, len) in [(k.buyers(), w.buyers), (k.released(), w.released)] {
-            if len > WHOLE {
-                pipe.srandmember_multiple(key, 0);
-            } else {
-                pipe.smembers(key);
-            }
-        }
-        pipe.zrange(k.timeouts(), 0, WHOLE as isize)
-            .xlen(k.dead())
-            .xlen(k.orders())
-            .hget(k.meta(), META_USER_RATE)
-            .hget(k.meta(), META_REQUIRE_TOKEN)
-            .hget(k.meta(), META_PAUSED)
-            .hget(k.meta(), META_PAUSE_TOKEN)
-            .zcard(k.waitlist())
-            .hget(k.meta(), META_PER_USER_LIMIT)
-            .hget(k.meta(), META_WAITLIST_LIMIT);
+        queue_gate_reads(pipe, k, w);
         Ok(())
     })
     .await?;
@@ -458,86 +440,240 @@ pub async fn read_gates(
         .zip(&before)
         .zip(keys.iter().zip(&gate_vouchers))
     {
-        if chunk.len() != 13 {
-            return Err(Error::redis(format!(
-                "gate of voucher {voucher}: {} replies",
-                chunk.len()
-            )));
-        }
-        let (meta_exists, buyers, released, deadlines, dead_letters, stream_len): GateRow =
-            FromRedisValue::from_redis_value(Value::Array(chunk[..6].to_vec()))
-                .map_err(|e| Error::redis(format!("gate of voucher {voucher}: {e}")))?;
+        let row = decode_gate_row(*voucher, chunk)?;
         let registered = registered.contains(voucher);
-        type MetaRow = (
-            Option<u32>,
-            Option<String>,
-            Option<String>,
-            Option<String>,
-            u64,
-            Option<u32>,
-            Option<String>,
-        );
-        let (
-            user_rate,
-            require_token,
-            paused,
-            pause_token,
-            waiting,
-            per_user_limit,
-            waitlist_limit,
-        ): MetaRow = FromRedisValue::from_redis_value(Value::Array(chunk[6..].to_vec()))
-            .map_err(|e| Error::redis(format!("policy of voucher {voucher}: {e}")))?;
-        let entries = if stream_len > 0 {
-            in_flight_orders(conn, k).await?
-        } else {
-            Vec::new()
-        };
-        let quantities: HashMap<u64, u64> = entries
-            .iter()
-            .filter(|(_, _, q)| *q != 1)
-            .map(|(_, order, q)| (*order, *q))
-            .collect();
-        let in_flight: Vec<(u64, u64)> = entries.iter().map(|(u, o, _)| (*u, *o)).collect();
-        let buyers = if w.buyers > WHOLE {
-            scan_members(conn, "SSCAN", &k.buyers()).await?
-        } else {
-            buyers
-        };
-        let released = if w.released > WHOLE {
-            scan_members(conn, "SSCAN", &k.released()).await?
-        } else {
-            released
-        };
-        let deadlines = if deadlines.len() as u64 > WHOLE {
-            scan_members(conn, "ZSCAN", &k.timeouts()).await?
-        } else {
-            deadlines
-        };
-        snaps.push(Snapshot {
-            voucher: *voucher,
-            gate_loaded: meta_exists && !w.stock.is_empty(),
-            gate_paused: paused.as_deref() == Some("1"),
-            pause_token: pause_token.unwrap_or_default(),
-            waiting,
-            registered,
-            gate_stock: w.stock.parse().ok(),
-            buyers: buyers.into_iter().collect(),
-            released: released.into_iter().collect(),
-            deadlines: deadlines.into_iter().collect(),
-            in_flight,
-            quantities,
-            dead_letters,
-            witness: w.clone(),
-            gate_policy: policy::from_meta(policy::MetaPolicy {
-                user_rate,
-                require_token,
-                per_user_limit,
-                waitlist_limit,
-            }),
-            ..Default::default()
-        });
+        snaps.push(gate_snapshot(conn, k, w, row, registered).await?);
     }
 
+    let (rows, orders) = read_mysql(db, &vouchers, settle_ms).await?;
+    // The gate must not have moved during the MySQL reads either: then every
+    // difference left is either drift or younger than the settle time.
+    let looked = witness::read_many_with_digests(conn, &keys).await?;
+    let (after, digests_after): (Vec<Witness>, Vec<GateDigests>) = looked.into_iter().unzip();
+    mark_stable_digests(&mut snaps, digests, &digests_after);
+
+    let index = GateIndex::new(gates);
+    let known = apply_voucher_rows(&mut snaps, &index, rows);
+    apply_orders(&mut snaps, &index, orders);
+    // Buyers with no order in MySQL and none in flight: a lost admission,
+    // or a commit MySQL lost. The kept acknowledged entries tell them apart
+    // (read only when there are such buyers).
+    let now = crate::support::timespec::now_ms();
+    for ((s, k), known) in snaps.iter_mut().zip(&keys).zip(&known) {
+        if *known {
+            find_lost_commits(conn, k, s, now).await?;
+        }
+    }
+    // MySQL lost more than the kept entries show: whoever is left without
+    // an order may be one of those.
+    for s in &mut snaps {
+        let pending: BTreeSet<u64> = s.pending.iter().map(|(o, _)| *o).collect();
+        s.lost_cancellations = pending.intersection(&s.released).copied().collect();
+        if s.commits_lost() > s.lost_commits.len() as u64 {
+            s.unrestorable = s.buyers.difference(&s.holders()).copied().collect();
+        }
+    }
+    Ok(snaps
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| GateRead {
+            moved: before[i] != after[i],
+            snapshot: known[i].then(|| Box::new(s)),
+        })
+        .collect())
+}
+
+/// The replies [`queue_gate_sets`] asks for, one gate's first.
+const GATE_SET_REPLIES: usize = 6;
+/// The replies [`queue_gate_meta`] asks for, after those.
+const GATE_META_REPLIES: usize = 7;
+
+/// One gate's part of the pipeline, read back by [`decode_gate_row`].
+fn queue_gate_reads(pipe: &mut Pipeline, k: &VoucherKeys, w: &Witness) {
+    queue_gate_sets(pipe, k, w);
+    queue_gate_meta(pipe, k);
+}
+
+/// [`GATE_SET_REPLIES`] commands, read back by [`decode_gate_sets`].
+fn queue_gate_sets(pipe: &mut Pipeline, k: &VoucherKeys, w: &Witness) {
+    pipe.exists(k.meta());
+    for (key, len) in [(k.buyers(), w.buyers), (k.released(), w.released)] {
+        if len > WHOLE {
+            pipe.srandmember_multiple(key, 0);
+        } else {
+            pipe.smembers(key);
+        }
+    }
+    pipe.zrange(k.timeouts(), 0, WHOLE as isize)
+        .xlen(k.dead())
+        .xlen(k.orders());
+}
+
+/// [`GATE_META_REPLIES`] commands, read back by [`decode_gate_meta`].
+fn queue_gate_meta(pipe: &mut Pipeline, k: &VoucherKeys) {
+    pipe.hget(k.meta(), META_USER_RATE)
+        .hget(k.meta(), META_REQUIRE_TOKEN)
+        .hget(k.meta(), META_PAUSED)
+        .hget(k.meta(), META_PAUSE_TOKEN)
+        .zcard(k.waitlist())
+        .hget(k.meta(), META_PER_USER_LIMIT)
+        .hget(k.meta(), META_WAITLIST_LIMIT);
+}
+
+/// One gate's replies to [`queue_gate_reads`].
+struct GateRow {
+    sets: GateSets,
+    meta: GateMeta,
+}
+
+/// A gate's sets and streams as the pipeline sent them: a set larger than
+/// [`WHOLE`] only in part (see [`complete_sets`]).
+struct GateSets {
+    meta_exists: bool,
+    buyers: Vec<u64>,
+    released: Vec<u64>,
+    deadlines: Vec<u64>,
+    dead_letters: u64,
+    stream_len: u64,
+}
+
+/// A gate's policy, pause and waitlist, as its meta holds them.
+struct GateMeta {
+    user_rate: Option<u32>,
+    require_token: Option<String>,
+    paused: Option<String>,
+    pause_token: Option<String>,
+    waiting: u64,
+    per_user_limit: Option<u32>,
+    waitlist_limit: Option<String>,
+}
+
+fn decode_gate_row(voucher: u64, mut chunk: Vec<Value>) -> Result<GateRow> {
+    if chunk.len() != GATE_SET_REPLIES + GATE_META_REPLIES {
+        return Err(Error::redis(format!(
+            "gate of voucher {voucher}: {} replies",
+            chunk.len()
+        )));
+    }
+    let meta = chunk.split_off(GATE_SET_REPLIES);
+    Ok(GateRow {
+        sets: decode_gate_sets(voucher, chunk)?,
+        meta: decode_gate_meta(voucher, meta)?,
+    })
+}
+
+fn decode_gate_sets(voucher: u64, replies: Vec<Value>) -> Result<GateSets> {
+    type Replies = (bool, Vec<u64>, Vec<u64>, Vec<u64>, u64, u64);
+    let (meta_exists, buyers, released, deadlines, dead_letters, stream_len): Replies =
+        FromRedisValue::from_redis_value(Value::Array(replies))
+            .map_err(|e| Error::redis(format!("gate of voucher {voucher}: {e}")))?;
+    Ok(GateSets {
+        meta_exists,
+        buyers,
+        released,
+        deadlines,
+        dead_letters,
+        stream_len,
+    })
+}
+
+fn decode_gate_meta(voucher: u64, replies: Vec<Value>) -> Result<GateMeta> {
+    type Replies = (
+        Option<u32>,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        u64,
+        Option<u32>,
+        Option<String>,
+    );
+    let (user_rate, require_token, paused, pause_token, waiting, per_user_limit, waitlist_limit): Replies =
+        FromRedisValue::from_redis_value(Value::Array(replies))
+            .map_err(|e| Error::redis(format!("policy of voucher {voucher}: {e}")))?;
+    Ok(GateMeta {
+        user_rate,
+        require_token,
+        paused,
+        pause_token,
+        waiting,
+        per_user_limit,
+        waitlist_limit,
+    })
+}
+
+/// A gate's snapshot (its Redis side) from its replies and what they leave
+/// to read: the orders in flight in its stream, and the sets too large to
+/// come whole.
+async fn gate_snapshot(
+    conn: &mut impl RedisConn,
+    k: &VoucherKeys,
+    w: &Witness,
+    row: GateRow,
+    registered: bool,
+) -> Result<Snapshot> {
+    let GateRow { mut sets, meta } = row;
+    let entries = if sets.stream_len > 0 {
+        in_flight_orders(conn, k).await?
+    } else {
+        Vec::new()
+    };
+    let quantities: HashMap<u64, u64> = entries
+        .iter()
+        .filter(|(_, _, q)| *q != 1)
+        .map(|(_, order, q)| (*order, *q))
+        .collect();
+    let in_flight: Vec<(u64, u64)> = entries.iter().map(|(u, o, _)| (*u, *o)).collect();
+    complete_sets(conn, k, w, &mut sets).await?;
+    Ok(Snapshot {
+        voucher: k.voucher(),
+        gate_loaded: sets.meta_exists && !w.stock.is_empty(),
+        gate_paused: meta.paused.as_deref() == Some("1"),
+        pause_token: meta.pause_token.unwrap_or_default(),
+        waiting: meta.waiting,
+        registered,
+        gate_stock: w.stock.parse().ok(),
+        buyers: sets.buyers.into_iter().collect(),
+        released: sets.released.into_iter().collect(),
+        deadlines: sets.deadlines.into_iter().collect(),
+        in_flight,
+        quantities,
+        dead_letters: sets.dead_letters,
+        witness: w.clone(),
+        gate_policy: policy::from_meta(policy::MetaPolicy {
+            user_rate: meta.user_rate,
+            require_token: meta.require_token,
+            per_user_limit: meta.per_user_limit,
+            waitlist_limit: meta.waitlist_limit,
+        }),
+        ..Default::default()
+    })
+}
+
+/// The sets the pipeline sent only in part, scanned in full.
+async fn complete_sets(
+    conn: &mut impl RedisConn,
+    k: &VoucherKeys,
+    w: &Witness,
+    sets: &mut GateSets,
+) -> Result<()> {
+    if w.buyers > WHOLE {
+        sets.buyers = scan_members(conn, "SSCAN", &k.buyers()).await?;
+    }
+    if w.released > WHOLE {
+        sets.released = scan_members(conn, "SSCAN", &k.released()).await?;
+    }
+    if sets.deadlines.len() as u64 > WHOLE {
+        sets.deadlines = scan_members(conn, "ZSCAN", &k.timeouts()).await?;
+    }
+    Ok(())
+}
+
+/// The vouchers' rows and all their orders.
+async fn read_mysql(
+    db: &Db,
+    vouchers: &[u64],
+    settle_ms: i64,
+) -> Result<(HashMap<u64, VoucherRow>, Vec<OrderRow>)> {
     let list = join_ids(vouchers.iter().copied());
     // Where a test widens the gap between the two stores' reads.
     crate::support::fault::point("between_gate_and_mysql_reads").await?;
@@ -563,11 +699,13 @@ pub async fn read_gates(
         .await?;
     tx.commit().await?;
     drop(mysql);
-    // The gate must not have moved during the MySQL reads either: then every
-    // difference left is either drift or younger than the settle time.
-    let looked = witness::read_many_with_digests(conn, &keys).await?;
-    let (after, digests_after): (Vec<Witness>, Vec<GateDigests>) = looked.into_iter().unzip();
-    for ((s, seen), again) in snaps.iter_mut().zip(digests).zip(&digests_after) {
+    Ok((rows, orders))
+}
+
+/// The gate digests read before the sets, and which of them the sets read
+/// match (`after`: the digests read after MySQL).
+fn mark_stable_digests(snaps: &mut [Snapshot], before: Vec<GateDigests>, after: &[GateDigests]) {
+    for ((s, seen), again) in snaps.iter_mut().zip(before).zip(after) {
         // Stable: the field did not move, and the set read has the size
         // it had before and after (a member added and taken out again
         // during the read leaves the field as it was, but may be in it).
@@ -580,23 +718,47 @@ pub async fn read_gates(
         ];
         s.gate_digests = seen;
     }
+}
 
-    let mut index: HashMap<u64, Vec<usize>> = HashMap::new();
-    for (i, v) in gate_vouchers.iter().enumerate() {
-        index.entry(*v).or_default().push(i);
+/// Where each voucher's gates are among those read.
+struct GateIndex<'a> {
+    gates: &'a [GateSpec],
+    of_voucher: HashMap<u64, Vec<usize>>,
+}
+
+impl<'a> GateIndex<'a> {
+    fn new(gates: &'a [GateSpec]) -> Self {
+        let mut of_voucher: HashMap<u64, Vec<usize>> = HashMap::new();
+        for (i, g) in gates.iter().enumerate() {
+            of_voucher.entry(g.keys.voucher()).or_default().push(i);
+        }
+        GateIndex { gates, of_voucher }
     }
-    // The gate holding a user's orders: the voucher's one, or the user's
-    // bucket among those read.
-    let gate_of = |v: u64, user: u64| -> Option<usize> {
-        let of_voucher = index.get(&v)?;
-        of_voucher.iter().copied().find(|&i| {
-            let g = &gates[i];
+
+    fn of_voucher(&self, v: u64) -> impl Iterator<Item = usize> + '_ {
+        self.of_voucher.get(&v).into_iter().flatten().copied()
+    }
+
+    /// The gate holding a user's orders: the voucher's one, or the user's
+    /// bucket among those read.
+    fn holding(&self, v: u64, user: u64) -> Option<usize> {
+        self.of_voucher(v).find(|&i| {
+            let g = &self.gates[i];
             g.buckets <= 1 || crate::store::layout::bucket_of(user, g.buckets) == g.bucket
         })
-    };
-    let mut known = vec![false; gates.len()];
+    }
+}
+
+/// Each voucher row into the snapshots of its gates; which gates' vouchers
+/// MySQL has.
+fn apply_voucher_rows(
+    snaps: &mut [Snapshot],
+    index: &GateIndex,
+    rows: HashMap<u64, VoucherRow>,
+) -> Vec<bool> {
+    let mut known = vec![false; index.gates.len()];
     for (v, row) in rows {
-        for &i in index.get(&v).into_iter().flatten() {
+        for i in index.of_voucher(v) {
             known[i] = true;
             let s = &mut snaps[i];
             s.policy = row.policy;
@@ -616,8 +778,15 @@ pub async fn read_gates(
             );
         }
     }
+    known
+}
+
+/// Each order into the snapshot of the gate holding it.
+fn apply_orders(snaps: &mut [Snapshot], index: &GateIndex, orders: Vec<OrderRow>) {
     for (v, id, user, status, created, recent, quantity, held) in orders {
-        let Some(i) = gate_of(v, user) else { continue };
+        let Some(i) = index.holding(v, user) else {
+            continue;
+        };
         let s = &mut snaps[i];
         s.recounted.count(id, user, status, quantity);
         s.order_ids.insert(id);
@@ -648,71 +817,64 @@ pub async fn read_gates(
             }
         }
     }
-    // Buyers with no order in MySQL and none in flight: a lost admission,
-    // or a commit MySQL lost. The kept acknowledged entries tell them apart
-    // (read only when there are such buyers).
-    let now = crate::support::timespec::now_ms();
-    for ((s, k), known) in snaps.iter_mut().zip(&keys).zip(&known) {
-        let orphans: BTreeSet<u64> = s.buyers.difference(&s.holders()).copied().collect();
-        if (orphans.is_empty() && s.commits_lost() == 0) || !known {
+}
+
+/// The commits MySQL lost of a gate's buyers with no order anywhere (and,
+/// if MySQL lost more, of other users), from the kept acknowledged entries.
+async fn find_lost_commits(
+    conn: &mut impl RedisConn,
+    k: &VoucherKeys,
+    s: &mut Snapshot,
+    now: i64,
+) -> Result<()> {
+    let orphans: BTreeSet<u64> = s.buyers.difference(&s.holders()).copied().collect();
+    if orphans.is_empty() && s.commits_lost() == 0 {
+        return Ok(());
+    }
+    let mut found = acknowledged_orders(conn, k, Wanted::Users(&orphans)).await?;
+    found.retain(|m| !s.order_ids.contains(&m.order));
+    let unexplained = s.commits_lost().saturating_sub(found.len() as u64);
+    if unexplained > 0 {
+        // Lost commits of users who are no longer buyers here either (a
+        // preload or a rebuild after the loss): their entries may be
+        // kept all the same.
+        let mut known = s.order_users.clone();
+        known.extend(&orphans);
+        known.extend(s.in_flight.iter().map(|(user, _)| *user));
+        let besides = Wanted::Besides(&known, unexplained as usize);
+        found.extend(acknowledged_orders(conn, k, besides).await?);
+    }
+    for m in found {
+        if s.order_ids.contains(&m.order) {
             continue;
         }
-        let mut found = acknowledged_orders(conn, k, Wanted::Users(&orphans)).await?;
-        found.retain(|m| !s.order_ids.contains(&m.order));
-        let unexplained = s.commits_lost().saturating_sub(found.len() as u64);
-        if unexplained > 0 {
-            // Lost commits of users who are no longer buyers here either (a
-            // preload or a rebuild after the loss): their entries may be
-            // kept all the same.
-            let mut known = s.order_users.clone();
-            known.extend(&orphans);
-            known.extend(s.in_flight.iter().map(|(user, _)| *user));
-            let besides = Wanted::Besides(&known, unexplained as usize);
-            found.extend(acknowledged_orders(conn, k, besides).await?);
+        let quantity = u64::from(m.quantity);
+        if quantity != 1 {
+            s.quantities.insert(m.order, quantity);
         }
-        for m in found {
-            if s.order_ids.contains(&m.order) {
-                continue;
-            }
-            let quantity = u64::from(m.quantity);
-            if quantity != 1 {
-                s.quantities.insert(m.order, quantity);
-            }
-            let state = if s.released.contains(&m.order) {
-                LostState::Released
-            } else if s.deadlines.contains(&m.order) && m.created_ms + s.pay_timeout_ms <= now {
-                LostState::PastDeadline
-            } else if s.deadlines.contains(&m.order) {
-                LostState::AwaitingPayment
-            } else {
-                LostState::Unknown
-            };
-            s.lost_commits.push(LostCommit {
-                user: m.user,
-                order: m.order,
-                quantity,
-                created_ms: m.created_ms,
-                state,
-            });
-        }
+        let state = lost_state(s, &m, now);
+        s.lost_commits.push(LostCommit {
+            user: m.user,
+            order: m.order,
+            quantity,
+            created_ms: m.created_ms,
+            state,
+        });
     }
-    // MySQL lost more than the kept entries show: whoever is left without
-    // an order may be one of those.
-    for s in &mut snaps {
-        let pending: BTreeSet<u64> = s.pending.iter().map(|(o, _)| *o).collect();
-        s.lost_cancellations = pending.intersection(&s.released).copied().collect();
-        if s.commits_lost() > s.lost_commits.len() as u64 {
-            s.unrestorable = s.buyers.difference(&s.holders()).copied().collect();
-        }
+    Ok(())
+}
+
+/// Where a commit MySQL lost stands at the gate.
+fn lost_state(s: &Snapshot, m: &OrderMessage, now: i64) -> LostState {
+    if s.released.contains(&m.order) {
+        LostState::Released
+    } else if s.deadlines.contains(&m.order) && m.created_ms + s.pay_timeout_ms <= now {
+        LostState::PastDeadline
+    } else if s.deadlines.contains(&m.order) {
+        LostState::AwaitingPayment
+    } else {
+        LostState::Unknown
     }
-    Ok(snaps
-        .into_iter()
-        .enumerate()
-        .map(|(i, s)| GateRead {
-            moved: before[i] != after[i],
-            snapshot: known[i].then(|| Box::new(s)),
-        })
-        .collect())
 }
 
 /// Every voucher worth checking: registered at the gate, or holding orders
