@@ -16,6 +16,14 @@ use crate::store::keys::VoucherKeys;
 use crate::stream::entry::OrderMessage;
 use crate::support::backoff::Backoff;
 
+/// A batch's entries as read: the orders, and the malformed ones to
+/// dead-letter (and acknowledge) now.
+#[derive(Default)]
+struct Parsed {
+    valid: Vec<(OrderMessage, u64)>,
+    dead: Vec<DeadLetter>,
+    acks: Vec<String>,
+}
 /// What a committed batch still has to do in Redis, and what it counted.
 struct Planned {
     redis: group::Completion<'static>,
@@ -164,44 +172,10 @@ impl Lane {
         after_abandoned: bool,
     ) -> Result<()> {
         let started = Instant::now();
-        let mut dead: Vec<DeadLetter> = Vec::new();
-        let mut acks: Vec<String> = Vec::new();
-        let mut valid: Vec<(OrderMessage, u64)> = Vec::new();
-        for d in deliveries {
-            match d.raw.parse(voucher) {
-                Ok(m) => valid.push((m, d.deliveries)),
-                Err(reason) if d.deliveries > self.opts.max_deliveries => {
-                    dead.push(self.dead_letter(&d.raw.entry_id, reason, d.deliveries));
-                    acks.push(d.raw.entry_id.clone());
-                }
-                Err(reason) => {
-                    tracing::warn!(
-                        "voucher {voucher}: entry {} is malformed ({reason}); delivery {} of {} before it is dead-lettered",
-                        d.raw.entry_id,
-                        d.deliveries,
-                        self.opts.max_deliveries + 1
-                    );
-                    self.last_error.insert(d.raw.entry_id.clone(), reason);
-                }
-            }
-        }
-
-        let users: Vec<u64> = valid.iter().map(|(m, _)| m.user).collect();
+        let Parsed { valid, dead, acks } = self.parse(voucher, deliveries);
         let t_lock = Instant::now();
-        let granted = self.owner.acquire(&mut self.conn, keys, &users).await?;
+        let (mine, held) = self.lock_users(keys, valid).await?;
         let lock_ms = t_lock.elapsed().as_secs_f64() * 1e3;
-        let mut mine: Vec<(OrderMessage, u64)> = Vec::new();
-        let mut held: Vec<u64> = Vec::new();
-        for ((m, n), ok) in valid.into_iter().zip(granted) {
-            if ok {
-                held.push(m.user);
-                mine.push((m, n));
-            } else {
-                // Someone else works on this user's order: leave it pending
-                // (never ack what was not persisted); it comes back later.
-                self.stats.add_lock_denied(1);
-            }
-        }
         alive.set_held(held.clone()).await;
         crate::support::fault::point("after_lock").await?;
         // A batch Redis lost must hold the gate before it commits, even if
@@ -218,13 +192,7 @@ impl Lane {
             }
             Err(e) => {
                 alive.set_held(Vec::new()).await;
-                if let Err(r) = self.owner.release(&mut self.conn, keys, &held).await {
-                    tracing::warn!("voucher {voucher}: could not release {} lock(s), they expire with their lease: {r}", held.len());
-                    // The lane's connection may be half-open (it answered
-                    // nothing for a reply timeout): a multiplexed one is never
-                    // replaced by itself, and a stopping lane still uses it.
-                    self.reconnect().await;
-                }
+                self.give_back_locks(keys, &held).await;
                 return Err(match e {
                     PersistError::Mysql(e) => Error::from(e),
                     PersistError::Store(e) => e,
@@ -273,6 +241,74 @@ impl Lane {
             .add_batch(inserted, units, duplicates, done.dead.len() as u64);
         self.stats.observe_batch(started.elapsed());
         Ok(())
+    }
+
+    /// The batch's entries read: the orders to persist, with their
+    /// delivery counts; malformed ones past the last delivery dead-lettered
+    /// (and acknowledged), the others left pending for another try.
+    fn parse(&mut self, voucher: u64, deliveries: &[Delivery]) -> Parsed {
+        let mut parsed = Parsed::default();
+        for d in deliveries {
+            match d.raw.parse(voucher) {
+                Ok(m) => parsed.valid.push((m, d.deliveries)),
+                Err(reason) if d.deliveries > self.opts.max_deliveries => {
+                    parsed
+                        .dead
+                        .push(self.dead_letter(&d.raw.entry_id, reason, d.deliveries));
+                    parsed.acks.push(d.raw.entry_id.clone());
+                }
+                Err(reason) => {
+                    tracing::warn!(
+                        "voucher {voucher}: entry {} is malformed ({reason}); delivery {} of {} before it is dead-lettered",
+                        d.raw.entry_id,
+                        d.deliveries,
+                        self.opts.max_deliveries + 1
+                    );
+                    self.last_error.insert(d.raw.entry_id.clone(), reason);
+                }
+            }
+        }
+        parsed
+    }
+
+    /// Takes the users' locks: the orders whose lock this lane got, and
+    /// their users.
+    async fn lock_users(
+        &mut self,
+        keys: &VoucherKeys,
+        valid: Vec<(OrderMessage, u64)>,
+    ) -> Result<(Vec<(OrderMessage, u64)>, Vec<u64>)> {
+        let users: Vec<u64> = valid.iter().map(|(m, _)| m.user).collect();
+        let granted = self.owner.acquire(&mut self.conn, keys, &users).await?;
+        let mut mine: Vec<(OrderMessage, u64)> = Vec::new();
+        let mut held: Vec<u64> = Vec::new();
+        for ((m, n), ok) in valid.into_iter().zip(granted) {
+            if ok {
+                held.push(m.user);
+                mine.push((m, n));
+            } else {
+                // Someone else works on this user's order: leave it pending
+                // (never ack what was not persisted); it comes back later.
+                self.stats.add_lock_denied(1);
+            }
+        }
+        Ok((mine, held))
+    }
+
+    /// After a failed transaction: the locks given back, or left to expire
+    /// with their lease when Redis does not answer.
+    async fn give_back_locks(&mut self, keys: &VoucherKeys, held: &[u64]) {
+        if let Err(r) = self.owner.release(&mut self.conn, keys, held).await {
+            tracing::warn!(
+                "voucher {}: could not release {} lock(s), they expire with their lease: {r}",
+                keys.voucher(),
+                held.len()
+            );
+            // The lane's connection may be half-open (it answered
+            // nothing for a reply timeout): a multiplexed one is never
+            // replaced by itself, and a stopping lane still uses it.
+            self.reconnect().await;
+        }
     }
 
     /// The batch's transaction, fenced (worker/fence.rs): its session's
