@@ -210,16 +210,7 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
     };
     let cap = connections::connection_cap(opts.max_connections, opts.redis_connections)?;
     let cfg = Arc::new(cfg.clone());
-    let mut first = redis_conn::connect(&cfg).await?;
-    redis_conn::check_version(&mut first).await?;
-    let mut redis = vec![first];
-    redis.extend(shared_redis::open(&cfg, opts.redis_connections.saturating_sub(1)).await?);
-    let purchases = match opts.wait {
-        Some(_) => shared_redis::open(&cfg, opts.redis_connections).await?,
-        None => Vec::new(),
-    };
-    let redis = SharedRedis::new(redis)
-        .ok_or_else(|| Error::InvalidInput("--redis-connections must be at least 1".into()))?;
+    let (redis, purchases) = open_redis(&cfg, opts).await?;
     let db = Db::connect(&cfg).await?;
     let ids = OrderIds::lease(&cfg, opts.node_id).await?;
     let stop_renewing = CancellationToken::new();
@@ -236,27 +227,12 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
         readiness: health::Readiness::default(),
         order_lookups: tokio::sync::Semaphore::new(ORDER_LOOKUPS),
         redis,
-        purchases: SharedRedis::new(purchases),
+        purchases,
         mending: shared_redis::Mending::new(cfg.connect_timeout),
     });
     let stop_mending = CancellationToken::new();
-    let mender = {
-        let state = state.clone();
-        let stop = stop_mending.clone();
-        tokio::spawn(async move {
-            let mut pools = vec![(&state.redis, "shared")];
-            if let Some(p) = &state.purchases {
-                pools.push((p, "purchase"));
-            }
-            shared_redis::mend_until(&state.cfg, &pools, &state.mending, stop).await;
-        })
-    };
-    let listener = tokio::net::TcpListener::bind(opts.listen)
-        .await
-        .map_err(|e| Error::InvalidInput(format!("cannot listen on {}: {e}", opts.listen)))?;
-    let local = listener
-        .local_addr()
-        .map_err(|e| Error::InvalidInput(format!("cannot listen on {}: {e}", opts.listen)))?;
+    let mender = tokio::spawn(mend(state.clone(), stop_mending.clone()));
+    let (listener, local) = listen(opts.listen).await?;
     tracing::info!(
         "serve listening on {}://{local} (node id {}, {} in flight and {} connections at most{})",
         if tls.is_some() { "https" } else { "http" },
@@ -318,6 +294,47 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
     db.close().await;
     tracing::info!("serve stopped");
     result
+}
+
+/// The shared connections to Redis (the first checks the server's
+/// version), and with `--wait-replicas` the purchases' own.
+async fn open_redis(
+    cfg: &Config,
+    opts: &ServeOptions,
+) -> Result<(SharedRedis, Option<SharedRedis>)> {
+    let mut first = redis_conn::connect(cfg).await?;
+    redis_conn::check_version(&mut first).await?;
+    let mut redis = vec![first];
+    redis.extend(shared_redis::open(cfg, opts.redis_connections.saturating_sub(1)).await?);
+    let purchases = match opts.wait {
+        Some(_) => shared_redis::open(cfg, opts.redis_connections).await?,
+        None => Vec::new(),
+    };
+    let redis = SharedRedis::new(redis)
+        .ok_or_else(|| Error::InvalidInput("--redis-connections must be at least 1".into()))?;
+    Ok((redis, SharedRedis::new(purchases)))
+}
+
+/// Replaces the connections of the pools that broke, until `stop`.
+async fn mend(state: Arc<AppState>, stop: CancellationToken) {
+    let mut pools = vec![(&state.redis, "shared")];
+    if let Some(p) = &state.purchases {
+        pools.push((p, "purchase"));
+    }
+    shared_redis::mend_until(&state.cfg, &pools, &state.mending, stop).await;
+}
+
+/// The API's listener, and the address it is bound to.
+async fn listen(
+    addr: std::net::SocketAddr,
+) -> Result<(tokio::net::TcpListener, std::net::SocketAddr)> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::InvalidInput(format!("cannot listen on {addr}: {e}")))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| Error::InvalidInput(format!("cannot listen on {addr}: {e}")))?;
+    Ok((listener, local))
 }
 
 /// `systemctl reload` (SIGHUP) reads the key file again: keys rotate
