@@ -82,19 +82,7 @@ impl Db {
             .trim_end_matches(']')
             .to_string();
         let port = opts.tcp_port();
-        let mode = match (opts.socket().is_some(), cfg.mysql_ssl_mode) {
-            // A unix socket is not encrypted by the driver; preferred means
-            // plaintext there, and the modes that insist on TLS are refused.
-            (true, SslMode::Preferred) => SslMode::Disabled,
-            (true, SslMode::Disabled) => SslMode::Disabled,
-            (true, other) => {
-                return Err(fail(format!(
-                    "--mysql-ssl-mode {} needs TCP; the URL names a unix socket",
-                    mysql_tls::mode_name(other)
-                )))
-            }
-            (false, m) => m,
-        };
+        let mode = ssl_mode(opts.socket().is_some(), cfg.mysql_ssl_mode).map_err(&fail)?;
         let ssl = mysql_tls::ssl_opts(mode, &cfg.mysql_tls, &host, port, cfg.connect_timeout)
             .await
             .map_err(&fail)?;
@@ -134,26 +122,13 @@ impl Db {
         };
         match probe {
             Ok(Ok(_conn)) => Ok(db),
-            Ok(Err(mysql_async::Error::Driver(mysql_async::DriverError::NoClientSslFlagFromServer))) => {
-                Err(fail(format!(
-                    "the server offers no TLS, and --mysql-ssl-mode {} needs it",
-                    mysql_tls::mode_name(mode)
-                )))
-            }
-            Ok(Err(e)) => Err(match mysql_code(&e) {
-                Some(mysql_codes::BAD_DB) => Error::NotInitialised(db.name.clone()),
-                Some(mysql_codes::ACCESS_DENIED) if cfg.mysql_ssl_mode == SslMode::Disabled => {
-                    fail(format!(
-                        "access denied (wrong user or password, or a server that requires TLS: --mysql-ssl-mode is disabled): {}",
-                        describe_mysql(&e)
-                    ))
-                }
-                Some(mysql_codes::ACCESS_DENIED) => fail(format!(
-                    "access denied (wrong user or password): {}",
-                    describe_mysql(&e)
-                )),
-                _ => fail(describe_mysql(&e)),
-            }),
+            Ok(Err(mysql_async::Error::Driver(
+                mysql_async::DriverError::NoClientSslFlagFromServer,
+            ))) => Err(fail(format!(
+                "the server offers no TLS, and --mysql-ssl-mode {} needs it",
+                mysql_tls::mode_name(mode)
+            ))),
+            Ok(Err(e)) => Err(refused(&e, cfg.mysql_ssl_mode, &db.name).unwrap_or_else(fail)),
             Err(_) => Err(fail(format!(
                 "no answer within {}",
                 humantime::format_duration(cfg.connect_timeout)
@@ -172,6 +147,39 @@ impl Db {
     /// Closes the pool's connections cleanly (the server logs no aborts).
     pub async fn close(self) {
         self.pool.disconnect().await.ok();
+    }
+}
+
+/// The TLS mode for the URL's transport: a unix socket is not encrypted
+/// by the driver, so preferred means plaintext there, and the modes that
+/// insist on TLS are refused (the reason, for the caller's error).
+fn ssl_mode(socket: bool, asked: SslMode) -> std::result::Result<SslMode, String> {
+    match (socket, asked) {
+        (true, SslMode::Preferred) => Ok(SslMode::Disabled),
+        (true, SslMode::Disabled) => Ok(SslMode::Disabled),
+        (true, other) => Err(format!(
+            "--mysql-ssl-mode {} needs TCP; the URL names a unix socket",
+            mysql_tls::mode_name(other)
+        )),
+        (false, m) => Ok(m),
+    }
+}
+
+/// What a server's refusal of the first connection means: the database
+/// not made yet, or a denial (with the likely cause); Err(reason) for the
+/// caller's connect error otherwise.
+fn refused(e: &mysql_async::Error, mode: SslMode, db: &str) -> std::result::Result<Error, String> {
+    match mysql_code(e) {
+        Some(mysql_codes::BAD_DB) => Ok(Error::NotInitialised(db.to_string())),
+        Some(mysql_codes::ACCESS_DENIED) if mode == SslMode::Disabled => Err(format!(
+            "access denied (wrong user or password, or a server that requires TLS: --mysql-ssl-mode is disabled): {}",
+            describe_mysql(e)
+        )),
+        Some(mysql_codes::ACCESS_DENIED) => Err(format!(
+            "access denied (wrong user or password): {}",
+            describe_mysql(e)
+        )),
+        _ => Err(describe_mysql(e)),
     }
 }
 
