@@ -202,29 +202,59 @@ impl From<mysql_async::Error> for Error {
 }
 
 fn redis_fault(e: &redis::RedisError) -> StoreFault {
-    if e.code() == Some("NOGROUP") {
-        StoreFault::NoGroup
-    } else if e.is_io_error()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.is_timeout()
-    {
-        StoreFault::ConnectionLost
-    } else if e.code() == Some("ERR") && e.detail().is_some_and(names_a_script) {
-        StoreFault::ScriptRefused
-    } else {
-        StoreFault::Other
+    if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
+        return StoreFault::ConnectionLost;
+    }
+    match first_server_error(e) {
+        Some((code, detail)) => server_fault(&code, detail.as_deref()),
+        None => StoreFault::Other,
+    }
+}
+
+/// The code and text of a server's error reply: the reply itself, or the
+/// first failed command's of a pipeline or transaction (whose error holds
+/// them apart, with no code or detail of its own).
+fn first_server_error(e: &redis::RedisError) -> Option<(String, Option<String>)> {
+    let errors = e.clone().into_server_errors()?;
+    let (_, first) = errors.first()?;
+    Some((
+        first.code().to_string(),
+        first.details().map(str::to_string),
+    ))
+}
+
+fn server_fault(code: &str, detail: Option<&str>) -> StoreFault {
+    match (code, detail) {
+        ("NOGROUP", _) => StoreFault::NoGroup,
+        ("ERR", Some(d)) if is_script_refusal(d) => StoreFault::ScriptRefused,
+        // Redis 6.2 wraps an error a script's call met in its own ERR
+        // ("Error running script ...: @user_script:58: NOGROUP ..."); 7
+        // passes the code through.
+        ("ERR", Some(d)) if d.contains(": NOGROUP ") => StoreFault::NoGroup,
+        _ => StoreFault::Other,
+    }
+}
+
+/// The text of a refusal one of the project's scripts answered (`seckill:
+/// quantity ...`), alone or as a pipeline's failed command.
+pub fn script_refusal(e: &redis::RedisError) -> Option<String> {
+    match first_server_error(e)? {
+        (code, Some(detail)) if code == "ERR" && is_script_refusal(&detail) => Some(detail),
+        _ => None,
     }
 }
 
 /// Whether an error reply's text starts as the project's scripts' refusals
-/// do: `<script>: ` or `<script>.lua: ` (a Lua runtime error starts
-/// `user_script:<line>:` instead).
-fn names_a_script(detail: &str) -> bool {
+/// do: `<script>: ` or `<script>.lua: `, a name of lowercase letters and
+/// underscores (a Lua runtime error starts `user_script:<line>:`, Redis's
+/// own errors with a word and a space). `store::scripts`' tests hold every
+/// refusal of lua/ to this rule.
+pub(crate) fn is_script_refusal(detail: &str) -> bool {
     let Some((first, _)) = detail.split_once(": ") else {
         return false;
     };
-    crate::store::scripts::is_script(first.strip_suffix(".lua").unwrap_or(first))
+    let name = first.strip_suffix(".lua").unwrap_or(first);
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
 }
 
 fn mysql_fault(e: &mysql_async::Error) -> StoreFault {

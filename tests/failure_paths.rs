@@ -215,6 +215,20 @@ async fn store_failures_come_as_the_kind_callers_branch_on() {
         .query_async(&mut redis)
         .await;
     assert_eq!(fault_of(no_group.unwrap_err()), Some(StoreFault::NoGroup));
+    // The same inside a pipeline, whose error holds its commands' apart.
+    let in_pipeline: redis::RedisResult<(i64, redis::Value)> = redis::pipe()
+        .cmd("EXISTS")
+        .arg("nothing")
+        .cmd("XREADGROUP")
+        .arg(&["GROUP", "nobody", "c", "STREAMS"])
+        .arg(format!("{}:no-stream", env.prefix))
+        .arg(">")
+        .query_async(&mut redis)
+        .await;
+    assert_eq!(
+        fault_of(in_pipeline.unwrap_err()),
+        Some(StoreFault::NoGroup)
+    );
 
     // The admission script's own refusal of its arguments, and a Lua
     // runtime error (not a refusal of ours, though its text has a colon).
@@ -250,16 +264,24 @@ async fn store_failures_come_as_the_kind_callers_branch_on() {
         token: None,
         quantity: 5,
     };
-    let refused = admit_durably(&mut redis, &keys, attempt, None).await;
-    match refused {
-        Err(Error::QuantityRefused(reason)) => {
-            assert!(
-                reason.starts_with("quantity must be between 1 and 1"),
-                "{reason}"
-            );
-            assert!(format!("{}", Error::QuantityRefused(reason)).starts_with("invalid input: "));
+    // Alone, and in the pipeline with the wait for replicas.
+    let wait = seckill::gate::admission::ReplicaWait {
+        replicas: 0,
+        timeout: Duration::from_millis(10),
+    };
+    for wait in [None, Some(wait)] {
+        let refused = admit_durably(&mut redis, &keys, attempt, wait).await;
+        match refused {
+            Err(Error::QuantityRefused(reason)) => {
+                assert_eq!(
+                    reason, "quantity must be between 1 and 1 (the per-user limit)",
+                    "{wait:?}"
+                );
+                let shown = format!("{}", Error::QuantityRefused(reason));
+                assert!(shown.starts_with("invalid input: "));
+            }
+            other => panic!("expected a quantity refusal ({wait:?}), got {other:?}"),
         }
-        other => panic!("expected a quantity refusal, got {other:?}"),
     }
     let buyers: u64 = redis.scard(keys.buyers()).await.unwrap();
     assert_eq!(buyers, 0, "nothing written");

@@ -3,7 +3,7 @@
 use crate::store::redis_conn::RedisConn;
 use redis::{ErrorKind, ScriptInvocation, ServerErrorKind, Value};
 
-use crate::error::{Error, Result, StoreFault};
+use crate::error::{Error, Result};
 use crate::store::keys::VoucherKeys;
 use crate::store::scripts::ADMISSION;
 
@@ -144,22 +144,12 @@ pub async fn admit(
 /// limit with an error reply, before writing anything: bad input, not a
 /// failure of the store.
 fn refused_input(e: redis::RedisError) -> Error {
-    let refusal = Error::from(e);
-    let quantity = match &refusal {
-        Error::Redis {
-            fault: StoreFault::ScriptRefused,
-            cause: Some(cause),
-            ..
-        } => cause
-            .downcast_ref::<redis::RedisError>()
-            .and_then(|e| e.detail()?.strip_prefix("seckill: "))
-            .filter(|reason| reason.starts_with("quantity "))
-            .map(str::to_string),
-        _ => None,
-    };
+    let quantity = crate::error::script_refusal(&e)
+        .and_then(|d| Some(d.strip_prefix("seckill: ")?.to_string()))
+        .filter(|reason| reason.starts_with("quantity "));
     match quantity {
         Some(reason) => Error::QuantityRefused(reason),
-        None => refusal,
+        None => e.into(),
     }
 }
 

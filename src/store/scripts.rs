@@ -232,15 +232,6 @@ pub fn all() -> Vec<(&'static str, &'static Script)> {
     ]
 }
 
-/// Whether `stem` names one of the scripts (`seckill`, `fence`): their
-/// refusals begin `ERR <stem>: ` or `ERR <stem>.lua: `, which is how a
-/// refusal is told from another server error.
-pub fn is_script(stem: &str) -> bool {
-    all()
-        .iter()
-        .any(|(file, _)| file.strip_suffix(".lua") == Some(stem))
-}
-
 /// The file stem of the script whose SHA1 this is (`preload`), for the
 /// test fault that resends a script call.
 pub fn stem_of(hash: &str) -> Option<&'static str> {
@@ -255,6 +246,37 @@ pub fn stem_of(hash: &str) -> Option<&'static str> {
 
 #[cfg(test)]
 mod tests {
+    /// Every refusal a script of lua/ answers (`redis.error_reply('ERR
+    /// <name>: ...')`) names a script and is told as a script's refusal.
+    #[test]
+    fn every_refusal_of_a_script_is_told_as_one() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/lua");
+        let mut seen = 0;
+        for (file, _) in super::all() {
+            let source = std::fs::read_to_string(format!("{dir}/{file}")).expect("a script");
+            for refusal in source.split("error_reply(").skip(1) {
+                let text = refusal.trim_start_matches(['\'', '"']);
+                let detail = text.strip_prefix("ERR ").unwrap_or_else(|| {
+                    panic!("{file}: a refusal that is not an ERR reply: {text:.60}")
+                });
+                let name = detail.split(':').next().unwrap_or_default();
+                let stem = name.strip_suffix(".lua").unwrap_or(name);
+                assert!(
+                    super::all()
+                        .iter()
+                        .any(|(f, _)| f.strip_suffix(".lua") == Some(stem)),
+                    "{file}: a refusal naming no script: {detail:.60}"
+                );
+                assert!(
+                    crate::error::is_script_refusal(detail),
+                    "{file}: not told as a script's refusal: {detail:.60}"
+                );
+                seen += 1;
+            }
+        }
+        assert!(seen > 50, "only {seen} refusals found");
+    }
+
     #[test]
     fn every_script_of_lua_is_in_the_list_doctor_loads() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/lua");

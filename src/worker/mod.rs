@@ -87,7 +87,7 @@ pub async fn run(
     let deadline_worker = parts.canceller().await?;
     let stop_guard = stop.child_token();
     let guard_task = (!parts.opts.gate_check.is_zero())
-        .then(|| tokio::spawn(parts.gate_guard(conn).run(stop_guard.clone())));
+        .then(|| tokio::spawn(parts.gate_guard(conn.clone()).run(stop_guard.clone())));
     // Vouchers split in buckets: one worker at a time moves their stock.
     let stop_mover = stop.child_token();
     let mover_task = tokio::spawn(parts.mover().await?.run(stop_mover.clone()));
