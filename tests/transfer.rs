@@ -527,7 +527,7 @@ async fn a_hold_on_the_mover_keeps_it_still_fences_every_gate_and_is_safe_to_res
     let gone = VoucherKeys::of_bucket(&env.prefix, V, &format!("{V}.9.0")).expect("keys");
     let mut with_gone = keys.clone();
     with_gone.push(gone.clone());
-    let held = seckill::gate::mover_fence::seize(
+    let held = seckill::gate::mover_lease::seize(
         &mut redis,
         &with_gone,
         "guard",
@@ -537,7 +537,7 @@ async fn a_hold_on_the_mover_keeps_it_still_fences_every_gate_and_is_safe_to_res
     .expect("seize")
     .expect("held");
     assert!(held > mover + 1_000_000, "far above any epoch: {held}");
-    let again = seckill::gate::mover_fence::seize(
+    let again = seckill::gate::mover_lease::seize(
         &mut redis,
         &keys,
         "guard",
@@ -547,7 +547,7 @@ async fn a_hold_on_the_mover_keeps_it_still_fences_every_gate_and_is_safe_to_res
     .expect("seize again")
     .expect("still held");
     assert!(again > held, "resent: the same holder, a harder fence");
-    let other = seckill::gate::mover_fence::seize(
+    let other = seckill::gate::mover_lease::seize(
         &mut redis,
         &keys,
         "reconcile",
@@ -576,10 +576,10 @@ async fn a_hold_on_the_mover_keeps_it_still_fences_every_gate_and_is_safe_to_res
     .await
     .expect("take");
     assert!(matches!(refused, Taken::Fenced(_)), "{refused:?}");
-    seckill::gate::mover_fence::release(&mut redis, &keys[0], "guard")
+    seckill::gate::mover_lease::unseize(&mut redis, &keys[0], "guard")
         .await
         .expect("release");
-    seckill::gate::mover_fence::release(&mut redis, &keys[0], "guard")
+    seckill::gate::mover_lease::unseize(&mut redis, &keys[0], "guard")
         .await
         .expect("release again");
     assert!(

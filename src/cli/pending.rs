@@ -7,12 +7,13 @@ use super::common::{parse_id, Format, FormatOpt};
 use super::confirm::{confirm, Confirmation};
 use super::render::{print_json, table};
 use crate::exit_code;
-use crate::gate::{buckets, requeue};
+use crate::gate::buckets;
 use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn;
 use crate::stream::pending::{self, DeadLetterView, PendingEntry, StreamSummary};
+use crate::stream::requeue;
 
 #[derive(Args, Debug)]
 pub struct PendingArgs {

@@ -5,11 +5,10 @@
 pub mod admission;
 pub mod buckets;
 pub mod image;
-pub mod mover_fence;
+pub mod mover_lease;
 pub mod pause;
 pub mod policy;
 pub mod preload;
-pub mod requeue;
 pub mod state;
 pub mod token;
 pub mod transfer;

@@ -402,7 +402,7 @@ pub async fn any_open(conn: &mut impl ConnectionLike, layout: &Layout) -> Result
 /// taken by a giver and not landed at the receiver (between give and
 /// settle a transfer's units are the receiver's, though the giver still
 /// holds its record). Exact only while no mover moves (a fence,
-/// gate/mover_fence.rs): read across masters, a transfer moving meanwhile
+/// gate/mover_lease.rs): read across masters, a transfer moving meanwhile
 /// may be counted twice or not at all.
 pub async fn in_transit(conn: &mut impl ConnectionLike, gates: &[VoucherKeys]) -> Result<u64> {
     let sides = Gate::all(gates);

@@ -9,7 +9,7 @@
 //! Transfers move units between masters, where no one read sees both
 //! sides: the pool and the transfers in transit are read before and after
 //! the buckets and must not have moved (a writing caller holds the mover
-//! still: gate/mover_fence.rs). Reconcile wants every bucket still across
+//! still: gate/mover_lease.rs). Reconcile wants every bucket still across
 //! the read, which makes the count exact. The guard's rebuild of a paused
 //! bucket cannot wait for a sale to stop, so there the other buckets sell
 //! on, and that is safe: each is read Redis first, MySQL after, with its
@@ -89,7 +89,7 @@ pub async fn read_bucket(
     }
     // A hold that ran out during the read let a mover move: read again.
     if let Some(owner) = check.hold {
-        if !crate::gate::mover_fence::holds(conn, &gates[0], owner).await? {
+        if !crate::gate::mover_lease::holds(conn, &gates[0], owner).await? {
             return Ok(Read::Moved);
         }
     }

@@ -172,7 +172,7 @@ impl<'a, C: RedisConn> Run<'a, C> {
         let gates = layout.all_keys()?;
         let owner = format!("reconcile:{}", crate::support::host::random_tag());
         if !opts.dry_run
-            && crate::gate::mover_fence::seize(self.conn, &gates, &owner, MOVER_HOLD)
+            && crate::gate::mover_lease::seize(self.conn, &gates, &owner, MOVER_HOLD)
                 .await?
                 .is_none()
         {
@@ -288,7 +288,7 @@ impl<'a, C: RedisConn> Run<'a, C> {
     }
 
     async fn unhold(&mut self, bucket0: &VoucherKeys, owner: &str) {
-        if let Err(e) = crate::gate::mover_fence::release(self.conn, bucket0, owner).await {
+        if let Err(e) = crate::gate::mover_lease::unseize(self.conn, bucket0, owner).await {
             tracing::debug!(
                 "voucher {}: the hold on its mover was not given back ({e}); it runs out",
                 bucket0.voucher()
@@ -536,7 +536,7 @@ pub struct BucketCheck<'a> {
     pub layout: &'a Layout,
     pub bucket: u32,
     pub judged: StockJudged,
-    /// Who holds the voucher's mover still (gate/mover_fence.rs): the hold
+    /// Who holds the voucher's mover still (gate/mover_lease.rs): the hold
     /// is renewed before every read, so no read outlives it. None: a look
     /// that writes nothing (dry run).
     pub hold: Option<&'a str>,
@@ -576,7 +576,7 @@ impl Target<'_> {
             Target::Bucket(c) => {
                 if let Some(owner) = c.hold {
                     let gates = c.layout.all_keys()?;
-                    let held = crate::gate::mover_fence::seize(conn, &gates, owner, MOVER_HOLD);
+                    let held = crate::gate::mover_lease::seize(conn, &gates, owner, MOVER_HOLD);
                     if held.await?.is_none() {
                         // Another holds it (ours ran out): no count now.
                         return Ok(Read::Moved);
@@ -605,7 +605,7 @@ pub async fn reconcile_voucher(
 
 /// Checks bucket `bucket` of a voucher in buckets and, unless dry-run,
 /// repairs what it found and reopens it if paused. Only while the
-/// voucher's mover is fenced (gate/mover_fence.rs): the bucket's stock is
+/// voucher's mover is fenced (gate/mover_lease.rs): the bucket's stock is
 /// judged by every unit of the voucher elsewhere.
 pub async fn reconcile_bucket(
     db: &Db,

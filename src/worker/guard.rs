@@ -52,7 +52,7 @@ use tokio_util::sync::CancellationToken;
 use super::recount::{Counted, Recounts};
 use super::WorkerStats;
 use crate::error::{Error, Result};
-use crate::gate::mover_fence;
+use crate::gate::mover_lease;
 use crate::gate::pause::{self, PauseReason, Paused, META_PAUSED};
 use crate::gate::witness::{self, MysqlBehind, META_COMMITTED, META_FORGOTTEN};
 use crate::orders::counters;
@@ -848,7 +848,7 @@ impl GateGuard {
         };
         let gates = layout.all_keys()?;
         let owner = &self.owner;
-        if mover_fence::seize(&mut self.conn, &gates, owner, reconcile::MOVER_HOLD)
+        if mover_lease::seize(&mut self.conn, &gates, owner, reconcile::MOVER_HOLD)
             .await?
             .is_none()
         {
@@ -866,7 +866,7 @@ impl GateGuard {
         let checked =
             reconcile::reconcile_bucket(&self.db, &mut self.conn, check, opts, Some(&self.ids))
                 .await;
-        if let Err(e) = mover_fence::release(&mut self.conn, &gates[0], &self.owner).await {
+        if let Err(e) = mover_lease::unseize(&mut self.conn, &gates[0], &self.owner).await {
             tracing::debug!(
                 "gate guard, {v}: the mover lease was not given back ({e}); it runs out"
             );

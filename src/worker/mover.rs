@@ -27,13 +27,13 @@ use super::bucket_look::{allotment, look_all, movable, pool_usable, unpromised, 
 use super::WorkerStats;
 use crate::error::{Error, Result};
 use crate::gate::buckets::{Layout, Layouts};
+use crate::gate::mover_lease;
 use crate::gate::transfer::{self, Bounded, Gate, Given, Landing, Taken};
 use crate::store::config::Config;
 use crate::store::keys::VoucherKeys;
 use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn::{self, Redis};
 use crate::store::registry;
-use crate::store::scripts::MOVER_LEASE;
 use crate::support::backoff::Backoff;
 use crate::support::timespec::now_ms;
 
@@ -527,20 +527,12 @@ impl Mover {
             .get(&bucket0.voucher())
             .copied()
             .unwrap_or(0);
-        let epoch: u64 = MOVER_LEASE
-            .key(bucket0.meta())
-            // A rebuild or reconcile holding it still keeps it from moving.
-            .key(bucket0.mover_holds())
-            .arg("take")
-            .arg(&self.owner)
-            .arg(self.lease.as_millis() as u64)
-            .arg(floor)
-            .invoke_async(&mut self.conn)
-            .await?;
-        if epoch > 0 {
+        let epoch =
+            mover_lease::take(&mut self.conn, bucket0, &self.owner, self.lease, floor).await?;
+        if epoch.is_some() {
             self.epoch_floors.remove(&bucket0.voucher());
         }
-        Ok((epoch > 0).then_some(epoch))
+        Ok(epoch)
     }
 
     /// A gate has seen a later epoch than the lease's (bucket 0's meta lost
@@ -560,12 +552,7 @@ impl Mover {
             let Ok(keys) = VoucherKeys::new(&self.cfg.prefix, v) else {
                 continue;
             };
-            let released: redis::RedisResult<i64> = MOVER_LEASE
-                .key(keys.meta())
-                .arg("release")
-                .arg(&self.owner)
-                .invoke_async(&mut self.conn)
-                .await;
+            let released = mover_lease::give_back(&mut self.conn, &keys, &self.owner).await;
             if let Err(e) = released {
                 tracing::debug!("mover: voucher {v}: lease not released ({e}); it runs out");
             }

@@ -1,4 +1,7 @@
-//! A hold on a voucher's mover while the gate guard rebuilds one of its
+//! The mover's lease on a voucher split in buckets (lua/mover_lease.lua),
+//! every call of it: the mover takes it (one mover at a time, its epoch
+//! rising with each new holder) and gives it back; and a hold on the mover
+//! while the gate guard rebuilds one of its
 //! buckets, or reconcile checks them (design/buckets.md §5): both count
 //! every unit of the voucher across masters (the pool, each bucket,
 //! transfers in transit), and only a mover that cannot move keeps that
@@ -50,15 +53,53 @@ pub async fn seize(
             .await;
         if let Err(e) = fenced {
             // Half fenced is no hold: the mover may move again.
-            release(conn, first, owner).await.ok();
+            unseize(conn, first, owner).await.ok();
             return Err(e.into());
         }
     }
     Ok(Some(epoch))
 }
 
+/// Takes or renews the voucher's mover lease as `owner` for `lease`, at
+/// an epoch above `floor` (0: none): the lease's epoch, or None while
+/// another mover holds it or a hold keeps the mover still.
+pub async fn take(
+    conn: &mut impl ConnectionLike,
+    bucket0: &VoucherKeys,
+    owner: &str,
+    lease: Duration,
+    floor: u64,
+) -> Result<Option<u64>> {
+    let epoch: u64 = MOVER_LEASE
+        .key(bucket0.meta())
+        // A rebuild or reconcile holding it still keeps it from moving.
+        .key(bucket0.mover_holds())
+        .arg("take")
+        .arg(owner)
+        .arg(lease.as_millis() as u64)
+        .arg(floor)
+        .invoke_async(conn)
+        .await?;
+    Ok((epoch > 0).then_some(epoch))
+}
+
+/// Gives `owner`'s lease back (a mover that stops; otherwise it runs out).
+pub async fn give_back(
+    conn: &mut impl ConnectionLike,
+    bucket0: &VoucherKeys,
+    owner: &str,
+) -> Result<()> {
+    let _: i64 = MOVER_LEASE
+        .key(bucket0.meta())
+        .arg("release")
+        .arg(owner)
+        .invoke_async(conn)
+        .await?;
+    Ok(())
+}
+
 /// Gives the hold back (the mover moves again once no hold is left).
-pub async fn release(
+pub async fn unseize(
     conn: &mut impl ConnectionLike,
     bucket0: &VoucherKeys,
     owner: &str,
