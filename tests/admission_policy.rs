@@ -9,7 +9,8 @@ use common::TestEnv;
 use redis::AsyncCommands;
 use seckill::gate::admission::{admit, Admission};
 use seckill::gate::policy;
-use seckill::orders::voucher::{self, Policy};
+use seckill::orders::policy::{update_policy, Policy, PolicyChange};
+use seckill::orders::voucher;
 use seckill::store::keys::VoucherKeys;
 
 const V: u64 = 1;
@@ -21,7 +22,7 @@ async fn set_policy(env: &TestEnv, voucher: u64, user_rate: u32, require_token: 
         &mut redis,
         &env.prefix,
         voucher,
-        voucher::PolicyChange {
+        PolicyChange {
             user_rate: Some(user_rate),
             require_token: Some(require_token),
             ..Default::default()
@@ -545,10 +546,10 @@ async fn an_older_policy_published_last_does_not_replace_mysqls() {
     env.live_voucher(V, 10).await;
     let keys = VoucherKeys::new(&env.prefix, V).unwrap();
     let db = env.db().await;
-    let older = voucher::update_policy(
+    let older = update_policy(
         db,
         V,
-        voucher::PolicyChange {
+        PolicyChange {
             user_rate: Some(5),
             require_token: Some(true),
             ..Default::default()
@@ -556,10 +557,10 @@ async fn an_older_policy_published_last_does_not_replace_mysqls() {
     )
     .await
     .unwrap();
-    let newer = voucher::update_policy(
+    let newer = update_policy(
         db,
         V,
-        voucher::PolicyChange {
+        PolicyChange {
             user_rate: Some(0),
             require_token: Some(false),
             ..Default::default()
@@ -707,7 +708,7 @@ async fn policy_lua_without_a_version_publishes_unconditionally() {
         .unwrap();
     assert_eq!(published, policy::Published::Published);
     assert_eq!(gate_policy(&env, V).await, v.policy);
-    let stale = voucher::VersionedPolicy {
+    let stale = seckill::orders::policy::VersionedPolicy {
         policy: Policy::default(),
         version: 1,
     };

@@ -93,10 +93,10 @@ pub fn exit_code_of(outcome: &Admission) -> u8 {
 /// voucher's per-user limit).
 pub fn parse_quantity(s: &str) -> Result<u32, String> {
     match s.trim().parse::<u32>() {
-        Ok(q) if (1..=crate::orders::voucher::MAX_PER_USER_LIMIT).contains(&q) => Ok(q),
+        Ok(q) if (1..=crate::orders::policy::MAX_PER_USER_LIMIT).contains(&q) => Ok(q),
         _ => Err(format!(
             "'{s}' is not a quantity: a whole number from 1 to {}",
-            crate::orders::voucher::MAX_PER_USER_LIMIT
+            crate::orders::policy::MAX_PER_USER_LIMIT
         )),
     }
 }

@@ -8,10 +8,10 @@ use super::render::{print_json, table};
 use crate::exit_code;
 use crate::gate::state::{self, GateState};
 use crate::gate::{buckets, policy};
-use crate::orders::voucher::{
-    self, NewVoucher, Policy, PolicyChange, Voucher, MAX_BUCKETS, MAX_PER_USER_LIMIT,
-    MAX_USER_RATE, MAX_WAITLIST_LIMIT,
+use crate::orders::policy::{
+    Policy, PolicyChange, MAX_PER_USER_LIMIT, MAX_USER_RATE, MAX_WAITLIST_LIMIT,
 };
+use crate::orders::voucher::{self, NewVoucher, Voucher, MAX_BUCKETS};
 use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::redis_conn;
@@ -187,7 +187,7 @@ async fn update(cfg: &Config, args: UpdateArgs) -> anyhow::Result<u8> {
         let mut limit_first = false;
         if let (Some(n), Some(limit)) = (args.buckets, change.per_user_limit) {
             let v = voucher::get(&db, args.id).await?;
-            voucher::validate_split(args.id, v.total_stock, n, limit)?;
+            crate::orders::voucher_buckets::validate_split(args.id, v.total_stock, n, limit)?;
             limit_first = limit < v.policy.per_user_limit;
         }
         let mut policy_now = None;

@@ -28,7 +28,7 @@ pub async fn split(
     voucher: u64,
     buckets: u32,
 ) -> Result<()> {
-    crate::orders::voucher::validate_buckets(buckets)?;
+    crate::orders::voucher_buckets::validate_buckets(buckets)?;
     let (layout, loaded) = Layout::read_loaded(conn, prefix, voucher).await?;
     if loaded && layout.buckets() != buckets {
         return Err(Error::InvalidInput(format!(
@@ -36,7 +36,7 @@ pub async fn split(
             layout.buckets()
         )));
     }
-    crate::orders::voucher::set_buckets(db, voucher, buckets).await
+    crate::orders::voucher_buckets::set_buckets(db, voucher, buckets).await
 }
 
 /// The voucher's layout as MySQL records it, choosing and recording its
@@ -54,7 +54,8 @@ pub async fn lay_out(
         true => {
             let slots = SlotMap::read(conn).await?;
             let chosen = choose_tags(voucher, v.buckets, slots.as_ref()).join(" ");
-            crate::orders::voucher::record_bucket_tags(db, voucher, v.buckets, &chosen).await?
+            crate::orders::voucher_buckets::record_bucket_tags(db, voucher, v.buckets, &chosen)
+                .await?
         }
     };
     let layout = Layout::from_tags(prefix, voucher, Some(&tags))?;
@@ -124,7 +125,7 @@ pub async fn for_routing(
 /// once recorded, and the word to trust when Redis may have lost bucket 0's
 /// meta (the gate guard, reconcile).
 pub async fn recorded(db: &Db, prefix: &str, voucher: u64) -> Result<Option<Layout>> {
-    match crate::orders::voucher::bucket_tags(db, voucher).await? {
+    match crate::orders::voucher_buckets::bucket_tags(db, voucher).await? {
         Some(tags) => Ok(Some(Layout::from_tags(prefix, voucher, Some(&tags))?)),
         None => Ok(None),
     }

@@ -6,8 +6,8 @@ use redis::AsyncCommands;
 
 use crate::error::Result;
 use crate::gate::witness::Witness;
+use crate::orders::policy::VersionedPolicy;
 use crate::orders::timeouts::{self, Existing};
-use crate::orders::voucher::VersionedPolicy;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::RedisConn;
 use crate::store::registry;

@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::orders::voucher::{self, Policy, PolicyChange, VersionedPolicy};
+use crate::orders::policy::{self, Policy, PolicyChange, VersionedPolicy};
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::RedisConn;
@@ -139,7 +139,7 @@ pub async fn update(
     change: PolicyChange,
 ) -> Result<(Policy, bool)> {
     let keys = VoucherKeys::new(prefix, voucher_id)?;
-    let policy = voucher::update_policy(db, voucher_id, change).await?;
+    let policy = policy::update_policy(db, voucher_id, change).await?;
     crate::support::fault::point("before_publish").await?;
     // Every bucket of a voucher split in buckets admits by its own meta.
     let layout =
@@ -155,7 +155,10 @@ pub async fn update(
         Published::Published => (policy.policy, true),
         // A later update took effect and published; report MySQL's policy
         // as it is, which is at least that one.
-        Published::Newer => (voucher::get(db, voucher_id).await?.policy, true),
+        Published::Newer => (
+            crate::orders::voucher::get(db, voucher_id).await?.policy,
+            true,
+        ),
         Published::NotLoaded => (policy.policy, false),
     })
 }

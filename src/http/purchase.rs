@@ -140,7 +140,7 @@ impl PurchaseBody {
     /// the voucher's per-user limit).
     fn request(&self, voucher: u64) -> Result<Request<'_>, ApiError> {
         let quantity = self.quantity.unwrap_or(1);
-        if !(1..=crate::orders::voucher::MAX_PER_USER_LIMIT).contains(&quantity) {
+        if !(1..=crate::orders::policy::MAX_PER_USER_LIMIT).contains(&quantity) {
             return Err(ApiError::BadRequest(format!(
                 "quantity {quantity} is out of range: 1 to the voucher's per-user limit"
             )));

@@ -140,7 +140,7 @@ pub async fn cancel_unpaid(conn: &mut Conn, voucher: u64, orders: &[u64]) -> Res
         units_now,
         orders_total,
         per_user_limit: per_user_limit.map_or(1, |l| {
-            l.clamp(1, i64::from(crate::orders::voucher::MAX_PER_USER_LIMIT)) as u32
+            l.clamp(1, i64::from(crate::orders::policy::MAX_PER_USER_LIMIT)) as u32
         }),
         ..Default::default()
     };

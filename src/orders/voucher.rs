@@ -1,4 +1,6 @@
-//! Vouchers in MySQL, the source of truth: creating and reading them.
+//! Vouchers in MySQL, the source of truth: creating and reading them (their
+//! policy is orders/policy.rs, their split over buckets
+//! orders/voucher_buckets.rs).
 
 use mysql_async::prelude::*;
 use mysql_async::{from_value_opt, FromRowError, Row, Value};
@@ -6,6 +8,8 @@ use serde::Serialize;
 
 use crate::error::{mysql_code, mysql_codes, Error, Result};
 use crate::orders::order::OrderStatus;
+use crate::orders::policy::{Policy, VersionedPolicy};
+use crate::orders::voucher_buckets::{validate_buckets, validate_split};
 use crate::store::db::Db;
 
 /// Ids are positive and fit a signed 64-bit integer (a Java `long`, a MySQL `BIGINT`).
@@ -15,165 +19,7 @@ pub const DEFAULT_PAY_TIMEOUT_MS: i64 = 15 * 60 * 1000;
 /// 2038-01-19T03:14:07Z: FROM_UNIXTIME's limit on MariaDB 10.11.
 pub const MAX_TIME_MS: i64 = i32::MAX as i64 * 1000;
 
-/// The most attempts per user per second a voucher may allow at the gate:
-/// every attempt reads that user's passing attempts of the last second, so
-/// the bound keeps a refused attempt cheap.
-pub const MAX_USER_RATE: u32 = 100;
-
-/// The most units one user may hold of a voucher.
-pub const MAX_PER_USER_LIMIT: u32 = 100;
-/// The most requests a waitlist may be capped at.
-pub const MAX_WAITLIST_LIMIT: u32 = 100_000_000;
-
 pub use crate::store::layout::MAX_BUCKETS;
-
-/// Checks a bucket count given by a person.
-pub fn validate_buckets(buckets: u32) -> Result<u32> {
-    if (1..=MAX_BUCKETS).contains(&buckets) {
-        Ok(buckets)
-    } else {
-        Err(Error::InvalidInput(format!(
-            "buckets {buckets} is out of range: it must be between 1 and {MAX_BUCKETS}"
-        )))
-    }
-}
-
-/// A voucher in buckets gives each at least the per-user limit: a bucket
-/// starts with `total / buckets` units, and a share below the limit would
-/// leave its users' largest requests to wait for the mover from the first
-/// one on (design/buckets.md hole 5).
-pub fn validate_split(voucher: u64, total: i64, buckets: u32, per_user_limit: u32) -> Result<()> {
-    if buckets <= 1 {
-        return Ok(());
-    }
-    let share = total / i64::from(buckets);
-    if share >= i64::from(per_user_limit) {
-        return Ok(());
-    }
-    let most = (total / i64::from(per_user_limit.max(1))).max(1);
-    let or_limit = match share {
-        0 => String::new(),
-        s => format!(", or a per-user limit of {s} or less"),
-    };
-    Err(Error::InvalidInput(format!(
-        "voucher {voucher}: {total} units in {buckets} buckets give each {share}, fewer than the per-user limit {per_user_limit}: use at most {most} bucket(s){or_limit}"
-    )))
-}
-
-/// Who the gate lets try, and for how much: stored in MySQL, published to
-/// the gate's meta.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Policy {
-    /// At most this many attempts per user in any one second (0: no limit).
-    pub user_rate: u32,
-    /// Admission needs a token issued for the user and voucher.
-    pub require_token: bool,
-    /// The most units one purchase (one user's one order) may take.
-    pub per_user_limit: u32,
-    /// Once this many requests wait, a sold-out attempt writes nothing
-    /// (None: no cap).
-    pub waitlist_limit: Option<u32>,
-}
-
-impl Default for Policy {
-    fn default() -> Self {
-        Policy {
-            user_rate: 0,
-            require_token: false,
-            per_user_limit: 1,
-            waitlist_limit: None,
-        }
-    }
-}
-
-impl Policy {
-    /// From the MySQL columns; out-of-range values are taken at the bounds.
-    pub fn from_columns(
-        user_rate: i64,
-        require_token: i64,
-        per_user_limit: i64,
-        waitlist_limit: Option<i64>,
-    ) -> Policy {
-        Policy {
-            user_rate: user_rate.clamp(0, i64::from(MAX_USER_RATE)) as u32,
-            require_token: require_token != 0,
-            per_user_limit: per_user_limit.clamp(1, i64::from(MAX_PER_USER_LIMIT)) as u32,
-            waitlist_limit: waitlist_limit
-                .map(|w| w.clamp(0, i64::from(MAX_WAITLIST_LIMIT)) as u32),
-        }
-    }
-
-    /// For tables: `-` when off, else e.g. `5/s per user, token`.
-    pub fn describe(&self) -> String {
-        let mut parts = Vec::new();
-        if self.user_rate > 0 {
-            parts.push(format!("{}/s per user", self.user_rate));
-        }
-        if self.require_token {
-            parts.push("token".to_string());
-        }
-        if self.per_user_limit > 1 {
-            parts.push(format!("up to {} per user", self.per_user_limit));
-        }
-        if let Some(w) = self.waitlist_limit {
-            parts.push(format!("waitlist of {w} at most"));
-        }
-        match parts.is_empty() {
-            true => "-".to_string(),
-            false => parts.join(", "),
-        }
-    }
-
-    pub fn validate(&self) -> Result<()> {
-        if self.user_rate > MAX_USER_RATE {
-            return Err(Error::InvalidInput(format!(
-                "user rate {} is out of range: it must be between 0 (off) and {MAX_USER_RATE}",
-                self.user_rate
-            )));
-        }
-        if !(1..=MAX_PER_USER_LIMIT).contains(&self.per_user_limit) {
-            return Err(Error::InvalidInput(format!(
-                "per-user limit {} is out of range: it must be between 1 and {MAX_PER_USER_LIMIT}",
-                self.per_user_limit
-            )));
-        }
-        if self.waitlist_limit.is_some_and(|w| w > MAX_WAITLIST_LIMIT) {
-            return Err(Error::InvalidInput(format!(
-                "waitlist limit is out of range: it must be between 0 and {MAX_WAITLIST_LIMIT}"
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// What `voucher update` changes of the policy (None: it stays).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct PolicyChange {
-    pub user_rate: Option<u32>,
-    pub require_token: Option<bool>,
-    pub per_user_limit: Option<u32>,
-    /// Some(None): no cap from now on.
-    pub waitlist_limit: Option<Option<u32>>,
-}
-
-impl PolicyChange {
-    pub fn is_empty(&self) -> bool {
-        self.user_rate.is_none()
-            && self.require_token.is_none()
-            && self.per_user_limit.is_none()
-            && self.waitlist_limit.is_none()
-    }
-}
-
-/// A policy as MySQL held it, with the row's `policy_version` then: every
-/// change of the policy raises the version, so of two publishes the gate
-/// can tell the older one (lua/policy.lua refuses it).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct VersionedPolicy {
-    #[serde(flatten)]
-    pub policy: Policy,
-    pub version: u64,
-}
 
 #[derive(Debug, Clone)]
 pub struct NewVoucher {
@@ -382,105 +228,6 @@ pub async fn list(db: &Db) -> Result<Vec<Voucher>> {
     Ok(rows.into_iter().map(from_row).collect())
 }
 
-/// Sets how many buckets the voucher's stock is split over, while it has
-/// no order and no bucket tags (no preload laid it out yet).
-pub async fn set_buckets(db: &Db, id: u64, buckets: u32) -> Result<()> {
-    validate_buckets(buckets)?;
-    let mut conn = db.conn().await?;
-    // The split is checked against the limit in the same statement: a
-    // limit raised meanwhile is not split around.
-    conn.exec_drop(
-        "UPDATE seckill_voucher SET buckets = ?
-         WHERE voucher_id = ? AND orders_total = 0 AND bucket_tags = ''
-           AND (? = 1 OR total_stock DIV ? >= per_user_limit)",
-        (buckets, id, buckets, buckets),
-    )
-    .await?;
-    if conn.affected_rows() == 1 {
-        return Ok(());
-    }
-    drop(conn);
-    let v = get(db, id).await?;
-    if v.buckets == buckets {
-        return Ok(());
-    }
-    validate_split(id, v.total_stock, buckets, v.policy.per_user_limit)?;
-    Err(Error::InvalidInput(format!(
-        "voucher {id} cannot change its buckets ({} now): it has been preloaded or has orders, and users who hold or wait for units must stay in their bucket",
-        v.buckets
-    )))
-}
-
-/// Records the bucket tags the first preload chose, unless another
-/// preload recorded some first or the split changed since `buckets` was
-/// read. Returns the tags MySQL holds now.
-pub async fn record_bucket_tags(db: &Db, id: u64, buckets: u32, tags: &str) -> Result<String> {
-    let mut conn = db.conn().await?;
-    conn.exec_drop(
-        "UPDATE seckill_voucher SET bucket_tags = ?
-         WHERE voucher_id = ? AND buckets = ? AND bucket_tags = ''",
-        (tags, id, buckets),
-    )
-    .await?;
-    drop(conn);
-    let v = get(db, id).await?;
-    if v.buckets != buckets {
-        return Err(Error::Busy(id));
-    }
-    Ok(v.bucket_tags)
-}
-
-/// Changes the admission policy in MySQL; what is not given stays. Returns
-/// the policy now in force, with its version (a later update's, if one
-/// came in between: the pair is read from one row).
-pub async fn update_policy(db: &Db, id: u64, change: PolicyChange) -> Result<VersionedPolicy> {
-    Policy {
-        user_rate: change.user_rate.unwrap_or(0),
-        per_user_limit: change.per_user_limit.unwrap_or(1),
-        waitlist_limit: change.waitlist_limit.flatten(),
-        ..Policy::default()
-    }
-    .validate()?;
-    let mut conn = db.conn().await?;
-    // Only what was given, in one statement: two updates at once (one of
-    // the rate, one of tokens) both take effect. The version is raised in
-    // the same statement, under the row lock, so versions follow the order
-    // in which the updates took effect.
-    conn.exec_drop(
-        "UPDATE seckill_voucher
-            SET user_rate = COALESCE(?, user_rate), require_token = COALESCE(?, require_token),
-                per_user_limit = COALESCE(?, per_user_limit),
-                waitlist_limit = IF(?, ?, waitlist_limit),
-                policy_version = policy_version + 1
-          WHERE voucher_id = ?
-            AND (? IS NULL OR buckets = 1 OR total_stock DIV buckets >= ?)",
-        (
-            change.user_rate,
-            change.require_token,
-            change.per_user_limit,
-            change.waitlist_limit.is_some(),
-            change.waitlist_limit.flatten(),
-            id,
-            change.per_user_limit,
-            change.per_user_limit,
-        ),
-    )
-    .await?;
-    let changed = conn.affected_rows() == 1;
-    drop(conn);
-    let v = get(db, id).await?;
-    if !changed {
-        // The row is there: the new limit is above its buckets' share.
-        let limit = change.per_user_limit.unwrap_or(v.policy.per_user_limit);
-        validate_split(id, v.total_stock, v.buckets, limit)?;
-        // Or it was not, and the split changed since.
-        return Err(Error::InvalidInput(format!(
-            "voucher {id}: its buckets changed while its policy was updated; nothing changed, try again"
-        )));
-    }
-    Ok(v.versioned_policy())
-}
-
 /// Every voucher, or only those in `only` (each of which must exist).
 pub async fn list_only(db: &Db, only: &[u64]) -> Result<Vec<Voucher>> {
     let mut vouchers = list(db).await?;
@@ -495,34 +242,6 @@ pub async fn list_only(db: &Db, only: &[u64]) -> Result<Vec<Voucher>> {
     }
     vouchers.retain(|v| only.contains(&v.id));
     Ok(vouchers)
-}
-
-/// The bucket tags the first preload recorded (None before it).
-pub async fn bucket_tags(db: &Db, id: u64) -> Result<Option<String>> {
-    let mut conn = db.conn().await?;
-    let tags: Option<String> = conn
-        .exec_first(
-            "SELECT bucket_tags FROM seckill_voucher WHERE voucher_id = ?",
-            (id,),
-        )
-        .await?;
-    Ok(tags.filter(|t| !t.is_empty()))
-}
-
-/// Which of `ids` are split in buckets (MySQL's word, the truth: a gate
-/// that lost its meta reads as one bucket).
-pub async fn split_in_buckets(db: &Db, ids: &[u64]) -> Result<std::collections::HashSet<u64>> {
-    if ids.is_empty() {
-        return Ok(Default::default());
-    }
-    let mut conn = db.conn().await?;
-    let split: Vec<u64> = conn
-        .query(format!(
-            "SELECT voucher_id FROM seckill_voucher WHERE buckets > 1 AND voucher_id IN ({})",
-            crate::store::db::join_ids(ids.iter().copied())
-        ))
-        .await?;
-    Ok(split.into_iter().collect())
 }
 
 pub async fn get(db: &Db, id: u64) -> Result<Voucher> {

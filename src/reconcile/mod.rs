@@ -114,7 +114,7 @@ impl<'a, C: RedisConn> Run<'a, C> {
             // MySQL's word on the split: a bucket 0 that lost its meta
             // reads as a voucher of one gate, whose "repair" would take
             // every other bucket's buyers and stock into it.
-            let split = crate::orders::voucher::split_in_buckets(self.db, whole).await?;
+            let split = crate::orders::voucher_buckets::split_in_buckets(self.db, whole).await?;
             let chunk: &Vec<u64> = &whole
                 .iter()
                 .filter(|v| !split.contains(v))

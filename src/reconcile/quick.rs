@@ -63,7 +63,7 @@ struct Gate {
     loaded: bool,
     deadlines: u64,
     dead_letters: u64,
-    policy: crate::orders::voucher::Policy,
+    policy: crate::orders::policy::Policy,
     paused: bool,
     pause_token: String,
     /// (user, order, units) of the entries not yet acknowledged.

@@ -15,8 +15,8 @@ use crate::gate::policy::{
 use crate::gate::witness::{self, GateDigests, Witness, DIGEST_FIELDS};
 use crate::orders::counters::Counters;
 use crate::orders::order::OrderStatus;
+use crate::orders::policy::Policy;
 use crate::orders::restore::{LostCommit, LostState};
-use crate::orders::voucher::Policy;
 use crate::store::db::{join_ids, Db};
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::{pipeline_per_item, RedisConn};

@@ -7,7 +7,7 @@ use mysql_async::prelude::*;
 
 use crate::error::Result;
 use crate::orders::counters::Counters;
-use crate::orders::voucher::Policy;
+use crate::orders::policy::Policy;
 use crate::store::counter_sql::COLUMNS;
 
 #[derive(Debug, Clone, Default)]

@@ -317,7 +317,7 @@ impl GateGuard {
         // MySQL's word on the split: a bucket 0 that lost its meta reads as
         // a voucher of one gate, which a rebuild would make of every
         // bucket's users and stock.
-        let split = crate::orders::voucher::split_in_buckets(&self.db, vouchers).await?;
+        let split = crate::orders::voucher_buckets::split_in_buckets(&self.db, vouchers).await?;
         let mut gates: Vec<GateId> = Vec::with_capacity(vouchers.len());
         let mut keys: Vec<VoucherKeys> = Vec::with_capacity(vouchers.len());
         for &v in vouchers {
