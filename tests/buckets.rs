@@ -314,7 +314,7 @@ async fn a_mover_killed_mid_transfer_leaves_units_in_transit_that_the_next_one_b
         let gates = layout.all_keys().expect("keys");
         let mut open = 0;
         for (b, k) in gates.iter().enumerate() {
-            open += transfer::open(&mut redis, transfer::Gate::Bucket(b as u32, k))
+            open += transfer::open(&mut redis, transfer::Side::Bucket(b as u32, k))
                 .await
                 .expect("open")
                 .len();

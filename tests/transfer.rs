@@ -9,7 +9,7 @@ mod common;
 use common::TestEnv;
 use redis::AsyncCommands;
 use seckill::gate::buckets::choose_tags;
-use seckill::gate::transfer::{self, Gate, Given, Landing, Settled, Taken};
+use seckill::gate::transfer::{self, Given, Landing, Settled, Side, Taken};
 use seckill::store::keys::VoucherKeys;
 use seckill::store::redis_conn::Redis;
 use seckill::store::scripts;
@@ -52,8 +52,8 @@ async fn number(redis: &mut Redis, key: &str) -> i64 {
 }
 
 /// The pool and each bucket's gate.
-fn gates(keys: &[VoucherKeys]) -> Vec<Gate<'_>> {
-    Gate::all(keys)
+fn gates(keys: &[VoucherKeys]) -> Vec<Side<'_>> {
+    Side::all(keys)
 }
 
 /// Units in every stock, the pool and in transit: open records whose
@@ -132,7 +132,7 @@ async fn a_transfer_moves_units_once_and_every_step_replayed_changes_nothing() {
     let env = TestEnv::on_cluster().await;
     let mut redis = env.redis().await;
     let keys = three_buckets(&env, [10, 0, 0], 0).await;
-    let (giver, receiver) = (Gate::Bucket(0, &keys[0]), Gate::Bucket(1, &keys[1]));
+    let (giver, receiver) = (Side::Bucket(0, &keys[0]), Side::Bucket(1, &keys[1]));
 
     for _ in 0..2 {
         let taken = transfer::take(&mut redis, giver, receiver, 1000, 4, 1, 1).await;
@@ -175,7 +175,7 @@ async fn a_transfer_cut_off_before_it_lands_goes_back_once_and_a_late_give_lands
     let env = TestEnv::on_cluster().await;
     let mut redis = env.redis().await;
     let keys = three_buckets(&env, [0, 0, 0], 9).await;
-    let (pool, receiver) = (Gate::Pool(&keys[0]), Gate::Bucket(2, &keys[2]));
+    let (pool, receiver) = (Side::Pool(&keys[0]), Side::Bucket(2, &keys[2]));
 
     let taken = transfer::take(&mut redis, pool, receiver, 2000, 5, 5, 1).await;
     assert_eq!(taken.expect("take"), Taken::Units(5));
@@ -207,7 +207,7 @@ async fn a_transfer_that_landed_before_its_mover_stopped_is_completed_as_given()
     let env = TestEnv::on_cluster().await;
     let mut redis = env.redis().await;
     let keys = three_buckets(&env, [0, 7, 0], 0).await;
-    let (giver, receiver) = (Gate::Bucket(1, &keys[1]), Gate::Pool(&keys[0]));
+    let (giver, receiver) = (Side::Bucket(1, &keys[1]), Side::Pool(&keys[0]));
 
     let taken = transfer::take(&mut redis, giver, receiver, 3000, 10, 1, 1).await;
     assert_eq!(taken.expect("take"), Taken::Units(7), "all it had");
@@ -241,7 +241,7 @@ async fn units_given_to_a_bucket_serve_its_waitlist_first_in_order_whole_request
         .hset(b1.waitlist_quantity(), 12u64, 3u64)
         .await
         .expect("hset");
-    let (pool, receiver) = (Gate::Pool(&keys[0]), Gate::Bucket(1, b1));
+    let (pool, receiver) = (Side::Pool(&keys[0]), Side::Bucket(1, b1));
 
     let taken = transfer::take(&mut redis, pool, receiver, 4000, 3, 1, 1).await;
     assert_eq!(taken.expect("take"), Taken::Units(3));
@@ -293,7 +293,7 @@ async fn a_mover_of_an_older_epoch_is_fenced_and_a_paused_gate_moves_nothing() {
     let env = TestEnv::on_cluster().await;
     let mut redis = env.redis().await;
     let keys = three_buckets(&env, [6, 0, 0], 0).await;
-    let (b0, b1) = (Gate::Bucket(0, &keys[0]), Gate::Bucket(1, &keys[1]));
+    let (b0, b1) = (Side::Bucket(0, &keys[0]), Side::Bucket(1, &keys[1]));
 
     // A mover of epoch 2 took over.
     let taken = transfer::take(&mut redis, b0, b1, 5000, 2, 1, 2).await;
@@ -314,13 +314,13 @@ async fn a_mover_of_an_older_epoch_is_fenced_and_a_paused_gate_moves_nothing() {
         .hdel(keys[2].meta(), "begin_ms")
         .await
         .expect("unload");
-    let unloaded = transfer::take(&mut redis, Gate::Bucket(2, &keys[2]), b1, 6000, 1, 1, 2).await;
+    let unloaded = transfer::take(&mut redis, Side::Bucket(2, &keys[2]), b1, 6000, 1, 1, 2).await;
     assert_eq!(unloaded.expect("take"), Taken::NotLoaded);
-    let taken = transfer::take(&mut redis, b0, Gate::Bucket(2, &keys[2]), 5001, 1, 1, 2).await;
+    let taken = transfer::take(&mut redis, b0, Side::Bucket(2, &keys[2]), 5001, 1, 1, 2).await;
     assert_eq!(taken.expect("take"), Taken::Units(1));
-    let unloaded = transfer::give(&mut redis, Gate::Bucket(2, &keys[2]), 5001, 1, 2, &[]).await;
+    let unloaded = transfer::give(&mut redis, Side::Bucket(2, &keys[2]), 5001, 1, 2, &[]).await;
     assert_eq!(unloaded.expect("give"), Given::NotLoaded);
-    let (landing, settled) = transfer::complete(&mut redis, b0, Gate::Bucket(2, &keys[2]), 5001)
+    let (landing, settled) = transfer::complete(&mut redis, b0, Side::Bucket(2, &keys[2]), 5001)
         .await
         .expect("complete");
     assert_eq!(
@@ -566,8 +566,8 @@ async fn a_hold_on_the_mover_keeps_it_still_fences_every_gate_and_is_safe_to_res
     // The mover's old epoch is refused everywhere.
     let refused = transfer::take(
         &mut redis,
-        Gate::Bucket(1, &keys[1]),
-        Gate::Pool(&keys[0]),
+        Side::Bucket(1, &keys[1]),
+        Side::Pool(&keys[0]),
         7,
         1,
         1,
@@ -666,8 +666,8 @@ async fn a_bound_keeps_a_bucket_s_units_for_earlier_requests_and_lapses_by_itsel
     assert_eq!(set.expect("bound"), Bounded::Set);
 
     // An earlier request waits elsewhere (at 100): nobody here is served.
-    let bucket1 = Gate::Bucket(1, b1);
-    let served = transfer::serve(&mut redis, bucket1, 7000, 1, &[9001, 9002]).await;
+    let bucket1 = Side::Bucket(1, b1);
+    let served = transfer::promote_waiting(&mut redis, bucket1, 7000, 1, &[9001, 9002]).await;
     assert_eq!(served.expect("serve"), Given::Landed { promoted: 0 });
     assert_eq!(number(&mut redis, &b1.stock()).await, 2);
     // A newcomer queues behind the line instead of taking its units.
@@ -687,12 +687,12 @@ async fn a_bound_keeps_a_bucket_s_units_for_earlier_requests_and_lapses_by_itsel
     // The bound moves up to 200: the first request is served, once.
     let set = transfer::set_bound(&mut redis, b1, 2, Some(200), 60_000, None).await;
     assert_eq!(set.expect("bound"), Bounded::Set);
-    let served = transfer::serve(&mut redis, bucket1, 7001, 2, &[9003, 9004]).await;
+    let served = transfer::promote_waiting(&mut redis, bucket1, 7001, 2, &[9003, 9004]).await;
     assert_eq!(served.expect("serve"), Given::Landed { promoted: 1 });
-    let again = transfer::serve(&mut redis, bucket1, 7001, 2, &[9003, 9004]).await;
+    let again = transfer::promote_waiting(&mut redis, bucket1, 7001, 2, &[9003, 9004]).await;
     assert_eq!(again.expect("serve"), Given::AlreadyGiven);
     // An older serve, resent late, serves nothing either.
-    let late = transfer::serve(&mut redis, bucket1, 7000, 2, &[9001, 9002]).await;
+    let late = transfer::promote_waiting(&mut redis, bucket1, 7000, 2, &[9001, 9002]).await;
     assert_eq!(late.expect("serve"), Given::AlreadyGiven);
     let served: Option<String> = redis.hget(b1.meta(), "served_last").await.expect("hget");
     assert_eq!(served.as_deref(), Some("2 7001"));
@@ -709,13 +709,13 @@ async fn a_bound_keeps_a_bucket_s_units_for_earlier_requests_and_lapses_by_itsel
     let set = transfer::set_bound(&mut redis, b1, 2, Some(200), 1, None).await;
     assert_eq!(set.expect("bound"), Bounded::Set);
     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    let served = transfer::serve(&mut redis, bucket1, 7002, 2, &[9005, 9006]).await;
+    let served = transfer::promote_waiting(&mut redis, bucket1, 7002, 2, &[9005, 9006]).await;
     assert_eq!(served.expect("serve"), Given::Landed { promoted: 1 });
     let waiting: Vec<u64> = redis.zrange(b1.waitlist(), 0, -1).await.expect("zrange");
     assert_eq!(waiting, vec![newcomer], "the second request had the unit");
     // A mover that took the lease over (epoch 3) on a host whose clock
     // lags mints a lower id: its serve still runs.
-    let lagging = transfer::serve(&mut redis, bucket1, 6000, 3, &[9007]).await;
+    let lagging = transfer::promote_waiting(&mut redis, bucket1, 6000, 3, &[9007]).await;
     assert_eq!(lagging.expect("serve"), Given::Landed { promoted: 0 });
     let served: Option<String> = redis.hget(b1.meta(), "served_last").await.expect("hget");
     assert_eq!(served.as_deref(), Some("3 6000"));
@@ -735,7 +735,7 @@ async fn a_bound_keeps_a_bucket_s_units_for_earlier_requests_and_lapses_by_itsel
     let made: bool = redis.exists(lost.meta()).await.expect("exists");
     assert!(!made);
     // A give of no units is for a bucket only.
-    let pool = transfer::give(&mut redis, Gate::Pool(&keys[0]), 7003, 0, 3, &[]).await;
+    let pool = transfer::give(&mut redis, Side::Pool(&keys[0]), 7003, 0, 3, &[]).await;
     assert!(pool.is_err(), "{pool:?}");
     env.cleanup().await;
 }

@@ -15,8 +15,8 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::gate::buckets::{self, bucket_of, Layout};
-use crate::gate::image::{publish_gate, BucketPlace, GateImage};
 use crate::gate::pause::{self, PauseReason, META_PAUSE_TOKEN};
+use crate::gate::rebuilt::{publish_gate, BucketPlace, RebuiltGate};
 use crate::gate::transfer;
 use crate::gate::witness::{self, MysqlBehind};
 use crate::orders::order::OrderStatus;
@@ -199,8 +199,8 @@ impl OrdersImage {
         v: &Voucher,
         stock: i64,
         bucket: Option<BucketPlace<'a>>,
-    ) -> GateImage<'a> {
-        GateImage {
+    ) -> RebuiltGate<'a> {
+        RebuiltGate {
             total: v.total_stock,
             begin_ms: v.begin_ms,
             end_ms: v.end_ms,

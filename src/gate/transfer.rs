@@ -21,62 +21,62 @@ use crate::store::scripts::{
 
 /// One side of a transfer.
 #[derive(Debug, Clone, Copy)]
-pub enum Gate<'a> {
+pub enum Side<'a> {
     /// The voucher's pool (keys on bucket 0's tag: pass bucket 0's keys).
     Pool(&'a VoucherKeys),
     /// Bucket `number`'s gate.
     Bucket(u32, &'a VoucherKeys),
 }
 
-impl<'a> Gate<'a> {
+impl<'a> Side<'a> {
     /// The pool and every bucket of a voucher, from its buckets' keys
     /// (bucket 0's first).
-    pub fn all(buckets: &'a [VoucherKeys]) -> Vec<Gate<'a>> {
+    pub fn all(buckets: &'a [VoucherKeys]) -> Vec<Side<'a>> {
         let mut sides = Vec::with_capacity(buckets.len() + 1);
         if let Some(first) = buckets.first() {
-            sides.push(Gate::Pool(first));
+            sides.push(Side::Pool(first));
         }
         sides.extend(
             buckets
                 .iter()
                 .enumerate()
-                .map(|(b, k)| Gate::Bucket(b as u32, k)),
+                .map(|(b, k)| Side::Bucket(b as u32, k)),
         );
         sides
     }
 
     fn keys(&self) -> &VoucherKeys {
         match self {
-            Gate::Pool(k) | Gate::Bucket(_, k) => k,
+            Side::Pool(k) | Side::Bucket(_, k) => k,
         }
     }
 
     /// How the giver's record names the receiver.
     pub fn label(&self) -> String {
         match self {
-            Gate::Pool(_) => "pool".to_string(),
-            Gate::Bucket(b, _) => b.to_string(),
+            Side::Pool(_) => "pool".to_string(),
+            Side::Bucket(b, _) => b.to_string(),
         }
     }
 
     fn units(&self) -> String {
         match self {
-            Gate::Pool(k) => k.pool(),
-            Gate::Bucket(_, k) => k.stock(),
+            Side::Pool(k) => k.pool(),
+            Side::Bucket(_, k) => k.stock(),
         }
     }
 
     fn open_transfers(&self) -> String {
         match self {
-            Gate::Pool(k) => k.pool_transfers(),
-            Gate::Bucket(_, k) => k.transfers(),
+            Side::Pool(k) => k.pool_transfers(),
+            Side::Bucket(_, k) => k.transfers(),
         }
     }
 
     fn received(&self) -> String {
         match self {
-            Gate::Pool(k) => k.pool_received(),
-            Gate::Bucket(_, k) => k.received(),
+            Side::Pool(k) => k.pool_received(),
+            Side::Bucket(_, k) => k.received(),
         }
     }
 }
@@ -155,8 +155,8 @@ pub struct OpenTransfer {
 /// under transfer `id`, by a mover of `epoch`.
 pub async fn take(
     conn: &mut impl ConnectionLike,
-    giver: Gate<'_>,
-    receiver: Gate<'_>,
+    giver: Side<'_>,
+    receiver: Side<'_>,
     id: u64,
     want: u64,
     least: u64,
@@ -189,7 +189,7 @@ pub async fn take(
 /// the units join its stock).
 pub async fn give(
     conn: &mut impl ConnectionLike,
-    receiver: Gate<'_>,
+    receiver: Side<'_>,
     id: u64,
     units: u64,
     epoch: u64,
@@ -200,7 +200,7 @@ pub async fn give(
     inv.key(keys.meta())
         .key(receiver.units())
         .key(receiver.received());
-    if let Gate::Bucket(..) = receiver {
+    if let Side::Bucket(..) = receiver {
         inv.key(keys.buyers())
             .key(keys.waitlist())
             .key(keys.orders())
@@ -227,14 +227,14 @@ pub async fn give(
     })
 }
 
-/// Serves `bucket`'s waitlist from the stock it holds, once (`id` must be
+/// Promotes `bucket`'s waiting requests from the stock it holds, once (`id` must be
 /// above every serve id before it of the same epoch: meta's served_last
 /// keeps the last),
 /// one of `fresh_ids` per promotion: the mover, after its moves to the
 /// bucket, under the bound it published (`set_bound`).
-pub async fn serve(
+pub async fn promote_waiting(
     conn: &mut impl ConnectionLike,
-    bucket: Gate<'_>,
+    bucket: Side<'_>,
     id: u64,
     epoch: u64,
     fresh_ids: &[u64],
@@ -283,7 +283,7 @@ pub async fn set_bound(
 }
 
 /// Asks `receiver` whether transfer `id` landed, calling it off if not.
-pub async fn void(conn: &mut impl ConnectionLike, receiver: Gate<'_>, id: u64) -> Result<Landing> {
+pub async fn void(conn: &mut impl ConnectionLike, receiver: Side<'_>, id: u64) -> Result<Landing> {
     let answer: String = TRANSFER_VOID
         .key(receiver.received())
         .arg(id)
@@ -300,7 +300,7 @@ pub async fn void(conn: &mut impl ConnectionLike, receiver: Gate<'_>, id: u64) -
 /// nothing yet (in transit, while the giver has its record).
 pub async fn landed(
     conn: &mut impl ConnectionLike,
-    receiver: Gate<'_>,
+    receiver: Side<'_>,
     id: u64,
 ) -> Result<Option<Landing>> {
     let answer: Option<String> = redis::cmd("HGET")
@@ -319,7 +319,7 @@ pub async fn landed(
 /// Drops `giver`'s record of transfer `id`, as the receiver answered.
 pub async fn settle(
     conn: &mut impl ConnectionLike,
-    giver: Gate<'_>,
+    giver: Side<'_>,
     id: u64,
     landing: Landing,
 ) -> Result<Settled> {
@@ -343,8 +343,8 @@ pub async fn settle(
 /// (it stays given, or is called off), then the giver's record.
 pub async fn complete(
     conn: &mut impl ConnectionLike,
-    giver: Gate<'_>,
-    receiver: Gate<'_>,
+    giver: Side<'_>,
+    receiver: Side<'_>,
     id: u64,
 ) -> Result<(Landing, Settled)> {
     let landing = void(conn, receiver, id).await?;
@@ -353,7 +353,7 @@ pub async fn complete(
 }
 
 /// `giver`'s transfers not settled yet, oldest first.
-pub async fn open(conn: &mut impl ConnectionLike, giver: Gate<'_>) -> Result<Vec<OpenTransfer>> {
+pub async fn open(conn: &mut impl ConnectionLike, giver: Side<'_>) -> Result<Vec<OpenTransfer>> {
     let fields: Vec<(String, String)> = redis::cmd("HGETALL")
         .arg(giver.open_transfers())
         .query_async(conn)
@@ -390,7 +390,7 @@ pub async fn open(conn: &mut impl ConnectionLike, giver: Gate<'_>) -> Result<Vec
 /// Whether any gate of `layout` (or its pool) has a transfer not settled.
 pub async fn any_open(conn: &mut impl ConnectionLike, layout: &Layout) -> Result<bool> {
     let gates = layout.all_keys()?;
-    for side in Gate::all(&gates) {
+    for side in Side::all(&gates) {
         if !open(conn, side).await?.is_empty() {
             return Ok(true);
         }
@@ -405,7 +405,7 @@ pub async fn any_open(conn: &mut impl ConnectionLike, layout: &Layout) -> Result
 /// gate/mover_lease.rs): read across masters, a transfer moving meanwhile
 /// may be counted twice or not at all.
 pub async fn in_transit(conn: &mut impl ConnectionLike, gates: &[VoucherKeys]) -> Result<u64> {
-    let sides = Gate::all(gates);
+    let sides = Side::all(gates);
     let mut units = 0;
     for giver in &sides {
         for t in open(conn, *giver).await? {

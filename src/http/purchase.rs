@@ -127,9 +127,9 @@ pub async fn create(
         return Ok(already_bought(&state, voucher, request.user).await);
     }
     purchased.warn_if_replicas_short(&request, state.wait);
-    let extra = Extra {
+    let extra = HttpOnlyFields {
         replicas_acked: purchased.replicas_acked,
-        ..Extra::default()
+        ..HttpOnlyFields::default()
     };
     Ok(answer(voucher, request.user, purchased.outcome, extra))
 }
@@ -188,27 +188,27 @@ async fn already_bought(state: &AppState, voucher: u64, user: u64) -> Response {
             None
         }
     };
-    let extra = Extra {
+    let extra = HttpOnlyFields {
         order_id,
-        ..Extra::default()
+        ..HttpOnlyFields::default()
     };
     answer(voucher, user, Admission::AlreadyBought, extra)
 }
 
 fn respond(voucher: u64, user: u64, outcome: Admission) -> Response {
-    answer(voucher, user, outcome, Extra::default())
+    answer(voucher, user, outcome, HttpOnlyFields::default())
 }
 
 /// What an answer may carry beyond `seckill buy --format json`'s fields.
 #[derive(Default)]
-struct Extra {
+struct HttpOnlyFields {
     /// With `--wait-replicas`, on a success: how many replicas had it.
     replicas_acked: Option<u32>,
     /// already_bought: the user's order, when MySQL has it.
     order_id: Option<u64>,
 }
 
-fn answer(voucher: u64, user: u64, outcome: Admission, extra: Extra) -> Response {
+fn answer(voucher: u64, user: u64, outcome: Admission, extra: HttpOnlyFields) -> Response {
     let status = status_of(&outcome);
     let mut report = outcome.report(voucher, user);
     // Ids are strings over HTTP: a 64-bit id does not survive a JavaScript

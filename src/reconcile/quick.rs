@@ -59,7 +59,7 @@ pub enum Quick {
 }
 
 /// What the gate holds for one voucher, besides its witness and digests.
-struct Gate {
+struct GateHolds {
     loaded: bool,
     deadlines: u64,
     dead_letters: u64,
@@ -108,7 +108,7 @@ pub async fn look_many(
             continue;
         }
         let (w, d) = &before[i];
-        let look = Look {
+        let look = QuickLook {
             voucher: *voucher,
             row,
             gate: &gates[i],
@@ -125,7 +125,7 @@ pub async fn look_many(
     Ok(out)
 }
 
-async fn read_gates(conn: &mut impl RedisConn, keys: &[VoucherKeys]) -> Result<Vec<Gate>> {
+async fn read_gates(conn: &mut impl RedisConn, keys: &[VoucherKeys]) -> Result<Vec<GateHolds>> {
     let replies = pipeline_per_item(conn, keys, false, false, |pipe, k| {
         pipe.exists(k.meta())
             .zcard(k.timeouts())
@@ -171,7 +171,7 @@ async fn read_gates(conn: &mut impl RedisConn, keys: &[VoucherKeys]) -> Result<V
             0 => Vec::new(),
             _ => in_flight_orders(conn, k).await?,
         };
-        gates.push(Gate {
+        gates.push(GateHolds {
             loaded,
             deadlines,
             dead_letters,
@@ -222,17 +222,17 @@ async fn stored_of_entries(
     Ok(s)
 }
 
-struct Look<'a> {
+struct QuickLook<'a> {
     voucher: u64,
     row: &'a VoucherRow,
-    gate: &'a Gate,
+    gate: &'a GateHolds,
     witness: &'a Witness,
     digests: &'a GateDigests,
     registered: bool,
     stored: &'a Stored,
 }
 
-impl Look<'_> {
+impl QuickLook<'_> {
     /// The voucher as a full read would report it consistent, or None.
     fn agreed(&self) -> Option<Agreed> {
         let (row, gate, c) = (self.row, self.gate, &self.row.counters);

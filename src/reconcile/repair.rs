@@ -6,8 +6,8 @@ use super::classify::{Drift, DriftClass};
 use super::snapshot::Snapshot;
 use super::Options;
 use crate::error::{Error, Result};
-use crate::gate::image::{publish_gate, BucketPlace, GateImage};
 use crate::gate::policy::{self, Published};
+use crate::gate::rebuilt::{publish_gate, BucketPlace, RebuiltGate};
 use crate::orders::counters;
 use crate::orders::deadline;
 use crate::orders::restore;
@@ -353,7 +353,7 @@ async fn rebuild_gate(
         // Lost with bucket 0 (its tag): the share counts its units.
         pool: (b.bucket == 0).then_some(0),
     });
-    let image = GateImage {
+    let image = RebuiltGate {
         bucket: place,
         total: s.bucket.as_ref().map_or(s.total, |b| b.units.total),
         begin_ms: s.begin_ms,

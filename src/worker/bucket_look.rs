@@ -20,7 +20,7 @@ pub(super) const LINE_DEPTH: isize = 1_000;
 
 /// One bucket as a round reads it.
 #[derive(Debug, Clone)]
-pub(super) struct Look {
+pub(super) struct BucketView {
     /// Its stock, state and waiting line, as the allotment takes them.
     pub(super) line: Line,
     /// The sale's opening (meta's begin_ms; None: not loaded yet, or lost,
@@ -30,7 +30,7 @@ pub(super) struct Look {
 
 /// The allotment of a round's look: the pool counts while bucket 0, whose
 /// master holds it, is not paused.
-pub(super) fn allotment(looks: &[Look], pool: i64) -> Allotment {
+pub(super) fn allotment(looks: &[BucketView], pool: i64) -> Allotment {
     let lines: Vec<&Line> = looks.iter().map(|l| &l.line).collect();
     allot(&lines, if pool_usable(looks) { pool } else { 0 })
 }
@@ -39,7 +39,10 @@ pub(super) fn allotment(looks: &[Look], pool: i64) -> Allotment {
 /// master for all of them with each line's first request; while units
 /// are free, each line further in (LINE_DEPTH) and (where requests
 /// for more than one unit wait) the units they want.
-pub(super) async fn look_all(conn: &mut Redis, gates: &[VoucherKeys]) -> Result<(Vec<Look>, i64)> {
+pub(super) async fn look_all(
+    conn: &mut Redis,
+    gates: &[VoucherKeys],
+) -> Result<(Vec<BucketView>, i64)> {
     let items: Vec<(usize, &VoucherKeys)> = gates.iter().enumerate().collect();
     let replies = pipeline_per_item(conn, &items, false, false, |pipe, (b, k)| {
         pipe.get(k.stock())
@@ -81,7 +84,7 @@ pub(super) async fn look_all(conn: &mut Redis, gates: &[VoucherKeys]) -> Result<
         // Requests for more than a unit wait (whatever the limit is
         // now: one lowered later leaves them as they were).
         quantities |= wanting_more > 0;
-        looks.push(Look {
+        looks.push(BucketView {
             line: Line {
                 stock: stock.unwrap_or(0).max(0),
                 paused: paused.as_deref() == Some("1"),
@@ -115,7 +118,7 @@ async fn read_lines(
     conn: &mut Redis,
     gates: &[VoucherKeys],
     lines: &mut [Vec<(String, f64)>],
-    looks: &mut [Look],
+    looks: &mut [BucketView],
 ) -> Result<()> {
     let items: Vec<(usize, &VoucherKeys)> = gates
         .iter()
@@ -145,7 +148,7 @@ async fn read_wants(
     conn: &mut Redis,
     gates: &[VoucherKeys],
     lines: &[Vec<(String, f64)>],
-    looks: &mut [Look],
+    looks: &mut [BucketView],
 ) -> Result<()> {
     let items: Vec<(&VoucherKeys, &Vec<(String, f64)>)> = gates
         .iter()
@@ -180,19 +183,19 @@ async fn read_wants(
 /// publishes them one after another, and units moved to one not published
 /// yet would be sold by nobody, and make its publish fail), and its sale
 /// begun (before it nothing sells, and a preload may be re-splitting it).
-pub(super) fn movable(looks: &[Look]) -> bool {
+pub(super) fn movable(looks: &[BucketView]) -> bool {
     let now = now_ms();
     looks.iter().all(|l| l.begin_ms.is_some_and(|b| b <= now))
 }
 
 /// The pool's units may move: its gate (bucket 0's) is not paused.
-pub(super) fn pool_usable(looks: &[Look]) -> bool {
+pub(super) fn pool_usable(looks: &[BucketView]) -> bool {
     looks.first().is_some_and(|l| !l.line.paused)
 }
 
 /// The voucher's free units no waiting request is allotted: every open
 /// bucket's stock and the usable pool, less what the allotment gives.
-pub(super) fn unpromised(looks: &[Look], pool: i64, allotted: &Allotment) -> i64 {
+pub(super) fn unpromised(looks: &[BucketView], pool: i64, allotted: &Allotment) -> i64 {
     let stock: i64 = looks
         .iter()
         .filter(|l| !l.line.paused)

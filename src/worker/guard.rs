@@ -165,7 +165,7 @@ impl Pause {
 }
 
 /// One gate as the guard reads it.
-struct Look {
+struct GateSigns {
     loaded: bool,
     buyers: u64,
     paused: bool,
@@ -370,7 +370,7 @@ impl GateGuard {
 
     /// Each gate as one pipeline reads it: loaded, buyers, paused, the
     /// server's run id and the one meta records.
-    async fn look_at(&mut self, keys: &[VoucherKeys]) -> Result<Vec<Result<Look>>> {
+    async fn look_at(&mut self, keys: &[VoucherKeys]) -> Result<Vec<Result<GateSigns>>> {
         let rows = pipeline_per_item(&mut self.conn, keys, false, true, |pipe, k| {
             pipe.hexists(k.meta(), "begin_ms")
                 .scard(k.buyers())
@@ -393,7 +393,7 @@ impl GateGuard {
         &mut self,
         v: GateId,
         keys: &VoucherKeys,
-        look: &Look,
+        look: &GateSigns,
         counts: (u64, MysqlBehind),
         live: bool,
     ) -> Result<()> {
@@ -432,7 +432,7 @@ impl GateGuard {
         &mut self,
         v: GateId,
         keys: &VoucherKeys,
-        look: &Look,
+        look: &GateSigns,
         live: bool,
     ) -> Result<()> {
         self.record_run_id(v, keys, look).await?;
@@ -467,7 +467,7 @@ impl GateGuard {
         &mut self,
         v: GateId,
         keys: &VoucherKeys,
-        look: &Look,
+        look: &GateSigns,
         counts: (u64, MysqlBehind),
     ) -> Result<Looked> {
         let (orders, behind) = counts;
@@ -543,7 +543,12 @@ impl GateGuard {
 
     /// Remembers the server now holding the gate, here and in its meta
     /// (where a guard started later finds it).
-    async fn record_run_id(&mut self, v: GateId, keys: &VoucherKeys, look: &Look) -> Result<()> {
+    async fn record_run_id(
+        &mut self,
+        v: GateId,
+        keys: &VoucherKeys,
+        look: &GateSigns,
+    ) -> Result<()> {
         let Some(id) = &look.run_id else {
             return Ok(());
         };
@@ -797,7 +802,7 @@ impl GateGuard {
     async fn orders_per_bucket(
         &mut self,
         gates: &[GateId],
-        looks: &[Result<Look>],
+        looks: &[Result<GateSigns>],
         orders: &HashMap<u64, u64>,
     ) -> HashMap<u64, Vec<u64>> {
         let mut buyers: HashMap<u64, (u32, u64)> = HashMap::new();
@@ -970,7 +975,7 @@ fn drift_summary(drifts: &[reconcile::Drift]) -> String {
     }
 }
 
-fn look_of(row: Vec<Value>) -> Result<Look> {
+fn look_of(row: Vec<Value>) -> Result<GateSigns> {
     let mut row = row.into_iter();
     let mut next = || row.next().unwrap_or(Value::Nil);
     let loaded: bool =
@@ -984,7 +989,7 @@ fn look_of(row: Vec<Value>) -> Result<Look> {
     let run_id: Option<String> = FromRedisValue::from_redis_value(next()).ok();
     let recorded_run_id: Option<String> = FromRedisValue::from_redis_value(next())
         .map_err(|e| Error::redis(format!("run id: {e}")))?;
-    Ok(Look {
+    Ok(GateSigns {
         loaded,
         buyers,
         paused: paused.as_deref() == Some("1"),

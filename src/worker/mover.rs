@@ -23,12 +23,14 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::allotment::Allotment;
-use super::bucket_look::{allotment, look_all, movable, pool_usable, unpromised, Look, LINE_DEPTH};
+use super::bucket_look::{
+    allotment, look_all, movable, pool_usable, unpromised, BucketView, LINE_DEPTH,
+};
 use super::WorkerStats;
 use crate::error::{Error, Result};
 use crate::gate::buckets::{Layout, Layouts};
 use crate::gate::mover_lease;
-use crate::gate::transfer::{self, Bounded, Gate, Given, Landing, Taken};
+use crate::gate::transfer::{self, Bounded, Given, Landing, Side, Taken};
 use crate::store::config::Config;
 use crate::store::keys::VoucherKeys;
 use crate::store::node_lease::OrderIds;
@@ -94,8 +96,8 @@ pub struct Mover {
 }
 
 /// A voucher's free units as a round reads them and its moves change them.
-struct Free {
-    looks: Vec<Look>,
+struct Holdings {
+    looks: Vec<BucketView>,
     pool: i64,
 }
 
@@ -123,7 +125,7 @@ impl Mover {
         }
         // Bounded in time: a Redis that is down must not hold up shutdown.
         let lifting = Duration::from_millis(2 * BOUND_HOLDS_MS);
-        if tokio::time::timeout(lifting, self.lift_bounds())
+        if tokio::time::timeout(lifting, self.lift_every_bound())
             .await
             .is_err()
         {
@@ -216,7 +218,7 @@ impl Mover {
             // so no bound may keep units for a move; the buckets serve
             // their own lines meanwhile.
             if self.bounded.remove(&gates[0].voucher()).is_some() {
-                self.lift(&gates, epoch).await?;
+                self.lift_bound(&gates, epoch).await?;
             }
             return Ok(left_open);
         }
@@ -231,12 +233,13 @@ impl Mover {
         if !self.publish_bounds(&gates, epoch, &allotted, free).await? {
             return Ok(left_open);
         }
-        let mut free = Free { looks, pool };
+        let mut free = Holdings { looks, pool };
         self.fill_the_short(&gates, epoch, &mut free, &allotted)
             .await?;
         for b in 0..free.looks.len() {
             if allotted.requests[b] > 0 {
-                self.serve(&gates, b, epoch, allotted.requests[b]).await?;
+                self.promote_waiting(&gates, b, epoch, allotted.requests[b])
+                    .await?;
             }
         }
         self.even_out(&gates, epoch, &mut free).await?;
@@ -268,11 +271,12 @@ impl Mover {
         &mut self,
         gates: &[VoucherKeys],
         epoch: u64,
-        free: &mut Free,
+        free: &mut Holdings,
         allotted: &Allotment,
     ) -> Result<()> {
-        let earliest =
-            |free: &Free, b: usize| free.looks[b].line.waiting.first().map_or(f64::MAX, |w| w.0);
+        let earliest = |free: &Holdings, b: usize| {
+            free.looks[b].line.waiting.first().map_or(f64::MAX, |w| w.0)
+        };
         let mut short: Vec<usize> = (0..free.looks.len())
             .filter(|b| allotted.need[*b] > free.looks[*b].line.stock)
             .collect();
@@ -280,10 +284,10 @@ impl Mover {
         for to in short {
             let mut lacks = allotted.need[to] - free.looks[to].line.stock;
             if pool_usable(&free.looks) {
-                lacks -= self.shift(gates, epoch, free, None, to, lacks).await?;
+                lacks -= self.move_units(gates, epoch, free, None, to, lacks).await?;
             }
             while lacks > 0 {
-                let spare = |free: &Free, d: usize| free.looks[d].line.stock - allotted.need[d];
+                let spare = |free: &Holdings, d: usize| free.looks[d].line.stock - allotted.need[d];
                 let Some(from) = (0..free.looks.len())
                     .filter(|d| *d != to && !free.looks[*d].line.paused && spare(free, *d) > 0)
                     .max_by_key(|d| spare(free, *d))
@@ -292,7 +296,7 @@ impl Mover {
                 };
                 let units = lacks.min(spare(free, from));
                 let moved = self
-                    .shift(gates, epoch, free, Some(from), to, units)
+                    .move_units(gates, epoch, free, Some(from), to, units)
                     .await?;
                 if moved == 0 {
                     break;
@@ -305,7 +309,12 @@ impl Mover {
 
     /// Even out: a bucket far below the average gets units, from the pool
     /// first, so it does not run dry while others hold plenty.
-    async fn even_out(&mut self, gates: &[VoucherKeys], epoch: u64, free: &mut Free) -> Result<()> {
+    async fn even_out(
+        &mut self,
+        gates: &[VoucherKeys],
+        epoch: u64,
+        free: &mut Holdings,
+    ) -> Result<()> {
         let total: i64 = free.looks.iter().map(|l| l.line.stock).sum::<i64>() + free.pool;
         let average = total / free.looks.len() as i64;
         for to in 0..free.looks.len() {
@@ -318,7 +327,7 @@ impl Mover {
             }
             let mut wants = average - l.line.stock;
             if pool_usable(&free.looks) {
-                wants -= self.shift(gates, epoch, free, None, to, wants).await?;
+                wants -= self.move_units(gates, epoch, free, None, to, wants).await?;
             }
             let richest = (0..free.looks.len())
                 .filter(|d| {
@@ -330,7 +339,7 @@ impl Mover {
             if let Some(from) = richest {
                 let spare = free.looks[from].line.stock - average;
                 if wants > 0 && spare > 0 {
-                    self.shift(gates, epoch, free, Some(from), to, wants.min(spare))
+                    self.move_units(gates, epoch, free, Some(from), to, wants.min(spare))
                         .await?;
                 }
             }
@@ -341,11 +350,11 @@ impl Mover {
     /// Moves up to `units` from bucket `from` (None: the pool) to `to`, no
     /// more than the giver holds, and keeps `free` as the move left it:
     /// the units that arrived.
-    async fn shift(
+    async fn move_units(
         &mut self,
         gates: &[VoucherKeys],
         epoch: u64,
-        free: &mut Free,
+        free: &mut Holdings,
         from: Option<usize>,
         to: usize,
         units: i64,
@@ -402,7 +411,7 @@ impl Mover {
             .set_bounds(gates, epoch, &bounds, ttl, Some(free))
             .await?
         {
-            self.fenced(voucher, seen);
+            self.seen_a_later_epoch(voucher, seen);
             return Ok(false);
         }
         self.published.insert(voucher, (free, said));
@@ -450,7 +459,7 @@ impl Mover {
     /// where requests wait next to stock serves its own line (a newcomer
     /// queued under the bound in its last moments would otherwise wait
     /// there until the next mover). Best effort: a bound not lifted lapses.
-    async fn lift_bounds(&mut self) {
+    async fn lift_every_bound(&mut self) {
         let bounded: Vec<(u64, u64)> = self.bounded.drain().collect();
         for (voucher, epoch) in bounded {
             let lifted = match self
@@ -459,7 +468,7 @@ impl Mover {
                 .await
                 .and_then(|layout| layout.all_keys())
             {
-                Ok(gates) => self.lift(&gates, epoch).await,
+                Ok(gates) => self.lift_bound(&gates, epoch).await,
                 Err(e) => Err(e),
             };
             if let Err(e) = lifted {
@@ -470,7 +479,7 @@ impl Mover {
 
     /// Lifts the bounds of a voucher's gates and has each bucket where
     /// requests wait next to stock serve its own line.
-    async fn lift(&mut self, gates: &[VoucherKeys], epoch: u64) -> Result<()> {
+    async fn lift_bound(&mut self, gates: &[VoucherKeys], epoch: u64) -> Result<()> {
         let unbounded = vec![None; gates.len()];
         if self
             .set_bounds(gates, epoch, &unbounded, BOUND_HOLDS_MS, None)
@@ -485,7 +494,7 @@ impl Mover {
             let line = &look.line;
             if line.stock > 0 && !line.waiting.is_empty() && !line.paused {
                 let requests = (line.stock as usize).min(line.waiting.len());
-                self.serve(gates, b, epoch, requests).await?;
+                self.promote_waiting(gates, b, epoch, requests).await?;
             }
         }
         Ok(())
@@ -494,7 +503,7 @@ impl Mover {
     /// Serves up to `requests` of bucket `b`'s waiting requests, in order,
     /// from the stock it holds now (lua/transfer_give.lua with no units),
     /// under the bound it holds.
-    async fn serve(
+    async fn promote_waiting(
         &mut self,
         gates: &[VoucherKeys],
         b: usize,
@@ -505,8 +514,8 @@ impl Mover {
         let fresh = (0..requests.min(PROMOTIONS_PER_SERVE))
             .map(|_| self.ids.next_id())
             .collect::<Result<Vec<u64>>>()?;
-        let bucket = Gate::Bucket(b as u32, &gates[b]);
-        match transfer::serve(&mut self.conn, bucket, id, epoch, &fresh).await? {
+        let bucket = Side::Bucket(b as u32, &gates[b]);
+        match transfer::promote_waiting(&mut self.conn, bucket, id, epoch, &fresh).await? {
             Given::Landed { promoted } => {
                 if promoted > 0 {
                     // The line moved on: the next pass may find more to
@@ -514,7 +523,7 @@ impl Mover {
                     self.moves_left = true;
                 }
             }
-            Given::Fenced(seen) => self.fenced(gates[0].voucher(), seen),
+            Given::Fenced(seen) => self.seen_a_later_epoch(gates[0].voucher(), seen),
             Given::AlreadyGiven | Given::Void | Given::Paused | Given::NotLoaded => {}
         }
         Ok(())
@@ -538,7 +547,7 @@ impl Mover {
     /// A gate has seen a later epoch than the lease's (bucket 0's meta lost
     /// takeovers that the other buckets saw): the next round takes the
     /// lease above it, or no gate that saw it would ever move again.
-    fn fenced(&mut self, voucher: u64, seen: u64) {
+    fn seen_a_later_epoch(&mut self, voucher: u64, seen: u64) {
         let floor = self.epoch_floors.entry(voucher).or_insert(0);
         *floor = (*floor).max(seen.saturating_add(1));
     }
@@ -573,10 +582,10 @@ impl Mover {
             return Ok(0);
         }
         let giver = match from {
-            None => Gate::Pool(&gates[0]),
-            Some(b) => Gate::Bucket(b as u32, &gates[b]),
+            None => Side::Pool(&gates[0]),
+            Some(b) => Side::Bucket(b as u32, &gates[b]),
         };
-        let receiver = Gate::Bucket(to as u32, &gates[to]);
+        let receiver = Side::Bucket(to as u32, &gates[to]);
         let voucher = gates[0].voucher();
         let id = self.ids.next_id()?;
         let units = units as u64;
@@ -587,7 +596,7 @@ impl Mover {
         let k = match taken {
             Taken::Units(k) => k,
             Taken::Fenced(seen) => {
-                self.fenced(voucher, seen);
+                self.seen_a_later_epoch(voucher, seen);
                 return Ok(0);
             }
             Taken::StaleId => {
@@ -608,7 +617,7 @@ impl Mover {
             Given::Void => Landing::Void,
             Given::Fenced(seen) => {
                 // Left in transit: completed (given back) once it is stale.
-                self.fenced(voucher, seen);
+                self.seen_a_later_epoch(voucher, seen);
                 return Ok(0);
             }
             Given::Paused | Given::NotLoaded => return Ok(0),
@@ -628,7 +637,7 @@ impl Mover {
     /// (younger than that).
     async fn complete_stale(&mut self, gates: &[VoucherKeys]) -> Result<usize> {
         let mut left_open = 0;
-        let sides = Gate::all(gates);
+        let sides = Side::all(gates);
         let before = (now_ms() as u64).saturating_sub(STALE_TRANSFER_MS);
         for giver in sides.clone() {
             for t in transfer::open(&mut self.conn, giver).await? {

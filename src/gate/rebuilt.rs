@@ -1,4 +1,4 @@
-//! A gate image: everything a voucher's gate is rebuilt from (MySQL's truth),
+//! A gate rebuilt: everything a voucher's gate is rebuilt from (MySQL's truth),
 //! and publishing it atomically unless the gate moved meanwhile. Preload and
 //! reconcile's rebuild both go through here.
 
@@ -20,7 +20,7 @@ const STAGING_CHUNK: usize = 1_000;
 const STAGING_TTL_MS: i64 = 600_000;
 
 /// Everything a voucher's gate is rebuilt from.
-pub struct GateImage<'a> {
+pub struct RebuiltGate<'a> {
     pub total: i64,
     pub begin_ms: i64,
     pub end_ms: i64,
@@ -58,7 +58,7 @@ pub struct BucketPlace<'a> {
 pub async fn publish_gate<C: RedisConn>(
     conn: &mut C,
     keys: &VoucherKeys,
-    image: &GateImage<'_>,
+    image: &RebuiltGate<'_>,
     seen: &Witness,
 ) -> Result<bool> {
     // Registered before the gate opens: a crash after publishing must not
