@@ -9,8 +9,9 @@ use common::TestEnv;
 use redis::AsyncCommands;
 use seckill::gate::admission::{admit, Admission};
 use seckill::gate::policy;
-use seckill::orders::policy::{update_policy, Policy, PolicyChange};
+use seckill::orders::policy::{Policy, PolicyChange};
 use seckill::orders::voucher;
+use seckill::orders::voucher::update_policy;
 use seckill::store::keys::VoucherKeys;
 
 const V: u64 = 1;

@@ -36,7 +36,7 @@ pub async fn split(
             layout.buckets()
         )));
     }
-    crate::orders::voucher_buckets::set_buckets(db, voucher, buckets).await
+    crate::orders::voucher::set_buckets(db, voucher, buckets).await
 }
 
 /// The voucher's layout as MySQL records it, choosing and recording its
@@ -54,8 +54,7 @@ pub async fn lay_out(
         true => {
             let slots = SlotMap::read(conn).await?;
             let chosen = choose_tags(voucher, v.buckets, slots.as_ref()).join(" ");
-            crate::orders::voucher_buckets::record_bucket_tags(db, voucher, v.buckets, &chosen)
-                .await?
+            crate::orders::voucher::record_bucket_tags(db, voucher, v.buckets, &chosen).await?
         }
     };
     let layout = Layout::from_tags(prefix, voucher, Some(&tags))?;

@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::orders::policy::{self, Policy, PolicyChange, VersionedPolicy};
+use crate::orders::policy::{Policy, PolicyChange, VersionedPolicy};
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
 use crate::store::redis_conn::RedisConn;
@@ -139,7 +139,7 @@ pub async fn update(
     change: PolicyChange,
 ) -> Result<(Policy, bool)> {
     let keys = VoucherKeys::new(prefix, voucher_id)?;
-    let policy = policy::update_policy(db, voucher_id, change).await?;
+    let policy = crate::orders::voucher::update_policy(db, voucher_id, change).await?;
     crate::support::fault::point("before_publish").await?;
     // Every bucket of a voucher split in buckets admits by its own meta.
     let layout =

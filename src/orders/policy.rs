@@ -1,14 +1,10 @@
-//! A voucher's admission policy in MySQL: who the gate lets try, how often
-//! and for how many units, and its changes (`seckill voucher update`),
-//! each raising the row's policy version.
+//! A voucher's admission policy as MySQL stores it: who the gate lets try,
+//! how often and for how many units, its limits, and a change of it
+//! (`seckill voucher update`; orders/voucher.rs writes it to the row).
 
-use mysql_async::prelude::*;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::orders::voucher::get;
-use crate::orders::voucher_buckets::validate_split;
-use crate::store::db::Db;
 
 /// The most attempts per user per second a voucher may allow at the gate:
 /// every attempt reads that user's passing attempts of the last second, so
@@ -134,55 +130,4 @@ pub struct VersionedPolicy {
     #[serde(flatten)]
     pub policy: Policy,
     pub version: u64,
-}
-
-/// Changes the admission policy in MySQL; what is not given stays. Returns
-/// the policy now in force, with its version (a later update's, if one
-/// came in between: the pair is read from one row).
-pub async fn update_policy(db: &Db, id: u64, change: PolicyChange) -> Result<VersionedPolicy> {
-    Policy {
-        user_rate: change.user_rate.unwrap_or(0),
-        per_user_limit: change.per_user_limit.unwrap_or(1),
-        waitlist_limit: change.waitlist_limit.flatten(),
-        ..Policy::default()
-    }
-    .validate()?;
-    let mut conn = db.conn().await?;
-    // Only what was given, in one statement: two updates at once (one of
-    // the rate, one of tokens) both take effect. The version is raised in
-    // the same statement, under the row lock, so versions follow the order
-    // in which the updates took effect.
-    conn.exec_drop(
-        "UPDATE seckill_voucher
-            SET user_rate = COALESCE(?, user_rate), require_token = COALESCE(?, require_token),
-                per_user_limit = COALESCE(?, per_user_limit),
-                waitlist_limit = IF(?, ?, waitlist_limit),
-                policy_version = policy_version + 1
-          WHERE voucher_id = ?
-            AND (? IS NULL OR buckets = 1 OR total_stock DIV buckets >= ?)",
-        (
-            change.user_rate,
-            change.require_token,
-            change.per_user_limit,
-            change.waitlist_limit.is_some(),
-            change.waitlist_limit.flatten(),
-            id,
-            change.per_user_limit,
-            change.per_user_limit,
-        ),
-    )
-    .await?;
-    let changed = conn.affected_rows() == 1;
-    drop(conn);
-    let v = get(db, id).await?;
-    if !changed {
-        // The row is there: the new limit is above its buckets' share.
-        let limit = change.per_user_limit.unwrap_or(v.policy.per_user_limit);
-        validate_split(id, v.total_stock, v.buckets, limit)?;
-        // Or it was not, and the split changed since.
-        return Err(Error::InvalidInput(format!(
-            "voucher {id}: its buckets changed while its policy was updated; nothing changed, try again"
-        )));
-    }
-    Ok(v.versioned_policy())
 }

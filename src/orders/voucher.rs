@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::error::{mysql_code, mysql_codes, Error, Result};
 use crate::orders::order::OrderStatus;
-use crate::orders::policy::{Policy, VersionedPolicy};
+use crate::orders::policy::{Policy, PolicyChange, VersionedPolicy};
 use crate::orders::voucher_buckets::{validate_buckets, validate_split};
 use crate::store::db::Db;
 
@@ -325,6 +325,105 @@ pub async fn get_with_orders(db: &Db, id: u64) -> Result<(Voucher, Vec<OrderDige
         })
         .collect();
     Ok((voucher, orders))
+}
+
+/// Sets how many buckets the voucher's stock is split over, while it has
+/// no order and no bucket tags (no preload laid it out yet).
+pub async fn set_buckets(db: &Db, id: u64, buckets: u32) -> Result<()> {
+    validate_buckets(buckets)?;
+    let mut conn = db.conn().await?;
+    // The split is checked against the limit in the same statement: a
+    // limit raised meanwhile is not split around.
+    conn.exec_drop(
+        "UPDATE seckill_voucher SET buckets = ?
+         WHERE voucher_id = ? AND orders_total = 0 AND bucket_tags = ''
+           AND (? = 1 OR total_stock DIV ? >= per_user_limit)",
+        (buckets, id, buckets, buckets),
+    )
+    .await?;
+    if conn.affected_rows() == 1 {
+        return Ok(());
+    }
+    drop(conn);
+    let v = get(db, id).await?;
+    if v.buckets == buckets {
+        return Ok(());
+    }
+    validate_split(id, v.total_stock, buckets, v.policy.per_user_limit)?;
+    Err(Error::InvalidInput(format!(
+        "voucher {id} cannot change its buckets ({} now): it has been preloaded or has orders, and users who hold or wait for units must stay in their bucket",
+        v.buckets
+    )))
+}
+
+/// Records the bucket tags the first preload chose, unless another
+/// preload recorded some first or the split changed since `buckets` was
+/// read. Returns the tags MySQL holds now.
+pub async fn record_bucket_tags(db: &Db, id: u64, buckets: u32, tags: &str) -> Result<String> {
+    let mut conn = db.conn().await?;
+    conn.exec_drop(
+        "UPDATE seckill_voucher SET bucket_tags = ?
+         WHERE voucher_id = ? AND buckets = ? AND bucket_tags = ''",
+        (tags, id, buckets),
+    )
+    .await?;
+    drop(conn);
+    let v = get(db, id).await?;
+    if v.buckets != buckets {
+        return Err(Error::Busy(id));
+    }
+    Ok(v.bucket_tags)
+}
+
+/// Changes the admission policy in MySQL; what is not given stays. Returns
+/// the policy now in force, with its version (a later update's, if one
+/// came in between: the pair is read from one row).
+pub async fn update_policy(db: &Db, id: u64, change: PolicyChange) -> Result<VersionedPolicy> {
+    Policy {
+        user_rate: change.user_rate.unwrap_or(0),
+        per_user_limit: change.per_user_limit.unwrap_or(1),
+        waitlist_limit: change.waitlist_limit.flatten(),
+        ..Policy::default()
+    }
+    .validate()?;
+    let mut conn = db.conn().await?;
+    // Only what was given, in one statement: two updates at once (one of
+    // the rate, one of tokens) both take effect. The version is raised in
+    // the same statement, under the row lock, so versions follow the order
+    // in which the updates took effect.
+    conn.exec_drop(
+        "UPDATE seckill_voucher
+            SET user_rate = COALESCE(?, user_rate), require_token = COALESCE(?, require_token),
+                per_user_limit = COALESCE(?, per_user_limit),
+                waitlist_limit = IF(?, ?, waitlist_limit),
+                policy_version = policy_version + 1
+          WHERE voucher_id = ?
+            AND (? IS NULL OR buckets = 1 OR total_stock DIV buckets >= ?)",
+        (
+            change.user_rate,
+            change.require_token,
+            change.per_user_limit,
+            change.waitlist_limit.is_some(),
+            change.waitlist_limit.flatten(),
+            id,
+            change.per_user_limit,
+            change.per_user_limit,
+        ),
+    )
+    .await?;
+    let changed = conn.affected_rows() == 1;
+    drop(conn);
+    let v = get(db, id).await?;
+    if !changed {
+        // The row is there: the new limit is above its buckets' share.
+        let limit = change.per_user_limit.unwrap_or(v.policy.per_user_limit);
+        validate_split(id, v.total_stock, v.buckets, limit)?;
+        // Or it was not, and the split changed since.
+        return Err(Error::InvalidInput(format!(
+            "voucher {id}: its buckets changed while its policy was updated; nothing changed, try again"
+        )));
+    }
+    Ok(v.versioned_policy())
 }
 
 #[cfg(test)]

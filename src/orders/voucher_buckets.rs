@@ -1,11 +1,10 @@
 //! How a voucher's stock is split over buckets, as MySQL records it: the
-//! count an operator sets before the first preload, and the tags that
-//! preload chooses (store/layout.rs turns them into keys).
+//! checks of a split, and reads of the tags preload chose (store/layout.rs
+//! turns them into keys; orders/voucher.rs writes the row).
 
 use mysql_async::prelude::*;
 
 use crate::error::{Error, Result};
-use crate::orders::voucher::get;
 use crate::store::db::Db;
 use crate::store::layout::MAX_BUCKETS;
 
@@ -40,54 +39,6 @@ pub fn validate_split(voucher: u64, total: i64, buckets: u32, per_user_limit: u3
     Err(Error::InvalidInput(format!(
         "voucher {voucher}: {total} units in {buckets} buckets give each {share}, fewer than the per-user limit {per_user_limit}: use at most {most} bucket(s){or_limit}"
     )))
-}
-
-/// Sets how many buckets the voucher's stock is split over, while it has
-/// no order and no bucket tags (no preload laid it out yet).
-pub async fn set_buckets(db: &Db, id: u64, buckets: u32) -> Result<()> {
-    validate_buckets(buckets)?;
-    let mut conn = db.conn().await?;
-    // The split is checked against the limit in the same statement: a
-    // limit raised meanwhile is not split around.
-    conn.exec_drop(
-        "UPDATE seckill_voucher SET buckets = ?
-         WHERE voucher_id = ? AND orders_total = 0 AND bucket_tags = ''
-           AND (? = 1 OR total_stock DIV ? >= per_user_limit)",
-        (buckets, id, buckets, buckets),
-    )
-    .await?;
-    if conn.affected_rows() == 1 {
-        return Ok(());
-    }
-    drop(conn);
-    let v = get(db, id).await?;
-    if v.buckets == buckets {
-        return Ok(());
-    }
-    validate_split(id, v.total_stock, buckets, v.policy.per_user_limit)?;
-    Err(Error::InvalidInput(format!(
-        "voucher {id} cannot change its buckets ({} now): it has been preloaded or has orders, and users who hold or wait for units must stay in their bucket",
-        v.buckets
-    )))
-}
-
-/// Records the bucket tags the first preload chose, unless another
-/// preload recorded some first or the split changed since `buckets` was
-/// read. Returns the tags MySQL holds now.
-pub async fn record_bucket_tags(db: &Db, id: u64, buckets: u32, tags: &str) -> Result<String> {
-    let mut conn = db.conn().await?;
-    conn.exec_drop(
-        "UPDATE seckill_voucher SET bucket_tags = ?
-         WHERE voucher_id = ? AND buckets = ? AND bucket_tags = ''",
-        (tags, id, buckets),
-    )
-    .await?;
-    drop(conn);
-    let v = get(db, id).await?;
-    if v.buckets != buckets {
-        return Err(Error::Busy(id));
-    }
-    Ok(v.bucket_tags)
 }
 
 /// The bucket tags the first preload recorded (None before it).

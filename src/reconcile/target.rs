@@ -200,7 +200,7 @@ impl Target<'_> {
 }
 
 /// Checks one voucher and, unless dry-run, repairs what it found.
-/// `first` is a read already made (by [`read_many`]); later rounds read again.
+/// `first` is a read already made (by [`super::read_many`]); later rounds read again.
 pub async fn reconcile_voucher(
     db: &Db,
     conn: &mut impl RedisConn,
