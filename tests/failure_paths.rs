@@ -313,28 +313,13 @@ async fn store_failures_come_as_the_kind_callers_branch_on() {
         .unwrap();
     waiter.query_drop("BEGIN").await.unwrap();
     waiter.exec_drop(lock, (2u64,)).await.unwrap();
-    let holder_asks = tokio::spawn(async move {
-        let r = holder.exec_drop(lock, (2u64,)).await;
-        (holder, r)
-    });
-    // The holder's request waits on the lock before the waiter closes the
-    // cycle: InnoDB lists it among the lock waits.
-    let mut probe = db.conn().await.unwrap();
-    let until = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let waits: Option<u64> = probe
-            .query_first("SELECT COUNT(*) FROM information_schema.innodb_lock_waits")
-            .await
-            .unwrap();
-        if waits.unwrap_or(0) > 0 {
-            break;
-        }
-        assert!(std::time::Instant::now() < until, "the holder never waited");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let waiter_asks = waiter.exec_drop(lock, (V,)).await;
-    let (mut holder, holder_got) = holder_asks.await.unwrap();
-    let victim = match (holder_got, waiter_asks) {
+    // Both ask at once: whichever asks second closes the cycle (in either
+    // order), and InnoDB rolls one of them back.
+    let (holder_got, waiter_got) = tokio::join!(
+        holder.exec_drop(lock, (2u64,)),
+        waiter.exec_drop(lock, (V,))
+    );
+    let victim = match (holder_got, waiter_got) {
         (Err(e), Ok(())) | (Ok(()), Err(e)) => e,
         other => panic!("one of the two is a deadlock's victim: {other:?}"),
     };
@@ -346,6 +331,7 @@ async fn store_failures_come_as_the_kind_callers_branch_on() {
     waiter.query_drop("ROLLBACK").await.ok();
 
     let id = waiter.id();
+    let mut probe = db.conn().await.unwrap();
     probe.query_drop(format!("KILL {id}")).await.unwrap();
     let lost = waiter.query_drop("SELECT 1").await.unwrap_err();
     assert_eq!(
