@@ -153,32 +153,6 @@ impl Error {
             _ => None,
         }
     }
-
-    /// The same failure with `context` in front of its message (which
-    /// call, which voucher); the fault and the cause are kept.
-    pub fn context(self, context: impl std::fmt::Display) -> Error {
-        match self {
-            Error::Redis {
-                fault,
-                message,
-                cause,
-            } => Error::Redis {
-                fault,
-                message: format!("{context}: {message}"),
-                cause,
-            },
-            Error::Mysql {
-                fault,
-                message,
-                cause,
-            } => Error::Mysql {
-                fault,
-                message: format!("{context}: {message}"),
-                cause,
-            },
-            other => other,
-        }
-    }
 }
 
 impl From<redis::RedisError> for Error {

@@ -19,6 +19,23 @@ use crate::error::Result;
 use crate::store::keys::VoucherKeys;
 use crate::store::scripts::MOVER_LEASE;
 
+/// One call of lua/mover_lease.lua: `mode` by `owner` on the gate whose
+/// meta is `meta`, with the holds key where the mode needs it; the
+/// caller adds the mode's own arguments.
+fn call(
+    meta: &VoucherKeys,
+    holds: bool,
+    mode: &str,
+    owner: &str,
+) -> redis::ScriptInvocation<'static> {
+    let mut inv = MOVER_LEASE.key(meta.meta());
+    if holds {
+        inv.key(meta.mover_holds());
+    }
+    inv.arg(mode).arg(owner);
+    inv
+}
+
 /// Holds still the mover of the voucher whose buckets' keys are `gates`
 /// (bucket 0's first), as `owner`, for `lease`, and fences every loaded
 /// bucket: the epoch of the fence, or None while another holds it still
@@ -32,11 +49,7 @@ pub async fn seize(
     let Some(first) = gates.first() else {
         return Ok(None);
     };
-    let epoch: u64 = MOVER_LEASE
-        .key(first.meta())
-        .key(first.mover_holds())
-        .arg("seize")
-        .arg(owner)
+    let epoch: u64 = call(first, true, "seize", owner)
         .arg(lease.as_millis().max(1) as u64)
         .invoke_async(conn)
         .await?;
@@ -44,10 +57,7 @@ pub async fn seize(
         return Ok(None);
     }
     for keys in gates {
-        let fenced: redis::RedisResult<u64> = MOVER_LEASE
-            .key(keys.meta())
-            .arg("fence")
-            .arg(owner)
+        let fenced: redis::RedisResult<u64> = call(keys, false, "fence", owner)
             .arg(epoch)
             .invoke_async(conn)
             .await;
@@ -70,12 +80,8 @@ pub async fn take(
     lease: Duration,
     floor: u64,
 ) -> Result<Option<u64>> {
-    let epoch: u64 = MOVER_LEASE
-        .key(bucket0.meta())
-        // A rebuild or reconcile holding it still keeps it from moving.
-        .key(bucket0.mover_holds())
-        .arg("take")
-        .arg(owner)
+    // A rebuild or reconcile holding it still keeps it from moving.
+    let epoch: u64 = call(bucket0, true, "take", owner)
         .arg(lease.as_millis() as u64)
         .arg(floor)
         .invoke_async(conn)
@@ -89,10 +95,7 @@ pub async fn give_back(
     bucket0: &VoucherKeys,
     owner: &str,
 ) -> Result<()> {
-    let _: i64 = MOVER_LEASE
-        .key(bucket0.meta())
-        .arg("release")
-        .arg(owner)
+    let _: i64 = call(bucket0, false, "release", owner)
         .invoke_async(conn)
         .await?;
     Ok(())
@@ -104,11 +107,7 @@ pub async fn unseize(
     bucket0: &VoucherKeys,
     owner: &str,
 ) -> Result<()> {
-    let _: i64 = MOVER_LEASE
-        .key(bucket0.meta())
-        .key(bucket0.mover_holds())
-        .arg("unseize")
-        .arg(owner)
+    let _: i64 = call(bucket0, true, "unseize", owner)
         .invoke_async(conn)
         .await?;
     Ok(())
@@ -121,11 +120,7 @@ pub async fn holds(
     bucket0: &VoucherKeys,
     owner: &str,
 ) -> Result<bool> {
-    let live: i64 = MOVER_LEASE
-        .key(bucket0.meta())
-        .key(bucket0.mover_holds())
-        .arg("holds")
-        .arg(owner)
+    let live: i64 = call(bucket0, true, "holds", owner)
         .invoke_async(conn)
         .await?;
     Ok(live == 1)

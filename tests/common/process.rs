@@ -16,6 +16,8 @@ pub struct WorkerProc {
     /// Whether the test makes Redis lose writes: otherwise a gate the
     /// worker's guard pauses is a false alarm, and fails the test.
     pauses_expected: bool,
+    /// The metrics page's port, once read from the log.
+    metrics_port: std::cell::OnceCell<u16>,
 }
 
 /// What the gate guard logs when it pauses a gate.
@@ -59,6 +61,7 @@ impl TestEnv {
             log,
             out,
             pauses_expected: false,
+            metrics_port: std::cell::OnceCell::new(),
         }
     }
 }
@@ -81,6 +84,10 @@ impl WorkerProc {
     /// The port of the worker's metrics page, from the address it logs
     /// when it has bound it.
     pub fn metrics_port(&self) -> u16 {
+        *self.metrics_port.get_or_init(|| self.read_metrics_port())
+    }
+
+    fn read_metrics_port(&self) -> u16 {
         const BOUND: &str = "metrics on http://127.0.0.1:";
         self.wait_log(BOUND, Duration::from_secs(30));
         let log = self.log_text();
