@@ -225,6 +225,9 @@ async fn a_restore_between_cancellations_and_their_release_cancels_each_once() {
         (s.mysql_stock, s.redis_stock, s.released.len()),
         (10, Some(10), 4)
     );
+    // The units come back while the gate is still paused for the loss; it
+    // reopens at the guard's next pass (a buy before then is told paused).
+    worker.wait_count(REOPENED, 1, Duration::from_secs(30));
     assert_eq!(env.buy_exit(78, "4"), Some(10), "user 4 is still a buyer");
     drop(worker);
     env.cleanup().await;
