@@ -241,11 +241,22 @@ fn trimmed_windows(events: &[(u64, String)]) -> Vec<(u64, u64)> {
 /// for a gap its rebuild cannot close, which it accepts after one reopen
 /// (the book, "Entries no longer kept"): no buyer is told `paused` after
 /// the passes that follow (E39: the gate paused and reopened every pass).
+/// Up to MySQL's second loss, if the plan has one: the guard pauses for
+/// that loss, as it must.
 fn paused_again(stage: &Stage, told: &[Told], verdict: &mut Verdict) {
     let Some(from) = stage.plan.no_pause_from_ms else {
         return;
     };
-    for t in told.iter().filter(|t| t.sent_ms >= from && is_paused(t)) {
+    let until = stage
+        .history
+        .lock()
+        .unwrap()
+        .events
+        .iter()
+        .find(|(_, what)| what == super::run::SECOND_DUMP)
+        .map_or(u64::MAX, |(at, _)| *at);
+    let after_the_drop = |t: &&Told| t.sent_ms >= from && t.sent_ms < until;
+    for t in told.iter().filter(after_the_drop).filter(|t| is_paused(t)) {
         verdict.violations.push(format!(
             "voucher {}: user {} told paused ({:?}, sent at {} ms), after the guard had its passes over what the drop of the lost commits left (from {from} ms)",
             t.voucher, t.user, t.via, t.sent_ms

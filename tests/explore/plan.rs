@@ -375,6 +375,13 @@ pub struct Plan {
     /// `requeued_then_failover` with MySQL losing fewer commits than the
     /// Redis rollback took off the witness (E12).
     pub witness_short: bool,
+    /// `failover_past_keep` with a second loss: right after the drops,
+    /// worker 0's guard stands at its next raise of the witness
+    /// (`before_raise`) while buyers buy, MySQL is dumped, set back to
+    /// that dump (losing what was committed since, every entry kept), and
+    /// only then let go. A witness the drops left short hides that loss
+    /// (E38); the guard must find it and restore it from the kept entries.
+    pub second_loss: bool,
 }
 
 impl Plan {
@@ -472,6 +479,7 @@ impl Plan {
             watch_locks: false,
             requeue_at_ms: None,
             witness_short: false,
+            second_loss: false,
         };
         plan.add_extras();
         plan.add_family();
@@ -1276,6 +1284,18 @@ impl Plan {
         self.no_pause_from_ms = Some(drop + 3_000);
         self.duration_ms = drop + 5_000;
         self.steady_buyers(r, restore + 300, drop + 5_000);
+        // In half of those where nothing was released (a stream of its
+        // own, so the draws above keep their values), MySQL loses again
+        // after the drops, before the guard's next raise: one worker, so
+        // no other guard raises the witness first; units to spare, so the
+        // buyers after the drops are sold to (and their commits lost).
+        if !released && Rng::new(self.seed ^ 0x0E38).chance(50) {
+            self.second_loss = true;
+            self.workers = 1;
+            for v in self.vouchers.iter_mut() {
+                v.stock += 15;
+            }
+        }
     }
 
     /// Dead letters `no stock in MySQL` (buyers the gate sold to between
@@ -1797,6 +1817,12 @@ impl fmt::Display for Plan {
             writeln!(
                 f,
                 "  MySQL loses fewer commits than the Redis rollback took off the witness"
+            )?;
+        }
+        if self.second_loss {
+            writeln!(
+                f,
+                "  after the drops, worker 0's guard held at its next raise while MySQL is dumped and, 1 s later, set back to that dump; then let go"
             )?;
         }
         if self.watch_locks {

@@ -30,6 +30,8 @@ const STALL_SLACK_MS: u64 = 2_500;
 /// The event of a MySQL set back to a dump, logged as the switch begins
 /// (the oracle's window of what it may undo starts there).
 pub const MYSQL_RESTORE_BEGINS: &str = "MySQL switching back to its dump";
+/// `second_loss`: MySQL dumped after the drops (the point it goes back to).
+pub const SECOND_DUMP: &str = "MySQL dumped again, after the drops";
 
 /// The event of a Redis snapshot, logged as SAVE is sent.
 pub const REDIS_SNAPSHOT_BEGINS: &str = "Redis snapshot begins";
@@ -341,6 +343,9 @@ impl Stage {
                 }
                 _ => {}
             }
+        }
+        if self.plan.second_loss && target == Target::Worker(0) && incarnation == 0 {
+            spec.push("before_raise@armed=hold".into());
         }
         if !spec.is_empty() {
             vars.push(("SECKILL_TEST_FAULT".into(), spec.join(",")));
@@ -743,6 +748,13 @@ impl Stage {
     /// `orders_lost_unrestorable` per voucher.
     fn drop_lost_commits(&self, at: u64) {
         self.sleep_until(at);
+        if self.plan.second_loss {
+            // Worker 0's guard stands at its first raise from now on: the
+            // one after the drops, which would set a witness they left
+            // short back up to MySQL's count.
+            std::fs::write(self.fault_dir(Target::Worker(0)).join("arm"), b"").ok();
+            self.event("armed: worker 0's guard held at its next raise".into());
+        }
         let (_, report) = self.reconcile(&["--dry-run"]);
         let lost: Vec<(u64, u64)> = report["vouchers"]
             .as_array()
@@ -796,6 +808,25 @@ impl Stage {
                 ));
             }
         }
+        if self.plan.second_loss {
+            self.lose_again();
+        }
+    }
+
+    /// MySQL loses the commits of the next second (every entry of them
+    /// kept) while worker 0's guard stands at its raise, then the guard is
+    /// let go: the loss must be seen and restored, not hidden by a
+    /// witness the drops left short.
+    fn lose_again(&self) {
+        std::thread::sleep(Duration::from_millis(300));
+        let dump = self.env.dump_mysql();
+        self.event(SECOND_DUMP.into());
+        std::thread::sleep(Duration::from_millis(1_000));
+        self.event(MYSQL_RESTORE_BEGINS.into());
+        self.env.restore_mysql(&dump);
+        self.event("fault: MySQL set back to its second dump".into());
+        std::fs::write(self.fault_dir(Target::Worker(0)).join("release"), b"").ok();
+        self.event("released: worker 0's guard".into());
     }
 
     /// Redis killed -9 and started with no data: every gate, stream and
