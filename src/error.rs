@@ -115,6 +115,10 @@ pub enum StoreFault {
     /// One of the project's scripts (lua/) refused its arguments with an
     /// error reply, before writing anything.
     ScriptRefused,
+    /// The server cannot serve now but will by itself: Redis loading its
+    /// data, a cluster slot moving or down, a busy script; MySQL shutting
+    /// down or out of connections.
+    Unavailable,
     /// Anything else: another server error, or a reply the code cannot read.
     Other,
 }
@@ -147,6 +151,29 @@ impl Error {
     }
 
     /// The driver's error behind a Redis or MySQL error, if there was one.
+    /// Whether the same request, made again later, can succeed without
+    /// anyone changing anything: a store that did not answer, a lock or
+    /// a race lost; not a refusal (a privilege, a corrupt key, bad input).
+    pub fn may_heal_by_itself(&self) -> bool {
+        match self {
+            Error::RedisConnect { .. }
+            | Error::MysqlConnect { .. }
+            | Error::Timeout { .. }
+            | Error::TransactionPastDeadline(_)
+            | Error::Busy(_)
+            | Error::WrongBucket { .. }
+            | Error::NodeId(_) => true,
+            Error::Redis { fault, .. } | Error::Mysql { fault, .. } => matches!(
+                fault,
+                StoreFault::ConnectionLost
+                    | StoreFault::LockWaitTimeout
+                    | StoreFault::Deadlock
+                    | StoreFault::Unavailable
+            ),
+            _ => false,
+        }
+    }
+
     pub fn cause(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
         match self {
             Error::Redis { cause, .. } | Error::Mysql { cause, .. } => cause.as_deref(),
@@ -205,6 +232,9 @@ fn server_fault(code: &str, detail: Option<&str>) -> StoreFault {
         // ("Error running script ...: @user_script:58: NOGROUP ..."); 7
         // passes the code through.
         ("ERR", Some(d)) if d.contains(": NOGROUP ") => StoreFault::NoGroup,
+        ("LOADING" | "TRYAGAIN" | "CLUSTERDOWN" | "MASTERDOWN" | "BUSY" | "NOREPLICAS", _) => {
+            StoreFault::Unavailable
+        }
         _ => StoreFault::Other,
     }
 }
@@ -237,6 +267,9 @@ fn mysql_fault(e: &mysql_async::Error) -> StoreFault {
             mysql_codes::LOCK_WAIT_TIMEOUT => StoreFault::LockWaitTimeout,
             mysql_codes::LOCK_DEADLOCK | mysql_codes::RECORD_CHANGED => StoreFault::Deadlock,
             mysql_codes::CONNECTION_KILLED => StoreFault::ConnectionLost,
+            mysql_codes::SERVER_SHUTDOWN | mysql_codes::TOO_MANY_CONNECTIONS => {
+                StoreFault::Unavailable
+            }
             _ => StoreFault::Other,
         },
         mysql_async::Error::Io(_) => StoreFault::ConnectionLost,
@@ -261,6 +294,10 @@ pub mod mysql_codes {
     pub const LOCK_DEADLOCK: u16 = 1213;
     /// ER_CONNECTION_KILLED: the session was killed (the fence, an operator).
     pub const CONNECTION_KILLED: u16 = 1927;
+    /// ER_SERVER_SHUTDOWN: the server is shutting down.
+    pub const SERVER_SHUTDOWN: u16 = 1053;
+    /// ER_CON_COUNT_ERROR: too many connections.
+    pub const TOO_MANY_CONNECTIONS: u16 = 1040;
     /// ER_CHECKREAD "Record has changed since last read" (MariaDB with
     /// innodb_snapshot_isolation=ON): a write conflict, retried like one.
     pub const RECORD_CHANGED: u16 = 1020;

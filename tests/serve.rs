@@ -705,8 +705,15 @@ async fn every_documented_route_and_status_is_answered() {
     let _: () = redis.hset(paused.meta(), "paused", "1").await.unwrap();
     let mut file = tempfile_in_target("openapi-keys");
     writeln!(file.1, "the-key-0123456789abcdef").unwrap();
-    let serve = Serve::start(&env, &["--api-key-file", &file.0.display().to_string()]);
+    writeln!(file.1, "read-key-0123456789abcdef read").unwrap();
+    writeln!(file.1, "shop-key-0123456789abcdef buy").unwrap();
+    let key_file = file.0.display().to_string();
+    let serve = Serve::start(&env, &["--api-key-file", &key_file]);
     let key = Some("the-key-0123456789abcdef");
+    let (read_only, buy_only) = (
+        Some("read-key-0123456789abcdef"),
+        Some("shop-key-0123456789abcdef"),
+    );
     // Bodies that never arrive, both at once (each waits --request-timeout).
     std::thread::scope(|scope| {
         for path in ["/v1/vouchers/1/purchases", "/v1/vouchers/1/tokens"] {
@@ -778,6 +785,23 @@ async fn every_documented_route_and_status_is_answered() {
     pay(&order, key);
     pay("12345", key);
     pay(&order, None);
+    pay("x", key);
+    // Each route refuses a key without its scope.
+    for path in [
+        format!("/v1/orders/{order}"),
+        "/v1/vouchers/1".into(),
+        "/v1/vouchers/1/purchases/1".into(),
+        "/v1/openapi.json".into(),
+    ] {
+        assert_eq!(serve.get(&path, buy_only).0, 403, "{path}");
+    }
+    assert_eq!(pay(&order, read_only).0, 403);
+    let (status, body) = serve.post("/v1/vouchers/1/tokens", &json!({ "user": 1 }), read_only);
+    assert_eq!(
+        (status, &body["code"]),
+        (403, &json!("insufficient_scope")),
+        "{body}"
+    );
     // A cancelled order cannot be paid.
     let second = env
         .orders(1)
@@ -796,6 +820,7 @@ async fn every_documented_route_and_status_is_answered() {
     .unwrap();
     drop(db);
     pay(&second.to_string(), key);
+    assert_eq!(serve.get("/v1/openapi.json", None).0, 401);
     let (status, described) = serve.get("/v1/openapi.json", key);
     assert_eq!(status, 200);
     let committed: Value = serde_json::from_str(
@@ -813,6 +838,7 @@ async fn every_documented_route_and_status_is_answered() {
         serve.get(path, key);
     }
     serve.get("/v1/vouchers/1/purchases/1", None);
+    let overloaded = every_route_refused_when_overloaded(&env, &key_file, &committed, &order);
     // Not ready once Redis is gone (within the second a check is reused),
     // and a buyer the gate alone would know cannot be looked up.
     own.cli(&["shutdown", "nosave"]);
@@ -826,7 +852,7 @@ async fn every_documented_route_and_status_is_answered() {
     let (_, page) = serve.get("/metrics", None);
     let page = page.as_str().unwrap_or_default().to_string();
 
-    let answered: BTreeSet<(String, String)> = page
+    let mut answered: BTreeSet<(String, String)> = page
         .lines()
         .filter_map(|l| l.strip_prefix("seckill_http_requests_total{route=\""))
         .filter_map(|l| {
@@ -835,6 +861,7 @@ async fn every_documented_route_and_status_is_answered() {
             Some((route.to_string(), status.to_string()))
         })
         .collect();
+    answered.extend(overloaded);
     let mut missing = Vec::new();
     for (path, methods) in committed["paths"].as_object().unwrap() {
         for (_, op) in methods.as_object().unwrap() {
@@ -858,6 +885,60 @@ async fn every_documented_route_and_status_is_answered() {
     drop(serve);
     drop(redis);
     env.cleanup().await;
+}
+
+/// Every route of the document, while a serve with `--max-in-flight 1`
+/// has its one request in flight (a body that does not arrive): each is
+/// refused at once, 503 `overloaded`, a problem with `Retry-After`. What
+/// it saw, as (route, "503"): these never reach the router's counter.
+fn every_route_refused_when_overloaded(
+    env: &TestEnv,
+    key_file: &str,
+    document: &Value,
+    order: &str,
+) -> Vec<(String, String)> {
+    let serve = Serve::start(
+        env,
+        &[
+            "--api-key-file",
+            key_file,
+            "--max-in-flight",
+            "1",
+            "--request-timeout",
+            "4s",
+        ],
+    );
+    let key = Some("the-key-0123456789abcdef");
+    let mut seen = Vec::new();
+    std::thread::scope(|scope| {
+        let serve = &serve;
+        scope.spawn(move || serve.post_slowly("/v1/vouchers/1/tokens", &json!({ "user": 1 }), key));
+        let until = Instant::now() + Duration::from_secs(3);
+        while serve.get("/v1/vouchers/1", key).0 != 503 {
+            assert!(
+                Instant::now() < until,
+                "the slow body never took the one slot"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for (path, methods) in document["paths"].as_object().unwrap() {
+            let concrete = path
+                .replace("{voucher}", "1")
+                .replace("{user}", "1")
+                .replace("{order}", order);
+            for method in methods.as_object().unwrap().keys() {
+                let (status, body) = match method.as_str() {
+                    "get" => serve.get(&concrete, key),
+                    _ => serve.post(&concrete, &json!({ "user": 1 }), key),
+                };
+                assert_eq!(status, 503, "{method} {concrete}: {body}");
+                assert_eq!(body["code"], "overloaded", "{method} {concrete}: {body}");
+                assert_eq!(body["retry_after"], "1", "{body}");
+                seen.push((path.clone(), "503".to_string()));
+            }
+        }
+    });
+    seen
 }
 
 /// SIGTERM in the middle of a load: every request is answered or refused

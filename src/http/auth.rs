@@ -3,6 +3,10 @@
 //! one is removed; SIGHUP reads the file again). Kept and compared as
 //! SHA-256 digests, so a comparison takes the same time whatever the keys'
 //! or the presented token's lengths and contents; never logged.
+//!
+//! A key may be followed on its line by the scopes it is limited to
+//! (`read`, `buy`, `token`, `pay`); a key without any has them all, so a
+//! key file written before scopes works unchanged.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -12,15 +16,77 @@ use axum::http::header::AUTHORIZATION;
 use axum::middleware::Next;
 use axum::response::Response;
 
-use super::error::ApiError;
+use super::error::{ApiError, Code};
 use super::AppState;
 use crate::error::{Error, Result};
 
 /// The keys, and the file they came from (read again by `reload`).
 #[derive(Clone)]
 pub struct ApiKeys {
-    keys: Arc<RwLock<Arc<Vec<Digest>>>>,
+    keys: Arc<RwLock<Arc<Vec<Key>>>>,
     file: Option<PathBuf>,
+}
+
+/// One key: its digest and what it may do.
+#[derive(Clone, Copy)]
+struct Key {
+    digest: Digest,
+    scopes: Scopes,
+}
+
+/// What a key may do, one bit per scope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scopes(u8);
+
+impl Scopes {
+    /// The lookups: a purchase, an order, the voucher's state, the
+    /// document.
+    pub const READ: Scopes = Scopes(1);
+    /// Purchases.
+    pub const BUY: Scopes = Scopes(2);
+    /// Admission tokens.
+    pub const TOKEN: Scopes = Scopes(4);
+    /// Payments.
+    pub const PAY: Scopes = Scopes(8);
+    pub const ALL: Scopes = Scopes(15);
+    const NAMES: [(&'static str, Scopes); 4] = [
+        ("read", Scopes::READ),
+        ("buy", Scopes::BUY),
+        ("token", Scopes::TOKEN),
+        ("pay", Scopes::PAY),
+    ];
+
+    pub fn contains(self, other: Scopes) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    fn named(word: &str) -> Option<Scopes> {
+        Self::NAMES
+            .iter()
+            .find(|(n, _)| *n == word)
+            .map(|(_, s)| *s)
+    }
+
+    pub fn name(self) -> &'static str {
+        Self::NAMES
+            .iter()
+            .find(|(_, s)| *s == self)
+            .map_or("all", |(n, _)| n)
+    }
+
+    /// The scope a `/v1` request needs: GET reads; a POST buys, issues a
+    /// token or pays by its last path segment.
+    pub fn needed(method: &axum::http::Method, path: &str) -> Scopes {
+        if method == axum::http::Method::GET {
+            return Scopes::READ;
+        }
+        match path.rsplit('/').next() {
+            Some("purchases") => Scopes::BUY,
+            Some("tokens") => Scopes::TOKEN,
+            Some("payment") => Scopes::PAY,
+            _ => Scopes::ALL,
+        }
+    }
 }
 
 impl std::fmt::Debug for ApiKeys {
@@ -65,7 +131,7 @@ impl ApiKeys {
         Ok(count)
     }
 
-    fn current(&self) -> Arc<Vec<Digest>> {
+    fn current(&self) -> Arc<Vec<Key>> {
         match self.keys.read() {
             Ok(keys) => keys.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
@@ -81,35 +147,61 @@ impl ApiKeys {
         })
     }
 
-    fn parse(text: &str, name: &str) -> Result<Vec<Digest>> {
-        let keys: Vec<Vec<u8>> = text
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty() && !l.starts_with('#'))
-            .map(|l| l.as_bytes().to_vec())
-            .collect();
+    fn parse(text: &str, name: &str) -> Result<Vec<Key>> {
+        let mut keys = Vec::new();
+        for (n, line) in text.lines().map(str::trim).enumerate() {
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let mut words = line.split_whitespace();
+            let key = words.next().unwrap_or_default();
+            if key.len() < MIN_KEY_LEN {
+                return Err(Error::InvalidInput(format!(
+                    "line {} of the API key file {name}: the key is shorter than {MIN_KEY_LEN} characters",
+                    n + 1
+                )));
+            }
+            let mut scopes = Scopes(0);
+            for word in words {
+                let scope = Scopes::named(word).ok_or_else(|| {
+                    Error::InvalidInput(format!(
+                        "line {} of the API key file {name}: unknown scope {word:?} (the scopes are read, buy, token and pay)",
+                        n + 1
+                    ))
+                })?;
+                scopes.0 |= scope.0;
+            }
+            if scopes.0 == 0 {
+                scopes = Scopes::ALL;
+            }
+            keys.push(Key {
+                digest: digest(key.as_bytes()),
+                scopes,
+            });
+        }
         if keys.is_empty() {
             return Err(Error::InvalidInput(format!(
                 "the API key file {name} holds no key"
             )));
         }
-        if let Some(n) = keys.iter().position(|k| k.len() < MIN_KEY_LEN) {
-            return Err(Error::InvalidInput(format!(
-                "key {} of the API key file {name} is shorter than {MIN_KEY_LEN} characters",
-                n + 1
-            )));
-        }
-        Ok(keys.iter().map(|k| digest(k)).collect())
+        Ok(keys)
     }
 
-    /// Whether `presented` is one of the keys. Every key's digest is
-    /// compared in full with the token's whatever the outcome, so the time
-    /// taken says nothing about them (not even their lengths).
-    pub fn allows(&self, presented: &[u8]) -> bool {
+    /// The scopes of `presented` if it is one of the keys. Every key's
+    /// digest is compared in full with the token's whatever the outcome,
+    /// so the time taken says nothing about them (not even their lengths).
+    pub fn scopes_of(&self, presented: &[u8]) -> Option<Scopes> {
         let presented = digest(presented);
-        self.current().iter().fold(false, |found, key| {
-            found | equal_in_fixed_time(key, &presented)
-        })
+        let (found, scopes) = self
+            .current()
+            .iter()
+            .fold((0u8, 0u8), |(found, scopes), key| {
+                let same = u8::from(equal_in_fixed_time(&key.digest, &presented));
+                // All ones when the same, else zero: no branch on it.
+                let mask = 0u8.wrapping_sub(same);
+                (found | same, scopes | (key.scopes.0 & mask))
+            });
+        (found == 1).then_some(Scopes(scopes))
     }
 }
 
@@ -133,7 +225,8 @@ fn bearer_token(value: &[u8]) -> Option<&[u8]> {
     scheme.eq_ignore_ascii_case(b"bearer ").then_some(token)
 }
 
-/// Refuses a `/v1` request without one of the keys (401, nothing done).
+/// Refuses a `/v1` request without one of the keys (401), or with a key
+/// whose scopes do not cover it (403): nothing done.
 pub async fn require_key(
     State(state): State<Arc<AppState>>,
     request: Request,
@@ -144,8 +237,18 @@ pub async fn require_key(
             .headers()
             .get(AUTHORIZATION)
             .and_then(|v| bearer_token(v.as_bytes()));
-        if !presented.is_some_and(|k| keys.allows(k)) {
-            return Err(ApiError::Unauthorized);
+        let Some(scopes) = presented.and_then(|k| keys.scopes_of(k)) else {
+            return Err(ApiError::unauthorized());
+        };
+        let needed = Scopes::needed(request.method(), request.uri().path());
+        if !scopes.contains(needed) {
+            return Err(ApiError::new(
+                Code::InsufficientScope,
+                format!(
+                    "this API key may not call this route: it needs the scope {}",
+                    needed.name()
+                ),
+            ));
         }
     }
     Ok(next.run(request).await)
@@ -162,11 +265,12 @@ mod tests {
             "keys",
         )
         .unwrap();
-        assert!(keys.allows(b"new-key-0123456789abcdef"));
-        assert!(keys.allows(b"old-key-0123456789abcdef"));
-        assert!(!keys.allows(b"new-key-0123456789abcde"));
-        assert!(!keys.allows(b"new-key-0123456789abcdefg"));
-        assert!(!keys.allows(b""));
+        let allows = |k: &[u8]| keys.scopes_of(k).is_some();
+        assert!(allows(b"new-key-0123456789abcdef"));
+        assert!(allows(b"old-key-0123456789abcdef"));
+        assert!(!allows(b"new-key-0123456789abcde"));
+        assert!(!allows(b"new-key-0123456789abcdefg"));
+        assert!(!allows(b""));
         assert!(ApiKeys::from_text("# none\n", "k").is_err());
         assert!(ApiKeys::from_text("short\n", "k").is_err());
         assert!(!format!("{keys:?}").contains("key-0123"));
@@ -174,5 +278,41 @@ mod tests {
         assert_eq!(bearer_token(b"bearer abc"), Some(&b"abc"[..]));
         assert_eq!(bearer_token(b"Basic abcdef"), None);
         assert_eq!(bearer_token(b"Bear"), None);
+    }
+
+    #[test]
+    fn a_key_s_scopes_limit_what_it_may_call_and_none_means_all() {
+        let keys = ApiKeys::from_text(
+            "full-key-0123456789abcdef\ndash-key-0123456789abcdef read\nshop-key-0123456789abcdef  buy token\n",
+            "keys",
+        )
+        .unwrap();
+        assert_eq!(
+            keys.scopes_of(b"full-key-0123456789abcdef"),
+            Some(Scopes::ALL)
+        );
+        assert_eq!(
+            keys.scopes_of(b"dash-key-0123456789abcdef"),
+            Some(Scopes::READ)
+        );
+        let shop = keys.scopes_of(b"shop-key-0123456789abcdef").unwrap();
+        assert!(shop.contains(Scopes::BUY) && shop.contains(Scopes::TOKEN));
+        assert!(!shop.contains(Scopes::PAY) && !shop.contains(Scopes::READ));
+        let e = ApiKeys::from_text("dash-key-0123456789abcdef raed\n", "k").unwrap_err();
+        assert!(e.to_string().contains("unknown scope \"raed\""), "{e}");
+        use axum::http::Method;
+        assert_eq!(Scopes::needed(&Method::GET, "/v1/orders/1"), Scopes::READ);
+        assert_eq!(
+            Scopes::needed(&Method::POST, "/v1/vouchers/1/purchases"),
+            Scopes::BUY
+        );
+        assert_eq!(
+            Scopes::needed(&Method::POST, "/v1/vouchers/1/tokens"),
+            Scopes::TOKEN
+        );
+        assert_eq!(
+            Scopes::needed(&Method::POST, "/v1/orders/1/payment"),
+            Scopes::PAY
+        );
     }
 }

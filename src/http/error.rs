@@ -1,59 +1,284 @@
-//! One error type for every route: each variant is one status, and the body
-//! is one JSON object with a one-line `error`. Internal errors are logged,
-//! never sent to the client as more than a line without secrets.
+//! One error type for every route. An answer that is not an outcome (a
+//! purchase's or a payment's) is a problem (RFC 9457,
+//! `application/problem+json`) with a stable machine-readable `code`, one
+//! per failure kind (docs/src/reference/http-errors.md), a bounded
+//! `detail` that names the field at fault but no internals, and the
+//! request's id, which is also on the log line that carries the cause.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::BoxError;
 use serde_json::json;
 
-#[derive(Debug)]
-pub enum ApiError {
-    /// Bad input: malformed JSON, a wrong content type, an id out of range.
-    BadRequest(String),
-    /// No key, or not one of ours.
+use super::request_id;
+
+/// A failure kind: its code, status and title are the contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    /// The body is not a JSON object of the documented fields (malformed,
+    /// not JSON, too large, a field unknown, missing or of the wrong type).
+    InvalidBody,
+    /// An id (path or body) is not one plain decimal 1..=2^63-1.
+    InvalidId,
+    /// A field's value is out of its range (quantity, ttl_ms, token).
+    InvalidField,
+    /// No key, or not one of the server's.
     Unauthorized,
-    /// The request did not arrive in time (its body): nothing was done.
-    RequestTimeout(String),
-    NotFound(String),
-    /// Too many requests in flight, or a store that did not answer in time
-    /// before anything was sent.
-    Unavailable(String),
-    /// A purchase whose Redis call may or may not have run: never told as a
-    /// refusal. A retry is safe (one order per user).
-    Unknown(String),
-    /// A store failed where nothing was written for the caller.
-    Internal(String),
+    /// The key may not call this route (its scopes).
+    InsufficientScope,
+    NoSuchRoute,
+    OrderNotFound,
+    VoucherNotLoaded,
+    /// The body did not arrive in time: nothing was done.
+    BodyTimeout,
+    /// Past `--max-in-flight`: refused at once, nothing done.
+    Overloaded,
+    /// Past `--max-connections` with every connection busy.
+    TooManyConnections,
+    /// Redis or MySQL did not answer, before anything was written for the
+    /// caller: a retry can succeed.
+    StoreUnavailable,
+    /// A purchase whose call to the gate may or may not have run: retry it
+    /// (one order per user: a retry answers already_bought if it did).
+    OutcomeUnknown,
+    /// A store refused in a way a retry does not mend (a revoked
+    /// privilege, a corrupt key): an operator must look; the cause is in
+    /// the log under the request id.
+    ServerFault,
 }
+
+impl Code {
+    pub const ALL: [Code; 14] = [
+        Code::InvalidBody,
+        Code::InvalidId,
+        Code::InvalidField,
+        Code::Unauthorized,
+        Code::InsufficientScope,
+        Code::NoSuchRoute,
+        Code::OrderNotFound,
+        Code::VoucherNotLoaded,
+        Code::BodyTimeout,
+        Code::Overloaded,
+        Code::TooManyConnections,
+        Code::StoreUnavailable,
+        Code::OutcomeUnknown,
+        Code::ServerFault,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::InvalidBody => "invalid_body",
+            Code::InvalidId => "invalid_id",
+            Code::InvalidField => "invalid_field",
+            Code::Unauthorized => "unauthorized",
+            Code::InsufficientScope => "insufficient_scope",
+            Code::NoSuchRoute => "no_such_route",
+            Code::OrderNotFound => "order_not_found",
+            Code::VoucherNotLoaded => "voucher_not_loaded",
+            Code::BodyTimeout => "body_timeout",
+            Code::Overloaded => "overloaded",
+            Code::TooManyConnections => "too_many_connections",
+            Code::StoreUnavailable => "store_unavailable",
+            Code::OutcomeUnknown => "outcome_unknown",
+            Code::ServerFault => "server_fault",
+        }
+    }
+
+    pub fn status(self) -> StatusCode {
+        match self {
+            Code::InvalidBody | Code::InvalidId | Code::InvalidField => StatusCode::BAD_REQUEST,
+            Code::Unauthorized => StatusCode::UNAUTHORIZED,
+            Code::InsufficientScope => StatusCode::FORBIDDEN,
+            Code::NoSuchRoute | Code::OrderNotFound | Code::VoucherNotLoaded => {
+                StatusCode::NOT_FOUND
+            }
+            Code::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            Code::Overloaded
+            | Code::TooManyConnections
+            | Code::StoreUnavailable
+            | Code::OutcomeUnknown
+            | Code::ServerFault => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Code::InvalidBody => "The body is not what this route takes",
+            Code::InvalidId => "An id is not a valid id",
+            Code::InvalidField => "A field is out of its range",
+            Code::Unauthorized => "A valid API key is required",
+            Code::InsufficientScope => "The API key may not call this route",
+            Code::NoSuchRoute => "No such route",
+            Code::OrderNotFound => "No such order",
+            Code::VoucherNotLoaded => "The voucher is not loaded at the gate",
+            Code::BodyTimeout => "The body did not arrive in time",
+            Code::Overloaded => "Too many requests in flight",
+            Code::TooManyConnections => "Too many connections",
+            Code::StoreUnavailable => "A store did not answer",
+            Code::OutcomeUnknown => "The purchase's outcome is unknown",
+            Code::ServerFault => "The server cannot serve this request",
+        }
+    }
+
+    /// Whether the same request, sent again, can succeed without anyone
+    /// changing anything (then the answer carries `Retry-After`).
+    pub fn retry_can_succeed(self) -> bool {
+        matches!(
+            self,
+            Code::Overloaded
+                | Code::TooManyConnections
+                | Code::StoreUnavailable
+                | Code::OutcomeUnknown
+        )
+    }
+
+    /// The problem's type: a URN per code (stable; not a page to fetch).
+    pub fn type_uri(self) -> String {
+        format!("urn:seckill:problem:{}", self.as_str())
+    }
+}
+
+/// What a route answers when it does not answer its resource.
+#[derive(Debug)]
+pub struct ApiError {
+    pub code: Code,
+    /// One line for the caller: names the field at fault, holds no input
+    /// beyond a short excerpt and no store's text.
+    pub detail: String,
+}
+
+/// A detail is one line of at most this many characters.
+const MAX_DETAIL: usize = 200;
+
+/// Input quoted in a detail is cut to this many characters.
+const MAX_QUOTE: usize = 24;
+
+impl ApiError {
+    pub fn new(code: Code, detail: impl Into<String>) -> ApiError {
+        ApiError {
+            code,
+            detail: one_line(&detail.into()),
+        }
+    }
+
+    pub fn invalid_id(detail: impl Into<String>) -> ApiError {
+        ApiError::new(Code::InvalidId, detail)
+    }
+
+    pub fn invalid_field(detail: impl Into<String>) -> ApiError {
+        ApiError::new(Code::InvalidField, detail)
+    }
+
+    pub fn invalid_body(detail: impl Into<String>) -> ApiError {
+        ApiError::new(Code::InvalidBody, detail)
+    }
+
+    pub fn unauthorized() -> ApiError {
+        ApiError::new(
+            Code::Unauthorized,
+            "a valid API key is required (Authorization: Bearer <key>)",
+        )
+    }
+
+    /// A store failed: the cause goes to the log (with the request's id),
+    /// the caller learns whether a retry can succeed.
+    pub fn store(e: &crate::error::Error) -> ApiError {
+        if e.may_heal_by_itself() {
+            tracing::warn!("{e}");
+            ApiError::new(
+                Code::StoreUnavailable,
+                format!(
+                    "{} did not answer; nothing was done: retry in a moment",
+                    store_name(e)
+                ),
+            )
+        } else {
+            tracing::error!("{e}");
+            ApiError::new(
+                Code::ServerFault,
+                format!(
+                    "{} refused the request in a way a retry does not mend; the operators find the cause in the log under this request's id",
+                    store_name(e)
+                ),
+            )
+        }
+    }
+}
+
+fn store_name(e: &crate::error::Error) -> &'static str {
+    use crate::error::Error;
+    match e {
+        Error::Mysql { .. } | Error::MysqlConnect { .. } => "MySQL",
+        Error::Redis { .. } | Error::RedisConnect { .. } => "Redis",
+        _ => "a store",
+    }
+}
+
+/// The text as one line of at most [`MAX_DETAIL`] characters.
+fn one_line(text: &str) -> String {
+    let flat: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    cut(&flat, MAX_DETAIL)
+}
+
+fn cut(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_string(),
+    }
+}
+
+/// Caller input as quoted in a detail: cut short, so a long input does not
+/// come back in full.
+pub fn quote(input: &str) -> String {
+    let chars = input.chars().count();
+    match chars > MAX_QUOTE {
+        true => format!("{:?} ({chars} characters)", cut(input, MAX_QUOTE)),
+        false => format!("{input:?}"),
+    }
+}
+
+/// The problem's JSON, as every route and the layers in front send it.
+pub fn problem_body(code: Code, detail: &str, request_id: Option<&str>) -> serde_json::Value {
+    let mut body = json!({
+        "type": code.type_uri(),
+        "title": code.title(),
+        "status": code.status().as_u16(),
+        "detail": detail,
+        "code": code.as_str(),
+        // The body of these answers before problems: kept for callers
+        // that read it.
+        "error": detail,
+    });
+    if let Some(id) = request_id {
+        body["request_id"] = json!(id);
+    }
+    if code == Code::OutcomeUnknown {
+        body["outcome"] = json!("unknown");
+    }
+    body
+}
+
+pub const PROBLEM_JSON: &str = "application/problem+json";
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, body) = match self {
-            ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, json!({ "error": m })),
-            ApiError::Unauthorized => (
-                StatusCode::UNAUTHORIZED,
-                json!({ "error": "a valid API key is required (Authorization: Bearer <key>)" }),
-            ),
-            ApiError::NotFound(m) => (StatusCode::NOT_FOUND, json!({ "error": m })),
-            ApiError::RequestTimeout(m) => (StatusCode::REQUEST_TIMEOUT, json!({ "error": m })),
-            ApiError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, json!({ "error": m })),
-            ApiError::Unknown(m) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                json!({ "outcome": "unknown", "error": m }),
-            ),
-            ApiError::Internal(m) => {
-                tracing::warn!("request failed: {m}");
-                (StatusCode::SERVICE_UNAVAILABLE, json!({ "error": m }))
-            }
-        };
-        let unknown = body.get("outcome").is_some();
-        let mut response = (status, axum::Json(body)).into_response();
-        if unknown {
+        let id = request_id::current();
+        let body = problem_body(self.code, &self.detail, id.as_deref());
+        let status = self.code.status();
+        let mut response = (status, body.to_string()).into_response();
+        if self.code == Code::OutcomeUnknown {
             response
                 .extensions_mut()
                 .insert(super::metrics::OutcomeLabel("unknown"));
         }
         let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if self.code.retry_can_succeed() {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
         match status {
             StatusCode::UNAUTHORIZED => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -63,9 +288,6 @@ impl IntoResponse for ApiError {
             StatusCode::REQUEST_TIMEOUT => {
                 headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
-            StatusCode::SERVICE_UNAVAILABLE => {
-                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            }
             _ => {}
         }
         response
@@ -74,18 +296,19 @@ impl IntoResponse for ApiError {
 
 impl From<crate::error::Error> for ApiError {
     fn from(e: crate::error::Error) -> Self {
+        use crate::error::Error;
         match e {
-            crate::error::Error::InvalidInput(m) | crate::error::Error::QuantityRefused(m) => {
-                ApiError::BadRequest(m)
+            Error::InvalidInput(m) | Error::QuantityRefused(m) => {
+                ApiError::invalid_field(m.trim_start_matches("invalid input: "))
             }
-            other => ApiError::Internal(other.to_string()),
+            other => ApiError::store(&other),
         }
     }
 }
 
 /// Answer for a path no route knows.
 pub async fn not_found() -> ApiError {
-    ApiError::NotFound("no such route".into())
+    ApiError::new(Code::NoSuchRoute, "no such route")
 }
 
 /// What the limits in front of the router turn into: 503 at once past the
@@ -95,16 +318,56 @@ pub fn overloaded(state: &super::AppState, e: BoxError) -> Response {
     let (outcome, answer) = if e.is::<tower::timeout::error::Elapsed>() {
         (
             "unknown",
-            ApiError::Unknown("the request took too long; its outcome is unknown: retry it".into()),
+            ApiError::new(
+                Code::OutcomeUnknown,
+                "the request took too long; its outcome is unknown: retry it",
+            ),
         )
     } else if e.is::<tower::load_shed::error::Overloaded>() {
         (
             "overloaded",
-            ApiError::Unavailable("too many requests in flight; retry in a moment".into()),
+            ApiError::new(
+                Code::Overloaded,
+                "too many requests in flight; retry in a moment",
+            ),
         )
     } else {
-        ("-", ApiError::Internal(format!("request failed: {e}")))
+        tracing::error!("request failed: {e}");
+        (
+            "-",
+            ApiError::new(Code::ServerFault, "the request failed inside the server"),
+        )
     };
     state.metrics.refused(outcome);
     answer.into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_distinct_and_a_retry_is_promised_only_where_it_can_succeed() {
+        let names: std::collections::BTreeSet<&str> =
+            Code::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(names.len(), Code::ALL.len());
+        for c in Code::ALL {
+            let retry = c.retry_can_succeed();
+            assert_eq!(
+                retry,
+                c.status() == StatusCode::SERVICE_UNAVAILABLE && c != Code::ServerFault,
+                "{c:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn details_are_one_bounded_line_and_quotes_are_short() {
+        let long = "x".repeat(7_000);
+        let e = ApiError::invalid_id(format!("voucher must be an id, not {}", quote(&long)));
+        assert!(e.detail.chars().count() <= MAX_DETAIL + 1, "{}", e.detail);
+        assert!(e.detail.contains("(7000 characters)"));
+        assert_eq!(one_line("a\nb\rc"), "a b c");
+        assert_eq!(quote("08"), "\"08\"");
+    }
 }

@@ -1,89 +1,148 @@
-//! Ids as callers send them: JSON numbers or decimal strings, in path
-//! segments or bodies; always within 1..=i64::MAX, like the CLI's.
+//! Ids as callers send them: in a path, a plain decimal; in a body, a JSON
+//! number or its plain decimal string. One spelling per id: no sign, no
+//! leading zero, no space, no exponent; always within 1..=i64::MAX, like
+//! the CLI's. Anything else is a 400 `invalid_id` and nothing is done.
 
-use serde::de::{self, Deserializer, Visitor};
-use serde::Deserialize;
+use serde_json::Value;
 
-use super::error::ApiError;
+use super::error::{quote, ApiError};
 
-/// A positive id that fits MySQL's signed BIGINT.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Id(pub u64);
+/// The largest id: MySQL's signed BIGINT.
+pub const MAX_ID: u64 = i64::MAX as u64;
 
 pub fn parse_id(what: &str, text: &str) -> Result<u64, ApiError> {
-    let bad = || {
-        ApiError::BadRequest(format!(
-            "{what} must be a whole number between 1 and {}, not {text:?}",
-            i64::MAX
+    plain_decimal(text).ok_or_else(|| {
+        ApiError::invalid_id(format!(
+            "{what} must be a plain decimal between 1 and {MAX_ID}, not {}",
+            quote(text)
         ))
-    };
-    let n: u64 = text.parse().map_err(|_| bad())?;
-    if n == 0 || n > i64::MAX as u64 {
-        return Err(bad());
-    }
-    Ok(n)
+    })
 }
 
-impl<'de> Deserialize<'de> for Id {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Id, D::Error> {
-        struct IdVisitor;
-        impl Visitor<'_> for IdVisitor {
-            type Value = Id;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                write!(
-                    f,
-                    "an id: a whole number between 1 and {} (a number or a decimal string)",
-                    i64::MAX
-                )
-            }
-            fn visit_u64<E: de::Error>(self, n: u64) -> Result<Id, E> {
-                if n == 0 || n > i64::MAX as u64 {
-                    return Err(E::custom(format!(
-                        "id {n} is out of range 1..={}",
-                        i64::MAX
-                    )));
-                }
-                Ok(Id(n))
-            }
-            fn visit_i64<E: de::Error>(self, n: i64) -> Result<Id, E> {
-                u64::try_from(n)
-                    .map_err(|_| E::custom(format!("id {n} is out of range 1..={}", i64::MAX)))
-                    .and_then(|n| self.visit_u64(n))
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<Id, E> {
-                let n: u64 = s
-                    .parse()
-                    .map_err(|_| E::custom(format!("id {s:?} is not a whole number")))?;
-                self.visit_u64(n)
-            }
-        }
-        d.deserialize_any(IdVisitor)
+/// An id in a body: a JSON number or its plain decimal string.
+pub fn id_from_json(what: &str, value: &Value) -> Result<u64, ApiError> {
+    let id = match value {
+        Value::Number(n) => n.as_u64().filter(|n| (1..=MAX_ID).contains(n)),
+        Value::String(s) => plain_decimal(s),
+        _ => None,
+    };
+    id.ok_or_else(|| {
+        let shown = match value {
+            Value::String(s) => quote(s),
+            Value::Number(n) => n.to_string(),
+            Value::Null => "null".into(),
+            Value::Bool(_) => "a boolean".into(),
+            Value::Array(_) => "an array".into(),
+            Value::Object(_) => "an object".into(),
+        };
+        ApiError::invalid_id(format!(
+            "{what} must be a whole number between 1 and {MAX_ID} (a JSON number or a plain decimal string), not {shown}"
+        ))
+    })
+}
+
+/// `1`..`9223372036854775807` with nothing else: what `u64::from_str`
+/// takes less its `+` sign, and leading zeros.
+fn plain_decimal(text: &str) -> Option<u64> {
+    let digits = text.bytes().all(|b| b.is_ascii_digit());
+    if !digits || text.is_empty() || text.starts_with('0') {
+        return None;
     }
+    text.parse().ok().filter(|n| *n <= MAX_ID)
+}
+
+/// The pattern of an id's decimal string, exactly 1..=`MAX_ID` (for the
+/// OpenAPI document, so a generated client and a fuzzer know the range).
+pub fn id_pattern() -> String {
+    let max = MAX_ID.to_string();
+    let width = max.len();
+    // Shorter numbers: any, without a leading zero.
+    let mut ways = vec![format!("[1-9][0-9]{{0,{}}}", width - 2)];
+    // As long: below the maximum at the first digit that differs.
+    for (i, c) in max.char_indices() {
+        let digit = c.to_digit(10).unwrap_or(0);
+        let low = if i == 0 { 1 } else { 0 };
+        if digit > low {
+            let rest = width - i - 1;
+            ways.push(format!("{}[{low}-{}][0-9]{{{rest}}}", &max[..i], digit - 1));
+        }
+    }
+    ways.push(max);
+    format!("^({})$", ways.join("|"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
-    fn ids_come_as_numbers_or_strings_and_in_range() {
-        let id = |j: &str| serde_json::from_str::<Id>(j).map(|i| i.0);
-        assert_eq!(id("42").unwrap(), 42);
-        assert_eq!(id("\"42\"").unwrap(), 42);
-        assert_eq!(id("\"9223372036854775807\"").unwrap(), i64::MAX as u64);
+    fn one_spelling_per_id() {
+        assert_eq!(parse_id("voucher", "12").unwrap(), 12);
+        assert_eq!(parse_id("voucher", "9223372036854775807").unwrap(), MAX_ID);
         for bad in [
             "0",
+            "08",
+            "+8",
             "-1",
-            "1.5",
-            "\"x\"",
-            "\"9223372036854775808\"",
-            "null",
-            "true",
+            " 8",
+            "8 ",
+            "1e3",
+            "12a",
+            "",
+            "9223372036854775808",
+            "99999999999999999999",
         ] {
-            assert!(id(bad).is_err(), "{bad}");
+            assert!(parse_id("voucher", bad).is_err(), "{bad:?}");
         }
-        assert!(parse_id("voucher", "0").is_err());
-        assert!(parse_id("voucher", "12a").is_err());
-        assert_eq!(parse_id("voucher", "12").unwrap(), 12);
+        let id = |v: Value| id_from_json("user", &v);
+        assert_eq!(id(json!(42)).unwrap(), 42);
+        assert_eq!(id(json!("42")).unwrap(), 42);
+        for bad in [
+            json!(0),
+            json!(-1),
+            json!(1.5),
+            json!(1.0),
+            json!("+900010"),
+            json!("042"),
+            json!(null),
+            json!(true),
+            json!([1]),
+            json!({"id": 1}),
+            json!(9_223_372_036_854_775_808u64),
+        ] {
+            assert!(id(bad.clone()).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_pattern_takes_exactly_the_ids() {
+        let re = regex::Regex::new(&id_pattern()).unwrap();
+        for ok in [
+            "1",
+            "9",
+            "10",
+            "999999999999999999",
+            "9223372036854775807",
+            "9223372036854775799",
+            "8999999999999999999",
+            "9213372036854775807",
+        ] {
+            assert!(re.is_match(ok), "{ok}");
+            assert!(plain_decimal(ok).is_some(), "{ok}");
+        }
+        for bad in [
+            "0",
+            "01",
+            "9223372036854775808",
+            "9223372036854775810",
+            "9300000000000000000",
+            "10000000000000000000",
+            "+1",
+            "",
+        ] {
+            assert!(!re.is_match(bad), "{bad}");
+            assert!(plain_decimal(bad).is_none(), "{bad}");
+        }
     }
 }

@@ -8,7 +8,9 @@
 //! its shared state and its limits, and runs it until shutdown.
 
 mod auth;
+mod body;
 mod connections;
+mod contract;
 mod error;
 mod health;
 mod ids;
@@ -16,6 +18,7 @@ mod metrics;
 pub mod openapi;
 mod order;
 mod purchase;
+mod request_id;
 mod schema;
 mod shared_redis;
 mod tls;
@@ -162,37 +165,6 @@ impl AppState {
 }
 
 pub(crate) type State = axum::extract::State<Arc<AppState>>;
-
-/// A JSON body whose every rejection (no JSON content type, malformed,
-/// unknown or missing fields, too large) is a 400 with one line, and one
-/// that does not arrive within `--request-timeout` a 408: nothing was done
-/// (the backstop's 503 "unknown" is for a request whose store call may
-/// have run).
-pub(crate) struct Body<T>(pub T);
-
-impl<T> axum::extract::FromRequest<Arc<AppState>> for Body<T>
-where
-    T: serde::de::DeserializeOwned,
-{
-    type Rejection = ApiError;
-
-    async fn from_request(
-        req: axum::extract::Request,
-        state: &Arc<AppState>,
-    ) -> std::result::Result<Self, ApiError> {
-        let read = axum::Json::<T>::from_request(req, state);
-        match tokio::time::timeout(state.request_timeout, read).await {
-            Ok(Ok(axum::Json(v))) => Ok(Body(v)),
-            Ok(Err(rejection)) => Err(ApiError::BadRequest(
-                rejection.body_text().replace('\n', " "),
-            )),
-            Err(_) => Err(ApiError::RequestTimeout(format!(
-                "the request's body did not arrive within {}; nothing was done",
-                humantime::format_duration(state.request_timeout)
-            ))),
-        }
-    }
-}
 
 /// Serves until `stop` is cancelled, then lets requests in flight finish
 /// (at most `opts.drain`) and gives the node id back.
@@ -404,6 +376,7 @@ fn limited(state: Arc<AppState>, opts: &ServeOptions) -> impl connections::Route
         async move { error::overloaded(&state, e) }
     };
     ServiceBuilder::new()
+        .layer(axum::middleware::from_fn(request_id::layer))
         .layer(HandleErrorLayer::new(refused))
         .load_shed()
         .concurrency_limit(opts.max_in_flight)

@@ -8,8 +8,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::schema::{
-    BuyerAnswer, ErrorAnswer, OrderAnswer, PaymentAnswer, PurchaseAnswer, ReadyAnswer, SaleAnswer,
-    TokenAnswer, UnknownAnswer,
+    BuyerAnswer, OrderAnswer, PaymentAnswer, PurchaseAnswer, ReadyAnswer, SaleAnswer, TokenAnswer,
 };
 use super::{health, metrics, order, purchase, voucher};
 
@@ -17,7 +16,7 @@ use super::{health, metrics, order, purchase, voucher};
 #[openapi(
     info(
         title = "seckill serve",
-        description = "The HTTP front door of seckill: purchases through the Redis gate, admission tokens, the sale's state, orders and their payment. Every /v1 request carries `Authorization: Bearer <key>` when the server has API keys. Ids may be sent as JSON numbers or decimal strings.",
+        description = "The HTTP front door of seckill: purchases through the Redis gate, admission tokens, the sale's state, orders and their payment. Every /v1 request carries `Authorization: Bearer <key>` when the server has API keys; a key may be limited to scopes (read, buy, token, pay). Ids are sent as JSON numbers or plain decimal strings, and answered as strings. An answer that is not an outcome is a problem (RFC 9457, application/problem+json) with a stable `code`; every answer carries X-Request-Id.",
         license(name = "MIT")
     ),
     paths(
@@ -35,8 +34,6 @@ use super::{health, metrics, order, purchase, voucher};
     components(schemas(
         purchase::PurchaseBody,
         PurchaseAnswer,
-        UnknownAnswer,
-        ErrorAnswer,
         voucher::TokenBody,
         TokenAnswer,
         SaleAnswer,
@@ -62,11 +59,14 @@ impl Modify for BearerKeys {
     }
 }
 
-/// The description as committed (pretty JSON, one trailing newline).
+/// The description as committed (pretty JSON, one trailing newline):
+/// the handlers' annotations completed by [`super::contract`].
 pub fn document() -> String {
-    let mut json = ApiDoc::openapi()
-        .to_pretty_json()
-        .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+    let mut doc = serde_json::to_value(ApiDoc::openapi())
+        .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }));
+    super::contract::complete(&mut doc);
+    let mut json =
+        serde_json::to_string_pretty(&doc).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     json.push('\n');
     json
 }

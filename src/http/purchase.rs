@@ -6,31 +6,47 @@ use axum::extract::Path;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use redis::AsyncCommands;
-use serde::Deserialize;
 
+use super::body::{Body, Fields, FromFields};
 use super::error::ApiError;
-use super::ids::{parse_id, Id};
+use super::error::Code;
+use super::ids::parse_id;
 use super::metrics::OutcomeLabel;
-use super::{AppState, Body, State};
+use super::{AppState, State};
 use crate::gate::admission::Admission;
 
 use crate::orders::order;
 use crate::purchase::{purchase, Failed, Request};
 use crate::store::keys::VoucherKeys;
 
-#[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
+/// A purchase's body (built by [`FromFields`]; derived only for the
+/// OpenAPI document).
+#[derive(utoipa::ToSchema)]
 pub struct PurchaseBody {
-    /// The buyer: 1..=9223372036854775807, a JSON number or a decimal string.
-    #[schema(value_type = String, example = "42")]
-    user: Id,
+    /// The buyer: 1..=9223372036854775807, a JSON number or its plain
+    /// decimal string.
+    #[schema(value_type = String)]
+    user: u64,
     /// The user's admission token, for a voucher that requires one.
-    #[serde(default)]
+    #[schema(max_length = 128)]
     token: Option<String>,
     /// Units to buy, all or none: 1 (the default) ..= the voucher's
     /// per-user limit.
-    #[serde(default)]
+    #[schema(minimum = 1, maximum = 100)]
     quantity: Option<u32>,
+}
+
+impl FromFields for PurchaseBody {
+    const FIELDS: &'static [&'static str] = &["user", "token", "quantity"];
+
+    fn from_fields(f: &mut Fields) -> Result<Self, ApiError> {
+        let max = u64::from(crate::orders::policy::MAX_PER_USER_LIMIT);
+        Ok(PurchaseBody {
+            user: f.id("user")?,
+            token: f.text("token", MAX_TOKEN)?,
+            quantity: f.number("quantity", 1..=max)?.map(|q| q as u32),
+        })
+    }
 }
 
 /// Tokens are 32 hex digits (`seckill token issue`); anything much longer
@@ -67,10 +83,7 @@ pub fn status_of(outcome: &Admission) -> StatusCode {
         (status = 404, description = "unknown_voucher: not loaded at the gate", body = super::schema::PurchaseAnswer),
         (status = 403, description = "bad_token", body = super::schema::PurchaseAnswer),
         (status = 429, description = "rate_limited (Retry-After)", body = super::schema::PurchaseAnswer),
-        (status = 503, description = "paused (Retry-After), or unknown: the gate's answer was lost, retry; or too many requests in flight", body = super::schema::UnknownAnswer),
-        (status = 400, description = "bad input; nothing written", body = super::schema::ErrorAnswer),
-        (status = 408, description = "the body did not arrive within --request-timeout; nothing was done", body = super::schema::ErrorAnswer),
-        (status = 401, description = "no valid API key; nothing written", body = super::schema::ErrorAnswer),
+        (status = 503, description = "paused: the gate admits nobody right now (Retry-After)", body = super::schema::PurchaseAnswer),
     ))]
 pub async fn create(
     state: State,
@@ -78,7 +91,7 @@ pub async fn create(
     Body(body): Body<PurchaseBody>,
 ) -> Result<Response, ApiError> {
     let voucher = parse_id("voucher", &voucher)?;
-    let request = body.request(voucher)?;
+    let request = body.request(voucher);
     let keys = VoucherKeys::new(&state.cfg.prefix, voucher)?;
     // Outside the sale window (by a cached window, about a second old)
     // nothing can win: answered here, no script run.
@@ -88,7 +101,7 @@ pub async fn create(
         .await
         .map_err(|e| {
             state.metrics.redis_error();
-            ApiError::Unavailable(format!("the gate did not answer: {e}"))
+            ApiError::store(&e)
         })?;
     if let Some(outcome) = early {
         return Ok(respond(voucher, request.user, outcome));
@@ -101,27 +114,21 @@ pub async fn create(
     let call = purchase(&mut conn, &*gates, &state.ids, request, state.wait);
     let purchased = match tokio::time::timeout(state.request_timeout, call).await {
         Ok(Ok(purchased)) => purchased,
-        Ok(Err(Failed::NotSent(e))) => return Err(ApiError::Unavailable(e.to_string())),
-        Ok(Err(Failed::Refused(reason))) => return Err(ApiError::BadRequest(reason)),
+        Ok(Err(Failed::NotSent(e))) => return Err(ApiError::from(e)),
+        Ok(Err(Failed::Refused(reason))) => return Err(ApiError::invalid_field(reason)),
         Ok(Err(Failed::Unknown(e))) => {
             state.metrics.redis_error();
             tracing::warn!("voucher {voucher}: admission of user {}: {e}", request.user);
-            return Err(ApiError::Unknown(format!(
-                "the gate's answer was lost ({e}); the purchase may or may not have happened: retry it"
-            )));
+            return Err(outcome_unknown("the gate's answer was lost"));
         }
         Err(_) => {
             state.metrics.redis_error();
-            return Err(ApiError::Unknown(
-                "the gate did not answer in time; the purchase may or may not have happened: retry it"
-                    .into(),
-            ));
+            return Err(outcome_unknown("the gate did not answer in time"));
         }
     };
     if let Err(e) = crate::support::fault::point("serve_after_admit").await {
-        return Err(ApiError::Unknown(format!(
-            "the gate's answer was lost ({e}); the purchase may or may not have happened: retry it"
-        )));
+        tracing::warn!("voucher {voucher}: admission of user {}: {e}", request.user);
+        return Err(outcome_unknown("the gate's answer was lost"));
     }
     if purchased.outcome == Admission::AlreadyBought {
         return Ok(already_bought(&state, voucher, request.user).await);
@@ -134,28 +141,25 @@ pub async fn create(
     Ok(answer(voucher, request.user, purchased.outcome, extra))
 }
 
+/// The purchase may or may not have happened: the caller retries it.
+fn outcome_unknown(what: &str) -> ApiError {
+    ApiError::new(
+        Code::OutcomeUnknown,
+        format!("{what}; the purchase may or may not have happened: retry it"),
+    )
+}
+
 impl PurchaseBody {
     /// The purchase this body asks for, its fields checked as far as they
     /// can be without the voucher (the script checks the quantity against
     /// the voucher's per-user limit).
-    fn request(&self, voucher: u64) -> Result<Request<'_>, ApiError> {
-        let quantity = self.quantity.unwrap_or(1);
-        if !(1..=crate::orders::policy::MAX_PER_USER_LIMIT).contains(&quantity) {
-            return Err(ApiError::BadRequest(format!(
-                "quantity {quantity} is out of range: 1 to the voucher's per-user limit"
-            )));
-        }
-        if self.token.as_ref().is_some_and(|t| t.len() > MAX_TOKEN) {
-            return Err(ApiError::BadRequest(format!(
-                "token is longer than {MAX_TOKEN} characters"
-            )));
-        }
-        Ok(Request {
+    fn request(&self, voucher: u64) -> Request<'_> {
+        Request {
             voucher,
-            user: self.user.0,
+            user: self.user,
             token: self.token.as_deref(),
-            quantity,
-        })
+            quantity: self.quantity.unwrap_or(1),
+        }
     }
 }
 
@@ -245,9 +249,6 @@ fn answer(voucher: u64, user: u64, outcome: Admission, extra: HttpOnlyFields) ->
     ),
     responses(
         (status = 200, description = "bought true (the gate counts the user a buyer, or MySQL has the order; order null: on its way to MySQL) or false", body = super::schema::BuyerAnswer),
-        (status = 400, description = "A bad voucher or user id", body = super::schema::ErrorAnswer),
-        (status = 401, description = "No valid API key", body = super::schema::ErrorAnswer),
-        (status = 503, description = "Redis or MySQL did not answer", body = super::schema::ErrorAnswer),
     ))]
 pub async fn show(
     state: State,
@@ -261,7 +262,12 @@ pub async fn show(
     let lookup = order::of_user(&state.db, voucher, user);
     let order = match tokio::time::timeout(state.request_timeout / 2, lookup).await {
         Ok(found) => found?,
-        Err(_) => return Err(ApiError::Unavailable("MySQL did not answer in time".into())),
+        Err(_) => {
+            return Err(ApiError::new(
+                Code::StoreUnavailable,
+                "MySQL did not answer in time; nothing was done: retry in a moment",
+            ))
+        }
     };
     let bought = match &order {
         Some(_) => true,
@@ -282,9 +288,7 @@ pub async fn show(
                     Ok(layout) => std::sync::Arc::new(layout),
                     Err(e) => {
                         state.metrics.redis_error();
-                        return Err(ApiError::Unavailable(format!(
-                            "the gate did not answer: {e}"
-                        )));
+                        return Err(ApiError::store(&e));
                     }
                 },
             };
@@ -292,7 +296,7 @@ pub async fn show(
             let member: redis::RedisResult<bool> = conn.sismember(keys.buyers(), user).await;
             member.map_err(|e| {
                 state.metrics.redis_error();
-                ApiError::Unavailable(format!("the gate did not answer: {e}"))
+                ApiError::store(&e.into())
             })?
         }
     };
@@ -300,7 +304,7 @@ pub async fn show(
         "voucher": voucher.to_string(),
         "user": user.to_string(),
         "bought": bought,
-        "order": order,
+        "order": order.as_ref().map(super::order::answer),
     }))
     .into_response())
 }

@@ -10,6 +10,7 @@ use utoipa::ToSchema;
 pub struct PurchaseAnswer {
     /// success, already_bought, sold_out, not_started, ended,
     /// unknown_voucher, paused, rate_limited, bad_token or not_enough_stock
+    /// (an `unknown` outcome is a problem: code outcome_unknown)
     pub outcome: String,
     pub voucher: String,
     pub user: String,
@@ -37,22 +38,6 @@ pub struct PurchaseAnswer {
     pub replicas_acked: Option<u32>,
 }
 
-/// The gate's answer was lost after the script was sent: the purchase may or
-/// may not have happened. Retry it: a retry answers already_bought if it did.
-#[derive(Serialize, ToSchema)]
-pub struct UnknownAnswer {
-    /// "unknown"
-    pub outcome: String,
-    pub error: String,
-}
-
-/// Bad input, a missing key, an unknown route, or a store that did not answer.
-#[derive(Serialize, ToSchema)]
-pub struct ErrorAnswer {
-    /// One line naming the problem.
-    pub error: String,
-}
-
 #[derive(Serialize, ToSchema)]
 pub struct TokenAnswer {
     pub voucher: String,
@@ -74,12 +59,12 @@ pub struct SaleAnswer {
     pub now_ms: i64,
 }
 
-/// As `seckill order show --format json`.
+/// As `seckill order show --format json`, every id a string.
 #[derive(Serialize, ToSchema)]
 pub struct OrderAnswer {
     pub id: String,
-    pub user: u64,
-    pub voucher: u64,
+    pub user: String,
+    pub voucher: String,
     /// pending, paid or cancelled
     pub status: String,
     /// The units the order holds.
@@ -88,6 +73,9 @@ pub struct OrderAnswer {
     pub deadline_ms: i64,
     pub paid_ms: Option<i64>,
     pub cancelled_ms: Option<i64>,
+    /// Restored pending after MySQL lost it, its payment unknown: nothing
+    /// cancels it until the operator settles it.
+    pub held: bool,
 }
 
 /// Whether a user bought a voucher (`GET .../purchases/{user}`).

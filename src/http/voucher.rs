@@ -3,12 +3,13 @@
 
 use axum::extract::Path;
 use axum::Json;
-use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::body::{Body, Fields, FromFields};
 use super::error::ApiError;
-use super::ids::{parse_id, Id};
-use super::{Body, State};
+use super::error::Code;
+use super::ids::parse_id;
+use super::State;
 use crate::gate::state::{self, SaleState};
 use crate::gate::token;
 use crate::store::keys::VoucherKeys;
@@ -19,18 +20,17 @@ use crate::store::layout::Layout;
     params(("voucher" = String, Path, description = "The voucher id")),
     responses(
         (status = 200, description = "The sale", body = super::schema::SaleAnswer),
-        (status = 404, description = "Not loaded at the gate", body = super::schema::ErrorAnswer),
-        (status = 400, description = "A bad voucher id", body = super::schema::ErrorAnswer),
-        (status = 401, description = "No valid API key", body = super::schema::ErrorAnswer),
+        (status = 404, description = "voucher_not_loaded: not loaded at the gate"),
     ))]
 pub async fn show(state: State, Path(voucher): Path<String>) -> Result<Json<Value>, ApiError> {
     let voucher = parse_id("voucher", &voucher)?;
     let keys = VoucherKeys::new(&state.cfg.prefix, voucher)?;
     let sale = state::read_sale_of_buckets(&mut state.redis(), &keys).await?;
     let Some(sale) = sale else {
-        return Err(ApiError::NotFound(format!(
-            "voucher {voucher} is not loaded at the gate"
-        )));
+        return Err(ApiError::new(
+            Code::VoucherNotLoaded,
+            format!("voucher {voucher} is not loaded at the gate"),
+        ));
     };
     let name = match sale.state() {
         SaleState::Paused => "paused",
@@ -49,15 +49,29 @@ pub async fn show(state: State, Path(voucher): Path<String>) -> Result<Json<Valu
     })))
 }
 
-#[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
+/// A token's body (built by [`FromFields`]; derived only for the OpenAPI
+/// document).
+#[derive(utoipa::ToSchema)]
 pub struct TokenBody {
-    /// The user: a JSON number or a decimal string.
-    #[schema(value_type = String, example = "42")]
-    user: Id,
-    /// How long the token stays valid, in ms (default 10 minutes).
-    #[serde(default)]
+    /// The user: a JSON number or its plain decimal string.
+    #[schema(value_type = String)]
+    user: u64,
+    /// How long the token stays valid, in ms: 1 ..= 86400000 (24 h);
+    /// default 600000 (10 minutes).
+    #[schema(minimum = 1, maximum = 86_400_000)]
     ttl_ms: Option<u64>,
+}
+
+impl FromFields for TokenBody {
+    const FIELDS: &'static [&'static str] = &["user", "ttl_ms"];
+
+    fn from_fields(f: &mut Fields) -> Result<Self, ApiError> {
+        let max = token::MAX_TTL.as_millis() as u64;
+        Ok(TokenBody {
+            user: f.id("user")?,
+            ttl_ms: f.number("ttl_ms", 1..=max)?,
+        })
+    }
 }
 
 const DEFAULT_TTL: std::time::Duration = std::time::Duration::from_secs(600);
@@ -68,9 +82,6 @@ const DEFAULT_TTL: std::time::Duration = std::time::Duration::from_secs(600);
     request_body = TokenBody,
     responses(
         (status = 200, description = "The token and its lifetime", body = super::schema::TokenAnswer),
-        (status = 400, description = "Bad input (a ttl over 24 h, say)", body = super::schema::ErrorAnswer),
-        (status = 408, description = "the body did not arrive within --request-timeout; nothing was done", body = super::schema::ErrorAnswer),
-        (status = 401, description = "No valid API key", body = super::schema::ErrorAnswer),
     ))]
 pub async fn issue_token(
     state: State,
@@ -87,8 +98,8 @@ pub async fn issue_token(
     // The token lives in the user's bucket, where the user is admitted.
     let keys = Layout::read(&mut conn, &state.cfg.prefix, voucher)
         .await?
-        .keys_of_user(body.user.0)?;
-    let issued = token::issue(&mut conn, &keys, body.user.0, ttl).await?;
+        .keys_of_user(body.user)?;
+    let issued = token::issue(&mut conn, &keys, body.user, ttl).await?;
     Ok(Json(json!({
         "voucher": issued.voucher.to_string(),
         "user": issued.user.to_string(),

@@ -106,13 +106,26 @@ impl Serve {
         match r {
             Ok(mut r) => {
                 let status = r.status().as_u16();
-                let retry = r
-                    .headers()
-                    .get("retry-after")
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_string);
+                let header = |name: &str| {
+                    r.headers()
+                        .get(name)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_string)
+                };
+                let retry = header("retry-after");
+                let request_id = header("x-request-id");
+                let problem = header("content-type").as_deref() == Some("application/problem+json");
                 let text = r.body_mut().read_to_string().unwrap_or_default();
+                // Every answer carries its request's id, and every
+                // problem names it and its code (src/http/error.rs).
+                assert!(
+                    request_id.is_some(),
+                    "{status} without X-Request-Id: {text}"
+                );
                 let mut body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+                if problem {
+                    assert_problem(status, &body, request_id.as_deref());
+                }
                 if let (Some(retry), Value::Object(m)) = (retry, &mut body) {
                     m.insert("retry_after".into(), json!(retry));
                 }
@@ -120,6 +133,32 @@ impl Serve {
             }
             Err(e) => (0, json!(e.to_string())),
         }
+    }
+
+    /// A GET with `headers` besides the key: status, X-Request-Id, body.
+    pub fn get_with(
+        &self,
+        path: &str,
+        key: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> (u16, String, Value) {
+        let mut req = http_agent().get(&self.url(path));
+        if let Some(k) = key {
+            req = req.header("authorization", &format!("Bearer {k}"));
+        }
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let r = req.call();
+        let id = r
+            .as_ref()
+            .ok()
+            .and_then(|r| r.headers().get("x-request-id"))
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let (status, body) = Self::answer(r);
+        (status, id, body)
     }
 
     pub fn get(&self, path: &str, key: Option<&str>) -> (u16, Value) {
@@ -223,4 +262,27 @@ impl Drop for Serve {
         self.child.wait().ok();
         std::fs::remove_file(&self.log).ok();
     }
+}
+
+/// An RFC 9457 problem as serve answers one: its code's fields, the
+/// status, a bounded one-line detail, and the answer's request id.
+pub fn assert_problem(status: u16, body: &Value, request_id: Option<&str>) {
+    let code = body["code"].as_str().unwrap_or_default();
+    assert!(
+        !code.is_empty(),
+        "{status}: a problem without a code: {body}"
+    );
+    assert_eq!(
+        body["type"],
+        format!("urn:seckill:problem:{code}"),
+        "{body}"
+    );
+    assert_eq!(body["status"], status, "{body}");
+    assert!(body["title"].is_string(), "{body}");
+    let detail = body["detail"].as_str().unwrap_or_default();
+    assert!(
+        !detail.is_empty() && detail.chars().count() <= 201 && !detail.contains('\n'),
+        "{body}"
+    );
+    assert_eq!(body["request_id"].as_str(), request_id, "{body}");
 }

@@ -337,10 +337,17 @@ fn refuse(stream: TcpStream, tls: bool, lingering: &Arc<tokio::sync::Semaphore>)
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let _permit = permit;
         let mut stream = stream;
-        const BODY: &str = r#"{"error":"too many connections; retry in a moment"}"#;
+        let id = super::request_id::fresh();
+        let body = super::error::problem_body(
+            super::error::Code::TooManyConnections,
+            "too many connections; retry in a moment",
+            Some(&id),
+        )
+        .to_string();
         let answer = format!(
-            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{BODY}",
-            BODY.len()
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: {}\r\nretry-after: 1\r\nx-request-id: {id}\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+            super::error::PROBLEM_JSON,
+            body.len()
         );
         let linger = async {
             stream.write_all(answer.as_bytes()).await?;

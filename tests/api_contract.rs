@@ -1,0 +1,255 @@
+//! The HTTP API's contract (issue 37), driven as an application server
+//! drives it: one spelling per id, ids as strings in every answer, errors
+//! as problems with codes and request ids, keys with scopes, and store
+//! failures told apart by whether a retry can succeed. After each refused
+//! request nothing was written.
+
+mod common;
+
+use std::io::Write;
+
+use common::serve_proc::Serve;
+use common::TestEnv;
+use mysql_async::prelude::Queryable;
+use serde_json::json;
+
+const KEY: &str = "full-key-0123456789abcdef";
+const READ_KEY: &str = "dash-key-0123456789abcdef";
+
+fn key_file(env: &TestEnv) -> std::path::PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let path = dir.join(format!("keys-{}", env.prefix));
+    let mut f = std::fs::File::create(&path).unwrap();
+    writeln!(f, "{KEY}\n{READ_KEY} read").unwrap();
+    path
+}
+
+/// The buyers the gate counts for voucher 1: what a refused request must
+/// leave unchanged.
+async fn buyers(env: &TestEnv) -> u64 {
+    let keys = seckill::store::keys::VoucherKeys::new(&env.prefix, 1).unwrap();
+    let mut redis = env.redis().await;
+    redis::AsyncCommands::scard(&mut redis, keys.buyers())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_spelling_per_id_and_every_id_answered_as_a_string() {
+    let env = TestEnv::new().await;
+    env.live_voucher(1, 10).await;
+    env.live_voucher(8, 10).await;
+    let keys = key_file(&env);
+    let serve = Serve::start(&env, &["--api-key-file", &keys.display().to_string()]);
+    let key = Some(KEY);
+    let post = |path: &str, body: &str| serve.post_raw(path, "application/json", body, key);
+    for (path, body) in [
+        ("/v1/vouchers/1/purchases", "[1]"),
+        ("/v1/vouchers/1/purchases", r#"{"user": "+900010"}"#),
+        ("/v1/vouchers/1/purchases", r#"{"user": "0900010"}"#),
+        ("/v1/vouchers/1/purchases", r#"{"user": 1.0}"#),
+        ("/v1/vouchers/1/purchases", r#"{"user": "1e3"}"#),
+        ("/v1/vouchers/1/purchases", r#"{"user": 5, "x": 1}"#),
+        ("/v1/vouchers/1/purchases", r#"{"user": 5, "quantity": 0}"#),
+        ("/v1/vouchers/1/purchases", r#""5""#),
+        ("/v1/vouchers/+8/purchases", r#"{"user": 5}"#),
+        ("/v1/vouchers/08/purchases", r#"{"user": 5}"#),
+    ] {
+        let (status, body) = post(path, body);
+        assert_eq!(status, 400, "{path} {body}");
+        let text = body.to_string();
+        assert!(
+            !text.contains("expected struct") && !text.contains("PurchaseBody"),
+            "{text}"
+        );
+    }
+    assert_eq!(buyers(&env).await, 0, "a refused request wrote");
+    let v8 = seckill::store::keys::VoucherKeys::new(&env.prefix, 8).unwrap();
+    let mut redis = env.redis().await;
+    let n: u64 = redis::AsyncCommands::scard(&mut redis, v8.buyers())
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "voucher 8 was bought through +8 or 08");
+    // A long path comes back cut, not whole.
+    let long = format!("/v1/orders/{}", "9".repeat(7_000));
+    let (status, body) = serve.get(&long, key);
+    assert_eq!(status, 400);
+    assert!(
+        body.to_string().len() < 1_000,
+        "{} bytes",
+        body.to_string().len()
+    );
+
+    // A user id past 2^53: every id of every answer is a string.
+    let user = "9007199254740993";
+    let (status, bought) = post(
+        "/v1/vouchers/1/purchases",
+        &format!(r#"{{"user": "{user}"}}"#),
+    );
+    assert_eq!(status, 201, "{bought}");
+    assert_eq!(bought["user"], user);
+    let drained = env
+        .cmd()
+        .args(["worker", "--until-idle", "--block", "100ms"])
+        .output()
+        .unwrap();
+    assert!(drained.status.success(), "{drained:?}");
+    let order = bought["order_id"].as_str().unwrap();
+    let (status, shown) = serve.get(&format!("/v1/orders/{order}"), key);
+    assert_eq!(status, 200, "{shown}");
+    assert_eq!(
+        (&shown["user"], &shown["voucher"]),
+        (&json!(user), &json!("1")),
+        "{shown}"
+    );
+    let (_, lookup) = serve.get(&format!("/v1/vouchers/1/purchases/{user}"), key);
+    assert_eq!(lookup["order"]["user"], user, "{lookup}");
+    assert_eq!(lookup["order"]["voucher"], "1", "{lookup}");
+    drop(serve);
+    std::fs::remove_file(keys).ok();
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_answer_has_a_request_id_and_problems_name_it() {
+    let env = TestEnv::new().await;
+    env.live_voucher(1, 10).await;
+    let keys = key_file(&env);
+    let serve = Serve::start(&env, &["--api-key-file", &keys.display().to_string()]);
+    let (status, id, body) = serve.get_with(
+        "/v1/orders/x",
+        Some(KEY),
+        &[("x-request-id", "app-42.a:b_c")],
+    );
+    assert_eq!((status, id.as_str()), (400, "app-42.a:b_c"), "{body}");
+    assert_eq!(body["code"], "invalid_id");
+    assert_eq!(body["request_id"], "app-42.a:b_c");
+    // An id that could forge a log line is replaced.
+    let (_, id, _) = serve.get_with("/v1/orders/1", Some(KEY), &[("x-request-id", "a b\"c")]);
+    assert_eq!(id.len(), 32, "{id}");
+    let (status, id, body) = serve.get_with("/v1/nothing", None, &[]);
+    assert_eq!((status, &body["code"]), (404, &json!("no_such_route")));
+    assert_eq!(body["request_id"], id.as_str());
+    let (status, _, body) = serve.get_with("/v1/vouchers/1", None, &[]);
+    assert_eq!((status, &body["code"]), (401, &json!("unauthorized")));
+    let (status, _, body) = serve.get_with("/healthz", None, &[]);
+    assert_eq!(status, 200, "{body}");
+    drop(serve);
+    std::fs::remove_file(keys).ok();
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_key_reads_and_cannot_buy_pay_or_issue_tokens() {
+    let env = TestEnv::new().await;
+    env.live_voucher(1, 10).await;
+    let keys = key_file(&env);
+    let serve = Serve::start(&env, &["--api-key-file", &keys.display().to_string()]);
+    let read = Some(READ_KEY);
+    assert_eq!(serve.get("/v1/vouchers/1", read).0, 200);
+    assert_eq!(serve.get("/v1/vouchers/1/purchases/3", read).0, 200);
+    assert_eq!(serve.get("/v1/openapi.json", read).0, 200);
+    for path in [
+        "/v1/vouchers/1/purchases",
+        "/v1/vouchers/1/tokens",
+        "/v1/orders/1/payment",
+    ] {
+        let (status, body) = serve.post(path, &json!({ "user": 3 }), read);
+        assert_eq!(
+            (status, &body["code"]),
+            (403, &json!("insufficient_scope")),
+            "{path}: {body}"
+        );
+    }
+    assert_eq!(buyers(&env).await, 0, "a read key bought");
+    // A key without scopes keeps every right (key files before scopes).
+    let (status, body) = serve.post("/v1/vouchers/1/purchases", &json!({ "user": 3 }), Some(KEY));
+    assert_eq!(status, 201, "{body}");
+    drop(serve);
+    std::fs::remove_file(keys).ok();
+    env.cleanup().await;
+}
+
+/// A privilege revoked from serve's MySQL user: the answer says a retry
+/// will not mend it (no Retry-After) and shows no MySQL text; the log
+/// line with the cause carries the request's id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_no_retry_mends_is_told_so_without_the_store_s_text() {
+    let mysql = common::own_mysql::OwnMysql::start("");
+    let env = mysql.test_env().await;
+    env.live_voucher(1, 10).await;
+    let mut admin = env.db().await.conn().await.unwrap();
+    let tables: Vec<String> = admin
+        .exec(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = ?",
+            (&env.db_name,),
+        )
+        .await
+        .unwrap();
+    drop(admin);
+    // Every right serve needs but SELECT on the orders: a privilege
+    // revoked (or never granted) by a DBA.
+    mysql.root_sql("CREATE USER 'shop'@'%' IDENTIFIED BY 'pw-0123456789'");
+    for t in tables.iter().filter(|t| *t != "seckill_order") {
+        mysql.root_sql(&format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON `{}`.`{t}` TO 'shop'@'%'",
+            env.db_name
+        ));
+    }
+    let mut url = url::Url::parse(&mysql.url_for(&env.db_name)).unwrap();
+    url.set_username("shop").unwrap();
+    url.set_password(Some("pw-0123456789")).unwrap();
+    let url = url.to_string();
+    let serve = Serve::start_with(&env, &[], "seckill=info", &[("SECKILL_MYSQL_URL", &url)]);
+    let (status, id, body) =
+        serve.get_with("/v1/orders/12345", None, &[("x-request-id", "revoked-1")]);
+    assert_eq!(
+        (status, &body["code"]),
+        (503, &json!("server_fault")),
+        "{body}"
+    );
+    assert!(body.get("retry_after").is_none(), "{body}");
+    let text = body.to_string();
+    for internal in ["denied", "shop", "seckill_order", "1142"] {
+        assert!(!text.contains(internal), "{internal} in {text}");
+    }
+    assert_eq!(id, "revoked-1");
+    let log = serve.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("revoked-1") && l.contains("denied")),
+        "no log line with the request id and the cause:\n{log}"
+    );
+    drop(serve);
+    env.cleanup().await;
+}
+
+/// A key the gate cannot read (a corrupt value): a problem that promises
+/// no retry and does not echo the stored value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_key_is_a_server_fault_that_echoes_nothing() {
+    let env = TestEnv::new().await;
+    env.live_voucher(1, 10).await;
+    let keys = seckill::store::keys::VoucherKeys::new(&env.prefix, 1).unwrap();
+    let mut redis = env.redis().await;
+    let _: () = redis::AsyncCommands::del(&mut redis, keys.stock())
+        .await
+        .unwrap();
+    let _: () = redis::AsyncCommands::hset(&mut redis, keys.stock(), "secret-value-xyz", "1")
+        .await
+        .unwrap();
+    let serve = Serve::start(&env, &[]);
+    let (status, body) = serve.get("/v1/vouchers/1", None);
+    assert_eq!(
+        (status, &body["code"]),
+        (503, &json!("server_fault")),
+        "{body}"
+    );
+    assert!(body.get("retry_after").is_none(), "{body}");
+    assert!(!body.to_string().contains("secret-value"), "{body}");
+    let (status, body) = serve.post("/v1/vouchers/1/purchases", &json!({ "user": 1 }), None);
+    assert_eq!(status, 503, "{body}");
+    assert!(!body.to_string().contains("secret-value"), "{body}");
+    drop(serve);
+    env.cleanup().await;
+}
