@@ -27,6 +27,9 @@ done
 # The package test's tool, before the tests (building it inside a test
 # would race the test's time limit on a busy machine).
 scripts/package.sh --install-cargo-deb
+# The API contract tests' tools (schemathesis, a client generator), from
+# PyPI into .services/pytools.
+scripts/pytools.sh
 
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings

@@ -44,6 +44,10 @@ pub enum Error {
     #[error("voucher {0} does not exist")]
     VoucherNotFound(u64),
 
+    /// The voucher has no gate in Redis (never preloaded, or lost whole).
+    #[error("voucher {0} is not loaded at the gate (seckill preload --voucher {0})")]
+    VoucherNotLoaded(u64),
+
     #[error("voucher {0} already exists")]
     VoucherExists(u64),
 

@@ -47,7 +47,7 @@ async fn one_spelling_per_id_and_every_id_answered_as_a_string() {
         ("/v1/vouchers/1/purchases", "[1]"),
         ("/v1/vouchers/1/purchases", r#"{"user": "+900010"}"#),
         ("/v1/vouchers/1/purchases", r#"{"user": "0900010"}"#),
-        ("/v1/vouchers/1/purchases", r#"{"user": 1.0}"#),
+        ("/v1/vouchers/1/purchases", r#"{"user": 1.5}"#),
         ("/v1/vouchers/1/purchases", r#"{"user": "1e3"}"#),
         ("/v1/vouchers/1/purchases", r#"{"user": 5, "x": 1}"#),
         ("/v1/vouchers/1/purchases", r#"{"user": 5, "quantity": 0}"#),
@@ -251,5 +251,164 @@ async fn a_corrupt_key_is_a_server_fault_that_echoes_nothing() {
     assert_eq!(status, 503, "{body}");
     assert!(!body.to_string().contains("secret-value"), "{body}");
     drop(serve);
+    env.cleanup().await;
+}
+
+/// The Python tools the contract tests run (schemathesis, a client
+/// generator), installed by `scripts/pytools.sh` (which `scripts/test.sh`
+/// runs): a test that needs one fails naming that script, never skips.
+fn pytool(name: &str) -> std::path::PathBuf {
+    let dir = std::env::var("SECKILL_TEST_PYTOOLS")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/.services/pytools").to_string());
+    let path = std::path::Path::new(&dir).join("bin").join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/pytools.sh (scripts/test.sh does)",
+        path.display()
+    );
+    path
+}
+
+/// The sale the fuzzer meets: a live voucher whose per-user limit is the
+/// most a quantity may be (so every quantity the document allows is
+/// valid), one not started, one ended, one that requires a token.
+async fn a_sale_to_fuzz(env: &TestEnv) {
+    env.live_voucher(1, 50).await;
+    let limit = ["voucher", "update", "--id", "1", "--per-user-limit", "100"];
+    assert!(env.cmd().args(limit).output().unwrap().status.success());
+    env.add_voucher(2, 5, 3_600_000, 7_200_000).await;
+    env.preload(2).await;
+    env.add_voucher(3, 5, -7_200_000, -3_600_000).await;
+    env.preload(3).await;
+    env.live_voucher(4, 5).await;
+    let token = ["voucher", "update", "--id", "4", "--require-token"];
+    assert!(env.cmd().args(token).output().unwrap().status.success());
+}
+
+/// schemathesis (every check, a fixed seed and example count, the
+/// committed configuration) against the document serve answers: no
+/// failure. What it declares are the business outcomes; no check is off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_served_document_holds_against_schemathesis() {
+    let st = pytool("st");
+    let env = TestEnv::new().await;
+    a_sale_to_fuzz(&env).await;
+    let keys = key_file(&env);
+    let serve = Serve::start(&env, &["--api-key-file", &keys.display().to_string()]);
+    // Purchases reach MySQL meanwhile: a lookup's order is answered too.
+    let worker = env.spawn_worker(&["--block", "100ms"]);
+    let (status, served) = serve.get("/v1/openapi.json", Some(KEY));
+    assert_eq!(status, 200);
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let document = dir.join(format!("openapi-{}.json", env.prefix));
+    std::fs::write(&document, served.to_string()).unwrap();
+    let config = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/contract/schemathesis.toml"
+    );
+    let out = std::process::Command::new(st)
+        .args(["--no-color", "--config-file", config, "run"])
+        .arg(&document)
+        .args(["--url", &serve.url("")])
+        .args(["--checks", "all", "--seed", "1", "--max-examples", "100"])
+        .args(["--header", &format!("Authorization: Bearer {KEY}")])
+        .args(["--workers", "2"])
+        .env("SCHEMATHESIS_HOOKS", "")
+        .output()
+        .expect("run schemathesis");
+    let report = String::from_utf8_lossy(&out.stdout);
+    // The run's tally, for the log of a passing run too.
+    println!("{report}");
+    assert!(
+        out.status.success(),
+        "schemathesis found failures:\n{report}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(worker);
+    drop(serve);
+    std::fs::remove_file(document).ok();
+    std::fs::remove_file(keys).ok();
+    env.cleanup().await;
+}
+
+/// A client generated from the document serve answers
+/// (openapi-python-client) calls every route and decodes every answer
+/// into the document's models (tests/contract/generated_client.py).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generated_client_calls_every_route_and_decodes_every_answer() {
+    let generator = pytool("openapi-python-client");
+    let python = pytool("python");
+    let env = TestEnv::new().await;
+    env.live_voucher(1, 2).await;
+    env.add_voucher(2, 5, 3_600_000, 7_200_000).await;
+    env.preload(2).await;
+    env.add_voucher(3, 5, -7_200_000, -3_600_000).await;
+    env.preload(3).await;
+    env.live_voucher(4, 5).await;
+    for (v, flags) in [
+        ("5", &["--user-rate", "1"][..]),
+        ("6", &["--require-token"][..]),
+        ("7", &["--per-user-limit", "3"][..]),
+    ] {
+        env.live_voucher(v.parse().unwrap(), 5).await;
+        let mut args = vec!["voucher", "update", "--id", v];
+        args.extend_from_slice(flags);
+        assert!(env.cmd().args(&args).output().unwrap().status.success());
+    }
+    let mut redis = env.redis().await;
+    let seven = seckill::store::keys::VoucherKeys::new(&env.prefix, 7).unwrap();
+    let _: () = redis::AsyncCommands::set(&mut redis, seven.stock(), 2)
+        .await
+        .unwrap();
+    let paused = seckill::store::keys::VoucherKeys::new(&env.prefix, 4).unwrap();
+    let _: () = redis::AsyncCommands::hset(&mut redis, paused.meta(), "paused", "1")
+        .await
+        .unwrap();
+    let keys = key_file(&env);
+    let serve = Serve::start(&env, &["--api-key-file", &keys.display().to_string()]);
+    // No gate guard: it would reopen voucher 4, paused by hand.
+    let worker = env.spawn_worker(&["--block", "100ms", "--gate-check", "0s"]);
+    let (status, served) = serve.get("/v1/openapi.json", Some(KEY));
+    assert_eq!(status, 200);
+    let dir =
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("client-{}", env.prefix));
+    std::fs::create_dir_all(&dir).unwrap();
+    let document = dir.join("openapi.json");
+    std::fs::write(&document, served.to_string()).unwrap();
+    let generated = std::process::Command::new(generator)
+        .args(["generate", "--meta", "none", "--overwrite", "--path"])
+        .arg(&document)
+        .arg("--output-path")
+        .arg(dir.join("seckill_client"))
+        .output()
+        .expect("run openapi-python-client");
+    assert!(
+        generated.status.success(),
+        "the generator refused the document:\n{}{}",
+        String::from_utf8_lossy(&generated.stdout),
+        String::from_utf8_lossy(&generated.stderr)
+    );
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/contract/generated_client.py"
+    );
+    let out = std::process::Command::new(python)
+        .arg(script)
+        .arg(&dir)
+        .arg(serve.url(""))
+        .args([KEY, READ_KEY])
+        .output()
+        .expect("run the generated client");
+    let report = String::from_utf8_lossy(&out.stdout);
+    println!("{report}");
+    assert!(
+        out.status.success(),
+        "the generated client:\n{report}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(worker);
+    drop(serve);
+    std::fs::remove_dir_all(dir).ok();
+    std::fs::remove_file(keys).ok();
     env.cleanup().await;
 }

@@ -766,6 +766,7 @@ async fn every_documented_route_and_status_is_answered() {
         key,
     );
     serve.post("/v1/vouchers/6/tokens", &json!({ "user": 1 }), None);
+    serve.post("/v1/vouchers/99/tokens", &json!({ "user": 1 }), key);
     for path in ["/v1/vouchers/1", "/v1/vouchers/99", "/v1/vouchers/x"] {
         serve.get(path, key);
     }
@@ -905,39 +906,39 @@ fn every_route_refused_when_overloaded(
             "--max-in-flight",
             "1",
             "--request-timeout",
-            "4s",
+            "60s",
         ],
     );
     let key = Some("the-key-0123456789abcdef");
-    let mut seen = Vec::new();
-    std::thread::scope(|scope| {
-        let serve = &serve;
-        scope.spawn(move || serve.post_slowly("/v1/vouchers/1/tokens", &json!({ "user": 1 }), key));
-        let until = Instant::now() + Duration::from_secs(3);
-        while serve.get("/v1/vouchers/1", key).0 != 503 {
-            assert!(
-                Instant::now() < until,
-                "the slow body never took the one slot"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        for (path, methods) in document["paths"].as_object().unwrap() {
-            let concrete = path
-                .replace("{voucher}", "1")
-                .replace("{user}", "1")
-                .replace("{order}", order);
-            for method in methods.as_object().unwrap().keys() {
-                let (status, body) = match method.as_str() {
-                    "get" => serve.get(&concrete, key),
-                    _ => serve.post(&concrete, &json!({ "user": 1 }), key),
-                };
-                assert_eq!(status, 503, "{method} {concrete}: {body}");
-                assert_eq!(body["code"], "overloaded", "{method} {concrete}: {body}");
-                assert_eq!(body["retry_after"], "1", "{body}");
-                seen.push((path.clone(), "503".to_string()));
-            }
-        }
+    // The one request in flight: a body that stops after 5 bytes, held
+    // until this connection is dropped.
+    let mut held = std::net::TcpStream::connect(("127.0.0.1", serve.port)).unwrap();
+    write!(
+        held,
+        "POST /v1/vouchers/1/tokens HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nAuthorization: Bearer the-key-0123456789abcdef\r\nContent-Length: 12\r\n\r\n{{\"use"
+    )
+    .unwrap();
+    within_seconds(30, "the slow body takes the one slot", || {
+        serve.get("/v1/vouchers/1", key).0 == 503
     });
+    let mut seen = Vec::new();
+    for (path, methods) in document["paths"].as_object().unwrap() {
+        let concrete = path
+            .replace("{voucher}", "1")
+            .replace("{user}", "1")
+            .replace("{order}", order);
+        for method in methods.as_object().unwrap().keys() {
+            let (status, body) = match method.as_str() {
+                "get" => serve.get(&concrete, key),
+                _ => serve.post(&concrete, &json!({ "user": 1 }), key),
+            };
+            assert_eq!(status, 503, "{method} {concrete}: {body}");
+            assert_eq!(body["code"], "overloaded", "{method} {concrete}: {body}");
+            assert_eq!(body["retry_after"], "1", "{body}");
+            seen.push((path.clone(), "503".to_string()));
+        }
+    }
+    drop(held);
     seen
 }
 

@@ -55,10 +55,7 @@ pub async fn issue(
         .query_async(conn)
         .await?;
     if !loaded {
-        return Err(Error::InvalidInput(format!(
-            "voucher {} is not loaded at the gate (seckill preload --voucher {0}): no token issued",
-            keys.voucher()
-        )));
+        return Err(Error::VoucherNotLoaded(keys.voucher()));
     }
     let token = mint()?;
     store(conn, keys, user, &token, ttl_ms).await?;

@@ -135,7 +135,10 @@ impl Fields {
             None | Some(Value::Null) => return Ok(None),
             Some(v) => v,
         };
-        let n = value.as_u64().filter(|n| range.contains(n));
+        let n = match &value {
+            Value::Number(n) => super::ids::whole(n).filter(|n| range.contains(n)),
+            _ => None,
+        };
         n.map(Some).ok_or_else(|| {
             ApiError::invalid_field(format!(
                 "{name} must be a whole number from {} to {}, not {}",

@@ -56,7 +56,10 @@ fn header(description: &str, required: bool) -> Value {
 pub fn complete(doc: &mut Value) {
     doc["components"]["schemas"]["Problem"] = problem_schema();
     for schema in ["PurchaseBody", "TokenBody"] {
-        doc["components"]["schemas"][schema]["properties"]["user"] = id_in_body_schema();
+        let body = &mut doc["components"]["schemas"][schema];
+        body["properties"]["user"] = id_in_body_schema();
+        // A field the route does not know is refused (400).
+        body["additionalProperties"] = json!(false);
     }
     let Some(paths) = doc["paths"].as_object_mut() else {
         return;
@@ -76,14 +79,16 @@ pub fn complete(doc: &mut Value) {
 fn complete_operation(path: &str, op: &mut Value) {
     let v1 = path.starts_with("/v1/");
     let mut has_id = false;
-    if let Some(params) = op["parameters"].as_array_mut() {
+    // get_mut: indexing would add a null `parameters` where there is none.
+    if let Some(params) = op.get_mut("parameters").and_then(Value::as_array_mut) {
         for p in params.iter_mut().filter(|p| p["in"] == "path") {
             p["schema"] = id_text_schema();
+            p["example"] = json!("1");
             has_id = true;
         }
     }
     let has_body = op.get("requestBody").is_some();
-    let responses = op["responses"].as_object_mut();
+    let responses = op.get_mut("responses").and_then(Value::as_object_mut);
     let Some(responses) = responses else {
         return;
     };
@@ -137,22 +142,43 @@ fn complete_operation(path: &str, op: &mut Value) {
     }
 }
 
-/// Adds the problem body to the answer of `status`, beside the body it
-/// may have already (an outcome's, of another content type).
+/// Adds the problem body to the answer of `status`. Where the status has
+/// an outcome's body already (a purchase's 403 bad_token or 503 paused),
+/// each JSON content type's schema is one of the two: generated clients
+/// decode by status, not by content type, and the two bodies never match
+/// each other's required fields.
 fn add_problem(responses: &mut Map<String, Value>, status: &str, description: &str) {
-    let problem = json!({ "schema": { "$ref": "#/components/schemas/Problem" } });
+    let problem = json!({ "$ref": "#/components/schemas/Problem" });
     let Some(answer) = responses.get_mut(status) else {
         responses.insert(
             status.to_string(),
-            json!({ "description": description, "content": { PROBLEM_JSON: problem } }),
+            json!({ "description": description, "content": { PROBLEM_JSON: { "schema": problem } } }),
         );
         return;
     };
-    let has_body = answer["content"].as_object().is_some_and(|c| !c.is_empty());
-    if has_body {
-        if let Some(text) = answer["description"].as_str() {
-            answer["description"] = json!(format!("{text}; or {description}"));
+    let outcomes: Vec<Value> = answer["content"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(kind, _)| kind.ends_with("json"))
+        .map(|(_, c)| c["schema"].clone())
+        .collect();
+    if outcomes.is_empty() {
+        answer["content"][PROBLEM_JSON] = json!({ "schema": problem });
+        return;
+    }
+    if let Some(text) = answer["description"].as_str() {
+        answer["description"] = json!(format!("{text}; or {description}"));
+    }
+    let mut either = outcomes;
+    either.push(problem);
+    let schema = json!({ "oneOf": either });
+    answer["content"][PROBLEM_JSON] = json!({});
+    if let Some(content) = answer["content"].as_object_mut() {
+        for (kind, c) in content.iter_mut() {
+            if kind.ends_with("json") {
+                *c = json!({ "schema": schema.clone() });
+            }
         }
     }
-    answer["content"][PROBLEM_JSON] = problem;
 }

@@ -301,6 +301,10 @@ impl From<crate::error::Error> for ApiError {
             Error::InvalidInput(m) | Error::QuantityRefused(m) => {
                 ApiError::invalid_field(m.trim_start_matches("invalid input: "))
             }
+            Error::VoucherNotLoaded(v) => ApiError::new(
+                Code::VoucherNotLoaded,
+                format!("voucher {v} is not loaded at the gate"),
+            ),
             other => ApiError::store(&other),
         }
     }

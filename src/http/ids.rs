@@ -22,7 +22,7 @@ pub fn parse_id(what: &str, text: &str) -> Result<u64, ApiError> {
 /// An id in a body: a JSON number or its plain decimal string.
 pub fn id_from_json(what: &str, value: &Value) -> Result<u64, ApiError> {
     let id = match value {
-        Value::Number(n) => n.as_u64().filter(|n| (1..=MAX_ID).contains(n)),
+        Value::Number(n) => whole(n).filter(|n| (1..=MAX_ID).contains(n)),
         Value::String(s) => plain_decimal(s),
         _ => None,
     };
@@ -38,6 +38,16 @@ pub fn id_from_json(what: &str, value: &Value) -> Result<u64, ApiError> {
         ApiError::invalid_id(format!(
             "{what} must be a whole number between 1 and {MAX_ID} (a JSON number or a plain decimal string), not {shown}"
         ))
+    })
+}
+
+/// A JSON number's whole value: an integer, or a float with no fraction
+/// small enough to be exact (JSON Schema's `integer` takes `19.0`).
+pub fn whole(n: &serde_json::Number) -> Option<u64> {
+    const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
+    n.as_u64().or_else(|| {
+        let f = n.as_f64()?;
+        (f.fract() == 0.0 && (0.0..=EXACT).contains(&f)).then_some(f as u64)
     })
 }
 
@@ -98,11 +108,12 @@ mod tests {
         let id = |v: Value| id_from_json("user", &v);
         assert_eq!(id(json!(42)).unwrap(), 42);
         assert_eq!(id(json!("42")).unwrap(), 42);
+        assert_eq!(id(json!(42.0)).unwrap(), 42);
         for bad in [
             json!(0),
             json!(-1),
             json!(1.5),
-            json!(1.0),
+            json!(1e300),
             json!("+900010"),
             json!("042"),
             json!(null),

@@ -19,8 +19,9 @@ use crate::orders::order;
 use crate::purchase::{purchase, Failed, Request};
 use crate::store::keys::VoucherKeys;
 
-/// A purchase's body (built by [`FromFields`]; derived only for the
-/// OpenAPI document).
+// Built by hand from the body's fields (FromFields); the derive is for the
+// OpenAPI document only.
+/// A purchase: the buyer, and a token and a quantity when needed.
 #[derive(utoipa::ToSchema)]
 pub struct PurchaseBody {
     /// The buyer: 1..=9223372036854775807, a JSON number or its plain

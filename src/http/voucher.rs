@@ -49,8 +49,9 @@ pub async fn show(state: State, Path(voucher): Path<String>) -> Result<Json<Valu
     })))
 }
 
-/// A token's body (built by [`FromFields`]; derived only for the OpenAPI
-/// document).
+// Built by hand from the body's fields (FromFields); the derive is for the
+// OpenAPI document only.
+/// The user a token is for, and how long it lives.
 #[derive(utoipa::ToSchema)]
 pub struct TokenBody {
     /// The user: a JSON number or its plain decimal string.
@@ -82,6 +83,7 @@ const DEFAULT_TTL: std::time::Duration = std::time::Duration::from_secs(600);
     request_body = TokenBody,
     responses(
         (status = 200, description = "The token and its lifetime", body = super::schema::TokenAnswer),
+        (status = 404, description = "voucher_not_loaded: not loaded at the gate"),
     ))]
 pub async fn issue_token(
     state: State,
