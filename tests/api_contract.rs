@@ -276,10 +276,7 @@ async fn a_sale_to_fuzz(env: &TestEnv) {
     env.live_voucher(1, 50).await;
     let limit = ["voucher", "update", "--id", "1", "--per-user-limit", "100"];
     assert!(env.cmd().args(limit).output().unwrap().status.success());
-    env.add_voucher(2, 5, 3_600_000, 7_200_000).await;
-    env.preload(2).await;
-    env.add_voucher(3, 5, -7_200_000, -3_600_000).await;
-    env.preload(3).await;
+    env.outside_the_window(2, 3).await;
     env.live_voucher(4, 5).await;
     let token = ["voucher", "update", "--id", "4", "--require-token"];
     assert!(env.cmd().args(token).output().unwrap().status.success());
@@ -340,10 +337,7 @@ async fn a_generated_client_calls_every_route_and_decodes_every_answer() {
     let python = pytool("python");
     let env = TestEnv::new().await;
     env.live_voucher(1, 2).await;
-    env.add_voucher(2, 5, 3_600_000, 7_200_000).await;
-    env.preload(2).await;
-    env.add_voucher(3, 5, -7_200_000, -3_600_000).await;
-    env.preload(3).await;
+    env.outside_the_window(2, 3).await;
     env.live_voucher(4, 5).await;
     for (v, flags) in [
         ("5", &["--user-rate", "1"][..]),

@@ -25,10 +25,7 @@ fn drain(env: &TestEnv) {
 async fn every_purchase_outcome_has_its_own_status() {
     let env = TestEnv::new().await;
     env.live_voucher(1, 2).await;
-    env.add_voucher(2, 5, 3_600_000, 7_200_000).await;
-    env.preload(2).await;
-    env.add_voucher(3, 5, -7_200_000, -3_600_000).await;
-    env.preload(3).await;
+    env.outside_the_window(2, 3).await;
     env.live_voucher(4, 5).await;
     env.live_voucher(5, 5).await;
     env.live_voucher(6, 5).await;
@@ -686,10 +683,7 @@ async fn every_documented_route_and_status_is_answered() {
     let own = common::own_redis::OwnRedis::start();
     let env = TestEnv::on_redis(&own.url()).await;
     env.live_voucher(1, 2).await;
-    env.add_voucher(2, 5, 3_600_000, 7_200_000).await;
-    env.preload(2).await;
-    env.add_voucher(3, 5, -7_200_000, -3_600_000).await;
-    env.preload(3).await;
+    env.outside_the_window(2, 3).await;
     for (v, flags) in [
         ("5", &["--user-rate", "1"][..]),
         ("6", &["--require-token"][..]),

@@ -447,6 +447,15 @@ impl TestEnv {
         self.preload(id).await;
     }
 
+    /// Voucher `not_started` opening in an hour and `ended` closed an hour
+    /// ago, both preloaded (5 units each): the sale window's outcomes.
+    pub async fn outside_the_window(&self, not_started: u64, ended: u64) {
+        self.add_voucher(not_started, 5, 3_600_000, 7_200_000).await;
+        self.preload(not_started).await;
+        self.add_voucher(ended, 5, -7_200_000, -3_600_000).await;
+        self.preload(ended).await;
+    }
+
     pub async fn preload(&self, id: u64) {
         let mut redis = self.redis().await;
         seckill::gate::preload::preload(self.db().await, &mut redis, &self.prefix, id, false)
