@@ -6,8 +6,8 @@
 
 use serde_json::{json, Map, Value};
 
-use super::error::{Code, PROBLEM_JSON};
 use super::ids::{id_pattern, MAX_ID};
+use super::problem::{Code, PROBLEM_JSON};
 
 /// The id of a path or a body, as [`super::ids`] takes it.
 pub fn id_text_schema() -> Value {

@@ -5,138 +5,11 @@
 //! `detail` that names the field at fault but no internals, and the
 //! request's id, which is also on the log line that carries the cause.
 
+pub use super::problem::{problem_body, Code, PROBLEM_JSON};
+use super::request_id;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::BoxError;
-use serde_json::json;
-
-use super::request_id;
-
-/// A failure kind: its code, status and title are the contract.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Code {
-    /// The body is not a JSON object of the documented fields (malformed,
-    /// not JSON, too large, a field unknown, missing or of the wrong type).
-    InvalidBody,
-    /// An id (path or body) is not one plain decimal 1..=2^63-1.
-    InvalidId,
-    /// A field's value is out of its range (quantity, ttl_ms, token).
-    InvalidField,
-    /// No key, or not one of the server's.
-    Unauthorized,
-    /// The key may not call this route (its scopes).
-    InsufficientScope,
-    NoSuchRoute,
-    OrderNotFound,
-    VoucherNotLoaded,
-    /// The body did not arrive in time: nothing was done.
-    BodyTimeout,
-    /// Past `--max-in-flight`: refused at once, nothing done.
-    Overloaded,
-    /// Past `--max-connections` with every connection busy.
-    TooManyConnections,
-    /// Redis or MySQL did not answer, before anything was written for the
-    /// caller: a retry can succeed.
-    StoreUnavailable,
-    /// A purchase whose call to the gate may or may not have run: retry it
-    /// (one order per user: a retry answers already_bought if it did).
-    OutcomeUnknown,
-    /// A store refused in a way a retry does not mend (a revoked
-    /// privilege, a corrupt key): an operator must look; the cause is in
-    /// the log under the request id.
-    ServerFault,
-}
-
-impl Code {
-    pub const ALL: [Code; 14] = [
-        Code::InvalidBody,
-        Code::InvalidId,
-        Code::InvalidField,
-        Code::Unauthorized,
-        Code::InsufficientScope,
-        Code::NoSuchRoute,
-        Code::OrderNotFound,
-        Code::VoucherNotLoaded,
-        Code::BodyTimeout,
-        Code::Overloaded,
-        Code::TooManyConnections,
-        Code::StoreUnavailable,
-        Code::OutcomeUnknown,
-        Code::ServerFault,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Code::InvalidBody => "invalid_body",
-            Code::InvalidId => "invalid_id",
-            Code::InvalidField => "invalid_field",
-            Code::Unauthorized => "unauthorized",
-            Code::InsufficientScope => "insufficient_scope",
-            Code::NoSuchRoute => "no_such_route",
-            Code::OrderNotFound => "order_not_found",
-            Code::VoucherNotLoaded => "voucher_not_loaded",
-            Code::BodyTimeout => "body_timeout",
-            Code::Overloaded => "overloaded",
-            Code::TooManyConnections => "too_many_connections",
-            Code::StoreUnavailable => "store_unavailable",
-            Code::OutcomeUnknown => "outcome_unknown",
-            Code::ServerFault => "server_fault",
-        }
-    }
-
-    pub fn status(self) -> StatusCode {
-        match self {
-            Code::InvalidBody | Code::InvalidId | Code::InvalidField => StatusCode::BAD_REQUEST,
-            Code::Unauthorized => StatusCode::UNAUTHORIZED,
-            Code::InsufficientScope => StatusCode::FORBIDDEN,
-            Code::NoSuchRoute | Code::OrderNotFound | Code::VoucherNotLoaded => {
-                StatusCode::NOT_FOUND
-            }
-            Code::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
-            Code::Overloaded
-            | Code::TooManyConnections
-            | Code::StoreUnavailable
-            | Code::OutcomeUnknown
-            | Code::ServerFault => StatusCode::SERVICE_UNAVAILABLE,
-        }
-    }
-
-    pub fn title(self) -> &'static str {
-        match self {
-            Code::InvalidBody => "The body is not what this route takes",
-            Code::InvalidId => "An id is not a valid id",
-            Code::InvalidField => "A field is out of its range",
-            Code::Unauthorized => "A valid API key is required",
-            Code::InsufficientScope => "The API key may not call this route",
-            Code::NoSuchRoute => "No such route",
-            Code::OrderNotFound => "No such order",
-            Code::VoucherNotLoaded => "The voucher is not loaded at the gate",
-            Code::BodyTimeout => "The body did not arrive in time",
-            Code::Overloaded => "Too many requests in flight",
-            Code::TooManyConnections => "Too many connections",
-            Code::StoreUnavailable => "A store did not answer",
-            Code::OutcomeUnknown => "The purchase's outcome is unknown",
-            Code::ServerFault => "The server cannot serve this request",
-        }
-    }
-
-    /// Whether the same request, sent again, can succeed without anyone
-    /// changing anything (then the answer carries `Retry-After`).
-    pub fn retry_can_succeed(self) -> bool {
-        matches!(
-            self,
-            Code::Overloaded
-                | Code::TooManyConnections
-                | Code::StoreUnavailable
-                | Code::OutcomeUnknown
-        )
-    }
-
-    /// The problem's type: a URN per code (stable; not a page to fetch).
-    pub fn type_uri(self) -> String {
-        format!("urn:seckill:problem:{}", self.as_str())
-    }
-}
 
 /// What a route answers when it does not answer its resource.
 #[derive(Debug)]
@@ -239,29 +112,6 @@ pub fn quote(input: &str) -> String {
         false => format!("{input:?}"),
     }
 }
-
-/// The problem's JSON, as every route and the layers in front send it.
-pub fn problem_body(code: Code, detail: &str, request_id: Option<&str>) -> serde_json::Value {
-    let mut body = json!({
-        "type": code.type_uri(),
-        "title": code.title(),
-        "status": code.status().as_u16(),
-        "detail": detail,
-        "code": code.as_str(),
-        // The body of these answers before problems: kept for callers
-        // that read it.
-        "error": detail,
-    });
-    if let Some(id) = request_id {
-        body["request_id"] = json!(id);
-    }
-    if code == Code::OutcomeUnknown {
-        body["outcome"] = json!("unknown");
-    }
-    body
-}
-
-pub const PROBLEM_JSON: &str = "application/problem+json";
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {

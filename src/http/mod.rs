@@ -17,6 +17,7 @@ mod ids;
 mod metrics;
 pub mod openapi;
 mod order;
+mod problem;
 mod purchase;
 mod request_id;
 mod schema;

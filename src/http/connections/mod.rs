@@ -338,15 +338,15 @@ fn refuse(stream: TcpStream, tls: bool, lingering: &Arc<tokio::sync::Semaphore>)
         let _permit = permit;
         let mut stream = stream;
         let id = super::request_id::fresh();
-        let body = super::error::problem_body(
-            super::error::Code::TooManyConnections,
+        let body = super::problem::problem_body(
+            super::problem::Code::TooManyConnections,
             "too many connections; retry in a moment",
             Some(&id),
         )
         .to_string();
         let answer = format!(
             "HTTP/1.1 503 Service Unavailable\r\ncontent-type: {}\r\nretry-after: 1\r\nx-request-id: {id}\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-            super::error::PROBLEM_JSON,
+            super::problem::PROBLEM_JSON,
             body.len()
         );
         let linger = async {
