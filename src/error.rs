@@ -154,7 +154,6 @@ impl Error {
         }
     }
 
-    /// The driver's error behind a Redis or MySQL error, if there was one.
     /// Whether the same request, made again later, can succeed without
     /// anyone changing anything: a store that did not answer, a lock or
     /// a race lost; not a refusal (a privilege, a corrupt key, bad input).
@@ -178,6 +177,7 @@ impl Error {
         }
     }
 
+    /// The driver's error behind a Redis or MySQL error, if there was one.
     pub fn cause(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
         match self {
             Error::Redis { cause, .. } | Error::Mysql { cause, .. } => cause.as_deref(),
@@ -271,9 +271,13 @@ fn mysql_fault(e: &mysql_async::Error) -> StoreFault {
             mysql_codes::LOCK_WAIT_TIMEOUT => StoreFault::LockWaitTimeout,
             mysql_codes::LOCK_DEADLOCK | mysql_codes::RECORD_CHANGED => StoreFault::Deadlock,
             mysql_codes::CONNECTION_KILLED => StoreFault::ConnectionLost,
-            mysql_codes::SERVER_SHUTDOWN | mysql_codes::TOO_MANY_CONNECTIONS => {
-                StoreFault::Unavailable
-            }
+            mysql_codes::SERVER_SHUTDOWN
+            | mysql_codes::TOO_MANY_CONNECTIONS
+            | mysql_codes::TOO_MANY_USER_CONNECTIONS
+            | mysql_codes::USER_LIMIT_REACHED
+            | mysql_codes::QUERY_INTERRUPTED
+            | mysql_codes::QUERY_TIMEOUT
+            | mysql_codes::MYSQL_QUERY_TIMEOUT => StoreFault::Unavailable,
             _ => StoreFault::Other,
         },
         mysql_async::Error::Io(_) => StoreFault::ConnectionLost,
@@ -302,6 +306,16 @@ pub mod mysql_codes {
     pub const SERVER_SHUTDOWN: u16 = 1053;
     /// ER_CON_COUNT_ERROR: too many connections.
     pub const TOO_MANY_CONNECTIONS: u16 = 1040;
+    /// ER_TOO_MANY_USER_CONNECTIONS: the user's max_user_connections.
+    pub const TOO_MANY_USER_CONNECTIONS: u16 = 1203;
+    /// ER_USER_LIMIT_REACHED: a per-hour resource limit of the user.
+    pub const USER_LIMIT_REACHED: u16 = 1226;
+    /// ER_QUERY_INTERRUPTED: the statement was killed.
+    pub const QUERY_INTERRUPTED: u16 = 1317;
+    /// ER_STATEMENT_TIMEOUT (MariaDB's max_statement_time is 1969).
+    pub const QUERY_TIMEOUT: u16 = 1969;
+    /// ER_QUERY_TIMEOUT: MySQL's max_execution_time.
+    pub const MYSQL_QUERY_TIMEOUT: u16 = 3024;
     /// ER_CHECKREAD "Record has changed since last read" (MariaDB with
     /// innodb_snapshot_isolation=ON): a write conflict, retried like one.
     pub const RECORD_CHANGED: u16 = 1020;

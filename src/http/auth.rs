@@ -74,16 +74,17 @@ impl Scopes {
             .map_or("all", |(n, _)| n)
     }
 
-    /// The scope a `/v1` request needs: GET reads; a POST buys, issues a
-    /// token or pays by its last path segment.
-    pub fn needed(method: &axum::http::Method, path: &str) -> Scopes {
-        if method == axum::http::Method::GET {
+    /// The scope a `/v1` request needs, by its method and its route's
+    /// template: GET (and HEAD) read; a POST buys, issues a token or pays.
+    pub fn needed(method: &axum::http::Method, route: &str) -> Scopes {
+        use axum::http::Method;
+        if method == Method::GET || method == Method::HEAD {
             return Scopes::READ;
         }
-        match path.rsplit('/').next() {
-            Some("purchases") => Scopes::BUY,
-            Some("tokens") => Scopes::TOKEN,
-            Some("payment") => Scopes::PAY,
+        match route {
+            "/v1/vouchers/{voucher}/purchases" => Scopes::BUY,
+            "/v1/vouchers/{voucher}/tokens" => Scopes::TOKEN,
+            "/v1/orders/{order}/payment" => Scopes::PAY,
             _ => Scopes::ALL,
         }
     }
@@ -240,7 +241,11 @@ pub async fn require_key(
         let Some(scopes) = presented.and_then(|k| keys.scopes_of(k)) else {
             return Err(ApiError::unauthorized());
         };
-        let needed = Scopes::needed(request.method(), request.uri().path());
+        let route = request
+            .extensions()
+            .get::<axum::extract::MatchedPath>()
+            .map_or("", |m| m.as_str());
+        let needed = Scopes::needed(request.method(), route);
         if !scopes.contains(needed) {
             return Err(ApiError::new(
                 Code::InsufficientScope,
@@ -301,18 +306,18 @@ mod tests {
         let e = ApiKeys::from_text("dash-key-0123456789abcdef raed\n", "k").unwrap_err();
         assert!(e.to_string().contains("unknown scope \"raed\""), "{e}");
         use axum::http::Method;
-        assert_eq!(Scopes::needed(&Method::GET, "/v1/orders/1"), Scopes::READ);
         assert_eq!(
-            Scopes::needed(&Method::POST, "/v1/vouchers/1/purchases"),
-            Scopes::BUY
+            Scopes::needed(&Method::GET, "/v1/orders/{order}"),
+            Scopes::READ
         );
         assert_eq!(
-            Scopes::needed(&Method::POST, "/v1/vouchers/1/tokens"),
-            Scopes::TOKEN
+            Scopes::needed(&Method::HEAD, "/v1/orders/{order}"),
+            Scopes::READ
         );
-        assert_eq!(
-            Scopes::needed(&Method::POST, "/v1/orders/1/payment"),
-            Scopes::PAY
-        );
+        let post = |route| Scopes::needed(&Method::POST, route);
+        assert_eq!(post("/v1/vouchers/{voucher}/purchases"), Scopes::BUY);
+        assert_eq!(post("/v1/vouchers/{voucher}/tokens"), Scopes::TOKEN);
+        assert_eq!(post("/v1/orders/{order}/payment"), Scopes::PAY);
+        assert_eq!(post("/v1/orders/{order}"), Scopes::ALL);
     }
 }

@@ -4,14 +4,16 @@
 //! input beyond a short excerpt); one that does not arrive in time a 408:
 //! nothing was done.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::FromRequest;
 use axum::http::header::CONTENT_TYPE;
-use serde_json::{Map, Value};
+use serde_json::value::RawValue;
+use serde_json::Value;
 
 use super::error::{quote, ApiError, Code};
-use super::ids::id_from_json;
+use super::ids::{id_from_json, whole_number};
 use super::AppState;
 
 /// A body type built from its JSON object's fields.
@@ -62,12 +64,16 @@ impl<T: FromFields> FromRequest<Arc<AppState>> for Body<T> {
                 e.column()
             ))
         })?;
-        let Value::Object(map) = value else {
+        if !value.is_object() {
             return Err(ApiError::invalid_body(format!(
                 "the body must be a JSON object, not {}",
                 kind_of(&value)
             )));
-        };
+        }
+        // Each field as its JSON text: a number is read from its digits,
+        // never through a float.
+        let map: BTreeMap<String, Box<RawValue>> = serde_json::from_slice(&bytes)
+            .map_err(|_| ApiError::invalid_body("the body is not a JSON object"))?;
         let mut fields = Fields::new(map, T::FIELDS)?;
         T::from_fields(&mut fields).map(Body)
     }
@@ -98,13 +104,13 @@ fn kind_of(value: &Value) -> &'static str {
     }
 }
 
-/// A body's fields, each taken once by name.
+/// A body's fields, each taken once by name, as their JSON text.
 pub(crate) struct Fields {
-    map: Map<String, Value>,
+    map: BTreeMap<String, Box<RawValue>>,
 }
 
 impl Fields {
-    fn new(map: Map<String, Value>, allowed: &[&str]) -> Result<Fields, ApiError> {
+    fn new(map: BTreeMap<String, Box<RawValue>>, allowed: &[&str]) -> Result<Fields, ApiError> {
         if let Some(unknown) = map.keys().find(|k| !allowed.contains(&k.as_str())) {
             return Err(ApiError::invalid_body(format!(
                 "unknown field {}: the fields are {}",
@@ -115,10 +121,17 @@ impl Fields {
         Ok(Fields { map })
     }
 
+    /// The field's JSON text; None when absent or null.
+    fn take(&mut self, name: &str) -> Option<String> {
+        let raw = self.map.remove(name)?;
+        let text = raw.get().trim();
+        (text != "null").then(|| text.to_string())
+    }
+
     /// A required id.
     pub fn id(&mut self, name: &str) -> Result<u64, ApiError> {
-        match self.map.remove(name) {
-            Some(v) => id_from_json(name, &v),
+        match self.take(name) {
+            Some(literal) => id_from_json(name, &literal),
             None => Err(ApiError::invalid_body(format!(
                 "the field {name} is required"
             ))),
@@ -131,39 +144,33 @@ impl Fields {
         name: &str,
         range: std::ops::RangeInclusive<u64>,
     ) -> Result<Option<u64>, ApiError> {
-        let value = match self.map.remove(name) {
-            None | Some(Value::Null) => return Ok(None),
-            Some(v) => v,
+        let Some(literal) = self.take(name) else {
+            return Ok(None);
         };
-        let n = match &value {
-            Value::Number(n) => super::ids::whole(n).filter(|n| range.contains(n)),
-            _ => None,
-        };
+        let n = whole_number(&literal).filter(|n| range.contains(n));
         n.map(Some).ok_or_else(|| {
             ApiError::invalid_field(format!(
                 "{name} must be a whole number from {} to {}, not {}",
                 range.start(),
                 range.end(),
-                match &value {
-                    Value::Number(n) => n.to_string(),
-                    Value::String(s) => quote(s),
-                    other => kind_of(other).to_string(),
-                }
+                quote(&literal)
             ))
         })
     }
 
     /// An optional string of at most `max` characters (null: absent).
     pub fn text(&mut self, name: &str, max: usize) -> Result<Option<String>, ApiError> {
-        match self.map.remove(name) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) if s.chars().count() <= max => Ok(Some(s)),
-            Some(Value::String(_)) => Err(ApiError::invalid_field(format!(
+        let Some(literal) = self.take(name) else {
+            return Ok(None);
+        };
+        match serde_json::from_str::<String>(&literal) {
+            Ok(s) if s.chars().count() <= max => Ok(Some(s)),
+            Ok(_) => Err(ApiError::invalid_field(format!(
                 "{name} is longer than {max} characters"
             ))),
-            Some(other) => Err(ApiError::invalid_field(format!(
+            Err(_) => Err(ApiError::invalid_field(format!(
                 "{name} must be a string, not {}",
-                kind_of(&other)
+                quote(&literal)
             ))),
         }
     }
@@ -173,7 +180,6 @@ impl Fields {
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
-    use serde_json::json;
 
     #[test]
     fn json_content_types() {
@@ -188,22 +194,23 @@ mod tests {
 
     #[test]
     fn fields_are_taken_by_name_and_checked() {
-        let map = |v: Value| match v {
-            Value::Object(m) => m,
-            _ => unreachable!(),
-        };
+        let map =
+            |text: &str| serde_json::from_str::<BTreeMap<String, Box<RawValue>>>(text).unwrap();
         let allowed = ["user", "quantity", "token"];
-        assert!(Fields::new(map(json!({"user": 1, "x": 2})), &allowed).is_err());
-        let mut f = Fields::new(map(json!({"user": "7", "quantity": 2})), &allowed).unwrap();
+        assert!(Fields::new(map(r#"{"user": 1, "x": 2}"#), &allowed).is_err());
+        let mut f = Fields::new(map(r#"{"user": "7", "quantity": 2.0}"#), &allowed).unwrap();
         assert_eq!(f.id("user").unwrap(), 7);
         assert_eq!(f.number("quantity", 1..=5).unwrap(), Some(2));
         assert_eq!(f.text("token", 8).unwrap(), None);
-        let mut f = Fields::new(map(json!({"quantity": 0, "token": 5})), &allowed).unwrap();
+        let mut f = Fields::new(map(r#"{"quantity": 0, "token": 5}"#), &allowed).unwrap();
         assert_eq!(f.id("user").unwrap_err().code, Code::InvalidBody);
         assert_eq!(
             f.number("quantity", 1..=5).unwrap_err().code,
             Code::InvalidField
         );
         assert_eq!(f.text("token", 8).unwrap_err().code, Code::InvalidField);
+        let mut f = Fields::new(map(r#"{"user": null, "token": null}"#), &allowed).unwrap();
+        assert_eq!(f.id("user").unwrap_err().code, Code::InvalidBody);
+        assert_eq!(f.text("token", 8).unwrap(), None);
     }
 }

@@ -116,7 +116,7 @@ fn complete_operation(path: &str, op: &mut Value) {
         add_problem(responses, "404", &problem(&[Code::NoSuchRoute]));
     }
     let mut unavailable = vec![Code::Overloaded, Code::StoreUnavailable, Code::ServerFault];
-    if path.ends_with("/purchases") {
+    if path.ends_with("/purchases") || path.ends_with("/payment") {
         unavailable.push(Code::OutcomeUnknown);
     }
     add_problem(responses, "503", &problem(&unavailable));

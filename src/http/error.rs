@@ -165,16 +165,35 @@ pub async fn not_found() -> ApiError {
     ApiError::new(Code::NoSuchRoute, "no such route")
 }
 
+/// Answer for a route asked with a method it does not take (axum adds
+/// `Allow`).
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        Code::MethodNotAllowed,
+        "this route does not take this method (see Allow)",
+    )
+}
+
 /// What the limits in front of the router turn into: 503 at once past the
 /// in-flight cap or the backstop timeout (counted: the router's own
-/// metrics never saw these requests).
-pub fn overloaded(state: &super::AppState, e: BoxError) -> Response {
-    let (outcome, answer) = if e.is::<tower::timeout::error::Elapsed>() {
+/// metrics never saw these requests). A purchase or a payment past the
+/// backstop may have been done: its outcome is unknown; any other request
+/// changed nothing a retry cannot redo.
+pub fn overloaded(state: &super::AppState, changes: bool, e: BoxError) -> Response {
+    let (outcome, answer) = if e.is::<tower::timeout::error::Elapsed>() && changes {
         (
             "unknown",
             ApiError::new(
                 Code::OutcomeUnknown,
                 "the request took too long; its outcome is unknown: retry it",
+            ),
+        )
+    } else if e.is::<tower::timeout::error::Elapsed>() {
+        (
+            "unanswered",
+            ApiError::new(
+                Code::StoreUnavailable,
+                "the request took too long (a store did not answer); retry in a moment",
             ),
         )
     } else if e.is::<tower::load_shed::error::Overloaded>() {

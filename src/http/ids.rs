@@ -3,9 +3,9 @@
 //! leading zero, no space, no exponent; always within 1..=i64::MAX, like
 //! the CLI's. Anything else is a 400 `invalid_id` and nothing is done.
 
-use serde_json::Value;
-
 use super::error::{quote, ApiError};
+use axum::extract::{FromRequestParts, MatchedPath};
+use axum::http::request::Parts;
 
 /// The largest id: MySQL's signed BIGINT.
 pub const MAX_ID: u64 = i64::MAX as u64;
@@ -19,36 +19,94 @@ pub fn parse_id(what: &str, text: &str) -> Result<u64, ApiError> {
     })
 }
 
-/// An id in a body: a JSON number or its plain decimal string.
-pub fn id_from_json(what: &str, value: &Value) -> Result<u64, ApiError> {
-    let id = match value {
-        Value::Number(n) => whole(n).filter(|n| (1..=MAX_ID).contains(n)),
-        Value::String(s) => plain_decimal(s),
-        _ => None,
+/// The ids of a request's path, read from the path as sent (not
+/// percent-decoded: `%38` is not a spelling of 8) at the places of the
+/// route's `{name}`s.
+pub struct PathIds(Vec<(String, u64)>);
+
+impl PathIds {
+    /// The id named `name` in the route (the routes name every one they
+    /// take: a missing one is a route without it, answered as bad input).
+    pub fn get(&self, name: &str) -> Result<u64, ApiError> {
+        self.0
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, id)| *id)
+            .ok_or_else(|| ApiError::invalid_id(format!("the path has no {name}")))
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for PathIds {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        let template = parts
+            .extensions
+            .get::<MatchedPath>()
+            .map(|m| m.as_str().to_string())
+            .unwrap_or_default();
+        let mut ids = Vec::new();
+        for (place, raw) in template.split('/').zip(parts.uri.path().split('/')) {
+            if let Some(name) = place.strip_prefix('{').and_then(|p| p.strip_suffix('}')) {
+                ids.push((name.to_string(), parse_id(name, raw)?));
+            }
+        }
+        Ok(PathIds(ids))
+    }
+}
+
+/// An id in a body, as its JSON text: a number whose value is a whole
+/// number (`8`, `8.0`, `8e0`), or its plain decimal string.
+pub fn id_from_json(what: &str, literal: &str) -> Result<u64, ApiError> {
+    let id = match literal.as_bytes().first() {
+        Some(b'"') => serde_json::from_str::<String>(literal)
+            .ok()
+            .and_then(|s| plain_decimal(&s)),
+        _ => whole_number(literal),
     };
-    id.ok_or_else(|| {
-        let shown = match value {
-            Value::String(s) => quote(s),
-            Value::Number(n) => n.to_string(),
-            Value::Null => "null".into(),
-            Value::Bool(_) => "a boolean".into(),
-            Value::Array(_) => "an array".into(),
-            Value::Object(_) => "an object".into(),
-        };
+    id.filter(|n| (1..=MAX_ID).contains(n)).ok_or_else(|| {
         ApiError::invalid_id(format!(
-            "{what} must be a whole number between 1 and {MAX_ID} (a JSON number or a plain decimal string), not {shown}"
+            "{what} must be a whole number between 1 and {MAX_ID} (a JSON number or a plain decimal string), not {}",
+            quote(literal)
         ))
     })
 }
 
-/// A JSON number's whole value: an integer, or a float with no fraction
-/// small enough to be exact (JSON Schema's `integer` takes `19.0`).
-pub fn whole(n: &serde_json::Number) -> Option<u64> {
-    const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
-    n.as_u64().or_else(|| {
-        let f = n.as_f64()?;
-        (f.fract() == 0.0 && (0.0..=EXACT).contains(&f)).then_some(f as u64)
-    })
+/// The value of a JSON number literal when it is a whole number that
+/// fits (`19`, `19.0`, `1.9e1`, `1e18`), computed exactly from its digits:
+/// never a float's rounding of it (`9007199254740993.0` is not
+/// `...992`). None for anything else, a negative number included.
+pub fn whole_number(literal: &str) -> Option<u64> {
+    let (mantissa, exponent) = match literal.find(['e', 'E']) {
+        Some(at) => (&literal[..at], literal[at + 1..].parse::<i32>().ok()?),
+        None => (literal, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let all_digits = |t: &str| t.bytes().all(|b| b.is_ascii_digit());
+    if int.is_empty() || !all_digits(int) || !all_digits(frac) {
+        return None;
+    }
+    let digits = format!("{int}{frac}");
+    let scale = exponent.checked_sub(frac.len() as i32)?;
+    let digits = match scale {
+        s if s >= 0 => format!("{digits}{}", "0".repeat(s.min(40) as usize)),
+        s => {
+            let cut = digits.len().checked_sub(s.unsigned_abs() as usize);
+            let (kept, dropped) = match cut {
+                Some(cut) => digits.split_at(cut),
+                None => ("", digits.as_str()),
+            };
+            if !dropped.bytes().all(|b| b == b'0') {
+                return None;
+            }
+            kept.to_string()
+        }
+    };
+    let digits = digits.trim_start_matches('0');
+    match digits.is_empty() {
+        true => Some(0),
+        false => digits.parse().ok(),
+    }
 }
 
 /// `1`..`9223372036854775807` with nothing else: what `u64::from_str`
@@ -84,7 +142,6 @@ pub fn id_pattern() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn one_spelling_per_id() {
@@ -99,31 +156,43 @@ mod tests {
             "8 ",
             "1e3",
             "12a",
+            "%38",
             "",
             "9223372036854775808",
             "99999999999999999999",
         ] {
             assert!(parse_id("voucher", bad).is_err(), "{bad:?}");
         }
-        let id = |v: Value| id_from_json("user", &v);
-        assert_eq!(id(json!(42)).unwrap(), 42);
-        assert_eq!(id(json!("42")).unwrap(), 42);
-        assert_eq!(id(json!(42.0)).unwrap(), 42);
+        let id = |literal: &str| id_from_json("user", literal);
+        assert_eq!(id("42").unwrap(), 42);
+        assert_eq!(id("\"42\"").unwrap(), 42);
+        assert_eq!(id("42.0").unwrap(), 42);
+        assert_eq!(id("4.2e1").unwrap(), 42);
+        assert_eq!(id("1e18").unwrap(), 1_000_000_000_000_000_000);
+        assert_eq!(id("9007199254740993.0").unwrap(), 9_007_199_254_740_993);
+        assert_eq!(id("9223372036854775807").unwrap(), MAX_ID);
         for bad in [
-            json!(0),
-            json!(-1),
-            json!(1.5),
-            json!(1e300),
-            json!("+900010"),
-            json!("042"),
-            json!(null),
-            json!(true),
-            json!([1]),
-            json!({"id": 1}),
-            json!(9_223_372_036_854_775_808u64),
+            "0",
+            "-1",
+            "1.5",
+            "1.0000000000000001",
+            "1e300",
+            "1e-1",
+            "\"+900010\"",
+            "\"042\"",
+            "\"1e3\"",
+            "null",
+            "true",
+            "[1]",
+            "{\"id\": 1}",
+            "9223372036854775808",
         ] {
-            assert!(id(bad.clone()).is_err(), "{bad}");
+            assert!(id(bad).is_err(), "{bad}");
         }
+        assert_eq!(whole_number("19.0"), Some(19));
+        assert_eq!(whole_number("190e-1"), Some(19));
+        assert_eq!(whole_number("0.0"), Some(0));
+        assert_eq!(whole_number("-3"), None);
     }
 
     #[test]

@@ -356,6 +356,7 @@ fn router(state: Arc<AppState>, public_metrics: bool) -> Router {
         open = open.route("/metrics", get(metrics::render));
     }
     open.fallback(error::not_found)
+        .method_not_allowed_fallback(error::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             metrics::observe,
@@ -372,9 +373,12 @@ fn router(state: Arc<AppState>, public_metrics: bool) -> Router {
 /// `unknown`).
 fn limited(state: Arc<AppState>, opts: &ServeOptions) -> impl connections::Routes {
     let app = router(state.clone(), opts.metrics_addr.is_none());
-    let refused = move |e: axum::BoxError| {
+    let refused = move |method: axum::http::Method, uri: axum::http::Uri, e: axum::BoxError| {
         let state = state.clone();
-        async move { error::overloaded(&state, e) }
+        // A purchase or a payment: the request may have changed something.
+        let changes = method == axum::http::Method::POST
+            && (uri.path().ends_with("/purchases") || uri.path().ends_with("/payment"));
+        async move { error::overloaded(&state, changes, e) }
     };
     ServiceBuilder::new()
         .layer(axum::middleware::from_fn(request_id::layer))

@@ -2,14 +2,13 @@
 //! `POST /v1/orders/{order}/payment` (as `seckill pay`: pay and the payment
 //! deadline racing on one order produce exactly one outcome).
 
-use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
 use super::error::{ApiError, Code};
-use super::ids::parse_id;
+use super::ids::PathIds;
 use super::metrics::OutcomeLabel;
 use super::State;
 use crate::orders::order;
@@ -22,8 +21,8 @@ use crate::orders::payment::{self, PayOutcome};
         (status = 200, description = "The order", body = super::schema::OrderAnswer),
         (status = 404, description = "order_not_found: no such order"),
     ))]
-pub async fn show(state: State, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let id = parse_id("order", &id)?;
+pub async fn show(state: State, path: PathIds) -> Result<Response, ApiError> {
+    let id = path.get("order")?;
     match order::get(&state.db, id).await? {
         Some(o) => Ok(Json(answer(&o)).into_response()),
         None => Err(ApiError::new(
@@ -54,8 +53,8 @@ pub fn answer(o: &order::OrderView) -> serde_json::Value {
         (status = 410, description = "cancelled or deadline_passed", body = super::schema::PaymentAnswer),
         (status = 404, description = "unknown_order", body = super::schema::PaymentAnswer),
     ))]
-pub async fn pay(state: State, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let id = parse_id("order", &id)?;
+pub async fn pay(state: State, path: PathIds) -> Result<Response, ApiError> {
+    let id = path.get("order")?;
     let outcome = payment::pay_on(&state.db, &mut state.redis(), &state.cfg.prefix, id).await?;
     let (status, name) = match outcome {
         PayOutcome::Paid { .. } => (StatusCode::OK, "paid"),

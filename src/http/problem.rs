@@ -22,6 +22,8 @@ pub enum Code {
     /// The key may not call this route (its scopes).
     InsufficientScope,
     NoSuchRoute,
+    /// The route exists, not with this method (`Allow` lists those it has).
+    MethodNotAllowed,
     OrderNotFound,
     VoucherNotLoaded,
     /// The body did not arrive in time: nothing was done.
@@ -43,13 +45,14 @@ pub enum Code {
 }
 
 impl Code {
-    pub const ALL: [Code; 14] = [
+    pub const ALL: [Code; 15] = [
         Code::InvalidBody,
         Code::InvalidId,
         Code::InvalidField,
         Code::Unauthorized,
         Code::InsufficientScope,
         Code::NoSuchRoute,
+        Code::MethodNotAllowed,
         Code::OrderNotFound,
         Code::VoucherNotLoaded,
         Code::BodyTimeout,
@@ -68,6 +71,7 @@ impl Code {
             Code::Unauthorized => "unauthorized",
             Code::InsufficientScope => "insufficient_scope",
             Code::NoSuchRoute => "no_such_route",
+            Code::MethodNotAllowed => "method_not_allowed",
             Code::OrderNotFound => "order_not_found",
             Code::VoucherNotLoaded => "voucher_not_loaded",
             Code::BodyTimeout => "body_timeout",
@@ -87,6 +91,7 @@ impl Code {
             Code::NoSuchRoute | Code::OrderNotFound | Code::VoucherNotLoaded => {
                 StatusCode::NOT_FOUND
             }
+            Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Code::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Code::Overloaded
             | Code::TooManyConnections
@@ -104,6 +109,7 @@ impl Code {
             Code::Unauthorized => "A valid API key is required",
             Code::InsufficientScope => "The API key may not call this route",
             Code::NoSuchRoute => "No such route",
+            Code::MethodNotAllowed => "The route does not take this method",
             Code::OrderNotFound => "No such order",
             Code::VoucherNotLoaded => "The voucher is not loaded at the gate",
             Code::BodyTimeout => "The body did not arrive in time",

@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use axum::extract::Path;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use redis::AsyncCommands;
@@ -10,7 +9,7 @@ use redis::AsyncCommands;
 use super::body::{Body, Fields, FromFields};
 use super::error::ApiError;
 use super::error::Code;
-use super::ids::parse_id;
+use super::ids::PathIds;
 use super::metrics::OutcomeLabel;
 use super::{AppState, State};
 use crate::gate::admission::Admission;
@@ -88,10 +87,10 @@ pub fn status_of(outcome: &Admission) -> StatusCode {
     ))]
 pub async fn create(
     state: State,
-    Path(voucher): Path<String>,
+    path: PathIds,
     Body(body): Body<PurchaseBody>,
 ) -> Result<Response, ApiError> {
-    let voucher = parse_id("voucher", &voucher)?;
+    let voucher = path.get("voucher")?;
     let request = body.request(voucher);
     let keys = VoucherKeys::new(&state.cfg.prefix, voucher)?;
     // Outside the sale window (by a cached window, about a second old)
@@ -117,10 +116,20 @@ pub async fn create(
         Ok(Ok(purchased)) => purchased,
         Ok(Err(Failed::NotSent(e))) => return Err(ApiError::from(e)),
         Ok(Err(Failed::Refused(reason))) => return Err(ApiError::invalid_field(reason)),
-        Ok(Err(Failed::Unknown(e))) => {
+        Ok(Err(Failed::Unknown(e))) if e.may_heal_by_itself() => {
             state.metrics.redis_error();
             tracing::warn!("voucher {voucher}: admission of user {}: {e}", request.user);
             return Err(outcome_unknown("the gate's answer was lost"));
+        }
+        // The gate answered with an error (a key of the wrong type, a
+        // refused command): a retry meets it again.
+        Ok(Err(Failed::Unknown(e))) => {
+            state.metrics.redis_error();
+            tracing::error!("voucher {voucher}: admission of user {}: {e}", request.user);
+            return Err(ApiError::new(
+                Code::ServerFault,
+                "the gate failed on this purchase (its outcome is unknown) in a way a retry does not mend; the operators find the cause in the log under this request's id",
+            ));
         }
         Err(_) => {
             state.metrics.redis_error();
@@ -251,12 +260,9 @@ fn answer(voucher: u64, user: u64, outcome: Admission, extra: HttpOnlyFields) ->
     responses(
         (status = 200, description = "bought true (the gate counts the user a buyer, or MySQL has the order; order null: on its way to MySQL) or false", body = super::schema::BuyerAnswer),
     ))]
-pub async fn show(
-    state: State,
-    Path((voucher, user)): Path<(String, String)>,
-) -> Result<Response, ApiError> {
-    let voucher = parse_id("voucher", &voucher)?;
-    let user = parse_id("user", &user)?;
+pub async fn show(state: State, path: PathIds) -> Result<Response, ApiError> {
+    let voucher = path.get("voucher")?;
+    let user = path.get("user")?;
     VoucherKeys::new(&state.cfg.prefix, voucher)?;
     // MySQL first: an order persisted before the gate was asked stays
     // found even if a rebuild moves the buyer meanwhile.

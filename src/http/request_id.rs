@@ -65,7 +65,9 @@ where
     F: std::future::Future<Output = Response>,
 {
     let id = id_of(&request);
-    let span = tracing::info_span!("request", id = %id);
+    // At ERROR: on whatever lines are logged (a --quiet serve logs its
+    // server faults, and they must carry the id).
+    let span = tracing::error_span!("request", id = %id);
     let mut response = CURRENT
         .scope(id.clone(), inner(request).instrument(span))
         .await;

@@ -1,14 +1,13 @@
 //! `GET /v1/vouchers/{voucher}` (the sale's state, cheap enough to poll) and
 //! `POST /v1/vouchers/{voucher}/tokens` (an admission token for a user).
 
-use axum::extract::Path;
 use axum::Json;
 use serde_json::{json, Value};
 
 use super::body::{Body, Fields, FromFields};
 use super::error::ApiError;
 use super::error::Code;
-use super::ids::parse_id;
+use super::ids::PathIds;
 use super::State;
 use crate::gate::state::{self, SaleState};
 use crate::gate::token;
@@ -22,8 +21,8 @@ use crate::store::layout::Layout;
         (status = 200, description = "The sale", body = super::schema::SaleAnswer),
         (status = 404, description = "voucher_not_loaded: not loaded at the gate"),
     ))]
-pub async fn show(state: State, Path(voucher): Path<String>) -> Result<Json<Value>, ApiError> {
-    let voucher = parse_id("voucher", &voucher)?;
+pub async fn show(state: State, path: PathIds) -> Result<Json<Value>, ApiError> {
+    let voucher = path.get("voucher")?;
     let keys = VoucherKeys::new(&state.cfg.prefix, voucher)?;
     let sale = state::read_sale_of_buckets(&mut state.redis(), &keys).await?;
     let Some(sale) = sale else {
@@ -87,10 +86,10 @@ const DEFAULT_TTL: std::time::Duration = std::time::Duration::from_secs(600);
     ))]
 pub async fn issue_token(
     state: State,
-    Path(voucher): Path<String>,
+    path: PathIds,
     Body(body): Body<TokenBody>,
 ) -> Result<Json<Value>, ApiError> {
-    let voucher = parse_id("voucher", &voucher)?;
+    let voucher = path.get("voucher")?;
     let ttl = body
         .ttl_ms
         .map_or(DEFAULT_TTL, std::time::Duration::from_millis);

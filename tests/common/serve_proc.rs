@@ -125,6 +125,15 @@ impl Serve {
                 let mut body = serde_json::from_str(&text).unwrap_or(Value::String(text));
                 if problem {
                     assert_problem(status, &body, request_id.as_deref());
+                } else if status >= 400 {
+                    // Not a problem: an outcome (a purchase's, a
+                    // payment's), /readyz's report, or /healthz's text.
+                    let outcome = body.get("outcome").is_some() || body.get("ready").is_some();
+                    let stuck = body.as_str().is_some_and(|t| t.starts_with("stuck"));
+                    assert!(
+                        outcome || stuck,
+                        "{status} neither an outcome nor a problem: {body}"
+                    );
                 }
                 if let (Some(retry), Value::Object(m)) = (retry, &mut body) {
                     m.insert("retry_after".into(), json!(retry));
