@@ -12,7 +12,7 @@ use axum::http::header::CONTENT_TYPE;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::error::{quote, ApiError, Code};
+use super::error::{excerpt, quote, ApiError, Code};
 use super::ids::{id_from_json, whole_number};
 use super::AppState;
 
@@ -153,7 +153,7 @@ impl Fields {
                 "{name} must be a whole number from {} to {}, not {}",
                 range.start(),
                 range.end(),
-                quote(&literal)
+                excerpt(&literal)
             ))
         })
     }
@@ -170,7 +170,7 @@ impl Fields {
             ))),
             Err(_) => Err(ApiError::invalid_field(format!(
                 "{name} must be a string, not {}",
-                quote(&literal)
+                excerpt(&literal)
             ))),
         }
     }

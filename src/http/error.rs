@@ -103,6 +103,16 @@ fn cut(text: &str, max: usize) -> String {
     }
 }
 
+/// A body's JSON text as shown in a detail (already quoted when a
+/// string): cut short as [`quote`] cuts.
+pub fn excerpt(json_text: &str) -> String {
+    let chars = json_text.chars().count();
+    match chars > MAX_QUOTE {
+        true => format!("{} ({chars} characters)", cut(json_text, MAX_QUOTE)),
+        false => json_text.to_string(),
+    }
+}
+
 /// Caller input as quoted in a detail: cut short, so a long input does not
 /// come back in full.
 pub fn quote(input: &str) -> String {
@@ -242,5 +252,7 @@ mod tests {
         assert!(e.detail.contains("(7000 characters)"));
         assert_eq!(one_line("a\nb\rc"), "a b c");
         assert_eq!(quote("08"), "\"08\"");
+        assert_eq!(excerpt("\"+900010\""), "\"+900010\"");
+        assert!(excerpt(&"9".repeat(99)).ends_with("… (99 characters)"));
     }
 }

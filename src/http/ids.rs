@@ -3,7 +3,7 @@
 //! leading zero, no space, no exponent; always within 1..=i64::MAX, like
 //! the CLI's. Anything else is a 400 `invalid_id` and nothing is done.
 
-use super::error::{quote, ApiError};
+use super::error::{excerpt, quote, ApiError};
 use axum::extract::{FromRequestParts, MatchedPath};
 use axum::http::request::Parts;
 
@@ -67,7 +67,7 @@ pub fn id_from_json(what: &str, literal: &str) -> Result<u64, ApiError> {
     id.filter(|n| (1..=MAX_ID).contains(n)).ok_or_else(|| {
         ApiError::invalid_id(format!(
             "{what} must be a whole number between 1 and {MAX_ID} (a JSON number or a plain decimal string), not {}",
-            quote(literal)
+            excerpt(literal)
         ))
     })
 }

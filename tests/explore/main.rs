@@ -502,9 +502,10 @@ async fn seed_holds(seed: u64) {
 
 /// CI's seeds (`list_plans` shows their faults): together they cover
 /// every fault kind, each test one seed, so nextest runs them side by side.
-/// 143 draws `requeued_then_failover`'s witness_short (E12).
+/// 143 draws `requeued_then_failover`'s witness_short (E12), 34
+/// `failover_past_keep`'s second loss (E38).
 const CI_SEEDS: &[u64] = &[
-    2, 10, 11, 12, 13, 15, 19, 23, 28, 32, 35, 42, 44, 66, 87, 143,
+    2, 10, 11, 12, 13, 15, 19, 23, 28, 32, 34, 35, 42, 44, 66, 87, 143,
 ];
 
 macro_rules! ci_seeds {
@@ -529,6 +530,7 @@ ci_seeds! {
     seed_23: 23,
     seed_28: 28,
     seed_32: 32,
+    seed_34: 34,
     seed_35: 35,
     seed_42: 42,
     seed_44: 44,
