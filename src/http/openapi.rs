@@ -60,7 +60,7 @@ impl Modify for BearerKeys {
 }
 
 /// The description as committed (pretty JSON, one trailing newline):
-/// the handlers' annotations completed by [`super::contract`].
+/// the handlers' annotations completed by `src/http/contract.rs`.
 pub fn document() -> String {
     let mut doc = serde_json::to_value(ApiDoc::openapi())
         .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }));
