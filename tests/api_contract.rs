@@ -327,6 +327,26 @@ fn pytool(name: &str) -> std::path::PathBuf {
     path
 }
 
+/// The document serve answers, written to `path`.
+fn save_served_document(serve: &Serve, path: &std::path::Path) {
+    let (status, served) = serve.get("/v1/openapi.json", Some(KEY));
+    assert_eq!(status, 200, "{served}");
+    std::fs::write(path, served.to_string()).unwrap();
+}
+
+/// Runs a tool to its end; its stdout when it succeeded, else fails
+/// with `what` and both its outputs.
+fn succeeds(cmd: &mut std::process::Command, what: &str) -> String {
+    let out = cmd.output().expect("run the tool");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what}:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// The sale the fuzzer meets: a live voucher whose per-user limit is the
 /// most a quantity may be (so every quantity the document allows is
 /// valid), one not started, one ended, one that requires a token.
@@ -352,33 +372,23 @@ async fn the_served_document_holds_against_schemathesis() {
     let serve = Serve::start(&env, &["--api-key-file", &keys.display().to_string()]);
     // Purchases reach MySQL meanwhile: a lookup's order is answered too.
     let worker = env.spawn_worker(&["--block", "100ms"]);
-    let (status, served) = serve.get("/v1/openapi.json", Some(KEY));
-    assert_eq!(status, 200);
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
     let document = dir.join(format!("openapi-{}.json", env.prefix));
-    std::fs::write(&document, served.to_string()).unwrap();
+    save_served_document(&serve, &document);
     let config = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/contract/schemathesis.toml"
     );
-    let out = std::process::Command::new(st)
-        .args(["--no-color", "--config-file", config, "run"])
+    let mut run = std::process::Command::new(st);
+    run.args(["--no-color", "--config-file", config, "run"])
         .arg(&document)
         .args(["--url", &serve.url("")])
         .args(["--checks", "all", "--seed", "1", "--max-examples", "100"])
         .args(["--header", &format!("Authorization: Bearer {KEY}")])
         .args(["--workers", "2"])
-        .env("SCHEMATHESIS_HOOKS", "")
-        .output()
-        .expect("run schemathesis");
-    let report = String::from_utf8_lossy(&out.stdout);
+        .env("SCHEMATHESIS_HOOKS", "");
     // The run's tally, for the log of a passing run too.
-    println!("{report}");
-    assert!(
-        out.status.success(),
-        "schemathesis found failures:\n{report}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    println!("{}", succeeds(&mut run, "schemathesis found failures"));
     drop(worker);
     drop(serve);
     std::fs::remove_file(document).ok();
@@ -420,44 +430,29 @@ async fn a_generated_client_calls_every_route_and_decodes_every_answer() {
     let serve = Serve::start(&env, &["--api-key-file", &keys.display().to_string()]);
     // No gate guard: it would reopen voucher 4, paused by hand.
     let worker = env.spawn_worker(&["--block", "100ms", "--gate-check", "0s"]);
-    let (status, served) = serve.get("/v1/openapi.json", Some(KEY));
-    assert_eq!(status, 200);
     let dir =
         std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("client-{}", env.prefix));
     std::fs::create_dir_all(&dir).unwrap();
     let document = dir.join("openapi.json");
-    std::fs::write(&document, served.to_string()).unwrap();
-    let generated = std::process::Command::new(generator)
+    save_served_document(&serve, &document);
+    let mut generate = std::process::Command::new(generator);
+    generate
         .args(["generate", "--meta", "none", "--overwrite", "--path"])
         .arg(&document)
         .arg("--output-path")
-        .arg(dir.join("seckill_client"))
-        .output()
-        .expect("run openapi-python-client");
-    assert!(
-        generated.status.success(),
-        "the generator refused the document:\n{}{}",
-        String::from_utf8_lossy(&generated.stdout),
-        String::from_utf8_lossy(&generated.stderr)
-    );
+        .arg(dir.join("seckill_client"));
+    succeeds(&mut generate, "the generator refused the document");
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/contract/generated_client.py"
     );
-    let out = std::process::Command::new(python)
+    let mut client = std::process::Command::new(python);
+    client
         .arg(script)
         .arg(&dir)
         .arg(serve.url(""))
-        .args([KEY, READ_KEY])
-        .output()
-        .expect("run the generated client");
-    let report = String::from_utf8_lossy(&out.stdout);
-    println!("{report}");
-    assert!(
-        out.status.success(),
-        "the generated client:\n{report}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .args([KEY, READ_KEY]);
+    println!("{}", succeeds(&mut client, "the generated client"));
     drop(worker);
     drop(serve);
     std::fs::remove_dir_all(dir).ok();

@@ -57,25 +57,28 @@ impl<T: FromFields> FromRequest<Arc<AppState>> for Body<T> {
                 ))
             }
         };
-        let value: Value = serde_json::from_slice(&bytes).map_err(|e| {
-            ApiError::invalid_body(format!(
-                "the body is not valid JSON (line {}, column {})",
-                e.line(),
-                e.column()
-            ))
-        })?;
-        if !value.is_object() {
-            return Err(ApiError::invalid_body(format!(
-                "the body must be a JSON object, not {}",
-                kind_of(&value)
-            )));
-        }
-        // Each field as its JSON text: a number is read from its digits,
-        // never through a float.
-        let map: BTreeMap<String, Box<RawValue>> = serde_json::from_slice(&bytes)
-            .map_err(|_| ApiError::invalid_body("the body is not a JSON object"))?;
+        // Each field as its JSON text (a number is read from its digits,
+        // never through a float); a body that is not an object is read
+        // again only to say what it is instead.
+        let map: BTreeMap<String, Box<RawValue>> =
+            serde_json::from_slice(&bytes).map_err(|_| not_an_object(&bytes))?;
         let mut fields = Fields::new(map, T::FIELDS)?;
         T::from_fields(&mut fields).map(Body)
+    }
+}
+
+/// Why a body is not a JSON object: not JSON at all, or another kind.
+fn not_an_object(bytes: &[u8]) -> ApiError {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(value) => ApiError::invalid_body(format!(
+            "the body must be a JSON object, not {}",
+            kind_of(&value)
+        )),
+        Err(e) => ApiError::invalid_body(format!(
+            "the body is not valid JSON (line {}, column {})",
+            e.line(),
+            e.column()
+        )),
     }
 }
 

@@ -44,18 +44,15 @@ fn usable(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
 }
 
-/// 16 random bytes as 32 hex digits.
+/// 128 random bits as 32 hex digits, as a token is minted.
 pub fn fresh() -> String {
-    use ring::rand::SecureRandom;
-    let mut bytes = [0u8; 16];
-    if ring::rand::SystemRandom::new().fill(&mut bytes).is_err() {
+    crate::gate::token::mint().unwrap_or_else(|_| {
         // No randomness at hand: a clock-based id is still an id.
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
-        bytes = nanos.to_be_bytes();
-    }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+        format!("{nanos:032x}")
+    })
 }
 
 /// Serves `inner` for the request with its id in scope, and puts the id

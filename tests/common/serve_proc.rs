@@ -171,11 +171,8 @@ impl Serve {
     }
 
     pub fn get(&self, path: &str, key: Option<&str>) -> (u16, Value) {
-        let mut req = http_agent().get(&self.url(path));
-        if let Some(k) = key {
-            req = req.header("authorization", &format!("Bearer {k}"));
-        }
-        Self::answer(req.call())
+        let (status, _, body) = self.get_with(path, key, &[]);
+        (status, body)
     }
 
     pub fn post(&self, path: &str, body: &Value, key: Option<&str>) -> (u16, Value) {

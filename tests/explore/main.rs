@@ -238,18 +238,9 @@ fn left_for_the_operator(stage: &Arc<Stage>) {
     if code == 0 {
         return;
     }
-    let drifts: Vec<String> = report["vouchers"]
-        .as_array()
+    let drifts: Vec<String> = run::drifts(&report)
         .into_iter()
-        .flatten()
-        .flat_map(|v| {
-            let voucher = v["voucher"].clone();
-            v["drifts"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(move |d| format!("voucher {voucher}: {} {}", d["class"], d["amount"]))
-        })
+        .map(|(v, class, amount)| format!("voucher {v}: {class:?} {amount}"))
         .collect();
     let what = format!(
         "the workers left drift for an operator after every fault healed (reconcile --dry-run exit {code}): {}",
@@ -289,17 +280,9 @@ fn restorable_losses_left(stage: &Arc<Stage>) {
         return;
     }
     let (_, report) = stage.reconcile(&["--dry-run"]);
-    let lost: Vec<String> = report["vouchers"]
-        .as_array()
+    let lost: Vec<String> = run::drift_of(&report, "orders_lost_by_mysql")
         .into_iter()
-        .flatten()
-        .filter_map(|v| {
-            let d = v["drifts"]
-                .as_array()?
-                .iter()
-                .find(|d| d["class"] == "orders_lost_by_mysql")?;
-            Some(format!("voucher {}: {}", v["voucher"], d["amount"]))
-        })
+        .map(|(v, amount)| format!("voucher {v}: {amount}"))
         .collect();
     if !lost.is_empty() {
         stage.violation(format!(

@@ -756,20 +756,7 @@ impl Stage {
             self.event("armed: worker 0's guard held at its next raise".into());
         }
         let (_, report) = self.reconcile(&["--dry-run"]);
-        let lost: Vec<(u64, u64)> = report["vouchers"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|r| {
-                let amount = r["drifts"]
-                    .as_array()?
-                    .iter()
-                    .find(|d| d["class"] == "orders_lost_unrestorable")?["amount"]
-                    .as_u64()?;
-                Some((r["voucher"].as_u64()?, amount))
-            })
-            .collect();
-        for (v, n) in lost {
+        for (v, n) in drift_of(&report, "orders_lost_unrestorable") {
             let (v, n) = (v.to_string(), n.to_string());
             let runs: Vec<_> = (0..3)
                 .map(|_| {
@@ -2156,4 +2143,30 @@ fn read_purchase(status: u16, body: &Value) -> Answer {
         Some(other) if status != 503 && status != 0 => Answer::Refused(other.to_string()),
         _ => Answer::Unknown(format!("status {status}: {body}")),
     }
+}
+
+/// A `reconcile --format json` report's drifts, in its order: voucher,
+/// class, amount.
+pub fn drifts(report: &Value) -> Vec<(u64, String, u64)> {
+    report["vouchers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|v| {
+            let voucher = v["voucher"].as_u64().unwrap_or(0);
+            v["drifts"].as_array().into_iter().flatten().map(move |d| {
+                let class = d["class"].as_str().unwrap_or_default().to_string();
+                (voucher, class, d["amount"].as_u64().unwrap_or(0))
+            })
+        })
+        .collect()
+}
+
+/// Each voucher's amount of drift `class` in a reconcile report.
+pub fn drift_of(report: &Value, class: &str) -> Vec<(u64, u64)> {
+    drifts(report)
+        .into_iter()
+        .filter(|(_, c, _)| c == class)
+        .map(|(v, _, amount)| (v, amount))
+        .collect()
 }
