@@ -459,3 +459,43 @@ async fn a_generated_client_calls_every_route_and_decodes_every_answer() {
     std::fs::remove_file(keys).ok();
     env.cleanup().await;
 }
+
+/// A POST refused before its body is read (a key without the scope, a
+/// bad path id) says `Connection: close`: serve drops such a connection,
+/// and a client that sent its next request on it met "server disconnected
+/// without sending a response" (the generated client, on a CI run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_refused_before_its_body_is_read_closes_its_connection() {
+    use std::io::{Read, Write};
+    let env = TestEnv::new().await;
+    env.live_voucher(1, 10).await;
+    let keys = key_file(&env);
+    let serve = Serve::start(&env, &["--api-key-file", &keys.display().to_string()]);
+    for (path, key) in [
+        ("/v1/vouchers/1/purchases", READ_KEY),
+        ("/v1/vouchers/08/purchases", KEY),
+    ] {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", serve.port)).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .unwrap();
+        let body = r#"{"user": 55}"#;
+        write!(
+            s,
+            "POST {path} HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).unwrap_or(0) == 1 {
+            head.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+        assert!(head.starts_with("http/1.1 4"), "{path}: {head}");
+        assert!(head.contains("connection: close"), "{path}: {head}");
+    }
+    assert_eq!(buyers(&env).await, 0);
+    drop(serve);
+    std::fs::remove_file(keys).ok();
+    env.cleanup().await;
+}

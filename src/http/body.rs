@@ -82,6 +82,34 @@ fn not_an_object(bytes: &[u8]) -> ApiError {
     }
 }
 
+/// A request refused with a problem may leave its body unread (a key
+/// refused, an id refused, the in-flight cap), and the server then drops
+/// the connection rather than read what it does not need: the answer says
+/// `Connection: close`, so no client sends its next request on a
+/// connection about to close. Outcomes read their body whole and keep it.
+pub async fn close_if_refused_with_body(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+    let headers = request.headers();
+    let has_body = headers.contains_key(TRANSFER_ENCODING)
+        || headers
+            .get(CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0");
+    let mut response = next.run(request).await;
+    let problem = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes() == super::problem::PROBLEM_JSON.as_bytes());
+    if has_body && problem {
+        response
+            .headers_mut()
+            .insert(CONNECTION, axum::http::HeaderValue::from_static("close"));
+    }
+    response
+}
+
 fn is_json(value: Option<&axum::http::HeaderValue>) -> bool {
     let Some(mime) = value.and_then(|v| v.to_str().ok()) else {
         return false;

@@ -382,6 +382,7 @@ fn limited(state: Arc<AppState>, opts: &ServeOptions) -> impl connections::Route
     };
     ServiceBuilder::new()
         .layer(axum::middleware::from_fn(request_id::layer))
+        .layer(axum::middleware::from_fn(body::close_if_refused_with_body))
         .layer(HandleErrorLayer::new(refused))
         .load_shed()
         .concurrency_limit(opts.max_in_flight)
