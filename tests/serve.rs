@@ -905,14 +905,27 @@ fn every_route_refused_when_overloaded(
     );
     let key = Some("the-key-0123456789abcdef");
     // The one request in flight: a body that stops after 5 bytes, held
-    // until this connection is dropped.
-    let mut held = std::net::TcpStream::connect(("127.0.0.1", serve.port)).unwrap();
-    write!(
-        held,
-        "POST /v1/vouchers/1/tokens HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nAuthorization: Bearer the-key-0123456789abcdef\r\nContent-Length: 12\r\n\r\n{{\"use"
-    )
-    .unwrap();
+    // until this connection is dropped. If it was refused itself (the
+    // slot was still another connection's: answered at once, 503), it is
+    // sent again on a new connection.
+    let hold = || {
+        let mut held = std::net::TcpStream::connect(("127.0.0.1", serve.port)).unwrap();
+        write!(
+            held,
+            "POST /v1/vouchers/1/tokens HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nAuthorization: Bearer the-key-0123456789abcdef\r\nContent-Length: 12\r\n\r\n{{\"use"
+        )
+        .unwrap();
+        held
+    };
+    let mut held = hold();
     within_seconds(30, "the slow body takes the one slot", || {
+        held.set_nonblocking(true).unwrap();
+        let answered = held.peek(&mut [0u8; 1]).is_ok_and(|n| n > 0);
+        held.set_nonblocking(false).unwrap();
+        if answered {
+            held = hold();
+            return false;
+        }
         serve.get("/v1/vouchers/1", key).0 == 503
     });
     let mut seen = Vec::new();
