@@ -373,7 +373,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__buy)
-            opts="-v -q -h -V --voucher --user --token --quantity --wait-replicas --wait-timeout --node-id --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
+            opts="-v -q -h -V --voucher --user --token --quantity --idempotency-key --idempotency-ttl --wait-replicas --wait-timeout --node-id --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -392,6 +392,14 @@ _seckill() {
                     return 0
                     ;;
                 --quantity)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --idempotency-key)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --idempotency-ttl)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -1603,7 +1611,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__serve)
-            opts="-v -q -h -V --listen --api-key-file --max-in-flight --request-timeout --header-timeout --idle-timeout --max-connections --drain --redis-connections --tls-cert --tls-key --metrics-addr --wait-replicas --wait-timeout --node-id --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
+            opts="-v -q -h -V --listen --api-key-file --max-in-flight --request-timeout --header-timeout --idle-timeout --max-connections --drain --redis-connections --tls-cert --tls-key --metrics-addr --idempotency-ttl --wait-replicas --wait-timeout --node-id --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1654,6 +1662,10 @@ _seckill() {
                     return 0
                     ;;
                 --metrics-addr)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --idempotency-ttl)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

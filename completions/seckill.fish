@@ -258,6 +258,8 @@ complete -c seckill -n "__fish_seckill_using_subcommand buy" -l voucher -d 'Vouc
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l user -d 'User id' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l token -d 'The user\'s admission token (`seckill token issue`), for a voucher that requires one' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l quantity -d 'Units to buy, all or none (1 ..= the voucher\'s per-user limit)' -r
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l idempotency-key -d 'An idempotency key (1 to 255 printable ASCII characters): run again with the same key and arguments, the command gives the first run\'s outcome (and exit code) again instead of buying anew' -r
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l idempotency-ttl -d 'How long --idempotency-key\'s outcome is kept (1s ..= 30days)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l wait-replicas -d 'After a success, wait until N replicas of the voucher\'s master have it (a failover to one of them then keeps it) [default: no wait]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l wait-timeout -d 'The longest --wait-replicas waits before giving up (the admission stands either way)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l node-id -d 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]' -r
@@ -421,6 +423,7 @@ complete -c seckill -n "__fish_seckill_using_subcommand serve" -l redis-connecti
 complete -c seckill -n "__fish_seckill_using_subcommand serve" -l tls-cert -d 'Serve HTTPS with this certificate chain (PEM; needs --tls-key)' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand serve" -l tls-key -d 'The private key of --tls-cert (PEM)' -r -F
 complete -c seckill -n "__fish_seckill_using_subcommand serve" -l metrics-addr -d 'Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9465) and not on --listen, which then answers 404 there' -r
+complete -c seckill -n "__fish_seckill_using_subcommand serve" -l idempotency-ttl -d 'How long an Idempotency-Key\'s answer is kept for resends (1s ..= 30days)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand serve" -l wait-replicas -d 'After a success, wait until N replicas of the voucher\'s master have it (a failover to one of them then keeps it) [default: no wait]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand serve" -l wait-timeout -d 'The longest --wait-replicas waits before giving up (the admission stands either way)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand serve" -l node-id -d 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]' -r

@@ -25,6 +25,12 @@
 -- KEYS[8]  seckill:{V}:waitlist_quantity  hash  user -> units wanted, for
 --                                 waitlisted requests of more than one unit
 --                                 (needed only with ARGV[5] > 1)
+-- KEYS[9]  seckill:{V}:idem:<K>  hash   optional: this request's outcome
+--                                 record, for an idempotency key K chosen
+--                                 by the caller (any text without braces,
+--                                 unique per request); see "Idempotency"
+--                                 below. Keys are positional: pass KEYS[6..8]
+--                                 with it
 --
 -- ARGV[1]  user id     decimal integer, 1 .. 9223372036854775807
 -- ARGV[2]  order id    decimal integer, 1 .. 9223372036854775807, a snowflake id
@@ -34,6 +40,8 @@
 -- ARGV[5]  quantity    optional: the units wanted, 1 .. the voucher's
 --                      per-user limit (meta per_user_limit, 1 when absent);
 --                      empty / absent for 1
+-- ARGV[6]  lifetime    with KEYS[9]: how long the outcome record lives,
+--                      ms, 1 .. 2592000000 (30 days)
 --
 -- Callers written for KEYS[1..5] and ARGV[1..3] keep working while the
 -- voucher has no policy; with one, they get an error reply naming the key
@@ -112,6 +120,20 @@
 -- the user holds exactly one unit and one order entry, nothing is taken or
 -- appended twice. A replayed sold-out attempt keeps the user's place (ZADD
 -- NX); a replayed refusal counts itself once more.
+--
+-- Idempotency (KEYS[9], ARGV[6]): the script records its reply in KEYS[9]
+-- in the same atomic run as the admission, and a later call with the same
+-- KEYS[9] returns that reply again, unchanged, before any check (sale
+-- window, stock, rate limit) and writing nothing: the answer to a resend
+-- is the first request's, byte for byte, whatever happened since. The
+-- record holds the user and the quantity; a call with the same KEYS[9]
+-- for another user or quantity gets an error reply ("ERR seckill:
+-- idempotency key ... another request") and nothing is written. Not
+-- recorded: error replies, code 6 (paused) and code 7 (rate limited),
+-- whose callers are told to try again in a moment, and code 10 (nothing
+-- happened: the caller routes again). A record lives ARGV[6] ms; Redis
+-- keeps it as it keeps the admission (appendfsync): if Redis loses its
+-- last writes, the record goes with the admission it described.
 
 local function valid_id(s)
   return type(s) == 'string' and string.match(s, '^[1-9][0-9]*$') ~= nil
@@ -128,177 +150,212 @@ if not (string.find(KEYS[1], '{' .. voucher .. '}', 1, true)
   return redis.error_reply('ERR seckill: voucher id does not match the keys')
 end
 
-local meta = redis.call('HMGET', KEYS[1], 'begin_ms', 'end_ms', 'paused', 'user_rate',
-  'require_token', 'per_user_limit', 'waitlist_limit', 'bucket', 'buckets', 'serve_up_to_until',
-  'units_free', 'units_free_until')
-local stock = redis.call('GET', KEYS[2])
-if not meta[1] or not meta[2] or not stock then
-  return {5, 'unknown voucher', 0}
-end
-
--- A voucher in buckets: each user belongs to one, whatever the caller
--- routed, or one user could buy once in every bucket.
-local buckets = tonumber(meta[9] or '1') or 1
-if buckets > 1 then
-  -- The first 8 bytes (16 hex digits) mod N, as two 32-bit halves: every
-  -- step stays far below 2^53, so exact in Lua's doubles (and twice as
-  -- fast as a digit at a time).
-  local hex = redis.sha1hex(user)
-  local high, low = tonumber(string.sub(hex, 1, 8), 16), tonumber(string.sub(hex, 9, 16), 16)
-  local mine = ((high % buckets) * (4294967296 % buckets) + low % buckets) % buckets
-  if mine ~= (tonumber(meta[8] or '0') or 0) then return {10, 'wrong bucket', mine} end
-end
-
+-- KEYS[1] is <prefix>:{V}:meta: the other keys are checked against it.
+local base = string.sub(KEYS[1], 1, -5)
 local wanted = ARGV[5]
 if wanted == nil or wanted == '' then wanted = '1' end
-local limit = math.max(tonumber(meta[6] or '1') or 1, 1)
-if not string.match(wanted, '^[1-9][0-9]*$') or #wanted > 6 or tonumber(wanted) > limit then
-  return redis.error_reply('ERR seckill: quantity must be between 1 and ' .. limit .. ' (the per-user limit)')
-end
-local quantity = tonumber(wanted)
-if quantity > 1 and not KEYS[8] then
-  return redis.error_reply('ERR seckill: a quantity above 1 needs KEYS[8]')
-end
-if KEYS[8] and KEYS[8] ~= string.sub(KEYS[1], 1, -5) .. 'waitlist_quantity' then
-  return redis.error_reply('ERR seckill: KEYS[8] is not the waitlist_quantity key of this voucher')
-end
 
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
-if now_ms < tonumber(meta[1]) then return {3, 'not started', tonumber(meta[1])} end
-if now_ms >= tonumber(meta[2]) then return {4, 'ended', tonumber(meta[2])} end
-if meta[3] == '1' then return {6, 'paused', 0} end
-
--- KEYS[1] is <prefix>:{V}:meta: the policy keys must be this voucher's and
--- this user's, or a caller's slip would check one user's token for another.
-local base = string.sub(KEYS[1], 1, -5)
-
-if meta[5] == '1' then
-  if not KEYS[6] then return redis.error_reply('ERR seckill: tokens are required: pass KEYS[6]') end
-  if KEYS[6] ~= base .. 'token:' .. user then
-    return redis.error_reply('ERR seckill: KEYS[6] is not the token key of this user and voucher')
+local record, lifetime = KEYS[9], nil
+if record then
+  if #record <= #base + 5 or string.sub(record, 1, #base + 5) ~= base .. 'idem:' then
+    return redis.error_reply('ERR seckill: KEYS[9] is not an idem: key of this voucher')
   end
-  local token = ARGV[4] or ''
-  if token == '' or redis.call('GET', KEYS[6]) ~= token then
-    redis.call('HINCRBY', KEYS[1], 'rejected_bad_token', 1)
-    return {8, 'bad token', 0}
+  lifetime = tonumber(ARGV[6] or '')
+  if not lifetime or lifetime < 1 or lifetime > 2592000000 or lifetime ~= math.floor(lifetime) then
+    return redis.error_reply('ERR seckill: ARGV[6], the idempotency record lifetime, is 1 .. 2592000000 ms')
   end
-end
-
-local rate = tonumber(meta[4] or '0') or 0
-if rate > 0 then
-  if not KEYS[7] then return redis.error_reply('ERR seckill: a user rate is set: pass KEYS[7]') end
-  if KEYS[7] ~= base .. 'rate' then
-    return redis.error_reply('ERR seckill: KEYS[7] is not the rate key of this voucher')
-  end
-  -- Per user, the passing attempts of the last second, oldest first, as
-  -- decimal microseconds (Redis TIME: 16 digits from 2001 to 2286)
-  -- separated by one space, in one hash per voucher (no key made per
-  -- user). A user's first attempt, the common case in a sale, is one
-  -- HSETNX; a later one reads the list.
-  local now_text = string.format('%d', now_us)
-  if redis.call('HSETNX', KEYS[7], user, now_text) == 1 then
-    if redis.call('PTTL', KEYS[7]) < 0 then
-      -- Nothing is checked against it once the sale has ended.
-      redis.call('PEXPIREAT', KEYS[7], tonumber(meta[2]) + 1000)
+  local seen = redis.call('HMGET', record, 'code', 'reason', 'value', 'user', 'quantity')
+  if seen[1] then
+    if seen[4] ~= user or seen[5] ~= wanted then
+      return redis.error_reply('ERR seckill: idempotency key KEYS[9] was used for another request (another user or quantity)')
     end
-  else
-    local list = redis.call('HGET', KEYS[7], user) or ''
-    local since = now_us - 1000000
-    -- Refused when the rate-th newest recorded attempt is inside the window
-    -- (then rate attempts passed in the last second): one look at a fixed
-    -- place, so a refusal costs the same however long the list is.
-    local at = #list - 17 * rate + 2
-    if at >= 1 and (tonumber(string.sub(list, at, at + 15)) or 0) > since then
-      redis.call('HINCRBY', KEYS[1], 'rejected_rate_limited', 1)
-      return {7, 'rate limited', 0}
+    local value = seen[3]
+    -- An order id stays a string (64 bits do not survive Lua numbers).
+    if seen[1] ~= '0' then value = tonumber(value) end
+    return {tonumber(seen[1]), seen[2], value}
+  end
+end
+
+local function admit()
+  local meta = redis.call('HMGET', KEYS[1], 'begin_ms', 'end_ms', 'paused', 'user_rate',
+    'require_token', 'per_user_limit', 'waitlist_limit', 'bucket', 'buckets', 'serve_up_to_until',
+    'units_free', 'units_free_until')
+  local stock = redis.call('GET', KEYS[2])
+  if not meta[1] or not meta[2] or not stock then
+    return {5, 'unknown voucher', 0}
+  end
+
+  -- A voucher in buckets: each user belongs to one, whatever the caller
+  -- routed, or one user could buy once in every bucket.
+  local buckets = tonumber(meta[9] or '1') or 1
+  if buckets > 1 then
+    -- The first 8 bytes (16 hex digits) mod N, as two 32-bit halves: every
+    -- step stays far below 2^53, so exact in Lua's doubles (and twice as
+    -- fast as a digit at a time).
+    local hex = redis.sha1hex(user)
+    local high, low = tonumber(string.sub(hex, 1, 8), 16), tonumber(string.sub(hex, 9, 16), 16)
+    local mine = ((high % buckets) * (4294967296 % buckets) + low % buckets) % buckets
+    if mine ~= (tonumber(meta[8] or '0') or 0) then return {10, 'wrong bucket', mine} end
+  end
+
+  local limit = math.max(tonumber(meta[6] or '1') or 1, 1)
+  if not string.match(wanted, '^[1-9][0-9]*$') or #wanted > 6 or tonumber(wanted) > limit then
+    return redis.error_reply('ERR seckill: quantity must be between 1 and ' .. limit .. ' (the per-user limit)')
+  end
+  local quantity = tonumber(wanted)
+  if quantity > 1 and not KEYS[8] then
+    return redis.error_reply('ERR seckill: a quantity above 1 needs KEYS[8]')
+  end
+  if KEYS[8] and KEYS[8] ~= string.sub(KEYS[1], 1, -5) .. 'waitlist_quantity' then
+    return redis.error_reply('ERR seckill: KEYS[8] is not the waitlist_quantity key of this voucher')
+  end
+
+  local now = redis.call('TIME')
+  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  if now_ms < tonumber(meta[1]) then return {3, 'not started', tonumber(meta[1])} end
+  if now_ms >= tonumber(meta[2]) then return {4, 'ended', tonumber(meta[2])} end
+  if meta[3] == '1' then return {6, 'paused', 0} end
+
+  -- The policy keys must be this voucher's and this user's (see base), or a
+  -- caller's slip would check one user's token for another.
+
+  if meta[5] == '1' then
+    if not KEYS[6] then return redis.error_reply('ERR seckill: tokens are required: pass KEYS[6]') end
+    if KEYS[6] ~= base .. 'token:' .. user then
+      return redis.error_reply('ERR seckill: KEYS[6] is not the token key of this user and voucher')
     end
-    local recent, n = {}, 0
-    for t in string.gmatch(list, '%d+') do
-      if tonumber(t) > since then
-        n = n + 1
-        recent[n] = t
+    local token = ARGV[4] or ''
+    if token == '' or redis.call('GET', KEYS[6]) ~= token then
+      redis.call('HINCRBY', KEYS[1], 'rejected_bad_token', 1)
+      return {8, 'bad token', 0}
+    end
+  end
+
+  local rate = tonumber(meta[4] or '0') or 0
+  if rate > 0 then
+    if not KEYS[7] then return redis.error_reply('ERR seckill: a user rate is set: pass KEYS[7]') end
+    if KEYS[7] ~= base .. 'rate' then
+      return redis.error_reply('ERR seckill: KEYS[7] is not the rate key of this voucher')
+    end
+    -- Per user, the passing attempts of the last second, oldest first, as
+    -- decimal microseconds (Redis TIME: 16 digits from 2001 to 2286)
+    -- separated by one space, in one hash per voucher (no key made per
+    -- user). A user's first attempt, the common case in a sale, is one
+    -- HSETNX; a later one reads the list.
+    local now_text = string.format('%d', now_us)
+    if redis.call('HSETNX', KEYS[7], user, now_text) == 1 then
+      if redis.call('PTTL', KEYS[7]) < 0 then
+        -- Nothing is checked against it once the sale has ended.
+        redis.call('PEXPIREAT', KEYS[7], tonumber(meta[2]) + 1000)
+      end
+    else
+      local list = redis.call('HGET', KEYS[7], user) or ''
+      local since = now_us - 1000000
+      -- Refused when the rate-th newest recorded attempt is inside the window
+      -- (then rate attempts passed in the last second): one look at a fixed
+      -- place, so a refusal costs the same however long the list is.
+      local at = #list - 17 * rate + 2
+      if at >= 1 and (tonumber(string.sub(list, at, at + 15)) or 0) > since then
+        redis.call('HINCRBY', KEYS[1], 'rejected_rate_limited', 1)
+        return {7, 'rate limited', 0}
+      end
+      local recent, n = {}, 0
+      for t in string.gmatch(list, '%d+') do
+        if tonumber(t) > since then
+          n = n + 1
+          recent[n] = t
+        end
+      end
+      recent[n + 1] = now_text
+      redis.call('HSET', KEYS[7], user, table.concat(recent, ' '))
+    end
+  end
+
+  if redis.call('SISMEMBER', KEYS[3], user) == 1 then
+    return {1, 'already bought', 0}
+  end
+
+  local left = tonumber(stock)
+  -- A voucher in buckets: while the mover's bound is live (lua/serve_up_to.lua)
+  -- and requests wait here, this bucket's units are kept for them and for an
+  -- earlier request waiting at another bucket: a newcomer queues behind them.
+  local held = left > 0 and meta[10] and (tonumber(meta[10]) or 0) > now_ms
+    and redis.call('EXISTS', KEYS[4]) == 1
+  -- A voucher in buckets whose bucket holds fewer units than asked (but some):
+  -- while the voucher's other units may fill the request, it waits for the
+  -- mover to bring them, not refused (design/buckets.md hole 5). The mover
+  -- publishes the voucher's units no earlier request waits for (meta
+  -- units_free, live until units_free_until, Unix ms); lapsed or absent, the
+  -- request waits too.
+  local elsewhere = false
+  if left > 0 and left < quantity and buckets > 1 then
+    local free = tonumber(meta[11] or '')
+    local live = free and (tonumber(meta[12] or '') or 0) > now_ms
+    elsewhere = not live or free >= quantity
+  end
+  local reason = 'sold out'
+  if left > 0 and not held then reason = 'waiting for units' end
+  if left <= 0 or held or elsewhere then
+    -- Scores strictly increase, so the queue is first come, first served even
+    -- when two users arrive within the same microsecond.
+    local queued_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+    if not redis.call('ZSCORE', KEYS[4], user) then
+      -- A full waitlist: the losing path of a hot sale writes nothing.
+      local cap = tonumber(meta[7] or '')
+      if cap and redis.call('ZCARD', KEYS[4]) >= cap then
+        -- Units here, but no room to wait for the rest: as without buckets.
+        if reason ~= 'sold out' then return {9, 'not enough stock', left} end
+        return {2, 'sold out', 0}
+      end
+      local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+      if last[2] and tonumber(last[2]) >= queued_us then queued_us = tonumber(last[2]) + 1 end
+      redis.call('ZADD', KEYS[4], 'NX', queued_us, user)
+      -- The request waits with what it asked for (queued once: a later
+      -- attempt of a waiting user changes nothing).
+      if quantity > 1 then
+        redis.call('HSET', KEYS[8], user, quantity)
+      elseif KEYS[8] then
+        -- A want left by an earlier request of this user (freed by a repair).
+        redis.call('HDEL', KEYS[8], user)
       end
     end
-    recent[n + 1] = now_text
-    redis.call('HSET', KEYS[7], user, table.concat(recent, ' '))
+    return {2, reason, redis.call('ZRANK', KEYS[4], user) + 1}
   end
-end
-
-if redis.call('SISMEMBER', KEYS[3], user) == 1 then
-  return {1, 'already bought', 0}
-end
-
-local left = tonumber(stock)
--- A voucher in buckets: while the mover's bound is live (lua/serve_up_to.lua)
--- and requests wait here, this bucket's units are kept for them and for an
--- earlier request waiting at another bucket: a newcomer queues behind them.
-local held = left > 0 and meta[10] and (tonumber(meta[10]) or 0) > now_ms
-  and redis.call('EXISTS', KEYS[4]) == 1
--- A voucher in buckets whose bucket holds fewer units than asked (but some):
--- while the voucher's other units may fill the request, it waits for the
--- mover to bring them, not refused (design/buckets.md hole 5). The mover
--- publishes the voucher's units no earlier request waits for (meta
--- units_free, live until units_free_until, Unix ms); lapsed or absent, the
--- request waits too.
-local elsewhere = false
-if left > 0 and left < quantity and buckets > 1 then
-  local free = tonumber(meta[11] or '')
-  local live = free and (tonumber(meta[12] or '') or 0) > now_ms
-  elsewhere = not live or free >= quantity
-end
-local reason = 'sold out'
-if left > 0 and not held then reason = 'waiting for units' end
-if left <= 0 or held or elsewhere then
-  -- Scores strictly increase, so the queue is first come, first served even
-  -- when two users arrive within the same microsecond.
-  local queued_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  if not redis.call('ZSCORE', KEYS[4], user) then
-    -- A full waitlist: the losing path of a hot sale writes nothing.
-    local cap = tonumber(meta[7] or '')
-    if cap and redis.call('ZCARD', KEYS[4]) >= cap then
-      -- Units here, but no room to wait for the rest: as without buckets.
-      if reason ~= 'sold out' then return {9, 'not enough stock', left} end
-      return {2, 'sold out', 0}
-    end
-    local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
-    if last[2] and tonumber(last[2]) >= queued_us then queued_us = tonumber(last[2]) + 1 end
-    redis.call('ZADD', KEYS[4], 'NX', queued_us, user)
-    -- The request waits with what it asked for (queued once: a later
-    -- attempt of a waiting user changes nothing).
-    if quantity > 1 then
-      redis.call('HSET', KEYS[8], user, quantity)
-    elseif KEYS[8] then
-      -- A want left by an earlier request of this user (freed by a repair).
-      redis.call('HDEL', KEYS[8], user)
-    end
+  if left < quantity then
+    -- A voucher in buckets: a request that waits already keeps its place (a
+    -- resend of one whose answer was lost, after the mover's count fell): it
+    -- is not refused while it may still be served.
+    local rank = buckets > 1 and redis.call('ZRANK', KEYS[4], user)
+    if rank then return {2, 'waiting for units', rank + 1} end
+    return {9, 'not enough stock', left}
   end
-  return {2, reason, redis.call('ZRANK', KEYS[4], user) + 1}
-end
-if left < quantity then
-  -- A voucher in buckets: a request that waits already keeps its place (a
-  -- resend of one whose answer was lost, after the mover's count fell): it
-  -- is not refused while it may still be served.
-  local rank = buckets > 1 and redis.call('ZRANK', KEYS[4], user)
-  if rank then return {2, 'waiting for units', rank + 1} end
-  return {9, 'not enough stock', left}
+
+  redis.call('DECRBY', KEYS[2], quantity)
+  redis.call('SADD', KEYS[3], user)
+  -- The buyers' digest, which reconcile compares with MySQL's: the rule of
+  -- lua/lib/digest.lua, written out here because application servers load
+  -- this file alone.
+  local digest = tonumber(redis.call('HGET', KEYS[1], 'buyers_digest') or '0') or 0
+  digest = (digest + tonumber(string.sub(redis.sha1hex(user), 1, 13), 16)) % 4503599627370496
+  redis.call('HSET', KEYS[1], 'buyers_digest', string.format('%.0f', digest))
+  -- A user admitted after a unit came back must not also be promoted later.
+  if redis.call('ZREM', KEYS[4], user) == 1 and KEYS[8] then redis.call('HDEL', KEYS[8], user) end
+  if quantity > 1 then
+    redis.call('XADD', KEYS[5], '*', 'user', user, 'order', order, 'voucher', voucher, 'kind', 'admit',
+      'quantity', wanted)
+  else
+    redis.call('XADD', KEYS[5], '*', 'user', user, 'order', order, 'voucher', voucher, 'kind', 'admit')
+  end
+  return {0, 'ok', order}
 end
 
-redis.call('DECRBY', KEYS[2], quantity)
-redis.call('SADD', KEYS[3], user)
--- The buyers' digest, which reconcile compares with MySQL's: the rule of
--- lua/lib/digest.lua, written out here because application servers load
--- this file alone.
-local digest = tonumber(redis.call('HGET', KEYS[1], 'buyers_digest') or '0') or 0
-digest = (digest + tonumber(string.sub(redis.sha1hex(user), 1, 13), 16)) % 4503599627370496
-redis.call('HSET', KEYS[1], 'buyers_digest', string.format('%.0f', digest))
--- A user admitted after a unit came back must not also be promoted later.
-if redis.call('ZREM', KEYS[4], user) == 1 and KEYS[8] then redis.call('HDEL', KEYS[8], user) end
-if quantity > 1 then
-  redis.call('XADD', KEYS[5], '*', 'user', user, 'order', order, 'voucher', voucher, 'kind', 'admit',
-    'quantity', wanted)
-else
-  redis.call('XADD', KEYS[5], '*', 'user', user, 'order', order, 'voucher', voucher, 'kind', 'admit')
+local reply = admit()
+-- Codes 6 and 7 say "try again in a moment", code 10 "route again": a
+-- resend must run, so they are not recorded.
+if record and reply.err == nil and reply[1] ~= 6 and reply[1] ~= 7 and reply[1] ~= 10 then
+  redis.call('HSET', record, 'code', reply[1], 'reason', reply[2], 'value', reply[3],
+    'user', user, 'quantity', wanted)
+  redis.call('PEXPIRE', record, lifetime)
 end
-return {0, 'ok', order}
+return reply

@@ -7,7 +7,10 @@
 # (the gate's full path: checks, DECR, SADD, XADD). Rounds alternate the two.
 # Then a round of attempts before a sale opens: their rate, and every
 # command Redis ran meanwhile (INFO commandstats), which should be the
-# cached window's reads and the node-id lease's renewal alone.
+# cached window's reads and the node-id lease's renewal alone. Then
+# purchases with an Idempotency-Key against purchases without, same run,
+# on the success and the sold-out path: rates, Redis's and serve's CPU per
+# request, and the memory of one key's two records.
 #
 #   scripts/bench-serve.sh [seconds] [rounds]
 set -euo pipefail
@@ -33,7 +36,8 @@ $seckill init >/dev/null
 drop_keys "$redis_port" "$prefix:*"
 
 lua=$(mktemp --suffix .lua)
-trap 'rm -f "$lua"; kill "$serve_pid" 2>/dev/null || true; drop_keys "$redis_port" "$prefix:*"' EXIT
+keyed_lua=$(mktemp --suffix .lua)
+trap 'rm -f "$lua" "$keyed_lua"; kill "$serve_pid" 2>/dev/null || true; drop_keys "$redis_port" "$prefix:*"' EXIT
 # Each wrk thread numbers its own users, so no two requests share one.
 cat >"$lua" <<'LUA'
 local counter, base = 0, 0
@@ -120,3 +124,40 @@ calls=$(join -a 2 -e 0 -o 0,1.2,2.2 <(echo "$before") <(echo "$after") |
 refused=$(echo "$out" | awk '/Non-2xx/ {print $5}')
 echo "before the sale: $rps attempts/s through serve ($total in ${seconds} s, ${refused:-0} of them non-2xx: 425 not_started);" \
   "Redis ran meanwhile: ${calls:-nothing} (the cached window's reads are HMGET+GET+TIME a second; the node-id lease's renewal and this script's INFO are in it too)"
+
+# With an Idempotency-Key (a new one per request) against without, each
+# pair on fresh vouchers alike: the success path (10,000,000 units) and the
+# sold-out path (1 unit: every later request waits on the waitlist).
+sed 's/{\["Content-Type"\] = "application\/json"}/{["Content-Type"] = "application\/json", ["Idempotency-Key"] = "k" .. (base + counter)}/' \
+  "$lua" >"$keyed_lua"
+grep -q Idempotency-Key "$keyed_lua"
+echo
+printf '%-9s %-5s %12s %16s %16s\n' path key "req/s" "redis µs/req" "serve µs/req"
+declare -A rate
+next=$((early + 1))
+for path in success sold_out; do
+  for key in no yes; do
+    for round in $(seq "$rounds"); do
+      v=$next; next=$((next + 1))
+      units=10000000; [ "$path" = sold_out ] && units=1
+      $seckill voucher add --id "$v" --stock "$units" --end +2h --title bench >/dev/null
+      $seckill preload --voucher "$v" >/dev/null
+      script=$lua; [ "$key" = yes ] && script=$keyed_lua
+      s0=$(cpu_of "$serve_pid"); r0=$(cpu_of "$redis_pid")
+      out=$(wrk -t"$threads" -c"$connections" -d"${seconds}s" -s "$script" \
+        "http://127.0.0.1:$port/v1/vouchers/$v/purchases" 2>&1)
+      s1=$(cpu_of "$serve_pid"); r1=$(cpu_of "$redis_pid")
+      rps=$(echo "$out" | awk '/Requests\/sec/ {printf "%d", $2}')
+      total=$(echo "$out" | awk '/requests in/ {print $1}')
+      rate[$path.$key]=$(( ${rate[$path.$key]:-0} + rps ))
+      printf '%-9s %-5s %12s %16s %16s\n' "$path" "$key" "$rps" \
+        "$(awk -v a="$r1" -v b="$r0" -v n="$total" 'BEGIN {printf "%.1f", (a - b) * 1000000 / n}')" \
+        "$(awk -v a="$s1" -v b="$s0" -v n="$total" 'BEGIN {printf "%.1f", (a - b) * 1000000 / n}')"
+    done
+  done
+  echo "  $path: with a key $(awk -v a="${rate[$path.yes]}" -v b="${rate[$path.no]}" 'BEGIN {printf "%.2f", a / b}')x the rate without (the issue asks >= 0.9x)"
+done
+reservation=$(redis-cli -p "$redis_port" --scan --pattern "$prefix:idem:*" --count 1000 | head -1)
+record=$(redis-cli -p "$redis_port" --scan --pattern "$prefix:{*}:idem:*" --count 1000 | head -1)
+echo "one key's records: reservation $(redis-cli -p "$redis_port" memory usage "$reservation") bytes," \
+  "admission record $(redis-cli -p "$redis_port" memory usage "$record") bytes (MEMORY USAGE)"

@@ -21,6 +21,7 @@ pub mod error;
 pub mod exit_code;
 pub mod gate;
 pub mod http;
+pub mod idempotency;
 pub mod orders;
 pub mod purchase;
 pub mod reconcile;

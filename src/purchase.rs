@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 
 use crate::error::Error;
-use crate::gate::admission::{admit_durably, Admission, Attempt, ReplicaWait};
+use crate::gate::admission::{admit_durably, Admission, Attempt, Record, ReplicaWait};
 use crate::gate::buckets::bucket_of;
 use crate::store::keys::VoucherKeys;
 use crate::store::layout::Layout;
@@ -90,6 +90,55 @@ impl std::fmt::Display for Failed {
 
 impl std::error::Error for Failed {}
 
+/// The HTTP status of an outcome, as `seckill serve` answers it and an
+/// idempotency key records it (docs/src/reference/http-api.md): 201 for
+/// a success only.
+pub fn answer_status(outcome: &Admission) -> u16 {
+    match outcome {
+        Admission::Admitted { .. } => 201,
+        Admission::AlreadyBought => 409,
+        Admission::SoldOut { .. } | Admission::WaitingForUnits { .. } => 410,
+        Admission::NotStarted { .. } => 425,
+        Admission::Ended { .. } => 422,
+        Admission::UnknownVoucher => 404,
+        Admission::Paused => 503,
+        Admission::RateLimited => 429,
+        Admission::BadToken => 403,
+        Admission::NotEnoughStock { .. } => 412,
+    }
+}
+
+/// The body of an outcome's answer: the report, with ids as strings (a
+/// 64-bit id does not survive a JavaScript number).
+pub fn answer_report(voucher: u64, user: u64, outcome: &Admission) -> serde_json::Value {
+    let mut report = outcome.report(voucher, user);
+    report["voucher"] = serde_json::json!(voucher.to_string());
+    report["user"] = serde_json::json!(user.to_string());
+    report
+}
+
+/// An outcome's answer as an idempotency key records it.
+pub fn recorded_answer(voucher: u64, user: u64, outcome: &Admission) -> crate::idempotency::Answer {
+    crate::idempotency::Answer {
+        status: answer_status(outcome),
+        body: answer_report(voucher, user, outcome)
+            .to_string()
+            .into_bytes(),
+    }
+}
+
+/// The fingerprint of a purchase for an idempotency key: the request after
+/// parsing, defaults applied, and the voucher.
+pub fn fingerprint(request: &Request<'_>) -> String {
+    crate::idempotency::fingerprint(&[
+        "purchase",
+        &request.voucher.to_string(),
+        &request.user.to_string(),
+        &request.quantity.to_string(),
+        request.token.unwrap_or(""),
+    ])
+}
+
 /// Where a voucher's buyers are admitted: each user's bucket's gate.
 pub trait Gates {
     fn gate_of(&self, user: u64) -> crate::Result<Cow<'_, VoucherKeys>>;
@@ -130,6 +179,7 @@ pub async fn purchase(
 pub struct Prepared<'a> {
     keys: Cow<'a, VoucherKeys>,
     attempt: Attempt<'a>,
+    record: Option<Record<'a>>,
 }
 
 /// The steps of a purchase before anything is sent: a failure here is
@@ -149,10 +199,25 @@ pub fn prepare<'a>(
         token: request.token,
         quantity: request.quantity,
     };
-    Ok(Prepared { keys, attempt })
+    Ok(Prepared {
+        keys,
+        attempt,
+        record: None,
+    })
 }
 
-impl Prepared<'_> {
+impl<'a> Prepared<'a> {
+    /// The buyer's gate.
+    pub fn gate(&self) -> &VoucherKeys {
+        &self.keys
+    }
+
+    /// Records the admission's reply in `record` (an idempotency key's).
+    pub fn recorded_in(mut self, record: Record<'a>) -> Self {
+        self.record = Some(record);
+        self
+    }
+
     /// The admission, and the wait for replicas when asked.
     pub async fn send(
         self,
@@ -162,7 +227,7 @@ impl Prepared<'_> {
         // From here the script may have run: a failure is never told as a
         // refusal, except the script's own refusal of the quantity, which
         // it makes before writing anything.
-        match admit_durably(conn, &self.keys, self.attempt, wait).await {
+        match admit_durably(conn, &self.keys, self.attempt, self.record, wait).await {
             Ok((outcome, replicas_acked)) => Ok(Purchased {
                 outcome,
                 replicas_acked,

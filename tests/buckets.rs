@@ -456,7 +456,7 @@ async fn buy_units(
         token: None,
         quantity,
     };
-    admit_durably(&mut redis.clone(), &keys, attempt, None)
+    admit_durably(&mut redis.clone(), &keys, attempt, None, None)
         .await
         .expect("admit")
         .0

@@ -270,7 +270,7 @@ async fn store_failures_come_as_the_kind_callers_branch_on() {
         timeout: Duration::from_millis(10),
     };
     for wait in [None, Some(wait)] {
-        let refused = admit_durably(&mut redis, &keys, attempt, wait).await;
+        let refused = admit_durably(&mut redis, &keys, attempt, None, wait).await;
         match refused {
             Err(Error::QuantityRefused(reason)) => {
                 assert_eq!(

@@ -3,17 +3,20 @@
 use clap::Args;
 use serde_json::json;
 
-use super::common::{parse_id, Format, FormatOpt, NodeIdOpt, ReplicaWaitOpt};
+use std::time::Duration;
+
+use super::common::{parse_duration, parse_id, Format, FormatOpt, NodeIdOpt, ReplicaWaitOpt};
 use super::render::print_json;
 use crate::exit_code;
-use crate::gate::admission::Admission;
+use crate::gate::admission::{Admission, Record, ReplicaWait};
 use crate::gate::buckets;
+use crate::idempotency::{Answer, Begun, IdempotencyKey, Reservation, Scope};
 use crate::purchase::{self, Request};
 use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
 use crate::store::node_lease::OrderIds;
-use crate::store::redis_conn;
+use crate::store::redis_conn::{self, Redis};
 use crate::support::timespec::format_ms;
 
 #[derive(Args, Debug)]
@@ -31,6 +34,14 @@ pub struct BuyArgs {
     /// Units to buy, all or none (1 ..= the voucher's per-user limit)
     #[arg(long, default_value_t = 1, value_name = "K", value_parser = parse_quantity, allow_hyphen_values = true)]
     pub quantity: u32,
+    /// An idempotency key (1 to 255 printable ASCII characters): run again
+    /// with the same key and arguments, the command gives the first run's
+    /// outcome (and exit code) again instead of buying anew
+    #[arg(long, value_name = "KEY", value_parser = IdempotencyKey::parse, allow_hyphen_values = true)]
+    pub idempotency_key: Option<IdempotencyKey>,
+    /// How long --idempotency-key's outcome is kept (1s ..= 30days)
+    #[arg(long, default_value = "24h", value_parser = parse_duration, requires = "idempotency_key")]
+    pub idempotency_ttl: std::time::Duration,
     #[command(flatten)]
     pub replicas: ReplicaWaitOpt,
     #[command(flatten)]
@@ -58,20 +69,145 @@ pub async fn run(cfg: &Config, args: BuyArgs) -> anyhow::Result<u8> {
     // One id minted: the node id is free for another process before the
     // admission (whose answer may take a replica wait) is sent.
     ids.release().await;
-    let purchased = prepared?.send(&mut redis, wait).await?;
-    purchased.warn_if_replicas_short(&request, wait);
-    let (outcome, replicas_acked) = (purchased.outcome, purchased.replicas_acked);
+    let prepared = prepared?;
+    let bought = match &args.idempotency_key {
+        None => {
+            let purchased = prepared.send(&mut redis, wait).await?;
+            Bought {
+                outcome: purchased.outcome,
+                replicas_acked: purchased.replicas_acked,
+                replayed: false,
+            }
+        }
+        Some(key) => {
+            let reservation = Reservation::new(
+                &cfg.prefix,
+                &Scope::Shared,
+                key,
+                args.idempotency_ttl,
+                PATIENCE,
+            )?;
+            buy_keyed(&mut redis, &reservation, key, prepared, &request, wait).await?
+        }
+    };
+    if !bought.replayed {
+        let purchased = purchase::Purchased {
+            outcome: bought.outcome,
+            replicas_acked: bought.replicas_acked,
+        };
+        purchased.warn_if_replicas_short(&request, wait);
+    }
+    let (outcome, replicas_acked) = (bought.outcome, bought.replicas_acked);
     match args.format.format {
         Format::Json => {
             let mut v = outcome.report(args.voucher, args.user);
             if let Some(acked) = replicas_acked {
                 v["replicas_acked"] = json!(acked);
             }
+            if bought.replayed {
+                v["replayed"] = json!(true);
+            }
             print_json(&v)?
         }
-        Format::Table => outln!("{}", outcome_line(args.voucher, args.user, &outcome))?,
+        Format::Table => {
+            let replayed = match bought.replayed {
+                true => " (the outcome of an earlier run with this idempotency key)",
+                false => "",
+            };
+            outln!(
+                "{}{replayed}",
+                outcome_line(args.voucher, args.user, &outcome)
+            )?
+        }
     }
     Ok(exit_code_of(&outcome))
+}
+
+/// How long a run waits for an earlier run with the same key that has no
+/// outcome yet before taking it for one that never reached the gate.
+const PATIENCE: Duration = Duration::from_secs(5);
+
+/// What the buyer is told.
+struct Bought {
+    outcome: Admission,
+    replicas_acked: Option<u32>,
+    /// The outcome is an earlier run's, with the same idempotency key.
+    replayed: bool,
+}
+
+/// A purchase with an idempotency key (docs/src/concepts/idempotency.md).
+async fn buy_keyed(
+    redis: &mut Redis,
+    reservation: &Reservation,
+    key: &IdempotencyKey,
+    prepared: purchase::Prepared<'_>,
+    request: &Request<'_>,
+    wait: Option<ReplicaWait>,
+) -> anyhow::Result<Bought> {
+    let quoted = key.as_str();
+    let begun = reservation
+        .begin(redis, &purchase::fingerprint(request), prepared.gate())
+        .await?;
+    let (record, first) = match begun {
+        Begun::Replay(answer) => {
+            return Ok(Bought {
+                outcome: read_back(&answer)?,
+                replicas_acked: None,
+                replayed: true,
+            })
+        }
+        Begun::Reused => anyhow::bail!(
+            "the idempotency key {quoted:?} was used for another purchase (another user, voucher, quantity or token): nothing was done"
+        ),
+        Begun::InFlight => anyhow::bail!(
+            "a purchase with the idempotency key {quoted:?} is still being answered: nothing was done; run this again in a moment"
+        ),
+        Begun::Run { record, first } => (record, first),
+    };
+    let recorded = Record {
+        key: &record,
+        lifetime_ms: reservation.lifetime_ms(),
+    };
+    let purchased = match prepared.recorded_in(recorded).send(redis, wait).await {
+        Ok(purchased) => purchased,
+        Err(e) => {
+            reservation.open(redis, &record).await;
+            return Err(e.into());
+        }
+    };
+    let mine = Bought {
+        outcome: purchased.outcome,
+        replicas_acked: purchased.replicas_acked,
+        replayed: !first,
+    };
+    // "Try again in a moment" is not recorded: the next run runs.
+    if matches!(mine.outcome, Admission::Paused | Admission::RateLimited) {
+        reservation.open(redis, &record).await;
+        return Ok(mine);
+    }
+    let answer = purchase::recorded_answer(request.voucher, request.user, &mine.outcome);
+    match reservation.settle(redis, &record, answer).await {
+        Ok(settled) if settled.replayed => Ok(Bought {
+            outcome: read_back(&settled.answer)?,
+            replicas_acked: None,
+            replayed: true,
+        }),
+        Ok(_) => Ok(mine),
+        // Unrecorded, the outcome is still the admission's: the next run
+        // is answered from the admission's own record.
+        Err(e) => {
+            tracing::warn!("the outcome of idempotency key {quoted:?} was not recorded: {e}");
+            Ok(mine)
+        }
+    }
+}
+
+/// The outcome a recorded answer describes.
+fn read_back(answer: &Answer) -> anyhow::Result<Admission> {
+    serde_json::from_slice(&answer.body)
+        .ok()
+        .and_then(|report| Admission::from_report(&report))
+        .ok_or_else(|| anyhow::anyhow!("the idempotency key's recorded answer cannot be read"))
 }
 
 pub fn exit_code_of(outcome: &Admission) -> u8 {

@@ -59,6 +59,9 @@ pub struct ServeArgs {
     /// 127.0.0.1:9465) and not on --listen, which then answers 404 there
     #[arg(long)]
     pub metrics_addr: Option<SocketAddr>,
+    /// How long an Idempotency-Key's answer is kept for resends (1s ..= 30days)
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    pub idempotency_ttl: std::time::Duration,
     #[command(flatten)]
     pub replicas: ReplicaWaitOpt,
     #[command(flatten)]
@@ -85,6 +88,7 @@ pub async fn run(cfg: &Config, args: ServeArgs) -> anyhow::Result<u8> {
         node_id: args.node.node_id,
         tls: args.tls_cert.zip(args.tls_key),
         wait: args.replicas.wait(),
+        idempotency_ttl: args.idempotency_ttl,
     };
     opts.validate()?;
     let stop = shutdown::on_signals()?;

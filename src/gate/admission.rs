@@ -116,6 +116,44 @@ impl Admission {
     }
 }
 
+impl Admission {
+    /// The outcome a report (`Admission::report`, or serve's answer, which
+    /// gives ids as strings) describes: how a recorded answer is read back.
+    pub fn from_report(report: &serde_json::Value) -> Option<Admission> {
+        let number = |field: &str| -> Option<i64> {
+            let v = report.get(field)?;
+            v.as_i64().or_else(|| v.as_str()?.parse().ok())
+        };
+        Some(match report.get("outcome")?.as_str()? {
+            "success" => Admission::Admitted {
+                order_id: u64::try_from(number("order_id")?).ok()?,
+            },
+            "already_bought" => Admission::AlreadyBought,
+            "sold_out" => {
+                let waitlist_position = report["waitlist_position"].as_u64().unwrap_or(0);
+                match report["units_elsewhere"].as_bool() {
+                    Some(true) => Admission::WaitingForUnits { waitlist_position },
+                    _ => Admission::SoldOut { waitlist_position },
+                }
+            }
+            "not_started" => Admission::NotStarted {
+                begin_ms: number("begin_ms")?,
+            },
+            "ended" => Admission::Ended {
+                end_ms: number("end_ms")?,
+            },
+            "unknown_voucher" => Admission::UnknownVoucher,
+            "paused" => Admission::Paused,
+            "rate_limited" => Admission::RateLimited,
+            "bad_token" => Admission::BadToken,
+            "not_enough_stock" => Admission::NotEnoughStock {
+                left: number("units_left")?,
+            },
+            _ => return None,
+        })
+    }
+}
+
 /// Runs the admission script once for `user` with a fresh `order_id` and
 /// the user's admission token, if any.
 pub async fn admit(
@@ -133,7 +171,7 @@ pub async fn admit(
         token,
         quantity: 1,
     };
-    let reply: (i64, String, Value) = invocation(keys, attempt)
+    let reply: (i64, String, Value) = invocation(keys, attempt, None)
         .invoke_async(conn)
         .await
         .map_err(refused_input)?;
@@ -154,8 +192,13 @@ fn refused_input(e: redis::RedisError) -> Error {
 }
 
 /// The admission script's call for `attempt` (KEYS and ARGV as
-/// lua/seckill.lua documents them).
-fn invocation(keys: &VoucherKeys, attempt: Attempt<'_>) -> ScriptInvocation<'static> {
+/// lua/seckill.lua documents them), recording its reply in `record` when
+/// given.
+fn invocation(
+    keys: &VoucherKeys,
+    attempt: Attempt<'_>,
+    record: Option<Record<'_>>,
+) -> ScriptInvocation<'static> {
     let mut inv = ADMISSION.prepare_invoke();
     inv.key(keys.meta())
         .key(keys.stock())
@@ -170,7 +213,18 @@ fn invocation(keys: &VoucherKeys, attempt: Attempt<'_>) -> ScriptInvocation<'sta
         .arg(attempt.voucher)
         .arg(attempt.token.unwrap_or(""))
         .arg(attempt.quantity);
+    if let Some(record) = record {
+        inv.key(record.key).arg(record.lifetime_ms);
+    }
     inv
+}
+
+/// Where an admission with an idempotency key records its reply, and for
+/// how long (KEYS[9] and ARGV[6] of lua/seckill.lua; src/idempotency.rs).
+#[derive(Debug, Clone, Copy)]
+pub struct Record<'a> {
+    pub key: &'a str,
+    pub lifetime_ms: u64,
 }
 
 fn decode(
@@ -265,6 +319,43 @@ mod tests {
         ));
         assert!(decode((11, "?".into(), Value::Int(0)), 1, 1).is_err());
     }
+
+    #[test]
+    fn every_outcome_is_read_back_from_its_report() {
+        let outcomes = [
+            Admission::Admitted {
+                order_id: 9_223_372_036_854_775_807,
+            },
+            Admission::AlreadyBought,
+            Admission::SoldOut {
+                waitlist_position: 0,
+            },
+            Admission::SoldOut {
+                waitlist_position: 3,
+            },
+            Admission::WaitingForUnits {
+                waitlist_position: 4,
+            },
+            Admission::NotStarted { begin_ms: 5 },
+            Admission::Ended { end_ms: 6 },
+            Admission::UnknownVoucher,
+            Admission::Paused,
+            Admission::RateLimited,
+            Admission::BadToken,
+            Admission::NotEnoughStock { left: 2 },
+        ];
+        for outcome in outcomes {
+            let mut report = outcome.report(7, 8);
+            assert_eq!(Admission::from_report(&report), Some(outcome));
+            // Serve's answer: ids as strings.
+            report["voucher"] = serde_json::json!("7");
+            assert_eq!(Admission::from_report(&report), Some(outcome));
+        }
+        assert_eq!(
+            Admission::from_report(&serde_json::json!({"outcome": "?"})),
+            None
+        );
+    }
 }
 
 /// After a success, wait until this many replicas of the voucher's master
@@ -296,9 +387,10 @@ pub async fn admit_durably(
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
     attempt: Attempt<'_>,
+    record: Option<Record<'_>>,
     wait: Option<ReplicaWait>,
 ) -> Result<(Admission, Option<u32>)> {
-    let inv = invocation(keys, attempt);
+    let inv = invocation(keys, attempt, record);
     let Some(wait) = wait else {
         let reply: (i64, String, Value) = inv.invoke_async(conn).await.map_err(refused_input)?;
         return Ok((decode(reply, attempt.voucher, attempt.user)?, None));

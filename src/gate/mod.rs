@@ -12,5 +12,6 @@ pub mod rebuilt;
 pub mod state;
 pub mod token;
 pub mod transfer;
+pub mod waiting;
 pub mod waitlist;
 pub mod witness;

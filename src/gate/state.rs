@@ -184,6 +184,8 @@ pub enum SaleState {
 /// gate decides by).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sale {
+    /// The voucher's units (bucket 0's meta: the whole voucher's).
+    pub total: i64,
     pub begin_ms: i64,
     pub end_ms: i64,
     pub paused: bool,
@@ -245,22 +247,30 @@ pub async fn read_sale_of_buckets(
 /// One round trip; None when the voucher is not loaded.
 pub async fn read_sale(conn: &mut impl RedisConn, keys: &VoucherKeys) -> Result<Option<Sale>> {
     type Row = (
-        (Option<i64>, Option<i64>, Option<String>, Option<String>),
+        (
+            Option<i64>,
+            Option<i64>,
+            Option<String>,
+            Option<String>,
+            Option<i64>,
+        ),
         Option<i64>,
         (i64, i64),
     );
     let (meta, stock, time): Row = redis::pipe()
         .cmd("HMGET")
         .arg(keys.meta())
-        .arg(&["begin_ms", "end_ms", "paused", "bucket_tags"])
+        .arg(&["begin_ms", "end_ms", "paused", "bucket_tags", "total"])
         .get(keys.stock())
         .cmd("TIME")
         .query_async(conn)
         .await?;
-    let ((Some(begin_ms), Some(end_ms), paused, bucket_tags), Some(stock)) = (meta, stock) else {
+    let ((Some(begin_ms), Some(end_ms), paused, bucket_tags, total), Some(stock)) = (meta, stock)
+    else {
         return Ok(None);
     };
     Ok(Some(Sale {
+        total: total.unwrap_or(0),
         begin_ms,
         end_ms,
         paused: paused.as_deref() == Some("1"),

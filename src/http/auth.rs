@@ -230,7 +230,7 @@ fn bearer_token(value: &[u8]) -> Option<&[u8]> {
 /// whose scopes do not cover it (403): nothing done.
 pub async fn require_key(
     State(state): State<Arc<AppState>>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> std::result::Result<Response, ApiError> {
     if let Some(keys) = &state.keys {
@@ -238,9 +238,12 @@ pub async fn require_key(
             .headers()
             .get(AUTHORIZATION)
             .and_then(|v| bearer_token(v.as_bytes()));
-        let Some(scopes) = presented.and_then(|k| keys.scopes_of(k)) else {
+        let Some((key, scopes)) = presented.and_then(|k| Some((k, keys.scopes_of(k)?))) else {
             return Err(ApiError::unauthorized());
         };
+        // Whose idempotency keys these are: callers with different API
+        // keys never share one.
+        let idempotency_scope = crate::idempotency::Scope::of_api_key(key);
         let route = request
             .extensions()
             .get::<axum::extract::MatchedPath>()
@@ -255,6 +258,7 @@ pub async fn require_key(
                 ),
             ));
         }
+        request.extensions_mut().insert(idempotency_scope);
     }
     Ok(next.run(request).await)
 }

@@ -96,12 +96,17 @@ fn complete_operation(path: &str, op: &mut Value) {
         let names: Vec<&str> = codes.iter().map(|c| c.as_str()).collect();
         format!("a problem: {}", names.join(", "))
     };
+    let keyed = path.ends_with("/purchases") && has_body;
     if v1 && (has_id || has_body) {
-        add_problem(
-            responses,
-            "400",
-            &problem(&[Code::InvalidId, Code::InvalidBody, Code::InvalidField]),
-        );
+        let mut invalid = vec![Code::InvalidId, Code::InvalidBody, Code::InvalidField];
+        if keyed {
+            invalid.push(Code::InvalidHeader);
+        }
+        add_problem(responses, "400", &problem(&invalid));
+    }
+    if keyed {
+        add_problem(responses, "409", &problem(&[Code::IdempotencyKeyInFlight]));
+        add_problem(responses, "422", &problem(&[Code::IdempotencyKeyReused]));
     }
     if v1 {
         add_problem(responses, "401", &problem(&[Code::Unauthorized]));
@@ -139,6 +144,40 @@ fn complete_operation(path: &str, op: &mut Value) {
             "The request's id: the one it sent (1 to 64 of A-Z a-z 0-9 . _ : -) or a new one.",
             true,
         );
+    }
+    if keyed {
+        complete_idempotency_key(op);
+    }
+}
+
+/// The `Idempotency-Key` parameter as the route takes it, and the header
+/// that marks a replayed answer.
+fn complete_idempotency_key(op: &mut Value) {
+    if let Some(params) = op.get_mut("parameters").and_then(Value::as_array_mut) {
+        for p in params.iter_mut().filter(|p| p["in"] == "header") {
+            p["schema"] = json!({
+                "type": "string",
+                "minLength": 1,
+                "maxLength": crate::idempotency::MAX_KEY_LEN + 2,
+                // Bare, not opening a quote and without blanks at its
+                // edges (HTTP strips them), or the draft's quoted string.
+                "pattern": "^(\"[ -~]{1,255}\"|[!#-~]([ -~]{0,253}[!-~])?)$",
+            });
+        }
+    }
+    let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for (status, answer) in responses.iter_mut() {
+        let outcome = answer["content"]
+            .as_object()
+            .is_some_and(|c| c.contains_key("application/json"));
+        if status.as_str() < "500" && outcome {
+            answer["headers"]["Idempotent-Replayed"] = header(
+                "true when the answer is an earlier request's with the same Idempotency-Key, given again.",
+                false,
+            );
+        }
     }
 }
 

@@ -190,7 +190,7 @@ pub async fn method_not_allowed() -> ApiError {
 /// backstop may have been done: its outcome is unknown; any other request
 /// changed nothing a retry cannot redo.
 pub fn overloaded(state: &super::AppState, changes: bool, e: BoxError) -> Response {
-    let (outcome, answer) = if e.is::<tower::timeout::error::Elapsed>() && changes {
+    let (outcome, answer) = if e.is::<tokio::time::error::Elapsed>() && changes {
         (
             "unknown",
             ApiError::new(
@@ -198,7 +198,7 @@ pub fn overloaded(state: &super::AppState, changes: bool, e: BoxError) -> Respon
                 "the request took too long; its outcome is unknown: retry it",
             ),
         )
-    } else if e.is::<tower::timeout::error::Elapsed>() {
+    } else if e.is::<tokio::time::error::Elapsed>() {
         (
             "unanswered",
             ApiError::new(
@@ -236,11 +236,12 @@ mod tests {
         assert_eq!(names.len(), Code::ALL.len());
         for c in Code::ALL {
             let retry = c.retry_can_succeed();
-            assert_eq!(
-                retry,
-                c.status() == StatusCode::SERVICE_UNAVAILABLE && c != Code::ServerFault,
-                "{c:?}"
-            );
+            // A request in flight with the same idempotency key (409) is
+            // over in a moment too.
+            let over_in_a_moment = c.status() == StatusCode::SERVICE_UNAVAILABLE
+                && c != Code::ServerFault
+                || c == Code::IdempotencyKeyInFlight;
+            assert_eq!(retry, over_in_a_moment, "{c:?}");
         }
     }
 

@@ -13,6 +13,7 @@ mod connections;
 mod contract;
 mod error;
 mod health;
+mod idempotent;
 mod ids;
 mod metrics;
 pub mod openapi;
@@ -22,6 +23,7 @@ mod purchase;
 mod request_id;
 mod schema;
 mod shared_redis;
+mod standing;
 mod tls;
 mod voucher;
 mod window;
@@ -76,6 +78,8 @@ pub struct ServeOptions {
     pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
     /// After a success, wait for replicas to have it (`--wait-replicas`).
     pub wait: Option<crate::gate::admission::ReplicaWait>,
+    /// How long an `Idempotency-Key`'s records live.
+    pub idempotency_ttl: Duration,
 }
 
 /// MySQL lookups for already_bought answers at once (a pool holds 100).
@@ -111,6 +115,11 @@ impl ServeOptions {
         if !(1..=64).contains(&self.redis_connections) {
             return bad("--redis-connections must be between 1 and 64");
         }
+        if !(Duration::from_secs(1)..=crate::idempotency::MAX_LIFETIME)
+            .contains(&self.idempotency_ttl)
+        {
+            return bad("--idempotency-ttl must be between 1s and 30days");
+        }
         if let Some(wait) = self.wait {
             // A WAIT longer than the request may take would turn every
             // success on a lagging replica into "unknown".
@@ -134,12 +143,18 @@ pub(crate) struct AppState {
     pub keys: Option<ApiKeys>,
     pub request_timeout: Duration,
     pub wait: Option<crate::gate::admission::ReplicaWait>,
+    pub idempotency_ttl: Duration,
     /// Sale windows, so attempts outside them cost Redis nothing.
     pub windows: window::SaleWindows,
     pub metrics: metrics::ServeMetrics,
     pub readiness: health::Readiness,
     /// MySQL lookups of already_bought answers under way at once.
     pub order_lookups: tokio::sync::Semaphore,
+    /// Purchase lookups held with `?wait=` at once (half the in-flight
+    /// cap: held requests are in flight).
+    pub long_polls: tokio::sync::Semaphore,
+    /// How fast each voucher's line has moved (waiting buyers' estimates).
+    pub pace: crate::gate::waiting::Pace,
     redis: SharedRedis,
     /// With `--wait-replicas`, purchases get connections of their own: a
     /// WAIT holds up everything behind it on its connection, and a lagging
@@ -195,10 +210,13 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
         keys: opts.api_keys.clone(),
         request_timeout: opts.request_timeout,
         wait: opts.wait,
+        idempotency_ttl: opts.idempotency_ttl,
         windows: window::SaleWindows::default(),
         metrics: metrics::ServeMetrics::default(),
         readiness: health::Readiness::default(),
         order_lookups: tokio::sync::Semaphore::new(ORDER_LOOKUPS),
+        long_polls: tokio::sync::Semaphore::new(opts.max_in_flight.div_ceil(2)),
+        pace: crate::gate::waiting::Pace::default(),
         redis,
         purchases,
         mending: shared_redis::Mending::new(cfg.connect_timeout),
@@ -338,7 +356,7 @@ fn router(state: Arc<AppState>, public_metrics: bool) -> Router {
         .route("/v1/vouchers/{voucher}/purchases", post(purchase::create))
         .route(
             "/v1/vouchers/{voucher}/purchases/{user}",
-            get(purchase::show),
+            get(standing::show),
         )
         .route("/v1/vouchers/{voucher}/tokens", post(voucher::issue_token))
         .route("/v1/orders/{order}", get(order::show))
@@ -373,12 +391,10 @@ fn router(state: Arc<AppState>, public_metrics: bool) -> Router {
 /// `unknown`).
 fn limited(state: Arc<AppState>, opts: &ServeOptions) -> impl connections::Routes {
     let app = router(state.clone(), opts.metrics_addr.is_none());
+    let backstop_state = state.clone();
     let refused = move |method: axum::http::Method, uri: axum::http::Uri, e: axum::BoxError| {
         let state = state.clone();
-        // A purchase or a payment: the request may have changed something.
-        let changes = method == axum::http::Method::POST
-            && (uri.path().ends_with("/purchases") || uri.path().ends_with("/payment"));
-        async move { error::overloaded(&state, changes, e) }
+        async move { error::overloaded(&state, changes_something(&method, &uri), e) }
     };
     ServiceBuilder::new()
         .layer(axum::middleware::from_fn(request_id::layer))
@@ -386,6 +402,34 @@ fn limited(state: Arc<AppState>, opts: &ServeOptions) -> impl connections::Route
         .layer(HandleErrorLayer::new(refused))
         .load_shed()
         .concurrency_limit(opts.max_in_flight)
-        .timeout(opts.request_timeout + Duration::from_secs(1))
+        .layer(axum::middleware::from_fn_with_state(
+            backstop_state,
+            backstop,
+        ))
         .service(app)
+}
+
+/// A purchase or a payment: the request may have changed something.
+fn changes_something(method: &axum::http::Method, uri: &axum::http::Uri) -> bool {
+    method == axum::http::Method::POST
+        && (uri.path().ends_with("/purchases") || uri.path().ends_with("/payment"))
+}
+
+/// The backstop past the handlers' own timeouts: a request not answered
+/// by then is answered 503 (a purchase or a payment `outcome_unknown`). A
+/// purchase lookup held with `?wait=` has its wait on top.
+async fn backstop(
+    axum::extract::State(state): axum::extract::State<Arc<AppState>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let changes = changes_something(request.method(), request.uri());
+    let mut limit = state.request_timeout + Duration::from_secs(1);
+    if request.method() == axum::http::Method::GET {
+        limit += standing::held_for(request.uri());
+    }
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(elapsed) => error::overloaded(&state, changes, Box::new(elapsed)),
+    }
 }

@@ -10,7 +10,7 @@ use utoipa::{Modify, OpenApi};
 use super::schema::{
     BuyerAnswer, OrderAnswer, PaymentAnswer, PurchaseAnswer, ReadyAnswer, SaleAnswer, TokenAnswer,
 };
-use super::{health, metrics, order, purchase, voucher};
+use super::{health, metrics, order, purchase, standing, voucher};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -21,7 +21,7 @@ use super::{health, metrics, order, purchase, voucher};
     ),
     paths(
         purchase::create,
-        purchase::show,
+        standing::show,
         voucher::issue_token,
         voucher::show,
         order::show,

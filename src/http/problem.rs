@@ -17,6 +17,8 @@ pub enum Code {
     InvalidId,
     /// A field's value is out of its range (quantity, ttl_ms, token).
     InvalidField,
+    /// A header's value is not what the route takes (Idempotency-Key).
+    InvalidHeader,
     /// No key, or not one of the server's.
     Unauthorized,
     /// The key may not call this route (its scopes).
@@ -38,6 +40,12 @@ pub enum Code {
     /// A purchase whose call to the gate may or may not have run: retry it
     /// (one order per user: a retry answers already_bought if it did).
     OutcomeUnknown,
+    /// The idempotency key was used before for another request (another
+    /// body): nothing done.
+    IdempotencyKeyReused,
+    /// An earlier request with this idempotency key is still being
+    /// answered: nothing done; send it again in a moment.
+    IdempotencyKeyInFlight,
     /// A store refused in a way a retry does not mend (a revoked
     /// privilege, a corrupt key): an operator must look; the cause is in
     /// the log under the request id.
@@ -45,10 +53,11 @@ pub enum Code {
 }
 
 impl Code {
-    pub const ALL: [Code; 15] = [
+    pub const ALL: [Code; 18] = [
         Code::InvalidBody,
         Code::InvalidId,
         Code::InvalidField,
+        Code::InvalidHeader,
         Code::Unauthorized,
         Code::InsufficientScope,
         Code::NoSuchRoute,
@@ -60,6 +69,8 @@ impl Code {
         Code::TooManyConnections,
         Code::StoreUnavailable,
         Code::OutcomeUnknown,
+        Code::IdempotencyKeyReused,
+        Code::IdempotencyKeyInFlight,
         Code::ServerFault,
     ];
 
@@ -68,6 +79,7 @@ impl Code {
             Code::InvalidBody => "invalid_body",
             Code::InvalidId => "invalid_id",
             Code::InvalidField => "invalid_field",
+            Code::InvalidHeader => "invalid_header",
             Code::Unauthorized => "unauthorized",
             Code::InsufficientScope => "insufficient_scope",
             Code::NoSuchRoute => "no_such_route",
@@ -79,13 +91,19 @@ impl Code {
             Code::TooManyConnections => "too_many_connections",
             Code::StoreUnavailable => "store_unavailable",
             Code::OutcomeUnknown => "outcome_unknown",
+            Code::IdempotencyKeyReused => "idempotency_key_reused",
+            Code::IdempotencyKeyInFlight => "idempotency_key_in_flight",
             Code::ServerFault => "server_fault",
         }
     }
 
     pub fn status(self) -> StatusCode {
         match self {
-            Code::InvalidBody | Code::InvalidId | Code::InvalidField => StatusCode::BAD_REQUEST,
+            Code::InvalidBody | Code::InvalidId | Code::InvalidField | Code::InvalidHeader => {
+                StatusCode::BAD_REQUEST
+            }
+            Code::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            Code::IdempotencyKeyInFlight => StatusCode::CONFLICT,
             Code::Unauthorized => StatusCode::UNAUTHORIZED,
             Code::InsufficientScope => StatusCode::FORBIDDEN,
             Code::NoSuchRoute | Code::OrderNotFound | Code::VoucherNotLoaded => {
@@ -106,6 +124,11 @@ impl Code {
             Code::InvalidBody => "The body is not what this route takes",
             Code::InvalidId => "An id is not a valid id",
             Code::InvalidField => "A field is out of its range",
+            Code::InvalidHeader => "A header's value is not what this route takes",
+            Code::IdempotencyKeyReused => "The idempotency key was used for another request",
+            Code::IdempotencyKeyInFlight => {
+                "A request with this idempotency key is still being answered"
+            }
             Code::Unauthorized => "A valid API key is required",
             Code::InsufficientScope => "The API key may not call this route",
             Code::NoSuchRoute => "No such route",
@@ -130,6 +153,7 @@ impl Code {
                 | Code::TooManyConnections
                 | Code::StoreUnavailable
                 | Code::OutcomeUnknown
+                | Code::IdempotencyKeyInFlight
         )
     }
 

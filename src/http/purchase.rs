@@ -2,20 +2,21 @@
 
 use std::time::Duration;
 
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
-use redis::AsyncCommands;
+use axum::http::StatusCode;
+use axum::response::Response;
 
 use super::body::{Body, Fields, FromFields};
 use super::error::ApiError;
 use super::error::Code;
+use super::idempotent::{self, Idempotency};
 use super::ids::PathIds;
-use super::metrics::OutcomeLabel;
 use super::{AppState, State};
 use crate::gate::admission::Admission;
 
+use crate::gate::admission::Record;
+use crate::idempotency::{Answer, Begun, Reservation};
 use crate::orders::order;
-use crate::purchase::{purchase, Failed, Request};
+use crate::purchase::{answer_report, answer_status, fingerprint, prepare, Failed, Gates, Request};
 use crate::store::keys::VoucherKeys;
 
 // Built by hand from the body's fields (FromFields); the derive is for the
@@ -53,25 +54,12 @@ impl FromFields for PurchaseBody {
 /// is no token.
 const MAX_TOKEN: usize = 128;
 
-/// One status per outcome (docs/src/reference/http-api.md); 201 for a success only.
-pub fn status_of(outcome: &Admission) -> StatusCode {
-    match outcome {
-        Admission::Admitted { .. } => StatusCode::CREATED,
-        Admission::AlreadyBought => StatusCode::CONFLICT,
-        Admission::SoldOut { .. } | Admission::WaitingForUnits { .. } => StatusCode::GONE,
-        Admission::NotStarted { .. } => StatusCode::TOO_EARLY,
-        Admission::Ended { .. } => StatusCode::UNPROCESSABLE_ENTITY,
-        Admission::UnknownVoucher => StatusCode::NOT_FOUND,
-        Admission::Paused => StatusCode::SERVICE_UNAVAILABLE,
-        Admission::RateLimited => StatusCode::TOO_MANY_REQUESTS,
-        Admission::BadToken => StatusCode::FORBIDDEN,
-        Admission::NotEnoughStock { .. } => StatusCode::PRECONDITION_FAILED,
-    }
-}
-
 /// One admission through the gate: 201 for a success and only for it.
 #[utoipa::path(post, path = "/v1/vouchers/{voucher}/purchases", tag = "purchases",
-    params(("voucher" = String, Path, description = "The voucher id")),
+    params(
+        ("voucher" = String, Path, description = "The voucher id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "1..=255 printable ASCII characters, bare or quoted: a resend with the same key and body gets the first answer again (Idempotent-Replayed: true)"),
+    ),
     request_body = PurchaseBody,
     responses(
         (status = 201, description = "success: the user holds a unit; the order is on its way to MySQL", body = super::schema::PurchaseAnswer),
@@ -88,30 +76,121 @@ pub fn status_of(outcome: &Admission) -> StatusCode {
 pub async fn create(
     state: State,
     path: PathIds,
+    Idempotency(idempotency): Idempotency,
     Body(body): Body<PurchaseBody>,
 ) -> Result<Response, ApiError> {
     let voucher = path.get("voucher")?;
     let request = body.request(voucher);
     let keys = VoucherKeys::new(&state.cfg.prefix, voucher)?;
-    // Outside the sale window (by a cached window, about a second old)
-    // nothing can win: answered here, no script run.
-    let early = state
+    let Some((key, scope)) = idempotency else {
+        let answered = admit(&state, &keys, request, None, true).await?;
+        return Ok(answered.respond());
+    };
+    let gates = state
         .windows
-        .answer(&mut state.redis(), &keys)
+        .gates(&state.db, &state.cfg.prefix, voucher)
+        .await;
+    let gate = gates.gate_of(request.user).map_err(ApiError::from)?;
+    // A resend waits this long for an earlier request that has no outcome
+    // yet before taking it for one that never reached the gate.
+    let patience = state.request_timeout + Duration::from_secs(1);
+    let reservation = Reservation::new(
+        &state.cfg.prefix,
+        &scope,
+        &key,
+        state.idempotency_ttl,
+        patience,
+    )?;
+    let mut conn = state.purchase_redis();
+    let begun = reservation
+        .begin(&mut conn, &fingerprint(&request), &gate)
         .await
         .map_err(|e| {
             state.metrics.redis_error();
             ApiError::store(&e)
         })?;
-    if let Some(outcome) = early {
-        return Ok(respond(voucher, request.user, outcome));
+    let (record, first) = match begun {
+        Begun::Replay(answer) => return Ok(idempotent::respond(answer, true, "replayed")),
+        Begun::Reused => return Err(idempotent::reused()),
+        Begun::InFlight => return Err(idempotent::in_flight()),
+        Begun::Run { record, first } => (record, first),
+    };
+    let recorded = Record {
+        key: &record,
+        lifetime_ms: reservation.lifetime_ms(),
+    };
+    // Only a request that took the key may be answered from the cached
+    // sale window: an earlier one's admission may have run and must be
+    // answered from its record.
+    let answered = match admit(&state, &keys, request, Some(recorded), first).await {
+        Ok(answered) => answered,
+        Err(e) => {
+            reservation.open(&mut conn, &record).await;
+            return Err(e);
+        }
+    };
+    // The gate's "try again in a moment" is not recorded (nor by the
+    // script): the resend runs.
+    if matches!(answered.outcome, Admission::Paused | Admission::RateLimited) {
+        reservation.open(&mut conn, &record).await;
+        return Ok(answered.respond());
+    }
+    let outcome = answered.outcome.name();
+    let mine = answered.into_answer();
+    match reservation.settle(&mut conn, &record, mine.clone()).await {
+        Ok(settled) => Ok(idempotent::respond(
+            settled.answer,
+            settled.replayed || !first,
+            outcome,
+        )),
+        // Unrecorded, the answer is still the admission's: a resend is
+        // answered from the admission's record, the same outcome.
+        Err(e) => {
+            state.metrics.redis_error();
+            tracing::warn!("voucher {voucher}: an idempotency key's answer was not recorded: {e}");
+            Ok(idempotent::respond(mine, !first, outcome))
+        }
+    }
+}
+
+/// One admission through `keys`' voucher's gates, its reply recorded in
+/// `record` when given; `early`: a request outside the cached sale window
+/// is answered without running the script.
+async fn admit(
+    state: &AppState,
+    keys: &VoucherKeys,
+    request: Request<'_>,
+    record: Option<Record<'_>>,
+    early: bool,
+) -> Result<Answered, ApiError> {
+    let voucher = request.voucher;
+    // Outside the sale window (by a cached window, about a second old)
+    // nothing can win: answered here, no script run.
+    if early {
+        let cached = state
+            .windows
+            .answer(&mut state.redis(), keys)
+            .await
+            .map_err(|e| {
+                state.metrics.redis_error();
+                ApiError::store(&e)
+            })?;
+        if let Some(outcome) = cached {
+            return Ok(Answered::of(voucher, request.user, outcome));
+        }
     }
     let gates = state
         .windows
         .gates(&state.db, &state.cfg.prefix, voucher)
         .await;
     let mut conn = state.purchase_redis();
-    let call = purchase(&mut conn, &*gates, &state.ids, request, state.wait);
+    let call = async {
+        let mut prepared = prepare(&*gates, &state.ids, request)?;
+        if let Some(record) = record {
+            prepared = prepared.recorded_in(record);
+        }
+        prepared.send(&mut conn, state.wait).await
+    };
     let purchased = match tokio::time::timeout(state.request_timeout, call).await {
         Ok(Ok(purchased)) => purchased,
         Ok(Err(Failed::NotSent(e))) => return Err(ApiError::from(e)),
@@ -141,14 +220,19 @@ pub async fn create(
         return Err(outcome_unknown("the gate's answer was lost"));
     }
     if purchased.outcome == Admission::AlreadyBought {
-        return Ok(already_bought(&state, voucher, request.user).await);
+        return Ok(already_bought(state, voucher, request.user).await);
     }
     purchased.warn_if_replicas_short(&request, state.wait);
     let extra = HttpOnlyFields {
         replicas_acked: purchased.replicas_acked,
         ..HttpOnlyFields::default()
     };
-    Ok(answer(voucher, request.user, purchased.outcome, extra))
+    Ok(Answered::new(
+        voucher,
+        request.user,
+        purchased.outcome,
+        extra,
+    ))
 }
 
 /// The purchase may or may not have happened: the caller retries it.
@@ -180,12 +264,12 @@ const ORDER_LOOKUP: Duration = Duration::from_millis(300);
 /// retry of a purchase whose answer was lost learns it so). The worker
 /// persists within about a second: until then, or if MySQL is slow, the
 /// answer has no order id and `GET .../purchases/{user}` tells it later.
-async fn already_bought(state: &AppState, voucher: u64, user: u64) -> Response {
+async fn already_bought(state: &AppState, voucher: u64, user: u64) -> Answered {
     // Buyers clicking again are most already_bought answers: a few lookups
     // at a time per process, the rest answered without the id, so repeat
     // clicks cannot crowd MySQL (and the worker persisting orders) out.
     let Ok(_turn) = state.order_lookups.try_acquire() else {
-        return respond(voucher, user, Admission::AlreadyBought);
+        return Answered::of(voucher, user, Admission::AlreadyBought);
     };
     let lookup = order::of_user(&state.db, voucher, user);
     let order_id = match tokio::time::timeout(ORDER_LOOKUP, lookup).await {
@@ -206,11 +290,7 @@ async fn already_bought(state: &AppState, voucher: u64, user: u64) -> Response {
         order_id,
         ..HttpOnlyFields::default()
     };
-    answer(voucher, user, Admission::AlreadyBought, extra)
-}
-
-fn respond(voucher: u64, user: u64, outcome: Admission) -> Response {
-    answer(voucher, user, outcome, HttpOnlyFields::default())
+    Answered::new(voucher, user, Admission::AlreadyBought, extra)
 }
 
 /// What an answer may carry beyond `seckill buy --format json`'s fields.
@@ -222,96 +302,44 @@ struct HttpOnlyFields {
     order_id: Option<u64>,
 }
 
-fn answer(voucher: u64, user: u64, outcome: Admission, extra: HttpOnlyFields) -> Response {
-    let status = status_of(&outcome);
-    let mut report = outcome.report(voucher, user);
-    // Ids are strings over HTTP: a 64-bit id does not survive a JavaScript
-    // number.
-    report["voucher"] = serde_json::json!(voucher.to_string());
-    report["user"] = serde_json::json!(user.to_string());
-    if let Some(acked) = extra.replicas_acked {
-        report["replicas_acked"] = serde_json::json!(acked);
-    }
-    if let Some(id) = extra.order_id {
-        report["order_id"] = serde_json::json!(id.to_string());
-    }
-    let mut response = (status, axum::Json(report)).into_response();
-    response
-        .extensions_mut()
-        .insert(OutcomeLabel(outcome.name()));
-    if matches!(outcome, Admission::Paused | Admission::RateLimited) {
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    }
-    response
+/// A purchase's answer: its outcome, status and body.
+struct Answered {
+    outcome: Admission,
+    status: StatusCode,
+    report: serde_json::Value,
 }
 
-/// Whether the user bought the voucher, and the order once MySQL has it:
-/// how a caller settles a purchase whose answer was lost after the sale
-/// ended (a retry then answers `ended`, the gate's check order). While it
-/// runs, `bought: false` is not final: the lost request may still reach the
-/// gate (its driver resends it); retrying the purchase settles it then.
-#[utoipa::path(get, path = "/v1/vouchers/{voucher}/purchases/{user}", tag = "purchases", operation_id = "show_purchase",
-    params(
-        ("voucher" = String, Path, description = "The voucher id"),
-        ("user" = String, Path, description = "The user id"),
-    ),
-    responses(
-        (status = 200, description = "bought true (the gate counts the user a buyer, or MySQL has the order; order null: on its way to MySQL) or false", body = super::schema::BuyerAnswer),
-    ))]
-pub async fn show(state: State, path: PathIds) -> Result<Response, ApiError> {
-    let voucher = path.get("voucher")?;
-    let user = path.get("user")?;
-    VoucherKeys::new(&state.cfg.prefix, voucher)?;
-    // MySQL first: an order persisted before the gate was asked stays
-    // found even if a rebuild moves the buyer meanwhile.
-    let lookup = order::of_user(&state.db, voucher, user);
-    let order = match tokio::time::timeout(state.request_timeout / 2, lookup).await {
-        Ok(found) => found?,
-        Err(_) => {
-            return Err(ApiError::new(
-                Code::StoreUnavailable,
-                "MySQL did not answer in time; nothing was done: retry in a moment",
-            ))
+impl Answered {
+    fn of(voucher: u64, user: u64, outcome: Admission) -> Answered {
+        Answered::new(voucher, user, outcome, HttpOnlyFields::default())
+    }
+
+    fn new(voucher: u64, user: u64, outcome: Admission, extra: HttpOnlyFields) -> Answered {
+        let mut report = answer_report(voucher, user, &outcome);
+        if let Some(acked) = extra.replicas_acked {
+            report["replicas_acked"] = serde_json::json!(acked);
         }
-    };
-    let bought = match &order {
-        Some(_) => true,
-        None => {
-            let mut conn = state.redis();
-            // The buyer is in their own bucket's set: by the layout the
-            // purchases cached with the sale window, else read now.
-            let layout = match state.windows.layout(voucher) {
-                Some(layout) => layout,
-                None => match crate::gate::buckets::for_routing(
-                    &mut conn,
-                    &state.cfg.prefix,
-                    voucher,
-                    async || Ok(state.db.clone()),
-                )
-                .await
-                {
-                    Ok(layout) => std::sync::Arc::new(layout),
-                    Err(e) => {
-                        state.metrics.redis_error();
-                        return Err(ApiError::store(&e));
-                    }
-                },
-            };
-            let keys = layout.keys_of_user(user)?;
-            let member: redis::RedisResult<bool> = conn.sismember(keys.buyers(), user).await;
-            member.map_err(|e| {
-                state.metrics.redis_error();
-                ApiError::store(&e.into())
-            })?
+        if let Some(id) = extra.order_id {
+            report["order_id"] = serde_json::json!(id.to_string());
         }
-    };
-    Ok(axum::Json(serde_json::json!({
-        "voucher": voucher.to_string(),
-        "user": user.to_string(),
-        "bought": bought,
-        "order": order.as_ref().map(super::order::answer),
-    }))
-    .into_response())
+        Answered {
+            outcome,
+            status: StatusCode::from_u16(answer_status(&outcome))
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            report,
+        }
+    }
+
+    /// The answer as an idempotency key records it.
+    fn into_answer(self) -> Answer {
+        Answer {
+            status: self.status.as_u16(),
+            body: self.report.to_string().into_bytes(),
+        }
+    }
+
+    fn respond(self) -> Response {
+        let outcome = self.outcome.name();
+        idempotent::respond(self.into_answer(), false, outcome)
+    }
 }

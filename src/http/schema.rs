@@ -57,6 +57,12 @@ pub struct SaleAnswer {
     pub stock: i64,
     /// Redis's clock (the gate's), Unix ms.
     pub now_ms: i64,
+    /// The share of the voucher's units taken, 0 to 1 (units held for
+    /// unpaid orders count; a unit released comes back).
+    #[schema(minimum = 0.0, maximum = 1.0)]
+    pub claimed: f64,
+    /// Requests waiting in line, every bucket's.
+    pub waiting: u64,
 }
 
 /// As `seckill order show --format json`, every id a string.
@@ -88,6 +94,18 @@ pub struct BuyerAnswer {
     /// The order once the worker has persisted it; null until then (or
     /// when the user has none).
     pub order: Option<OrderAnswer>,
+    /// bought, waiting, not_waiting or ended (a buyer stays bought after
+    /// the sale's end; anyone else is ended then).
+    pub state: String,
+    /// waiting only: the place in the voucher's line, every bucket's
+    /// requests queued before this one plus one (1 = next); else null.
+    pub position: Option<u64>,
+    /// waiting only: position - 1; else null.
+    pub ahead: Option<u64>,
+    /// waiting only: an estimate of the ms until the request is served,
+    /// from the pace the line has moved at over the last minutes; null
+    /// without a basis.
+    pub eta_ms: Option<u64>,
 }
 
 #[derive(Serialize, ToSchema)]

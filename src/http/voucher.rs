@@ -31,6 +31,13 @@ pub async fn show(state: State, path: PathIds) -> Result<Json<Value>, ApiError> 
             format!("voucher {voucher} is not loaded at the gate"),
         ));
     };
+    let layout = Layout::from_tags(&state.cfg.prefix, voucher, sale.bucket_tags.as_deref())?;
+    let line = crate::gate::waiting::line_of(&mut state.redis(), &layout).await?;
+    state.pace.saw(voucher, line.promotions);
+    let claimed = match sale.total {
+        t if t > 0 => (1.0 - sale.stock as f64 / t as f64).clamp(0.0, 1.0),
+        _ => 0.0,
+    };
     let name = match sale.state() {
         SaleState::Paused => "paused",
         SaleState::NotStarted => "not_started",
@@ -45,6 +52,9 @@ pub async fn show(state: State, path: PathIds) -> Result<Json<Value>, ApiError> 
         "end_ms": sale.end_ms,
         "stock": sale.stock,
         "now_ms": sale.now_ms,
+        // Four decimals: a share, not a count to compute with.
+        "claimed": (claimed * 10_000.0).round() / 10_000.0,
+        "waiting": line.waiting,
     })))
 }
 

@@ -52,6 +52,12 @@ impl VoucherKeys {
         format!("{}:{name}", self.base)
     }
 
+    /// A request's admission record (KEYS[9] of lua/seckill.lua), named
+    /// by a nonce its idempotency key's reservation holds.
+    pub fn idempotency_record(&self, nonce: &str) -> String {
+        self.key(&format!("idem:{nonce}"))
+    }
+
     pub fn meta(&self) -> String {
         self.key("meta")
     }
@@ -191,6 +197,12 @@ pub fn is_bucket_tag(tag: &str, voucher: u64) -> bool {
 }
 
 /// The lease of snowflake node id `node` (lua/node_lease.lua).
+/// An idempotency key's reservation (lua/idem_reserve.lua), in a slot of
+/// its own: `scope` names the caller, `digest` is the key's SHA-256 (hex).
+pub fn idempotency_reservation(prefix: &str, scope: &str, digest: &str) -> String {
+    format!("{prefix}:idem:{{{scope}:{digest}}}")
+}
+
 pub fn node_lease(prefix: &str, node: u16) -> String {
     format!("{prefix}:{{nodes}}:lease:{node}")
 }

@@ -196,6 +196,13 @@ pub static RUN_ID: LazyLock<Script> = LazyLock::new(|| Script::new(RUN_ID_SOURCE
 pub static ACL_CHECK: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/acl_check.lua")));
 
+/// Idempotency keys: find or take a key's reservation (src/idempotency.rs).
+pub static IDEM_RESERVE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/idem_reserve.lua")));
+/// Idempotency keys: record a request's answer, or open its reservation.
+pub static IDEM_SETTLE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/idem_settle.lua")));
+
 /// Every script the binary runs, by file name, for `seckill doctor` to
 /// load.
 pub fn all() -> Vec<(&'static str, &'static Script)> {
@@ -229,6 +236,8 @@ pub fn all() -> Vec<(&'static str, &'static Script)> {
         ("pause.lua", &PAUSE),
         ("run_id.lua", &RUN_ID),
         ("acl_check.lua", &ACL_CHECK),
+        ("idem_reserve.lua", &IDEM_RESERVE),
+        ("idem_settle.lua", &IDEM_SETTLE),
     ]
 }
 

@@ -1,0 +1,409 @@
+//! Idempotency keys on `seckill serve`'s purchases (docs/src/concepts/
+//! idempotency.md), driven over HTTP as an application server drives them:
+//! a resend gets the first answer byte for byte whatever happened since
+//! (a lost answer, a sell-out, the sale's end, a rate limit, a Redis
+//! restart), a key reused for another body is refused and writes nothing,
+//! a hundred sends of one key at once admit once, and a key expires.
+
+mod common;
+
+use std::io::Write;
+use std::time::Duration;
+
+use common::invariants::assert_invariants;
+use common::own_redis::OwnRedis;
+use common::serve_proc::Serve;
+use common::{free_port, http_agent, within_seconds, TestEnv};
+use redis::AsyncCommands;
+use seckill::store::keys::VoucherKeys;
+use serde_json::{json, Value};
+
+/// One answer as an application server sees it.
+#[derive(Debug, Clone)]
+struct Reply {
+    status: u16,
+    text: String,
+    replayed: bool,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.text).unwrap_or(Value::Null)
+    }
+
+    fn code(&self) -> String {
+        self.json()["code"].as_str().unwrap_or_default().to_string()
+    }
+}
+
+/// A purchase of `body` at voucher `v` with idempotency key `key` (sent as
+/// the header's value as is), and an API key when given.
+fn send(serve: &Serve, v: u64, body: &Value, key: &str, api_key: Option<&str>) -> Reply {
+    let mut req = http_agent()
+        .post(&serve.url(&format!("/v1/vouchers/{v}/purchases")))
+        .header("content-type", "application/json")
+        .header("idempotency-key", key);
+    if let Some(k) = api_key {
+        req = req.header("authorization", &format!("Bearer {k}"));
+    }
+    let mut r = req.send(body.to_string()).expect("an answer");
+    let replayed = r
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true");
+    Reply {
+        status: r.status().as_u16(),
+        text: r.body_mut().read_to_string().unwrap_or_default(),
+        replayed,
+    }
+}
+
+/// The entries the voucher's stream has had (admissions sent to the worker).
+async fn admissions(env: &TestEnv, v: u64) -> usize {
+    let keys = VoucherKeys::new(&env.prefix, v).unwrap();
+    let mut redis = env.redis().await;
+    redis.xlen(keys.orders()).await.unwrap()
+}
+
+fn drain(env: &TestEnv) {
+    env.spawn_worker(&["--until-idle", "--block", "100ms"])
+        .expect_success(Duration::from_secs(60));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_after_a_lost_answer_gets_the_first_answer() {
+    const V: u64 = 1;
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 5).await;
+    // The first send's answer is lost after the admission ran: the gate
+    // admitted the buyer, the caller got 503 outcome_unknown.
+    let serve = Serve::start_with(
+        &env,
+        &[],
+        "seckill=info",
+        &[("SECKILL_TEST_FAULT", "serve_after_admit@1=error")],
+    );
+    let body = json!({ "user": "7" });
+    let lost = send(&serve, V, &body, "order-7-a", None);
+    assert_eq!(
+        (lost.status, lost.code().as_str()),
+        (503, "outcome_unknown"),
+        "{lost:?}"
+    );
+    let resent = send(&serve, V, &body, "order-7-a", None);
+    assert_eq!(resent.status, 201, "{resent:?}");
+    assert!(resent.replayed, "{resent:?}");
+    let again = send(&serve, V, &body, "\"order-7-a\"", None);
+    assert_eq!((again.status, &again.text), (201, &resent.text));
+    assert!(again.replayed);
+    // The same request without a key: the buyer's own dedupe answers.
+    let (status, _) = serve.buy(V, json!("7"));
+    assert_eq!(status, 409);
+    assert_eq!(admissions(&env, V).await, 1);
+
+    // The client drops the connection right after sending (its answer
+    // held back at the gate's side meanwhile): the resend is answered.
+    let slow = Serve::start_with(
+        &env,
+        &[],
+        "seckill=info",
+        &[("SECKILL_TEST_PAUSE", "serve_after_admit=1s*1")],
+    );
+    let body = json!({ "user": "8" });
+    let text = body.to_string();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", slow.port)).unwrap();
+    write!(
+        s,
+        "POST /v1/vouchers/{V}/purchases HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nIdempotency-Key: order-8\r\nContent-Length: {}\r\n\r\n{text}",
+        text.len()
+    )
+    .unwrap();
+    within_seconds(30, "the dropped request reached its pause", || {
+        slow.log_text().contains("serve_after_admit")
+    });
+    drop(s);
+    // The first is still being answered or was dropped with its
+    // connection; its admission ran: the resend is answered from it.
+    let resent = send(&slow, V, &body, "order-8", None);
+    assert_eq!(resent.status, 201, "{resent:?}");
+    assert!(resent.replayed);
+    let again = send(&slow, V, &body, "order-8", None);
+    assert_eq!((again.status, &again.text), (201, &resent.text));
+    assert_eq!(admissions(&env, V).await, 2);
+    drain(&env);
+    let state = assert_invariants(&env, V).await;
+    assert_eq!(state.orders.len(), 2);
+    let order = resent.json()["order_id"]
+        .as_str()
+        .unwrap()
+        .parse::<u64>()
+        .unwrap();
+    assert_eq!(state.orders[&8].0, order);
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_after_a_sell_out_a_rate_limit_and_the_sale_s_end_gets_the_first_answer() {
+    const V: u64 = 1;
+    let env = TestEnv::new().await;
+    // One unit; the sale ends 4 s from now; one attempt per user a second.
+    env.add_voucher(V, 1, -1_000, 4_000).await;
+    env.preload(V).await;
+    let rate = env
+        .cmd()
+        .args(["voucher", "update", "--id", "1", "--user-rate", "1"])
+        .output()
+        .unwrap();
+    assert!(rate.status.success(), "{rate:?}");
+    let serve = Serve::start(&env, &[]);
+    let first = send(&serve, V, &json!({ "user": 1 }), "k-1", None);
+    assert_eq!(first.status, 201, "{first:?}");
+    assert!(!first.replayed);
+    // A resend at once: the user's rate would refuse it, the key replays.
+    let at_once = send(
+        &serve,
+        V,
+        &json!({ "user": "1", "quantity": 1 }),
+        "k-1",
+        None,
+    );
+    assert_eq!((at_once.status, &at_once.text), (201, &first.text));
+    assert!(at_once.replayed);
+    // Another buyer is refused (sold out), and their resend says so too.
+    let late = send(&serve, V, &json!({ "user": 2 }), "k-2", None);
+    assert_eq!(late.status, 410, "{late:?}");
+    let (status, _) = serve.buy(V, json!(3));
+    assert_eq!(status, 410);
+    let late_again = send(&serve, V, &json!({ "user": 2 }), "k-2", None);
+    assert_eq!((late_again.status, &late_again.text), (410, &late.text));
+    // After the sale's end (seen by a request without a key), the resends
+    // still get the answers of the sale.
+    within_seconds(30, "the sale ended", || serve.buy(V, json!(4)).0 == 422);
+    let after = send(&serve, V, &json!({ "user": 1 }), "k-1", None);
+    assert_eq!((after.status, &after.text), (201, &first.text));
+    assert!(after.replayed);
+    let fresh = send(&serve, V, &json!({ "user": 1 }), "k-1-new", None);
+    assert_eq!(fresh.status, 422, "a new key is a new request: {fresh:?}");
+    assert!(!fresh.replayed);
+    assert_eq!(admissions(&env, V).await, 1);
+    drain(&env);
+    assert_invariants(&env, V).await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_reused_for_another_body_is_refused_and_writes_nothing() {
+    const V: u64 = 1;
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 10).await;
+    let policy = env
+        .cmd()
+        .args(["voucher", "update", "--id", "1", "--per-user-limit", "3"])
+        .output()
+        .unwrap();
+    assert!(policy.status.success(), "{policy:?}");
+    let key_file = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "idem-keys-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
+    std::fs::write(
+        &key_file,
+        "shop-a-key-0123456789abcdef\nshop-b-key-0123456789abcdef\n",
+    )
+    .unwrap();
+    let serve = Serve::start(&env, &["--api-key-file", &key_file.display().to_string()]);
+    let (a, b) = (
+        Some("shop-a-key-0123456789abcdef"),
+        Some("shop-b-key-0123456789abcdef"),
+    );
+    env.live_voucher(2, 10).await;
+    let first = send(&serve, V, &json!({ "user": 1, "quantity": 2 }), "k", a);
+    assert_eq!(first.status, 201, "{first:?}");
+    let before = env.snapshot().await;
+    for body in [
+        json!({ "user": 1, "quantity": 3 }),
+        json!({ "user": 1 }),
+        json!({ "user": 2, "quantity": 2 }),
+    ] {
+        let reused = send(&serve, V, &body, "k", a);
+        assert_eq!(
+            (reused.status, reused.code().as_str()),
+            (422, "idempotency_key_reused"),
+            "{body}: {reused:?}"
+        );
+        assert!(!reused.replayed);
+    }
+    // Another voucher is another request too.
+    let other = send(&serve, 2, &json!({ "user": 1, "quantity": 2 }), "k", a);
+    assert_eq!(other.code(), "idempotency_key_reused", "{other:?}");
+    assert_eq!(
+        env.snapshot().await,
+        before,
+        "a refused reuse wrote something"
+    );
+    // The same key under another API key is that caller's own.
+    let other_caller = send(&serve, V, &json!({ "user": 2 }), "k", b);
+    assert_eq!(other_caller.status, 201, "{other_caller:?}");
+    assert!(!other_caller.replayed);
+    // Bad keys: 400, nothing written.
+    let before = env.snapshot().await;
+    for bad in ["\"open", &"x".repeat(256), "\"\""] {
+        let refused = send(&serve, V, &json!({ "user": 3 }), bad, a);
+        assert_eq!(
+            (refused.status, refused.code().as_str()),
+            (400, "invalid_header"),
+            "{bad}: {refused:?}"
+        );
+    }
+    assert_eq!(env.snapshot().await, before);
+    drain(&env);
+    assert_invariants(&env, V).await;
+    std::fs::remove_file(&key_file).ok();
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_sends_of_one_key_at_once_admit_once() {
+    const V: u64 = 1;
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 50).await;
+    let serve = Serve::start(&env, &[]);
+    let replies: Vec<Reply> = std::thread::scope(|s| {
+        let sends: Vec<_> = (0..100)
+            .map(|_| s.spawn(|| send(&serve, V, &json!({ "user": 42 }), "one-click", None)))
+            .collect();
+        sends.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let firsts: Vec<&Reply> = replies
+        .iter()
+        .filter(|r| !r.replayed && r.status == 201)
+        .collect();
+    assert_eq!(firsts.len(), 1, "{replies:?}");
+    let success = &firsts[0].text;
+    for r in &replies {
+        let same = r.status == 201 && r.replayed && &r.text == success;
+        let in_flight = r.status == 409 && r.code() == "idempotency_key_in_flight";
+        assert!(same || in_flight || std::ptr::eq(r, firsts[0]), "{r:?}");
+    }
+    assert_eq!(admissions(&env, V).await, 1);
+    drain(&env);
+    let state = assert_invariants(&env, V).await;
+    assert_eq!(state.orders.len(), 1);
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_expires_with_its_lifetime() {
+    const V: u64 = 1;
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 5).await;
+    let serve = Serve::start(&env, &["--idempotency-ttl", "1s"]);
+    let first = send(&serve, V, &json!({ "user": 5 }), "short-lived", None);
+    assert_eq!(first.status, 201, "{first:?}");
+    let mut redis = env.redis().await;
+    let pattern = format!("{}:*idem*", env.prefix);
+    let keys = common::scan_keys(&mut redis, &pattern).await.unwrap();
+    assert_eq!(
+        keys.len(),
+        2,
+        "the reservation and the admission's record: {keys:?}"
+    );
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while !common::scan_keys(&mut redis, &pattern)
+        .await
+        .unwrap()
+        .is_empty()
+    {
+        assert!(
+            std::time::Instant::now() < until,
+            "the key's records never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Past its lifetime the key is new: the request runs again and the
+    // buyer's own dedupe answers.
+    let later = send(&serve, V, &json!({ "user": 5 }), "short-lived", None);
+    assert_eq!(later.status, 409, "{later:?}");
+    assert!(!later.replayed);
+    assert_eq!(later.json()["outcome"], "already_bought");
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_s_answer_outlives_a_redis_restart_that_kept_its_writes() {
+    const V: u64 = 1;
+    let redis = OwnRedis::start();
+    let mut env = TestEnv::on_redis(&redis.url()).await;
+    env.live_voucher(V, 5).await;
+    let serve = Serve::start(&env, &[]);
+    let first = send(&serve, V, &json!({ "user": 9 }), "across-restart", None);
+    assert_eq!(first.status, 201, "{first:?}");
+    // A clean restart from a snapshot taken after the answer: the key's
+    // records are as durable as the admission they describe.
+    redis.snapshot();
+    redis.shut_down();
+    redis.start_again();
+    env.forget_redis();
+    let mut resent = send(&serve, V, &json!({ "user": 9 }), "across-restart", None);
+    within_seconds(30, "serve reached Redis again", || {
+        if resent.status == 503 {
+            std::thread::sleep(Duration::from_millis(100));
+            resent = send(&serve, V, &json!({ "user": 9 }), "across-restart", None);
+            return false;
+        }
+        true
+    });
+    assert_eq!((resent.status, &resent.text), (201, &first.text));
+    assert!(resent.replayed);
+    assert_eq!(admissions(&env, V).await, 1);
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seckill_buy_with_a_key_gives_its_first_outcome_again() {
+    const V: u64 = 1;
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 1).await;
+    let buy = |user: &str, key: &str| {
+        env.cmd()
+            .args(["buy", "--voucher", "1", "--user", user, "--format", "json"])
+            .args(["--idempotency-key", key])
+            .output()
+            .unwrap()
+    };
+    let first = buy("1", "cli-1");
+    assert_eq!(first.status.code(), Some(0), "{first:?}");
+    let order = common::json(&first)["order_id"].clone();
+    // Sold out since (another buyer took nothing: one unit), and the
+    // user already a buyer: the key still answers the first outcome.
+    assert_eq!(env.buy_exit(V, "2"), Some(11));
+    let again = buy("1", "cli-1");
+    assert_eq!(again.status.code(), Some(0), "{again:?}");
+    let replayed = common::json(&again);
+    assert_eq!(
+        (replayed["order_id"].clone(), replayed["replayed"].clone()),
+        (order, json!(true))
+    );
+    // Another user with the key: one line, exit 1, nothing done (but the
+    // node id `buy` leased to mint its order id).
+    let sale = || async {
+        let mut snapshot = env.snapshot().await;
+        snapshot.redis.retain(|key, _| !key.contains("{nodes}"));
+        snapshot
+    };
+    let before = sale().await;
+    let reused = buy("3", "cli-1");
+    assert_eq!(reused.status.code(), Some(1), "{reused:?}");
+    let stderr = String::from_utf8_lossy(&reused.stderr);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("was used for another purchase"), "{stderr}");
+    assert_eq!(sale().await, before);
+    // The shared scope: serve without API keys answers the same key alike.
+    let serve = Serve::start(&env, &[]);
+    let over_http = send(&serve, V, &json!({ "user": 1 }), "cli-1", None);
+    assert_eq!(over_http.status, 201, "{over_http:?}");
+    assert!(over_http.replayed);
+    assert_eq!(admissions(&env, V).await, 1);
+    env.cleanup().await;
+}
