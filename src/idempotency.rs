@@ -5,7 +5,7 @@
 //! Two records, each with one job. The key's *reservation*
 //! (lua/idem_reserve.lua), in a slot of its own, holds the request's
 //! fingerprint and, once answered, the answer: a resend finds it whatever
-//! user or voucher it names. The *admission record* (KEYS[9] of
+//! user or voucher it names. The *admission record* (`KEYS[9]` of
 //! lua/seckill.lua), in the buyer's bucket's slot, is written by the
 //! admission script in the same atomic run as the admission: there is no
 //! admission of a keyed request without it, and a later run with the same

@@ -220,7 +220,7 @@ fn invocation(
 }
 
 /// Where an admission with an idempotency key records its reply, and for
-/// how long (KEYS[9] and ARGV[6] of lua/seckill.lua; src/idempotency.rs).
+/// how long (`KEYS[9]` and `ARGV[6]` of lua/seckill.lua; src/idempotency.rs).
 #[derive(Debug, Clone, Copy)]
 pub struct Record<'a> {
     pub key: &'a str,

@@ -52,7 +52,7 @@ impl VoucherKeys {
         format!("{}:{name}", self.base)
     }
 
-    /// A request's admission record (KEYS[9] of lua/seckill.lua), named
+    /// A request's admission record (`KEYS[9]` of lua/seckill.lua), named
     /// by a nonce its idempotency key's reservation holds.
     pub fn idempotency_record(&self, nonce: &str) -> String {
         self.key(&format!("idem:{nonce}"))
