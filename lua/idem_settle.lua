@@ -4,7 +4,7 @@
 --
 -- KEYS[1]  seckill:idem:{<scope>:<D>}  the reservation
 -- ARGV[1]  done | open
--- ARGV[2]  the record key the request ran with (the reservation's; another
+-- ARGV[2]  the nonce the request ran with (the reservation's; another
 --          means the reservation expired and was taken by a later request)
 -- ARGV[3]  done: the answer's status (100 .. 599)
 -- ARGV[4]  done: the answer's body
@@ -17,9 +17,9 @@
 --   unknown, or nothing done): a resend need not wait for it. Returns
 --   {0, 0, ''}.
 
-local mode, record = ARGV[1], ARGV[2]
-local r = redis.call('HMGET', KEYS[1], 'state', 'record', 'status', 'body')
-if not r[1] or r[2] ~= record then return {0, 0, ''} end
+local mode, nonce = ARGV[1], ARGV[2]
+local r = redis.call('HMGET', KEYS[1], 'state', 'nonce', 'status', 'body')
+if not r[1] or r[2] ~= nonce then return {0, 0, ''} end
 if mode == 'open' then
   if r[1] == 'pending' then redis.call('HSET', KEYS[1], 'at_ms', 0) end
   return {0, 0, ''}

@@ -129,9 +129,10 @@
 -- record holds the user and the quantity; a call with the same KEYS[9]
 -- for another user or quantity gets an error reply ("ERR seckill:
 -- idempotency key ... another request") and nothing is written. Not
--- recorded: error replies, code 6 (paused) and code 7 (rate limited),
--- whose callers are told to try again in a moment, and code 10 (nothing
--- happened: the caller routes again). A record lives ARGV[6] ms; Redis
+-- recorded, so that a resend runs again: error replies; code 3 (not
+-- started), 6 (paused) and 7 (rate limited), whose callers are told to
+-- try again later; code 5 (unknown voucher: it may be loaded in a
+-- moment); code 10 (nothing happened: the caller routes again). A record lives ARGV[6] ms; Redis
 -- keeps it as it keeps the admission (appendfsync): if Redis loses its
 -- last writes, the record goes with the admission it described.
 
@@ -351,9 +352,11 @@ local function admit()
 end
 
 local reply = admit()
--- Codes 6 and 7 say "try again in a moment", code 10 "route again": a
--- resend must run, so they are not recorded.
-if record and reply.err == nil and reply[1] ~= 6 and reply[1] ~= 7 and reply[1] ~= 10 then
+-- Codes 3, 6 and 7 say "try again later", 5 "not loaded yet", 10 "route
+-- again": a resend must run, so they are not recorded (src/idempotency.rs
+-- lists the same codes).
+local unrecorded = {[3] = true, [5] = true, [6] = true, [7] = true, [10] = true}
+if record and reply.err == nil and not unrecorded[reply[1]] then
   redis.call('HSET', record, 'code', reply[1], 'reason', reply[2], 'value', reply[3],
     'user', user, 'quantity', wanted)
   redis.call('PEXPIRE', record, lifetime)

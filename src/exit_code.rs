@@ -36,12 +36,20 @@ pub const BAD_TOKEN: u8 = 17;
 /// `buy`: fewer units left than the quantity asked for (nothing taken).
 pub const NOT_ENOUGH_STOCK: u8 = 18;
 
+/// `buy --idempotency-key`: the key was used for another purchase
+/// (another user, voucher, quantity or token); nothing was done.
+pub const IDEMPOTENCY_KEY_REUSED: u8 = 19;
+
 /// `pay`: the order was already paid.
 pub const ALREADY_PAID: u8 = 20;
 /// `pay`: the order was cancelled at (or is past) its payment deadline.
 pub const ORDER_CANCELLED: u8 = 21;
 /// `pay`, `order show`: no such order.
 pub const UNKNOWN_ORDER: u8 = 22;
+
+/// `buy --idempotency-key`: a purchase with the key is still being
+/// answered; nothing was done: run it again in a moment.
+pub const IDEMPOTENCY_KEY_IN_FLIGHT: u8 = 23;
 
 /// The table shown in `seckill --help` and the book.
 pub const HELP: &str = "\
@@ -62,6 +70,8 @@ Exit codes:
   16  buy: rate limited (too many attempts by the user in the last second)
   17  buy: bad token (missing, wrong, expired, another user's or voucher's)
   18  buy: not enough stock for the quantity asked (nothing taken)
+  19  buy: the idempotency key was used for another purchase (nothing done)
   20  pay: already paid
   21  pay: cancelled at (or past) its payment deadline
-  22  pay, order show: unknown order";
+  22  pay, order show: unknown order
+  23  buy: a purchase with the idempotency key is still being answered (run again)";

@@ -107,11 +107,17 @@ pub struct Answer {
 /// What to do with a request whose key was looked up.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Begun {
-    /// Run it, with this admission record. `first`: this request took the
-    /// key; otherwise an earlier one did and has no answer recorded yet
-    /// (it failed, or died, or its admission ran and the answer is in the
-    /// record, which the run returns unchanged).
-    Run { record: String, first: bool },
+    /// Run it, with this admission record (named by the reservation's
+    /// nonce at the gate the request goes to). `first`: this request took
+    /// the key. `admitted`: an earlier request with the key ran its
+    /// admission already (the record exists), so the run returns that
+    /// admission's reply unchanged.
+    Run {
+        record: String,
+        nonce: String,
+        first: bool,
+        admitted: bool,
+    },
     /// The key's answer: give it again.
     Replay(Answer),
     /// The key was used for another request (another body).
@@ -160,27 +166,32 @@ impl Reservation {
         self.lifetime_ms
     }
 
-    /// Looks the key up, and takes it when nobody has: a new request's
-    /// admission record is named at `gate`, the buyer's bucket's gate.
+    /// Looks the key up, and takes it when nobody has. The admission's
+    /// record is named at `gate`, the gate the admission goes to (the
+    /// reservation holds only its nonce: a gate named wrongly, by a layout
+    /// not known yet, is refused by the script with "wrong bucket" and the
+    /// resend names the right one).
     pub async fn begin(
         &self,
         conn: &mut impl RedisConn,
         fingerprint: &str,
         gate: &VoucherKeys,
     ) -> Result<Begun> {
-        let record = gate.idempotency_record(&crate::gate::token::mint()?);
+        let fresh = crate::gate::token::mint()?;
         let (code, a, b): (i64, Value, Value) = IDEM_RESERVE
             .key(&self.key)
             .arg(fingerprint)
-            .arg(&record)
+            .arg(&fresh)
             .arg(self.lifetime_ms)
             .invoke_async(conn)
             .await?;
         let bad = || Error::redis(format!("idem_reserve.lua answered {code} {a:?} {b:?}"));
         match code {
             0 => Ok(Begun::Run {
-                record,
+                record: gate.idempotency_record(&fresh),
+                nonce: fresh,
                 first: true,
+                admitted: false,
             }),
             1 => Ok(Begun::Replay(Answer {
                 status: number(&a)
@@ -189,10 +200,11 @@ impl Reservation {
                 body: bytes(&b).ok_or_else(bad)?,
             })),
             2 => {
-                let record = bytes(&a)
+                let nonce = bytes(&a)
                     .and_then(|r| String::from_utf8(r).ok())
                     .ok_or_else(bad)?;
                 let age = Duration::from_millis(number(&b).ok_or_else(bad)?.max(0) as u64);
+                let record = gate.idempotency_record(&nonce);
                 // The admission ran if its record exists: the run returns
                 // it. Without one, a young request is still on its way;
                 // an old one (or one its taker opened) never ran, and a
@@ -201,7 +213,9 @@ impl Reservation {
                 if admitted || age >= self.patience {
                     Ok(Begun::Run {
                         record,
+                        nonce,
                         first: false,
+                        admitted,
                     })
                 } else {
                     Ok(Begun::InFlight)
@@ -217,13 +231,13 @@ impl Reservation {
     pub async fn settle(
         &self,
         conn: &mut impl RedisConn,
-        record: &str,
+        nonce: &str,
         answer: Answer,
     ) -> Result<Settled> {
         let (code, status, body): (i64, Value, Value) = IDEM_SETTLE
             .key(&self.key)
             .arg("done")
-            .arg(record)
+            .arg(nonce)
             .arg(answer.status)
             .arg(&answer.body)
             .invoke_async(conn)
@@ -252,11 +266,11 @@ impl Reservation {
     /// The request failed before it had an answer to record: a resend may
     /// go on at once instead of waiting out the patience. Best effort: if
     /// this is lost too, the resend waits.
-    pub async fn open(&self, conn: &mut impl RedisConn, record: &str) {
+    pub async fn open(&self, conn: &mut impl RedisConn, nonce: &str) {
         let opened: redis::RedisResult<Value> = IDEM_SETTLE
             .key(&self.key)
             .arg("open")
-            .arg(record)
+            .arg(nonce)
             .invoke_async(conn)
             .await;
         if let Err(e) = opened {

@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use crate::error::Error;
 use crate::gate::admission::{admit_durably, Admission, Attempt, Record, ReplicaWait};
 use crate::gate::buckets::bucket_of;
+use crate::idempotency::{Answer, Begun, Reservation};
 use crate::store::keys::VoucherKeys;
 use crate::store::layout::Layout;
 use crate::store::node_lease::OrderIds;
@@ -118,8 +119,8 @@ pub fn answer_report(voucher: u64, user: u64, outcome: &Admission) -> serde_json
 }
 
 /// An outcome's answer as an idempotency key records it.
-pub fn recorded_answer(voucher: u64, user: u64, outcome: &Admission) -> crate::idempotency::Answer {
-    crate::idempotency::Answer {
+pub fn recorded_answer(voucher: u64, user: u64, outcome: &Admission) -> Answer {
+    Answer {
         status: answer_status(outcome),
         body: answer_report(voucher, user, outcome)
             .to_string()
@@ -129,14 +130,113 @@ pub fn recorded_answer(voucher: u64, user: u64, outcome: &Admission) -> crate::i
 
 /// The fingerprint of a purchase for an idempotency key: the request after
 /// parsing, defaults applied, and the voucher.
-pub fn fingerprint(request: &Request<'_>) -> String {
+fn fingerprint(attempt: &Attempt<'_>) -> String {
     crate::idempotency::fingerprint(&[
         "purchase",
-        &request.voucher.to_string(),
-        &request.user.to_string(),
-        &request.quantity.to_string(),
-        request.token.unwrap_or(""),
+        &attempt.voucher.to_string(),
+        &attempt.user.to_string(),
+        &attempt.quantity.to_string(),
+        attempt.token.unwrap_or(""),
     ])
+}
+
+/// What a purchase with an idempotency key comes to.
+#[derive(Debug)]
+pub enum Keyed {
+    /// The answer to give. `replayed`: it is an earlier request's with the
+    /// key. `ran`: this request's own purchase, when it ran one.
+    Answered {
+        answer: Answer,
+        replayed: bool,
+        ran: Option<Purchased>,
+    },
+    /// The key was used for another purchase: nothing was done.
+    Reused,
+    /// A purchase with the key is still being answered: nothing was done.
+    InFlight,
+}
+
+/// One purchase with an idempotency key (docs/src/concepts/idempotency.md):
+/// the key looked up (or taken) in its reservation, the admission run with
+/// its record when the key has no answer yet, `render`'s answer to the
+/// outcome recorded when the outcome is kept for a key. `books` carries the
+/// reservation's calls, off the admission's connection (which a wait for
+/// replicas may hold up). A failure of `render` is told as the failure it
+/// returns, and the key opened for the resend.
+pub async fn purchase_keyed(
+    conn: &mut impl RedisConn,
+    books: &mut impl RedisConn,
+    reservation: &Reservation,
+    prepared: Prepared<'_>,
+    wait: Option<ReplicaWait>,
+    render: impl AsyncFnOnce(&Purchased) -> Result<Answer, Failed>,
+) -> Result<Keyed, Failed> {
+    let fingerprint = fingerprint(&prepared.attempt);
+    let begun = reservation
+        .begin(books, &fingerprint, prepared.gate())
+        .await
+        .map_err(Failed::NotSent)?;
+    let (record, nonce, admitted) = match begun {
+        Begun::Replay(answer) => {
+            return Ok(Keyed::Answered {
+                answer,
+                replayed: true,
+                ran: None,
+            })
+        }
+        Begun::Reused => return Ok(Keyed::Reused),
+        Begun::InFlight => return Ok(Keyed::InFlight),
+        Begun::Run {
+            record,
+            nonce,
+            admitted,
+            ..
+        } => (record, nonce, admitted),
+    };
+    let recorded = Record {
+        key: &record,
+        lifetime_ms: reservation.lifetime_ms(),
+    };
+    let purchased = match prepared.recorded_in(recorded).send(conn, wait).await {
+        Ok(purchased) => purchased,
+        Err(e) => {
+            reservation.open(books, &nonce).await;
+            return Err(e);
+        }
+    };
+    let mine = match render(&purchased).await {
+        Ok(mine) => mine,
+        Err(e) => {
+            reservation.open(books, &nonce).await;
+            return Err(e);
+        }
+    };
+    if !purchased.outcome.kept_for_a_key() {
+        // Neither the script nor the key keeps it: the resend runs.
+        reservation.open(books, &nonce).await;
+        return Ok(Keyed::Answered {
+            answer: mine,
+            replayed: false,
+            ran: Some(purchased),
+        });
+    }
+    match reservation.settle(books, &nonce, mine.clone()).await {
+        Ok(settled) => Ok(Keyed::Answered {
+            replayed: admitted || settled.replayed,
+            answer: settled.answer,
+            ran: Some(purchased),
+        }),
+        // Unrecorded here, the outcome is still in the admission's record:
+        // a resend is answered from it.
+        Err(e) => {
+            tracing::warn!("an idempotency key's answer was not recorded: {e}");
+            Ok(Keyed::Answered {
+                answer: mine,
+                replayed: admitted,
+                ran: Some(purchased),
+            })
+        }
+    }
 }
 
 /// Where a voucher's buyers are admitted: each user's bucket's gate.

@@ -417,6 +417,10 @@ async fn a_generated_client_calls_every_route_and_decodes_every_answer() {
         args.extend_from_slice(flags);
         assert!(env.cmd().args(&args).output().unwrap().status.success());
     }
+    // One unit whose buyer does not pay within 2 s: the waiting room.
+    env.add_voucher_paying_within(8, 1, -1_000, 3_600_000, 2_000)
+        .await;
+    env.preload(8).await;
     let mut redis = env.redis().await;
     let seven = seckill::store::keys::VoucherKeys::new(&env.prefix, 7).unwrap();
     let _: () = redis::AsyncCommands::set(&mut redis, seven.stock(), 2)

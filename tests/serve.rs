@@ -829,7 +829,12 @@ async fn every_documented_route_and_status_is_answered() {
     );
     serve.get("/healthz", None);
     serve.get("/readyz", None);
-    for path in ["/v1/vouchers/1/purchases/1", "/v1/vouchers/1/purchases/x"] {
+    for path in [
+        "/v1/vouchers/1/purchases/1",
+        "/v1/vouchers/1/purchases/x",
+        // Not loaded at the gate, no order in MySQL.
+        "/v1/vouchers/424242/purchases/1",
+    ] {
         serve.get(path, key);
     }
     serve.get("/v1/vouchers/1/purchases/1", None);

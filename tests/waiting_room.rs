@@ -169,8 +169,8 @@ async fn lookups_refuse_a_bad_wait_and_an_unknown_voucher_and_bound_the_held_one
     const V: u64 = 1;
     let env = TestEnv::new().await;
     env.live_voucher(V, 1).await;
-    // Half the in-flight cap may be held: 2 of 3.
-    let serve = Serve::start(&env, &["--max-in-flight", "3"]);
+    // Half the in-flight cap may be held: 2 of 4.
+    let serve = Serve::start(&env, &["--max-in-flight", "4"]);
     for bad in ["31s", "0s", "soon", ""] {
         let (status, body) = serve.get(&format!("/v1/vouchers/{V}/purchases/2?wait={bad}"), None);
         assert_eq!(
@@ -185,8 +185,9 @@ async fn lookups_refuse_a_bad_wait_and_an_unknown_voucher_and_bound_the_held_one
         (404, Some("voucher_not_loaded")),
         "{body}"
     );
-    // With a cap of 3 in flight, 2 may be held: a third is answered at
-    // once with the state now, while the two are still held.
+    // With a cap of 4 in flight, 2 may be held: a third is answered at
+    // once with the state now, while the two are still held (the metrics
+    // request that sees them is the third in flight).
     std::thread::scope(|s| {
         let held: Vec<_> = (0..2)
             .map(|_| s.spawn(|| serve.get(&format!("/v1/vouchers/{V}/purchases/5?wait=4s"), None)))

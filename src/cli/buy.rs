@@ -1,22 +1,22 @@
 //! `seckill buy`
 
+use std::time::Duration;
+
 use clap::Args;
 use serde_json::json;
-
-use std::time::Duration;
 
 use super::common::{parse_duration, parse_id, Format, FormatOpt, NodeIdOpt, ReplicaWaitOpt};
 use super::render::print_json;
 use crate::exit_code;
-use crate::gate::admission::{Admission, Record, ReplicaWait};
+use crate::gate::admission::Admission;
 use crate::gate::buckets;
-use crate::idempotency::{Answer, Begun, IdempotencyKey, Reservation, Scope};
-use crate::purchase::{self, Request};
+use crate::idempotency::{Answer, IdempotencyKey, Reservation, Scope};
+use crate::purchase::{self, Keyed, Request};
 use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
 use crate::store::node_lease::OrderIds;
-use crate::store::redis_conn::{self, Redis};
+use crate::store::redis_conn;
 use crate::support::timespec::format_ms;
 
 #[derive(Args, Debug)]
@@ -40,7 +40,7 @@ pub struct BuyArgs {
     #[arg(long, value_name = "KEY", value_parser = IdempotencyKey::parse, allow_hyphen_values = true)]
     pub idempotency_key: Option<IdempotencyKey>,
     /// How long --idempotency-key's outcome is kept (1s ..= 30days)
-    #[arg(long, default_value = "24h", value_parser = parse_duration, requires = "idempotency_key")]
+    #[arg(long, default_value = "24h", value_parser = parse_lifetime, requires = "idempotency_key")]
     pub idempotency_ttl: std::time::Duration,
     #[command(flatten)]
     pub replicas: ReplicaWaitOpt,
@@ -87,7 +87,47 @@ pub async fn run(cfg: &Config, args: BuyArgs) -> anyhow::Result<u8> {
                 args.idempotency_ttl,
                 PATIENCE,
             )?;
-            buy_keyed(&mut redis, &reservation, key, prepared, &request, wait).await?
+            let mut books = redis.clone();
+            let render = async |p: &purchase::Purchased| {
+                Ok(purchase::recorded_answer(
+                    args.voucher,
+                    args.user,
+                    &p.outcome,
+                ))
+            };
+            let keyed = purchase::purchase_keyed(
+                &mut redis,
+                &mut books,
+                &reservation,
+                prepared,
+                wait,
+                render,
+            )
+            .await?;
+            let quoted = key.as_str();
+            match keyed {
+                Keyed::Answered {
+                    answer,
+                    replayed,
+                    ran,
+                } => Bought {
+                    outcome: read_back(&answer)?,
+                    replicas_acked: ran.filter(|_| !replayed).and_then(|p| p.replicas_acked),
+                    replayed,
+                },
+                Keyed::Reused => {
+                    errln!(
+                        "error: the idempotency key {quoted:?} was used for another purchase (another user, voucher, quantity or token): nothing was done"
+                    );
+                    return Ok(exit_code::IDEMPOTENCY_KEY_REUSED);
+                }
+                Keyed::InFlight => {
+                    errln!(
+                        "error: a purchase with the idempotency key {quoted:?} is still being answered: nothing was done; run this again in a moment"
+                    );
+                    return Ok(exit_code::IDEMPOTENCY_KEY_IN_FLIGHT);
+                }
+            }
         }
     };
     if !bought.replayed {
@@ -135,71 +175,11 @@ struct Bought {
     replayed: bool,
 }
 
-/// A purchase with an idempotency key (docs/src/concepts/idempotency.md).
-async fn buy_keyed(
-    redis: &mut Redis,
-    reservation: &Reservation,
-    key: &IdempotencyKey,
-    prepared: purchase::Prepared<'_>,
-    request: &Request<'_>,
-    wait: Option<ReplicaWait>,
-) -> anyhow::Result<Bought> {
-    let quoted = key.as_str();
-    let begun = reservation
-        .begin(redis, &purchase::fingerprint(request), prepared.gate())
-        .await?;
-    let (record, first) = match begun {
-        Begun::Replay(answer) => {
-            return Ok(Bought {
-                outcome: read_back(&answer)?,
-                replicas_acked: None,
-                replayed: true,
-            })
-        }
-        Begun::Reused => anyhow::bail!(
-            "the idempotency key {quoted:?} was used for another purchase (another user, voucher, quantity or token): nothing was done"
-        ),
-        Begun::InFlight => anyhow::bail!(
-            "a purchase with the idempotency key {quoted:?} is still being answered: nothing was done; run this again in a moment"
-        ),
-        Begun::Run { record, first } => (record, first),
-    };
-    let recorded = Record {
-        key: &record,
-        lifetime_ms: reservation.lifetime_ms(),
-    };
-    let purchased = match prepared.recorded_in(recorded).send(redis, wait).await {
-        Ok(purchased) => purchased,
-        Err(e) => {
-            reservation.open(redis, &record).await;
-            return Err(e.into());
-        }
-    };
-    let mine = Bought {
-        outcome: purchased.outcome,
-        replicas_acked: purchased.replicas_acked,
-        replayed: !first,
-    };
-    // "Try again in a moment" is not recorded: the next run runs.
-    if matches!(mine.outcome, Admission::Paused | Admission::RateLimited) {
-        reservation.open(redis, &record).await;
-        return Ok(mine);
-    }
-    let answer = purchase::recorded_answer(request.voucher, request.user, &mine.outcome);
-    match reservation.settle(redis, &record, answer).await {
-        Ok(settled) if settled.replayed => Ok(Bought {
-            outcome: read_back(&settled.answer)?,
-            replicas_acked: None,
-            replayed: true,
-        }),
-        Ok(_) => Ok(mine),
-        // Unrecorded, the outcome is still the admission's: the next run
-        // is answered from the admission's own record.
-        Err(e) => {
-            tracing::warn!("the outcome of idempotency key {quoted:?} was not recorded: {e}");
-            Ok(mine)
-        }
-    }
+/// An idempotency key's lifetime: a duration from 1s to 30days.
+fn parse_lifetime(s: &str) -> Result<Duration, String> {
+    let lifetime = parse_duration(s)?;
+    crate::idempotency::validate_lifetime(lifetime).map_err(|e| e.to_string())?;
+    Ok(lifetime)
 }
 
 /// The outcome a recorded answer describes.

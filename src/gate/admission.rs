@@ -78,6 +78,20 @@ impl Admission {
         OUTCOME_NAMES[self.code()]
     }
 
+    /// Whether an idempotency key keeps this outcome for its resends. Not
+    /// the outcomes that say "try again later" (not started, paused, rate
+    /// limited) or "not loaded yet": a resend runs again. lua/seckill.lua
+    /// records the same ones (its `unrecorded` codes are the others).
+    pub fn kept_for_a_key(&self) -> bool {
+        !matches!(
+            self,
+            Admission::NotStarted { .. }
+                | Admission::UnknownVoucher
+                | Admission::Paused
+                | Admission::RateLimited
+        )
+    }
+
     /// The outcome as `seckill buy --format json` and `seckill serve` give
     /// it. Order ids are strings: a 64-bit id does not survive a JavaScript
     /// number.

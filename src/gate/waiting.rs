@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 
 use crate::error::Result;
-use crate::store::layout::Layout;
+use crate::store::layout::{bucket_of, Layout};
 use crate::store::redis_conn::RedisConn;
 
 /// The user's 1-based place in line: the requests of every bucket's line
@@ -30,13 +30,15 @@ pub async fn position_of(
     };
     let mut position = rank + 1;
     // Queued times are microseconds, below 2^53: exact as the scores are.
-    let before = format!("({score:.0}");
-    for b in 0..layout.buckets() {
+    // Two buckets' requests queued in the same microsecond are served in
+    // bucket order, as the mover serves them: a lower bucket's counts
+    // before this one.
+    let own_bucket = bucket_of(user, layout.buckets());
+    let (up_to, before) = (format!("{score:.0}"), format!("({score:.0}"));
+    for b in (0..layout.buckets()).filter(|b| *b != own_bucket) {
         let keys = layout.keys(b)?;
-        if keys == own {
-            continue;
-        }
-        let ahead: u64 = conn.zcount(keys.waitlist(), "-inf", &before).await?;
+        let bound = if b < own_bucket { &up_to } else { &before };
+        let ahead: u64 = conn.zcount(keys.waitlist(), "-inf", bound).await?;
         position += ahead;
     }
     Ok(Some(position))

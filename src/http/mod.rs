@@ -151,10 +151,12 @@ pub(crate) struct AppState {
     /// MySQL lookups of already_bought answers under way at once.
     pub order_lookups: tokio::sync::Semaphore,
     /// Purchase lookups held with `?wait=` at once (half the in-flight
-    /// cap: held requests are in flight).
+    /// cap, rounded down: held requests are in flight).
     pub long_polls: tokio::sync::Semaphore,
     /// How fast each voucher's line has moved (waiting buyers' estimates).
     pub pace: crate::gate::waiting::Pace,
+    /// Cancelled at shutdown: held lookups answer then.
+    pub stopping: CancellationToken,
     redis: SharedRedis,
     /// With `--wait-replicas`, purchases get connections of their own: a
     /// WAIT holds up everything behind it on its connection, and a lagging
@@ -215,7 +217,8 @@ pub async fn serve(cfg: &Config, opts: &ServeOptions, stop: CancellationToken) -
         metrics: metrics::ServeMetrics::default(),
         readiness: health::Readiness::default(),
         order_lookups: tokio::sync::Semaphore::new(ORDER_LOOKUPS),
-        long_polls: tokio::sync::Semaphore::new(opts.max_in_flight.div_ceil(2)),
+        long_polls: tokio::sync::Semaphore::new(opts.max_in_flight / 2),
+        stopping: stop.clone(),
         pace: crate::gate::waiting::Pace::default(),
         redis,
         purchases,

@@ -13,10 +13,11 @@ use super::ids::PathIds;
 use super::{AppState, State};
 use crate::gate::admission::Admission;
 
-use crate::gate::admission::Record;
-use crate::idempotency::{Answer, Begun, Reservation};
+use crate::idempotency::{Answer, Reservation};
 use crate::orders::order;
-use crate::purchase::{answer_report, answer_status, fingerprint, prepare, Failed, Gates, Request};
+use crate::purchase::{
+    answer_report, answer_status, prepare, purchase_keyed, Failed, Keyed, Purchased, Request,
+};
 use crate::store::keys::VoucherKeys;
 
 // Built by hand from the body's fields (FromFields); the derive is for the
@@ -82,15 +83,30 @@ pub async fn create(
     let voucher = path.get("voucher")?;
     let request = body.request(voucher);
     let keys = VoucherKeys::new(&state.cfg.prefix, voucher)?;
+    // Outside the sale window (by a cached window, about a second old)
+    // nothing can win: answered here, no script run. Not with a key: its
+    // answer must come from the script, which records it (a first request
+    // answered here while a resend's script ran could not be told apart).
+    let early = state
+        .windows
+        .answer(&mut state.redis(), &keys)
+        .await
+        .map_err(|e| {
+            state.metrics.redis_error();
+            ApiError::store(&e)
+        })?;
     let Some((key, scope)) = idempotency else {
-        let answered = admit(&state, &keys, request, None, true).await?;
-        return Ok(answered.respond());
+        if let Some(outcome) = early {
+            return Ok(Answered::of(voucher, request.user, outcome).respond());
+        }
+        return admit(&state, request).await.map(Answered::respond);
     };
     let gates = state
         .windows
         .gates(&state.db, &state.cfg.prefix, voucher)
         .await;
-    let gate = gates.gate_of(request.user).map_err(ApiError::from)?;
+    let prepared =
+        prepare(&*gates, &state.ids, request).map_err(|f| failure(&state, &request, f))?;
     // A resend waits this long for an earlier request that has no outcome
     // yet before taking it for one that never reached the gate.
     let patience = state.request_timeout + Duration::from_secs(1);
@@ -101,138 +117,116 @@ pub async fn create(
         state.idempotency_ttl,
         patience,
     )?;
-    let mut conn = state.purchase_redis();
-    let begun = reservation
-        .begin(&mut conn, &fingerprint(&request), &gate)
-        .await
-        .map_err(|e| {
-            state.metrics.redis_error();
-            ApiError::store(&e)
-        })?;
-    let (record, first) = match begun {
-        Begun::Replay(answer) => return Ok(idempotent::respond(answer, true, "replayed")),
-        Begun::Reused => return Err(idempotent::reused()),
-        Begun::InFlight => return Err(idempotent::in_flight()),
-        Begun::Run { record, first } => (record, first),
+    let (mut conn, mut books) = (state.purchase_redis(), state.redis());
+    let render = async |purchased: &Purchased| {
+        after_admit(&request).await?;
+        Ok(answer_to(&state, &request, purchased).await.into_answer())
     };
-    let recorded = Record {
-        key: &record,
-        lifetime_ms: reservation.lifetime_ms(),
-    };
-    // Only a request that took the key may be answered from the cached
-    // sale window: an earlier one's admission may have run and must be
-    // answered from its record.
-    let answered = match admit(&state, &keys, request, Some(recorded), first).await {
-        Ok(answered) => answered,
-        Err(e) => {
-            reservation.open(&mut conn, &record).await;
-            return Err(e);
+    let call = purchase_keyed(
+        &mut conn,
+        &mut books,
+        &reservation,
+        prepared,
+        state.wait,
+        render,
+    );
+    match tokio::time::timeout(state.request_timeout, call).await {
+        Ok(Ok(Keyed::Answered {
+            answer,
+            replayed,
+            ran,
+        })) => {
+            let outcome = ran.map_or("replayed", |p| p.outcome.name());
+            Ok(idempotent::respond(answer, replayed, outcome))
         }
-    };
-    // The gate's "try again in a moment" is not recorded (nor by the
-    // script): the resend runs.
-    if matches!(answered.outcome, Admission::Paused | Admission::RateLimited) {
-        reservation.open(&mut conn, &record).await;
-        return Ok(answered.respond());
-    }
-    let outcome = answered.outcome.name();
-    let mine = answered.into_answer();
-    match reservation.settle(&mut conn, &record, mine.clone()).await {
-        Ok(settled) => Ok(idempotent::respond(
-            settled.answer,
-            settled.replayed || !first,
-            outcome,
-        )),
-        // Unrecorded, the answer is still the admission's: a resend is
-        // answered from the admission's record, the same outcome.
-        Err(e) => {
+        Ok(Ok(Keyed::Reused)) => Err(idempotent::reused()),
+        Ok(Ok(Keyed::InFlight)) => Err(idempotent::in_flight()),
+        Ok(Err(failed)) => Err(failure(&state, &request, failed)),
+        Err(_) => {
             state.metrics.redis_error();
-            tracing::warn!("voucher {voucher}: an idempotency key's answer was not recorded: {e}");
-            Ok(idempotent::respond(mine, !first, outcome))
+            Err(outcome_unknown("the gate did not answer in time"))
         }
     }
 }
 
-/// One admission through `keys`' voucher's gates, its reply recorded in
-/// `record` when given; `early`: a request outside the cached sale window
-/// is answered without running the script.
-async fn admit(
-    state: &AppState,
-    keys: &VoucherKeys,
-    request: Request<'_>,
-    record: Option<Record<'_>>,
-    early: bool,
-) -> Result<Answered, ApiError> {
-    let voucher = request.voucher;
-    // Outside the sale window (by a cached window, about a second old)
-    // nothing can win: answered here, no script run.
-    if early {
-        let cached = state
-            .windows
-            .answer(&mut state.redis(), keys)
-            .await
-            .map_err(|e| {
-                state.metrics.redis_error();
-                ApiError::store(&e)
-            })?;
-        if let Some(outcome) = cached {
-            return Ok(Answered::of(voucher, request.user, outcome));
-        }
-    }
+/// One admission through the gate, answered.
+async fn admit(state: &AppState, request: Request<'_>) -> Result<Answered, ApiError> {
     let gates = state
         .windows
-        .gates(&state.db, &state.cfg.prefix, voucher)
+        .gates(&state.db, &state.cfg.prefix, request.voucher)
         .await;
     let mut conn = state.purchase_redis();
     let call = async {
-        let mut prepared = prepare(&*gates, &state.ids, request)?;
-        if let Some(record) = record {
-            prepared = prepared.recorded_in(record);
-        }
-        prepared.send(&mut conn, state.wait).await
+        let purchased = prepare(&*gates, &state.ids, request)?
+            .send(&mut conn, state.wait)
+            .await?;
+        after_admit(&request).await?;
+        Ok(purchased)
     };
     let purchased = match tokio::time::timeout(state.request_timeout, call).await {
         Ok(Ok(purchased)) => purchased,
-        Ok(Err(Failed::NotSent(e))) => return Err(ApiError::from(e)),
-        Ok(Err(Failed::Refused(reason))) => return Err(ApiError::invalid_field(reason)),
-        Ok(Err(Failed::Unknown(e))) if e.may_heal_by_itself() => {
-            state.metrics.redis_error();
-            tracing::warn!("voucher {voucher}: admission of user {}: {e}", request.user);
-            return Err(outcome_unknown("the gate's answer was lost"));
-        }
-        // The gate answered with an error (a key of the wrong type, a
-        // refused command): a retry meets it again.
-        Ok(Err(Failed::Unknown(e))) => {
-            state.metrics.redis_error();
-            tracing::error!("voucher {voucher}: admission of user {}: {e}", request.user);
-            return Err(ApiError::new(
-                Code::ServerFault,
-                "the gate failed on this purchase (its outcome is unknown) in a way a retry does not mend; the operators find the cause in the log under this request's id",
-            ));
-        }
+        Ok(Err(failed)) => return Err(failure(state, &request, failed)),
         Err(_) => {
             state.metrics.redis_error();
             return Err(outcome_unknown("the gate did not answer in time"));
         }
     };
-    if let Err(e) = crate::support::fault::point("serve_after_admit").await {
-        tracing::warn!("voucher {voucher}: admission of user {}: {e}", request.user);
-        return Err(outcome_unknown("the gate's answer was lost"));
+    Ok(answer_to(state, &request, &purchased).await)
+}
+
+/// The test fault point between the admission and its answer: an error
+/// there is the answer lost on its way back, as a reset connection loses
+/// it.
+async fn after_admit(request: &Request<'_>) -> Result<(), Failed> {
+    crate::support::fault::point("serve_after_admit")
+        .await
+        .map_err(|e| {
+            tracing::warn!(
+                "voucher {}: admission of user {}: {e}",
+                request.voucher,
+                request.user
+            );
+            let lost = std::io::Error::new(std::io::ErrorKind::ConnectionReset, e.to_string());
+            Failed::Unknown(redis::RedisError::from(lost).into())
+        })
+}
+
+/// What a purchase that failed is answered.
+fn failure(state: &AppState, request: &Request<'_>, failed: Failed) -> ApiError {
+    let (voucher, user) = (request.voucher, request.user);
+    match failed {
+        Failed::NotSent(e) => ApiError::from(e),
+        Failed::Refused(reason) => ApiError::invalid_field(reason),
+        Failed::Unknown(e) if e.may_heal_by_itself() => {
+            state.metrics.redis_error();
+            tracing::warn!("voucher {voucher}: admission of user {user}: {e}");
+            outcome_unknown("the gate's answer was lost")
+        }
+        // The gate answered with an error (a key of the wrong type, a
+        // refused command): a retry meets it again.
+        Failed::Unknown(e) => {
+            state.metrics.redis_error();
+            tracing::error!("voucher {voucher}: admission of user {user}: {e}");
+            ApiError::new(
+                Code::ServerFault,
+                "the gate failed on this purchase (its outcome is unknown) in a way a retry does not mend; the operators find the cause in the log under this request's id",
+            )
+        }
     }
+}
+
+/// The answer to what the gate said.
+async fn answer_to(state: &AppState, request: &Request<'_>, purchased: &Purchased) -> Answered {
+    let (voucher, user) = (request.voucher, request.user);
     if purchased.outcome == Admission::AlreadyBought {
-        return Ok(already_bought(state, voucher, request.user).await);
+        return already_bought(state, voucher, user).await;
     }
-    purchased.warn_if_replicas_short(&request, state.wait);
+    purchased.warn_if_replicas_short(request, state.wait);
     let extra = HttpOnlyFields {
         replicas_acked: purchased.replicas_acked,
         ..HttpOnlyFields::default()
     };
-    Ok(Answered::new(
-        voucher,
-        request.user,
-        purchased.outcome,
-        extra,
-    ))
+    Answered::new(voucher, user, purchased.outcome, extra)
 }
 
 /// The purchase may or may not have happened: the caller retries it.

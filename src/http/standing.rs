@@ -69,6 +69,7 @@ struct Standing {
         (status = 404, description = "voucher_not_loaded: the voucher is not loaded at the gate and MySQL has no order of the user's"),
     ))]
 pub async fn show(state: State, path: PathIds, uri: Uri) -> Result<Response, ApiError> {
+    let started = Instant::now();
     let voucher = path.get("voucher")?;
     let user = path.get("user")?;
     VoucherKeys::new(&state.cfg.prefix, voucher)?;
@@ -82,19 +83,28 @@ pub async fn show(state: State, path: PathIds, uri: Uri) -> Result<Response, Api
     let Ok(_held) = state.long_polls.try_acquire() else {
         return Ok(answer(voucher, user, &first));
     };
-    let until = Instant::now() + wait;
+    // Counted from the request's start: the backstop allows the wait on
+    // top of a request's time, not on top of this lookup's first reads.
+    let until = started + wait;
     let layout = layout_of(&state, voucher).await?;
     loop {
         let now = Instant::now();
         if now >= until {
             break;
         }
-        tokio::time::sleep(LOOK_EVERY.min(until - now)).await;
+        tokio::select! {
+            _ = tokio::time::sleep(LOOK_EVERY.min(until - now)) => {}
+            // Shutting down: answered now, not cut off at the drain's end.
+            _ = state.stopping.cancelled() => break,
+        }
         if glance(&state, &layout, user).await? != Some(first.state) {
-            break;
+            // Moved: the full look, MySQL's order with it.
+            let last = stands(&state, voucher, user).await?;
+            return Ok(answer(voucher, user, &last));
         }
     }
-    let last = stands(&state, voucher, user).await?;
+    // Unmoved: the place in line now, from the gate alone.
+    let last = at_the_gate(&state, &layout, voucher, user, None).await?;
     Ok(answer(voucher, user, &last))
 }
 
@@ -119,10 +129,19 @@ fn wait_of(query: Option<&str>) -> Result<Option<Duration>, ApiError> {
     Ok(Some(wait))
 }
 
-/// How much longer than the backstop a request may take: its `?wait=`
-/// (a bad one is refused at once by the route).
+/// How much longer than the backstop a request may take: a purchase
+/// lookup's `?wait=` (a bad one is refused at once by the route); nothing
+/// for any other route.
 pub fn held_for(uri: &Uri) -> Duration {
-    wait_of(uri.query()).ok().flatten().unwrap_or_default()
+    let segments: Vec<&str> = uri.path().split('/').collect();
+    let lookup = matches!(
+        segments.as_slice(),
+        ["", "v1", "vouchers", _, "purchases", _]
+    );
+    match lookup {
+        true => wait_of(uri.query()).ok().flatten().unwrap_or_default(),
+        false => Duration::ZERO,
+    }
 }
 
 async fn layout_of(state: &AppState, voucher: u64) -> Result<std::sync::Arc<Layout>, ApiError> {
@@ -156,6 +175,22 @@ async fn stands(state: &AppState, voucher: u64, user: u64) -> Result<Standing, A
             ))
         }
     };
+    // Found: bought, whatever the gate says (no gate read).
+    let layout = match order {
+        Some(_) => std::sync::Arc::new(Layout::single(&state.cfg.prefix, voucher)),
+        None => layout_of(state, voucher).await?,
+    };
+    at_the_gate(state, &layout, voucher, user, order).await
+}
+
+/// Where the user stands by the gate (`order`: MySQL's, if it has one).
+async fn at_the_gate(
+    state: &AppState,
+    layout: &Layout,
+    voucher: u64,
+    user: u64,
+    order: Option<OrderView>,
+) -> Result<Standing, ApiError> {
     let mut standing = Standing {
         state: Place::Bought,
         order,
@@ -165,8 +200,7 @@ async fn stands(state: &AppState, voucher: u64, user: u64) -> Result<Standing, A
     if standing.order.is_some() {
         return Ok(standing);
     }
-    let layout = layout_of(state, voucher).await?;
-    standing.state = glance(state, &layout, user).await?.ok_or_else(|| {
+    standing.state = glance(state, layout, user).await?.ok_or_else(|| {
         ApiError::new(
             Code::VoucherNotLoaded,
             format!("voucher {voucher} is not loaded at the gate"),
@@ -175,15 +209,15 @@ async fn stands(state: &AppState, voucher: u64, user: u64) -> Result<Standing, A
     if standing.state == Place::Waiting {
         let mut conn = state.redis();
         let (position, line) = redis_read(state, async {
-            let position = waiting::position_of(&mut conn, &layout, user).await?;
-            Ok((position, waiting::line_of(&mut conn, &layout).await?))
+            let position = waiting::position_of(&mut conn, layout, user).await?;
+            Ok((position, waiting::line_of(&mut conn, layout).await?))
         })
         .await?;
         state.pace.saw(voucher, line.promotions);
         // Served between the two looks: not waiting any more.
         standing.state = match position {
             Some(_) => Place::Waiting,
-            None => glance(state, &layout, user)
+            None => glance(state, layout, user)
                 .await?
                 .unwrap_or(Place::NotWaiting),
         };

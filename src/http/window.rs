@@ -69,6 +69,11 @@ pub struct SaleWindows {
     /// was not loaded and had none: asked again only after ASK_MYSQL_EVERY,
     /// so attempts at an unknown voucher cost MySQL nothing.
     unsplit: Mutex<HashMap<u64, Instant>>,
+    /// One request asks MySQL at a time; the others wait for its answer,
+    /// then find the split kept. Without it, the requests arriving while
+    /// the first asked were routed to bucket 0 (lost whole: answered
+    /// `unknown_voucher` though their own bucket sells).
+    asking: tokio::sync::Mutex<()>,
 }
 
 /// How often MySQL is asked again for a voucher it recorded no split of.
@@ -145,6 +150,10 @@ impl SaleWindows {
     /// not loaded): the one kept, else MySQL's record, asked at most once a
     /// second per voucher (None: not split, or not known to be).
     pub async fn routing(&self, db: &Db, prefix: &str, voucher: u64) -> Option<Arc<Layout>> {
+        if let Some(layout) = self.layout(voucher) {
+            return Some(layout);
+        }
+        let _asking = self.asking.lock().await;
         if let Some(layout) = self.layout(voucher) {
             return Some(layout);
         }

@@ -53,7 +53,7 @@ impl VoucherKeys {
     }
 
     /// A request's admission record (`KEYS[9]` of lua/seckill.lua), named
-    /// by a nonce its idempotency key's reservation holds.
+    /// by the nonce its idempotency key's reservation holds.
     pub fn idempotency_record(&self, nonce: &str) -> String {
         self.key(&format!("idem:{nonce}"))
     }
@@ -196,13 +196,13 @@ pub fn is_bucket_tag(tag: &str, voucher: u64) -> bool {
     parts.len() == 2 && parts.iter().all(|p| number(p))
 }
 
-/// The lease of snowflake node id `node` (lua/node_lease.lua).
 /// An idempotency key's reservation (lua/idem_reserve.lua), in a slot of
 /// its own: `scope` names the caller, `digest` is the key's SHA-256 (hex).
 pub fn idempotency_reservation(prefix: &str, scope: &str, digest: &str) -> String {
     format!("{prefix}:idem:{{{scope}:{digest}}}")
 }
 
+/// The lease of snowflake node id `node` (lua/node_lease.lua).
 pub fn node_lease(prefix: &str, node: u16) -> String {
     format!("{prefix}:{{nodes}}:lease:{node}")
 }

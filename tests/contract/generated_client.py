@@ -4,7 +4,8 @@ calls every route and decodes every answer into the document's models
 
 The sale (made by the test): voucher 1 live with 2 units, 2 not started,
 3 ended, 4 paused, 5 one attempt a second, 6 requires a token, 7 live with
-2 units and a per-user limit of 3. A worker persists the orders.
+2 units and a per-user limit of 3, 8 live with 1 unit whose buyer has 2 s
+to pay. A worker persists the orders and cancels unpaid ones.
 
 Usage: python generated_client.py <client dir> <base url> <key> <read key>
 Prints one line per call; exits 1 at the first answer that does not decode
@@ -56,8 +57,9 @@ def expect(what, response, status, model, **fields):
     return parsed
 
 
-def buy(voucher, user, client=full, **extra):
-    return create.sync_detailed(str(voucher), client=client, body=PurchaseBody(user=user, **extra))
+def buy(voucher, user, client=full, idempotency_key=None, **extra):
+    keyed = {} if idempotency_key is None else {"idempotency_key": idempotency_key}
+    return create.sync_detailed(str(voucher), client=client, body=PurchaseBody(user=user, **extra), **keyed)
 
 
 first = expect("buy", buy(1, 1), 201, PurchaseAnswer, outcome="success", voucher="1", user="1")
@@ -79,6 +81,15 @@ expect("rate limited", limited, 429, PurchaseAnswer, outcome="rate_limited")
 expect("no token", buy(6, 1), 403, PurchaseAnswer, outcome="bad_token")
 expect("unknown voucher", buy(99, 1), 404, PurchaseAnswer, outcome="unknown_voucher")
 expect("not enough", buy(7, 1, quantity=3), 412, PurchaseAnswer, outcome="not_enough_stock")
+# Idempotency keys: the first answer again, byte for byte; a reuse refused.
+keyed = buy(7, 50, idempotency_key="gen-key-1")
+expect("buy with a key", keyed, 201, PurchaseAnswer, outcome="success")
+again = buy(7, 50, idempotency_key="gen-key-1")
+expect("the same key again", again, 201, PurchaseAnswer, order_id=keyed.parsed.order_id)
+if again.headers.get("idempotent-replayed") != "true" or again.content != keyed.content:
+    failures.append(f"a replay: {again.headers!r} {again.content!r}")
+expect("the key for another user", buy(7, 51, idempotency_key="gen-key-1"), 422, Problem, code="idempotency_key_reused")
+expect("a bad key", buy(7, 52, idempotency_key='"open'), 400, Problem, code="invalid_header")
 expect("a read key buys", buy(1, 9, client=reader), 403, Problem, code="insufficient_scope")
 expect("no key", buy(1, 9, client=nobody), 401, Problem, code="unauthorized")
 expect("a bad voucher id", create.sync_detailed("08", client=full, body=PurchaseBody(user=9)), 400, Problem, code="invalid_id")
@@ -103,7 +114,18 @@ expect("no such order", show_order.sync_detailed("12345", client=reader), 404, P
 bought = expect("bought?", show_purchase.sync_detailed("1", "1", client=reader), 200, BuyerAnswer, bought=True)
 if not isinstance(bought.order, OrderAnswer) or bought.order.user != "1":
     failures.append(f"the lookup's order: {bought.order!r}")
-expect("not bought", show_purchase.sync_detailed("1", "77", client=reader), 200, BuyerAnswer, bought=False)
+expect("not bought", show_purchase.sync_detailed("1", "77", client=reader), 200, BuyerAnswer, bought=False, state="not_waiting")
+expect("waiting", show_purchase.sync_detailed("1", "3", client=reader), 200, BuyerAnswer, state="waiting", position=1, ahead=0)
+sale = expect("the sale's line", show_voucher.sync_detailed("1", client=reader), 200, SaleAnswer, claimed=1.0, waiting=1)
+
+# The waiting room: user 2 waits behind user 1, who does not pay; a long
+# poll wakes when user 2 is promoted.
+expect("buy, voucher 8", buy(8, 1), 201, PurchaseAnswer, outcome="success")
+expect("in line, voucher 8", buy(8, 2), 410, PurchaseAnswer, outcome="sold_out")
+started = time.monotonic()
+woken = expect("a long poll", show_purchase.sync_detailed("8", "2", client=reader, wait="30s"), 200, BuyerAnswer, state="bought", bought=True)
+if time.monotonic() - started > 29:
+    failures.append("the long poll ran out its wait instead of waking on the promotion")
 
 expect("pay", pay.sync_detailed(order_id, client=full), 200, PaymentAnswer, outcome="paid", order_id=order_id)
 expect("pay again", pay.sync_detailed(order_id, client=full), 409, PaymentAnswer, outcome="already_paid")
