@@ -157,7 +157,7 @@ for path in success sold_out; do
   done
   echo "  $path: with a key $(awk -v a="${rate[$path.yes]}" -v b="${rate[$path.no]}" 'BEGIN {printf "%.2f", a / b}')x the rate without (the issue asks >= 0.9x)"
 done
-reservation=$(redis-cli -p "$redis_port" --scan --pattern "$prefix:idem:*" --count 1000 | head -1)
-record=$(redis-cli -p "$redis_port" --scan --pattern "$prefix:{*}:idem:*" --count 1000 | head -1)
+reservation=$(redis-cli -p "$redis_port" --scan --pattern "$prefix:idem:*" | head -1)
+record=$(redis-cli -p "$redis_port" --scan --pattern "$prefix:{*}:idem:*" | head -1)
 echo "one key's records: reservation $(redis-cli -p "$redis_port" memory usage "$reservation") bytes," \
   "admission record $(redis-cli -p "$redis_port" memory usage "$record") bytes (MEMORY USAGE)"
