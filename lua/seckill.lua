@@ -353,8 +353,8 @@ end
 
 local reply = admit()
 -- Codes 3, 6 and 7 say "try again later", 5 "not loaded yet", 10 "route
--- again": a resend must run, so they are not recorded (src/idempotency.rs
--- lists the same codes).
+-- again": a resend must run, so they are not recorded (src/gate/
+-- admission.rs, Admission::kept_for_a_key, keeps the others).
 local unrecorded = {[3] = true, [5] = true, [6] = true, [7] = true, [10] = true}
 if record and reply.err == nil and not unrecorded[reply[1]] then
   redis.call('HSET', record, 'code', reply[1], 'reason', reply[2], 'value', reply[3],

@@ -422,12 +422,20 @@ async fn seckill_buy_with_a_key_gives_its_first_outcome_again() {
 async fn a_key_sent_before_the_sale_opens_runs_again_once_it_has() {
     const V: u64 = 1;
     let env = TestEnv::new().await;
-    // Opens 2 s from now: "too early" is not kept for the key.
-    env.add_voucher(V, 5, 2_000, 3_600_000).await;
+    // Opens in an hour: "too early" is not kept for the key.
+    env.add_voucher(V, 5, 3_600_000, 7_200_000).await;
     env.preload(V).await;
     let serve = Serve::start(&env, &[]);
     let early = send(&serve, V, &json!({ "user": 1 }), "early-bird", None);
     assert_eq!(early.status, 425, "{early:?}");
+    // The sale opens (its gate's window moved into the past).
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let (secs, _): (i64, i64) = redis::cmd("TIME").query_async(&mut redis).await.unwrap();
+    let _: () = redis
+        .hset(keys.meta(), "begin_ms", (secs - 1) * 1000)
+        .await
+        .unwrap();
     let mut resent = early;
     within_seconds(30, "the sale opened for the key's resend", || {
         resent = send(&serve, V, &json!({ "user": 1 }), "early-bird", None);

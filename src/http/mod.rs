@@ -428,7 +428,10 @@ async fn backstop(
 ) -> axum::response::Response {
     let changes = changes_something(request.method(), request.uri());
     let mut limit = state.request_timeout + Duration::from_secs(1);
-    if request.method() == axum::http::Method::GET {
+    if matches!(
+        *request.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD
+    ) {
         limit += standing::held_for(request.uri());
     }
     match tokio::time::timeout(limit, next.run(request)).await {

@@ -84,9 +84,10 @@ pub async fn create(
     let request = body.request(voucher);
     let keys = VoucherKeys::new(&state.cfg.prefix, voucher)?;
     // Outside the sale window (by a cached window, about a second old)
-    // nothing can win: answered here, no script run. Not with a key: its
-    // answer must come from the script, which records it (a first request
-    // answered here while a resend's script ran could not be told apart).
+    // nothing can win: answered here, no script run. With a key, an answer
+    // a key keeps (ended) must come from the script, which records it (a
+    // first request answered here while a resend's script ran could not be
+    // told apart).
     let early = state
         .windows
         .answer(&mut state.redis(), &keys)
@@ -95,10 +96,12 @@ pub async fn create(
             state.metrics.redis_error();
             ApiError::store(&e)
         })?;
+    // With a key too when the answer is not kept for it (not started): a
+    // resend runs again either way, and pre-sale clicks cost Redis nothing.
+    if let Some(outcome) = early.filter(|o| idempotency.is_none() || !o.kept_for_a_key()) {
+        return Ok(Answered::of(voucher, request.user, outcome).respond());
+    }
     let Some((key, scope)) = idempotency else {
-        if let Some(outcome) = early {
-            return Ok(Answered::of(voucher, request.user, outcome).respond());
-        }
         return admit(&state, request).await.map(Answered::respond);
     };
     let gates = state
@@ -195,7 +198,15 @@ async fn after_admit(request: &Request<'_>) -> Result<(), Failed> {
 fn failure(state: &AppState, request: &Request<'_>, failed: Failed) -> ApiError {
     let (voucher, user) = (request.voucher, request.user);
     match failed {
-        Failed::NotSent(e) => ApiError::from(e),
+        Failed::NotSent(e) => {
+            if matches!(
+                e,
+                crate::error::Error::Redis { .. } | crate::error::Error::RedisConnect { .. }
+            ) {
+                state.metrics.redis_error();
+            }
+            ApiError::from(e)
+        }
         Failed::Refused(reason) => ApiError::invalid_field(reason),
         Failed::Unknown(e) if e.may_heal_by_itself() => {
             state.metrics.redis_error();

@@ -83,6 +83,7 @@ pub async fn show(state: State, path: PathIds, uri: Uri) -> Result<Response, Api
     let Ok(_held) = state.long_polls.try_acquire() else {
         return Ok(answer(voucher, user, &first));
     };
+    tracing::debug!("voucher {voucher}: user {user}'s lookup held (up to {wait:?})");
     // Counted from the request's start: the backstop allows the wait on
     // top of a request's time, not on top of this lookup's first reads.
     let until = started + wait;

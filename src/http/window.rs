@@ -69,15 +69,17 @@ pub struct SaleWindows {
     /// was not loaded and had none: asked again only after ASK_MYSQL_EVERY,
     /// so attempts at an unknown voucher cost MySQL nothing.
     unsplit: Mutex<HashMap<u64, Instant>>,
-    /// One request asks MySQL at a time; the others wait for its answer,
-    /// then find the split kept. Without it, the requests arriving while
-    /// the first asked were routed to bucket 0 (lost whole: answered
-    /// `unknown_voucher` though their own bucket sells).
-    asking: tokio::sync::Mutex<()>,
+    /// Per voucher, one request asks MySQL at a time; the others wait for
+    /// its answer, then find the split kept. Without it, the requests
+    /// arriving while the first asked were routed to bucket 0 (lost whole:
+    /// answered `unknown_voucher` though their own bucket sells).
+    asking: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// How often MySQL is asked again for a voucher it recorded no split of.
 const ASK_MYSQL_EVERY: Duration = Duration::from_secs(1);
+/// How long a request waits for MySQL's answer (the others wait behind it).
+const ASK_MYSQL_FOR: Duration = Duration::from_millis(500);
 /// Vouchers remembered as not split, at most (ids come from clients).
 const UNSPLIT_MAX: usize = 10_000;
 
@@ -153,35 +155,47 @@ impl SaleWindows {
         if let Some(layout) = self.layout(voucher) {
             return Some(layout);
         }
-        let _asking = self.asking.lock().await;
+        let asking = {
+            let mut asking = self.asking.lock().ok()?;
+            if asking.len() >= UNSPLIT_MAX {
+                asking.clear();
+            }
+            asking.entry(voucher).or_default().clone()
+        };
+        let _turn = asking.lock().await;
         if let Some(layout) = self.layout(voucher) {
             return Some(layout);
         }
-        {
-            let mut asked = self.unsplit.lock().ok()?;
-            if asked
-                .get(&voucher)
-                .is_some_and(|t| t.elapsed() < ASK_MYSQL_EVERY)
-            {
-                return None;
-            }
-            if asked.len() >= UNSPLIT_MAX {
-                asked.clear();
-            }
-            asked.insert(voucher, Instant::now());
+        let recently = self.unsplit.lock().ok()?.get(&voucher).copied();
+        if recently.is_some_and(|t| t.elapsed() < ASK_MYSQL_EVERY) {
+            return None;
         }
-        match crate::gate::buckets::recorded(db, prefix, voucher).await {
-            Ok(Some(layout)) => {
+        let asked = crate::gate::buckets::recorded(db, prefix, voucher);
+        let answer = match tokio::time::timeout(ASK_MYSQL_FOR, asked).await {
+            Ok(Ok(Some(layout))) => {
                 let layout = Arc::new(layout);
                 self.keep_split(voucher, &layout);
-                Some(layout)
+                return Some(layout);
             }
-            Ok(None) => None,
-            Err(e) => {
+            Ok(Ok(None)) => None,
+            Ok(Err(e)) => {
                 tracing::debug!("voucher {voucher}: its split could not be read from MySQL: {e}");
                 None
             }
+            Err(_) => {
+                tracing::debug!("voucher {voucher}: MySQL did not say its split in time");
+                None
+            }
+        };
+        // Asked and answered (no split, or no answer): not again for a
+        // second, so attempts at an unknown voucher cost MySQL little.
+        if let Ok(mut unsplit) = self.unsplit.lock() {
+            if unsplit.len() >= UNSPLIT_MAX {
+                unsplit.clear();
+            }
+            unsplit.insert(voucher, Instant::now());
         }
+        answer
     }
 
     /// Each buyer's gate: by the layout read with the window, else the
