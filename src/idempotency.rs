@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::store::keys::{idempotency_reservation, VoucherKeys};
 use crate::store::redis_conn::RedisConn;
 use crate::store::scripts::{IDEM_RESERVE, IDEM_SETTLE};
+use crate::support::sha256::{hex, sha256};
 
 /// How long a key's records live unless told otherwise.
 pub const DEFAULT_LIFETIME: Duration = Duration::from_secs(24 * 3600);
@@ -305,16 +306,6 @@ fn bytes(v: &Value) -> Option<Vec<u8>> {
         Value::SimpleString(s) => Some(s.clone().into_bytes()),
         _ => None,
     }
-}
-
-fn sha256(bytes: &[u8]) -> [u8; 32] {
-    let mut out = [0u8; 32];
-    out.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref());
-    out
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

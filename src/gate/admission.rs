@@ -334,46 +334,9 @@ mod tests {
         assert!(decode((11, "?".into(), Value::Int(0)), 1, 1).is_err());
     }
 
-    /// The outcomes an idempotency key keeps are the ones lua/seckill.lua
-    /// records: its `unrecorded` codes are exactly the others (and 10).
-    #[test]
-    fn the_script_records_what_a_key_keeps() {
-        let source = crate::store::scripts::ADMISSION_SOURCE;
-        let line = source
-            .lines()
-            .find(|l| l.trim_start().starts_with("local unrecorded = {"))
-            .expect("the unrecorded codes");
-        let unrecorded: Vec<i64> = line
-            .split('[')
-            .skip(1)
-            .filter_map(|part| part.split(']').next()?.parse().ok())
-            .collect();
-        let outcomes = [
-            Admission::Admitted { order_id: 1 },
-            Admission::AlreadyBought,
-            Admission::SoldOut {
-                waitlist_position: 1,
-            },
-            Admission::NotStarted { begin_ms: 1 },
-            Admission::Ended { end_ms: 1 },
-            Admission::UnknownVoucher,
-            Admission::Paused,
-            Admission::RateLimited,
-            Admission::BadToken,
-            Admission::NotEnoughStock { left: 1 },
-        ];
-        let mut not_kept: Vec<i64> = outcomes
-            .iter()
-            .filter(|o| !o.kept_for_a_key())
-            .map(|o| o.code() as i64)
-            .collect();
-        not_kept.push(10);
-        assert_eq!(unrecorded, not_kept, "{line}");
-    }
-
-    #[test]
-    fn every_outcome_is_read_back_from_its_report() {
-        let outcomes = [
+    /// One of every outcome, and of each kind of sold out.
+    fn every_outcome() -> [Admission; 12] {
+        [
             Admission::Admitted {
                 order_id: 9_223_372_036_854_775_807,
             },
@@ -394,7 +357,36 @@ mod tests {
             Admission::RateLimited,
             Admission::BadToken,
             Admission::NotEnoughStock { left: 2 },
-        ];
+        ]
+    }
+
+    /// The outcomes an idempotency key keeps are the ones lua/seckill.lua
+    /// records: its `unrecorded` codes are exactly the others (and 10).
+    #[test]
+    fn the_script_records_what_a_key_keeps() {
+        let source = crate::store::scripts::ADMISSION_SOURCE;
+        let line = source
+            .lines()
+            .find(|l| l.trim_start().starts_with("local unrecorded = {"))
+            .expect("the unrecorded codes");
+        let unrecorded: Vec<i64> = line
+            .split('[')
+            .skip(1)
+            .filter_map(|part| part.split(']').next()?.parse().ok())
+            .collect();
+        let outcomes = every_outcome();
+        let mut not_kept: Vec<i64> = outcomes
+            .iter()
+            .filter(|o| !o.kept_for_a_key())
+            .map(|o| o.code() as i64)
+            .collect();
+        not_kept.push(10);
+        assert_eq!(unrecorded, not_kept, "{line}");
+    }
+
+    #[test]
+    fn every_outcome_is_read_back_from_its_report() {
+        let outcomes = every_outcome();
         for outcome in outcomes {
             let mut report = outcome.report(7, 8);
             assert_eq!(Admission::from_report(&report), Some(outcome));

@@ -27,7 +27,7 @@ pub fn mint() -> Result<String> {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes)
         .map_err(|e| Error::InvalidInput(format!("no randomness for a token: {e}")))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(crate::support::sha256::hex(&bytes))
 }
 
 /// Checks a time to live before anything is written.

@@ -19,6 +19,7 @@ use axum::response::Response;
 use super::error::{ApiError, Code};
 use super::AppState;
 use crate::error::{Error, Result};
+use crate::support::sha256::sha256 as digest;
 
 /// The keys, and the file they came from (read again by `reload`).
 #[derive(Clone)]
@@ -207,12 +208,6 @@ impl ApiKeys {
 }
 
 type Digest = [u8; 32];
-
-fn digest(bytes: &[u8]) -> Digest {
-    let mut out = [0u8; 32];
-    out.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref());
-    out
-}
 
 fn equal_in_fixed_time(a: &Digest, b: &Digest) -> bool {
     let diff = a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y));

@@ -1,5 +1,5 @@
 //! Small pieces every layer uses: secret masking, time parsing, order ids,
-//! signals, retry backoff, set digests, server versions, the metrics listener and the
+//! signals, retry backoff, set digests and SHA-256, server versions, the metrics listener and the
 //! test-only fault hook.
 
 pub mod backoff;
@@ -8,6 +8,7 @@ pub mod host;
 pub mod mask;
 pub mod metrics_page;
 pub mod set_digest;
+pub mod sha256;
 pub mod shutdown;
 pub mod snowflake;
 pub mod timespec;
