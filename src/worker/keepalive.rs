@@ -364,9 +364,14 @@ impl Ticker {
             .await;
         }
         match paused {
-            Ok(pause::Paused::Now) => tracing::warn!(
-                "voucher {voucher}: {why}; admission paused until the gate is checked against MySQL"
-            ),
+            // Counted as the guard counts its own pauses: a failover seen
+            // first here is a pause of the gate all the same.
+            Ok(pause::Paused::Now) => {
+                self.stats.add_gate_pause();
+                tracing::warn!(
+                    "voucher {voucher}: {why}; admission paused until the gate is checked against MySQL"
+                )
+            }
             Ok(_) => {}
             Err(e) => tracing::warn!(
                 "voucher {voucher}: {why}, but could not pause the gate (it may sell their units again: run `seckill reconcile`): {e}"
