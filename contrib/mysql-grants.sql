@@ -19,6 +19,9 @@ CREATE USER IF NOT EXISTS 'seckill_worker'@'%' IDENTIFIED BY 'CHANGE-ME';
 GRANT SELECT, INSERT, UPDATE ON `seckill`.`seckill_order` TO 'seckill_worker'@'%';
 GRANT SELECT, UPDATE ON `seckill`.`seckill_voucher` TO 'seckill_worker'@'%';
 GRANT SELECT ON `seckill`.`seckill_schema_history` TO 'seckill_worker'@'%';
+-- `seckill serve` runs as the worker: an Idempotency-Key on a payment
+-- takes, records and (past its lifetime) deletes its row.
+GRANT SELECT, INSERT, UPDATE, DELETE ON `seckill`.`seckill_payment_key` TO 'seckill_worker'@'%';
 
 -- Operators: `status`, `pending`, `reconcile` (with repair: the gate is in
 -- Redis; --fix-mysql sets a voucher's stock), `voucher add/update`, `pay`,

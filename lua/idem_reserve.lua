@@ -16,7 +16,10 @@
 --                         seckill.lua: seckill:{tag}:idem:<nonce>)
 --            at_ms        when the request was taken (Redis time); 0 when
 --                         its taker failed and a resend may go on at once
---            status, body the answer, once done
+--            status, body an answer stored once done (lua/idem_settle.lua)
+--            code, reason, value  the admission's reply, when the admission
+--                         script took the reservation itself (its
+--                         KEYS[10], one Redis only) and recorded it here
 -- ARGV[1]  the request's fingerprint (1 .. 128 characters)
 -- ARGV[2]  a fresh nonce (1 .. 64 characters) for a new reservation
 -- ARGV[3]  lifetime, ms, 1 .. 2592000000
@@ -27,6 +30,9 @@
 --   {2, nonce, age_ms}     pending: taken by an earlier request age_ms ago
 --                          (its nonce, to look for its record)
 --   {3, '', 0}             the key was used with another fingerprint
+--   {4, nonce, code, reason, value}  the admission ran and its reply is
+--                          recorded here (lua/seckill.lua's KEYS[10]): the
+--                          answer to render again
 --
 -- Safe to run twice: a replay finds its own reservation pending.
 
@@ -43,7 +49,8 @@ end
 
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local r = redis.call('HMGET', KEYS[1], 'fingerprint', 'state', 'nonce', 'at_ms', 'status', 'body')
+local r = redis.call('HMGET', KEYS[1], 'fingerprint', 'state', 'nonce', 'at_ms', 'status', 'body',
+  'code', 'reason', 'value')
 if not r[1] then
   redis.call('HSET', KEYS[1], 'fingerprint', fingerprint, 'state', 'pending', 'nonce', nonce,
     'at_ms', now_ms)
@@ -52,4 +59,5 @@ if not r[1] then
 end
 if r[1] ~= fingerprint then return {3, '', 0} end
 if r[2] == 'done' then return {1, tonumber(r[5]) or 0, r[6] or ''} end
+if r[7] then return {4, r[3] or '', tonumber(r[7]), r[8] or '', r[9] or ''} end
 return {2, r[3] or '', math.max(now_ms - (tonumber(r[4]) or 0), 0)}

@@ -31,6 +31,13 @@
 --                                 unique per request); see "Idempotency"
 --                                 below. Keys are positional: pass KEYS[6..8]
 --                                 with it
+-- KEYS[10] seckill:idem:{<scope>:<D>}  hash  optional, with KEYS[9]: the
+--                                 key's reservation (lua/idem_reserve.lua),
+--                                 taken in this same run and holding the
+--                                 record instead of KEYS[9]; only where it
+--                                 lives on the same node as the gate (one
+--                                 Redis, not a Cluster: another slot is a
+--                                 CROSSSLOT error there)
 --
 -- ARGV[1]  user id     decimal integer, 1 .. 9223372036854775807
 -- ARGV[2]  order id    decimal integer, 1 .. 9223372036854775807, a snowflake id
@@ -42,13 +49,16 @@
 --                      empty / absent for 1
 -- ARGV[6]  lifetime    with KEYS[9]: how long the outcome record lives,
 --                      ms, 1 .. 2592000000 (30 days)
+-- ARGV[7]  fingerprint with KEYS[10]: the request's (1 .. 128 characters),
+--                      as lua/idem_reserve.lua takes it
 --
 -- Callers written for KEYS[1..5] and ARGV[1..3] keep working while the
 -- voucher has no policy; with one, they get an error reply naming the key
 -- (as they do for a KEYS[6] or KEYS[7] that is not this user's/voucher's).
 -- Returns a 3-element array {code, reason, value}; value is a bulk string
 -- for code 0 (the order id as given: 64-bit ids do not survive Lua numbers)
--- and an integer for every other code:
+-- and an integer for every other code (a reply read back from KEYS[9] has
+-- a fourth element, 1: see "Idempotency"):
 --   {0, "ok", order id}            admitted: unit taken, user recorded as buyer,
 --                                  removed from the waitlist (where a released
 --                                  unit would otherwise reach them twice),
@@ -91,6 +101,11 @@
 --                                  buckets > 1) and this user belongs to
 --                                  another: nothing written; call again with
 --                                  the keys of that bucket
+--   {11, "key reserved", 0}      KEYS[10] exists already (an earlier
+--                                  request took the idempotency key):
+--                                  nothing written; go the two-step way
+--                                  (lua/idem_reserve.lua, then this
+--                                  script with the reservation's record)
 -- Code 2 with position 0: sold out and the waitlist is full (meta
 -- waitlist_limit requests wait): nothing written.
 -- Bad arguments are an error reply starting with "ERR seckill:".
@@ -123,9 +138,10 @@
 --
 -- Idempotency (KEYS[9], ARGV[6]): the script records its reply in KEYS[9]
 -- in the same atomic run as the admission, and a later call with the same
--- KEYS[9] returns that reply again, unchanged, before any check (sale
--- window, stock, rate limit) and writing nothing: the answer to a resend
--- is the first request's, byte for byte, whatever happened since. The
+-- KEYS[9] returns that reply again, unchanged, with a fourth element 1,
+-- before any check (sale window, stock, rate limit) and writing nothing:
+-- the answer to a resend is the first request's, byte for byte, whatever
+-- happened since. The
 -- record holds the user and the quantity; a call with the same KEYS[9]
 -- for another user or quantity gets an error reply ("ERR seckill:
 -- idempotency key ... another request") and nothing is written. Not
@@ -135,6 +151,15 @@
 -- moment); code 10 (nothing happened: the caller routes again). A record lives ARGV[6] ms; Redis
 -- keeps it as it keeps the admission (appendfsync): if Redis loses its
 -- last writes, the record goes with the admission it described.
+-- With KEYS[10] (one Redis only), the script also takes the key's
+-- reservation: if it exists, code 11 and nothing else; if not, and the
+-- reply is one a record keeps, the reply is recorded in the reservation
+-- itself (fields code, reason, value, with fingerprint ARGV[7], state
+-- pending and nonce: KEYS[9]'s name after "idem:"; lifetime ARGV[6])
+-- and KEYS[9] is not written: the key is taken, the admission made and
+-- its reply recorded in one atomic run and one key, and
+-- lua/idem_reserve.lua answers a resend with that reply. A reply not
+-- recorded leaves the key free.
 
 local function valid_id(s)
   return type(s) == 'string' and string.match(s, '^[1-9][0-9]*$') ~= nil
@@ -173,8 +198,18 @@ if record then
     local value = seen[3]
     -- An order id stays a string (64 bits do not survive Lua numbers).
     if seen[1] ~= '0' then value = tonumber(value) end
-    return {tonumber(seen[1]), seen[2], value}
+    return {tonumber(seen[1]), seen[2], value, 1}
   end
+end
+local reservation, fingerprint = KEYS[10], ARGV[7]
+if reservation then
+  if not record then
+    return redis.error_reply('ERR seckill: KEYS[10], a reservation, needs KEYS[9], its record')
+  end
+  if type(fingerprint) ~= 'string' or #fingerprint < 1 or #fingerprint > 128 then
+    return redis.error_reply('ERR seckill: ARGV[7], the fingerprint, is 1 .. 128 characters')
+  end
+  if redis.call('EXISTS', reservation) == 1 then return {11, 'key reserved', 0} end
 end
 
 local function admit()
@@ -357,8 +392,15 @@ local reply = admit()
 -- admission.rs, Admission::kept_for_a_key, keeps the others).
 local unrecorded = {[3] = true, [5] = true, [6] = true, [7] = true, [10] = true}
 if record and reply.err == nil and not unrecorded[reply[1]] then
-  redis.call('HSET', record, 'code', reply[1], 'reason', reply[2], 'value', reply[3],
-    'user', user, 'quantity', wanted)
-  redis.call('PEXPIRE', record, lifetime)
+  if reservation then
+    redis.call('HSET', reservation, 'fingerprint', fingerprint, 'state', 'pending',
+      'nonce', string.sub(record, #base + 6), 'code', reply[1], 'reason', reply[2],
+      'value', reply[3])
+    redis.call('PEXPIRE', reservation, lifetime)
+  else
+    redis.call('HSET', record, 'code', reply[1], 'reason', reply[2], 'value', reply[3],
+      'user', user, 'quantity', wanted)
+    redis.call('PEXPIRE', record, lifetime)
+  end
 end
 return reply

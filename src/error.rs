@@ -73,6 +73,12 @@ pub enum Error {
         bucket: u32,
     },
 
+    /// The admission script found the idempotency key's reservation
+    /// (`KEYS[10]`) taken and did nothing: the request goes the two-step
+    /// way (src/idempotency.rs). Never shown: the purchase handles it.
+    #[error("the idempotency key is reserved by an earlier request")]
+    KeyReserved,
+
     /// The admission script refused the quantity asked (outside 1 ..= the
     /// voucher's per-user limit) before writing anything: bad input, told
     /// as such (`invalid input: ...`), not a failure of the store.

@@ -4,14 +4,15 @@
 //!
 //! Two records, each with one job. The key's *reservation*
 //! (lua/idem_reserve.lua), in a slot of its own, holds the request's
-//! fingerprint and, once answered, the answer: a resend finds it whatever
-//! user or voucher it names. The *admission record* (`KEYS[9]` of
-//! lua/seckill.lua), in the buyer's bucket's slot, is written by the
+//! fingerprint and the nonce naming the admission record: a resend finds
+//! it whatever user or voucher it names. The *admission record* (`KEYS[9]`
+//! of lua/seckill.lua), in the buyer's bucket's slot, is written by the
 //! admission script in the same atomic run as the admission: there is no
 //! admission of a keyed request without it, and a later run with the same
-//! record returns it instead of admitting again. The reservation names the
-//! record, so a request that died between the admission and the recording
-//! of its answer is answered from the record on the resend.
+//! record returns it instead of admitting again, so a resend is answered
+//! from it. On one Redis the script takes the reservation in that same
+//! run too (`KEYS[10]`). An answer the record alone does not give again
+//! is stored in the reservation (lua/idem_settle.lua).
 
 use std::time::Duration;
 
@@ -82,7 +83,7 @@ impl Scope {
         Scope::ApiKey(id)
     }
 
-    fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         match self {
             Scope::Shared => "shared".into(),
             Scope::ApiKey(id) => format!("key.{}", hex(id)),
@@ -106,19 +107,17 @@ pub struct Answer {
 }
 
 /// What to do with a request whose key was looked up.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq)]
 pub enum Begun {
     /// Run it, with this admission record (named by the reservation's
-    /// nonce at the gate the request goes to). `first`: this request took
-    /// the key. `admitted`: an earlier request with the key ran its
-    /// admission already (the record exists), so the run returns that
-    /// admission's reply unchanged.
-    Run {
-        record: String,
-        nonce: String,
-        first: bool,
-        admitted: bool,
-    },
+    /// nonce at the gate the request goes to). If an earlier request with
+    /// the key ran its admission already, the record exists and the run
+    /// returns that admission's reply, marked as read back.
+    Run { record: String, nonce: String },
+    /// The admission ran and its reply (`{code, reason, value}` of
+    /// lua/seckill.lua) is recorded in the reservation: answer it again.
+    /// `nonce`: the reservation's, to store an answer under.
+    Recorded { nonce: String, reply: Vec<Value> },
     /// The key's answer: give it again.
     Replay(Answer),
     /// The key was used for another request (another body).
@@ -163,6 +162,11 @@ impl Reservation {
         })
     }
 
+    /// The reservation's Redis key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
     pub fn lifetime_ms(&self) -> u64 {
         self.lifetime_ms
     }
@@ -179,32 +183,34 @@ impl Reservation {
         gate: &VoucherKeys,
     ) -> Result<Begun> {
         let fresh = crate::gate::token::mint()?;
-        let (code, a, b): (i64, Value, Value) = IDEM_RESERVE
+        let reply: Vec<Value> = IDEM_RESERVE
             .key(&self.key)
             .arg(fingerprint)
             .arg(&fresh)
             .arg(self.lifetime_ms)
             .invoke_async(conn)
             .await?;
-        let bad = || Error::redis(format!("idem_reserve.lua answered {code} {a:?} {b:?}"));
+        let bad = || Error::redis(format!("idem_reserve.lua answered {reply:?}"));
+        let (code, a, b) = match reply.as_slice() {
+            [code, a, b, ..] => (number(code).ok_or_else(bad)?, a, b),
+            _ => return Err(bad()),
+        };
         match code {
             0 => Ok(Begun::Run {
                 record: gate.idempotency_record(&fresh),
                 nonce: fresh,
-                first: true,
-                admitted: false,
             }),
             1 => Ok(Begun::Replay(Answer {
-                status: number(&a)
+                status: number(a)
                     .and_then(|n| u16::try_from(n).ok())
                     .ok_or_else(bad)?,
-                body: bytes(&b).ok_or_else(bad)?,
+                body: bytes(b).ok_or_else(bad)?,
             })),
             2 => {
-                let nonce = bytes(&a)
+                let nonce = bytes(a)
                     .and_then(|r| String::from_utf8(r).ok())
                     .ok_or_else(bad)?;
-                let age = Duration::from_millis(number(&b).ok_or_else(bad)?.max(0) as u64);
+                let age = Duration::from_millis(number(b).ok_or_else(bad)?.max(0) as u64);
                 let record = gate.idempotency_record(&nonce);
                 // The admission ran if its record exists: the run returns
                 // it. Without one, a young request is still on its way;
@@ -212,17 +218,18 @@ impl Reservation {
                 // late arrival of it would find this run's record.
                 let admitted: bool = redis::cmd("EXISTS").arg(&record).query_async(conn).await?;
                 if admitted || age >= self.patience {
-                    Ok(Begun::Run {
-                        record,
-                        nonce,
-                        first: false,
-                        admitted,
-                    })
+                    Ok(Begun::Run { record, nonce })
                 } else {
                     Ok(Begun::InFlight)
                 }
             }
             3 => Ok(Begun::Reused),
+            4 => Ok(Begun::Recorded {
+                nonce: bytes(a)
+                    .and_then(|r| String::from_utf8(r).ok())
+                    .ok_or_else(bad)?,
+                reply: reply[2..].to_vec(),
+            }),
             _ => Err(bad()),
         }
     }

@@ -26,9 +26,14 @@ pub struct Request<'a> {
 /// What the gate answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Purchased {
+    pub voucher: u64,
+    pub user: u64,
     pub outcome: Admission,
     /// After a success, when a wait for replicas was asked: how many had it.
     pub replicas_acked: Option<u32>,
+    /// The outcome is an earlier request's, read back from its idempotency
+    /// key's admission record.
+    pub from_record: bool,
 }
 
 impl Purchased {
@@ -156,13 +161,17 @@ pub enum Keyed {
     InFlight,
 }
 
-/// One purchase with an idempotency key (docs/src/concepts/idempotency.md):
-/// the key looked up (or taken) in its reservation, the admission run with
-/// its record when the key has no answer yet, `render`'s answer to the
-/// outcome recorded when the outcome is kept for a key. `books` carries the
-/// reservation's calls, off the admission's connection (which a wait for
-/// replicas may hold up). A failure of `render` is told as the failure it
-/// returns, and the key opened for the resend.
+/// One purchase with an idempotency key (docs/src/concepts/idempotency.md).
+/// On one Redis, the key is taken, the admission made and its reply
+/// recorded in one run of the admission script; on a Cluster (the key's
+/// reservation lives in a slot of its own), or when the key was taken
+/// already, the reservation is looked up first and the admission runs with
+/// the record it names. `render` makes the answer to the outcome; an
+/// answer the record alone does not give again (`settles`) is stored
+/// in the reservation. `books` carries the reservation's calls, off the
+/// admission's connection (which a wait for replicas may hold up). A
+/// failure of `render` is told as the failure it returns, and the key
+/// opened for the resend.
 pub async fn purchase_keyed(
     conn: &mut impl RedisConn,
     books: &mut impl RedisConn,
@@ -172,11 +181,29 @@ pub async fn purchase_keyed(
     render: impl AsyncFnOnce(&Purchased) -> Result<Answer, Failed>,
 ) -> Result<Keyed, Failed> {
     let fingerprint = fingerprint(&prepared.attempt);
+    if !conn.is_cluster() {
+        let nonce = crate::gate::token::mint().map_err(Failed::NotSent)?;
+        let record = prepared.gate().idempotency_record(&nonce);
+        let taken = Record {
+            key: &record,
+            lifetime_ms: reservation.lifetime_ms(),
+            reservation: Some(crate::gate::admission::Reservation {
+                key: reservation.key(),
+                fingerprint: &fingerprint,
+            }),
+        };
+        match prepared.send_recorded(conn, wait, taken).await {
+            Err(Failed::Unknown(Error::KeyReserved)) => {}
+            // The script writes the reservation only with a recorded
+            // reply: nothing to open.
+            ran => return answer(books, reservation, (&nonce, false), ran, render).await,
+        }
+    }
     let begun = reservation
         .begin(books, &fingerprint, prepared.gate())
         .await
         .map_err(Failed::NotSent)?;
-    let (record, nonce, admitted) = match begun {
+    let (record, nonce) = match begun {
         Begun::Replay(answer) => {
             return Ok(Keyed::Answered {
                 answer,
@@ -186,43 +213,78 @@ pub async fn purchase_keyed(
         }
         Begun::Reused => return Ok(Keyed::Reused),
         Begun::InFlight => return Ok(Keyed::InFlight),
-        Begun::Run {
-            record,
-            nonce,
-            admitted,
-            ..
-        } => (record, nonce, admitted),
+        Begun::Recorded { nonce, reply } => {
+            let attempt = &prepared.attempt;
+            // An earlier request's admission: a reply that cannot be read
+            // leaves its outcome unknown to this one.
+            let read = crate::gate::admission::Reply::read(reply, attempt.voucher, attempt.user)
+                .map_err(Failed::Unknown)?;
+            let purchased = Purchased {
+                voucher: attempt.voucher,
+                user: attempt.user,
+                outcome: read.outcome,
+                replicas_acked: None,
+                from_record: true,
+            };
+            return answer(books, reservation, (&nonce, false), Ok(purchased), render).await;
+        }
+        Begun::Run { record, nonce } => (record, nonce),
     };
     let recorded = Record {
         key: &record,
         lifetime_ms: reservation.lifetime_ms(),
+        reservation: None,
     };
-    let purchased = match prepared.recorded_in(recorded).send(conn, wait).await {
-        Ok(purchased) => purchased,
+    let ran = prepared.send_recorded(conn, wait, recorded).await;
+    answer(books, reservation, (&nonce, true), ran, render).await
+}
+
+/// The answer to a keyed purchase that ran its admission with the record
+/// named by `nonce`. `opens`: a reservation pending on this request is
+/// opened when it fails or its outcome is not kept (the one-run way leaves
+/// none pending: it writes the reservation with the record).
+async fn answer(
+    books: &mut impl RedisConn,
+    reservation: &Reservation,
+    (nonce, opens): (&str, bool),
+    ran: Result<Purchased, Failed>,
+    render: impl AsyncFnOnce(&Purchased) -> Result<Answer, Failed>,
+) -> Result<Keyed, Failed> {
+    let rendered = match ran {
+        Ok(purchased) => render(&purchased).await.map(|mine| (purchased, mine)),
+        Err(e) => Err(e),
+    };
+    let (purchased, mine) = match rendered {
+        Ok(done) => done,
         Err(e) => {
-            reservation.open(books, &nonce).await;
+            if opens {
+                reservation.open(books, nonce).await;
+            }
             return Err(e);
         }
     };
-    let mine = match render(&purchased).await {
-        Ok(mine) => mine,
-        Err(e) => {
-            reservation.open(books, &nonce).await;
-            return Err(e);
-        }
-    };
+    let replayed = purchased.from_record;
     if !purchased.outcome.kept_for_a_key() {
         // Neither the script nor the key keeps it: the resend runs.
-        reservation.open(books, &nonce).await;
+        if opens {
+            reservation.open(books, nonce).await;
+        }
         return Ok(Keyed::Answered {
             answer: mine,
-            replayed: false,
+            replayed,
             ran: Some(purchased),
         });
     }
-    match reservation.settle(books, &nonce, mine.clone()).await {
+    if !settles(&purchased, &mine) {
+        return Ok(Keyed::Answered {
+            answer: mine,
+            replayed,
+            ran: Some(purchased),
+        });
+    }
+    match reservation.settle(books, nonce, mine.clone()).await {
         Ok(settled) => Ok(Keyed::Answered {
-            replayed: admitted || settled.replayed,
+            replayed: replayed || settled.replayed,
             answer: settled.answer,
             ran: Some(purchased),
         }),
@@ -232,11 +294,22 @@ pub async fn purchase_keyed(
             tracing::warn!("an idempotency key's answer was not recorded: {e}");
             Ok(Keyed::Answered {
                 answer: mine,
-                replayed: admitted,
+                replayed,
                 ran: Some(purchased),
             })
         }
     }
+}
+
+/// Whether an answer must be stored in the key's reservation: a resend is
+/// answered from the admission record, rendered again, and only an answer
+/// that rendering gives again byte for byte may go unstored. already_bought
+/// names the order MySQL has at the moment it is asked, and a success
+/// after a wait for replicas the count of the moment: both are stored.
+fn settles(purchased: &Purchased, answer: &Answer) -> bool {
+    purchased.outcome == Admission::AlreadyBought
+        || purchased.replicas_acked.is_some()
+        || *answer != recorded_answer(purchased.voucher, purchased.user, &purchased.outcome)
 }
 
 /// Where a voucher's buyers are admitted: each user's bucket's gate.
@@ -279,7 +352,6 @@ pub async fn purchase(
 pub struct Prepared<'a> {
     keys: Cow<'a, VoucherKeys>,
     attempt: Attempt<'a>,
-    record: Option<Record<'a>>,
 }
 
 /// The steps of a purchase before anything is sent: a failure here is
@@ -299,38 +371,51 @@ pub fn prepare<'a>(
         token: request.token,
         quantity: request.quantity,
     };
-    Ok(Prepared {
-        keys,
-        attempt,
-        record: None,
-    })
+    Ok(Prepared { keys, attempt })
 }
 
-impl<'a> Prepared<'a> {
+impl Prepared<'_> {
     /// The buyer's gate.
     pub fn gate(&self) -> &VoucherKeys {
         &self.keys
     }
 
-    /// Records the admission's reply in `record` (an idempotency key's).
-    pub fn recorded_in(mut self, record: Record<'a>) -> Self {
-        self.record = Some(record);
-        self
-    }
-
     /// The admission, and the wait for replicas when asked.
     pub async fn send(
-        self,
+        &self,
         conn: &mut impl RedisConn,
         wait: Option<ReplicaWait>,
+    ) -> Result<Purchased, Failed> {
+        self.run(conn, wait, None).await
+    }
+
+    /// [`Prepared::send`], the reply recorded in `record` (an idempotency
+    /// key's).
+    pub async fn send_recorded(
+        &self,
+        conn: &mut impl RedisConn,
+        wait: Option<ReplicaWait>,
+        record: Record<'_>,
+    ) -> Result<Purchased, Failed> {
+        self.run(conn, wait, Some(record)).await
+    }
+
+    async fn run(
+        &self,
+        conn: &mut impl RedisConn,
+        wait: Option<ReplicaWait>,
+        record: Option<Record<'_>>,
     ) -> Result<Purchased, Failed> {
         // From here the script may have run: a failure is never told as a
         // refusal, except the script's own refusal of the quantity, which
         // it makes before writing anything.
-        match admit_durably(conn, &self.keys, self.attempt, self.record, wait).await {
-            Ok((outcome, replicas_acked)) => Ok(Purchased {
-                outcome,
+        match admit_durably(conn, &self.keys, self.attempt, record, wait).await {
+            Ok((reply, replicas_acked)) => Ok(Purchased {
+                voucher: self.attempt.voucher,
+                user: self.attempt.user,
+                outcome: reply.outcome,
                 replicas_acked,
+                from_record: reply.from_record,
             }),
             Err(Error::QuantityRefused(reason)) => Err(Failed::Refused(reason)),
             Err(e) => Err(Failed::Unknown(e)),

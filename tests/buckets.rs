@@ -460,6 +460,7 @@ async fn buy_units(
         .await
         .expect("admit")
         .0
+        .outcome
 }
 
 /// A live voucher of 9 units in 3 buckets, 3 units per user at most:

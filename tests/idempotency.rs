@@ -39,8 +39,29 @@ impl Reply {
 /// A purchase of `body` at voucher `v` with idempotency key `key` (sent as
 /// the header's value as is), and an API key when given.
 fn send(serve: &Serve, v: u64, body: &Value, key: &str, api_key: Option<&str>) -> Reply {
+    post(
+        serve,
+        &format!("/v1/vouchers/{v}/purchases"),
+        body,
+        key,
+        api_key,
+    )
+}
+
+/// A payment of `order` with idempotency key `key`.
+fn pay(serve: &Serve, order: &str, key: &str) -> Reply {
+    post(
+        serve,
+        &format!("/v1/orders/{order}/payment"),
+        &json!({}),
+        key,
+        None,
+    )
+}
+
+fn post(serve: &Serve, path: &str, body: &Value, key: &str, api_key: Option<&str>) -> Reply {
     let mut req = http_agent()
-        .post(&serve.url(&format!("/v1/vouchers/{v}/purchases")))
+        .post(&serve.url(path))
         .header("content-type", "application/json")
         .header("idempotency-key", key);
     if let Some(k) = api_key {
@@ -314,11 +335,8 @@ async fn a_key_expires_with_its_lifetime() {
     let mut redis = env.redis().await;
     let pattern = format!("{}:*idem*", env.prefix);
     let keys = common::scan_keys(&mut redis, &pattern).await.unwrap();
-    assert_eq!(
-        keys.len(),
-        2,
-        "the reservation and the admission's record: {keys:?}"
-    );
+    // On one Redis the reservation holds the admission's record.
+    assert_eq!(keys.len(), 1, "the reservation alone: {keys:?}");
     let until = std::time::Instant::now() + Duration::from_secs(30);
     while !common::scan_keys(&mut redis, &pattern)
         .await
@@ -520,5 +538,106 @@ async fn keys_sent_at_once_to_a_fresh_serve_reach_every_bucket() {
     for (user, (status, body)) in others.iter().zip(&answers) {
         assert_eq!(*status, 201, "user {user}: {body}");
     }
+    env.cleanup().await;
+}
+
+/// Idempotency keys on payments: a payment whose serve died after it paid
+/// (before its answer, or its key's record) is answered "paid" on the
+/// resend, from the mark the payment's own statement left on the order;
+/// a key that paid one order is refused for another and pays nothing; a
+/// resend gets its first answer after the order was paid without the key;
+/// an unknown order is not kept; sends of one key at once pay once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payment_with_a_key_is_made_once_and_answered_again() {
+    const V: u64 = 1;
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 5).await;
+    let serve = Serve::start(&env, &[]);
+    for user in 1..=4 {
+        assert_eq!(serve.buy(V, json!(user)).0, 201);
+    }
+    drain(&env);
+    let state = assert_invariants(&env, V).await;
+    let order = |user: u64| state.orders[&user].0.to_string();
+    let status_of = |id: &str| serve.get(&format!("/v1/orders/{id}"), None).1["status"].clone();
+
+    // Paid, then serve killed before it answered or recorded the answer.
+    let paused = Serve::start_with(
+        &env,
+        &[],
+        "seckill=info",
+        &[("SECKILL_TEST_PAUSE", "after_pay=60s*1")],
+    );
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", paused.port)).unwrap();
+    write!(
+        s,
+        "POST /v1/orders/{}/payment HTTP/1.1\r\nHost: t\r\nIdempotency-Key: pay-1\r\nContent-Length: 0\r\n\r\n",
+        order(1)
+    )
+    .unwrap();
+    within_seconds(30, "the payment reached its pause", || {
+        paused.log_text().contains("after_pay")
+    });
+    drop(paused);
+    drop(s);
+    assert_eq!(status_of(&order(1)), "paid");
+    let expected = json!({ "outcome": "paid", "order_id": order(1) }).to_string();
+    for _ in 0..2 {
+        let resent = pay(&serve, &order(1), "pay-1");
+        assert_eq!(
+            (resent.status, &resent.text),
+            (200, &expected),
+            "{resent:?}"
+        );
+        assert!(resent.replayed, "{resent:?}");
+    }
+
+    // The key is order 1's: refused for order 2, which stays pending.
+    let reused = pay(&serve, &order(2), "pay-1");
+    assert_eq!(
+        (reused.status, reused.code().as_str()),
+        (422, "idempotency_key_reused"),
+        "{reused:?}"
+    );
+    assert_eq!(status_of(&order(2)), "pending");
+
+    // A first answer, given again after the order was paid without a key.
+    let first = pay(&serve, &order(2), "pay-2");
+    assert_eq!(first.status, 200, "{first:?}");
+    assert!(!first.replayed);
+    let plain = serve.post(
+        &format!("/v1/orders/{}/payment", order(2)),
+        &json!({}),
+        None,
+    );
+    assert_eq!(plain.0, 409, "{plain:?}");
+    let again = pay(&serve, &order(2), "pay-2");
+    assert_eq!((again.status, &again.text), (200, &first.text));
+    assert!(again.replayed);
+
+    // An unknown order is not kept: the key is free for the real one.
+    let unknown = pay(&serve, "12345", "pay-3");
+    assert_eq!(unknown.status, 404, "{unknown:?}");
+    let real = pay(&serve, &order(3), "pay-3");
+    assert_eq!(real.status, 200, "{real:?}");
+    assert!(!real.replayed);
+
+    // Twenty sends of one key at once: one payment, the rest its answer
+    // again or told to wait.
+    let replies: Vec<Reply> = std::thread::scope(|s| {
+        let sends: Vec<_> = (0..20)
+            .map(|_| s.spawn(|| pay(&serve, &order(4), "pay-4")))
+            .collect();
+        sends.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let firsts = replies.iter().filter(|r| !r.replayed && r.status == 200);
+    assert_eq!(firsts.count(), 1, "{replies:?}");
+    for r in &replies {
+        let paid = r.status == 200;
+        let in_flight = r.status == 409 && r.code() == "idempotency_key_in_flight";
+        assert!(paid || in_flight, "{r:?}");
+    }
+    let state = assert_invariants(&env, V).await;
+    assert_eq!(state.orders.len(), 4);
     env.cleanup().await;
 }

@@ -192,3 +192,122 @@ async fn a_deadline_given_twice_is_counted_once_in_its_digest() {
     );
     env.cleanup().await;
 }
+
+/// An idempotency key through the scripts alone (`KEYS[9]`, `KEYS[10]`,
+/// `ARGV[6]`, `ARGV[7]` of lua/seckill.lua, and lua/idem_reserve.lua), as
+/// a caller in another language sends it: the reservation is taken with
+/// the admission, holding its reply, in one run; a second run with the
+/// reservation taken does nothing (code 11); idem_reserve.lua answers a
+/// resend with the recorded reply; a record of `KEYS[9]` alone answers a
+/// resend with a fourth element 1; an outcome that is not kept (not
+/// started) leaves the key free.
+#[tokio::test]
+async fn an_idempotency_key_is_taken_admitted_and_replayed_by_the_scripts() {
+    let env = TestEnv::new().await;
+    env.live_voucher(4, 2).await;
+    env.add_voucher(5, 1, 3_600_000, 7_200_000).await;
+    env.preload(5).await;
+    let source = std::fs::read_to_string(script_path()).unwrap();
+    let (ok, sha) = redis_cli(&["SCRIPT", "LOAD", &source]);
+    assert!(ok, "{sha}");
+    let keyed = |voucher: u64, user: &str, nonce: &str, reservation: Option<&str>| {
+        let k = VoucherKeys::new(&env.prefix, voucher).unwrap();
+        let mut keys = vec![
+            k.meta(),
+            k.stock(),
+            k.buyers(),
+            k.waitlist(),
+            k.orders(),
+            k.token(user.parse().unwrap()),
+            k.rate(),
+            k.waitlist_quantity(),
+            k.idempotency_record(nonce),
+        ];
+        keys.extend(reservation.map(str::to_string));
+        (keys, k.idempotency_record(nonce))
+    };
+    let run = |keys: &[String], argv: &[&str]| {
+        let count = keys.len().to_string();
+        let mut args: Vec<&str> = vec!["EVALSHA", &sha, &count];
+        args.extend(keys.iter().map(String::as_str));
+        args.extend_from_slice(argv);
+        redis_cli(&args)
+    };
+    let reserve_path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("lua/idem_reserve.lua")
+        .to_string_lossy()
+        .into_owned();
+    let reserve = |reservation: &str, fingerprint: &str| {
+        redis_cli(&[
+            "--eval",
+            &reserve_path,
+            reservation,
+            ",",
+            fingerprint,
+            "fresh-nonce",
+            "60000",
+        ])
+    };
+    let reservation = format!("{}:idem:{{shared:abc}}", env.prefix);
+    let mut redis = env.redis().await;
+
+    let (keys, record) = keyed(4, "21", "n1", Some(&reservation));
+    let argv = ["21", "3001", "4", "", "", "60000", "fp-1"];
+    assert_eq!(run(&keys, &argv), (true, "0\nok\n3001".into()));
+    let taken: std::collections::HashMap<String, String> =
+        redis.hgetall(&reservation).await.unwrap();
+    let fields = |names: &[&str]| -> Vec<String> {
+        names
+            .iter()
+            .map(|n| taken.get(*n).cloned().unwrap_or_default())
+            .collect()
+    };
+    assert_eq!(
+        fields(&["fingerprint", "state", "nonce", "code", "reason", "value"]),
+        ["fp-1", "pending", "n1", "0", "ok", "3001"]
+    );
+    let ttl: i64 = redis.pttl(&reservation).await.unwrap();
+    assert!(ttl > 0 && ttl <= 60_000, "{ttl}");
+    let exists: bool = redis.exists(&record).await.unwrap();
+    assert!(!exists, "the reservation holds the record");
+
+    // The key taken: another run (another nonce, even another user) does
+    // nothing at all; idem_reserve.lua gives the recorded reply, or
+    // refuses another fingerprint.
+    let before = env.snapshot().await;
+    let (again, _) = keyed(4, "22", "n2", Some(&reservation));
+    let argv2 = ["22", "3002", "4", "", "", "60000", "fp-2"];
+    assert_eq!(run(&again, &argv2), (true, "11\nkey reserved\n0".into()));
+    assert_eq!(
+        reserve(&reservation, "fp-1"),
+        (true, "4\nn1\n0\nok\n3001".into())
+    );
+    assert_eq!(reserve(&reservation, "fp-2"), (true, "3\n\n0".into()));
+    assert_eq!(env.snapshot().await, before);
+
+    // KEYS[9] alone: recorded there, and a resend marked as read back.
+    let (alone, alone_record) = keyed(4, "23", "n3", None);
+    let argv3 = ["23", "3003", "4", "", "", "60000"];
+    assert_eq!(run(&alone, &argv3), (true, "0\nok\n3003".into()));
+    let exists: bool = redis.exists(&alone_record).await.unwrap();
+    assert!(exists);
+    let before = env.snapshot().await;
+    assert_eq!(run(&alone, &argv3), (true, "0\nok\n3003\n1".into()));
+    assert_eq!(env.snapshot().await, before);
+
+    // Not started is not kept: nothing recorded, the key stays free.
+    let free = format!("{}:idem:{{shared:def}}", env.prefix);
+    let (early, early_record) = keyed(5, "24", "n4", Some(&free));
+    let (ok, out) = run(&early, &["24", "3004", "5", "", "", "60000", "fp-4"]);
+    assert!(ok && out.starts_with("3\nnot started\n"), "{out}");
+    for key in [&free, &early_record] {
+        let exists: bool = redis.exists(key).await.unwrap();
+        assert!(!exists, "{key}");
+    }
+
+    // A reservation without a fingerprint is an error.
+    let (_, out) = run(&early, &["24", "3005", "5", "", "", "60000"]);
+    assert!(out.contains("ARGV[7]"), "{out}");
+    assert_invariants(&env, 4).await;
+    env.cleanup().await;
+}

@@ -781,6 +781,23 @@ async fn every_documented_route_and_status_is_answered() {
     pay("12345", key);
     pay(&order, None);
     pay("x", key);
+    // An idempotency key that paid one order, sent for another.
+    let keyed_pay = |id: &str| {
+        let mut req = http_agent()
+            .post(&serve.url(&format!("/v1/orders/{id}/payment")))
+            .header("idempotency-key", "pay-once");
+        if let Some(k) = key {
+            req = req.header("authorization", &format!("Bearer {k}"));
+        }
+        Serve::answer(req.send(""))
+    };
+    assert_eq!(keyed_pay(&order).0, 409, "already paid, kept");
+    let (status, reused) = keyed_pay("12345");
+    assert_eq!(
+        (status, &reused["code"]),
+        (422, &json!("idempotency_key_reused")),
+        "{reused}"
+    );
     // Each route refuses a key without its scope.
     for path in [
         format!("/v1/orders/{order}"),

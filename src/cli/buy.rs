@@ -132,8 +132,11 @@ pub async fn run(cfg: &Config, args: BuyArgs) -> anyhow::Result<u8> {
     };
     if !bought.replayed {
         let purchased = purchase::Purchased {
+            voucher: args.voucher,
+            user: args.user,
             outcome: bought.outcome,
             replicas_acked: bought.replicas_acked,
+            from_record: false,
         };
         purchased.warn_if_replicas_short(&request, wait);
     }

@@ -299,6 +299,17 @@ const UPDATE_ORDER: Probe = probe(
     "UPDATE on seckill_order",
     "UPDATE seckill_order SET status = 0 WHERE FALSE",
 );
+const PAYMENT_KEYS: [Probe; 2] = [
+    probe(
+        "INSERT on seckill_payment_key",
+        "INSERT INTO seckill_payment_key (key_id, order_id, taken_at) \
+         SELECT '', 1, NOW() FROM DUAL WHERE FALSE",
+    ),
+    probe(
+        "DELETE on seckill_payment_key",
+        "DELETE FROM seckill_payment_key WHERE FALSE",
+    ),
+];
 const UPDATE_VOUCHER: Probe = probe(
     "UPDATE on seckill_voucher",
     "UPDATE seckill_voucher SET stock = 0 WHERE FALSE",
@@ -307,7 +318,11 @@ const UPDATE_VOUCHER: Probe = probe(
 fn probes(role: Role) -> Vec<Probe> {
     let mut all: Vec<Probe> = SELECT_ALL.into();
     match role {
-        Role::Worker | Role::Serve => all.extend([INSERT_ORDER, UPDATE_ORDER, UPDATE_VOUCHER]),
+        Role::Worker => all.extend([INSERT_ORDER, UPDATE_ORDER, UPDATE_VOUCHER]),
+        Role::Serve => {
+            all.extend([INSERT_ORDER, UPDATE_ORDER, UPDATE_VOUCHER]);
+            all.extend(PAYMENT_KEYS);
+        }
         Role::Operator => all.extend([INSERT_VOUCHER, UPDATE_VOUCHER, UPDATE_ORDER]),
         // A migration records itself and may count orders into the
         // voucher rows.

@@ -185,11 +185,11 @@ pub async fn admit(
         token,
         quantity: 1,
     };
-    let reply: (i64, String, Value) = invocation(keys, attempt, None)
+    let reply: Vec<Value> = invocation(keys, attempt, None)
         .invoke_async(conn)
         .await
         .map_err(refused_input)?;
-    decode(reply, voucher, user)
+    Ok(Reply::read(reply, voucher, user)?.outcome)
 }
 
 /// The script refuses a quantity outside 1 ..= the voucher's per-user
@@ -229,6 +229,9 @@ fn invocation(
         .arg(attempt.quantity);
     if let Some(record) = record {
         inv.key(record.key).arg(record.lifetime_ms);
+        if let Some(reservation) = record.reservation {
+            inv.key(reservation.key).arg(reservation.fingerprint);
+        }
     }
     inv
 }
@@ -239,6 +242,58 @@ fn invocation(
 pub struct Record<'a> {
     pub key: &'a str,
     pub lifetime_ms: u64,
+    /// The key's reservation, taken in the same run (one Redis only).
+    pub reservation: Option<Reservation<'a>>,
+}
+
+/// An idempotency key's reservation and the request's fingerprint
+/// (`KEYS[10]` and `ARGV[7]` of lua/seckill.lua).
+#[derive(Debug, Clone, Copy)]
+pub struct Reservation<'a> {
+    pub key: &'a str,
+    pub fingerprint: &'a str,
+}
+
+/// What the admission script answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reply {
+    pub outcome: Admission,
+    /// The reply was read back from the idempotency key's record: an
+    /// earlier request's.
+    pub from_record: bool,
+}
+
+impl Reply {
+    /// The script's reply array: `{code, reason, value}`, with a fourth
+    /// element 1 when read back from a record.
+    pub fn read(reply: Vec<Value>, voucher: u64, user: u64) -> Result<Reply> {
+        let bad = || Error::redis(format!("admission script answered {reply:?}"));
+        let (code, reason, value, from_record) = match reply.as_slice() {
+            [code, reason, value] => (code, reason, value, false),
+            [code, reason, value, flag] => (code, reason, value, number(flag) == Some(1)),
+            _ => return Err(bad()),
+        };
+        let code = number(code).ok_or_else(bad)?;
+        let reason = match reason {
+            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            Value::SimpleString(s) => s.clone(),
+            _ => return Err(bad()),
+        };
+        let outcome = decode((code, reason, value.clone()), voucher, user)?;
+        Ok(Reply {
+            outcome,
+            from_record,
+        })
+    }
+}
+
+fn number(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(n) => Some(*n),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
 }
 
 fn decode(
@@ -246,14 +301,6 @@ fn decode(
     voucher: u64,
     user: u64,
 ) -> Result<Admission> {
-    let number = |v: &Value| -> Option<i64> {
-        match v {
-            Value::Int(n) => Some(*n),
-            Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
-            Value::SimpleString(s) => s.parse().ok(),
-            _ => None,
-        }
-    };
     let bad = || {
         Error::redis(format!(
             "admission script answered {code} {reason:?} {value:?}"
@@ -286,6 +333,7 @@ fn decode(
                 bucket: u32::try_from(n).map_err(|_| bad())?,
             })
         }
+        11 => return Err(Error::KeyReserved),
         _ => return Err(bad()),
     })
 }
@@ -331,7 +379,11 @@ mod tests {
                 bucket: 2
             })
         ));
-        assert!(decode((11, "?".into(), Value::Int(0)), 1, 1).is_err());
+        assert!(matches!(
+            decode((11, "key reserved".into(), Value::Int(0)), 1, 1),
+            Err(Error::KeyReserved)
+        ));
+        assert!(decode((12, "?".into(), Value::Int(0)), 1, 1).is_err());
     }
 
     /// One of every outcome, and of each kind of sold out.
@@ -432,19 +484,18 @@ pub async fn admit_durably(
     attempt: Attempt<'_>,
     record: Option<Record<'_>>,
     wait: Option<ReplicaWait>,
-) -> Result<(Admission, Option<u32>)> {
+) -> Result<(Reply, Option<u32>)> {
     let inv = invocation(keys, attempt, record);
     let Some(wait) = wait else {
-        let reply: (i64, String, Value) = inv.invoke_async(conn).await.map_err(refused_input)?;
-        return Ok((decode(reply, attempt.voucher, attempt.user)?, None));
+        let reply: Vec<Value> = inv.invoke_async(conn).await.map_err(refused_input)?;
+        return Ok((Reply::read(reply, attempt.voucher, attempt.user)?, None));
     };
     let mut pipe = redis::pipe();
     pipe.invoke_script(&inv)
         .cmd("WAIT")
         .arg(wait.replicas)
         .arg(wait.timeout.as_millis() as u64);
-    type Reply = ((i64, String, Value), u32);
-    let (reply, acked): Reply = match pipe.query_async(conn).await {
+    let (reply, acked): (Vec<Value>, u32) = match pipe.query_async(conn).await {
         // A restarted or flushed server lost the script, so the admission
         // did not run: load it and send both again (invoke_async does this
         // for a lone EVALSHA, not for one inside a pipeline).
@@ -454,9 +505,9 @@ pub async fn admit_durably(
         }
         other => other.map_err(refused_input)?,
     };
-    let outcome = decode(reply, attempt.voucher, attempt.user)?;
-    let acked = matches!(outcome, Admission::Admitted { .. }).then_some(acked);
-    Ok((outcome, acked))
+    let reply = Reply::read(reply, attempt.voucher, attempt.user)?;
+    let acked = matches!(reply.outcome, Admission::Admitted { .. }).then_some(acked);
+    Ok((reply, acked))
 }
 
 /// Who attempts what, with which fresh order id and token.

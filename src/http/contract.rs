@@ -96,7 +96,7 @@ fn complete_operation(path: &str, op: &mut Value) {
         let names: Vec<&str> = codes.iter().map(|c| c.as_str()).collect();
         format!("a problem: {}", names.join(", "))
     };
-    let keyed = path.ends_with("/purchases") && has_body;
+    let keyed = (path.ends_with("/purchases") && has_body) || path.ends_with("/payment");
     if v1 && (has_id || has_body) {
         let mut invalid = vec![Code::InvalidId, Code::InvalidBody, Code::InvalidField];
         if keyed {

@@ -8,11 +8,13 @@ use axum::Json;
 use serde_json::json;
 
 use super::error::{ApiError, Code};
+use super::idempotent::{self, Idempotency};
 use super::ids::PathIds;
-use super::metrics::OutcomeLabel;
 use super::State;
+use crate::idempotency::Answer;
 use crate::orders::order;
-use crate::orders::payment::{self, PayOutcome};
+use crate::orders::payment;
+use crate::orders::payment_key::{KeyedPayment, PaymentKey};
 
 /// One order (as `seckill order show`).
 #[utoipa::path(get, path = "/v1/orders/{order}", tag = "orders", operation_id = "show_order",
@@ -44,27 +46,54 @@ pub fn answer(o: &order::OrderView) -> serde_json::Value {
 }
 
 /// Pays the order (as `seckill pay`): pay and the payment deadline racing
-/// on one order produce exactly one outcome.
+/// on one order produce exactly one outcome. With an `Idempotency-Key`, a
+/// resend gets the first answer again (src/orders/payment_key.rs).
 #[utoipa::path(post, path = "/v1/orders/{order}/payment", tag = "orders",
-    params(("order" = String, Path, description = "The order id")),
+    params(
+        ("order" = String, Path, description = "The order id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "1..=255 printable ASCII characters, bare or quoted: a resend with the same key for the same order gets the first answer again (Idempotent-Replayed: true)"),
+    ),
     responses(
         (status = 200, description = "paid", body = super::schema::PaymentAnswer),
         (status = 409, description = "already_paid", body = super::schema::PaymentAnswer),
         (status = 410, description = "cancelled or deadline_passed", body = super::schema::PaymentAnswer),
         (status = 404, description = "unknown_order", body = super::schema::PaymentAnswer),
     ))]
-pub async fn pay(state: State, path: PathIds) -> Result<Response, ApiError> {
+pub async fn pay(
+    state: State,
+    path: PathIds,
+    Idempotency(idempotency): Idempotency,
+) -> Result<Response, ApiError> {
     let id = path.get("order")?;
-    let outcome = payment::pay_on(&state.db, &mut state.redis(), &state.cfg.prefix, id).await?;
-    let (status, name) = match outcome {
-        PayOutcome::Paid { .. } => (StatusCode::OK, "paid"),
-        PayOutcome::AlreadyPaid => (StatusCode::CONFLICT, "already_paid"),
-        PayOutcome::Cancelled => (StatusCode::GONE, "cancelled"),
-        PayOutcome::DeadlinePassed => (StatusCode::GONE, "deadline_passed"),
-        PayOutcome::UnknownOrder => (StatusCode::NOT_FOUND, "unknown_order"),
+    let Some((key, scope)) = idempotency else {
+        let outcome = payment::pay_on(&state.db, &mut state.redis(), &state.cfg.prefix, id).await?;
+        return Ok(paid_answer(id, outcome.name(), false));
+    };
+    let patience = state.request_timeout + std::time::Duration::from_secs(1);
+    let key = PaymentKey::new(&scope, &key, state.idempotency_ttl, patience)?;
+    match key
+        .pay(&state.db, &mut state.redis(), &state.cfg.prefix, id)
+        .await?
+    {
+        KeyedPayment::Answered { outcome, replayed } => Ok(paid_answer(id, outcome, replayed)),
+        KeyedPayment::Reused => Err(idempotent::reused()),
+        KeyedPayment::InFlight => Err(idempotent::in_flight()),
+    }
+}
+
+/// A payment's answer: its status and body follow from the outcome's name
+/// and the order alone, so a replay is the first answer byte for byte.
+fn paid_answer(id: u64, name: &'static str, replayed: bool) -> Response {
+    let status = match name {
+        "paid" => StatusCode::OK,
+        "already_paid" => StatusCode::CONFLICT,
+        "cancelled" | "deadline_passed" => StatusCode::GONE,
+        _ => StatusCode::NOT_FOUND,
     };
     let body = json!({ "outcome": name, "order_id": id.to_string() });
-    let mut response = (status, Json(body)).into_response();
-    response.extensions_mut().insert(OutcomeLabel(name));
-    Ok(response)
+    let answer = Answer {
+        status: status.as_u16(),
+        body: body.to_string().into_bytes(),
+    };
+    idempotent::respond(answer, replayed, name)
 }

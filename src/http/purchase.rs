@@ -139,7 +139,10 @@ pub async fn create(
             replayed,
             ran,
         })) => {
-            let outcome = ran.map_or("replayed", |p| p.outcome.name());
+            let outcome = match ran {
+                Some(p) if !replayed => p.outcome.name(),
+                _ => "replayed",
+            };
             Ok(idempotent::respond(answer, replayed, outcome))
         }
         Ok(Ok(Keyed::Reused)) => Err(idempotent::reused()),

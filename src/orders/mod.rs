@@ -6,6 +6,7 @@ pub mod counters;
 pub mod deadline;
 pub mod order;
 pub mod payment;
+pub mod payment_key;
 pub mod policy;
 pub mod restore;
 pub mod timeouts;

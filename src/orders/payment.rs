@@ -28,8 +28,42 @@ pub enum PayOutcome {
     UnknownOrder,
 }
 
+impl PayOutcome {
+    /// The outcome's name, as `seckill pay --format json` and the HTTP API
+    /// give it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            PayOutcome::Paid { .. } => "paid",
+            PayOutcome::AlreadyPaid => "already_paid",
+            PayOutcome::Cancelled => "cancelled",
+            PayOutcome::DeadlinePassed => "deadline_passed",
+            PayOutcome::UnknownOrder => "unknown_order",
+        }
+    }
+}
+
 pub async fn pay(db: &Db, order: u64) -> Result<PayOutcome> {
     let mut conn = db.conn().await?;
+    let (outcome, _) = pay_marked(&mut conn, order, None).await?;
+    Ok(outcome)
+}
+
+/// The key that paid an order (whenever it was), and the order's voucher
+/// and user.
+pub(crate) struct PaidBy {
+    pub key: String,
+    pub voucher: u64,
+    pub user: u64,
+}
+
+/// Pays the order, marking it paid by `key` (an idempotency key's id,
+/// src/orders/payment_key.rs) in the same statement. Also returns the key
+/// that paid the order, if a key did.
+pub(crate) async fn pay_marked(
+    conn: &mut mysql_async::Conn,
+    order: u64,
+    key: Option<&str>,
+) -> Result<(PayOutcome, Option<PaidBy>)> {
     // One statement, the voucher's counters with the order: a payer that
     // stops mid-way (a frozen `serve`) cannot hold the voucher row, which
     // every batch of the voucher needs, past the statement.
@@ -38,6 +72,7 @@ pub async fn pay(db: &Db, order: u64) -> Result<PayOutcome> {
     );
     let params = (
         OrderStatus::Paid.code(),
+        key,
         set_digest::hash(order),
         order,
         OrderStatus::Pending.code(),
@@ -52,21 +87,23 @@ pub async fn pay(db: &Db, order: u64) -> Result<PayOutcome> {
         conn.exec_drop(&pay, params).await?;
     }
     let paid_now = conn.affected_rows() > 0;
-    let row: Option<(u64, u64, i8)> = conn
+    let row: Option<(u64, u64, i8, Option<String>)> = conn
         .exec_first(
-            "SELECT voucher_id, user_id, status FROM seckill_order WHERE id = ?",
+            "SELECT voucher_id, user_id, status, pay_key FROM seckill_order WHERE id = ?",
             (order,),
         )
         .await?;
-    let Some((voucher, user, status)) = row else {
-        return Ok(PayOutcome::UnknownOrder);
+    let Some((voucher, user, status, paid_by)) = row else {
+        return Ok((PayOutcome::UnknownOrder, None));
     };
-    Ok(match OrderStatus::from_code(status) {
+    let outcome = match OrderStatus::from_code(status) {
         Some(OrderStatus::Paid) if paid_now => PayOutcome::Paid { voucher, user },
         Some(OrderStatus::Paid) => PayOutcome::AlreadyPaid,
         Some(OrderStatus::Cancelled) => PayOutcome::Cancelled,
         _ => PayOutcome::DeadlinePassed,
-    })
+    };
+    let paid_by = paid_by.map(|key| PaidBy { key, voucher, user });
+    Ok((outcome, paid_by))
 }
 
 /// The conditional update of one order pending → paid, with the voucher's
@@ -74,7 +111,7 @@ pub async fn pay(db: &Db, order: u64) -> Result<PayOutcome> {
 fn pay_sql(condition: &str) -> String {
     format!(
         "UPDATE seckill_order o JOIN seckill_voucher v ON v.voucher_id = o.voucher_id
-            SET o.status = ?, o.pay_time = NOW(3), {ADD_PAID}
+            SET o.status = ?, o.pay_time = NOW(3), o.pay_key = ?, {ADD_PAID}
           WHERE o.id = ? AND o.status = ? {condition}"
     )
 }
@@ -90,6 +127,7 @@ pub async fn pay_again(db: &Db, voucher: u64, orders: &[u64]) -> Result<Vec<u64>
     for &order in orders {
         let params = (
             OrderStatus::Paid.code(),
+            None::<String>,
             set_digest::hash(order),
             order,
             OrderStatus::Pending.code(),
@@ -135,7 +173,7 @@ pub async fn pay_on(
 }
 
 /// [`forget_deadline`], its failure only logged (the canceller drops it).
-async fn forget_quietly(
+pub(crate) async fn forget_quietly(
     conn: &mut impl RedisConn,
     prefix: &str,
     (voucher, user): (u64, u64),

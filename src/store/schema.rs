@@ -145,6 +145,29 @@ Migration {
             ADD COLUMN held TINYINT NOT NULL DEFAULT 0,
             ADD KEY idx_order_held (held, status)",
     ],
+},
+Migration {
+    version: 8,
+    name: "payment idempotency keys",
+    statements: &[
+        // An Idempotency-Key on a payment (src/orders/payment_key.rs):
+        // key_id is the SHA-256 (hex) of the key's scope and the key, never
+        // the key; outcome the answer once given (NULL while pending).
+        // Rows past the key's lifetime are deleted by later keyed payments.
+        "CREATE TABLE IF NOT EXISTS seckill_payment_key (
+            key_id      CHAR(64)     NOT NULL PRIMARY KEY,
+            order_id    BIGINT       NOT NULL,
+            outcome     VARCHAR(32)  NULL,
+            taken_at    DATETIME(3)  NOT NULL,
+            KEY idx_payment_key_taken (taken_at)
+        ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+        // pay_key: the key_id of the keyed payment that paid the order,
+        // set by the payment's own statement: a resend whose first answer
+        // was lost finds its payment here. NULL for payments without a key.
+        // Added at the end of the row, an instant change on MariaDB 10.3+
+        // and MySQL 8.0.12+.
+        "ALTER TABLE seckill_order ADD COLUMN pay_key CHAR(64) NULL",
+    ],
 }];
 
 pub fn latest() -> u32 {
