@@ -136,6 +136,45 @@ async fn a_place_in_line_counts_every_bucket_s_requests_queued_before_it() {
     env.cleanup().await;
 }
 
+/// Requests of two buckets queued in the same microsecond (Redis's clock
+/// gives each bucket's script its own time, so they can tie) take two
+/// places, the lower bucket's first, as the mover serves them; neither
+/// is told it is first while the other is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_of_two_buckets_queued_in_one_microsecond_take_two_places() {
+    const V: u64 = 1;
+    let env = TestEnv::new().await;
+    let (layout, mut redis) = env.live_voucher_in_buckets(V, 2, 2).await;
+    let serve = Serve::start(&env, &[]);
+    let in_bucket = |b: u32, skip: usize| {
+        (1000..)
+            .filter(|u| bucket_of(*u, 2) == b)
+            .nth(skip)
+            .unwrap()
+    };
+    assert_eq!(serve.buy(V, json!(in_bucket(0, 0))).0, 201);
+    assert_eq!(serve.buy(V, json!(in_bucket(1, 0))).0, 201);
+    let (first, second) = (in_bucket(0, 1), in_bucket(1, 1));
+    for user in [second, first] {
+        assert_eq!(serve.buy(V, json!(user)).0, 410);
+    }
+    // The two requests' queued times made equal, as a tie leaves them.
+    let tied: f64 =
+        redis::AsyncCommands::zscore(&mut redis, layout.keys(1).unwrap().waitlist(), second)
+            .await
+            .unwrap();
+    let _: () =
+        redis::AsyncCommands::zadd(&mut redis, layout.keys(0).unwrap().waitlist(), first, tied)
+            .await
+            .unwrap();
+    let places: Vec<Option<u64>> = [first, second]
+        .iter()
+        .map(|u| standing(&serve, V, *u)["position"].as_u64())
+        .collect();
+    assert_eq!(places, [Some(1), Some(2)]);
+    env.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_the_sale_s_end_a_buyer_stays_bought_and_everyone_else_is_ended() {
     const V: u64 = 1;
@@ -204,5 +243,40 @@ async fn lookups_refuse_a_bad_wait_and_an_unknown_voucher_and_bound_the_held_one
             assert_eq!(h.join().unwrap().1["state"], "not_waiting");
         }
     });
+    env.cleanup().await;
+}
+
+/// A serve told to stop answers the lookups it holds at once, with the
+/// state they had, instead of keeping its shutdown waiting for their
+/// `?wait=`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_serve_answers_the_lookups_it_holds() {
+    const V: u64 = 1;
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 1).await;
+    let mut serve = Serve::start_logging(&env, &[], "seckill=debug");
+    let url = format!("/v1/vouchers/{V}/purchases/5?wait=30s");
+    let ((status, body), took) = std::thread::scope(|s| {
+        let held = s.spawn(|| {
+            let began = std::time::Instant::now();
+            (serve.get(&url, None), began.elapsed())
+        });
+        within_seconds(30, "the lookup held", || {
+            serve.log_text().contains("lookup held")
+        });
+        serve.terminate();
+        held.join().unwrap()
+    });
+    let stopped = serve.wait_for_exit();
+    assert_eq!(
+        (status, body["state"].as_str()),
+        (200, Some("not_waiting")),
+        "{body}"
+    );
+    assert!(
+        took < Duration::from_secs(20),
+        "held {took:?} past the stop"
+    );
+    assert!(stopped.success(), "{stopped:?}");
     env.cleanup().await;
 }

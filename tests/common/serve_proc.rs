@@ -244,10 +244,20 @@ impl Serve {
     }
 
     pub fn stop(mut self) -> std::process::ExitStatus {
+        self.terminate();
+        self.wait_for_exit()
+    }
+
+    /// SIGTERM, as systemd stops it.
+    pub fn terminate(&self) {
         Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status()
             .unwrap();
+    }
+
+    /// Its exit status, once it exited (within 30 s).
+    pub fn wait_for_exit(&mut self) -> std::process::ExitStatus {
         let start = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
