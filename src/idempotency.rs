@@ -21,6 +21,7 @@ use redis::Value;
 use crate::error::{Error, Result};
 use crate::store::keys::{idempotency_reservation, VoucherKeys};
 use crate::store::redis_conn::RedisConn;
+use crate::store::reply::{bytes, int as number};
 use crate::store::scripts::{IDEM_RESERVE, IDEM_SETTLE};
 use crate::support::sha256::{hex, sha256};
 
@@ -297,22 +298,6 @@ pub fn validate_lifetime(lifetime: Duration) -> Result<u64> {
         )));
     }
     Ok(lifetime.as_millis() as u64)
-}
-
-fn number(v: &Value) -> Option<i64> {
-    match v {
-        Value::Int(n) => Some(*n),
-        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
-        _ => None,
-    }
-}
-
-fn bytes(v: &Value) -> Option<Vec<u8>> {
-    match v {
-        Value::BulkString(b) => Some(b.clone()),
-        Value::SimpleString(s) => Some(s.clone().into_bytes()),
-        _ => None,
-    }
 }
 
 #[cfg(test)]

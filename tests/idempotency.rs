@@ -641,3 +641,45 @@ async fn a_payment_with_a_key_is_made_once_and_answered_again() {
     assert_eq!(state.orders.len(), 4);
     env.cleanup().await;
 }
+
+/// The request that paid is held after its payment, before it records its
+/// answer; a resend meanwhile finds the payment its key made, answers it
+/// as a replay and records it first. The request that paid still answers
+/// as the first (not replayed), and both bodies are the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payment_whose_resend_records_first_is_still_answered_as_the_first() {
+    const V: u64 = 1;
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 5).await;
+    let faults = std::env::temp_dir().join(format!("seckill-faults-{}", env.prefix));
+    std::fs::create_dir_all(&faults).unwrap();
+    let dir = faults.display().to_string();
+    let serve = Serve::start_with(
+        &env,
+        &[],
+        "seckill=info",
+        &[
+            ("SECKILL_TEST_FAULT", "after_pay@1=hold"),
+            ("SECKILL_TEST_FAULT_DIR", &dir),
+        ],
+    );
+    assert_eq!(serve.buy(V, json!(1)).0, 201);
+    drain(&env);
+    let state = assert_invariants(&env, V).await;
+    let order = state.orders[&1].0.to_string();
+    let (first, resent) = std::thread::scope(|s| {
+        let first = s.spawn(|| pay(&serve, &order, "pay-race"));
+        within_seconds(30, "the payment held after paying", || {
+            serve.log_text().contains("fault hold at after_pay")
+        });
+        let resent = pay(&serve, &order, "pay-race");
+        std::fs::write(faults.join("release"), "").unwrap();
+        (first.join().unwrap(), resent)
+    });
+    assert_eq!(resent.status, 200, "{resent:?}");
+    assert!(resent.replayed, "{resent:?}");
+    assert_eq!((first.status, &first.text), (200, &resent.text));
+    assert!(!first.replayed, "the request that paid: {first:?}");
+    std::fs::remove_dir_all(&faults).ok();
+    env.cleanup().await;
+}

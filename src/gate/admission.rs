@@ -5,6 +5,7 @@ use redis::{ErrorKind, ScriptInvocation, ServerErrorKind, Value};
 
 use crate::error::{Error, Result};
 use crate::store::keys::VoucherKeys;
+use crate::store::reply::int as number;
 use crate::store::scripts::ADMISSION;
 
 /// What the gate answered. The numeric codes are the script's return codes.
@@ -284,15 +285,6 @@ impl Reply {
             outcome,
             from_record,
         })
-    }
-}
-
-fn number(v: &Value) -> Option<i64> {
-    match v {
-        Value::Int(n) => Some(*n),
-        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
-        Value::SimpleString(s) => s.parse().ok(),
-        _ => None,
     }
 }
 

@@ -118,7 +118,8 @@ impl PaymentKey {
         if conn.affected_rows() == 1 {
             return Ok(KeyedPayment::Answered { outcome, replayed });
         }
-        // Another request with the key recorded its answer first.
+        // Another request with the key recorded its answer first: a resend
+        // that found this request's payment, or one that ran before it.
         let recorded: Option<Option<String>> = conn
             .exec_first(
                 "SELECT outcome FROM seckill_payment_key WHERE key_id = ?",
@@ -126,9 +127,10 @@ impl PaymentKey {
             )
             .await?;
         Ok(match recorded.flatten().and_then(|n| kept(&n)) {
+            // The same answer: this request's own, however recorded.
             Some(first) => KeyedPayment::Answered {
                 outcome: first,
-                replayed: true,
+                replayed: replayed || first != outcome,
             },
             None => KeyedPayment::Answered { outcome, replayed },
         })

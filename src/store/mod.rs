@@ -11,6 +11,7 @@ pub mod mysql_tls;
 pub mod node_lease;
 pub mod redis_conn;
 pub mod registry;
+pub mod reply;
 pub mod schema;
 pub mod scripts;
 pub mod secret_file;
