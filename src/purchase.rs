@@ -162,16 +162,17 @@ pub enum Keyed {
 }
 
 /// One purchase with an idempotency key (docs/src/concepts/idempotency.md).
-/// On one Redis, the key is taken, the admission made and its reply
-/// recorded in one run of the admission script; on a Cluster (the key's
-/// reservation lives in a slot of its own), or when the key was taken
-/// already, the reservation is looked up first and the admission runs with
-/// the record it names. `render` makes the answer to the outcome; an
-/// answer the record alone does not give again (`settles`) is stored
-/// in the reservation. `books` carries the reservation's calls, off the
-/// admission's connection (which a wait for replicas may hold up). A
-/// failure of `render` is told as the failure it returns, and the key
-/// opened for the resend.
+/// On one Redis without a wait for replicas, the key is taken, the
+/// admission made and its reply recorded in the reservation in one run of
+/// the admission script, and an answer is stored beside it only when that
+/// reply does not give it again (`settles`). Otherwise (a Cluster, where
+/// the reservation lives in a slot of its own; a wait for replicas, whose
+/// count is the first request's to tell; a key taken already; a proxy
+/// that refuses keys of two slots) the reservation is looked up first,
+/// the admission runs with the record it names, and the answer is stored.
+/// `books` carries the reservation's calls, off the admission's connection
+/// (which a wait for replicas may hold up). A failure of `render` is told
+/// as the failure it returns, and the key opened for the resend.
 pub async fn purchase_keyed(
     conn: &mut impl RedisConn,
     books: &mut impl RedisConn,
@@ -181,7 +182,7 @@ pub async fn purchase_keyed(
     render: impl AsyncFnOnce(&Purchased) -> Result<Answer, Failed>,
 ) -> Result<Keyed, Failed> {
     let fingerprint = fingerprint(&prepared.attempt);
-    if !conn.is_cluster() {
+    if !conn.is_cluster() && wait.is_none() {
         let nonce = crate::gate::token::mint().map_err(Failed::NotSent)?;
         let record = prepared.gate().idempotency_record(&nonce);
         let taken = Record {
@@ -194,9 +195,19 @@ pub async fn purchase_keyed(
         };
         match prepared.send_recorded(conn, wait, taken).await {
             Err(Failed::Unknown(Error::KeyReserved)) => {}
+            // A proxy in front of several nodes refused the reservation's
+            // slot beside the gate's, before the script ran.
+            Err(Failed::Unknown(e)) if refused_two_slots(&e) => {}
             // The script writes the reservation only with a recorded
             // reply: nothing to open.
-            ran => return answer(books, reservation, (&nonce, false), ran, render).await,
+            ran => {
+                let way = Way {
+                    nonce: &nonce,
+                    opens: false,
+                    stores_always: false,
+                };
+                return answer(books, reservation, way, ran, render).await;
+            }
         }
     }
     let begun = reservation
@@ -226,7 +237,14 @@ pub async fn purchase_keyed(
                 replicas_acked: None,
                 from_record: true,
             };
-            return answer(books, reservation, (&nonce, false), Ok(purchased), render).await;
+            // With a wait for replicas, the first answer to be stored is
+            // every later one's.
+            let way = Way {
+                nonce: &nonce,
+                opens: false,
+                stores_always: wait.is_some(),
+            };
+            return answer(books, reservation, way, Ok(purchased), render).await;
         }
         Begun::Run { record, nonce } => (record, nonce),
     };
@@ -236,17 +254,39 @@ pub async fn purchase_keyed(
         reservation: None,
     };
     let ran = prepared.send_recorded(conn, wait, recorded).await;
-    answer(books, reservation, (&nonce, true), ran, render).await
+    // The record lives at the buyer's gate, which a resend may not reach
+    // (its master failing over, a layout not known yet): the answer is
+    // stored in the reservation, which every resend reads first.
+    let way = Way {
+        nonce: &nonce,
+        opens: true,
+        stores_always: true,
+    };
+    answer(books, reservation, way, ran, render).await
 }
 
-/// The answer to a keyed purchase that ran its admission with the record
-/// named by `nonce`. `opens`: a reservation pending on this request is
-/// opened when it fails or its outcome is not kept (the one-run way leaves
-/// none pending: it writes the reservation with the record).
+/// A proxy refused a command whose keys live in two hash slots.
+fn refused_two_slots(e: &Error) -> bool {
+    matches!(e, Error::Redis { message, .. } if message.contains("CROSSSLOT"))
+}
+
+/// How a keyed purchase ran its admission.
+struct Way<'a> {
+    /// Names the admission's record, and the reservation's answer.
+    nonce: &'a str,
+    /// A reservation pending on this request is opened when it fails or
+    /// its outcome is not kept (the one-run way leaves none pending: it
+    /// writes the reservation with the record).
+    opens: bool,
+    /// The answer is stored even where the record gives it again.
+    stores_always: bool,
+}
+
+/// The answer to a keyed purchase that ran its admission `way`.
 async fn answer(
     books: &mut impl RedisConn,
     reservation: &Reservation,
-    (nonce, opens): (&str, bool),
+    way: Way<'_>,
     ran: Result<Purchased, Failed>,
     render: impl AsyncFnOnce(&Purchased) -> Result<Answer, Failed>,
 ) -> Result<Keyed, Failed> {
@@ -257,8 +297,8 @@ async fn answer(
     let (purchased, mine) = match rendered {
         Ok(done) => done,
         Err(e) => {
-            if opens {
-                reservation.open(books, nonce).await;
+            if way.opens {
+                reservation.open(books, way.nonce).await;
             }
             return Err(e);
         }
@@ -266,8 +306,8 @@ async fn answer(
     let replayed = purchased.from_record;
     if !purchased.outcome.kept_for_a_key() {
         // Neither the script nor the key keeps it: the resend runs.
-        if opens {
-            reservation.open(books, nonce).await;
+        if way.opens {
+            reservation.open(books, way.nonce).await;
         }
         return Ok(Keyed::Answered {
             answer: mine,
@@ -275,14 +315,14 @@ async fn answer(
             ran: Some(purchased),
         });
     }
-    if !settles(&purchased, &mine) {
+    if !way.stores_always && !settles(&purchased, &mine) {
         return Ok(Keyed::Answered {
             answer: mine,
             replayed,
             ran: Some(purchased),
         });
     }
-    match reservation.settle(books, nonce, mine.clone()).await {
+    match reservation.settle(books, way.nonce, mine.clone()).await {
         Ok(settled) => Ok(Keyed::Answered {
             replayed: replayed || settled.replayed,
             answer: settled.answer,

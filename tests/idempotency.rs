@@ -683,3 +683,86 @@ async fn a_payment_whose_resend_records_first_is_still_answered_as_the_first() {
     std::fs::remove_dir_all(&faults).ok();
     env.cleanup().await;
 }
+
+/// With `--wait-replicas`, the replica count is the first request's to
+/// tell: a resend sent while the first still waits for replicas (none
+/// here, so it waits its whole timeout) gets the same body, count and
+/// all, not an answer rendered before any wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_during_the_first_s_wait_for_replicas_gets_the_same_answer() {
+    const V: u64 = 1;
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 5).await;
+    let serve = Serve::start(
+        &env,
+        &[
+            "--wait-replicas",
+            "1",
+            "--wait-timeout",
+            "3s",
+            "--request-timeout",
+            "10s",
+        ],
+    );
+    let body = json!({ "user": 9 });
+    let orders = VoucherKeys::new(&env.prefix, V).unwrap().orders();
+    let (first, resent) = std::thread::scope(|s| {
+        let first = s.spawn(|| send(&serve, V, &body, "waited", None));
+        // The first request's admission ran and it now waits for a
+        // replica.
+        within_seconds(30, "the first request admitted", || {
+            let out = std::process::Command::new("redis-cli")
+                .args(["-u", &common::redis_url(), "XLEN", &orders])
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).trim() == "1"
+        });
+        let resent = send(&serve, V, &body, "waited", None);
+        (first.join().unwrap(), resent)
+    });
+    assert_eq!(first.status, 201, "{first:?}");
+    assert_eq!(first.json()["replicas_acked"], 0, "{first:?}");
+    assert_eq!((resent.status, &resent.text), (201, &first.text));
+    assert!(resent.replayed);
+    assert_eq!(admissions(&env, V).await, 1);
+    env.cleanup().await;
+}
+
+/// On a Redis Cluster the admission's record lives at the buyer's gate,
+/// which a resend may not reach: the answer is stored in the key's
+/// reservation too, so a resend after the record is gone (its master
+/// failed over without it) replays the first answer instead of waiting
+/// on a record that will never come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_resend_replays_the_answer_without_the_gate_s_record() {
+    const V: u64 = 1;
+    let env = TestEnv::on_cluster().await;
+    let (layout, mut redis) = env.live_voucher_in_buckets(V, 10, 2).await;
+    let serve = Serve::start(&env, &[]);
+    let body = json!({ "user": 3 });
+    let first = send(&serve, V, &body, "stored", None);
+    assert_eq!(first.status, 201, "{first:?}");
+    let gate = layout
+        .keys(seckill::store::layout::bucket_of(3, 2))
+        .unwrap();
+    let records = common::scan_keys(&mut redis, &gate.idempotency_record("*"))
+        .await
+        .unwrap();
+    assert_eq!(records.len(), 1, "{records:?}");
+    let _: () = redis.del(&records[0]).await.unwrap();
+    let resent = send(&serve, V, &body, "stored", None);
+    assert_eq!(
+        (resent.status, &resent.text),
+        (201, &first.text),
+        "{resent:?}"
+    );
+    assert!(resent.replayed);
+    let mut entries = 0;
+    for b in 0..2 {
+        let orders = layout.keys(b).unwrap().orders();
+        let n: usize = redis.xlen(orders).await.unwrap();
+        entries += n;
+    }
+    assert_eq!(entries, 1);
+    env.cleanup().await;
+}

@@ -299,7 +299,15 @@ const UPDATE_ORDER: Probe = probe(
     "UPDATE on seckill_order",
     "UPDATE seckill_order SET status = 0 WHERE FALSE",
 );
-const PAYMENT_KEYS: [Probe; 2] = [
+const PAYMENT_KEYS: [Probe; 4] = [
+    probe(
+        "SELECT on seckill_payment_key",
+        "SELECT 1 FROM seckill_payment_key LIMIT 0",
+    ),
+    probe(
+        "UPDATE on seckill_payment_key",
+        "UPDATE seckill_payment_key SET outcome = NULL WHERE FALSE",
+    ),
     probe(
         "INSERT on seckill_payment_key",
         "INSERT INTO seckill_payment_key (key_id, order_id, taken_at) \

@@ -111,7 +111,7 @@ pub(crate) async fn pay_marked(
 fn pay_sql(condition: &str) -> String {
     format!(
         "UPDATE seckill_order o JOIN seckill_voucher v ON v.voucher_id = o.voucher_id
-            SET o.status = ?, o.pay_time = NOW(3), o.pay_key = ?, {ADD_PAID}
+            SET o.status = ?, o.pay_time = NOW(3), o.pay_key = COALESCE(?, o.pay_key), {ADD_PAID}
           WHERE o.id = ? AND o.status = ? {condition}"
     )
 }

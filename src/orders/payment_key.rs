@@ -103,19 +103,33 @@ impl PaymentKey {
             (other, _) => (other.name(), false),
         };
         if !KEPT.contains(&outcome) {
-            conn.exec_drop(
-                "DELETE FROM seckill_payment_key WHERE key_id = ? AND outcome IS NULL",
-                (&self.id,),
-            )
-            .await?;
+            // Not kept: the key is freed, or at least opened, for the resend.
+            let freed = conn
+                .exec_drop(
+                    "DELETE FROM seckill_payment_key WHERE key_id = ? AND outcome IS NULL",
+                    (&self.id,),
+                )
+                .await;
+            if let Err(e) = freed {
+                tracing::warn!("a payment's idempotency key was not freed: {e}");
+                self.open(&mut conn).await;
+            }
             return Ok(KeyedPayment::Answered { outcome, replayed });
         }
-        conn.exec_drop(
-            "UPDATE seckill_payment_key SET outcome = ? WHERE key_id = ? AND outcome IS NULL",
-            (outcome, &self.id),
-        )
-        .await?;
+        let recorded = conn
+            .exec_drop(
+                "UPDATE seckill_payment_key SET outcome = ? WHERE key_id = ? AND outcome IS NULL",
+                (outcome, &self.id),
+            )
+            .await;
+        if let Err(e) = recorded {
+            // The payment's own mark on the order answers the resend.
+            tracing::warn!("a payment's idempotency key's answer was not recorded: {e}");
+            self.open(&mut conn).await;
+            return Ok(KeyedPayment::Answered { outcome, replayed });
+        }
         if conn.affected_rows() == 1 {
+            self.purge_expired(&mut conn).await;
             return Ok(KeyedPayment::Answered { outcome, replayed });
         }
         // Another request with the key recorded its answer first: a resend
@@ -142,18 +156,17 @@ impl PaymentKey {
         for _ in 0..TAKE_ATTEMPTS {
             conn.exec_drop(
                 "INSERT IGNORE INTO seckill_payment_key (key_id, order_id, taken_at)
-                 VALUES (?, ?, NOW(3))",
+                 VALUES (?, ?, UTC_TIMESTAMP(3))",
                 (&self.id, order),
             )
             .await?;
             if conn.affected_rows() == 1 {
-                self.purge_expired(conn).await;
                 return Ok(None);
             }
             let row: Option<(u64, Option<String>, i64)> = conn
                 .exec_first(
                     "SELECT order_id, outcome,
-                            TIMESTAMPDIFF(MICROSECOND, taken_at, NOW(3)) DIV 1000
+                            TIMESTAMPDIFF(MICROSECOND, taken_at, UTC_TIMESTAMP(3)) DIV 1000
                        FROM seckill_payment_key WHERE key_id = ?",
                     (&self.id,),
                 )
@@ -164,7 +177,7 @@ impl PaymentKey {
             if age_ms >= self.lifetime_ms as i64 {
                 conn.exec_drop(
                     "DELETE FROM seckill_payment_key WHERE key_id = ?
-                        AND taken_at <= NOW(3) - INTERVAL ? MICROSECOND",
+                        AND taken_at <= UTC_TIMESTAMP(3) - INTERVAL ? MICROSECOND",
                     (&self.id, self.lifetime_ms * 1000),
                 )
                 .await?;
@@ -201,7 +214,7 @@ impl PaymentKey {
     async fn open(&self, conn: &mut mysql_async::Conn) {
         let opened = conn
             .exec_drop(
-                "UPDATE seckill_payment_key SET taken_at = NOW(3) - INTERVAL ? MICROSECOND
+                "UPDATE seckill_payment_key SET taken_at = UTC_TIMESTAMP(3) - INTERVAL ? MICROSECOND
                   WHERE key_id = ? AND outcome IS NULL",
                 (self.patience.as_micros() as u64, &self.id),
             )
@@ -211,12 +224,14 @@ impl PaymentKey {
         }
     }
 
-    /// Rows past their lifetime, a few at a time: each new key clears some.
+    /// Rows past their lifetime, a few at a time: each payment that
+    /// records a new answer clears some, after its own work.
     async fn purge_expired(&self, conn: &mut mysql_async::Conn) {
         let purged = conn
             .exec_drop(
                 "DELETE FROM seckill_payment_key
-                  WHERE taken_at < NOW(3) - INTERVAL ? MICROSECOND LIMIT 100",
+                  WHERE taken_at < UTC_TIMESTAMP(3) - INTERVAL ? MICROSECOND
+                  ORDER BY taken_at LIMIT 100",
                 (self.lifetime_ms * 1000,),
             )
             .await;

@@ -152,7 +152,8 @@ Migration {
     statements: &[
         // An Idempotency-Key on a payment (src/orders/payment_key.rs):
         // key_id is the SHA-256 (hex) of the key's scope and the key, never
-        // the key; outcome the answer once given (NULL while pending).
+        // the key; outcome the answer once given (NULL while pending);
+        // taken_at in UTC.
         // Rows past the key's lifetime are deleted by later keyed payments.
         "CREATE TABLE IF NOT EXISTS seckill_payment_key (
             key_id      CHAR(64)     NOT NULL PRIMARY KEY,
