@@ -267,7 +267,14 @@ pub async fn purchase_keyed(
 
 /// A proxy refused a command whose keys live in two hash slots.
 fn refused_two_slots(e: &Error) -> bool {
-    matches!(e, Error::Redis { message, .. } if message.contains("CROSSSLOT"))
+    let driver = e
+        .cause()
+        .and_then(|c| c.downcast_ref::<redis::RedisError>());
+    driver.is_some_and(|r| {
+        r.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::CrossSlot)
+            || r.code() == Some("CROSSSLOT")
+            || r.detail().is_some_and(|d| d.contains("CROSSSLOT"))
+    })
 }
 
 /// How a keyed purchase ran its admission.
@@ -341,14 +348,14 @@ async fn answer(
     }
 }
 
-/// Whether an answer must be stored in the key's reservation: a resend is
-/// answered from the admission record, rendered again, and only an answer
-/// that rendering gives again byte for byte may go unstored. already_bought
-/// names the order MySQL has at the moment it is asked, and a success
-/// after a wait for replicas the count of the moment: both are stored.
+/// Whether an answer of the one-call way must be stored in the key's
+/// reservation: a resend is answered from the reply the reservation holds,
+/// rendered again, and only an answer that rendering gives again byte for
+/// byte may go unstored. already_bought names the order MySQL has at the
+/// moment it is asked: stored. (The one-call way never waits for
+/// replicas, whose count is of a moment too.)
 fn settles(purchased: &Purchased, answer: &Answer) -> bool {
     purchased.outcome == Admission::AlreadyBought
-        || purchased.replicas_acked.is_some()
         || *answer != recorded_answer(purchased.voucher, purchased.user, &purchased.outcome)
 }
 
@@ -460,5 +467,28 @@ impl Prepared<'_> {
             Err(Error::QuantityRefused(reason)) => Err(Failed::Refused(reason)),
             Err(e) => Err(Failed::Unknown(e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A proxy's refusal of two slots is told apart from other errors as
+    /// the driver parses it off the wire.
+    #[test]
+    fn a_crossslot_reply_is_a_refusal_of_two_slots() {
+        let parsed = |wire: &[u8]| -> Error {
+            let value = redis::parse_redis_value(wire).unwrap();
+            value.extract_error().unwrap_err().into()
+        };
+        assert!(refused_two_slots(&parsed(
+            b"-CROSSSLOT Keys in request don't hash to the same slot\r\n"
+        )));
+        assert!(refused_two_slots(&parsed(
+            b"-ERR CROSSSLOT Keys in request don't hash to the same slot\r\n"
+        )));
+        assert!(!refused_two_slots(&parsed(b"-ERR unknown command\r\n")));
+        assert!(!refused_two_slots(&Error::KeyReserved));
     }
 }

@@ -483,8 +483,19 @@ pub async fn admit_durably(
         return Ok((Reply::read(reply, attempt.voucher, attempt.user)?, None));
     };
     let mut pipe = redis::pipe();
-    pipe.invoke_script(&inv)
-        .cmd("WAIT")
+    pipe.invoke_script(&inv);
+    if let Some(record) = record {
+        // WAIT counts the replicas that have this connection's writes. A
+        // run that reads an earlier request's record back writes nothing,
+        // and its WAIT would count replicas that may lack that admission:
+        // a write to the record after the admission makes the count cover
+        // it (a record that does not exist takes no write and needs none).
+        pipe.cmd("PEXPIRE")
+            .arg(record.key)
+            .arg(record.lifetime_ms)
+            .ignore();
+    }
+    pipe.cmd("WAIT")
         .arg(wait.replicas)
         .arg(wait.timeout.as_millis() as u64);
     let (reply, acked): (Vec<Value>, u32) = match pipe.query_async(conn).await {
