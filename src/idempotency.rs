@@ -183,7 +183,7 @@ impl Reservation {
         fingerprint: &str,
         gate: &VoucherKeys,
     ) -> Result<Begun> {
-        let fresh = crate::gate::token::mint()?;
+        let fresh = crate::support::nonce::fresh()?;
         let reply: Vec<Value> = IDEM_RESERVE
             .key(&self.key)
             .arg(fingerprint)

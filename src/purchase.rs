@@ -183,7 +183,7 @@ pub async fn purchase_keyed(
 ) -> Result<Keyed, Failed> {
     let fingerprint = fingerprint(&prepared.attempt);
     if !conn.is_cluster() && wait.is_none() {
-        let nonce = crate::gate::token::mint().map_err(Failed::NotSent)?;
+        let nonce = crate::support::nonce::fresh().map_err(Failed::NotSent)?;
         let record = prepared.gate().idempotency_record(&nonce);
         let taken = Record {
             key: &record,

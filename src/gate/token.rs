@@ -24,10 +24,7 @@ pub struct IssuedToken {
 
 /// 128 random bits as 32 hex digits.
 pub fn mint() -> Result<String> {
-    let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes)
-        .map_err(|e| Error::InvalidInput(format!("no randomness for a token: {e}")))?;
-    Ok(crate::support::sha256::hex(&bytes))
+    crate::support::nonce::fresh()
 }
 
 /// Checks a time to live before anything is written.

@@ -7,6 +7,7 @@ pub mod fault;
 pub mod host;
 pub mod mask;
 pub mod metrics_page;
+pub mod nonce;
 pub mod set_digest;
 pub mod sha256;
 pub mod shutdown;
