@@ -168,3 +168,35 @@ done
 reservation=$(redis-cli -p "$redis_port" --scan --pattern "$prefix:idem:*" | awk 'NR == 1')
 echo "one key's record: the reservation, $(redis-cli -p "$redis_port" memory usage "$reservation") bytes" \
   "(MEMORY USAGE; on one Redis it holds the admission's record too)"
+
+# Held long polls: lookups of buyers who do not wait, each with ?wait=30s
+# (held until the time runs out), opened at once; serve's resident memory
+# before and while they are held. serve holds at most half its
+# --max-in-flight (100000 here) per process.
+held=${BENCH_HELD_POLLS:-1000}
+polled=$((next + 1))
+$seckill voucher add --id "$polled" --stock 10 --end +2h --title bench >/dev/null
+$seckill preload --voucher "$polled" >/dev/null
+rss_of() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+in_flight() { curl -fs "http://127.0.0.1:$port/metrics" | awk '/^seckill_http_requests_in_flight / {print $2}'; }
+rss0=$(rss_of "$serve_pid")
+python3 - "$port" "$polled" "$held" <<'PY' &
+import socket, sys, time
+port, voucher, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+held = []
+for i in range(n):
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(f"GET /v1/vouchers/{voucher}/purchases/{1000 + i}?wait=30s HTTP/1.1\r\nHost: b\r\n\r\n".encode())
+    held.append(s)
+time.sleep(40)
+PY
+polls_pid=$!
+for _ in $(seq 600); do
+  [ "$(in_flight)" -ge "$held" ] 2>/dev/null && break
+  sleep 0.05
+done
+now_held=$(in_flight)
+rss1=$(rss_of "$serve_pid")
+kill "$polls_pid" 2>/dev/null || true
+echo "held long polls: $now_held held at once; serve's resident memory ${rss0} kB before, ${rss1} kB while held:" \
+  "$(( (rss1 - rss0) / (now_held > 0 ? now_held : 1) )) kB per held lookup (at most 50000 held here: half of --max-in-flight)"
