@@ -125,6 +125,10 @@ pub enum StoreFault {
     /// One of the project's scripts (lua/) refused its arguments with an
     /// error reply, before writing anything.
     ScriptRefused,
+    /// Redis: a command's keys live in several hash slots (CROSSSLOT),
+    /// refused before it ran (a Cluster node, or a proxy in front of
+    /// several).
+    CrossSlot,
     /// The server cannot serve now but will by itself: Redis loading its
     /// data, a cluster slot moving or down, a busy script; MySQL shutting
     /// down or out of connections.
@@ -237,6 +241,9 @@ fn first_server_error(e: &redis::RedisError) -> Option<(String, Option<String>)>
 fn server_fault(code: &str, detail: Option<&str>) -> StoreFault {
     match (code, detail) {
         ("NOGROUP", _) => StoreFault::NoGroup,
+        ("CROSSSLOT", _) => StoreFault::CrossSlot,
+        // A proxy may wrap it in its own ERR.
+        ("ERR", Some(d)) if d.starts_with("CROSSSLOT") => StoreFault::CrossSlot,
         ("ERR", Some(d)) if is_script_refusal(d) => StoreFault::ScriptRefused,
         // Redis 6.2 wraps an error a script's call met in its own ERR
         // ("Error running script ...: @user_script:58: NOGROUP ..."); 7

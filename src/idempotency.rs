@@ -192,6 +192,11 @@ impl Reservation {
             .invoke_async(conn)
             .await?;
         let bad = || Error::redis(format!("idem_reserve.lua answered {reply:?}"));
+        let text = |v: &Value| {
+            bytes(v)
+                .and_then(|r| String::from_utf8(r).ok())
+                .ok_or_else(bad)
+        };
         let (code, a, b) = match reply.as_slice() {
             [code, a, b, ..] => (number(code).ok_or_else(bad)?, a, b),
             _ => return Err(bad()),
@@ -208,9 +213,7 @@ impl Reservation {
                 body: bytes(b).ok_or_else(bad)?,
             })),
             2 => {
-                let nonce = bytes(a)
-                    .and_then(|r| String::from_utf8(r).ok())
-                    .ok_or_else(bad)?;
+                let nonce = text(a)?;
                 let age = Duration::from_millis(number(b).ok_or_else(bad)?.max(0) as u64);
                 let record = gate.idempotency_record(&nonce);
                 // The admission ran if its record exists: the run returns
@@ -226,9 +229,7 @@ impl Reservation {
             }
             3 => Ok(Begun::Reused),
             4 => Ok(Begun::Recorded {
-                nonce: bytes(a)
-                    .and_then(|r| String::from_utf8(r).ok())
-                    .ok_or_else(bad)?,
+                nonce: text(a)?,
                 reply: reply[2..].to_vec(),
             }),
             _ => Err(bad()),

@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 
 use crate::error::Error;
-use crate::gate::admission::{admit_durably, Admission, Attempt, Record, ReplicaWait};
+use crate::gate::admission::{admit_durably, Admission, Attempt, Record, ReplicaWait, Reply};
 use crate::gate::buckets::bucket_of;
 use crate::idempotency::{Answer, Begun, Reservation};
 use crate::store::keys::VoucherKeys;
@@ -225,18 +225,7 @@ pub async fn purchase_keyed(
         Begun::Reused => return Ok(Keyed::Reused),
         Begun::InFlight => return Ok(Keyed::InFlight),
         Begun::Recorded { nonce, reply } => {
-            let attempt = &prepared.attempt;
-            // An earlier request's admission: a reply that cannot be read
-            // leaves its outcome unknown to this one.
-            let read = crate::gate::admission::Reply::read(reply, attempt.voucher, attempt.user)
-                .map_err(Failed::Unknown)?;
-            let purchased = Purchased {
-                voucher: attempt.voucher,
-                user: attempt.user,
-                outcome: read.outcome,
-                replicas_acked: None,
-                from_record: true,
-            };
+            let purchased = prepared.read_back(reply)?;
             // With a wait for replicas, the first answer to be stored is
             // every later one's.
             let way = Way {
@@ -267,14 +256,7 @@ pub async fn purchase_keyed(
 
 /// A proxy refused a command whose keys live in two hash slots.
 fn refused_two_slots(e: &Error) -> bool {
-    let driver = e
-        .cause()
-        .and_then(|c| c.downcast_ref::<redis::RedisError>());
-    driver.is_some_and(|r| {
-        r.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::CrossSlot)
-            || r.code() == Some("CROSSSLOT")
-            || r.detail().is_some_and(|d| d.contains("CROSSSLOT"))
-    })
+    e.store_fault() == Some(crate::error::StoreFault::CrossSlot)
 }
 
 /// How a keyed purchase ran its admission.
@@ -457,15 +439,34 @@ impl Prepared<'_> {
         // refusal, except the script's own refusal of the quantity, which
         // it makes before writing anything.
         match admit_durably(conn, &self.keys, self.attempt, record, wait).await {
-            Ok((reply, replicas_acked)) => Ok(Purchased {
-                voucher: self.attempt.voucher,
-                user: self.attempt.user,
-                outcome: reply.outcome,
-                replicas_acked,
-                from_record: reply.from_record,
-            }),
+            Ok((reply, replicas_acked)) => Ok(self.purchased(reply, replicas_acked)),
             Err(Error::QuantityRefused(reason)) => Err(Failed::Refused(reason)),
             Err(e) => Err(Failed::Unknown(e)),
+        }
+    }
+
+    /// An earlier request's admission reply, as an idempotency key's
+    /// reservation holds it (`{code, reason, value}`): one that cannot be
+    /// read leaves its outcome unknown to this request.
+    pub fn read_back(&self, reply: Vec<redis::Value>) -> Result<Purchased, Failed> {
+        let read =
+            Reply::read(reply, self.attempt.voucher, self.attempt.user).map_err(Failed::Unknown)?;
+        Ok(self.purchased(
+            Reply {
+                from_record: true,
+                ..read
+            },
+            None,
+        ))
+    }
+
+    fn purchased(&self, reply: Reply, replicas_acked: Option<u32>) -> Purchased {
+        Purchased {
+            voucher: self.attempt.voucher,
+            user: self.attempt.user,
+            outcome: reply.outcome,
+            replicas_acked,
+            from_record: reply.from_record,
         }
     }
 }

@@ -13,6 +13,14 @@ use common::{fast_worker, within_seconds, TestEnv};
 use seckill::store::layout::bucket_of;
 use serde_json::{json, Value};
 
+/// The `skip`-th user from 1000 up who belongs to bucket `b` of 2.
+fn in_bucket_of_2(b: u32, skip: usize) -> u64 {
+    (1000..)
+        .filter(|u| bucket_of(*u, 2) == b)
+        .nth(skip)
+        .unwrap()
+}
+
 fn standing(serve: &Serve, v: u64, user: u64) -> Value {
     let (status, body) = serve.get(&format!("/v1/vouchers/{v}/purchases/{user}"), None);
     assert_eq!(status, 200, "{body}");
@@ -103,20 +111,14 @@ async fn a_place_in_line_counts_every_bucket_s_requests_queued_before_it() {
     // Two units in two buckets: one buyer in each sells it out.
     env.live_voucher_in_buckets(V, 2, 2).await;
     let serve = Serve::start(&env, &[]);
-    let in_bucket = |b: u32, skip: usize| {
-        (1000..)
-            .filter(|u| bucket_of(*u, 2) == b)
-            .nth(skip)
-            .unwrap()
-    };
-    assert_eq!(serve.buy(V, json!(in_bucket(0, 0))).0, 201);
-    assert_eq!(serve.buy(V, json!(in_bucket(1, 0))).0, 201);
+    assert_eq!(serve.buy(V, json!(in_bucket_of_2(0, 0))).0, 201);
+    assert_eq!(serve.buy(V, json!(in_bucket_of_2(1, 0))).0, 201);
     // In line, in this order: bucket 0, bucket 1, bucket 1, bucket 0.
     let line = [
-        in_bucket(0, 1),
-        in_bucket(1, 1),
-        in_bucket(1, 2),
-        in_bucket(0, 2),
+        in_bucket_of_2(0, 1),
+        in_bucket_of_2(1, 1),
+        in_bucket_of_2(1, 2),
+        in_bucket_of_2(0, 2),
     ];
     for user in line {
         let (status, body) = serve.buy(V, json!(user));
@@ -146,15 +148,9 @@ async fn requests_of_two_buckets_queued_in_one_microsecond_take_two_places() {
     let env = TestEnv::new().await;
     let (layout, mut redis) = env.live_voucher_in_buckets(V, 2, 2).await;
     let serve = Serve::start(&env, &[]);
-    let in_bucket = |b: u32, skip: usize| {
-        (1000..)
-            .filter(|u| bucket_of(*u, 2) == b)
-            .nth(skip)
-            .unwrap()
-    };
-    assert_eq!(serve.buy(V, json!(in_bucket(0, 0))).0, 201);
-    assert_eq!(serve.buy(V, json!(in_bucket(1, 0))).0, 201);
-    let (first, second) = (in_bucket(0, 1), in_bucket(1, 1));
+    assert_eq!(serve.buy(V, json!(in_bucket_of_2(0, 0))).0, 201);
+    assert_eq!(serve.buy(V, json!(in_bucket_of_2(1, 0))).0, 201);
+    let (first, second) = (in_bucket_of_2(0, 1), in_bucket_of_2(1, 1));
     for user in [second, first] {
         assert_eq!(serve.buy(V, json!(user)).0, 410);
     }
