@@ -373,7 +373,7 @@ _seckill() {
             return 0
             ;;
         seckill__subcmd__buy)
-            opts="-v -q -h -V --voucher --user --token --quantity --idempotency-key --idempotency-ttl --wait-replicas --wait-timeout --node-id --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
+            opts="-v -q -h -V --voucher --user --token --quantity --idempotency-key --idempotency-ttl --client-reference --wait-replicas --wait-timeout --node-id --format --redis-url --mysql-url --prefix --connect-timeout --redis-password-file --mysql-password-file --redis-ca-cert --redis-client-cert --redis-client-key --mysql-ssl-mode --mysql-ca-cert --mysql-client-cert --mysql-client-key --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -400,6 +400,10 @@ _seckill() {
                     return 0
                     ;;
                 --idempotency-ttl)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --client-reference)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

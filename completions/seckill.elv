@@ -274,6 +274,7 @@ set edit:completion:arg-completer[seckill] = {|@words|
             cand --quantity 'Units to buy, all or none (1 ..= the voucher''s per-user limit)'
             cand --idempotency-key 'An idempotency key (1 to 255 printable ASCII characters): run again with the same key and arguments, the command gives the first run''s outcome (and exit code) again instead of buying anew'
             cand --idempotency-ttl 'How long --idempotency-key''s outcome is kept (1s ..= 30days)'
+            cand --client-reference 'Your own name for this purchase (1 to 64 printable ASCII characters), kept with the order, also when the request waits in line first'
             cand --wait-replicas 'After a success, wait until N replicas of the voucher''s master have it (a failover to one of them then keeps it) [default: no wait]'
             cand --wait-timeout 'The longest --wait-replicas waits before giving up (the admission stands either way)'
             cand --node-id 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]'

@@ -260,6 +260,7 @@ complete -c seckill -n "__fish_seckill_using_subcommand buy" -l token -d 'The us
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l quantity -d 'Units to buy, all or none (1 ..= the voucher\'s per-user limit)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l idempotency-key -d 'An idempotency key (1 to 255 printable ASCII characters): run again with the same key and arguments, the command gives the first run\'s outcome (and exit code) again instead of buying anew' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l idempotency-ttl -d 'How long --idempotency-key\'s outcome is kept (1s ..= 30days)' -r
+complete -c seckill -n "__fish_seckill_using_subcommand buy" -l client-reference -d 'Your own name for this purchase (1 to 64 printable ASCII characters), kept with the order, also when the request waits in line first' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l wait-replicas -d 'After a success, wait until N replicas of the voucher\'s master have it (a failover to one of them then keeps it) [default: no wait]' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l wait-timeout -d 'The longest --wait-replicas waits before giving up (the admission stands either way)' -r
 complete -c seckill -n "__fish_seckill_using_subcommand buy" -l node-id -d 'Snowflake node id (0..=1023), leased from Redis: refused while another live process holds it [default: a free one, leased]' -r

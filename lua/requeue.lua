@@ -90,13 +90,13 @@ for i = 1, #ARGV, 3 do
         digest_move(KEYS[8], 'buyers_digest', {f.user}, 1)
       end
       redis.call('ZREM', KEYS[5], f.user)
-      if KEYS[7] then redis.call('HDEL', KEYS[7], f.user) end
+      if KEYS[7] then redis.call('HDEL', KEYS[7], f.user, 'ref:' .. f.user) end
       code = 2
     else
       code = 0
     end
     if code > 0 then
-      append_order(KEYS[2], f.user, order, f.voucher, kind, units)
+      append_order(KEYS[2], f.user, order, f.voucher, kind, units, f.ref)
       redis.call('XDEL', KEYS[1], id)
       redis.call('HSET', KEYS[6], id, code .. ' ' .. order)
       requeued = true

@@ -23,8 +23,11 @@
 -- KEYS[7]  seckill:{V}:rate      hash   user -> recent attempts (needed only
 --                                 when the voucher has a user rate)
 -- KEYS[8]  seckill:{V}:waitlist_quantity  hash  user -> units wanted, for
---                                 waitlisted requests of more than one unit
---                                 (needed only with ARGV[5] > 1)
+--                                 waitlisted requests of more than one unit,
+--                                 and ref:<user> -> the client reference
+--                                 (ARGV[8]) of a waitlisted request that
+--                                 has one (needed only with ARGV[5] > 1
+--                                 or an ARGV[8])
 -- KEYS[9]  seckill:{V}:idem:<K>  hash   optional: this request's outcome
 --                                 record, for an idempotency key K chosen
 --                                 by the caller (any text without braces,
@@ -51,6 +54,17 @@
 --                      ms, 1 .. 2592000000 (30 days)
 -- ARGV[7]  fingerprint with KEYS[10]: the request's (1 .. 128 characters),
 --                      as lua/idem_reserve.lua takes it
+-- ARGV[8]  client reference  optional: the caller's own name for this
+--                      request, 1 .. 64 printable ASCII characters (space
+--                      to ~); empty / absent for none. Needs KEYS[8]. It
+--                      goes with the order: the stream entry's `ref`
+--                      field (the worker keeps it in seckill_order.
+--                      client_reference), or, for a request that waits,
+--                      KEYS[8]'s field ref:<user> until the request is
+--                      served (then its order carries it) or leaves the
+--                      line. A waiting user's later attempts keep the
+--                      reference it queued with. Pass ARGV[6] and ARGV[7]
+--                      (empty without KEYS[9] and KEYS[10]) before it
 --
 -- Callers written for KEYS[1..5] and ARGV[1..3] keep working while the
 -- voucher has no policy; with one, they get an error reply naming the key
@@ -141,10 +155,10 @@
 -- KEYS[9] returns that reply again, unchanged, with a fourth element 1,
 -- before any check (sale window, stock, rate limit) and writing nothing:
 -- the answer to a resend is the first request's, byte for byte, whatever
--- happened since. The
--- record holds the user and the quantity; a call with the same KEYS[9]
--- for another user or quantity gets an error reply ("ERR seckill:
--- idempotency key ... another request") and nothing is written. Not
+-- happened since. The record holds the user, the quantity and the client
+-- reference; a call with the same KEYS[9] for another user, quantity or
+-- reference gets an error reply ("ERR seckill: idempotency key ...
+-- another request") and nothing is written. Not
 -- recorded, so that a resend runs again: error replies; code 3 (not
 -- started), 6 (paused) and 7 (rate limited), whose callers are told to
 -- try again later; code 5 (unknown voucher: it may be loaded in a
@@ -180,6 +194,11 @@ end
 local base = string.sub(KEYS[1], 1, -5)
 local wanted = ARGV[5]
 if wanted == nil or wanted == '' then wanted = '1' end
+local reference = ARGV[8]
+if reference == '' then reference = nil end
+if reference and (#reference > 64 or string.find(reference, '[^\32-\126]')) then
+  return redis.error_reply('ERR seckill: ARGV[8], the client reference, is 1 .. 64 printable ASCII characters')
+end
 
 local record, lifetime = KEYS[9], nil
 if record then
@@ -190,10 +209,10 @@ if record then
   if not lifetime or lifetime < 1 or lifetime > 2592000000 or lifetime ~= math.floor(lifetime) then
     return redis.error_reply('ERR seckill: ARGV[6], the idempotency record lifetime, is 1 .. 2592000000 ms')
   end
-  local seen = redis.call('HMGET', record, 'code', 'reason', 'value', 'user', 'quantity')
+  local seen = redis.call('HMGET', record, 'code', 'reason', 'value', 'user', 'quantity', 'ref')
   if seen[1] then
-    if seen[4] ~= user or seen[5] ~= wanted then
-      return redis.error_reply('ERR seckill: idempotency key KEYS[9] was used for another request (another user or quantity)')
+    if seen[4] ~= user or seen[5] ~= wanted or (seen[6] or '') ~= (reference or '') then
+      return redis.error_reply('ERR seckill: idempotency key KEYS[9] was used for another request (another user, quantity or client reference)')
     end
     local value = seen[3]
     -- An order id stays a string (64 bits do not survive Lua numbers).
@@ -241,6 +260,9 @@ local function admit()
   local quantity = tonumber(wanted)
   if quantity > 1 and not KEYS[8] then
     return redis.error_reply('ERR seckill: a quantity above 1 needs KEYS[8]')
+  end
+  if reference and not KEYS[8] then
+    return redis.error_reply('ERR seckill: a client reference (ARGV[8]) needs KEYS[8]')
   end
   if KEYS[8] and KEYS[8] ~= string.sub(KEYS[1], 1, -5) .. 'waitlist_quantity' then
     return redis.error_reply('ERR seckill: KEYS[8] is not the waitlist_quantity key of this voucher')
@@ -347,13 +369,21 @@ local function admit()
       local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
       if last[2] and tonumber(last[2]) >= queued_us then queued_us = tonumber(last[2]) + 1 end
       redis.call('ZADD', KEYS[4], 'NX', queued_us, user)
-      -- The request waits with what it asked for (queued once: a later
-      -- attempt of a waiting user changes nothing).
-      if quantity > 1 then
-        redis.call('HSET', KEYS[8], user, quantity)
-      elseif KEYS[8] then
-        -- A want left by an earlier request of this user (freed by a repair).
-        redis.call('HDEL', KEYS[8], user)
+      -- The request waits with what it asked for and its reference
+      -- (queued once: a later attempt of a waiting user changes nothing).
+      -- A want or reference left by an earlier request of this user (freed
+      -- by a repair) goes.
+      if KEYS[8] then
+        if quantity > 1 then
+          redis.call('HSET', KEYS[8], user, quantity)
+        else
+          redis.call('HDEL', KEYS[8], user)
+        end
+        if reference then
+          redis.call('HSET', KEYS[8], 'ref:' .. user, reference)
+        else
+          redis.call('HDEL', KEYS[8], 'ref:' .. user)
+        end
       end
     end
     return {2, reason, redis.call('ZRANK', KEYS[4], user) + 1}
@@ -376,13 +406,22 @@ local function admit()
   digest = (digest + tonumber(string.sub(redis.sha1hex(user), 1, 13), 16)) % 4503599627370496
   redis.call('HSET', KEYS[1], 'buyers_digest', string.format('%.0f', digest))
   -- A user admitted after a unit came back must not also be promoted later.
-  if redis.call('ZREM', KEYS[4], user) == 1 and KEYS[8] then redis.call('HDEL', KEYS[8], user) end
-  if quantity > 1 then
-    redis.call('XADD', KEYS[5], '*', 'user', user, 'order', order, 'voucher', voucher, 'kind', 'admit',
-      'quantity', wanted)
-  else
-    redis.call('XADD', KEYS[5], '*', 'user', user, 'order', order, 'voucher', voucher, 'kind', 'admit')
+  if redis.call('ZREM', KEYS[4], user) == 1 and KEYS[8] then
+    redis.call('HDEL', KEYS[8], user, 'ref:' .. user)
   end
+  -- Fields only when used, so entries without them stay as every release
+  -- wrote them (lua/lib/waitlist.lua's append_order, written out here
+  -- because application servers load this file alone).
+  local entry = {'user', user, 'order', order, 'voucher', voucher, 'kind', 'admit'}
+  if quantity > 1 then
+    entry[#entry + 1] = 'quantity'
+    entry[#entry + 1] = wanted
+  end
+  if reference then
+    entry[#entry + 1] = 'ref'
+    entry[#entry + 1] = reference
+  end
+  redis.call('XADD', KEYS[5], '*', unpack(entry))
   return {0, 'ok', order}
 end
 
@@ -399,7 +438,7 @@ if record and reply.err == nil and not unrecorded[reply[1]] then
     redis.call('PEXPIRE', reservation, lifetime)
   else
     redis.call('HSET', record, 'code', reply[1], 'reason', reply[2], 'value', reply[3],
-      'user', user, 'quantity', wanted)
+      'user', user, 'quantity', wanted, 'ref', reference or '')
     redis.call('PEXPIRE', record, lifetime)
   end
 end

@@ -274,6 +274,7 @@ impl Attempts {
                 user,
                 token: token.map(String::as_str),
                 quantity,
+                client_reference: None,
             };
             let purchased = purchase(
                 &mut conn,

@@ -52,7 +52,7 @@ impl IdempotencyKey {
                 bare.len()
             ));
         }
-        if !bare.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
+        if !crate::support::printable::is_printable_ascii(bare) {
             return Err(
                 "an idempotency key holds printable ASCII characters only (no control characters)"
                     .into(),

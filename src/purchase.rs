@@ -21,6 +21,8 @@ pub struct Request<'a> {
     pub user: u64,
     pub token: Option<&'a str>,
     pub quantity: u32,
+    /// The caller's client reference, checked (src/orders/reference.rs).
+    pub client_reference: Option<&'a str>,
 }
 
 /// What the gate answered.
@@ -136,13 +138,19 @@ pub fn recorded_answer(voucher: u64, user: u64, outcome: &Admission) -> Answer {
 /// The fingerprint of a purchase for an idempotency key: the request after
 /// parsing, defaults applied, and the voucher.
 fn fingerprint(attempt: &Attempt<'_>) -> String {
-    crate::idempotency::fingerprint(&[
+    let (voucher, user) = (attempt.voucher.to_string(), attempt.user.to_string());
+    let quantity = attempt.quantity.to_string();
+    let mut parts = vec![
         "purchase",
-        &attempt.voucher.to_string(),
-        &attempt.user.to_string(),
-        &attempt.quantity.to_string(),
+        &voucher,
+        &user,
+        &quantity,
         attempt.token.unwrap_or(""),
-    ])
+    ];
+    // Only with one: a key taken before references existed keeps its
+    // fingerprint across an upgrade.
+    parts.extend(attempt.client_reference);
+    crate::idempotency::fingerprint(&parts)
 }
 
 /// What a purchase with an idempotency key comes to.
@@ -399,6 +407,7 @@ pub fn prepare<'a>(
         order_id,
         token: request.token,
         quantity: request.quantity,
+        client_reference: request.client_reference,
     };
     Ok(Prepared { keys, attempt })
 }

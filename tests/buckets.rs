@@ -455,6 +455,7 @@ async fn buy_units(
         order_id: order,
         token: None,
         quantity,
+        client_reference: None,
     };
     admit_durably(&mut redis.clone(), &keys, attempt, None, None)
         .await

@@ -263,6 +263,7 @@ async fn store_failures_come_as_the_kind_callers_branch_on() {
         order_id: 1,
         token: None,
         quantity: 5,
+        client_reference: None,
     };
     // Alone, and in the pipeline with the wait for replicas.
     let wait = seckill::gate::admission::ReplicaWait {

@@ -239,8 +239,14 @@ async fn a_key_reused_for_another_body_is_refused_and_writes_nothing() {
         Some("shop-b-key-0123456789abcdef"),
     );
     env.live_voucher(2, 10).await;
-    let first = send(&serve, V, &json!({ "user": 1, "quantity": 2 }), "k", a);
+    let body = json!({ "user": 1, "quantity": 2, "client_reference": "cart-1" });
+    let first = send(&serve, V, &body, "k", a);
     assert_eq!(first.status, 201, "{first:?}");
+    // The same body spelled otherwise is the same request.
+    let respelled = json!({ "client_reference": "cart-1", "quantity": 2.0, "user": "1" });
+    let replay = send(&serve, V, &respelled, "k", a);
+    assert!(replay.replayed, "{replay:?}");
+    assert_eq!((replay.status, &replay.text), (first.status, &first.text));
     // The stores' keys, a reservation read field by field (its encoding's
     // order moves with reads alone).
     let mut redis = env.redis().await;
@@ -257,9 +263,13 @@ async fn a_key_reused_for_another_body_is_refused_and_writes_nothing() {
     };
     let before = written().await;
     for body in [
-        json!({ "user": 1, "quantity": 3 }),
-        json!({ "user": 1 }),
-        json!({ "user": 2, "quantity": 2 }),
+        json!({ "user": 1, "quantity": 3, "client_reference": "cart-1" }),
+        json!({ "user": 1, "client_reference": "cart-1" }),
+        json!({ "user": 2, "quantity": 2, "client_reference": "cart-1" }),
+        // The reference is part of the request: another, or none, is
+        // another request.
+        json!({ "user": 1, "quantity": 2, "client_reference": "cart-2" }),
+        json!({ "user": 1, "quantity": 2 }),
     ] {
         let reused = send(&serve, V, &body, "k", a);
         assert_eq!(
@@ -270,7 +280,7 @@ async fn a_key_reused_for_another_body_is_refused_and_writes_nothing() {
         assert!(!reused.replayed);
     }
     // Another voucher is another request too.
-    let other = send(&serve, 2, &json!({ "user": 1, "quantity": 2 }), "k", a);
+    let other = send(&serve, 2, &body, "k", a);
     assert_eq!(other.code(), "idempotency_key_reused", "{other:?}");
     assert!(written().await == before, "a refused reuse wrote something");
     // The same key under another API key is that caller's own.

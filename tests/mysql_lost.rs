@@ -107,7 +107,16 @@ async fn a_dump_restored_under_a_running_worker_is_paused_restored_and_reopened(
     env.admit_users(77, 30, 0).await;
     env.wait_orders(77, 30, Duration::from_secs(30)).await;
     let dump = env.dump_mysql();
-    buy_users(&env, 77, 31..=60);
+    buy_users(&env, 77, 31..=49);
+    // A buyer with a client reference: its order comes back with it.
+    let referenced = env
+        .cmd()
+        .args(["buy", "--voucher", "77", "--user", "50"])
+        .args(["--client-reference", "lost-50"])
+        .output()
+        .unwrap();
+    assert!(referenced.status.success(), "{referenced:?}");
+    buy_users(&env, 77, 51..=60);
     env.wait_orders(77, 60, Duration::from_secs(30)).await;
     let before = orders_held(&env, 77).await;
     let paid = order_of(&before, 45).0;
@@ -142,6 +151,13 @@ async fn a_dump_restored_under_a_running_worker_is_paused_restored_and_reopened(
         let expected = if *user == 45 { (0, 1) } else { (0, 0) };
         assert_eq!((*status, *held), expected, "order {id} of user {user}");
     }
+    let fifty = order_of(&after, 50).0.to_string();
+    let shown = env
+        .cmd()
+        .args(["order", "show", &fifty, "--format", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(json(&shown)["client_reference"], "lost-50", "{shown:?}");
     let (code, report) = env.reconcile_json(&["--dry-run"]);
     assert_eq!(code, 0, "{report:#}");
     assert_eq!(

@@ -36,9 +36,24 @@ fn keys_of(env: &TestEnv, voucher: u64) -> [String; 5] {
     [k.meta(), k.stock(), k.buyers(), k.waitlist(), k.orders()]
 }
 
+/// KEYS[1..8] of `user`'s admission at `k`'s gate.
+fn keys_of_user(k: &VoucherKeys, user: u64) -> Vec<String> {
+    vec![
+        k.meta(),
+        k.stock(),
+        k.buyers(),
+        k.waitlist(),
+        k.orders(),
+        k.token(user),
+        k.rate(),
+        k.waitlist_quantity(),
+    ]
+}
+
 /// EVALSHA the way an app server does it: SCRIPT LOAD once, then by SHA.
-fn evalsha(sha: &str, keys: &[String; 5], argv: &[&str]) -> (bool, String) {
-    let mut args: Vec<&str> = vec!["EVALSHA", sha, "5"];
+fn evalsha(sha: &str, keys: &[String], argv: &[&str]) -> (bool, String) {
+    let count = keys.len().to_string();
+    let mut args: Vec<&str> = vec!["EVALSHA", sha, &count];
     args.extend(keys.iter().map(String::as_str));
     args.extend_from_slice(argv);
     redis_cli(&args)
@@ -212,27 +227,12 @@ async fn an_idempotency_key_is_taken_admitted_and_replayed_by_the_scripts() {
     assert!(ok, "{sha}");
     let keyed = |voucher: u64, user: &str, nonce: &str, reservation: Option<&str>| {
         let k = VoucherKeys::new(&env.prefix, voucher).unwrap();
-        let mut keys = vec![
-            k.meta(),
-            k.stock(),
-            k.buyers(),
-            k.waitlist(),
-            k.orders(),
-            k.token(user.parse().unwrap()),
-            k.rate(),
-            k.waitlist_quantity(),
-            k.idempotency_record(nonce),
-        ];
+        let mut keys = keys_of_user(&k, user.parse().unwrap());
+        keys.push(k.idempotency_record(nonce));
         keys.extend(reservation.map(str::to_string));
         (keys, k.idempotency_record(nonce))
     };
-    let run = |keys: &[String], argv: &[&str]| {
-        let count = keys.len().to_string();
-        let mut args: Vec<&str> = vec!["EVALSHA", &sha, &count];
-        args.extend(keys.iter().map(String::as_str));
-        args.extend_from_slice(argv);
-        redis_cli(&args)
-    };
+    let run = |keys: &[String], argv: &[&str]| evalsha(&sha, keys, argv);
     let reserve_path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("lua/idem_reserve.lua")
         .to_string_lossy()
@@ -309,5 +309,115 @@ async fn an_idempotency_key_is_taken_admitted_and_replayed_by_the_scripts() {
     let (_, out) = run(&early, &["24", "3005", "5", "", "", "60000"]);
     assert!(out.contains("ARGV[7]"), "{out}");
     assert_invariants(&env, 4).await;
+    env.cleanup().await;
+}
+
+/// ARGV[8], the client reference: on the order entry of an admission, in
+/// KEYS[8]'s ref:<user> while the request waits (its first reference: a
+/// waiting user's later attempts change nothing), gone when the user is
+/// admitted; part of what a KEYS[9] record names; a bad one, or one
+/// without KEYS[8], is an error reply that writes nothing.
+#[tokio::test]
+async fn a_client_reference_goes_with_the_entry_or_waits_in_line() {
+    let env = TestEnv::new().await;
+    env.live_voucher(6, 1).await;
+    let source = std::fs::read_to_string(script_path()).unwrap();
+    let (ok, sha) = redis_cli(&["SCRIPT", "LOAD", &source]);
+    assert!(ok, "{sha}");
+    let k = VoucherKeys::new(&env.prefix, 6).unwrap();
+    let keys_for = |user: u64, nonce: Option<&str>| {
+        let mut keys = keys_of_user(&k, user);
+        keys.extend(nonce.map(|n| k.idempotency_record(n)));
+        keys
+    };
+    let run = |keys: &[String], argv: &[&str]| evalsha(&sha, keys, argv);
+    let mut redis = env.redis().await;
+
+    // Refused, nothing written: too long, a control character, no KEYS[8].
+    let before = env.snapshot().await;
+    let long = "r".repeat(65);
+    for (keys, reference, needle) in [
+        (keys_for(31, None), long.as_str(), "ARGV[8]"),
+        (keys_for(31, None), "tab\there", "ARGV[8]"),
+        (keys_of(&env, 6).to_vec(), "ok-ref", "needs KEYS[8]"),
+    ] {
+        let (_, out) = run(&keys, &["31", "4001", "6", "", "", "", "", reference]);
+        assert!(out.contains(needle), "{reference:?}: {out}");
+    }
+    assert_eq!(env.snapshot().await, before);
+
+    // Admitted: the entry carries it.
+    let argv = ["31", "4002", "6", "", "", "", "", "cart 31/~"];
+    assert_eq!(
+        run(&keys_for(31, None), &argv),
+        (true, "0\nok\n4002".into())
+    );
+    let entries: redis::streams::StreamRangeReply = redis.xrange_all(k.orders()).await.unwrap();
+    let last = entries.ids.last().unwrap();
+    assert_eq!(
+        last.get::<String>("ref").as_deref(),
+        Some("cart 31/~"),
+        "{last:?}"
+    );
+
+    // Sold out: it waits with the request, the first one only.
+    for (order, reference) in [("4003", "cart-32"), ("4004", "cart-32-again")] {
+        let argv = ["32", order, "6", "", "", "", "", reference];
+        assert_eq!(
+            run(&keys_for(32, None), &argv),
+            (true, "2\nsold out\n1".into())
+        );
+    }
+    assert_eq!(
+        run(&keys_for(33, None), &["33", "4005", "6"]),
+        (true, "2\nsold out\n2".into())
+    );
+    let waiting: std::collections::HashMap<String, String> =
+        redis.hgetall(k.waitlist_quantity()).await.unwrap();
+    assert_eq!(
+        waiting,
+        [("ref:32".to_string(), "cart-32".to_string())].into(),
+        "user 33 asked with none"
+    );
+
+    // Admitted while waiting (a unit added, at both stores): this
+    // request's reference goes on its entry, the waiting one's is gone.
+    let _: () = redis.set(k.stock(), 1).await.unwrap();
+    let _: () = redis.hincr(k.meta(), "total", 1).await.unwrap();
+    let db = env.db().await;
+    let mut conn = db.conn().await.unwrap();
+    mysql_async::prelude::Queryable::query_drop(
+        &mut conn,
+        "UPDATE seckill_voucher SET stock = stock + 1, total_stock = total_stock + 1 WHERE voucher_id = 6",
+    )
+    .await
+    .unwrap();
+    drop(conn);
+    let argv = ["32", "4006", "6", "", "", "", "", "cart-32-now"];
+    assert_eq!(
+        run(&keys_for(32, None), &argv),
+        (true, "0\nok\n4006".into())
+    );
+    let waiting: std::collections::HashMap<String, String> =
+        redis.hgetall(k.waitlist_quantity()).await.unwrap();
+    assert!(waiting.is_empty(), "{waiting:?}");
+    let entries: redis::streams::StreamRangeReply = redis.xrange_all(k.orders()).await.unwrap();
+    let last = entries.ids.last().unwrap();
+    assert_eq!(last.get::<String>("ref").as_deref(), Some("cart-32-now"));
+
+    // A record names the reference: another one with the same KEYS[9] is
+    // another request; the same one is answered again.
+    let keyed = keys_for(34, Some("n34"));
+    let argv = ["34", "4007", "6", "", "", "60000", "", "cart-34"];
+    assert_eq!(run(&keyed, &argv), (true, "2\nsold out\n2".into()));
+    let (_, out) = run(&keyed, &["34", "4008", "6", "", "", "60000", "", "cart-35"]);
+    assert!(out.contains("another request"), "{out}");
+    let (_, out) = run(&keyed, &["34", "4008", "6", "", "", "60000"]);
+    assert!(out.contains("another request"), "{out}");
+    assert_eq!(
+        run(&keyed, &["34", "4009", "6", "", "", "60000", "", "cart-34"]),
+        (true, "2\nsold out\n2\n1".into())
+    );
+    assert_invariants(&env, 6).await;
     env.cleanup().await;
 }

@@ -21,12 +21,6 @@ fn in_bucket_of_2(b: u32, skip: usize) -> u64 {
         .unwrap()
 }
 
-fn standing(serve: &Serve, v: u64, user: u64) -> Value {
-    let (status, body) = serve.get(&format!("/v1/vouchers/{v}/purchases/{user}"), None);
-    assert_eq!(status, 200, "{body}");
-    body
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_buyer_sees_their_place_and_a_long_poll_wakes_on_their_promotion() {
     const V: u64 = 1;
@@ -39,12 +33,12 @@ async fn a_waiting_buyer_sees_their_place_and_a_long_poll_wakes_on_their_promoti
     assert_eq!(serve.buy(V, json!(1)).0, 201);
     assert_eq!(serve.buy(V, json!(2)).0, 410);
     assert_eq!(serve.buy(V, json!(3)).0, 410);
-    let bought = standing(&serve, V, 1);
+    let bought = serve.standing(V, 1);
     assert_eq!(
         (bought["state"].as_str(), bought["bought"].as_bool()),
         (Some("bought"), Some(true))
     );
-    let next = standing(&serve, V, 2);
+    let next = serve.standing(V, 2);
     assert_eq!(next["state"], "waiting", "{next}");
     assert_eq!(
         (next["position"].as_u64(), next["ahead"].as_u64()),
@@ -53,12 +47,12 @@ async fn a_waiting_buyer_sees_their_place_and_a_long_poll_wakes_on_their_promoti
     assert_eq!(next["bought"], false);
     // No pace seen yet: no basis for an estimate.
     assert_eq!(next["eta_ms"], Value::Null);
-    let after = standing(&serve, V, 3);
+    let after = serve.standing(V, 3);
     assert_eq!(
         (after["position"].as_u64(), after["ahead"].as_u64()),
         (Some(2), Some(1))
     );
-    let stranger = standing(&serve, V, 4);
+    let stranger = serve.standing(V, 4);
     assert_eq!(stranger["state"], "not_waiting");
     assert_eq!(stranger["position"], Value::Null);
     let (status, sale) = serve.get(&format!("/v1/vouchers/{V}"), None);
@@ -92,7 +86,7 @@ async fn a_waiting_buyer_sees_their_place_and_a_long_poll_wakes_on_their_promoti
         took < Duration::from_secs(29),
         "woke at the end of its wait: {took:?}"
     );
-    let moved = standing(&serve, V, 3);
+    let moved = serve.standing(V, 3);
     assert_eq!(
         (moved["position"].as_u64(), moved["ahead"].as_u64()),
         (Some(1), Some(0)),
@@ -125,7 +119,7 @@ async fn a_place_in_line_counts_every_bucket_s_requests_queued_before_it() {
         assert_eq!(status, 410, "{body}");
     }
     for (place, user) in line.iter().enumerate() {
-        let body = standing(&serve, V, *user);
+        let body = serve.standing(V, *user);
         assert_eq!(body["state"], "waiting", "{body}");
         assert_eq!(
             body["position"].as_u64(),
@@ -165,7 +159,7 @@ async fn requests_of_two_buckets_queued_in_one_microsecond_take_two_places() {
             .unwrap();
     let places: Vec<Option<u64>> = [first, second]
         .iter()
-        .map(|u| standing(&serve, V, *u)["position"].as_u64())
+        .map(|u| serve.standing(V, *u)["position"].as_u64())
         .collect();
     assert_eq!(places, [Some(1), Some(2)]);
     env.cleanup().await;
@@ -180,13 +174,13 @@ async fn at_the_sale_s_end_a_buyer_stays_bought_and_everyone_else_is_ended() {
     let serve = Serve::start(&env, &[]);
     assert_eq!(serve.buy(V, json!(1)).0, 201);
     assert_eq!(serve.buy(V, json!(2)).0, 410);
-    assert_eq!(standing(&serve, V, 2)["state"], "waiting");
+    assert_eq!(serve.standing(V, 2)["state"], "waiting");
     within_seconds(30, "the sale ended", || {
         serve.get(&format!("/v1/vouchers/{V}"), None).1["state"] == "ended"
     });
-    assert_eq!(standing(&serve, V, 1)["state"], "bought");
+    assert_eq!(serve.standing(V, 1)["state"], "bought");
     for user in [2, 3] {
-        let body = standing(&serve, V, user);
+        let body = serve.standing(V, user);
         assert_eq!(
             (body["state"].as_str(), body["bought"].as_bool()),
             (Some("ended"), Some(false)),

@@ -4,21 +4,27 @@
 -- Used by: reconcile.lua, release.lua, requeue.lua, transfer_give.lua
 
 -- Appends an order entry to `stream`; the `quantity` field only above one
--- unit, so entries of one unit stay as every release wrote them.
-local function append_order(stream, user, order, voucher, kind, quantity)
+-- unit and the `ref` field (the client reference) only when there is one,
+-- so other entries stay as every release wrote them.
+local function append_order(stream, user, order, voucher, kind, quantity, ref)
+  local entry = {'user', user, 'order', order, 'voucher', voucher, 'kind', kind}
   if quantity > 1 then
-    redis.call('XADD', stream, '*', 'user', user, 'order', order, 'voucher', voucher,
-      'kind', kind, 'quantity', tostring(quantity))
-  else
-    redis.call('XADD', stream, '*', 'user', user, 'order', order, 'voucher', voucher, 'kind', kind)
+    entry[#entry + 1] = 'quantity'
+    entry[#entry + 1] = tostring(quantity)
   end
+  if ref and ref ~= '' then
+    entry[#entry + 1] = 'ref'
+    entry[#entry + 1] = ref
+  end
+  redis.call('XADD', stream, '*', unpack(entry))
 end
 
 -- Serves waiting requests from `pool` units, in order of arrival, each whole
 -- or passed over (it keeps its place); at most 1,000 looked at, one fresh
 -- order id of `fresh` per promotion. `k` names the keys: waitlist, buyers,
 -- orders, events, meta, and wants (seckill:{V}:waitlist_quantity, optional:
--- every request wants 1 without it). A waiting user who holds an order
+-- every request wants 1 without it; its field ref:<user> is the waiting
+-- request's client reference, which the order takes). A waiting user who holds an order
 -- already is dropped from the list. `released_of(n)` is the released order
 -- the n-th promotion's event names. Returns the units left in the pool and
 -- the units promoted.
@@ -42,19 +48,22 @@ local function serve_waitlist(k, voucher, pool, fresh, released_of, now_ms)
     -- Scores rise along the list: every request from here on came later.
     if up_to and tonumber(entry[2]) > up_to then break end
     looked = looked + 1
-    local wants = 1
-    if k.wants then wants = math.max(tonumber(redis.call('HGET', k.wants, head) or '1') or 1, 1) end
+    local wants, ref = 1, nil
+    if k.wants then
+      local kept = redis.call('HMGET', k.wants, head, 'ref:' .. head)
+      wants, ref = math.max(tonumber(kept[1] or '1') or 1, 1), kept[2]
+    end
     if redis.call('SISMEMBER', k.buyers, head) == 1 then
       redis.call('ZREM', k.waitlist, head)
-      if k.wants then redis.call('HDEL', k.wants, head) end
+      if k.wants then redis.call('HDEL', k.wants, head, 'ref:' .. head) end
     elseif wants <= pool then
       used = used + 1
       local order = fresh[used]
       redis.call('ZREM', k.waitlist, head)
-      if k.wants then redis.call('HDEL', k.wants, head) end
+      if k.wants then redis.call('HDEL', k.wants, head, 'ref:' .. head) end
       redis.call('SADD', k.buyers, head)
       admitted[#admitted + 1] = head
-      append_order(k.orders, head, order, voucher, 'promote', wants)
+      append_order(k.orders, head, order, voucher, 'promote', wants, ref)
       redis.call('XADD', k.events, '*', 'type', 'promoted', 'user', head, 'order', order,
         'voucher', voucher, 'released_order', released_of(used),
         'quantity', tostring(wants), 'time_ms', now_ms,

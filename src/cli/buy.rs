@@ -42,6 +42,11 @@ pub struct BuyArgs {
     /// How long --idempotency-key's outcome is kept (1s ..= 30days)
     #[arg(long, default_value = "24h", value_parser = parse_lifetime, requires = "idempotency_key")]
     pub idempotency_ttl: std::time::Duration,
+    /// Your own name for this purchase (1 to 64 printable ASCII
+    /// characters), kept with the order, also when the request waits in
+    /// line first
+    #[arg(long, value_name = "REF", value_parser = parse_reference, allow_hyphen_values = true)]
+    pub client_reference: Option<String>,
     #[command(flatten)]
     pub replicas: ReplicaWaitOpt,
     #[command(flatten)]
@@ -63,6 +68,7 @@ pub async fn run(cfg: &Config, args: BuyArgs) -> anyhow::Result<u8> {
         user: args.user,
         token: args.token.as_deref(),
         quantity: args.quantity,
+        client_reference: args.client_reference.as_deref(),
     };
     let wait = args.replicas.wait();
     let prepared = purchase::prepare(&gates, &ids, request);
@@ -179,6 +185,11 @@ struct Bought {
 }
 
 /// An idempotency key's lifetime: a duration from 1s to 30days.
+fn parse_reference(s: &str) -> Result<String, String> {
+    crate::orders::reference::check(s)?;
+    Ok(s.to_string())
+}
+
 fn parse_lifetime(s: &str) -> Result<Duration, String> {
     let lifetime = parse_duration(s)?;
     crate::idempotency::validate_lifetime(lifetime).map_err(|e| e.to_string())?;

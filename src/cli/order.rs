@@ -76,6 +76,12 @@ fn order_table(o: &OrderView) -> comfy_table::Table {
         ),
         ("paid", time(o.paid_ms)),
         ("cancelled", time(o.cancelled_ms)),
+        (
+            "client reference",
+            o.client_reference
+                .clone()
+                .unwrap_or_else(|| "-".to_string()),
+        ),
     ];
     for (k, v) in rows {
         t.add_row(vec![k.to_string(), v]);

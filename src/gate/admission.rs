@@ -185,6 +185,7 @@ pub async fn admit(
         order_id,
         token,
         quantity: 1,
+        client_reference: None,
     };
     let reply: Vec<Value> = invocation(keys, attempt, None)
         .invoke_async(conn)
@@ -228,11 +229,25 @@ fn invocation(
         .arg(attempt.voucher)
         .arg(attempt.token.unwrap_or(""))
         .arg(attempt.quantity);
+    // ARGV is positional: an empty ARGV[6] and ARGV[7] stand for a record
+    // and a reservation not given.
+    let (mut lifetime, mut fingerprint) = (None, None);
     if let Some(record) = record {
-        inv.key(record.key).arg(record.lifetime_ms);
+        inv.key(record.key);
+        lifetime = Some(record.lifetime_ms);
         if let Some(reservation) = record.reservation {
-            inv.key(reservation.key).arg(reservation.fingerprint);
+            inv.key(reservation.key);
+            fingerprint = Some(reservation.fingerprint);
         }
+    }
+    if lifetime.is_some() || attempt.client_reference.is_some() {
+        inv.arg(lifetime.map(|l| l.to_string()).unwrap_or_default());
+    }
+    if fingerprint.is_some() || attempt.client_reference.is_some() {
+        inv.arg(fingerprint.unwrap_or(""));
+    }
+    if let Some(reference) = attempt.client_reference {
+        inv.arg(reference);
     }
     inv
 }
@@ -522,4 +537,6 @@ pub struct Attempt<'a> {
     pub token: Option<&'a str>,
     /// The units wanted (1 ..= the voucher's per-user limit).
     pub quantity: u32,
+    /// The caller's client reference (`ARGV[8]`), checked.
+    pub client_reference: Option<&'a str>,
 }

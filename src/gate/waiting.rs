@@ -12,17 +12,28 @@ use crate::error::Result;
 use crate::store::layout::{bucket_of, Layout};
 use crate::store::redis_conn::RedisConn;
 
-/// The user's 1-based place in line: the requests of every bucket's line
-/// queued before theirs, plus one; None when the user does not wait.
-pub async fn position_of(
+/// A waiting request: its place in line and the client reference it
+/// queued with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InLine {
+    /// 1-based: the requests of every bucket's line queued before this
+    /// one, plus one.
+    pub position: u64,
+    pub client_reference: Option<String>,
+}
+
+/// Where the user waits; None when the user does not wait.
+pub async fn in_line(
     conn: &mut impl RedisConn,
     layout: &Layout,
     user: u64,
-) -> Result<Option<u64>> {
+) -> Result<Option<InLine>> {
     let own = layout.keys_of_user(user)?;
-    let (score, rank): (Option<f64>, Option<u64>) = redis::pipe()
+    // The reference's field is lua/seckill.lua's (KEYS[8], ref:<user>).
+    let (score, rank, client_reference): (Option<f64>, Option<u64>, Option<String>) = redis::pipe()
         .zscore(own.waitlist(), user)
         .zrank(own.waitlist(), user)
+        .hget(own.waitlist_quantity(), format!("ref:{user}"))
         .query_async(conn)
         .await?;
     let (Some(score), Some(rank)) = (score, rank) else {
@@ -41,7 +52,10 @@ pub async fn position_of(
         let ahead: u64 = conn.zcount(keys.waitlist(), "-inf", bound).await?;
         position += ahead;
     }
-    Ok(Some(position))
+    Ok(Some(InLine {
+        position,
+        client_reference,
+    }))
 }
 
 /// The voucher's line: requests waiting, and promotions ever (a waiting

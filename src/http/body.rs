@@ -190,6 +190,17 @@ impl Fields {
     }
 
     /// An optional string of at most `max` characters (null: absent).
+    /// A client reference (src/orders/reference.rs): a string of 1..=64
+    /// printable ASCII characters.
+    pub fn client_reference(&mut self, name: &str) -> Result<Option<String>, ApiError> {
+        let reference = self.text(name, usize::MAX)?;
+        if let Some(r) = &reference {
+            crate::orders::reference::check(r)
+                .map_err(|why| ApiError::invalid_field(format!("{name}: {why}")))?;
+        }
+        Ok(reference)
+    }
+
     pub fn text(&mut self, name: &str, max: usize) -> Result<Option<String>, ApiError> {
         let Some(literal) = self.take(name) else {
             return Ok(None);

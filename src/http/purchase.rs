@@ -36,10 +36,16 @@ pub struct PurchaseBody {
     /// per-user limit.
     #[schema(minimum = 1, maximum = 100)]
     quantity: Option<u32>,
+    /// The caller's own name for this purchase (a cart or checkout id):
+    /// 1..=64 printable ASCII characters. Kept with the order, also when
+    /// the request waits in line first, and returned with the order and
+    /// the purchase lookup; part of the request an Idempotency-Key names.
+    #[schema(min_length = 1, max_length = 64, pattern = "^[ -~]{1,64}$")]
+    client_reference: Option<String>,
 }
 
 impl FromFields for PurchaseBody {
-    const FIELDS: &'static [&'static str] = &["user", "token", "quantity"];
+    const FIELDS: &'static [&'static str] = &["user", "token", "quantity", "client_reference"];
 
     fn from_fields(f: &mut Fields) -> Result<Self, ApiError> {
         let max = u64::from(crate::orders::policy::MAX_PER_USER_LIMIT);
@@ -47,6 +53,7 @@ impl FromFields for PurchaseBody {
             user: f.id("user")?,
             token: f.text("token", MAX_TOKEN)?,
             quantity: f.number("quantity", 1..=max)?.map(|q| q as u32),
+            client_reference: f.client_reference("client_reference")?,
         })
     }
 }
@@ -261,6 +268,7 @@ impl PurchaseBody {
             user: self.user,
             token: self.token.as_deref(),
             quantity: self.quantity.unwrap_or(1),
+            client_reference: self.client_reference.as_deref(),
         }
     }
 }

@@ -82,6 +82,10 @@ pub struct OrderAnswer {
     /// Restored pending after MySQL lost it, its payment unknown: nothing
     /// cancels it until the operator settles it.
     pub held: bool,
+    /// The purchase's client_reference, carried from the request (or its
+    /// place in line) to the order; null without one.
+    #[schema(max_length = 64)]
+    pub client_reference: Option<String>,
 }
 
 /// Whether a user bought a voucher (`GET .../purchases/{user}`).
@@ -106,6 +110,11 @@ pub struct BuyerAnswer {
     /// from the pace the line has moved at over the last minutes; null
     /// without a basis.
     pub eta_ms: Option<u64>,
+    /// The client_reference of the user's order (once persisted) or of the
+    /// request waiting in line; null without one, or while an admitted
+    /// order is on its way to MySQL.
+    #[schema(max_length = 64)]
+    pub client_reference: Option<String>,
 }
 
 #[derive(Serialize, ToSchema)]

@@ -49,6 +49,8 @@ struct Standing {
     order: Option<OrderView>,
     position: Option<u64>,
     eta_ms: Option<u64>,
+    /// The waiting request's (an order's is in the order).
+    waiting_reference: Option<String>,
 }
 
 /// Where the buyer stands: bought (the gate counts the user a buyer, or
@@ -197,6 +199,7 @@ async fn at_the_gate(
         order,
         position: None,
         eta_ms: None,
+        waiting_reference: None,
     };
     if standing.order.is_some() {
         return Ok(standing);
@@ -209,11 +212,13 @@ async fn at_the_gate(
     })?;
     if standing.state == Place::Waiting {
         let mut conn = state.redis();
-        let (position, line) = redis_read(state, async {
-            let position = waiting::position_of(&mut conn, layout, user).await?;
-            Ok((position, waiting::line_of(&mut conn, layout).await?))
+        let (in_line, line) = redis_read(state, async {
+            let in_line = waiting::in_line(&mut conn, layout, user).await?;
+            Ok((in_line, waiting::line_of(&mut conn, layout).await?))
         })
         .await?;
+        let position = in_line.as_ref().map(|w| w.position);
+        standing.waiting_reference = in_line.and_then(|w| w.client_reference);
         state.pace.saw(voucher, line.promotions);
         // Served between the two looks: not waiting any more.
         standing.state = match position {
@@ -278,6 +283,11 @@ fn answer(voucher: u64, user: u64, s: &Standing) -> Response {
         "position": s.position,
         "ahead": s.position.map(|p| p - 1),
         "eta_ms": s.eta_ms,
+        "client_reference": s
+            .order
+            .as_ref()
+            .and_then(|o| o.client_reference.as_ref())
+            .or(s.waiting_reference.as_ref()),
     }))
     .into_response()
 }

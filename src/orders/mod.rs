@@ -8,6 +8,7 @@ pub mod order;
 pub mod payment;
 pub mod payment_key;
 pub mod policy;
+pub mod reference;
 pub mod restore;
 pub mod timeouts;
 pub mod voucher;

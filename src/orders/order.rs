@@ -25,6 +25,9 @@ pub struct OrderView {
     /// MySQL lost it, its payment unknown; nothing cancels it until the
     /// operator pays or unholds it.
     pub held: bool,
+    /// The caller's client reference of the purchase (**new**), null
+    /// without one.
+    pub client_reference: Option<String>,
 }
 
 fn as_string<S: serde::Serializer>(id: &u64, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -86,13 +89,14 @@ type Row = (
     i64,
     u64,
     i8,
+    Option<String>,
 );
 
 const SELECT_VIEW: &str = "SELECT o.id, o.user_id, o.voucher_id, o.status,
         CAST(ROUND(UNIX_TIMESTAMP(o.create_time) * 1000) AS SIGNED),
         CAST(ROUND(UNIX_TIMESTAMP(o.pay_time) * 1000) AS SIGNED),
         CAST(ROUND(UNIX_TIMESTAMP(o.cancel_time) * 1000) AS SIGNED),
-        v.pay_timeout_ms, o.quantity, o.held
+        v.pay_timeout_ms, o.quantity, o.held, o.client_reference
    FROM seckill_order o JOIN seckill_voucher v ON v.voucher_id = o.voucher_id";
 
 pub async fn get(db: &Db, id: u64) -> Result<Option<OrderView>> {
@@ -126,6 +130,7 @@ async fn view_where(
         cancelled_ms: r.6,
         quantity: r.8,
         held: r.9 == 1 && r.3 == OrderStatus::Pending.code(),
+        client_reference: r.10,
     }))
 }
 

@@ -18,7 +18,7 @@ use mysql_async::TxOpts;
 use crate::error::{Error, Result};
 use crate::orders::counters;
 use crate::orders::order::OrderStatus;
-use crate::store::db::{join_ids, sql_time_ms, Db};
+use crate::store::db::{join_ids, sql_text_or_null, sql_time_ms, Db};
 
 /// Orders per statement: a million lost orders in one INSERT would pass
 /// MySQL's max_allowed_packet.
@@ -32,6 +32,8 @@ pub struct LostCommit {
     pub quantity: u64,
     /// The entry's time: the order's creation time.
     pub created_ms: i64,
+    /// The caller's client reference its entry carried.
+    pub client_reference: Option<String>,
     pub state: LostState,
 }
 
@@ -123,7 +125,7 @@ pub async fn restore(
     }
     for chunk in fresh.chunks(CHUNK) {
         let mut sql = String::from(
-            "INSERT INTO seckill_order (id, user_id, voucher_id, status, create_time, quantity, cancel_time, held) VALUES ",
+            "INSERT INTO seckill_order (id, user_id, voucher_id, status, create_time, quantity, cancel_time, held, client_reference) VALUES ",
         );
         for (n, l) in chunk.iter().enumerate() {
             if n > 0 {
@@ -138,12 +140,13 @@ pub async fn restore(
             };
             let _ = write!(
                 sql,
-                "({},{},{voucher},{},{},{},{cancel_time},{held})",
+                "({},{},{voucher},{},{},{},{cancel_time},{held},{})",
                 l.order,
                 l.user,
                 status.code(),
                 sql_time_ms(l.created_ms),
-                l.quantity
+                l.quantity,
+                sql_text_or_null(l.client_reference.as_deref())
             );
             match l.state {
                 LostState::Released | LostState::PastDeadline => out.cancelled += 1,

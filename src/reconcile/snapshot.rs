@@ -858,6 +858,7 @@ async fn find_lost_commits(
             order: m.order,
             quantity,
             created_ms: m.created_ms,
+            client_reference: m.client_reference,
             state,
         });
     }

@@ -169,6 +169,17 @@ Migration {
         // and MySQL 8.0.12+.
         "ALTER TABLE seckill_order ADD COLUMN pay_key CHAR(64) NULL",
     ],
+},
+Migration {
+    version: 9,
+    name: "client references",
+    statements: &[
+        // The caller's own name for the purchase (src/orders/reference.rs):
+        // 1..=64 printable ASCII characters, NULL without one. Written by
+        // the worker's insert from the stream entry's `ref`; at the end of
+        // the row, an instant change as pay_key's.
+        "ALTER TABLE seckill_order ADD COLUMN client_reference VARCHAR(64) NULL",
+    ],
 }];
 
 pub fn latest() -> u32 {

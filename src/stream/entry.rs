@@ -41,6 +41,8 @@ pub struct OrderMessage {
     pub quantity: u32,
     /// The entry's time (Redis server clock at admission): the order's creation time.
     pub created_ms: i64,
+    /// The caller's client reference (the entry's `ref`), if it gave one.
+    pub client_reference: Option<String>,
 }
 
 /// A quantity above this is no quantity (the column is a signed INT, and
@@ -115,6 +117,13 @@ impl RawEntry {
                 _ => return Err(format!("field 'quantity' is not a quantity: '{text}'")),
             },
         };
+        let client_reference = match self.field("ref") {
+            None => None,
+            Some(text) => match crate::orders::reference::check(text) {
+                Ok(()) => Some(text.to_string()),
+                Err(why) => return Err(format!("field 'ref' is not a client reference: {why}")),
+            },
+        };
         let created_ms = self
             .entry_id
             .parse::<StreamId>()?
@@ -128,6 +137,7 @@ impl RawEntry {
             kind,
             quantity,
             created_ms,
+            client_reference,
         })
     }
 }
@@ -171,6 +181,16 @@ mod tests {
         .parse(3)
         .unwrap();
         assert_eq!(three.quantity, 3);
+        assert_eq!(three.client_reference, None, "no ref field: none");
+        let referenced = raw(&[
+            ("user", "5"),
+            ("order", "77"),
+            ("voucher", "3"),
+            ("ref", "cart 42"),
+        ])
+        .parse(3)
+        .unwrap();
+        assert_eq!(referenced.client_reference.as_deref(), Some("cart 42"));
     }
 
     #[test]
@@ -218,6 +238,15 @@ mod tests {
                     ("quantity", "two"),
                 ]),
                 "field 'quantity' is not a quantity",
+            ),
+            (
+                raw(&[
+                    ("user", "5"),
+                    ("order", "77"),
+                    ("voucher", "3"),
+                    ("ref", "tab\there"),
+                ]),
+                "field 'ref' is not a client reference",
             ),
         ];
         for (entry, needle) in cases {

@@ -8,6 +8,7 @@ pub mod host;
 pub mod mask;
 pub mod metrics_page;
 pub mod nonce;
+pub mod printable;
 pub mod set_digest;
 pub mod sha256;
 pub mod shutdown;

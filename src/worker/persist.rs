@@ -380,7 +380,7 @@ async fn insert_orders<'a>(
     msgs: impl Iterator<Item = &'a OrderMessage>,
 ) -> Result<(), mysql_async::Error> {
     let mut sql = String::from(
-        "INSERT INTO seckill_order (id, user_id, voucher_id, status, create_time, quantity) VALUES ",
+        "INSERT INTO seckill_order (id, user_id, voucher_id, status, create_time, quantity, client_reference) VALUES ",
     );
     for (n, m) in msgs.enumerate() {
         if n > 0 {
@@ -388,12 +388,13 @@ async fn insert_orders<'a>(
         }
         let _ = write!(
             sql,
-            "({},{},{voucher},{},{},{})",
+            "({},{},{voucher},{},{},{},{})",
             m.order,
             m.user,
             OrderStatus::Pending.code(),
             crate::store::db::sql_time_ms(m.created_ms),
-            m.quantity
+            m.quantity,
+            crate::store::db::sql_text_or_null(m.client_reference.as_deref())
         );
     }
     tx.query_drop(sql).await

@@ -195,6 +195,13 @@ impl Serve {
         Self::answer(req.send(body))
     }
 
+    /// Where `user` stands (`GET .../purchases/{user}`): the 200's body.
+    pub fn standing(&self, voucher: u64, user: u64) -> Value {
+        let (status, body) = self.get(&format!("/v1/vouchers/{voucher}/purchases/{user}"), None);
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
     pub fn buy(&self, voucher: u64, user: Value) -> (u16, Value) {
         self.post(
             &format!("/v1/vouchers/{voucher}/purchases"),
