@@ -41,7 +41,7 @@ async fn every_kind_of_dead_letter_is_requeued_or_kept_without_breaking_the_gate
     // Reconcile freed its user and gave the unit back since: requeueing
     // must take a unit at the gate again.
     let freed = env
-        .admit_and_dead_letter(V, 5, 9_000_005, "no stock in MySQL")
+        .admit_referenced_and_dead_letter(V, 5, 9_000_005, Some("cart-5"), "no stock in MySQL")
         .await;
     let changed: i64 = redis.srem(keys.buyers(), 5).await.unwrap();
     env.move_digest(V, "buyers_digest", &[5], -changed).await;
@@ -148,6 +148,13 @@ async fn every_kind_of_dead_letter_is_requeued_or_kept_without_breaking_the_gate
     for u in [4, 5, 6, 7] {
         assert!(users.contains(&u), "user {u} has an order: {users:?}");
     }
+    // A requeued letter's order keeps the reference its admission carried.
+    let db = env.db().await;
+    let order = seckill::orders::order::of_user(db, V, 5).await.unwrap();
+    assert_eq!(
+        order.and_then(|o| o.client_reference).as_deref(),
+        Some("cart-5")
+    );
     let s = assert_invariants(&env, V).await;
     assert_eq!(s.mysql_stock, 1);
     assert_eq!(s.redis_stock, Some(1));

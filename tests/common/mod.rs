@@ -819,13 +819,34 @@ impl TestEnv {
         order: u64,
         reason: &str,
     ) -> String {
+        self.admit_referenced_and_dead_letter(voucher, user, order, None, reason)
+            .await
+    }
+
+    /// As `admit_and_dead_letter`, the admission carrying a client reference.
+    pub async fn admit_referenced_and_dead_letter(
+        &self,
+        voucher: u64,
+        user: u64,
+        order: u64,
+        client_reference: Option<&str>,
+        reason: &str,
+    ) -> String {
         let keys = seckill::store::keys::VoucherKeys::new(&self.prefix, voucher).unwrap();
         let mut redis = self.redis().await;
-        let outcome =
-            seckill::gate::admission::admit(&mut redis, &keys, voucher, user, order, None)
+        let attempt = seckill::gate::admission::Attempt {
+            voucher,
+            user,
+            order_id: order,
+            token: None,
+            quantity: 1,
+            client_reference,
+        };
+        let (reply, _) =
+            seckill::gate::admission::admit_durably(&mut redis, &keys, attempt, None, None)
                 .await
                 .unwrap();
-        assert_eq!(outcome.name(), "success");
+        assert_eq!(reply.outcome.name(), "success");
         let read = self.read_as(voucher, "dead-letterer", 1).await;
         let e = &read[0];
         let mut fields: Vec<(String, String)> = vec![
