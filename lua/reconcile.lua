@@ -79,7 +79,7 @@ for _ = 1, adds do
   -- leaves its user waiting, where only a promotion reaching them would
   -- take them off.
   if KEYS[6] then redis.call('ZREM', KEYS[6], ARGV[i]) end
-  if KEYS[10] then redis.call('HDEL', KEYS[10], ARGV[i]) end
+  if KEYS[10] then redis.call('HDEL', KEYS[10], ARGV[i], 'ref:' .. ARGV[i]) end
   i = i + 1
 end
 counted('buyers_digest', changed, 1)

@@ -32,7 +32,10 @@
 --                                          release is deferred too)
 --                                 KEYS[10] seckill:{V}:waitlist_quantity (optional,
 --                                          with KEYS[9]): the units waiting
---                                          requests want (absent: 1)
+--                                          requests want (absent: 1) and
+--                                          their client references
+--                                          (ref:<user>), which a
+--                                          promotion's entry carries
 --
 -- ARGV[1]  voucher id
 -- ARGV[2]  while the gate is paused (meta paused = 1, lua/pause.lua): '' to

@@ -11,8 +11,10 @@
 -- KEYS[6]  seckill:{V}:requeued  hash   dead-letter id -> "<code> <order id>" of
 --                                the letters requeued in the last day
 -- KEYS[7]  seckill:{V}:waitlist_quantity  hash  (optional): the
---                                units a re-admitted user waited for go
---                                with the user's place on the waitlist
+--                                units a re-admitted user waited for, and
+--                                the waiting request's reference (ref:<user>),
+--                                go with the user's place on the waitlist
+--                                (the requeued entry keeps the letter's ref)
 -- KEYS[8]  seckill:{V}:meta      hash   (optional, with KEYS[7]): its
 --                                buyers_digest follows a user re-admitted
 --                                (lua/lib/digest.lua)

@@ -62,8 +62,9 @@
 --                      client_reference), or, for a request that waits,
 --                      KEYS[8]'s field ref:<user> until the request is
 --                      served (then its order carries it) or leaves the
---                      line. A waiting user's later attempts keep the
---                      reference it queued with. Pass ARGV[6] and ARGV[7]
+--                      line. A later attempt of a user still waiting
+--                      keeps the reference it queued with (one admitted
+--                      at once carries its own). Pass ARGV[6] and ARGV[7]
 --                      (empty without KEYS[9] and KEYS[10]) before it
 --
 -- Callers written for KEYS[1..5] and ARGV[1..3] keep working while the
@@ -136,7 +137,8 @@
 -- (DECRBY stock, SADD buyers, ZREM waitlist, XADD orders) come only after every
 -- check passed, inside this one atomic script, so no unit is sold twice and
 -- no user holds two. A user who bought is never waitlisted. Code 2 writes
--- only the waitlist (ZADD NX); nothing is written for codes 3, 4, 5 and 6;
+-- only the waitlist (ZADD NX, and KEYS[8]'s want and reference of the
+-- request queued); nothing is written for codes 3, 4, 5 and 6;
 -- codes 7 and 8 only count themselves (meta fields rejected_rate_limited,
 -- rejected_bad_token); an attempt that passes the rate limit is recorded in
 -- KEYS[7], whatever comes of it (it stops counting a second later and is
@@ -374,15 +376,16 @@ local function admit()
       -- A want or reference left by an earlier request of this user (freed
       -- by a repair) goes.
       if KEYS[8] then
-        if quantity > 1 then
+        if quantity > 1 and reference then
+          redis.call('HSET', KEYS[8], user, quantity, 'ref:' .. user, reference)
+        elseif quantity > 1 then
           redis.call('HSET', KEYS[8], user, quantity)
-        else
-          redis.call('HDEL', KEYS[8], user)
-        end
-        if reference then
-          redis.call('HSET', KEYS[8], 'ref:' .. user, reference)
-        else
           redis.call('HDEL', KEYS[8], 'ref:' .. user)
+        elseif reference then
+          redis.call('HSET', KEYS[8], 'ref:' .. user, reference)
+          redis.call('HDEL', KEYS[8], user)
+        else
+          redis.call('HDEL', KEYS[8], user, 'ref:' .. user)
         end
       end
     end

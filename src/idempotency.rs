@@ -95,9 +95,16 @@ impl Scope {
 /// A request's fingerprint: the SHA-256 (hex) of its parts after parsing,
 /// defaults applied, so two spellings of one request are the same request.
 pub fn fingerprint(parts: &[&str]) -> String {
-    // Parts never hold a newline (ids, numbers, tokens, references of
-    // printable ASCII), so the joined text names each part.
-    hex(&sha256(parts.join("\n").as_bytes()))
+    // Joined by newlines, each part's own newlines and backslashes escaped
+    // (a token is any text; ids and numbers hold neither, so their
+    // fingerprints are as before the escape), so the joined text names
+    // each part: a token ending in "\nR" is not that token and the
+    // reference R.
+    let escaped: Vec<String> = parts
+        .iter()
+        .map(|p| p.replace('\\', "\\\\").replace('\n', "\\n"))
+        .collect();
+    hex(&sha256(escaped.join("\n").as_bytes()))
 }
 
 /// A recorded answer: a status and its body's bytes.
@@ -327,6 +334,16 @@ mod tests {
         assert!(!scope.name().contains("shop"));
         assert_eq!(Scope::Shared.name(), "shared");
         assert_ne!(fingerprint(&["a", "bc"]), fingerprint(&["ab", "c"]));
+        // A part's own newline is no boundary between parts.
+        assert_ne!(fingerprint(&["t\nR"]), fingerprint(&["t", "R"]));
+        assert_ne!(fingerprint(&["t\\", "nR"]), fingerprint(&["t", "R"]));
+        assert_ne!(fingerprint(&["t\\nR"]), fingerprint(&["t\nR"]));
+        // Parts without either are joined as they always were: keys taken
+        // before the escape keep their fingerprints.
+        assert_eq!(
+            fingerprint(&["purchase", "1", "7"]),
+            hex(&sha256(b"purchase\n1\n7"))
+        );
         assert_eq!(fingerprint(&["a"]).len(), 64);
     }
 }

@@ -993,6 +993,10 @@ async fn a_buyer_the_repair_brings_back_leaves_the_waitlist() {
     let _: () = redis.srem(keys.buyers(), 2).await.unwrap();
     let _: () = redis.zadd(keys.waitlist(), 2, third - 1.0).await.unwrap();
     let _: () = redis.hset(keys.waitlist_quantity(), 2, 1).await.unwrap();
+    let _: () = redis
+        .hset(keys.waitlist_quantity(), "ref:2", "cart-2")
+        .await
+        .unwrap();
 
     let (code, report) = reconcile(&env, &["--yes"]);
     assert_eq!(code, 4, "{report:#}");
@@ -1000,6 +1004,8 @@ async fn a_buyer_the_repair_brings_back_leaves_the_waitlist() {
     assert_eq!(waiting, vec![3], "the buyer left the waitlist: {report:#}");
     let wants: Option<u32> = redis.hget(keys.waitlist_quantity(), 2).await.unwrap();
     assert_eq!(wants, None);
+    let reference: Option<String> = redis.hget(keys.waitlist_quantity(), "ref:2").await.unwrap();
+    assert_eq!(reference, None, "its request's reference left with it");
     assert_invariants(&env, V).await;
     let (code, report) = reconcile(&env, &["--dry-run"]);
     assert_eq!(code, 0, "{report:#}");

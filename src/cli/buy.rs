@@ -184,12 +184,12 @@ struct Bought {
     replayed: bool,
 }
 
-/// An idempotency key's lifetime: a duration from 1s to 30days.
 fn parse_reference(s: &str) -> Result<String, String> {
     crate::orders::reference::check(s)?;
     Ok(s.to_string())
 }
 
+/// An idempotency key's lifetime: a duration from 1s to 30days.
 fn parse_lifetime(s: &str) -> Result<Duration, String> {
     let lifetime = parse_duration(s)?;
     crate::idempotency::validate_lifetime(lifetime).map_err(|e| e.to_string())?;

@@ -189,7 +189,6 @@ impl Fields {
         })
     }
 
-    /// An optional string of at most `max` characters (null: absent).
     /// A client reference (src/orders/reference.rs): a string of 1..=64
     /// printable ASCII characters.
     pub fn client_reference(&mut self, name: &str) -> Result<Option<String>, ApiError> {
@@ -201,6 +200,7 @@ impl Fields {
         Ok(reference)
     }
 
+    /// An optional string of at most `max` characters (null: absent).
     pub fn text(&mut self, name: &str, max: usize) -> Result<Option<String>, ApiError> {
         let Some(literal) = self.take(name) else {
             return Ok(None);

@@ -98,7 +98,8 @@ impl VoucherKeys {
     pub fn rate(&self) -> String {
         self.key("rate")
     }
-    /// User → units wanted, for waitlisted requests of more than one unit.
+    /// User → units wanted, for waitlisted requests of more than one unit;
+    /// `ref:<user>` → a waitlisted request's client reference.
     pub fn waitlist_quantity(&self) -> String {
         self.key("waitlist_quantity")
     }

@@ -81,8 +81,10 @@ pub(super) async fn look_all(
                 .map_err(|e| Error::redis(format!("mover look at the pool: {e}")))?
                 .unwrap_or(0);
         }
-        // Requests for more than a unit wait (whatever the limit is
-        // now: one lowered later leaves them as they were).
+        // Requests for more than a unit may wait (whatever the limit is
+        // now: one lowered later leaves them as they were). The hash also
+        // holds waiting requests' client references (ref:<user>): then the
+        // wants are read for nothing, by user, so never misread.
         quantities |= wanting_more > 0;
         looks.push(BucketView {
             line: Line {
