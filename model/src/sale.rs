@@ -1,0 +1,1044 @@
+//! The model of one gate's sale: admission, the stream hand-off and a
+//! worker's batch, payment deadlines with the waitlist, payments, the gate
+//! guard's pause, rebuild and reopen, and the faults (a worker killed at
+//! any step, Redis back to an earlier snapshot). One action per step
+//! between two durable writes, in the order the code takes them
+//! (docs/src/concepts/checked-model.md maps each to its script, statement and fault point).
+//!
+//! Time is not modelled: a payment deadline passing is an action
+//! (`Due`), and so is a lease running out (`Lapse`). Order ids are handed
+//! out in order, so two runs that did the same things reach one state.
+
+use std::fmt;
+
+use stateright::{Model, Property};
+
+/// The fixes the reviews found holes without, each one condition in the
+/// code (docs/src/concepts/checked-model.md names it); the "it bites" test turns each off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Fixes {
+    /// A batch in hand that Redis lost holds the gate: paused, and no
+    /// repair gives units back or reopens while the hold lives
+    /// (src/worker/keepalive.rs, lua/pause.lua, lua/reconcile.lua: E01,
+    /// E16, E21).
+    pub hold_batch_in_hand: bool,
+    /// A release on a paused gate is deferred (lua/release.lua: E10).
+    pub release_defers_while_paused: bool,
+    /// The rebuild's stock leaves out the units of cancellations MySQL
+    /// committed and the gate has not released yet (the release to come
+    /// gives them: src/reconcile/snapshot.rs `gate_owes`).
+    pub rebuild_subtracts_unreleased: bool,
+    /// A reopen is refused when the gate was paused again since the view
+    /// it was decided on was read (lua/pause.lua's token: E09, E22).
+    pub reopen_checks_token: bool,
+    /// A rebuild whose gate owes more than MySQL has (the units of
+    /// cancellations it has not released went to orders since, through
+    /// promotions Redis lost) marks enough of those cancellations released
+    /// without giving their units (src/reconcile/snapshot.rs
+    /// `spoken_for`: E14).
+    pub spoken_for: bool,
+    /// **Not in the code (model finding M1, docs/src/concepts/checked-model.md).** A reopen
+    /// waits while the repaired view's gate still owed units beyond
+    /// MySQL's stock that no cancellation covered: requests admitted past
+    /// MySQL's stock, still in flight. Without it, a cancellation
+    /// committed after the view frees a unit in MySQL that such a request
+    /// then takes, and its release gives the gate the same unit again.
+    pub reopen_waits_while_owed: bool,
+    /// The guard pauses on a Redis restart it sees by the server's run id,
+    /// not only when the gate counts fewer buyers than MySQL has orders
+    /// (src/worker/guard.rs: E19).
+    pub run_id_sign: bool,
+}
+
+impl Fixes {
+    /// The fixes as the code has them today.
+    pub const CODE: Fixes = Fixes {
+        hold_batch_in_hand: true,
+        release_defers_while_paused: true,
+        rebuild_subtracts_unreleased: true,
+        reopen_checks_token: true,
+        spoken_for: true,
+        reopen_waits_while_owed: false,
+        run_id_sign: true,
+    };
+
+    /// Today's code and the fix the model proposes for its finding M1.
+    pub const PROPOSED: Fixes = Fixes {
+        reopen_waits_while_owed: true,
+        ..Fixes::CODE
+    };
+}
+
+/// The bounds of one check.
+#[derive(Clone, Debug)]
+pub struct Sale {
+    pub units: u8,
+    pub users: u8,
+    /// Times each user presses buy (a resend, or buying again after a
+    /// loss).
+    pub presses: u8,
+    pub crashes: u8,
+    pub rollbacks: u8,
+    pub fixes: Fixes,
+}
+
+/// A stream entry as the gate keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Entry {
+    pub order: u8,
+    pub user: u8,
+    pub delivery: Delivery,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Delivery {
+    New,
+    /// Pending with this incarnation of the worker.
+    Pending(u8),
+    Acked,
+}
+
+/// What Redis holds of the gate (`seckill:{V}:*`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Redis {
+    pub stock: u8,
+    pub buyers: Vec<u8>,
+    pub waitlist: Vec<u8>,
+    pub entries: Vec<Entry>,
+    /// Deadlines: (order, claimed by the canceller).
+    pub timeouts: Vec<(u8, bool)>,
+    pub released: Vec<u8>,
+    pub paused: bool,
+    pub token: u8,
+    /// A pause's grace (meta reopen_after_ms, one lock lease): no reopen
+    /// before it ends.
+    pub grace: bool,
+    /// Worker incarnations holding the gate.
+    pub holds: Vec<u8>,
+    /// The server's run id (a restart from a snapshot changes it) and the
+    /// one the guard recorded in meta.
+    pub run: u8,
+    pub recorded_run: u8,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Status {
+    Pending,
+    Paid,
+    Cancelled,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Order {
+    pub id: u8,
+    pub user: u8,
+    pub status: Status,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Mysql {
+    pub stock: u8,
+    pub orders: Vec<Order>,
+}
+
+/// Where the worker's batch is.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Batch {
+    Idle,
+    /// Read (XREADGROUP / XAUTOCLAIM): (order, user) in hand.
+    Read(Vec<(u8, u8)>),
+    /// Locks taken: `after_lock`.
+    Locked(Vec<(u8, u8)>),
+    /// The transaction's writes, not committed: `before_commit`.
+    InTx {
+        batch: Vec<(u8, u8)>,
+        inserted: Vec<(u8, u8)>,
+    },
+    /// Committed: `after_commit`; finish.lua next.
+    Committed {
+        batch: Vec<(u8, u8)>,
+        inserted: Vec<(u8, u8)>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Canceller {
+    Idle,
+    /// Deadlines claimed (lua/claim_due.lua).
+    Claimed(Vec<u8>),
+    /// Cancelled in MySQL (`after_cancel`): these orders' units to give
+    /// back, the settled ones' deadlines to drop.
+    Cancelled {
+        cancelled: Vec<u8>,
+        settled: Vec<u8>,
+    },
+}
+
+/// The guard's view of a paused gate, as read in two steps.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GateView {
+    pub token: u8,
+    /// The gate's witness: what a repair checks has not moved.
+    pub stock: u8,
+    pub buyers: Vec<u8>,
+    pub released: Vec<u8>,
+    pub entries_len: u8,
+    /// In flight: entries not acknowledged, (order, user).
+    pub in_flight: Vec<(u8, u8)>,
+    pub timeouts: Vec<u8>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Guard {
+    Idle,
+    /// The gate read (`between_gate_and_mysql_reads` follows).
+    ReadGate(GateView),
+    /// MySQL read too: the repair next (`before_repair`).
+    Viewed(GateView, Mysql),
+    /// Repaired: the reopen next, with the view's token and whether the
+    /// gate still owed units beyond MySQL's stock (admitted, in flight,
+    /// more than MySQL has).
+    Repaired(u8, bool),
+}
+
+/// What a buyer was told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Told {
+    Nothing,
+    Waiting,
+    /// Success with this order; `exposed` when a fault the docs name as a
+    /// limit undid it (Redis lost the admission before a worker read it,
+    /// or the worker holding it died after Redis lost it).
+    Success {
+        order: u8,
+        exposed: bool,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct State {
+    pub redis: Redis,
+    pub snapshot: Option<Redis>,
+    pub mysql: Mysql,
+    pub batch: Batch,
+    /// The worker's incarnation: a crash starts a new one.
+    pub incarnation: u8,
+    pub canceller: Canceller,
+    pub guard: Guard,
+    /// The guard's last seen server run id.
+    pub guard_run: u8,
+    /// A pause's grace waits for the batch in hand's next keep-alive tick:
+    /// the grace (a lease) is longer than a tick's period (a third of
+    /// it), the one timing the model takes from the code.
+    pub grace_waits_tick: bool,
+    pub told: Vec<Told>,
+    pub presses: Vec<u8>,
+    /// Orders whose payment deadline passed.
+    pub due: Vec<u8>,
+    pub next_order: u8,
+    pub crashes: u8,
+    pub rollbacks: u8,
+    /// From a Redis rollback to the guard's next pass: what the gate
+    /// answers then may be undone (docs/src/concepts/redis-loss.md names
+    /// the window as a limit).
+    pub loss_window: bool,
+    /// What the guard's last refused reopen saw (token, grace, holds): it
+    /// reads the gate again only once one of them changed, so a gate that
+    /// can never reopen is a state with nothing left to do, which the
+    /// checker's `eventually` sees.
+    pub guard_refused: Option<(u8, bool, Vec<u8>)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// lua/seckill.lua for this user.
+    Admit(u8),
+    /// XREADGROUP, or XAUTOCLAIM of a dead incarnation's entries.
+    Read,
+    Reclaim,
+    /// lua/lock_acquire.lua (`after_lock`).
+    Lock,
+    /// The keep-alive's tick beside the batch: entries of it gone from
+    /// the stream hold the gate (src/worker/keepalive.rs).
+    KeepAlive,
+    /// The batch's transaction up to its COMMIT (`before_commit`); the
+    /// keep-alive's look at the batch just before it.
+    Transact,
+    Commit,
+    /// lua/finish.lua: deadlines, XACK, locks released, hold given back
+    /// (`after_ack`).
+    Finish,
+    /// The worker killed (kill -9) wherever it is.
+    Crash,
+    /// A dead incarnation's hold lapses.
+    LapseHold,
+    /// A pause's grace ends.
+    GraceEnds,
+    /// A payment deadline passes.
+    Due(u8),
+    /// Payment (one UPDATE in MySQL).
+    Pay(u8),
+    /// lua/claim_due.lua.
+    Claim,
+    /// The cancellation's transaction (`before_cancel_commit`, then
+    /// `after_cancel`).
+    Cancel,
+    /// lua/release.lua.
+    Release,
+    /// The canceller's claims lapse (it died, or its release was deferred).
+    LapseClaims,
+    /// The guard's pass: pause on a sign of lost writes (`gate_paused`).
+    GuardCheck,
+    GuardReadGate,
+    GuardReadMysql,
+    /// lua/reconcile.lua with the witness, then lua/release.lua of the
+    /// settled cancellations the gate has not released.
+    GuardRepair,
+    /// lua/pause.lua reopen.
+    GuardReopen,
+    /// Redis's state now is what a restart would come back to.
+    Snapshot,
+    /// Redis killed and started from the snapshot (a failover to a
+    /// replica that lacked the last writes).
+    Rollback,
+}
+
+fn has(v: &[u8], x: u8) -> bool {
+    v.contains(&x)
+}
+
+fn add(v: &mut Vec<u8>, x: u8) {
+    if !v.contains(&x) {
+        v.push(x);
+        v.sort_unstable();
+    }
+}
+
+fn remove(v: &mut Vec<u8>, x: u8) {
+    v.retain(|y| *y != x);
+}
+
+impl State {
+    /// Orders the worker has in hand.
+    fn in_hand(&self) -> &[(u8, u8)] {
+        match &self.batch {
+            Batch::Idle => &[],
+            Batch::Read(b) | Batch::Locked(b) => b,
+            Batch::InTx { batch, .. } | Batch::Committed { batch, .. } => batch,
+        }
+    }
+
+    fn hold_is_live(&self) -> bool {
+        !self.redis.holds.is_empty()
+    }
+
+    /// No process has work left, nothing waits in the stream, the gate is
+    /// open: what the sale comes to once faults stop and processes run.
+    pub fn quiescent(&self) -> bool {
+        self.batch == Batch::Idle
+            && self.canceller == Canceller::Idle
+            && self.guard == Guard::Idle
+            && !self.redis.paused
+            && !self.redis.grace
+            && self.redis.holds.is_empty()
+            // The guard's pass after a Redis restart is one of the
+            // processes running.
+            && !self.loss_window
+            && self
+                .redis
+                .entries
+                .iter()
+                .all(|e| e.delivery == Delivery::Acked)
+    }
+
+    pub fn sold(&self) -> u8 {
+        self.mysql
+            .orders
+            .iter()
+            .filter(|o| o.status != Status::Cancelled)
+            .count() as u8
+    }
+
+    fn order_of(&self, user: u8) -> Option<&Order> {
+        self.mysql.orders.iter().find(|o| o.user == user)
+    }
+
+    /// Success answers the stores no longer back after a fault the docs
+    /// name: marked so the property does not count them.
+    fn expose_lost(&mut self) {
+        let kept: Vec<u8> = self
+            .redis
+            .entries
+            .iter()
+            .map(|e| e.order)
+            .chain(self.mysql.orders.iter().map(|o| o.id))
+            .chain(self.in_hand().iter().map(|(o, _)| *o))
+            .collect();
+        for told in self.told.iter_mut() {
+            if let Told::Success { order, exposed } = told {
+                if !kept.contains(order) {
+                    *exposed = true;
+                }
+            }
+        }
+    }
+}
+
+impl Sale {
+    pub fn initial(&self) -> State {
+        State {
+            redis: Redis {
+                stock: self.units,
+                buyers: vec![],
+                waitlist: vec![],
+                entries: vec![],
+                timeouts: vec![],
+                released: vec![],
+                paused: false,
+                token: 0,
+                grace: false,
+                holds: vec![],
+                run: 0,
+                recorded_run: 0,
+            },
+            snapshot: None,
+            mysql: Mysql {
+                stock: self.units,
+                orders: vec![],
+            },
+            batch: Batch::Idle,
+            incarnation: 0,
+            canceller: Canceller::Idle,
+            guard: Guard::Idle,
+            guard_run: 0,
+            grace_waits_tick: false,
+            told: vec![Told::Nothing; self.users as usize],
+            presses: vec![self.presses; self.users as usize],
+            due: vec![],
+            next_order: 1,
+            crashes: self.crashes,
+            rollbacks: self.rollbacks,
+            loss_window: false,
+            guard_refused: None,
+        }
+    }
+
+    fn admit(&self, s: &mut State, user: u8) {
+        s.presses[user as usize] -= 1;
+        let r = &mut s.redis;
+        if r.paused || has(&r.buyers, user) {
+            // paused: try again later; already bought: told so (the
+            // order, when MySQL has it).
+            return;
+        }
+        if r.stock == 0 {
+            if !has(&r.waitlist, user) {
+                r.waitlist.push(user);
+            }
+            if s.told[user as usize] == Told::Nothing {
+                s.told[user as usize] = Told::Waiting;
+            }
+            return;
+        }
+        let order = s.next_order;
+        s.next_order += 1;
+        r.stock -= 1;
+        add(&mut r.buyers, user);
+        remove(&mut r.waitlist, user);
+        r.entries.push(Entry {
+            order,
+            user,
+            delivery: Delivery::New,
+        });
+        s.told[user as usize] = Told::Success {
+            order,
+            exposed: s.loss_window,
+        };
+    }
+
+    /// The careful path of the batch's transaction: each order stored
+    /// once, one per user, a unit of MySQL's stock each or dead-lettered.
+    fn transact(&self, s: &State, batch: &[(u8, u8)]) -> Vec<(u8, u8)> {
+        let mut stock = s.mysql.stock;
+        let mut inserted = vec![];
+        for &(order, user) in batch {
+            let stored = s.mysql.orders.iter().any(|o| o.id == order);
+            let holds = s.mysql.orders.iter().any(|o| o.user == user)
+                || inserted.iter().any(|(_, u)| *u == user);
+            if stored || holds || stock == 0 {
+                continue;
+            }
+            stock -= 1;
+            inserted.push((order, user));
+        }
+        inserted
+    }
+
+    /// The keep-alive's look: entries of the batch gone from the stream
+    /// hold the gate (paused, a hold).
+    fn hold_if_lost(&self, s: &mut State) {
+        s.grace_waits_tick = false;
+        if !self.fixes.hold_batch_in_hand {
+            return;
+        }
+        let lost = s
+            .in_hand()
+            .iter()
+            .any(|(o, _)| !s.redis.entries.iter().any(|e| e.order == *o));
+        if lost {
+            add(&mut s.redis.holds, s.incarnation);
+            if !s.redis.paused {
+                self.pause(s);
+            }
+        }
+    }
+
+    /// lua/pause.lua pause: a fresh token and a grace of one lease.
+    fn pause(&self, s: &mut State) {
+        s.redis.paused = true;
+        s.redis.token += 1;
+        s.redis.grace = true;
+        s.grace_waits_tick = s.batch != Batch::Idle;
+    }
+
+    /// lua/release.lua: units of cancelled orders back, each once, the
+    /// waitlist served first; settled orders' deadlines dropped.
+    fn release(&self, s: &mut State, cancelled: &[u8], settled: &[u8]) {
+        let mut pool = 0;
+        for &o in cancelled {
+            s.redis.timeouts.retain(|(t, _)| *t != o);
+            if !has(&s.redis.released, o) {
+                add(&mut s.redis.released, o);
+                pool += 1;
+            }
+        }
+        for &o in settled {
+            s.redis.timeouts.retain(|(t, _)| *t != o);
+        }
+        if pool == 0 {
+            return;
+        }
+        pool += s.redis.stock;
+        s.redis.stock = self.promote(s, pool);
+    }
+
+    /// Serves the waitlist from `pool` units in order of arrival (a user
+    /// who is a buyer already just leaves it); the units left.
+    fn promote(&self, s: &mut State, mut pool: u8) -> u8 {
+        while pool > 0 && !s.redis.waitlist.is_empty() {
+            let head = s.redis.waitlist.remove(0);
+            if has(&s.redis.buyers, head) {
+                continue;
+            }
+            let order = s.next_order;
+            s.next_order += 1;
+            add(&mut s.redis.buyers, head);
+            s.redis.entries.push(Entry {
+                order,
+                user: head,
+                delivery: Delivery::New,
+            });
+            s.told[head as usize] = Told::Success {
+                order,
+                exposed: s.loss_window,
+            };
+            pool -= 1;
+        }
+        pool
+    }
+}
+
+impl Model for Sale {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        vec![self.initial()]
+    }
+
+    fn actions(&self, s: &State, actions: &mut Vec<Action>) {
+        for user in 0..self.users {
+            if s.presses[user as usize] > 0 {
+                actions.push(Action::Admit(user));
+            }
+        }
+        match &s.batch {
+            Batch::Idle => {
+                if s.redis.entries.iter().any(|e| e.delivery == Delivery::New) {
+                    actions.push(Action::Read);
+                }
+                // Idle: every pending entry is another's, or this one's
+                // that Redis gave back (XAUTOCLAIM takes either once idle).
+                if s.redis
+                    .entries
+                    .iter()
+                    .any(|e| matches!(e.delivery, Delivery::Pending(_)))
+                {
+                    actions.push(Action::Reclaim);
+                }
+            }
+            Batch::Read(_) => actions.push(Action::Lock),
+            Batch::Locked(_) => actions.push(Action::Transact),
+            Batch::InTx { .. } => actions.push(Action::Commit),
+            Batch::Committed { .. } => actions.push(Action::Finish),
+        }
+        if s.batch != Batch::Idle {
+            actions.push(Action::KeepAlive);
+        }
+        if s.redis.grace && !s.grace_waits_tick {
+            actions.push(Action::GraceEnds);
+        }
+        if s.crashes > 0 && s.batch != Batch::Idle {
+            actions.push(Action::Crash);
+        }
+        if s.redis.holds.iter().any(|h| *h != s.incarnation) {
+            actions.push(Action::LapseHold);
+        }
+        for o in &s.mysql.orders {
+            if o.status == Status::Pending && !has(&s.due, o.id) {
+                actions.push(Action::Due(o.id));
+                actions.push(Action::Pay(o.id));
+            }
+        }
+        match &s.canceller {
+            Canceller::Idle => {
+                if s.redis
+                    .timeouts
+                    .iter()
+                    .any(|(o, claimed)| !claimed && has(&s.due, *o))
+                {
+                    actions.push(Action::Claim);
+                }
+                // A dead canceller's claims (the worker was killed).
+                if s.redis.timeouts.iter().any(|(_, claimed)| *claimed) {
+                    actions.push(Action::LapseClaims);
+                }
+            }
+            Canceller::Claimed(_) => actions.push(Action::Cancel),
+            // Deferred while the gate is paused: its claims lapse and the
+            // next claim finds the orders cancelled, so waiting is the same.
+            Canceller::Cancelled { .. } => {
+                if !(s.redis.paused && self.fixes.release_defers_while_paused) {
+                    actions.push(Action::Release);
+                }
+            }
+        }
+        match &s.guard {
+            Guard::Idle => {
+                actions.push(Action::GuardCheck);
+                let seen = (s.redis.token, s.redis.grace, s.redis.holds.clone());
+                if s.redis.paused && s.guard_refused.as_ref() != Some(&seen) {
+                    actions.push(Action::GuardReadGate);
+                }
+            }
+            Guard::ReadGate(_) => actions.push(Action::GuardReadMysql),
+            Guard::Viewed(..) => actions.push(Action::GuardRepair),
+            Guard::Repaired(..) => actions.push(Action::GuardReopen),
+        }
+        if s.rollbacks > 0 {
+            match &s.snapshot {
+                None => actions.push(Action::Snapshot),
+                Some(_) => actions.push(Action::Rollback),
+            }
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut s = last.clone();
+        match action {
+            Action::Admit(user) => self.admit(&mut s, user),
+            Action::Read => {
+                let me = s.incarnation;
+                let mut batch = vec![];
+                for e in s.redis.entries.iter_mut() {
+                    if e.delivery == Delivery::New {
+                        e.delivery = Delivery::Pending(me);
+                        batch.push((e.order, e.user));
+                    }
+                }
+                s.batch = Batch::Read(batch);
+            }
+            Action::Reclaim => {
+                let me = s.incarnation;
+                let mut batch = vec![];
+                for e in s.redis.entries.iter_mut() {
+                    if matches!(e.delivery, Delivery::Pending(_)) {
+                        e.delivery = Delivery::Pending(me);
+                        batch.push((e.order, e.user));
+                    }
+                }
+                s.batch = Batch::Read(batch);
+            }
+            Action::Lock => {
+                let Batch::Read(batch) = &s.batch else {
+                    return None;
+                };
+                s.batch = Batch::Locked(batch.clone());
+                // The keep-alive confirms the batch before its commit.
+                self.hold_if_lost(&mut s);
+            }
+            Action::Transact => {
+                let Batch::Locked(batch) = &s.batch else {
+                    return None;
+                };
+                let batch = batch.clone();
+                let inserted = self.transact(&s, &batch);
+                s.batch = Batch::InTx { batch, inserted };
+            }
+            Action::Commit => {
+                let Batch::InTx { batch, inserted } = s.batch.clone() else {
+                    return None;
+                };
+                // Checked again at the commit: another commit may have
+                // come between (the row lock makes it so).
+                let inserted = self.transact(&s, &inserted);
+                for &(id, user) in &inserted {
+                    s.mysql.stock -= 1;
+                    s.mysql.orders.push(Order {
+                        id,
+                        user,
+                        status: Status::Pending,
+                    });
+                }
+                s.mysql.orders.sort();
+                let lost = !inserted.is_empty()
+                    && batch
+                        .iter()
+                        .any(|(o, _)| !s.redis.entries.iter().any(|e| e.order == *o));
+                s.batch = Batch::Committed { batch, inserted };
+                // Committed while lost: paused with a grace, so no view
+                // read before the commit reopens (KeepAlive::committed).
+                if lost && self.fixes.hold_batch_in_hand {
+                    self.pause(&mut s);
+                }
+            }
+            Action::KeepAlive => {
+                self.hold_if_lost(&mut s);
+                if &s == last {
+                    return None;
+                }
+            }
+            Action::GraceEnds => s.redis.grace = false,
+            Action::Finish => {
+                let Batch::Committed { batch, inserted } = s.batch.clone() else {
+                    return None;
+                };
+                let me = s.incarnation;
+                // Deadlines of the orders inserted, and of those found
+                // stored pending (a batch taken over after its commit).
+                let _ = inserted;
+                for &(order, _) in &batch {
+                    let pending = s
+                        .mysql
+                        .orders
+                        .iter()
+                        .any(|o| o.id == order && o.status == Status::Pending);
+                    if pending && !s.redis.timeouts.iter().any(|(o, _)| *o == order) {
+                        s.redis.timeouts.push((order, false));
+                        s.redis.timeouts.sort();
+                    }
+                }
+                for e in s.redis.entries.iter_mut() {
+                    if e.delivery == Delivery::Pending(me)
+                        && batch.iter().any(|(o, _)| *o == e.order)
+                    {
+                        e.delivery = Delivery::Acked;
+                    }
+                }
+                remove(&mut s.redis.holds, me);
+                s.batch = Batch::Idle;
+                s.grace_waits_tick = false;
+            }
+            Action::Crash => {
+                s.crashes -= 1;
+                s.batch = Batch::Idle;
+                // The canceller and the guard run in the worker's process.
+                s.canceller = Canceller::Idle;
+                s.guard = Guard::Idle;
+                s.guard_refused = None;
+                s.grace_waits_tick = false;
+                s.incarnation += 1;
+                // A batch Redis lost, in a worker that dies before
+                // committing it: a named limit.
+                s.expose_lost();
+            }
+            Action::LapseHold => {
+                let me = s.incarnation;
+                s.redis.holds.retain(|h| *h == me);
+                if s.redis.paused {
+                    // lua/pause.lua renews the token when a hold lapses.
+                    s.redis.token += 1;
+                }
+            }
+            Action::Due(order) => add(&mut s.due, order),
+            Action::Pay(order) => {
+                let o = s.mysql.orders.iter_mut().find(|o| o.id == order)?;
+                if o.status == Status::Pending {
+                    o.status = Status::Paid;
+                }
+            }
+            Action::Claim => {
+                let mut claimed = vec![];
+                for (o, c) in s.redis.timeouts.iter_mut() {
+                    if !*c && s.due.contains(o) {
+                        *c = true;
+                        claimed.push(*o);
+                    }
+                }
+                s.canceller = Canceller::Claimed(claimed);
+            }
+            Action::Cancel => {
+                let Canceller::Claimed(claimed) = s.canceller.clone() else {
+                    return None;
+                };
+                let (mut cancelled, mut settled) = (vec![], vec![]);
+                for o in claimed {
+                    match s.mysql.orders.iter_mut().find(|x| x.id == o) {
+                        Some(x) if x.status == Status::Pending => {
+                            x.status = Status::Cancelled;
+                            s.mysql.stock += 1;
+                            cancelled.push(o);
+                        }
+                        Some(x) if x.status == Status::Cancelled => cancelled.push(o),
+                        _ => settled.push(o),
+                    }
+                }
+                s.canceller = Canceller::Cancelled { cancelled, settled };
+            }
+            Action::Release => {
+                let Canceller::Cancelled { cancelled, settled } = s.canceller.clone() else {
+                    return None;
+                };
+                s.canceller = Canceller::Idle;
+                self.release(&mut s, &cancelled, &settled);
+            }
+            Action::LapseClaims => {
+                for (_, c) in s.redis.timeouts.iter_mut() {
+                    *c = false;
+                }
+            }
+            Action::GuardCheck => {
+                let orders = s.mysql.orders.len();
+                let restarted = s.redis.run != s.guard_run || s.redis.run != s.redis.recorded_run;
+                // A restart pauses again a gate already paused (a fresh
+                // token: a view read before it is stale); the count's sign
+                // only an open gate.
+                let lost = (self.fixes.run_id_sign && restarted)
+                    || (!s.redis.paused && s.redis.buyers.len() < orders);
+                if lost {
+                    self.pause(&mut s);
+                }
+                s.guard_run = s.redis.run;
+                s.redis.recorded_run = s.redis.run;
+                s.loss_window = false;
+                if last == &s {
+                    return None;
+                }
+            }
+            Action::GuardReadGate => {
+                let r = &s.redis;
+                let view = GateView {
+                    token: r.token,
+                    stock: r.stock,
+                    buyers: r.buyers.clone(),
+                    released: r.released.clone(),
+                    entries_len: r.entries.len() as u8,
+                    in_flight: r
+                        .entries
+                        .iter()
+                        .filter(|e| e.delivery != Delivery::Acked)
+                        .map(|e| (e.order, e.user))
+                        .collect(),
+                    timeouts: r.timeouts.iter().map(|(o, _)| *o).collect(),
+                };
+                s.guard = Guard::ReadGate(view);
+            }
+            Action::GuardReadMysql => {
+                let Guard::ReadGate(view) = s.guard.clone() else {
+                    return None;
+                };
+                s.guard = Guard::Viewed(view, s.mysql.clone());
+            }
+            Action::GuardRepair => {
+                let Guard::Viewed(view, my) = s.guard.clone() else {
+                    return None;
+                };
+                self.repair(&mut s, &view, &my);
+            }
+            Action::GuardReopen => {
+                let Guard::Repaired(token, owes) = s.guard else {
+                    return None;
+                };
+                if owes && self.fixes.reopen_waits_while_owed {
+                    // Read again once the batches in flight settle.
+                    s.guard = Guard::Idle;
+                    return Some(s);
+                }
+                s.guard = Guard::Idle;
+                let orders = s.mysql.orders.len();
+                let token_ok = !self.fixes.reopen_checks_token || token == s.redis.token;
+                let hold_ok = !self.fixes.hold_batch_in_hand || !s.hold_is_live();
+                let grace_over = !s.redis.grace;
+                if s.redis.paused
+                    && token_ok
+                    && hold_ok
+                    && grace_over
+                    && s.redis.buyers.len() >= orders
+                {
+                    s.redis.paused = false;
+                    s.guard_refused = None;
+                } else if token == s.redis.token {
+                    // Refused on a view still current: read again once
+                    // something changed. A stale view is read again now.
+                    s.guard_refused = Some((s.redis.token, s.redis.grace, s.redis.holds.clone()));
+                }
+            }
+            Action::Snapshot => s.snapshot = Some(s.redis.clone()),
+            Action::Rollback => {
+                s.rollbacks -= 1;
+                let mut back = s.snapshot.take()?;
+                back.run = s.redis.run + 1;
+                s.redis = back;
+                s.expose_lost();
+                s.loss_window = true;
+            }
+        }
+        Some(s)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::<Self>::always("no unit sold twice (MySQL)", |m, s| {
+                s.sold() + s.mysql.stock == m.units
+            }),
+            Property::<Self>::always("one order per user", |_, s| {
+                let mut users: Vec<u8> = s.mysql.orders.iter().map(|o| o.user).collect();
+                users.sort_unstable();
+                users.windows(2).all(|w| w[0] != w[1])
+            }),
+            Property::<Self>::always("every success is an order (at rest)", |_, s| {
+                !s.quiescent()
+                    || s.told.iter().enumerate().all(|(user, told)| match told {
+                        Told::Success { exposed: true, .. } => true,
+                        Told::Success { .. } => s.order_of(user as u8).is_some(),
+                        _ => true,
+                    })
+            }),
+            // Fewer is a dead letter's unit, which reconcile gives back;
+            // more is a unit the gate may sell that MySQL does not have.
+            Property::<Self>::always("the gate holds no unit MySQL lacks (at rest)", |_, s| {
+                !s.quiescent() || s.redis.stock <= s.mysql.stock
+            }),
+            Property::<Self>::always(
+                "at rest, reconcile leaves no unit free while a request waits",
+                |m, s| {
+                    if !s.quiescent() {
+                        return true;
+                    }
+                    let r = m.reconciled(s);
+                    r.redis.stock == 0 || r.redis.waitlist.iter().all(|u| has(&r.redis.buyers, *u))
+                },
+            ),
+            Property::<Self>::eventually("the sale comes to rest, its gate open", |_, s| {
+                s.quiescent() && s.presses.iter().all(|p| *p == 0)
+            }),
+        ]
+    }
+}
+
+impl Sale {
+    /// `seckill reconcile --yes` at rest: a fresh view of both stores,
+    /// repaired.
+    pub fn reconciled(&self, s: &State) -> State {
+        let mut r = s.clone();
+        let view = GateView {
+            token: r.redis.token,
+            stock: r.redis.stock,
+            buyers: r.redis.buyers.clone(),
+            released: r.redis.released.clone(),
+            entries_len: r.redis.entries.len() as u8,
+            in_flight: vec![],
+            timeouts: r.redis.timeouts.iter().map(|(o, _)| *o).collect(),
+        };
+        let my = r.mysql.clone();
+        self.repair(&mut r, &view, &my);
+        r
+    }
+
+    /// The rebuild (src/reconcile: reconcile.lua with the witness, then
+    /// release.lua of the cancellations the gate has not released).
+    fn repair(&self, s: &mut State, view: &GateView, my: &Mysql) {
+        let r = &s.redis;
+        let moved = r.stock != view.stock
+            || r.buyers.len() != view.buyers.len()
+            || r.released.len() != view.released.len()
+            || r.entries.len() != view.entries_len as usize;
+        if moved {
+            // reconcile.lua's witness: read again.
+            s.guard = Guard::Idle;
+            return;
+        }
+        let unpersisted: Vec<(u8, u8)> = view
+            .in_flight
+            .iter()
+            .filter(|(o, _)| !my.orders.iter().any(|x| x.id == *o))
+            .copied()
+            .collect();
+        let mut unreleased: Vec<u8> = my
+            .orders
+            .iter()
+            .filter(|o| o.status == Status::Cancelled && !has(&view.released, o.id))
+            .map(|o| o.id)
+            .collect();
+        let mut expected = my.stock as i16 - unpersisted.len() as i16;
+        if self.fixes.rebuild_subtracts_unreleased {
+            expected -= unreleased.len() as i16;
+        }
+        let mut spoken = vec![];
+        if expected < 0 && self.fixes.spoken_for {
+            let owed = (-expected) as usize;
+            spoken = unreleased.drain(..owed.min(unreleased.len())).collect();
+        }
+        let owes = expected + (spoken.len() as i16) < 0;
+        let expected = expected.max(0) as u8;
+        let mut holders: Vec<u8> = my.orders.iter().map(|o| o.user).collect();
+        holders.extend(unpersisted.iter().map(|(_, u)| *u));
+        holders.sort_unstable();
+        holders.dedup();
+        let withheld = expected > view.stock && self.fixes.hold_batch_in_hand && s.hold_is_live();
+        s.redis.buyers = holders.clone();
+        for u in &holders {
+            remove(&mut s.redis.waitlist, *u);
+        }
+        if withheld {
+            s.redis.stock = s.redis.stock.min(expected);
+        } else if expected > s.redis.stock {
+            // Units given back serve the waitlist first (reconcile.lua).
+            let given = expected - s.redis.stock;
+            s.redis.stock += self.promote(s, given);
+        } else {
+            s.redis.stock = expected;
+        }
+        // Marked released, no unit given: their units went to orders since.
+        for o in spoken {
+            add(&mut s.redis.released, o);
+        }
+        for o in my.orders.iter().filter(|o| o.status == Status::Pending) {
+            if !view.timeouts.contains(&o.id) && !s.redis.timeouts.iter().any(|(t, _)| *t == o.id) {
+                s.redis.timeouts.push((o.id, false));
+                s.redis.timeouts.sort();
+            }
+        }
+        if !withheld {
+            // release.lua under the repair's token: each once (released).
+            self.release(s, &unreleased, &[]);
+        }
+        s.guard = Guard::Repaired(view.token, owes);
+    }
+}
+
+impl fmt::Display for Fixes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
