@@ -1154,3 +1154,118 @@ async fn a_lost_batch_whose_transaction_ran_past_its_deadline_is_kept_and_commit
     assert_invariants(&env, V).await;
     env.cleanup().await;
 }
+
+/// Found by the checked model (docs/src/concepts/checked-model.md, finding
+/// M1): Redis back to a snapshot without a buyer MySQL has an order of,
+/// so the gate sells that unit again; the guard's rebuild reads the new
+/// request in flight, admitted past MySQL's stock (the gate owes a unit
+/// MySQL does not have, and no cancellation covers it), and reopens. Then
+/// the first buyer's deadline passes: the cancellation gives MySQL the
+/// unit, the request in flight takes it, and the release gives the gate
+/// the same unit again: a unit MySQL lacks, which the next buyer is told
+/// "success" for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_admitted_past_mysql_s_stock_keeps_the_gate_shut_until_it_settles() {
+    let redis = OwnRedis::start();
+    let mut env = TestEnv::on_redis(&redis.url()).await;
+    // A deadline far off: the test decides when it passes.
+    env.live_voucher_paying_within(1, 1, 3_600_000).await;
+    // A guard's pass records the server's run id at the gate.
+    env.spawn_worker(&fast_worker(&["--until-idle"]))
+        .expect_success(Duration::from_secs(60));
+    redis.snapshot();
+    assert_eq!(env.buy_exit(1, "1"), Some(0));
+    env.spawn_worker(&fast_worker(&["--until-idle"]))
+        .expect_success(Duration::from_secs(60));
+    redis.crash_and_restart();
+    env.forget_redis();
+    // The gate lost user 1: it sells the unit again, MySQL has none.
+    assert_eq!(env.buy_exit(1, "2"), Some(0));
+    let faults = std::env::temp_dir().join(format!("seckill-faults-{}", env.prefix));
+    std::fs::create_dir_all(&faults).unwrap();
+    let dir = faults.display().to_string();
+    let mut worker = env.spawn_worker_with(
+        &fast_worker(&[
+            "--lanes",
+            "1",
+            "--sweep-every",
+            "200ms",
+            "--sweep-grace",
+            "0s",
+        ]),
+        &[
+            ("SECKILL_TEST_FAULT", "after_lock@1=hold"),
+            ("SECKILL_TEST_FAULT_DIR", &dir),
+        ],
+    );
+    worker.expect_gate_pauses();
+    // User 2's batch in hand, not in MySQL; the guard's rebuild since.
+    worker.wait_log("fault hold at after_lock", Duration::from_secs(30));
+    // The rebuild's decision on the view with user 2 in flight: reopened
+    // (the defect), or paused until user 2's request settles.
+    let started = Instant::now();
+    while !["gate checked against MySQL", "admitted past MySQL's stock"]
+        .iter()
+        .any(|needle| worker.log_text().contains(needle))
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no rebuild:\n{}",
+            worker.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // User 1's deadline passes now (the sweep reads MySQL's clock): its
+    // cancellation gives MySQL the unit before user 2's batch decides.
+    let db = env.db().await;
+    let mut conn = db.conn().await.unwrap();
+    use mysql_async::prelude::Queryable;
+    conn.query_drop(
+        "UPDATE seckill_order SET create_time = create_time - INTERVAL 2 HOUR WHERE user_id = 1",
+    )
+    .await
+    .unwrap();
+    let started = Instant::now();
+    loop {
+        let status: Option<i8> = conn
+            .exec_first("SELECT status FROM seckill_order WHERE user_id = 1", ())
+            .await
+            .unwrap();
+        if status == Some(-1) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "user 1's order was not cancelled:\n{}",
+            worker.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(conn);
+    std::fs::write(faults.join("release"), b"").unwrap();
+    env.wait_drained(1, Duration::from_secs(60)).await;
+    // Its unit given back at the gate once (released), whatever came of
+    // user 2's request.
+    let keys = seckill::store::keys::VoucherKeys::new(&env.prefix, 1).unwrap();
+    let started = Instant::now();
+    loop {
+        let mut r = env.redis().await;
+        let released: u64 = r.scard(keys.released()).await.unwrap();
+        let paused: Option<String> = r.hget(keys.meta(), "paused").await.unwrap();
+        if released == 1 && paused.is_none() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the cancellation never reached an open gate:\n{}",
+            worker.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(worker);
+    std::fs::remove_dir_all(&faults).ok();
+    // The gate holds no unit MySQL lacks (I2), or a next buyer would be
+    // told "success" for it.
+    assert_invariants(&env, 1).await;
+    env.cleanup().await;
+}

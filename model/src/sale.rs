@@ -37,10 +37,11 @@ pub struct Fixes {
     /// without giving their units (src/reconcile/snapshot.rs
     /// `spoken_for`: E14).
     pub spoken_for: bool,
-    /// **Not in the code (model finding M1, docs/src/concepts/checked-model.md).** A reopen
-    /// waits while the repaired view's gate still owed units beyond
-    /// MySQL's stock that no cancellation covered: requests admitted past
-    /// MySQL's stock, still in flight. Without it, a cancellation
+    /// A reopen waits while the repaired view's gate still owed units
+    /// beyond MySQL's stock that no cancellation covered: requests
+    /// admitted past MySQL's stock, still in flight
+    /// (src/reconcile/target.rs `reopen_on_read`, the model's finding M1,
+    /// docs/src/concepts/checked-model.md). Without it, a cancellation
     /// committed after the view frees a unit in MySQL that such a request
     /// then takes, and its release gives the gate the same unit again.
     pub reopen_waits_while_owed: bool,
@@ -58,14 +59,8 @@ impl Fixes {
         rebuild_subtracts_unreleased: true,
         reopen_checks_token: true,
         spoken_for: true,
-        reopen_waits_while_owed: false,
-        run_id_sign: true,
-    };
-
-    /// Today's code and the fix the model proposes for its finding M1.
-    pub const PROPOSED: Fixes = Fixes {
         reopen_waits_while_owed: true,
-        ..Fixes::CODE
+        run_id_sign: true,
     };
 }
 

@@ -267,6 +267,17 @@ impl Snapshot {
         spoken
     }
 
+    /// The units the gate owes beyond MySQL's stock that no cancellation
+    /// covers ([`Snapshot::spoken_for`]): requests admitted past MySQL's
+    /// stock (Redis lost writes), still in flight. A cancellation
+    /// committed while they are would give MySQL a unit one of them then
+    /// takes, and its release the gate the same unit again (the checked
+    /// model's finding M1, docs/src/concepts/checked-model.md).
+    pub fn owed_uncovered(&self) -> i64 {
+        let spoken: u64 = self.spoken_for().iter().map(|o| self.units(*o)).sum();
+        (-(self.gate_owes() + spoken as i64)).max(0)
+    }
+
     /// The units of the in-flight orders MySQL does not have yet.
     pub fn unpersisted_units(&self) -> i64 {
         let units: u64 = self.unpersisted().iter().map(|(_, o)| self.units(*o)).sum();

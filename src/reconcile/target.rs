@@ -120,6 +120,19 @@ async fn reopen_on_read(
     s: &Snapshot,
     report: &mut VoucherReport,
 ) -> Result<()> {
+    // A gate that owes units MySQL lacks to requests still in flight stays
+    // paused until they settle (committed or dead-lettered): then a read
+    // accounts for them, and no cancellation meanwhile is given twice. A
+    // bucket's share is judged by the mover's count (buckets.rs).
+    let owed = s.owed_uncovered();
+    if s.bucket.is_none() && owed > 0 && s.gate_paused {
+        tracing::info!(
+            "{}: gate stays paused: {owed} unit(s) admitted past MySQL's stock are still in flight",
+            keys.meta()
+        );
+        report.gate_paused = true;
+        return Ok(());
+    }
     reopen_if_paused(conn, keys, s.order_ids.len() as u64, &s.pause_token, report).await
 }
 
