@@ -376,17 +376,19 @@ local function admit()
       -- A want or reference left by an earlier request of this user (freed
       -- by a repair) goes.
       if KEYS[8] then
-        if quantity > 1 and reference then
-          redis.call('HSET', KEYS[8], user, quantity, 'ref:' .. user, reference)
-        elseif quantity > 1 then
-          redis.call('HSET', KEYS[8], user, quantity)
-          redis.call('HDEL', KEYS[8], 'ref:' .. user)
-        elseif reference then
-          redis.call('HSET', KEYS[8], 'ref:' .. user, reference)
-          redis.call('HDEL', KEYS[8], user)
+        local set, gone = {}, {}
+        if quantity > 1 then
+          set[#set + 1], set[#set + 2] = user, quantity
         else
-          redis.call('HDEL', KEYS[8], user, 'ref:' .. user)
+          gone[#gone + 1] = user
         end
+        if reference then
+          set[#set + 1], set[#set + 2] = 'ref:' .. user, reference
+        else
+          gone[#gone + 1] = 'ref:' .. user
+        end
+        if #set > 0 then redis.call('HSET', KEYS[8], unpack(set)) end
+        if #gone > 0 then redis.call('HDEL', KEYS[8], unpack(gone)) end
       end
     end
     return {2, reason, redis.call('ZRANK', KEYS[4], user) + 1}

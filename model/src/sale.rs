@@ -9,8 +9,6 @@
 //! (`Due`), and so is a lease running out (`Lapse`). Order ids are handed
 //! out in order, so two runs that did the same things reach one state.
 
-use std::fmt;
-
 use stateright::{Model, Property};
 
 /// The fixes the reviews found holes without, each one condition in the
@@ -323,6 +321,13 @@ impl State {
         }
     }
 
+    /// An entry of the batch in hand is gone from the stream (Redis lost it).
+    fn batch_lost(&self) -> bool {
+        self.in_hand()
+            .iter()
+            .any(|(o, _)| !self.redis.entries.iter().any(|e| e.order == *o))
+    }
+
     fn hold_is_live(&self) -> bool {
         !self.redis.holds.is_empty()
     }
@@ -476,11 +481,7 @@ impl Sale {
         if !self.fixes.hold_batch_in_hand {
             return;
         }
-        let lost = s
-            .in_hand()
-            .iter()
-            .any(|(o, _)| !s.redis.entries.iter().any(|e| e.order == *o));
-        if lost {
+        if s.batch_lost() {
             add(&mut s.redis.holds, s.incarnation);
             if !s.redis.paused {
                 self.pause(s);
@@ -696,10 +697,8 @@ impl Model for Sale {
                     });
                 }
                 s.mysql.orders.sort();
-                let lost = !inserted.is_empty()
-                    && batch
-                        .iter()
-                        .any(|(o, _)| !s.redis.entries.iter().any(|e| e.order == *o));
+                // Still the batch in hand (InTx) until replaced below.
+                let lost = !inserted.is_empty() && s.batch_lost();
                 s.batch = Batch::Committed { batch, inserted };
                 // Committed while lost: paused with a grace, so no view
                 // read before the commit reopens (KeepAlive::committed).
@@ -715,13 +714,12 @@ impl Model for Sale {
             }
             Action::GraceEnds => s.redis.grace = false,
             Action::Finish => {
-                let Batch::Committed { batch, inserted } = s.batch.clone() else {
+                let Batch::Committed { batch, .. } = s.batch.clone() else {
                     return None;
                 };
                 let me = s.incarnation;
                 // Deadlines of the orders inserted, and of those found
                 // stored pending (a batch taken over after its commit).
-                let _ = inserted;
                 for &(order, _) in &batch {
                     let pending = s
                         .mysql
@@ -1029,11 +1027,5 @@ impl Sale {
             self.release(s, &unreleased, &[]);
         }
         s.guard = Guard::Repaired(view.token, owes);
-    }
-}
-
-impl fmt::Display for Fixes {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{self:?}")
     }
 }
