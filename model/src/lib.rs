@@ -6,3 +6,7 @@
 //! to the real scripts.
 
 pub mod sale;
+
+/// The checker's trait, for callers that walk the model (the conformance
+/// test) without depending on stateright themselves.
+pub use stateright::Model;

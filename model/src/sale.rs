@@ -147,10 +147,14 @@ pub enum Batch {
         batch: Vec<(u8, u8)>,
         inserted: Vec<(u8, u8)>,
     },
-    /// Committed: `after_commit`; finish.lua next.
+    /// Committed: `after_commit`; finish.lua next, scheduling the
+    /// deadlines of `deadlines`: the orders the transaction inserted or
+    /// found stored pending (the code decides by its fates, at the commit:
+    /// a payment between the commit and finish.lua leaves a deadline that
+    /// finds the order paid).
     Committed {
         batch: Vec<(u8, u8)>,
-        inserted: Vec<(u8, u8)>,
+        deadlines: Vec<u8>,
     },
 }
 
@@ -699,7 +703,17 @@ impl Model for Sale {
                 s.mysql.orders.sort();
                 // Still the batch in hand (InTx) until replaced below.
                 let lost = !inserted.is_empty() && s.batch_lost();
-                s.batch = Batch::Committed { batch, inserted };
+                let deadlines = batch
+                    .iter()
+                    .map(|(o, _)| *o)
+                    .filter(|o| {
+                        s.mysql
+                            .orders
+                            .iter()
+                            .any(|x| x.id == *o && x.status == Status::Pending)
+                    })
+                    .collect();
+                s.batch = Batch::Committed { batch, deadlines };
                 // Committed while lost: paused with a grace, so no view
                 // read before the commit reopens (KeepAlive::committed).
                 if lost && self.fixes.hold_batch_in_hand {
@@ -714,19 +728,12 @@ impl Model for Sale {
             }
             Action::GraceEnds => s.redis.grace = false,
             Action::Finish => {
-                let Batch::Committed { batch, .. } = s.batch.clone() else {
+                let Batch::Committed { batch, deadlines } = s.batch.clone() else {
                     return None;
                 };
                 let me = s.incarnation;
-                // Deadlines of the orders inserted, and of those found
-                // stored pending (a batch taken over after its commit).
-                for &(order, _) in &batch {
-                    let pending = s
-                        .mysql
-                        .orders
-                        .iter()
-                        .any(|o| o.id == order && o.status == Status::Pending);
-                    if pending && !s.redis.timeouts.iter().any(|(o, _)| *o == order) {
+                for &order in &deadlines {
+                    if !s.redis.timeouts.iter().any(|(o, _)| *o == order) {
                         s.redis.timeouts.push((order, false));
                         s.redis.timeouts.sort();
                     }

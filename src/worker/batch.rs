@@ -10,7 +10,7 @@ use super::group::{self, DeadLetter, Delivery};
 use super::keepalive;
 use super::lane::Lane;
 use super::lost_group;
-use super::persist::{self, persist, Fate, PersistError};
+use super::persist::{self, persist, PersistError};
 use crate::error::{mysql_code, mysql_codes, Error, Result, StoreFault};
 use crate::store::keys::VoucherKeys;
 use crate::stream::entry::OrderMessage;
@@ -24,29 +24,6 @@ struct Parsed {
     dead: Vec<DeadLetter>,
     acks: Vec<String>,
 }
-/// What a committed batch still has to do in Redis, and what it counted.
-struct Planned {
-    redis: group::Completion<'static>,
-    /// (inserted, already stored)
-    counts: (u64, u64),
-    /// The units of the orders inserted.
-    units: u64,
-}
-
-impl Planned {
-    fn new(dead: Vec<DeadLetter>, acks: Vec<String>) -> Planned {
-        Planned {
-            redis: group::Completion {
-                dead,
-                acks,
-                ..Default::default()
-            },
-            counts: (0, 0),
-            units: 0,
-        }
-    }
-}
-
 impl Lane {
     /// Runs a batch to completion, retrying it as a whole with backoff while
     /// a store is down. Its entries stay claimed by us meanwhile (keep-alive),
@@ -186,7 +163,7 @@ impl Lane {
         let persisted = self.persist_fenced(keys, &msgs, alive).await;
         let sql_ms = t_sql.elapsed().as_secs_f64() * 1e3;
         let completion = match persisted {
-            Ok(p) => self.complete(&mine, p, dead, acks),
+            Ok(p) => group::plan(&mine, p, dead, acks),
             Err(PersistError::UnknownVoucher(v)) => {
                 self.refuse_unknown_voucher(v, &mine, dead, acks)
             }
@@ -342,44 +319,6 @@ impl Lane {
     }
 
     /// Deadlines, dead letters and acks for what MySQL decided.
-    fn complete(
-        &self,
-        mine: &[(OrderMessage, u64)],
-        p: persist::Persisted,
-        dead: Vec<DeadLetter>,
-        acks: Vec<String>,
-    ) -> Planned {
-        let mut plan = Planned::new(dead, acks);
-        for ((m, n), fate) in mine.iter().zip(p.fates) {
-            match fate {
-                Fate::Inserted => {
-                    plan.counts.0 += 1;
-                    plan.units += u64::from(m.quantity);
-                    plan.redis
-                        .deadlines
-                        .push((m.order, m.created_ms + p.pay_timeout_ms));
-                    plan.redis.inserted.push(m.entry_id.clone());
-                    continue;
-                }
-                Fate::AlreadyStored { pending } => {
-                    plan.counts.1 += 1;
-                    if pending {
-                        plan.redis
-                            .deadlines
-                            .push((m.order, m.created_ms + p.pay_timeout_ms));
-                    }
-                }
-                Fate::Dead(reason) => {
-                    plan.redis
-                        .dead
-                        .push(self.dead_letter(&m.entry_id, reason, *n))
-                }
-            }
-            plan.redis.acks.push(m.entry_id.clone());
-        }
-        plan
-    }
-
     /// The voucher is not in MySQL: its messages wait (it may be added)
     /// until they have been delivered too often.
     fn refuse_unknown_voucher(
@@ -388,8 +327,8 @@ impl Lane {
         mine: &[(OrderMessage, u64)],
         dead: Vec<DeadLetter>,
         acks: Vec<String>,
-    ) -> Planned {
-        let mut plan = Planned::new(dead, acks);
+    ) -> group::Planned {
+        let mut plan = group::Planned::new(dead, acks);
         let reason = format!("voucher {voucher} is not in MySQL");
         for (m, n) in mine {
             if *n > self.opts.max_deliveries {

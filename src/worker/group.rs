@@ -11,11 +11,12 @@ use redis::streams::{
 };
 use redis::AsyncCommands;
 
+use super::persist::{Fate, Persisted};
 use crate::error::{Error, Result};
 use crate::store::keys::{VoucherKeys, WORKER_GROUP};
 use crate::store::redis_conn::RedisConn;
 use crate::store::scripts::{FINISH, FORGET_CONSUMER};
-use crate::stream::entry::RawEntry;
+use crate::stream::entry::{OrderMessage, RawEntry};
 use crate::stream::id::StreamId;
 use crate::stream::read_reply;
 
@@ -242,6 +243,71 @@ pub struct Completion<'a> {
     /// Users whose locks to release, and their owner's token.
     pub locks: &'a [u64],
     pub owner: &'a str,
+}
+
+/// What a committed batch still has to do in Redis, and what it counted.
+pub struct Planned {
+    pub redis: Completion<'static>,
+    /// (inserted, already stored)
+    pub counts: (u64, u64),
+    /// The units of the orders inserted.
+    pub units: u64,
+}
+
+impl Planned {
+    pub fn new(dead: Vec<DeadLetter>, acks: Vec<String>) -> Planned {
+        Planned {
+            redis: Completion {
+                dead,
+                acks,
+                ..Default::default()
+            },
+            counts: (0, 0),
+            units: 0,
+        }
+    }
+}
+
+/// The completion of a batch whose transaction ended with `p` (one fate
+/// per order of `mine`, (order, deliveries)): the deadlines of its pending
+/// orders, the inserted ones counted into the gate's witness, dead letters
+/// for the refused, every entry acknowledged. `dead` and `acks`: the
+/// batch's malformed entries, dead-lettered already.
+pub fn plan(
+    mine: &[(OrderMessage, u64)],
+    p: Persisted,
+    dead: Vec<DeadLetter>,
+    acks: Vec<String>,
+) -> Planned {
+    let mut plan = Planned::new(dead, acks);
+    for ((m, n), fate) in mine.iter().zip(p.fates) {
+        match fate {
+            Fate::Inserted => {
+                plan.counts.0 += 1;
+                plan.units += u64::from(m.quantity);
+                plan.redis
+                    .deadlines
+                    .push((m.order, m.created_ms + p.pay_timeout_ms));
+                plan.redis.inserted.push(m.entry_id.clone());
+                continue;
+            }
+            Fate::AlreadyStored { pending } => {
+                plan.counts.1 += 1;
+                if pending {
+                    plan.redis
+                        .deadlines
+                        .push((m.order, m.created_ms + p.pay_timeout_ms));
+                }
+            }
+            Fate::Dead(reason) => plan.redis.dead.push(DeadLetter {
+                entry_id: m.entry_id.clone(),
+                reason,
+                deliveries: *n,
+            }),
+        }
+        plan.redis.acks.push(m.entry_id.clone());
+    }
+    plan
 }
 
 /// Deadlines, dead letters, XACK, then the locks' release — atomically
