@@ -32,16 +32,19 @@ use std::time::Duration;
 use common::TestEnv;
 use redis::AsyncCommands;
 use seckill::gate::admission::{self, Admission};
-use seckill::orders::deadline::{self, Cancellation, WhilePaused};
+use seckill::orders::deadline::{self, Cancellation};
+use seckill::orders::payment::{self, PayOutcome};
 use seckill::store::keys::{VoucherKeys, WORKER_GROUP};
 use seckill::store::node_lease::OrderIds;
 use seckill::stream::entry::OrderMessage;
 use seckill::stream::id::StreamId;
+use seckill::worker::canceller::{Canceller, Fenced};
 use seckill::worker::group::{self, Delivery};
 use seckill::worker::lock::LockOwner;
 use seckill::worker::persist::{persist, Persisted};
+use seckill::worker::{DeadlineOptions, WorkerStats};
 use seckill_model::sale::{
-    Action, Canceller, Delivery as Handed, Fixes, Sale, State, Status, Told,
+    Action, Batch, Canceller as Cancelling, Delivery as Handed, Fixes, Sale, State, Status, Told,
 };
 use seckill_model::Model;
 
@@ -52,6 +55,9 @@ const STEPS: usize = 80;
 const WALKS: u64 = 100;
 /// A claim's lease: far longer than a walk.
 const CLAIM_LEASE_MS: u64 = 600_000;
+/// The vouchers' payment time (the default): longer than a claim's lease,
+/// so a scheduled deadline and a claimed one are told apart.
+const PAY_TIMEOUT_MS: i64 = 900_000;
 
 /// The model's bounds for the walks: more than the exhaustive check's
 /// (which visits every state), since a walk visits one path.
@@ -81,6 +87,7 @@ fn driven(a: &Action) -> bool {
             | Action::Crash
             | Action::Due(_)
             | Action::Pay(_)
+            | Action::Forget(_)
             | Action::Claim
             | Action::Cancel
             | Action::Release
@@ -90,12 +97,12 @@ fn driven(a: &Action) -> bool {
 
 /// The scripts that change state which some driven action runs.
 const SCRIPTS_DRIVEN: &[&str] = &[
-    "seckill.lua",
-    "lock_acquire.lua",
-    "lock_release.lua",
-    "finish.lua",
-    "claim_due.lua",
-    "release.lua",
+    "seckill.lua",      // Admit
+    "lock_acquire.lua", // Lock
+    "finish.lua",       // Finish (the locks' release too)
+    "timeouts.lua",     // Forget; Cancel (a paid order's deadline)
+    "claim_due.lua",    // Claim
+    "release.lua",      // Release
 ];
 
 /// xorshift64*: a seeded walk is the same walk on every machine.
@@ -127,7 +134,22 @@ struct Real<'a> {
     locked: Vec<u64>,
     persisted: Option<(Vec<(OrderMessage, u64)>, Persisted)>,
     claimed: Vec<u64>,
+    /// When each claim's lease ends: the claim's time (Redis's) plus the
+    /// lease asked for.
+    claim_ends: HashMap<u64, i64>,
     cancellation: Option<Cancellation>,
+    /// The worker's canceller (its steps: claim, cancel, give back).
+    canceller: Canceller,
+}
+
+/// The user whose order `order` is (MySQL's, in the model).
+fn order_user(s: &State, order: u8) -> Result<u8, String> {
+    s.mysql
+        .orders
+        .iter()
+        .find(|o| o.id == order)
+        .map(|o| o.user)
+        .ok_or_else(|| format!("model order {order} is not in MySQL"))
 }
 
 /// A model user's id in the stores.
@@ -143,6 +165,29 @@ impl<'a> Real<'a> {
         let mut redis = client.get_multiplexed_async_connection().await.unwrap();
         group::ensure_group(&mut redis, &keys).await.unwrap();
         let ids = OrderIds::lease(&env.cfg, None).await.unwrap();
+        let opts = DeadlineOptions {
+            lease: Duration::from_millis(CLAIM_LEASE_MS),
+            sweep_every: Duration::from_secs(3600),
+            sweep_grace: Duration::from_secs(3600),
+            batch: 100,
+        };
+        let fenced = Fenced {
+            owner: "conformance:deadlines".into(),
+            lease: Duration::from_secs(60),
+            mysql_timeout: Duration::from_secs(30),
+        };
+        let db = env.db().await.clone();
+        let stats = Arc::new(WorkerStats::default());
+        let canceller = Canceller::new(
+            Arc::new(env.cfg.clone()),
+            opts,
+            db,
+            ids.clone(),
+            stats,
+            fenced,
+        )
+        .await
+        .unwrap();
         Real {
             env,
             voucher,
@@ -154,7 +199,9 @@ impl<'a> Real<'a> {
             locked: vec![],
             persisted: None,
             claimed: vec![],
+            claim_ends: HashMap::new(),
             cancellation: None,
+            canceller,
         }
     }
 
@@ -205,9 +252,11 @@ impl<'a> Real<'a> {
                 .map_err(|e| e.to_string())?;
                 let admitted = after.redis.entries.len() > before.redis.entries.len();
                 let waits = after.redis.waitlist.contains(u);
+                let place = after.redis.waitlist.iter().position(|w| w == u);
                 match got {
-                    Admission::Admitted { .. } if admitted => {}
-                    Admission::SoldOut { .. } if !admitted && waits => {}
+                    Admission::Admitted { order_id } if admitted && order_id == order => {}
+                    Admission::SoldOut { waitlist_position }
+                        if !admitted && place.map(|p| p as u64 + 1) == Some(waitlist_position) => {}
                     Admission::AlreadyBought if !admitted && !waits => {}
                     other => {
                         return Err(format!(
@@ -286,11 +335,22 @@ impl<'a> Real<'a> {
             }
             Action::Crash => {
                 // The dead worker's locks lapse before its entries can be
-                // reclaimed (the claim's idle time is longer than a lease).
-                self.owner()
-                    .release(&mut self.redis, &self.keys, &self.locked)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                // reclaimed (the claim's idle time is longer than a lease):
+                // their expiry moves to the past, as time would move it.
+                for user in &self.locked {
+                    let value: Option<String> = self
+                        .redis
+                        .hget(self.keys.locks(), user)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let Some(value) = value else { continue };
+                    let (_, rest) = value.split_once(' ').ok_or("a lock without expiry")?;
+                    let _: () = self
+                        .redis
+                        .hset(self.keys.locks(), user, format!("1 {rest}"))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
                 self.incarnation += 1;
                 self.batch.clear();
                 self.locked.clear();
@@ -299,19 +359,40 @@ impl<'a> Real<'a> {
                 self.cancellation = None;
             }
             Action::Due(_) | Action::LapseClaims => {} // the clock: see `set_clock`
+            // The payment's two steps (orders::payment::pay_on), split at
+            // its fault point `after_pay`.
             Action::Pay(o) => {
                 let db = self.env.db().await;
-                seckill::orders::payment::pay(db, map.real(*o)?)
+                let paid = payment::pay(db, map.real(*o)?)
                     .await
                     .map_err(|e| e.to_string())?;
+                let model_paid = after.forgetting.contains(o) && !before.forgetting.contains(o);
+                if matches!(paid, PayOutcome::Paid { .. }) != model_paid {
+                    return Err(format!(
+                        "the payment answered {paid:?}; the model paid: {model_paid}"
+                    ));
+                }
+            }
+            Action::Forget(o) => {
+                payment::forget_deadline(
+                    &mut self.redis,
+                    &self.env.prefix,
+                    (self.voucher, user_id(order_user(before, *o)?)),
+                    map.real(*o)?,
+                )
+                .await
+                .map_err(|e| e.to_string())?;
             }
             Action::Claim => {
-                let (_, due) =
+                let (now, due) =
                     deadline::claim_due(&mut self.redis, &self.keys, CLAIM_LEASE_MS, 100)
                         .await
                         .map_err(|e| e.to_string())?;
                 self.claimed = due.iter().map(|d| d.order).collect();
-                let Canceller::Claimed(want) = &after.canceller else {
+                for o in &self.claimed {
+                    self.claim_ends.insert(*o, now + CLAIM_LEASE_MS as i64);
+                }
+                let Cancelling::Claimed(want) = &after.canceller else {
                     return Err("the model claimed nothing".into());
                 };
                 let mut got = map.models(&self.claimed)?;
@@ -323,30 +404,25 @@ impl<'a> Real<'a> {
                 }
             }
             Action::Cancel => {
-                let mut conn = self.mysql().await?;
-                let c = deadline::cancel_unpaid(&mut conn, self.voucher, &self.claimed)
+                let claimed = std::mem::take(&mut self.claimed);
+                self.cancellation = self
+                    .canceller
+                    .cancel_claimed(self.voucher, &self.keys, claimed)
                     .await
                     .map_err(|e| e.to_string())?;
-                if !c.missing.is_empty() {
-                    return Err(format!("orders missing from MySQL: {:?}", c.missing));
+                if let Some(c) = &self.cancellation {
+                    if !c.missing.is_empty() {
+                        return Err(format!("orders missing from MySQL: {:?}", c.missing));
+                    }
                 }
-                self.cancellation = Some(c);
             }
             Action::Release => {
-                let c = self.cancellation.take().ok_or("nothing cancelled")?;
-                deadline::release(
-                    &mut self.redis,
-                    &self.keys,
-                    self.voucher,
-                    &c.cancelled,
-                    c.per_user_limit,
-                    &c.settled,
-                    &self.ids,
-                    WhilePaused::Defer,
-                )
-                .await
-                .map_err(|e| e.to_string())?;
-                self.claimed.clear();
+                if let Some(c) = self.cancellation.take() {
+                    self.canceller
+                        .give_back(self.voucher, &self.keys, &c)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
             }
             other => return Err(format!("{other:?} is not driven")),
         }
@@ -471,28 +547,87 @@ impl<'a> Real<'a> {
             format!("{released:?}"),
             format!("{:?}", s.redis.released),
         );
-        // A deadline: scheduled (in the future, or claimed: a lease's end)
-        // or due and free to claim (the past).
-        let timeouts: Vec<(u64, f64)> = r
+        // A deadline: scheduled (the order's time plus the voucher's
+        // payment time, to the millisecond), claimed (its claim's time
+        // plus the lease, not yet reached) or due and free to claim (the
+        // past).
+        let (secs, micros): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut *r)
+            .await
+            .map_err(|e| e.to_string())?;
+        let now = secs * 1000 + micros / 1000;
+        let timeouts: Vec<(u64, i64)> = r
             .zrange_withscores(k.timeouts(), 0, -1)
             .await
             .map_err(|e| e.to_string())?;
         let mut real_timeouts = vec![];
         for (o, score) in timeouts {
-            real_timeouts.push((map.model(o)?, score <= 1.0));
+            let created = real_entries
+                .iter()
+                .find(|(order, _, _)| *order == o)
+                .and_then(|(_, _, id)| StreamId::lenient(id).time_ms())
+                .ok_or_else(|| format!("a deadline for order {o}, which has no entry"))?;
+            let state = if score <= 1 {
+                "due"
+            } else if score == created + PAY_TIMEOUT_MS {
+                "scheduled"
+            } else if self.claim_ends.get(&o) == Some(&score) && score > now {
+                "claimed"
+            } else {
+                "at a wrong time"
+            };
+            real_timeouts.push((map.model(o)?, state));
         }
         real_timeouts.sort_unstable();
-        let model_timeouts: Vec<(u8, bool)> = s
+        let model_timeouts: Vec<(u8, &str)> = s
             .redis
             .timeouts
             .iter()
-            .map(|(o, claimed)| (*o, !claimed && s.due.contains(o)))
+            .map(|(o, claimed)| match (claimed, s.due.contains(o)) {
+                (true, _) => (*o, "claimed"),
+                (false, true) => (*o, "due"),
+                (false, false) => (*o, "scheduled"),
+            })
             .collect();
         check(
-            "deadlines (order, due and free)",
+            "deadlines",
             format!("{real_timeouts:?}"),
             format!("{model_timeouts:?}"),
         );
+        let mut paid: Vec<u64> = r.smembers(k.paid()).await.map_err(|e| e.to_string())?;
+        paid.sort_unstable();
+        let mut paid = map.models(&paid)?;
+        paid.sort_unstable();
+        check(
+            "paid at the gate",
+            format!("{paid:?}"),
+            format!("{:?}", s.redis.paid),
+        );
+        // Live locks: the batch in hand's users, this worker's, from its
+        // Lock to its Finish.
+        let locks: HashMap<String, String> =
+            r.hgetall(k.locks()).await.map_err(|e| e.to_string())?;
+        let mut live: Vec<(u8, String)> = locks
+            .iter()
+            .filter_map(|(user, v)| {
+                let mut parts = v.splitn(3, ' ');
+                let expiry: i64 = parts.next()?.parse().ok()?;
+                let owner = parts.nth(1)?.to_string();
+                let user: u64 = user.parse().ok()?;
+                (expiry > now).then(|| ((user - 1) as u8, owner))
+            })
+            .collect();
+        live.sort();
+        let mut held: Vec<(u8, String)> = match &s.batch {
+            Batch::Locked(b) | Batch::InTx { batch: b, .. } | Batch::Committed { batch: b, .. } => {
+                b.iter()
+                    .map(|(_, u)| (*u, format!("w{}", s.incarnation)))
+                    .collect()
+            }
+            Batch::Idle | Batch::Read(_) => vec![],
+        };
+        held.sort();
+        check("live locks", format!("{live:?}"), format!("{held:?}"));
 
         let mut conn = self.mysql().await?;
         use mysql_async::prelude::Queryable;
@@ -513,7 +648,8 @@ impl<'a> Real<'a> {
             let status = match status {
                 0 => Status::Pending,
                 1 => Status::Paid,
-                _ => Status::Cancelled,
+                -1 => Status::Cancelled,
+                other => return Err(format!("order {id} has status {other}")),
             };
             orders.push((map.model(id)?, (user - 1) as u8, status));
         }
@@ -562,12 +698,14 @@ struct OrderMap {
 
 impl OrderMap {
     fn bind(&mut self, real: u64, model: u8) -> Result<(), String> {
-        match self.to_model.insert(real, model) {
-            Some(m) if m != model => Err(format!("order {real} was model order {m}, now {model}")),
-            _ => {
-                self.to_real.insert(model, real);
-                Ok(())
+        if let Some(m) = self.to_model.insert(real, model) {
+            if m != model {
+                return Err(format!("order {real} was model order {m}, now {model}"));
             }
+        }
+        match self.to_real.insert(model, real) {
+            Some(r) if r != real => Err(format!("model order {model} was order {r}, now {real}")),
+            _ => Ok(()),
         }
     }
 
@@ -592,7 +730,15 @@ impl OrderMap {
 
 /// One walk from `seed`: the actions taken, or the first difference with
 /// the walk that led to it.
-async fn walk(env: &TestEnv, seed: u64) -> Result<Vec<Action>, String> {
+/// A walk that matched: the actions taken, and whether it came to rest
+/// (then reconcile was compared), with a gate the model's reconcile would
+/// change.
+struct Walked {
+    taken: Vec<Action>,
+    rested: Option<bool>,
+}
+
+async fn walk(env: &TestEnv, seed: u64) -> Result<Walked, String> {
     let model = sale();
     let mut rng = Rng::new(seed);
     let mut real = Real::new(env, FIRST_VOUCHER + seed).await;
@@ -629,16 +775,57 @@ async fn walk(env: &TestEnv, seed: u64) -> Result<Vec<Action>, String> {
         Ok::<_, String>(())
     }
     .await;
+    let mut rested = None;
+    let result = match result {
+        Ok(()) if model.initial() != state && state.quiescent() => {
+            let drifts = model.reconciled(&state).redis != state.redis;
+            rested = Some(drifts);
+            at_rest(&model, &state, &real).map_err(|e| format!("at rest: {e}"))
+        }
+        other => other,
+    };
     match result {
         Ok(()) => {
             check_told(&state)?;
-            Ok(taken)
+            Ok(Walked { taken, rested })
         }
         Err(e) => Err(format!(
             "seed {seed}: {e}\n  after {} steps: {taken:?}",
             taken.len()
         )),
     }
+}
+
+/// At rest, `seckill reconcile --dry-run` (the real binary), by counts
+/// and digests and with `--deep` (every row read), finds something to
+/// repair exactly when the model's reconcile would change the gate.
+fn at_rest(model: &Sale, s: &State, real: &Real<'_>) -> Result<(), String> {
+    let voucher = real.voucher.to_string();
+    let repaired = model.reconciled(s);
+    let model_drifts = repaired.redis != s.redis;
+    for mode in [None, Some("--deep")] {
+        let mut args = vec!["--dry-run", "--voucher", voucher.as_str()];
+        args.extend(mode);
+        let (code, report) = real.env.reconcile_json(&args);
+        match (code, model_drifts) {
+            (0, false) | (3, true) => {}
+            _ => {
+                return Err(format!(
+                    "reconcile {args:?} exited {code} ({}); the model's reconcile {}",
+                    report["vouchers"][0]["drifts"],
+                    if model_drifts {
+                        format!(
+                            "would change the gate: {:?} -> {:?}",
+                            s.redis, repaired.redis
+                        )
+                    } else {
+                        "changes nothing".to_string()
+                    }
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A success the model told is an order, at rest (the walk ran no fault
@@ -678,9 +865,12 @@ fn seeds() -> Vec<u64> {
 async fn random_walks_of_the_model_match_the_real_scripts_and_sql() {
     let env = TestEnv::new().await;
     let mut counts: HashMap<String, usize> = HashMap::new();
+    let (mut rested, mut drifted) = (0, 0);
     for seed in seeds() {
         match walk(&env, seed).await {
-            Ok(taken) => {
+            Ok(Walked { taken, rested: at }) => {
+                rested += usize::from(at.is_some());
+                drifted += usize::from(at == Some(true));
                 for a in taken {
                     let name = format!("{a:?}");
                     let name = name.split('(').next().unwrap_or_default().to_string();
@@ -694,6 +884,11 @@ async fn random_walks_of_the_model_match_the_real_scripts_and_sql() {
     let mut table: Vec<_> = counts.iter().collect();
     table.sort();
     eprintln!("actions taken over the walks: {table:?}");
+    eprintln!("walks at rest, reconcile compared: {rested} ({drifted} with a gate to repair)");
+    assert!(
+        rested > 0,
+        "no walk came to rest: reconcile was never compared"
+    );
     // Every driven action came up: a walk that never cancels checks no
     // release.
     for name in [
@@ -711,29 +906,32 @@ async fn random_walks_of_the_model_match_the_real_scripts_and_sql() {
 /// not driven yet.
 #[test]
 fn every_state_changing_script_is_driven_or_named() {
-    // Scripts that change no state, or belong to protocols not modelled
-    // yet (docs/src/concepts/checked-model.md lists them).
-    const NOT_DRIVEN: &[&str] = &[
+    // This protocol's, run by its processes but not by a driven action
+    // yet (docs/src/concepts/checked-model.md says why).
+    const THIS_PROTOCOL_NOT_DRIVEN: &[&str] = &[
+        "fence.lua",           // the batch's and the cancellation's fence
+        "lock_renew.lua",      // the keep-alive's tick
+        "lock_release.lua",    // a batch given up before its commit
+        "pause.lua",           // the keep-alive's hold, the guard
+        "reconcile.lua",       // the guard's repair
+        "run_id.lua",          // the guard's run id
+        "raise_commits.lua",   // the guard's witness
+        "forget_consumer.lua", // a dead worker's consumer name dropped
+    ];
+    // Other protocols (not modelled yet), or no sale state.
+    const OTHERS: &[&str] = &[
         "acl_check.lua",
         "digest_sync.lua",
-        "fence.lua",
         "forget_commits.lua",
-        "forget_consumer.lua",
         "idem_reserve.lua",
         "idem_settle.lua",
-        "lock_renew.lua",
         "mover_lease.lua",
         "node_lease.lua",
-        "pause.lua",
         "policy.lua",
         "pool_fold.lua",
         "preload.lua",
-        "raise_commits.lua",
-        "reconcile.lua",
         "requeue.lua",
-        "run_id.lua",
         "serve_up_to.lua",
-        "timeouts.lua",
         "token.lua",
         "transfer_give.lua",
         "transfer_settle.lua",
@@ -746,7 +944,8 @@ fn every_state_changing_script_is_driven_or_named() {
         let name = entry.unwrap().file_name().to_string_lossy().to_string();
         if name.ends_with(".lua")
             && !SCRIPTS_DRIVEN.contains(&name.as_str())
-            && !NOT_DRIVEN.contains(&name.as_str())
+            && !THIS_PROTOCOL_NOT_DRIVEN.contains(&name.as_str())
+            && !OTHERS.contains(&name.as_str())
         {
             unnamed.push(name);
         }
@@ -755,7 +954,11 @@ fn every_state_changing_script_is_driven_or_named() {
         unnamed.is_empty(),
         "scripts neither driven nor named: {unnamed:?}"
     );
-    for name in SCRIPTS_DRIVEN.iter().chain(NOT_DRIVEN) {
+    for name in SCRIPTS_DRIVEN
+        .iter()
+        .chain(THIS_PROTOCOL_NOT_DRIVEN)
+        .chain(OTHERS)
+    {
         assert!(dir.join(name).exists(), "{name} is named but not in lua/");
     }
 }

@@ -344,9 +344,15 @@ async fn a_key_expires_with_its_lifetime() {
     assert_eq!(first.status, 201, "{first:?}");
     let mut redis = env.redis().await;
     let pattern = format!("{}:*idem*", env.prefix);
-    let keys = common::scan_keys(&mut redis, &pattern).await.unwrap();
-    // On one Redis the reservation holds the admission's record.
-    assert_eq!(keys.len(), 1, "the reservation alone: {keys:?}");
+    // What is left of the key's records lives at most its lifetime (they
+    // may be gone already on a loaded machine).
+    for key in common::scan_keys(&mut redis, &pattern).await.unwrap() {
+        let ttl: i64 = redis.pttl(&key).await.unwrap();
+        assert!(
+            (-2..=1000).contains(&ttl) && ttl != -1,
+            "{key} lives {ttl} ms"
+        );
+    }
     let until = std::time::Instant::now() + Duration::from_secs(30);
     while !common::scan_keys(&mut redis, &pattern)
         .await
@@ -377,6 +383,12 @@ async fn a_key_s_answer_outlives_a_redis_restart_that_kept_its_writes() {
     let serve = Serve::start(&env, &[]);
     let first = send(&serve, V, &json!({ "user": 9 }), "across-restart", None);
     assert_eq!(first.status, 201, "{first:?}");
+    // On one Redis the reservation holds the admission's record.
+    let mut conn = env.redis().await;
+    let keys = common::scan_keys(&mut conn, &format!("{}:*idem*", env.prefix))
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "the reservation alone: {keys:?}");
     // A clean restart from a snapshot taken after the answer: the key's
     // records are as durable as the admission they describe.
     redis.snapshot();
@@ -425,11 +437,7 @@ async fn seckill_buy_with_a_key_gives_its_first_outcome_again() {
     );
     // Another user with the key: one line, exit 19, nothing done (but the
     // node id `buy` leased to mint its order id).
-    let sale = || async {
-        let mut snapshot = env.snapshot().await;
-        snapshot.redis.retain(|key, _| !key.contains("{nodes}"));
-        snapshot
-    };
+    let sale = || env.snapshot();
     let before = sale().await;
     let reused = buy("3", "cli-1");
     assert_eq!(reused.status.code(), Some(19), "{reused:?}");

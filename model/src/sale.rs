@@ -101,6 +101,9 @@ pub struct Redis {
     /// Deadlines: (order, claimed by the canceller).
     pub timeouts: Vec<(u8, bool)>,
     pub released: Vec<u8>,
+    /// Orders a payment recorded at the gate (lua/timeouts.lua `paid`):
+    /// the canceller drops their deadlines without cancelling them.
+    pub paid: Vec<u8>,
     pub paused: bool,
     pub token: u8,
     /// A pause's grace (meta reopen_after_ms, one lock lease): no reopen
@@ -232,6 +235,10 @@ pub struct State {
     pub presses: Vec<u8>,
     /// Orders whose payment deadline passed.
     pub due: Vec<u8>,
+    /// Orders paid in MySQL whose payer has yet to drop the deadline and
+    /// record the payment at the gate (`after_pay`); a payer that dies
+    /// there never does.
+    pub forgetting: Vec<u8>,
     pub next_order: u8,
     pub crashes: u8,
     pub rollbacks: u8,
@@ -273,8 +280,11 @@ pub enum Action {
     GraceEnds,
     /// A payment deadline passes.
     Due(u8),
-    /// Payment (one UPDATE in MySQL).
+    /// Payment (one UPDATE in MySQL, before the deadline: `after_pay`).
     Pay(u8),
+    /// The payer drops the paid order's deadline and records the payment
+    /// at the gate (lua/timeouts.lua `paid`).
+    Forget(u8),
     /// lua/claim_due.lua.
     Claim,
     /// The cancellation's transaction (`before_cancel_commit`, then
@@ -398,6 +408,7 @@ impl Sale {
                 entries: vec![],
                 timeouts: vec![],
                 released: vec![],
+                paid: vec![],
                 paused: false,
                 token: 0,
                 grace: false,
@@ -419,6 +430,7 @@ impl Sale {
             told: vec![Told::Nothing; self.users as usize],
             presses: vec![self.presses; self.users as usize],
             due: vec![],
+            forgetting: vec![],
             next_order: 1,
             crashes: self.crashes,
             rollbacks: self.rollbacks,
@@ -595,10 +607,20 @@ impl Model for Sale {
             actions.push(Action::LapseHold);
         }
         for o in &s.mysql.orders {
-            if o.status == Status::Pending && !has(&s.due, o.id) {
+            if has(&s.due, o.id) {
+                continue;
+            }
+            // Time passes for every deadline, also one whose order was
+            // paid after its batch's commit decided to schedule it.
+            if o.status == Status::Pending || s.redis.timeouts.iter().any(|(t, _)| *t == o.id) {
                 actions.push(Action::Due(o.id));
+            }
+            if o.status == Status::Pending {
                 actions.push(Action::Pay(o.id));
             }
+        }
+        for &o in &s.forgetting {
+            actions.push(Action::Forget(o));
         }
         match &s.canceller {
             Canceller::Idle => {
@@ -733,11 +755,12 @@ impl Model for Sale {
                 };
                 let me = s.incarnation;
                 for &order in &deadlines {
-                    if !s.redis.timeouts.iter().any(|(o, _)| *o == order) {
-                        s.redis.timeouts.push((order, false));
-                        s.redis.timeouts.sort();
-                    }
+                    // finish.lua's ZADD moves a deadline there already to
+                    // the order's own (a claim's lease ends with it).
+                    s.redis.timeouts.retain(|(o, _)| *o != order);
+                    s.redis.timeouts.push((order, false));
                 }
+                s.redis.timeouts.sort();
                 for e in s.redis.entries.iter_mut() {
                     if e.delivery == Delivery::Pending(me)
                         && batch.iter().any(|(o, _)| *o == e.order)
@@ -775,7 +798,13 @@ impl Model for Sale {
                 let o = s.mysql.orders.iter_mut().find(|o| o.id == order)?;
                 if o.status == Status::Pending {
                     o.status = Status::Paid;
+                    add(&mut s.forgetting, order);
                 }
+            }
+            Action::Forget(order) => {
+                remove(&mut s.forgetting, order);
+                s.redis.timeouts.retain(|(t, _)| *t != order);
+                add(&mut s.redis.paid, order);
             }
             Action::Claim => {
                 let mut claimed = vec![];
@@ -793,6 +822,12 @@ impl Model for Sale {
                 };
                 let (mut cancelled, mut settled) = (vec![], vec![]);
                 for o in claimed {
+                    // The gate saw it paid: its deadline dropped at once,
+                    // never cancelled (take_out_paid).
+                    if has(&s.redis.paid, o) {
+                        s.redis.timeouts.retain(|(t, _)| *t != o);
+                        continue;
+                    }
                     match s.mysql.orders.iter_mut().find(|x| x.id == o) {
                         Some(x) if x.status == Status::Pending => {
                             x.status = Status::Cancelled;

@@ -52,10 +52,7 @@ const POINTS: &[(&str, Result<&str, &str>)] = &[
         "between_take_and_give",
         Err("the mover between buckets: not modelled yet"),
     ),
-    (
-        "after_pay",
-        Err("a payment's Redis step (its deadline dropped): the model pays in MySQL only"),
-    ),
+    ("after_pay", Ok("Pay (then Forget)")),
     (
         "mend_round",
         Err("serve's Redis connections: no protocol state"),

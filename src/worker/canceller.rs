@@ -67,7 +67,44 @@ pub struct Canceller {
     pub(super) mysql_timeout: Duration,
 }
 
+/// How a canceller enters a voucher's fence (worker/fence.rs) while it
+/// cancels.
+pub struct Fenced {
+    /// Its entry's name.
+    pub owner: String,
+    /// The entry's lease, never renewed.
+    pub lease: Duration,
+    /// How long its transaction may take (`--mysql-timeout`).
+    pub mysql_timeout: Duration,
+}
+
 impl Canceller {
+    /// A canceller on a Redis connection of its own; `ids` mints the
+    /// promotions' order ids.
+    pub async fn new(
+        cfg: Arc<Config>,
+        opts: DeadlineOptions,
+        db: Db,
+        ids: Arc<OrderIds>,
+        stats: Arc<WorkerStats>,
+        fenced: Fenced,
+    ) -> Result<Canceller> {
+        Ok(Canceller {
+            conn: crate::store::redis_conn::connect(&cfg).await?,
+            cfg,
+            opts,
+            db,
+            ids,
+            stats,
+            pay_timeouts: HashMap::new(),
+            last_sweep: None,
+            layouts: Default::default(),
+            owner: fenced.owner,
+            fence_lease: fenced.lease,
+            mysql_timeout: fenced.mysql_timeout,
+        })
+    }
+
     /// Until `stop`: a pass, then sleep until the next deadline is due.
     pub async fn run(mut self, stop: CancellationToken) {
         let mut backoff = Backoff::default();
@@ -231,8 +268,32 @@ impl Canceller {
         (redis_now, at): (i64, Instant),
     ) -> Result<()> {
         let orders: Vec<u64> = due.iter().map(|d| d.order).collect();
-        if orders.is_empty() {
+        let Some(c) = self.cancel_claimed(voucher, keys, orders).await? else {
             return Ok(());
+        };
+        let committed = redis_now + at.elapsed().as_millis() as i64;
+        let latest = due
+            .iter()
+            .map(|d| committed - d.deadline_ms)
+            .max()
+            .unwrap_or(0);
+        self.stats.note_lateness(latest.max(0) as u64);
+        crate::support::fault::point("after_cancel").await?;
+        self.give_back(voucher, keys, &c).await
+    }
+
+    /// The first half of settling claimed deadlines: orders the gate saw
+    /// paid lose their deadline and stay paid; the others are cancelled in
+    /// MySQL (those it lost kept for their deadline). None: nothing was
+    /// left to cancel.
+    pub async fn cancel_claimed(
+        &mut self,
+        voucher: u64,
+        keys: &VoucherKeys,
+        orders: Vec<u64>,
+    ) -> Result<Option<deadline::Cancellation>> {
+        if orders.is_empty() {
+            return Ok(None);
         }
         // One round trip, before MySQL: the gate's witness of commits (see
         // keep_lost; two reconcilers lowering it at once may take it below
@@ -246,18 +307,22 @@ impl Canceller {
             .await?;
         let orders = self.take_out_paid(voucher, keys, orders, &seen).await?;
         if orders.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let mut c = self.cancel_fenced(keys, &orders).await?;
         keep_lost(voucher, &mut c, committed.unwrap_or(0).max(0) as u64);
-        let committed = redis_now + at.elapsed().as_millis() as i64;
-        let latest = due
-            .iter()
-            .map(|d| committed - d.deadline_ms)
-            .max()
-            .unwrap_or(0);
-        self.stats.note_lateness(latest.max(0) as u64);
-        crate::support::fault::point("after_cancel").await?;
+        Ok(Some(c))
+    }
+
+    /// The second half: the cancelled orders' units back at the gate (the
+    /// waitlist served first), the settled ones' deadlines dropped;
+    /// deferred while the gate is paused.
+    pub async fn give_back(
+        &mut self,
+        voucher: u64,
+        keys: &VoucherKeys,
+        c: &deadline::Cancellation,
+    ) -> Result<()> {
         let r = deadline::release(
             &mut self.conn,
             keys,

@@ -147,22 +147,22 @@ struct Parts {
 impl Parts {
     /// Layer 5: the payment deadlines.
     async fn canceller(&self) -> Result<Canceller> {
-        Ok(Canceller {
-            cfg: self.cfg.clone(),
-            opts: self.opts.deadlines.clone(),
-            db: self.db.clone(),
-            conn: redis_conn::connect(&self.cfg).await?,
-            ids: self.ids.clone(),
-            stats: self.stats.clone(),
-            pay_timeouts: HashMap::new(),
-            last_sweep: None,
-            layouts: Default::default(),
+        let fenced = canceller::Fenced {
             owner: format!("{}:{}:deadlines", self.opts.consumer, self.run_id),
             // Not renewed while it runs: long enough for its two lock waits
             // (order rows, then the voucher's), each half the lock lease.
-            fence_lease: self.opts.lock_lease * 2,
+            lease: self.opts.lock_lease * 2,
             mysql_timeout: self.opts.mysql_timeout,
-        })
+        };
+        Canceller::new(
+            self.cfg.clone(),
+            self.opts.deadlines.clone(),
+            self.db.clone(),
+            self.ids.clone(),
+            self.stats.clone(),
+            fenced,
+        )
+        .await
     }
 
     /// The gate guard, on the worker's first connection.
