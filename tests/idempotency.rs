@@ -340,8 +340,16 @@ async fn a_key_expires_with_its_lifetime() {
     let env = TestEnv::new().await;
     env.live_voucher(V, 5).await;
     let serve = Serve::start(&env, &["--idempotency-ttl", "1s"]);
+    let sent = std::time::Instant::now();
     let first = send(&serve, V, &json!({ "user": 5 }), "short-lived", None);
     assert_eq!(first.status, 201, "{first:?}");
+    // The key was kept: a resend answered within its lifetime of the
+    // first's sending (so of the record's writing) is a replay. On a
+    // machine too loaded to answer within a second this says nothing.
+    let again = send(&serve, V, &json!({ "user": 5 }), "short-lived", None);
+    if sent.elapsed() < Duration::from_millis(1000) {
+        assert!(again.replayed, "{again:?}");
+    }
     let mut redis = env.redis().await;
     let pattern = format!("{}:*idem*", env.prefix);
     // What is left of the key's records lives at most its lifetime (they

@@ -838,7 +838,13 @@ impl Model for Sale {
                         _ => settled.push(o),
                     }
                 }
-                s.canceller = Canceller::Cancelled { cancelled, settled };
+                // Nothing left to give back (every order was paid at the
+                // gate): the canceller goes on at once (cancel_claimed's None).
+                s.canceller = if cancelled.is_empty() && settled.is_empty() {
+                    Canceller::Idle
+                } else {
+                    Canceller::Cancelled { cancelled, settled }
+                };
             }
             Action::Release => {
                 let Canceller::Cancelled { cancelled, settled } = s.canceller.clone() else {

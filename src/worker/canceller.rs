@@ -285,7 +285,8 @@ impl Canceller {
     /// The first half of settling claimed deadlines: orders the gate saw
     /// paid lose their deadline and stay paid; the others are cancelled in
     /// MySQL (those it lost kept for their deadline). None: nothing was
-    /// left to cancel.
+    /// left to cancel. (`settle` runs it, notes the lateness, passes the
+    /// `after_cancel` fault point, then runs [`Canceller::give_back`].)
     pub async fn cancel_claimed(
         &mut self,
         voucher: u64,

@@ -477,21 +477,39 @@ impl TestEnv {
         let mut redis = self.redis().await;
         let keys = self.prefix_keys(&mut redis).await;
         let mut redis_state = BTreeMap::new();
-        // Left out, as keys that change with time alone (a renewal or an
-        // expiry between two snapshots is a moment, not an event): the
-        // node-id leases (`{nodes}`), renewed on a timer by every process
-        // that mints order ids, and a voucher's lock hash, whose key
-        // outlives its released leases until its own expiry.
-        let timed = |k: &str| k.contains("{nodes}") || k.ends_with(":locks");
-        for k in keys.into_iter().filter(|k| !timed(k)) {
-            let dump: Option<Vec<u8>> = redis::cmd("DUMP")
-                .arg(&k)
-                .query_async(&mut redis)
-                .await
-                .expect("dump");
+        // Keys that change with time alone are taken as what they mean (a
+        // renewal or an expiry between two snapshots is a moment, not an
+        // event): the node-id clock (`{nodes}:clock`), which every process
+        // minting order ids renews on a timer, is left out; a voucher's
+        // lock hash is its live leases (its key outlives released ones
+        // until its own expiry), absent when none is live.
+        let (secs, micros): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut redis)
+            .await
+            .expect("time");
+        let now_ms = secs * 1000 + micros / 1000;
+        for k in keys.into_iter().filter(|k| !k.ends_with("{nodes}:clock")) {
+            let value = if k.ends_with(":locks") {
+                let leases: BTreeMap<String, String> = redis.hgetall(&k).await.expect("locks");
+                let live: Vec<String> = leases
+                    .iter()
+                    .filter(|(user, lease)| {
+                        let expiry = lease.split(' ').next().and_then(|e| e.parse::<i64>().ok());
+                        *user != "encoding" && expiry.is_some_and(|e| e > now_ms)
+                    })
+                    .map(|(user, lease)| format!("{user}={lease}\n"))
+                    .collect();
+                (!live.is_empty()).then(|| live.concat().into_bytes())
+            } else {
+                redis::cmd("DUMP")
+                    .arg(&k)
+                    .query_async(&mut redis)
+                    .await
+                    .expect("dump")
+            };
             // Gone since the scan (it expired): absent.
-            if let Some(dump) = dump {
-                redis_state.insert(k, dump);
+            if let Some(value) = value {
+                redis_state.insert(k, value);
             }
         }
         let mut tables = BTreeMap::new();
