@@ -38,7 +38,8 @@ use seckill::orders::deadline::{self, Cancellation};
 use seckill::orders::payment::{self, PayOutcome};
 use seckill::store::keys::{VoucherKeys, WORKER_GROUP};
 use seckill::store::node_lease::OrderIds;
-use seckill::stream::entry::OrderMessage;
+use seckill::store::redis_conn::Redis;
+use seckill::stream::entry::{OrderMessage, RawEntry};
 use seckill::stream::id::StreamId;
 use seckill::worker::canceller::{Canceller, Fenced};
 use seckill::worker::group::{self, Delivery};
@@ -129,7 +130,7 @@ struct Real<'a> {
     env: &'a TestEnv,
     voucher: u64,
     keys: VoucherKeys,
-    redis: redis::aio::MultiplexedConnection,
+    redis: Redis,
     ids: Arc<OrderIds>,
     incarnation: u8,
     batch: Vec<Delivery>,
@@ -163,8 +164,7 @@ impl<'a> Real<'a> {
     async fn new(env: &'a TestEnv, voucher: u64) -> Real<'a> {
         env.live_voucher(voucher, i64::from(sale().units)).await;
         let keys = VoucherKeys::new(&env.prefix, voucher).unwrap();
-        let client = redis::Client::open(env.cfg.redis_url.as_str()).unwrap();
-        let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+        let mut redis = env.new_redis_connection().await;
         group::ensure_group(&mut redis, &keys).await.unwrap();
         let ids = OrderIds::lease(&env.cfg, None).await.unwrap();
         let opts = DeadlineOptions {
@@ -209,7 +209,7 @@ impl<'a> Real<'a> {
 
     fn owner(&self) -> LockOwner {
         LockOwner {
-            token: format!("w{}", self.incarnation),
+            token: self.consumer(),
             lease: Duration::from_secs(60),
         }
     }
@@ -226,6 +226,24 @@ impl<'a> Real<'a> {
         self.batch
             .iter()
             .map(|d| (d.raw.parse(self.voucher).unwrap(), d.deliveries))
+            .collect()
+    }
+
+    /// The stream's entries, in order, as the worker parses them.
+    async fn stream(&mut self) -> Result<Vec<OrderMessage>, String> {
+        let entries: redis::streams::StreamRangeReply = self
+            .redis
+            .xrange_all(self.keys.orders())
+            .await
+            .map_err(|e| e.to_string())?;
+        entries
+            .ids
+            .iter()
+            .map(|e| {
+                RawEntry::from_map(&e.id, &e.map)
+                    .parse(self.voucher)
+                    .map_err(|err| format!("entry {}: {err}", e.id))
+            })
             .collect()
     }
 
@@ -451,11 +469,7 @@ impl<'a> Real<'a> {
             .zrange_withscores(self.keys.timeouts(), 0, -1)
             .await
             .map_err(|e| e.to_string())?;
-        let entries: redis::streams::StreamRangeReply = self
-            .redis
-            .xrange_all(self.keys.orders())
-            .await
-            .map_err(|e| e.to_string())?;
+        let entries = self.stream().await?;
         for (o, claimed) in &s.redis.timeouts {
             if *claimed || !s.due.contains(o) {
                 continue;
@@ -465,14 +479,9 @@ impl<'a> Real<'a> {
                 continue;
             };
             let created = entries
-                .ids
                 .iter()
-                .find(|e| {
-                    e.map.get("order").is_some_and(|v| {
-                        redis::from_redis_value::<u64>(v.clone()).ok() == Some(real)
-                    })
-                })
-                .and_then(|e| StreamId::lenient(&e.id).time_ms());
+                .find(|m| m.order == real)
+                .map(|m| m.created_ms);
             let scheduled = created.map(|c| c + PAY_TIMEOUT_MS) == Some(score);
             let lapsed =
                 *action == Action::LapseClaims && self.claim_ends.get(&real) == Some(&score);
@@ -492,6 +501,8 @@ impl<'a> Real<'a> {
 
     /// What the stores hold, against the model's state.
     async fn compare(&mut self, s: &State, map: &mut OrderMap) -> Result<(), String> {
+        // The stream first: it names the orders.
+        let real_entries = self.stream().await?;
         let r = &mut self.redis;
         let k = &self.keys;
         let users = |ids: Vec<u64>| -> Vec<u8> { ids.iter().map(|u| (*u - 1) as u8).collect() };
@@ -502,19 +513,6 @@ impl<'a> Real<'a> {
             }
         };
 
-        // The stream first: it names the orders.
-        let entries: redis::streams::StreamRangeReply =
-            r.xrange_all(k.orders()).await.map_err(|e| e.to_string())?;
-        let real_entries: Vec<(u64, u64, String)> = entries
-            .ids
-            .iter()
-            .map(|e| {
-                let m = seckill::stream::entry::RawEntry::from_map(&e.id, &e.map)
-                    .parse(self.voucher)
-                    .map_err(|err| format!("entry {}: {err}", e.id))?;
-                Ok((m.order, m.user, e.id.clone()))
-            })
-            .collect::<Result<_, String>>()?;
         if real_entries.len() != s.redis.entries.len() {
             return Err(format!(
                 "the stream holds {} entries, the model {}",
@@ -522,12 +520,13 @@ impl<'a> Real<'a> {
                 s.redis.entries.len()
             ));
         }
-        for ((order, user, _), e) in real_entries.iter().zip(&s.redis.entries) {
-            map.bind(*order, e.order)?;
-            if *user != user_id(e.user) {
+        for (m, e) in real_entries.iter().zip(&s.redis.entries) {
+            map.bind(m.order, e.order)?;
+            if m.user != user_id(e.user) {
                 return Err(format!(
-                    "order {} is user {user}'s, the model's user {}'s",
+                    "order {} is user {}'s, the model's user {}'s",
                     e.order,
+                    m.user,
                     e.user + 1
                 ));
             }
@@ -540,13 +539,11 @@ impl<'a> Real<'a> {
         let last = last_delivered(r, &k.orders()).await?;
         let handed: Vec<String> = real_entries
             .iter()
-            .map(
-                |(_, _, id)| match pending.ids.iter().find(|p| &p.id == id) {
-                    Some(p) => format!("Pending({})", p.consumer.trim_start_matches('w')),
-                    None if StreamId::lenient(id) <= last => "Acked".to_string(),
-                    None => "New".to_string(),
-                },
-            )
+            .map(|m| match pending.ids.iter().find(|p| p.id == m.entry_id) {
+                Some(p) => format!("Pending({})", p.consumer.trim_start_matches('w')),
+                None if StreamId::lenient(&m.entry_id) <= last => "Acked".to_string(),
+                None => "New".to_string(),
+            })
             .collect();
         let model_handed: Vec<String> = s
             .redis
@@ -594,11 +591,7 @@ impl<'a> Real<'a> {
         // payment time, to the millisecond), claimed (its claim's time
         // plus the lease, not yet reached) or due and free to claim (the
         // past).
-        let (secs, micros): (i64, i64) = redis::cmd("TIME")
-            .query_async(&mut *r)
-            .await
-            .map_err(|e| e.to_string())?;
-        let now = secs * 1000 + micros / 1000;
+        let now = common::redis_now_ms(r).await.map_err(|e| e.to_string())?;
         let timeouts: Vec<(u64, i64)> = r
             .zrange_withscores(k.timeouts(), 0, -1)
             .await
@@ -607,8 +600,8 @@ impl<'a> Real<'a> {
         for (o, score) in timeouts {
             let created = real_entries
                 .iter()
-                .find(|(order, _, _)| *order == o)
-                .and_then(|(_, _, id)| StreamId::lenient(id).time_ms())
+                .find(|m| m.order == o)
+                .map(|m| m.created_ms)
                 .ok_or_else(|| format!("a deadline for order {o}, which has no entry"))?;
             let state = if score <= 1 {
                 "due"
@@ -637,8 +630,7 @@ impl<'a> Real<'a> {
             format!("{real_timeouts:?}"),
             format!("{model_timeouts:?}"),
         );
-        let mut paid: Vec<u64> = r.smembers(k.paid()).await.map_err(|e| e.to_string())?;
-        paid.sort_unstable();
+        let paid: Vec<u64> = r.smembers(k.paid()).await.map_err(|e| e.to_string())?;
         let mut paid = map.models(&paid)?;
         paid.sort_unstable();
         check(
@@ -653,11 +645,9 @@ impl<'a> Real<'a> {
         let mut live: Vec<(u8, String)> = locks
             .iter()
             .filter_map(|(user, v)| {
-                let mut parts = v.splitn(3, ' ');
-                let expiry: i64 = parts.next()?.parse().ok()?;
-                let owner = parts.nth(1)?.to_string();
+                let owner = v.splitn(3, ' ').nth(2)?.to_string();
                 let user: u64 = user.parse().ok()?;
-                (expiry > now).then(|| ((user - 1) as u8, owner))
+                (common::lease_expiry(v)? > now).then(|| ((user - 1) as u8, owner))
             })
             .collect();
         live.sort();
@@ -717,10 +707,7 @@ impl<'a> Real<'a> {
 }
 
 /// The group's last delivered id: entries at or below it were read.
-async fn last_delivered(
-    r: &mut redis::aio::MultiplexedConnection,
-    stream: &str,
-) -> Result<StreamId, String> {
+async fn last_delivered(r: &mut Redis, stream: &str) -> Result<StreamId, String> {
     let groups: redis::streams::StreamInfoGroupsReply =
         r.xinfo_groups(stream).await.map_err(|e| e.to_string())?;
     groups

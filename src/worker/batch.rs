@@ -318,7 +318,6 @@ impl Lane {
         persisted
     }
 
-    /// Deadlines, dead letters and acks for what MySQL decided.
     /// The voucher is not in MySQL: its messages wait (it may be added)
     /// until they have been delivered too often.
     fn refuse_unknown_voucher(

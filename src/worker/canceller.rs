@@ -48,23 +48,23 @@ fn time_ms((secs, micros): (i64, i64)) -> i64 {
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 
 pub struct Canceller {
-    pub(super) cfg: Arc<Config>,
-    pub(super) opts: DeadlineOptions,
-    pub(super) db: Db,
-    pub(super) conn: Redis,
+    cfg: Arc<Config>,
+    opts: DeadlineOptions,
+    db: Db,
+    conn: Redis,
     /// Mints the order ids of promotions.
-    pub(super) ids: Arc<OrderIds>,
-    pub(super) stats: Arc<WorkerStats>,
+    ids: Arc<OrderIds>,
+    stats: Arc<WorkerStats>,
     /// Cached per voucher for the sweep.
-    pub(super) pay_timeouts: HashMap<u64, i64>,
-    pub(super) last_sweep: Option<Instant>,
+    pay_timeouts: HashMap<u64, i64>,
+    last_sweep: Option<Instant>,
     /// The vouchers' buckets: each has its own deadlines.
-    pub(super) layouts: Layouts,
+    layouts: Layouts,
     /// Its entry in a voucher's fence while it cancels, and that lease.
-    pub(super) owner: String,
-    pub(super) fence_lease: Duration,
+    owner: String,
+    fence_lease: Duration,
     /// How long its transaction may take (`--mysql-timeout`).
-    pub(super) mysql_timeout: Duration,
+    mysql_timeout: Duration,
 }
 
 /// How a canceller enters a voucher's fence (worker/fence.rs) while it

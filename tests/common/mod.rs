@@ -483,19 +483,14 @@ impl TestEnv {
         // minting order ids renews on a timer, is left out; a voucher's
         // lock hash is its live leases (its key outlives released ones
         // until its own expiry), absent when none is live.
-        let (secs, micros): (i64, i64) = redis::cmd("TIME")
-            .query_async(&mut redis)
-            .await
-            .expect("time");
-        let now_ms = secs * 1000 + micros / 1000;
+        let now_ms = redis_now_ms(&mut redis).await.expect("time");
         for k in keys.into_iter().filter(|k| !k.ends_with("{nodes}:clock")) {
             let value = if k.ends_with(":locks") {
                 let leases: BTreeMap<String, String> = redis.hgetall(&k).await.expect("locks");
                 let live: Vec<String> = leases
                     .iter()
                     .filter(|(user, lease)| {
-                        let expiry = lease.split(' ').next().and_then(|e| e.parse::<i64>().ok());
-                        *user != "encoding" && expiry.is_some_and(|e| e > now_ms)
+                        *user != "encoding" && lease_expiry(lease).is_some_and(|e| e > now_ms)
                     })
                     .map(|(user, lease)| format!("{user}={lease}\n"))
                     .collect();
@@ -633,6 +628,18 @@ pub async fn one_voucher_per_master(env: &TestEnv) -> Vec<u64> {
 /// The longest a cleanup may take: a store that does not answer must not
 /// hang the test run.
 const CLEANUP_LIMIT: Duration = Duration::from_secs(20);
+
+/// Redis's clock, in Unix ms (the one leases and deadlines are kept by).
+pub async fn redis_now_ms(redis: &mut Redis) -> redis::RedisResult<i64> {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(redis).await?;
+    Ok(secs * 1000 + micros / 1000)
+}
+
+/// When a lock of a voucher's lock hash expires: a value is
+/// "<expires_ms> <count> <owner>" (lua/lib/lease.lua).
+pub fn lease_expiry(value: &str) -> Option<i64> {
+    value.split(' ').next()?.parse().ok()
+}
 
 /// Deletes every key of `prefix` and drops `db_name`, with connections of
 /// its own (the caller's runtime may be gone or unwinding).
