@@ -2,11 +2,61 @@
 //! scripts, the SQL statements and the Rust code between them do, one
 //! action per step between two durable writes, for the model checker
 //! (stateright) to visit every state of within small bounds. The
-//! conformance test (tests/conformance.rs of the seckill crate) holds it
+//! conformance test (tests/conformance/ of the seckill crate) holds it
 //! to the real scripts.
 
+pub mod mover;
 pub mod sale;
 
 /// The checker's trait, for callers that walk the model (the conformance
 /// test) without depending on stateright themselves.
 pub use stateright::Model;
+
+/// The properties a check broke, each with its shortest counterexample's
+/// number of actions (the "it bites" tests and tables).
+pub fn broken<M>(checker: &impl stateright::Checker<M>) -> Vec<(&'static str, usize)>
+where
+    M: Model,
+    M::State: Clone + PartialEq,
+    M::Action: Clone + PartialEq,
+{
+    checker
+        .discoveries()
+        .into_iter()
+        .map(|(property, path)| (property, path.into_actions().len()))
+        .collect()
+}
+
+/// A fix, by name, and how to turn it off.
+pub type Off<F> = (&'static str, fn(&mut F));
+
+/// Each fix turned off alone (`offs`, from `all` on): the model of those
+/// fixes checked on both cores, what broke printed with its length and
+/// the check's size; returns the fixes whose removal broke nothing (their
+/// hole is not checked at these bounds).
+pub fn unnoticed<F, M>(all: F, offs: &[Off<F>], model: impl Fn(F) -> M) -> Vec<&'static str>
+where
+    F: Copy,
+    M: Model + Send + Sync + 'static,
+    M::State: Clone + std::fmt::Debug + std::hash::Hash + PartialEq + Send + Sync + 'static,
+    M::Action: Clone + std::fmt::Debug + PartialEq + Send + Sync + 'static,
+{
+    use stateright::Checker;
+    let mut missed = vec![];
+    for (name, off) in offs {
+        let mut fixes = all;
+        off(&mut fixes);
+        let started = std::time::Instant::now();
+        let checker = model(fixes).checker().threads(2).spawn_bfs().join();
+        let found = broken(&checker);
+        eprintln!(
+            "without {name}: {found:?} ({} states, {:.1} s)",
+            checker.unique_state_count(),
+            started.elapsed().as_secs_f64()
+        );
+        if found.is_empty() {
+            missed.push(*name);
+        }
+    }
+    missed
+}

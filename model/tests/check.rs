@@ -3,7 +3,7 @@
 //! the promises in each; each fix the reviews found holes without, turned
 //! off alone, must give a counterexample ("it bites").
 
-use seckill_model::sale;
+use seckill_model::{broken, sale, unnoticed, Off};
 
 use std::time::Instant;
 
@@ -36,20 +36,8 @@ fn the_sale_keeps_its_promises_in_every_reachable_state() {
     checker.assert_properties();
 }
 
-/// The properties a check broke, each with its counterexample's length.
-fn broken(checker: &impl Checker<Sale>) -> Vec<(&'static str, usize)> {
-    checker
-        .discoveries()
-        .into_iter()
-        .map(|(property, path)| (property, path.into_actions().len()))
-        .collect()
-}
-
-/// Turns one fix off.
-type Off = fn(&mut Fixes);
-
 /// The fixes whose removal CI's bounds catch (docs/src/concepts/checked-model.md's table).
-const BITE_AT_CI_BOUNDS: [(&str, Off); 5] = [
+const BITE_AT_CI_BOUNDS: [Off<Fixes>; 5] = [
     ("hold_batch_in_hand", |f| f.hold_batch_in_hand = false),
     ("rebuild_subtracts_unreleased", |f| {
         f.rebuild_subtracts_unreleased = false
@@ -66,22 +54,7 @@ const BITE_AT_CI_BOUNDS: [(&str, Off); 5] = [
 /// at all.
 #[test]
 fn each_fix_turned_off_gives_a_counterexample() {
-    let mut missed = vec![];
-    for (name, off) in BITE_AT_CI_BOUNDS {
-        let mut f = Fixes::CODE;
-        off(&mut f);
-        let started = Instant::now();
-        let checker = ci_sale(f).checker().threads(2).spawn_bfs().join();
-        let found = broken(&checker);
-        eprintln!(
-            "without {name}: {found:?} ({} states, {:.1} s)",
-            checker.unique_state_count(),
-            started.elapsed().as_secs_f64()
-        );
-        if found.is_empty() {
-            missed.push(name);
-        }
-    }
+    let missed = unnoticed(Fixes::CODE, &BITE_AT_CI_BOUNDS, ci_sale);
     assert!(missed.is_empty(), "no counterexample without {missed:?}");
 }
 

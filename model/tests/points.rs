@@ -50,7 +50,7 @@ const POINTS: &[(&str, Result<&str, &str>)] = &[
     ),
     (
         "between_take_and_give",
-        Err("the mover between buckets: not modelled yet"),
+        Ok("Move (then Give), the mover's model (model/src/mover.rs)"),
     ),
     ("after_pay", Ok("Pay (then Forget)")),
     (

@@ -1,0 +1,653 @@
+//! The model of the mover between a voucher's buckets (design/buckets.md
+//! §3, src/worker/mover.rs): its lease and epoch (lua/mover_lease.lua),
+//! a move's three steps, take, give and settle (lua/transfer_take.lua,
+//! transfer_give.lua, transfer_settle.lua, as src/gate/transfer.rs calls
+//! them), the completion of a transfer a stopped mover left open (the
+//! receiver asked first, lua/transfer_void.lua, then the giver settled),
+//! and sales at the buckets drawing on their stock. The faults: a mover
+//! killed at any step, a mover that stalls past its lease and goes on
+//! with its old epoch, and a script call delivered twice (a client's
+//! retry after a lost answer, or a copy held up on the wire and run
+//! later).
+//!
+//! Checked on its own: the buckets' sale path, the worker and payments
+//! draw on the stock as sales do here (one unit leaves a bucket's stock
+//! by one script) and give units back by the release the sale's model
+//! holds to the code; the mover's bound on serving lines
+//! (lua/serve_up_to.lua) orders who is served, not how many units exist,
+//! and is not modelled. Nor is the gate guard's rebuild of a bucket (the
+//! seize, the fence and the count the epoch exists for): without it no
+//! property here needs the epoch, which the model keeps so that the
+//! conformance test compares what the scripts answer.
+
+use stateright::{Model, Property};
+
+/// The fixes the reviews found holes without (design/buckets.md §8, hole
+/// 1); the "it bites" test turns each off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Fixes {
+    /// A transfer a stopped mover left open is called off at the receiver
+    /// (lua/transfer_void.lua writes `void` where no `given` is) before
+    /// the giver takes its units back; off, the completion reads the
+    /// receiver and settles as void when it finds nothing, and a late give
+    /// lands the units a second time.
+    pub void_marker: bool,
+    /// A take refuses an id at or below the giver's highest (`last`) that
+    /// has no open record (lua/transfer_take.lua, code 4); off, a take
+    /// delivered again after its transfer settled takes the units again,
+    /// into a record the receiver already says is given.
+    pub take_refuses_stale_ids: bool,
+    /// The receiver keeps every transfer id it answered for, for the
+    /// voucher's life (design/buckets.md: no floor, no trims); off, a
+    /// settled transfer's id is trimmed from `received`, and a give
+    /// delivered again lands the units a second time.
+    pub received_kept: bool,
+}
+
+impl Fixes {
+    pub const CODE: Fixes = Fixes {
+        void_marker: true,
+        take_refuses_stale_ids: true,
+        received_kept: true,
+    };
+}
+
+/// The bounds of one check.
+#[derive(Clone, Debug)]
+pub struct Moving {
+    /// The voucher's units, split as preload splits them: each bucket
+    /// `units / buckets`, the rest in the pool.
+    pub units: u8,
+    pub buckets: u8,
+    pub movers: u8,
+    /// Transfers taken in all (transfer ids handed out).
+    pub transfers: u8,
+    /// The most units one move asks for.
+    pub want: u8,
+    pub crashes: u8,
+    /// Leases that run out under a live mover (it stalls and goes on).
+    pub lapses: u8,
+    /// Script calls delivered twice.
+    pub duplicates: u8,
+    pub fixes: Fixes,
+}
+
+/// A side of a transfer: 0 is the pool, 1 + b is bucket b.
+pub type Side = u8;
+pub const POOL: Side = 0;
+
+/// What a receiver recorded of a transfer (`received`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Landing {
+    Given,
+    Void,
+}
+
+/// A giver's open transfer record: id, receiver, units.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Record {
+    pub id: u8,
+    pub to: Side,
+    pub units: u8,
+}
+
+/// What one side holds in Redis.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Holding {
+    /// Free units: a bucket's stock, or the pool.
+    pub units: u8,
+    /// Open transfers (`transfers`, the pool's `pool_transfers`), by id.
+    pub open: Vec<Record>,
+    /// The highest id ever taken (`last`; 0: none).
+    pub last: u8,
+    /// Transfers received (`received`), by id.
+    pub received: Vec<(u8, Landing)>,
+}
+
+/// A script call as a mover sends it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Call {
+    Take {
+        from: Side,
+        to: Side,
+        id: u8,
+        want: u8,
+        epoch: u8,
+    },
+    Give {
+        to: Side,
+        id: u8,
+        units: u8,
+        epoch: u8,
+    },
+    Settle {
+        from: Side,
+        id: u8,
+        landing: Landing,
+    },
+    Void {
+        to: Side,
+        id: u8,
+    },
+}
+
+/// Where a mover is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// Between moves: its round may start one.
+    Idle,
+    /// Taken (`between_take_and_give`): the give next.
+    Taken {
+        from: Side,
+        to: Side,
+        id: u8,
+        units: u8,
+    },
+    /// The receiver answered (a give, or a completion's void): the
+    /// giver's settle next.
+    Answered {
+        from: Side,
+        id: u8,
+        landing: Landing,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Mover {
+    /// The epoch of the lease this round runs under; 0: no round (the
+    /// next one takes or renews the lease first).
+    pub epoch: u8,
+    pub step: Step,
+    /// Its last script call, which the wire may deliver again.
+    pub last_call: Option<Call>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct State {
+    /// The pool, then each bucket.
+    pub sides: Vec<Holding>,
+    /// Each bucket's meta `mover_epoch` (the pool's is bucket 0's).
+    pub epochs: Vec<u8>,
+    /// The lease's holder (bucket 0's meta `mover`): a mover, or `DEAD` (a
+    /// killed one's); None before the first.
+    pub holder: Option<u8>,
+    /// The lease has not run out. One that ran out is taken over by
+    /// another mover (a new epoch) or renewed by its holder (the same).
+    pub lease_live: bool,
+    pub movers: Vec<Mover>,
+    /// A call delivered again later.
+    pub wire: Option<Call>,
+    pub sold: u8,
+    pub next_id: u8,
+    pub crashes: u8,
+    pub lapses: u8,
+    pub duplicates: u8,
+}
+
+/// The lease of a killed mover, until it runs out.
+pub const DEAD: u8 = u8::MAX;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// lua/mover_lease.lua take (or renew) at a round's start.
+    Lease(u8),
+    /// The round ends: the next one takes or renews the lease.
+    EndRound(u8),
+    /// A move: lua/transfer_take.lua of up to `want` units.
+    Move {
+        mover: u8,
+        from: Side,
+        to: Side,
+        want: u8,
+    },
+    /// lua/transfer_give.lua of the units taken.
+    Give(u8),
+    /// lua/transfer_settle.lua as the receiver answered.
+    Settle(u8),
+    /// A stale open transfer completed (src/gate/transfer.rs `complete`):
+    /// lua/transfer_void.lua at the receiver, its settle next.
+    Complete { mover: u8, from: Side, id: u8 },
+    /// A sale at bucket `b` (1 + b as a side) draws one unit.
+    Sell(Side),
+    /// The mover killed (kill -9); its lease runs out later.
+    Crash(u8),
+    /// The lease runs out: a dead mover's, or a live one's that stalled.
+    Lapse,
+    /// The mover's last call is delivered again, later.
+    Duplicate(u8),
+    /// The copy on the wire runs now.
+    Deliver,
+}
+
+impl Holding {
+    fn open_record(&self, id: u8) -> Option<Record> {
+        self.open.iter().copied().find(|r| r.id == id)
+    }
+
+    fn landing(&self, id: u8) -> Option<Landing> {
+        self.received
+            .iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, landing)| *landing)
+    }
+
+    fn receive(&mut self, id: u8, landing: Landing) {
+        self.received.push((id, landing));
+        self.received.sort_unstable();
+    }
+}
+
+impl State {
+    /// Units taken by a giver and not landed at the receiver: records
+    /// whose receiver has no `given` (between give and settle a
+    /// transfer's units are the receiver's; src/gate/transfer.rs
+    /// `in_transit`).
+    pub fn in_transit(&self) -> u8 {
+        self.sides
+            .iter()
+            .flat_map(|h| h.open.iter())
+            .filter(|r| self.sides[r.to as usize].landing(r.id) != Some(Landing::Given))
+            .map(|r| r.units)
+            .sum()
+    }
+
+    pub fn free(&self) -> u8 {
+        self.sides.iter().map(|h| h.units).sum()
+    }
+
+    /// The epoch a side's meta has seen.
+    fn epoch_of(&self, side: Side) -> u8 {
+        self.epochs[meta_of(side)]
+    }
+
+    fn see_epoch(&mut self, side: Side, epoch: u8) {
+        let seen = &mut self.epochs[meta_of(side)];
+        *seen = (*seen).max(epoch);
+    }
+
+    /// No mover mid-move and nothing on the wire.
+    pub fn quiet(&self) -> bool {
+        self.wire.is_none() && self.movers.iter().all(|m| m.step == Step::Idle)
+    }
+
+    /// lua/transfer_take.lua: the units taken (a replay of an open
+    /// record answers its units), or None (short, fenced, stale id).
+    pub fn take(
+        &mut self,
+        fixes: Fixes,
+        from: Side,
+        to: Side,
+        id: u8,
+        want: u8,
+        epoch: u8,
+    ) -> Option<u8> {
+        let giver = &self.sides[from as usize];
+        if let Some(r) = giver.open_record(id) {
+            return Some(r.units);
+        }
+        if fixes.take_refuses_stale_ids && giver.last != 0 && id <= giver.last {
+            return None;
+        }
+        if epoch < self.epoch_of(from) || giver.units == 0 {
+            return None;
+        }
+        let units = giver.units.min(want);
+        let giver = &mut self.sides[from as usize];
+        giver.units -= units;
+        giver.open.push(Record { id, to, units });
+        giver.open.sort_unstable();
+        giver.last = id;
+        self.see_epoch(from, epoch);
+        Some(units)
+    }
+
+    /// lua/transfer_give.lua: the receiver's answer (None: fenced, the
+    /// units stay in transit).
+    pub fn give(&mut self, to: Side, id: u8, units: u8, epoch: u8) -> Option<Landing> {
+        if let Some(prior) = self.sides[to as usize].landing(id) {
+            return Some(prior);
+        }
+        if epoch < self.epoch_of(to) {
+            return None;
+        }
+        let receiver = &mut self.sides[to as usize];
+        receiver.receive(id, Landing::Given);
+        receiver.units += units;
+        self.see_epoch(to, epoch);
+        Some(Landing::Given)
+    }
+
+    /// lua/transfer_settle.lua.
+    pub fn settle(&mut self, fixes: Fixes, from: Side, id: u8, landing: Landing) {
+        let Some(record) = self.sides[from as usize].open_record(id) else {
+            return;
+        };
+        let giver = &mut self.sides[from as usize];
+        giver.open.retain(|r| r.id != id);
+        if landing == Landing::Void {
+            giver.units += record.units;
+        }
+        if !fixes.received_kept && landing == Landing::Given {
+            // The old design's trim: once settled, the receiver forgets.
+            self.sides[record.to as usize]
+                .received
+                .retain(|(i, _)| *i != id);
+        }
+    }
+
+    /// lua/transfer_void.lua: what the receiver says of the transfer,
+    /// called off there when it had not landed.
+    pub fn void(&mut self, fixes: Fixes, to: Side, id: u8) -> Landing {
+        let receiver = &mut self.sides[to as usize];
+        match receiver.landing(id) {
+            Some(landing) => landing,
+            None => {
+                if fixes.void_marker {
+                    receiver.receive(id, Landing::Void);
+                }
+                Landing::Void
+            }
+        }
+    }
+
+    /// A call run for its effect alone (its answer went nowhere).
+    fn run(&mut self, fixes: Fixes, call: Call) {
+        match call {
+            Call::Take {
+                from,
+                to,
+                id,
+                want,
+                epoch,
+            } => {
+                self.take(fixes, from, to, id, want, epoch);
+            }
+            Call::Give {
+                to,
+                id,
+                units,
+                epoch,
+            } => {
+                self.give(to, id, units, epoch);
+            }
+            Call::Settle { from, id, landing } => self.settle(fixes, from, id, landing),
+            Call::Void { to, id } => {
+                self.void(fixes, to, id);
+            }
+        }
+    }
+}
+
+/// The meta a side's scripts check: the pool lives on bucket 0's.
+fn meta_of(side: Side) -> usize {
+    side.saturating_sub(1) as usize
+}
+
+impl Moving {
+    pub fn initial(&self) -> State {
+        let share = self.units / self.buckets;
+        let mut sides = vec![Holding {
+            units: self.units - share * self.buckets,
+            open: vec![],
+            last: 0,
+            received: vec![],
+        }];
+        for _ in 0..self.buckets {
+            sides.push(Holding {
+                units: share,
+                ..sides[0].clone()
+            });
+        }
+        State {
+            sides,
+            epochs: vec![0; self.buckets as usize],
+            holder: None,
+            lease_live: false,
+            movers: vec![
+                Mover {
+                    epoch: 0,
+                    step: Step::Idle,
+                    last_call: None,
+                };
+                self.movers as usize
+            ],
+            wire: None,
+            sold: 0,
+            next_id: 1,
+            crashes: self.crashes,
+            lapses: self.lapses,
+            duplicates: self.duplicates,
+        }
+    }
+
+    /// The sides, the pool first.
+    fn sides(&self) -> std::ops::Range<Side> {
+        0..self.buckets + 1
+    }
+
+    /// Every transfer still open, completed as a mover's round completes
+    /// stale ones (src/worker/mover.rs `complete_stale`): the state a
+    /// round at rest leaves.
+    pub fn completed(&self, s: &State) -> State {
+        let mut r = s.clone();
+        for from in self.sides() {
+            for record in s.sides[from as usize].open.clone() {
+                let landing = r.void(self.fixes, record.to, record.id);
+                r.settle(self.fixes, from, record.id, landing);
+            }
+        }
+        r
+    }
+}
+
+impl Model for Moving {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        vec![self.initial()]
+    }
+
+    fn actions(&self, s: &State, actions: &mut Vec<Action>) {
+        for (m, mover) in s.movers.iter().enumerate() {
+            let m = m as u8;
+            match mover.step {
+                Step::Idle if mover.epoch == 0 => {
+                    // The round's first step; refused while another holds
+                    // the lease (nothing changes, so not an action).
+                    if !s.lease_live || s.holder == Some(m) {
+                        actions.push(Action::Lease(m));
+                    }
+                }
+                Step::Idle => {
+                    actions.push(Action::EndRound(m));
+                    for from in self.sides() {
+                        for r in &s.sides[from as usize].open {
+                            actions.push(Action::Complete {
+                                mover: m,
+                                from,
+                                id: r.id,
+                            });
+                        }
+                    }
+                    if s.next_id <= self.transfers {
+                        for from in self.sides() {
+                            // The mover moves only what a giver holds, as
+                            // it read it (the take checks again).
+                            if s.sides[from as usize].units == 0 {
+                                continue;
+                            }
+                            for to in 1..self.buckets + 1 {
+                                if to == from {
+                                    continue;
+                                }
+                                for want in 1..=self.want {
+                                    actions.push(Action::Move {
+                                        mover: m,
+                                        from,
+                                        to,
+                                        want,
+                                    });
+                                }
+                            }
+                        }
+                    }
+                }
+                Step::Taken { .. } => actions.push(Action::Give(m)),
+                Step::Answered { .. } => actions.push(Action::Settle(m)),
+            }
+            if s.crashes > 0 && (mover.step != Step::Idle || mover.epoch != 0) {
+                actions.push(Action::Crash(m));
+            }
+            if s.duplicates > 0 && s.wire.is_none() && mover.last_call.is_some() {
+                actions.push(Action::Duplicate(m));
+            }
+        }
+        if s.lease_live && (s.holder == Some(DEAD) || s.lapses > 0) {
+            actions.push(Action::Lapse);
+        }
+        for b in 1..self.buckets + 1 {
+            if s.sides[b as usize].units > 0 {
+                actions.push(Action::Sell(b));
+            }
+        }
+        if s.wire.is_some() {
+            actions.push(Action::Deliver);
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut s = last.clone();
+        let fixes = self.fixes;
+        match action {
+            Action::Lease(m) => {
+                if s.holder != Some(m) {
+                    // A takeover raises bucket 0's epoch.
+                    s.epochs[0] += 1;
+                    s.holder = Some(m);
+                }
+                s.lease_live = true;
+                s.movers[m as usize].epoch = s.epochs[0];
+            }
+            Action::EndRound(m) => s.movers[m as usize].epoch = 0,
+            Action::Move {
+                mover,
+                from,
+                to,
+                want,
+            } => {
+                let (id, epoch) = (s.next_id, s.movers[mover as usize].epoch);
+                s.next_id += 1;
+                let taken = s.take(fixes, from, to, id, want, epoch);
+                let m = &mut s.movers[mover as usize];
+                m.last_call = Some(Call::Take {
+                    from,
+                    to,
+                    id,
+                    want,
+                    epoch,
+                });
+                if let Some(units) = taken {
+                    m.step = Step::Taken {
+                        from,
+                        to,
+                        id,
+                        units,
+                    };
+                }
+            }
+            Action::Give(m) => {
+                let Step::Taken {
+                    from,
+                    to,
+                    id,
+                    units,
+                } = s.movers[m as usize].step
+                else {
+                    return None;
+                };
+                let epoch = s.movers[m as usize].epoch;
+                let answer = s.give(to, id, units, epoch);
+                let mover = &mut s.movers[m as usize];
+                mover.last_call = Some(Call::Give {
+                    to,
+                    id,
+                    units,
+                    epoch,
+                });
+                mover.step = match answer {
+                    Some(landing) => Step::Answered { from, id, landing },
+                    // Fenced: left in transit, completed once stale.
+                    None => Step::Idle,
+                };
+            }
+            Action::Settle(m) => {
+                let Step::Answered { from, id, landing } = s.movers[m as usize].step else {
+                    return None;
+                };
+                s.settle(fixes, from, id, landing);
+                let mover = &mut s.movers[m as usize];
+                mover.last_call = Some(Call::Settle { from, id, landing });
+                mover.step = Step::Idle;
+            }
+            Action::Complete { mover, from, id } => {
+                let to = s.sides[from as usize].open_record(id)?.to;
+                let landing = s.void(fixes, to, id);
+                let m = &mut s.movers[mover as usize];
+                m.last_call = Some(Call::Void { to, id });
+                m.step = Step::Answered { from, id, landing };
+            }
+            Action::Sell(b) => {
+                s.sides[b as usize].units -= 1;
+                s.sold += 1;
+            }
+            Action::Crash(m) => {
+                s.crashes -= 1;
+                s.movers[m as usize] = Mover {
+                    epoch: 0,
+                    step: Step::Idle,
+                    last_call: None,
+                };
+                if s.holder == Some(m) {
+                    s.holder = Some(DEAD);
+                }
+            }
+            Action::Lapse => {
+                if s.holder != Some(DEAD) {
+                    s.lapses -= 1;
+                }
+                s.lease_live = false;
+            }
+            Action::Duplicate(m) => {
+                s.duplicates -= 1;
+                s.wire = s.movers[m as usize].last_call;
+            }
+            Action::Deliver => {
+                let call = s.wire.take()?;
+                s.run(fixes, call);
+            }
+        }
+        Some(s)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            // The demarcation rule: a unit is in one place at every
+            // instant, so none is sold twice and none is lost.
+            Property::<Self>::always(
+                "units conserved (free + in transit + sold = total)",
+                |m, s| s.free() + s.in_transit() + s.sold == m.units,
+            ),
+            Property::<Self>::always(
+                "at rest, a round completes every transfer and keeps the units",
+                |m, s| {
+                    if !s.quiet() {
+                        return true;
+                    }
+                    let r = m.completed(s);
+                    r.sides.iter().all(|h| h.open.is_empty()) && r.free() + r.sold == m.units
+                },
+            ),
+        ]
+    }
+}
