@@ -42,6 +42,11 @@ pub struct Fixes {
     /// settled transfer's id is trimmed from `received`, and a give
     /// delivered again lands the units a second time.
     pub received_kept: bool,
+    /// Takes and gives of a mover older than the gate has seen are refused
+    /// (lua/lib/mover_epoch.lua). Not one of hole 1's: without the gate
+    /// guard's count of a bucket (not modelled here) no property needs
+    /// it, which `model/tests/mover.rs` checks.
+    pub epoch_fence: bool,
 }
 
 impl Fixes {
@@ -49,6 +54,7 @@ impl Fixes {
         void_marker: true,
         take_refuses_stale_ids: true,
         received_kept: true,
+        epoch_fence: true,
     };
 }
 
@@ -67,7 +73,8 @@ pub struct Moving {
     pub crashes: u8,
     /// Leases that run out under a live mover (it stalls and goes on).
     pub lapses: u8,
-    /// Script calls delivered twice.
+    /// Script calls delivered twice: a copy run later (`Duplicate`,
+    /// `Deliver`), or a resend whose answer the mover acts on (`Again`).
     pub duplicates: u8,
     pub fixes: Fixes,
 }
@@ -115,6 +122,7 @@ pub enum Call {
         epoch: u8,
     },
     Give {
+        from: Side,
         to: Side,
         id: u8,
         units: u8,
@@ -126,9 +134,33 @@ pub enum Call {
         landing: Landing,
     },
     Void {
+        from: Side,
         to: Side,
         id: u8,
     },
+}
+
+/// A script's answer, as the mover reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Answer {
+    /// A take: the units taken (a replay of an open record: its units),
+    /// or refused.
+    Taken(Result<u8, Refusal>),
+    /// A give or a void: what the receiver says of the transfer, or a
+    /// refused give (fenced: the units stay in transit).
+    Landed(Result<Landing, Refusal>),
+    /// A settle: the units back in the giver (0 for a given transfer), or
+    /// None when no record was open.
+    Settled(Option<u8>),
+}
+
+/// Why a take or a give is refused (lua/transfer_take.lua's order of
+/// checks: the id, the epoch, the stock).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Refusal {
+    StaleId,
+    Fenced,
+    Short,
 }
 
 /// Where a mover is.
@@ -143,6 +175,9 @@ pub enum Step {
         id: u8,
         units: u8,
     },
+    /// A stale open record read (`complete_stale`'s HGETALL): its void
+    /// at the receiver next; the record may be settled meanwhile.
+    Completing { from: Side, to: Side, id: u8 },
     /// The receiver answered (a give, or a completion's void): the
     /// giver's settle next.
     Answered {
@@ -152,14 +187,41 @@ pub enum Step {
     },
 }
 
+impl Step {
+    /// The mover's next step after `call` answered `answer`
+    /// (src/worker/mover.rs: a take's units are given, a give's or void's
+    /// landing settled, anything refused left for a later round).
+    pub fn after(call: Call, answer: Answer) -> Step {
+        match (call, answer) {
+            (Call::Take { from, to, id, .. }, Answer::Taken(Ok(units))) => Step::Taken {
+                from,
+                to,
+                id,
+                units,
+            },
+            (
+                Call::Give { from, id, .. } | Call::Void { from, id, .. },
+                Answer::Landed(Ok(landing)),
+            ) => Step::Answered { from, id, landing },
+            _ => Step::Idle,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Mover {
+    /// Its process: a kill starts the next (a lease of the last one is
+    /// not this one's).
+    pub incarnation: u8,
     /// The epoch of the lease this round runs under; 0: no round (the
     /// next one takes or renews the lease first).
     pub epoch: u8,
     pub step: Step,
     /// Its last script call, which the wire may deliver again.
     pub last_call: Option<Call>,
+    /// Its last action was that call: a resend's answer may still be the
+    /// one it acts on (`Again`).
+    pub answer_pending: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -168,11 +230,11 @@ pub struct State {
     pub sides: Vec<Holding>,
     /// Each bucket's meta `mover_epoch` (the pool's is bucket 0's).
     pub epochs: Vec<u8>,
-    /// The lease's holder (bucket 0's meta `mover`): a mover, or `DEAD` (a
-    /// killed one's); None before the first.
-    pub holder: Option<u8>,
+    /// The lease's holder (bucket 0's meta `mover`): a mover and its
+    /// incarnation; None before the first.
+    pub holder: Option<(u8, u8)>,
     /// The lease has not run out. One that ran out is taken over by
-    /// another mover (a new epoch) or renewed by its holder (the same).
+    /// another owner (a new epoch) or renewed by its holder (the same).
     pub lease_live: bool,
     pub movers: Vec<Mover>,
     /// A call delivered again later.
@@ -184,16 +246,15 @@ pub struct State {
     pub duplicates: u8,
 }
 
-/// The lease of a killed mover, until it runs out.
-pub const DEAD: u8 = u8::MAX;
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
-    /// lua/mover_lease.lua take (or renew) at a round's start.
+    /// lua/mover_lease.lua take (or renew) at a round's start; refused
+    /// while another owner's lease is live.
     Lease(u8),
     /// The round ends: the next one takes or renews the lease.
     EndRound(u8),
-    /// A move: lua/transfer_take.lua of up to `want` units.
+    /// A move: lua/transfer_take.lua of up to `want` units, from a giver
+    /// the round read (its stock may be gone since: short).
     Move {
         mover: u8,
         from: Side,
@@ -204,19 +265,27 @@ pub enum Action {
     Give(u8),
     /// lua/transfer_settle.lua as the receiver answered.
     Settle(u8),
-    /// A stale open transfer completed (src/gate/transfer.rs `complete`):
-    /// lua/transfer_void.lua at the receiver, its settle next.
+    /// A stale open transfer read (src/worker/mover.rs `complete_stale`),
+    /// to complete: its void next.
     Complete { mover: u8, from: Side, id: u8 },
+    /// lua/transfer_void.lua at the receiver (`transfer::complete`'s
+    /// first step), its settle next.
+    Void(u8),
     /// A sale at bucket `b` (1 + b as a side) draws one unit.
     Sell(Side),
     /// The mover killed (kill -9); its lease runs out later.
     Crash(u8),
     /// The lease runs out: a dead mover's, or a live one's that stalled.
     Lapse,
-    /// The mover's last call is delivered again, later.
+    /// The mover's last call is delivered again, later; its answer goes
+    /// nowhere.
     Duplicate(u8),
     /// The copy on the wire runs now.
     Deliver,
+    /// The mover's last call, just answered, is resent and the mover acts
+    /// on the second answer (a client's retry after a lost answer:
+    /// src/store/redis_conn.rs's `script_resent` fault).
+    Again(u8),
 }
 
 impl Holding {
@@ -256,7 +325,7 @@ impl State {
     }
 
     /// The epoch a side's meta has seen.
-    fn epoch_of(&self, side: Side) -> u8 {
+    pub fn epoch_of(&self, side: Side) -> u8 {
         self.epochs[meta_of(side)]
     }
 
@@ -265,31 +334,34 @@ impl State {
         *seen = (*seen).max(epoch);
     }
 
+    fn fenced(&self, fixes: Fixes, side: Side, epoch: u8) -> bool {
+        fixes.epoch_fence && epoch < self.epoch_of(side)
+    }
+
     /// No mover mid-move and nothing on the wire.
     pub fn quiet(&self) -> bool {
         self.wire.is_none() && self.movers.iter().all(|m| m.step == Step::Idle)
     }
 
-    /// lua/transfer_take.lua: the units taken (a replay of an open
-    /// record answers its units), or None (short, fenced, stale id).
-    pub fn take(
-        &mut self,
-        fixes: Fixes,
-        from: Side,
-        to: Side,
-        id: u8,
-        want: u8,
-        epoch: u8,
-    ) -> Option<u8> {
+    /// Whether mover `m` (its incarnation now) holds the lease.
+    fn holds(&self, m: u8) -> bool {
+        self.holder == Some((m, self.movers[m as usize].incarnation))
+    }
+
+    /// lua/transfer_take.lua.
+    fn take(&mut self, fixes: Fixes, from: Side, to: Side, id: u8, want: u8, epoch: u8) -> Answer {
         let giver = &self.sides[from as usize];
         if let Some(r) = giver.open_record(id) {
-            return Some(r.units);
+            return Answer::Taken(Ok(r.units));
         }
         if fixes.take_refuses_stale_ids && giver.last != 0 && id <= giver.last {
-            return None;
+            return Answer::Taken(Err(Refusal::StaleId));
         }
-        if epoch < self.epoch_of(from) || giver.units == 0 {
-            return None;
+        if self.fenced(fixes, from, epoch) {
+            return Answer::Taken(Err(Refusal::Fenced));
+        }
+        if giver.units == 0 {
+            return Answer::Taken(Err(Refusal::Short));
         }
         let units = giver.units.min(want);
         let giver = &mut self.sides[from as usize];
@@ -298,48 +370,50 @@ impl State {
         giver.open.sort_unstable();
         giver.last = id;
         self.see_epoch(from, epoch);
-        Some(units)
+        Answer::Taken(Ok(units))
     }
 
-    /// lua/transfer_give.lua: the receiver's answer (None: fenced, the
-    /// units stay in transit).
-    pub fn give(&mut self, to: Side, id: u8, units: u8, epoch: u8) -> Option<Landing> {
+    /// lua/transfer_give.lua.
+    fn give(&mut self, fixes: Fixes, to: Side, id: u8, units: u8, epoch: u8) -> Answer {
         if let Some(prior) = self.sides[to as usize].landing(id) {
-            return Some(prior);
+            return Answer::Landed(Ok(prior));
         }
-        if epoch < self.epoch_of(to) {
-            return None;
+        if self.fenced(fixes, to, epoch) {
+            return Answer::Landed(Err(Refusal::Fenced));
         }
         let receiver = &mut self.sides[to as usize];
         receiver.receive(id, Landing::Given);
         receiver.units += units;
         self.see_epoch(to, epoch);
-        Some(Landing::Given)
+        Answer::Landed(Ok(Landing::Given))
     }
 
     /// lua/transfer_settle.lua.
-    pub fn settle(&mut self, fixes: Fixes, from: Side, id: u8, landing: Landing) {
+    fn settle(&mut self, fixes: Fixes, from: Side, id: u8, landing: Landing) -> Answer {
         let Some(record) = self.sides[from as usize].open_record(id) else {
-            return;
+            return Answer::Settled(None);
         };
         let giver = &mut self.sides[from as usize];
         giver.open.retain(|r| r.id != id);
-        if landing == Landing::Void {
-            giver.units += record.units;
-        }
+        let back = match landing {
+            Landing::Void => record.units,
+            Landing::Given => 0,
+        };
+        giver.units += back;
         if !fixes.received_kept && landing == Landing::Given {
             // The old design's trim: once settled, the receiver forgets.
             self.sides[record.to as usize]
                 .received
                 .retain(|(i, _)| *i != id);
         }
+        Answer::Settled(Some(back))
     }
 
     /// lua/transfer_void.lua: what the receiver says of the transfer,
     /// called off there when it had not landed.
-    pub fn void(&mut self, fixes: Fixes, to: Side, id: u8) -> Landing {
+    fn void(&mut self, fixes: Fixes, to: Side, id: u8) -> Answer {
         let receiver = &mut self.sides[to as usize];
-        match receiver.landing(id) {
+        let landing = match receiver.landing(id) {
             Some(landing) => landing,
             None => {
                 if fixes.void_marker {
@@ -347,11 +421,12 @@ impl State {
                 }
                 Landing::Void
             }
-        }
+        };
+        Answer::Landed(Ok(landing))
     }
 
-    /// A call run for its effect alone (its answer went nowhere).
-    fn run(&mut self, fixes: Fixes, call: Call) {
+    /// Runs `call` (the script it names) and answers as it does.
+    pub fn call(&mut self, fixes: Fixes, call: Call) -> Answer {
         match call {
             Call::Take {
                 from,
@@ -359,22 +434,26 @@ impl State {
                 id,
                 want,
                 epoch,
-            } => {
-                self.take(fixes, from, to, id, want, epoch);
-            }
+            } => self.take(fixes, from, to, id, want, epoch),
             Call::Give {
                 to,
                 id,
                 units,
                 epoch,
-            } => {
-                self.give(to, id, units, epoch);
-            }
+                ..
+            } => self.give(fixes, to, id, units, epoch),
             Call::Settle { from, id, landing } => self.settle(fixes, from, id, landing),
-            Call::Void { to, id } => {
-                self.void(fixes, to, id);
-            }
+            Call::Void { to, id, .. } => self.void(fixes, to, id),
         }
+    }
+
+    /// Mover `m` sends `call` and steps on its answer.
+    fn send(&mut self, fixes: Fixes, m: u8, call: Call) {
+        let answer = self.call(fixes, call);
+        let mover = &mut self.movers[m as usize];
+        mover.last_call = Some(call);
+        mover.answer_pending = true;
+        mover.step = Step::after(call, answer);
     }
 }
 
@@ -405,9 +484,11 @@ impl Moving {
             lease_live: false,
             movers: vec![
                 Mover {
+                    incarnation: 0,
                     epoch: 0,
                     step: Step::Idle,
                     last_call: None,
+                    answer_pending: false,
                 };
                 self.movers as usize
             ],
@@ -426,14 +507,15 @@ impl Moving {
     }
 
     /// Every transfer still open, completed as a mover's round completes
-    /// stale ones (src/worker/mover.rs `complete_stale`): the state a
-    /// round at rest leaves.
+    /// stale ones (src/gate/transfer.rs `complete`): the state a round at
+    /// rest leaves.
     pub fn completed(&self, s: &State) -> State {
         let mut r = s.clone();
         for from in self.sides() {
             for record in s.sides[from as usize].open.clone() {
-                let landing = r.void(self.fixes, record.to, record.id);
-                r.settle(self.fixes, from, record.id, landing);
+                if let Answer::Landed(Ok(landing)) = r.void(self.fixes, record.to, record.id) {
+                    r.settle(self.fixes, from, record.id, landing);
+                }
             }
         }
         r
@@ -452,13 +534,8 @@ impl Model for Moving {
         for (m, mover) in s.movers.iter().enumerate() {
             let m = m as u8;
             match mover.step {
-                Step::Idle if mover.epoch == 0 => {
-                    // The round's first step; refused while another holds
-                    // the lease (nothing changes, so not an action).
-                    if !s.lease_live || s.holder == Some(m) {
-                        actions.push(Action::Lease(m));
-                    }
-                }
+                // The round's first step, granted or refused.
+                Step::Idle if mover.epoch == 0 => actions.push(Action::Lease(m)),
                 Step::Idle => {
                     actions.push(Action::EndRound(m));
                     for from in self.sides() {
@@ -472,11 +549,6 @@ impl Model for Moving {
                     }
                     if s.next_id <= self.transfers {
                         for from in self.sides() {
-                            // The mover moves only what a giver holds, as
-                            // it read it (the take checks again).
-                            if s.sides[from as usize].units == 0 {
-                                continue;
-                            }
                             for to in 1..self.buckets + 1 {
                                 if to == from {
                                     continue;
@@ -494,16 +566,25 @@ impl Model for Moving {
                     }
                 }
                 Step::Taken { .. } => actions.push(Action::Give(m)),
+                Step::Completing { .. } => actions.push(Action::Void(m)),
                 Step::Answered { .. } => actions.push(Action::Settle(m)),
             }
             if s.crashes > 0 && (mover.step != Step::Idle || mover.epoch != 0) {
                 actions.push(Action::Crash(m));
             }
-            if s.duplicates > 0 && s.wire.is_none() && mover.last_call.is_some() {
-                actions.push(Action::Duplicate(m));
+            if s.duplicates > 0 && mover.last_call.is_some() {
+                if s.wire.is_none() {
+                    actions.push(Action::Duplicate(m));
+                }
+                if mover.answer_pending {
+                    actions.push(Action::Again(m));
+                }
             }
         }
-        if s.lease_live && (s.holder == Some(DEAD) || s.lapses > 0) {
+        let dead = s
+            .holder
+            .is_some_and(|(m, inc)| s.movers[m as usize].incarnation != inc);
+        if s.lease_live && (dead || s.lapses > 0) {
             actions.push(Action::Lapse);
         }
         for b in 1..self.buckets + 1 {
@@ -519,12 +600,30 @@ impl Model for Moving {
     fn next_state(&self, last: &State, action: Action) -> Option<State> {
         let mut s = last.clone();
         let fixes = self.fixes;
+        // Any step of a mover but a resend acts on the answer it has.
+        let acting = match action {
+            Action::Lease(m)
+            | Action::EndRound(m)
+            | Action::Give(m)
+            | Action::Settle(m)
+            | Action::Void(m)
+            | Action::Crash(m) => Some(m),
+            Action::Move { mover, .. } | Action::Complete { mover, .. } => Some(mover),
+            _ => None,
+        };
+        if let Some(m) = acting {
+            s.movers[m as usize].answer_pending = false;
+        }
         match action {
             Action::Lease(m) => {
-                if s.holder != Some(m) {
+                if s.lease_live && !s.holds(m) {
+                    // Another owner's live lease: refused.
+                    return Some(s);
+                }
+                if !s.holds(m) {
                     // A takeover raises bucket 0's epoch.
                     s.epochs[0] += 1;
-                    s.holder = Some(m);
+                    s.holder = Some((m, s.movers[m as usize].incarnation));
                 }
                 s.lease_live = true;
                 s.movers[m as usize].epoch = s.epochs[0];
@@ -536,25 +635,15 @@ impl Model for Moving {
                 to,
                 want,
             } => {
-                let (id, epoch) = (s.next_id, s.movers[mover as usize].epoch);
-                s.next_id += 1;
-                let taken = s.take(fixes, from, to, id, want, epoch);
-                let m = &mut s.movers[mover as usize];
-                m.last_call = Some(Call::Take {
+                let call = Call::Take {
                     from,
                     to,
-                    id,
+                    id: s.next_id,
                     want,
-                    epoch,
-                });
-                if let Some(units) = taken {
-                    m.step = Step::Taken {
-                        from,
-                        to,
-                        id,
-                        units,
-                    };
-                }
+                    epoch: s.movers[mover as usize].epoch,
+                };
+                s.next_id += 1;
+                s.send(fixes, mover, call);
             }
             Action::Give(m) => {
                 let Step::Taken {
@@ -567,35 +656,30 @@ impl Model for Moving {
                     return None;
                 };
                 let epoch = s.movers[m as usize].epoch;
-                let answer = s.give(to, id, units, epoch);
-                let mover = &mut s.movers[m as usize];
-                mover.last_call = Some(Call::Give {
+                let call = Call::Give {
+                    from,
                     to,
                     id,
                     units,
                     epoch,
-                });
-                mover.step = match answer {
-                    Some(landing) => Step::Answered { from, id, landing },
-                    // Fenced: left in transit, completed once stale.
-                    None => Step::Idle,
                 };
+                s.send(fixes, m, call);
             }
             Action::Settle(m) => {
                 let Step::Answered { from, id, landing } = s.movers[m as usize].step else {
                     return None;
                 };
-                s.settle(fixes, from, id, landing);
-                let mover = &mut s.movers[m as usize];
-                mover.last_call = Some(Call::Settle { from, id, landing });
-                mover.step = Step::Idle;
+                s.send(fixes, m, Call::Settle { from, id, landing });
             }
             Action::Complete { mover, from, id } => {
                 let to = s.sides[from as usize].open_record(id)?.to;
-                let landing = s.void(fixes, to, id);
-                let m = &mut s.movers[mover as usize];
-                m.last_call = Some(Call::Void { to, id });
-                m.step = Step::Answered { from, id, landing };
+                s.movers[mover as usize].step = Step::Completing { from, to, id };
+            }
+            Action::Void(m) => {
+                let Step::Completing { from, to, id } = s.movers[m as usize].step else {
+                    return None;
+                };
+                s.send(fixes, m, Call::Void { from, to, id });
             }
             Action::Sell(b) => {
                 s.sides[b as usize].units -= 1;
@@ -603,17 +687,20 @@ impl Model for Moving {
             }
             Action::Crash(m) => {
                 s.crashes -= 1;
-                s.movers[m as usize] = Mover {
+                let mover = &mut s.movers[m as usize];
+                *mover = Mover {
+                    incarnation: mover.incarnation + 1,
                     epoch: 0,
                     step: Step::Idle,
                     last_call: None,
+                    answer_pending: false,
                 };
-                if s.holder == Some(m) {
-                    s.holder = Some(DEAD);
-                }
             }
             Action::Lapse => {
-                if s.holder != Some(DEAD) {
+                let dead = s
+                    .holder
+                    .is_some_and(|(m, inc)| s.movers[m as usize].incarnation != inc);
+                if !dead {
                     s.lapses -= 1;
                 }
                 s.lease_live = false;
@@ -624,30 +711,26 @@ impl Model for Moving {
             }
             Action::Deliver => {
                 let call = s.wire.take()?;
-                s.run(fixes, call);
+                s.call(fixes, call);
+            }
+            Action::Again(m) => {
+                s.duplicates -= 1;
+                let call = s.movers[m as usize].last_call?;
+                let answer = s.call(fixes, call);
+                let mover = &mut s.movers[m as usize];
+                mover.answer_pending = false;
+                mover.step = Step::after(call, answer);
             }
         }
         Some(s)
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        vec![
-            // The demarcation rule: a unit is in one place at every
-            // instant, so none is sold twice and none is lost.
-            Property::<Self>::always(
-                "units conserved (free + in transit + sold = total)",
-                |m, s| s.free() + s.in_transit() + s.sold == m.units,
-            ),
-            Property::<Self>::always(
-                "at rest, a round completes every transfer and keeps the units",
-                |m, s| {
-                    if !s.quiet() {
-                        return true;
-                    }
-                    let r = m.completed(s);
-                    r.sides.iter().all(|h| h.open.is_empty()) && r.free() + r.sold == m.units
-                },
-            ),
-        ]
+        // The demarcation rule: a unit is in one place at every instant,
+        // so none is sold twice and none is lost.
+        vec![Property::<Self>::always(
+            "units conserved (free + in transit + sold = total)",
+            |m, s| s.free() + s.in_transit() + s.sold == m.units,
+        )]
     }
 }

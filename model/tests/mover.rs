@@ -10,16 +10,16 @@ use seckill_model::{unnoticed, Off};
 use stateright::{Checker, Model};
 
 /// CI's bounds: 3 units in 2 buckets and the pool, 2 movers, 2
-/// transfers of up to 2 units, one mover killed, one lease run out
-/// under a live mover, one call delivered twice (3 transfers: 48.8
-/// million states, about 3 minutes, by hand with `sizes`).
+/// transfers of one unit, one mover killed, one lease run out under a
+/// live mover, one call delivered twice (moves of up to 2 units: 9.1
+/// million states, about 40 s, by hand with `sizes`).
 fn ci_moving(fixes: Fixes) -> Moving {
     Moving {
         units: 3,
         buckets: 2,
         movers: 2,
         transfers: 2,
-        want: 2,
+        want: 1,
         crashes: 1,
         lapses: 1,
         duplicates: 1,
@@ -59,6 +59,17 @@ fn each_transfer_fix_turned_off_gives_a_counterexample() {
     assert!(missed.is_empty(), "no counterexample without {missed:?}");
 }
 
+/// The epoch's fence keeps no property of this model: it exists for the
+/// gate guard's count of a bucket (the seize), not modelled here
+/// (docs/src/concepts/checked-model.md). When a model of the count comes,
+/// this fails and the fence joins BITES.
+#[test]
+fn without_the_guard_s_count_the_epoch_fence_keeps_nothing_here() {
+    let off: [Off<Fixes>; 1] = [("epoch_fence", |f| f.epoch_fence = false)];
+    let missed = unnoticed(Fixes::CODE, &off, ci_moving);
+    assert_eq!(missed, ["epoch_fence"]);
+}
+
 /// The shortest counterexample of each fix turned off, step by step
 /// (`cargo test -p seckill-model --test mover explain -- --ignored
 /// --nocapture`).
@@ -83,13 +94,7 @@ fn explain() {
 #[test]
 #[ignore]
 fn sizes() {
-    for (transfers, want, crashes, lapses, duplicates) in [
-        (3, 2, 1, 1, 1),
-        (3, 1, 1, 1, 1),
-        (3, 2, 0, 1, 1),
-        (3, 2, 1, 0, 1),
-        (3, 2, 1, 1, 0),
-    ] {
+    for (transfers, want, crashes, lapses, duplicates) in [(2, 1, 1, 1, 1), (2, 2, 1, 1, 1)] {
         let moving = Moving {
             transfers,
             want,

@@ -113,6 +113,20 @@ pub enum Given {
     NotLoaded,
 }
 
+impl Given {
+    /// How the giver settles after this answer: the receiver's word on
+    /// the transfer, or None when the units stay in transit (refused: a
+    /// later round completes them once stale). A replay's "already given"
+    /// is given: settling it void would land its units twice.
+    pub fn landing(self) -> Option<Landing> {
+        match self {
+            Given::Landed { .. } | Given::AlreadyGiven => Some(Landing::Given),
+            Given::Void => Some(Landing::Void),
+            Given::Fenced(_) | Given::Paused | Given::NotLoaded => None,
+        }
+    }
+}
+
 /// What the receiver says of a transfer: the answer `settle` needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Landing {

@@ -30,7 +30,7 @@ use super::WorkerStats;
 use crate::error::{Error, Result};
 use crate::gate::buckets::{Layout, Layouts};
 use crate::gate::mover_lease;
-use crate::gate::transfer::{self, Bounded, Given, Landing, Side, Taken};
+use crate::gate::transfer::{self, Bounded, Given, Landing, Settled, Side, Taken};
 use crate::store::config::Config;
 use crate::store::keys::VoucherKeys;
 use crate::store::node_lease::OrderIds;
@@ -612,15 +612,13 @@ impl Mover {
         // allotted requests once every move to it is done, in order (a
         // give serving on arrival could serve a later, smaller request
         // before the units for an earlier one had all arrived).
-        let landing = match transfer::give(&mut self.conn, receiver, id, k, epoch, &[]).await? {
-            Given::Landed { .. } | Given::AlreadyGiven => Landing::Given,
-            Given::Void => Landing::Void,
-            Given::Fenced(seen) => {
-                // Left in transit: completed (given back) once it is stale.
+        let given = transfer::give(&mut self.conn, receiver, id, k, epoch, &[]).await?;
+        let Some(landing) = given.landing() else {
+            // Left in transit: completed (given back) once it is stale.
+            if let Given::Fenced(seen) = given {
                 self.seen_a_later_epoch(voucher, seen);
-                return Ok(0);
             }
-            Given::Paused | Given::NotLoaded => return Ok(0),
+            return Ok(0);
         };
         transfer::settle(&mut self.conn, giver, id, landing).await?;
         if landing == Landing::Void {
@@ -653,17 +651,23 @@ impl Mover {
                     );
                     continue;
                 };
-                let (landing, _) =
-                    transfer::complete(&mut self.conn, giver, receiver, t.id).await?;
+                let how = match transfer::complete(&mut self.conn, giver, receiver, t.id).await? {
+                    (Landing::Given, Settled::Done { .. }) => "it had arrived",
+                    (Landing::Void, Settled::Done { .. }) => "called off, the units went back",
+                    // Another completed it meanwhile: nothing done here.
+                    (_, Settled::NoRecord) => continue,
+                    // Called off; the giver is being rebuilt, so its units
+                    // go back once it reopens (a later round settles).
+                    (_, Settled::Paused) => {
+                        left_open += 1;
+                        continue;
+                    }
+                };
                 self.stats.add_transfer_completed();
                 tracing::info!(
-                    "mover: completed transfer {} of {} unit(s) left open by a stopped mover ({})",
+                    "mover: completed transfer {} of {} unit(s) left open by a stopped mover ({how})",
                     t.id,
                     t.units,
-                    match landing {
-                        Landing::Given => "it had arrived",
-                        Landing::Void => "called off, the units went back",
-                    }
                 );
             }
         }
