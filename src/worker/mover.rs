@@ -631,8 +631,9 @@ impl Mover {
     }
 
     /// Completes every transfer left open longer than a mover takes:
-    /// receiver first, so none lands twice. Returns how many it left open
-    /// (younger than that).
+    /// receiver first, so none lands twice. Returns how many it left open:
+    /// younger than that, or called off while their giver is paused
+    /// (settled once it reopens).
     async fn complete_stale(&mut self, gates: &[VoucherKeys]) -> Result<usize> {
         let mut left_open = 0;
         let sides = Side::all(gates);

@@ -165,10 +165,12 @@ impl Real {
                 )
                 .await
                 .map_err(|e| e.to_string())?;
-                Answer::Landed(match (given, given.landing()) {
-                    (Given::Fenced(_), _) => Err(Refusal::Fenced),
-                    (_, Some(landing)) => Ok(model_landing(landing)),
-                    (other, None) => return unexpected(format!("{other:?}")),
+                // As the mover reads it: its landing first, so that a
+                // refusal read as a landing shows.
+                Answer::Landed(match given.landing() {
+                    Some(landing) => Ok(model_landing(landing)),
+                    None if matches!(given, Given::Fenced(_)) => Err(Refusal::Fenced),
+                    None => return unexpected(format!("{given:?}")),
                 })
             }
             Call::Settle { from, id, landing } => {
