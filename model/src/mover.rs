@@ -15,10 +15,19 @@
 //! by one script) and give units back by the release the sale's model
 //! holds to the code; the mover's bound on serving lines
 //! (lua/serve_up_to.lua) orders who is served, not how many units exist,
-//! and is not modelled. Nor is the gate guard's rebuild of a bucket (the
-//! seize, the fence and the count the epoch exists for): without it no
-//! property here needs the epoch, which the model keeps so that the
-//! conformance test compares what the scripts answer.
+//! and is not modelled.
+//!
+//! The gate guard's rebuild of a bucket that lost writes (src/worker/
+//! guard.rs `rebuild_bucket`, src/reconcile/buckets.rs `read_bucket`):
+//! the bucket paused, the mover held still and every bucket fenced
+//! (lua/mover_lease.lua seize and fence), its stock counted as MySQL's
+//! free units less every unit elsewhere, each place read at its own
+//! moment while the other buckets sell on, the reads rechecked, the
+//! stock written and the gate reopened, the hold given back. The bucket
+//! here lost nothing, so a count that comes out high makes units (the
+//! property breaks) and one that comes out low holds them back
+//! (`held_back`, given back by a later recount, not modelled). The
+//! guard may be killed (its hold runs out later) or stall past its hold.
 
 use stateright::{Model, Property};
 
@@ -43,10 +52,27 @@ pub struct Fixes {
     /// delivered again lands the units a second time.
     pub received_kept: bool,
     /// Takes and gives of a mover older than the gate has seen are refused
-    /// (lua/lib/mover_epoch.lua). Not one of hole 1's: without the gate
-    /// guard's count of a bucket (not modelled here) no property needs
-    /// it, which `model/tests/mover.rs` checks.
+    /// (lua/lib/mover_epoch.lua). Not one of hole 1's: only the gate
+    /// guard's count of a bucket needs it, which `model/tests/mover.rs`
+    /// checks.
     pub epoch_fence: bool,
+    /// The guard's seize raises bucket 0's epoch far and fences every
+    /// bucket with it (lua/mover_lease.lua seize, fence); off, the hold
+    /// alone keeps the next lease from being taken, and a mover whose
+    /// round began before it moves on under its old epoch.
+    pub seize_fences: bool,
+    /// After its reads the count checks its hold is still live
+    /// (`mover_lease::holds`); off, a hold that ran out during the reads
+    /// lets a mover take the lease at an epoch above the fence and move
+    /// units between buckets read at different moments.
+    pub hold_rechecked: bool,
+    /// MySQL is read after the buckets (`read_gates`: every gate's Redis
+    /// first); off, before them, and a sale between the two reads is
+    /// counted nowhere.
+    pub mysql_read_last: bool,
+    /// The pool and the units in transit are read again after the buckets
+    /// and must not have moved; off, they are read once.
+    pub transit_reread: bool,
 }
 
 impl Fixes {
@@ -55,6 +81,10 @@ impl Fixes {
         take_refuses_stale_ids: true,
         received_kept: true,
         epoch_fence: true,
+        seize_fences: true,
+        hold_rechecked: true,
+        mysql_read_last: true,
+        transit_reread: true,
     };
 }
 
@@ -76,6 +106,9 @@ pub struct Moving {
     /// Script calls delivered twice: a copy run later (`Duplicate`,
     /// `Deliver`), or a resend whose answer the mover acts on (`Again`).
     pub duplicates: u8,
+    /// Buckets the gate guard pauses and rebuilds, one after another (0:
+    /// no guard).
+    pub rebuilds: u8,
     pub fixes: Fixes,
 }
 
@@ -149,17 +182,30 @@ pub enum Answer {
     /// A give or a void: what the receiver says of the transfer, or a
     /// refused give (fenced: the units stay in transit).
     Landed(Result<Landing, Refusal>),
-    /// A settle: the units back in the giver (0 for a given transfer), or
-    /// None when no record was open.
-    Settled(Option<u8>),
+    /// A settle.
+    Settled(Settlement),
+}
+
+/// What a settle did (lua/transfer_settle.lua).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Settlement {
+    /// The record went: these units back in the giver (0 for a given
+    /// transfer).
+    Back(u8),
+    /// No record was open.
+    NoRecord,
+    /// A void transfer's giver is paused: the record stays, in transit.
+    Paused,
 }
 
 /// Why a take or a give is refused (lua/transfer_take.lua's order of
-/// checks: the id, the epoch, the stock).
+/// checks: the id, the epoch, the pause, the stock).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Refusal {
     StaleId,
     Fenced,
+    /// The gate is paused (being rebuilt); the pool's is bucket 0's.
+    Paused,
     Short,
 }
 
@@ -224,6 +270,64 @@ pub struct Mover {
     pub answer_pending: bool,
 }
 
+/// The gate guard's lease holder name in the model (`holder`'s mover).
+pub const GUARD: u8 = u8::MAX;
+
+/// How far a seize raises bucket 0's epoch (2^20 in lua/mover_lease.lua):
+/// above any a mover holds within the bounds.
+pub const SEIZE_RAISE: u8 = 16;
+
+/// A read of the guard's count of a paused bucket, in the order
+/// src/reconcile/buckets.rs `read_bucket` takes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Read {
+    /// The units in transit and the pool (`transit_and_pool`).
+    TransitAndPool,
+    /// Another bucket's stock (its witness).
+    Bucket(Side),
+    /// MySQL's units sold (`read_mysql`).
+    Mysql,
+    /// The pool and transit again: moved, the reads start over.
+    Again,
+    /// The hold still live (`mover_lease::holds`): else the count is
+    /// given up and seized again.
+    Hold,
+}
+
+/// What the count has read so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Tally {
+    pub transit: u8,
+    pub pool: u8,
+    /// The other buckets' stock read.
+    pub others: u8,
+    pub sold: u8,
+}
+
+/// Where the gate guard is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Count {
+    /// No rebuild in hand.
+    Watching,
+    /// A bucket paused: the seize next.
+    Seizing,
+    /// Seized at `epoch`: bucket `next`'s fence next.
+    Fencing { next: u8, epoch: u8 },
+    /// Read `next` of the count's reads next.
+    Reading { next: u8, tally: Tally },
+    /// Every read taken: the stock written and the gate reopened next.
+    Counted { tally: Tally },
+    /// The hold given back next.
+    Unseizing,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Guard {
+    /// Its process: a kill starts the next, whose owner token differs.
+    pub incarnation: u8,
+    pub step: Count,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct State {
     /// The pool, then each bucket.
@@ -241,6 +345,15 @@ pub struct State {
     pub wire: Option<Call>,
     pub sold: u8,
     pub next_id: u8,
+    pub guard: Guard,
+    /// The bucket the guard paused (a side), if any.
+    pub paused: Option<Side>,
+    /// The guard's hold on the mover (`mover_holds`): the incarnation that
+    /// seized, and whether it is live.
+    pub hold: Option<(u8, bool)>,
+    /// Units a count came out low by: off the stock, owed to a recount.
+    pub held_back: u8,
+    pub rebuilds: u8,
     pub crashes: u8,
     pub lapses: u8,
     pub duplicates: u8,
@@ -286,6 +399,22 @@ pub enum Action {
     /// on the second answer (a client's retry after a lost answer:
     /// src/store/redis_conn.rs's `script_resent` fault).
     Again(u8),
+    /// The gate guard pauses bucket side `b`: it lost writes (lua/pause.lua).
+    Pause(Side),
+    /// lua/mover_lease.lua seize: the hold, and bucket 0's epoch raised.
+    Seize,
+    /// lua/mover_lease.lua fence of the next bucket.
+    Fence,
+    /// The count's next read.
+    Read,
+    /// The stock set from the count and the gate reopened.
+    Repair,
+    /// lua/mover_lease.lua unseize.
+    Unseize,
+    /// The guard killed; its hold runs out later.
+    GuardCrash,
+    /// The hold runs out: a killed guard's, or a live one's that stalled.
+    HoldLapse,
 }
 
 impl Holding {
@@ -338,9 +467,28 @@ impl State {
         fixes.epoch_fence && epoch < self.epoch_of(side)
     }
 
-    /// No mover mid-move and nothing on the wire.
+    /// A side's gate is paused (the pool's meta is bucket 0's).
+    pub fn paused_at(&self, side: Side) -> bool {
+        self.paused.is_some_and(|b| meta_of(b) == meta_of(side))
+    }
+
+    /// The guard's hold is live.
+    pub fn hold_live(&self) -> bool {
+        self.hold.is_some_and(|(_, live)| live)
+    }
+
+    /// The lease's holder is a mover whose process died.
+    fn holder_dead(&self) -> bool {
+        self.holder
+            .is_some_and(|(m, inc)| m != GUARD && self.movers[m as usize].incarnation != inc)
+    }
+
+    /// No mover mid-move, nothing on the wire, no bucket paused.
     pub fn quiet(&self) -> bool {
-        self.wire.is_none() && self.movers.iter().all(|m| m.step == Step::Idle)
+        self.wire.is_none()
+            && self.movers.iter().all(|m| m.step == Step::Idle)
+            && self.guard.step == Count::Watching
+            && self.paused.is_none()
     }
 
     /// Whether mover `m` (its incarnation now) holds the lease.
@@ -359,6 +507,9 @@ impl State {
         }
         if self.fenced(fixes, from, epoch) {
             return Answer::Taken(Err(Refusal::Fenced));
+        }
+        if self.paused_at(from) {
+            return Answer::Taken(Err(Refusal::Paused));
         }
         if giver.units == 0 {
             return Answer::Taken(Err(Refusal::Short));
@@ -381,6 +532,9 @@ impl State {
         if self.fenced(fixes, to, epoch) {
             return Answer::Landed(Err(Refusal::Fenced));
         }
+        if self.paused_at(to) {
+            return Answer::Landed(Err(Refusal::Paused));
+        }
         let receiver = &mut self.sides[to as usize];
         receiver.receive(id, Landing::Given);
         receiver.units += units;
@@ -391,8 +545,11 @@ impl State {
     /// lua/transfer_settle.lua.
     fn settle(&mut self, fixes: Fixes, from: Side, id: u8, landing: Landing) -> Answer {
         let Some(record) = self.sides[from as usize].open_record(id) else {
-            return Answer::Settled(None);
+            return Answer::Settled(Settlement::NoRecord);
         };
+        if landing == Landing::Void && self.paused_at(from) {
+            return Answer::Settled(Settlement::Paused);
+        }
         let giver = &mut self.sides[from as usize];
         giver.open.retain(|r| r.id != id);
         let back = match landing {
@@ -406,7 +563,7 @@ impl State {
                 .received
                 .retain(|(i, _)| *i != id);
         }
-        Answer::Settled(Some(back))
+        Answer::Settled(Settlement::Back(back))
     }
 
     /// lua/transfer_void.lua: what the receiver says of the transfer,
@@ -495,6 +652,14 @@ impl Moving {
             wire: None,
             sold: 0,
             next_id: 1,
+            guard: Guard {
+                incarnation: 0,
+                step: Count::Watching,
+            },
+            paused: None,
+            hold: None,
+            held_back: 0,
+            rebuilds: self.rebuilds,
             crashes: self.crashes,
             lapses: self.lapses,
             duplicates: self.duplicates,
@@ -504,6 +669,191 @@ impl Moving {
     /// The sides, the pool first.
     fn sides(&self) -> std::ops::Range<Side> {
         0..self.buckets + 1
+    }
+
+    /// The reads of the count of paused bucket side `b`, in order.
+    pub fn reads(&self, b: Side) -> Vec<Read> {
+        let fixes = self.fixes;
+        let mut reads = vec![Read::TransitAndPool];
+        if !fixes.mysql_read_last {
+            reads.push(Read::Mysql);
+        }
+        reads.extend((1..self.buckets + 1).filter(|k| *k != b).map(Read::Bucket));
+        if fixes.mysql_read_last {
+            reads.push(Read::Mysql);
+        }
+        if fixes.transit_reread {
+            reads.push(Read::Again);
+        }
+        if fixes.hold_rechecked {
+            reads.push(Read::Hold);
+        }
+        reads
+    }
+
+    /// The guard's next step: the count's next read taken.
+    fn read(&self, s: &mut State, next: u8, mut tally: Tally) {
+        let Some(b) = s.paused else { return };
+        let reads = self.reads(b);
+        match reads[next as usize] {
+            Read::TransitAndPool => {
+                tally.transit = s.in_transit();
+                tally.pool = s.sides[POOL as usize].units;
+            }
+            Read::Bucket(k) => tally.others += s.sides[k as usize].units,
+            Read::Mysql => tally.sold = s.sold,
+            Read::Again => {
+                if (s.in_transit(), s.sides[POOL as usize].units) != (tally.transit, tally.pool) {
+                    s.guard.step = Count::Reading {
+                        next: 0,
+                        tally: Tally::default(),
+                    };
+                    return;
+                }
+            }
+            Read::Hold => {
+                if s.hold != Some((s.guard.incarnation, true)) {
+                    s.guard.step = Count::Unseizing;
+                    return;
+                }
+            }
+        }
+        s.guard.step = match next as usize + 1 == reads.len() {
+            true => Count::Counted { tally },
+            false => Count::Reading {
+                next: next + 1,
+                tally,
+            },
+        };
+    }
+
+    /// The guard's steps and faults.
+    fn guard_actions(&self, s: &State, actions: &mut Vec<Action>) {
+        match s.guard.step {
+            // The last bucket: bucket 0's rebuild also folds the pool into
+            // its stock first (lua/pool_fold.lua), not modelled.
+            Count::Watching if s.rebuilds > 0 => actions.push(Action::Pause(self.buckets)),
+            Count::Watching => {}
+            Count::Seizing => actions.push(Action::Seize),
+            Count::Fencing { .. } => actions.push(Action::Fence),
+            Count::Reading { .. } => actions.push(Action::Read),
+            Count::Counted { .. } => actions.push(Action::Repair),
+            Count::Unseizing => actions.push(Action::Unseize),
+        }
+        if s.crashes > 0 && s.guard.step != Count::Watching {
+            actions.push(Action::GuardCrash);
+        }
+        if let Some((inc, true)) = s.hold {
+            if inc != s.guard.incarnation || s.lapses > 0 {
+                actions.push(Action::HoldLapse);
+            }
+        }
+    }
+
+    /// The guard's step `action`; false: not one of the guard's.
+    fn guard_step(&self, s: &mut State, action: Action) -> bool {
+        let inc = s.guard.incarnation;
+        let after_hold = |s: &State| match s.paused {
+            Some(_) => Count::Seizing,
+            None => Count::Watching,
+        };
+        match action {
+            Action::Pause(b) => {
+                s.rebuilds -= 1;
+                s.paused = Some(b);
+                s.guard.step = Count::Seizing;
+            }
+            Action::Seize => {
+                if s.hold.is_some_and(|(other, live)| live && other != inc) {
+                    // Another's hold: a later pass tries again.
+                    return true;
+                }
+                if self.fixes.seize_fences {
+                    s.epochs[0] += SEIZE_RAISE;
+                }
+                let epoch = s.epochs[0];
+                s.holder = Some((GUARD, inc));
+                s.lease_live = true;
+                s.hold = Some((inc, true));
+                s.guard.step = match self.fixes.seize_fences && self.buckets > 1 {
+                    true => Count::Fencing { next: 1, epoch },
+                    false => Count::Reading {
+                        next: 0,
+                        tally: Tally::default(),
+                    },
+                };
+            }
+            Action::Fence => {
+                let Count::Fencing { next, epoch } = s.guard.step else {
+                    return true;
+                };
+                let seen = &mut s.epochs[next as usize];
+                *seen = (*seen).max(epoch);
+                s.guard.step = match next + 1 == self.buckets {
+                    true => Count::Reading {
+                        next: 0,
+                        tally: Tally::default(),
+                    },
+                    false => Count::Fencing {
+                        next: next + 1,
+                        epoch,
+                    },
+                };
+            }
+            Action::Read => {
+                if let Count::Reading { next, tally } = s.guard.step {
+                    self.read(s, next, tally);
+                }
+            }
+            Action::Repair => {
+                let (Count::Counted { tally }, Some(b)) = (s.guard.step, s.paused) else {
+                    return true;
+                };
+                // MySQL's free units less every unit elsewhere.
+                let share = self
+                    .units
+                    .saturating_sub(tally.sold)
+                    .saturating_sub(tally.transit)
+                    .saturating_sub(tally.pool)
+                    .saturating_sub(tally.others);
+                let stock = &mut s.sides[b as usize].units;
+                // Low: held back. High: units made (the property breaks).
+                s.held_back += stock.saturating_sub(share);
+                *stock = share;
+                s.paused = None;
+                s.guard.step = Count::Unseizing;
+            }
+            Action::Unseize => {
+                if s.hold.is_some_and(|(owner, _)| owner == inc) {
+                    s.hold = None;
+                }
+                if s.holder == Some((GUARD, inc)) {
+                    s.holder = None;
+                    s.lease_live = false;
+                }
+                s.guard.step = after_hold(s);
+            }
+            Action::GuardCrash => {
+                s.crashes -= 1;
+                s.guard.incarnation += 1;
+                s.guard.step = after_hold(s);
+            }
+            Action::HoldLapse => {
+                let Some((owner, _)) = s.hold else {
+                    return true;
+                };
+                if owner == inc {
+                    s.lapses -= 1;
+                }
+                s.hold = Some((owner, false));
+                // The seize's lease runs out with it.
+                if s.holder == Some((GUARD, owner)) {
+                    s.lease_live = false;
+                }
+            }
+            _ => return false,
+        }
+        true
     }
 
     /// Every transfer still open, completed as a mover's round completes
@@ -581,17 +931,17 @@ impl Model for Moving {
                 }
             }
         }
-        let dead = s
-            .holder
-            .is_some_and(|(m, inc)| s.movers[m as usize].incarnation != inc);
-        if s.lease_live && (dead || s.lapses > 0) {
+        // The seize's lease runs out with its hold (HoldLapse).
+        let mover_holds = s.holder.is_some_and(|(m, _)| m != GUARD);
+        if s.lease_live && mover_holds && (s.holder_dead() || s.lapses > 0) {
             actions.push(Action::Lapse);
         }
         for b in 1..self.buckets + 1 {
-            if s.sides[b as usize].units > 0 {
+            if s.sides[b as usize].units > 0 && !s.paused_at(b) {
                 actions.push(Action::Sell(b));
             }
         }
+        self.guard_actions(s, actions);
         if s.wire.is_some() {
             actions.push(Action::Deliver);
         }
@@ -614,10 +964,14 @@ impl Model for Moving {
         if let Some(m) = acting {
             s.movers[m as usize].answer_pending = false;
         }
+        if self.guard_step(&mut s, action) {
+            return Some(s);
+        }
         match action {
             Action::Lease(m) => {
-                if s.lease_live && !s.holds(m) {
-                    // Another owner's live lease: refused.
+                if s.hold_live() || s.lease_live && !s.holds(m) {
+                    // A hold keeps any mover from taking or renewing it.
+                    // Or another owner's live lease: refused.
                     return Some(s);
                 }
                 if !s.holds(m) {
@@ -697,10 +1051,7 @@ impl Model for Moving {
                 };
             }
             Action::Lapse => {
-                let dead = s
-                    .holder
-                    .is_some_and(|(m, inc)| s.movers[m as usize].incarnation != inc);
-                if !dead {
+                if !s.holder_dead() {
                     s.lapses -= 1;
                 }
                 s.lease_live = false;
@@ -721,6 +1072,15 @@ impl Model for Moving {
                 mover.answer_pending = false;
                 mover.step = Step::after(call, answer);
             }
+            // The guard's, taken above.
+            Action::Pause(_)
+            | Action::Seize
+            | Action::Fence
+            | Action::Read
+            | Action::Repair
+            | Action::Unseize
+            | Action::GuardCrash
+            | Action::HoldLapse => return None,
         }
         Some(s)
     }
@@ -728,9 +1088,11 @@ impl Model for Moving {
     fn properties(&self) -> Vec<Property<Self>> {
         // The demarcation rule: a unit is in one place at every instant,
         // so none is sold twice and none is lost.
+        // A count that comes out low holds units back; one that comes out
+        // high makes them, and this breaks.
         vec![Property::<Self>::always(
-            "units conserved (free + in transit + sold = total)",
-            |m, s| s.free() + s.in_transit() + s.sold == m.units,
+            "units conserved (free + in transit + sold + held back = total)",
+            |m, s| s.free() + s.in_transit() + s.sold + s.held_back == m.units,
         )]
     }
 }

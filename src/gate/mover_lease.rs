@@ -49,25 +49,46 @@ pub async fn seize(
     let Some(first) = gates.first() else {
         return Ok(None);
     };
-    let epoch: u64 = call(first, true, "seize", owner)
-        .arg(lease.as_millis().max(1) as u64)
-        .invoke_async(conn)
-        .await?;
-    if epoch == 0 {
+    let Some(epoch) = hold_still(conn, first, owner, lease).await? else {
         return Ok(None);
-    }
+    };
     for keys in gates {
-        let fenced: redis::RedisResult<u64> = call(keys, false, "fence", owner)
-            .arg(epoch)
-            .invoke_async(conn)
-            .await;
-        if let Err(e) = fenced {
+        if let Err(e) = fence(conn, keys, owner, epoch).await {
             // Half fenced is no hold: the mover may move again.
             unseize(conn, first, owner).await.ok();
-            return Err(e.into());
+            return Err(e);
         }
     }
     Ok(Some(epoch))
+}
+
+/// The seize's first step (lua/mover_lease.lua seize): the hold, and
+/// bucket 0's epoch raised far; None while another holds the mover still.
+pub async fn hold_still(
+    conn: &mut impl ConnectionLike,
+    bucket0: &VoucherKeys,
+    owner: &str,
+    lease: Duration,
+) -> Result<Option<u64>> {
+    let epoch: u64 = call(bucket0, true, "seize", owner)
+        .arg(lease.as_millis().max(1) as u64)
+        .invoke_async(conn)
+        .await?;
+    Ok((epoch > 0).then_some(epoch))
+}
+
+/// The seize's step for each bucket (lua/mover_lease.lua fence): its
+/// epoch raised to `epoch`; the gate's epoch now (0: not loaded).
+pub async fn fence(
+    conn: &mut impl ConnectionLike,
+    keys: &VoucherKeys,
+    owner: &str,
+    epoch: u64,
+) -> Result<u64> {
+    Ok(call(keys, false, "fence", owner)
+        .arg(epoch)
+        .invoke_async(conn)
+        .await?)
 }
 
 /// Takes or renews the voucher's mover lease as `owner` for `lease`, at

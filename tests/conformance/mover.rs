@@ -12,6 +12,15 @@
 //! A lease running out is its expiry moved to the past; a killed mover's
 //! next incarnation has an owner token of its own; a call delivered twice
 //! is the same step run again with the same arguments.
+//!
+//! The gate guard's rebuild of a bucket: `gate::pause::pause`, then
+//! `mover_lease::hold_still` and `fence` per bucket (the two halves of
+//! `mover_lease::seize`), each of the count's reads taken with the
+//! function `reconcile::buckets::read_bucket` reads with
+//! (`transfer::in_transit`, the pool's and a bucket's stock, the hold's
+//! `mover_lease::holds`) and its value held to the model's; the repair
+//! writes the model's count as the stock (reconcile's repair is not what
+//! runs here) and reopens with `gate::pause::reopen`; `mover_lease::unseize`.
 
 use std::collections::HashMap;
 
@@ -19,13 +28,15 @@ use redis::AsyncCommands;
 use seckill::gate::admission::{self, Admission};
 use seckill::gate::buckets::{bucket_of, Layout};
 use seckill::gate::mover_lease;
+use seckill::gate::pause::{self, PauseReason, Paused, Reopened};
 use seckill::gate::transfer::{
     self, Given, Landing as RealLanding, Settled, Side as RealSide, Taken,
 };
 use seckill::store::keys::VoucherKeys;
 use seckill::store::redis_conn::Redis;
 use seckill_model::mover::{
-    Action, Answer, Call, Fixes, Landing, Moving, Refusal, Side, State, Step,
+    Action, Answer, Call, Count, Fixes, Landing, Moving, Read, Refusal, Settlement, Side, State,
+    Step, GUARD, SEIZE_RAISE,
 };
 use seckill_model::Model;
 
@@ -39,10 +50,13 @@ pub const SCRIPTS_DRIVEN: &[&str] = &[
     "transfer_give.lua",   // Give
     "transfer_settle.lua", // Settle
     "transfer_void.lua",   // Complete
+    "pause.lua",           // Pause, Repair
 ];
 
 const FIRST_VOUCHER: u64 = 100_000;
 const STEPS: usize = 80;
+/// Steps after those that only finish what is in hand.
+const DRAIN: usize = 40;
 /// Walks in every CI run (about 10 s).
 const WALKS: u64 = 100;
 const BUCKETS: u32 = 2;
@@ -63,6 +77,7 @@ fn moving() -> Moving {
         crashes: 2,
         lapses: 2,
         duplicates: 4,
+        rebuilds: 2,
         fixes: Fixes::CODE,
     }
 }
@@ -94,9 +109,19 @@ fn model_landing(l: RealLanding) -> Landing {
     }
 }
 
-/// A mover's owner token: its own per incarnation.
+/// A mover's owner token: its own per incarnation; the guard's for
+/// `GUARD`.
 fn owner(mover: u8, incarnation: u8) -> String {
-    format!("conformance-m{mover}.{incarnation}")
+    match mover {
+        GUARD => format!("conformance-guard.{incarnation}"),
+        m => format!("conformance-m{m}.{incarnation}"),
+    }
+}
+
+/// A model epoch as the scripts count it: a seize raises by 2^20
+/// (lua/mover_lease.lua), the model by `SEIZE_RAISE`.
+fn real_epoch(epoch: u8) -> u64 {
+    u64::from(epoch / SEIZE_RAISE) * (1 << 20) + u64::from(epoch % SEIZE_RAISE)
 }
 
 impl Real {
@@ -136,7 +161,7 @@ impl Real {
                     real_id(id),
                     u64::from(want),
                     1,
-                    u64::from(epoch),
+                    real_epoch(epoch),
                 )
                 .await
                 .map_err(|e| e.to_string())?;
@@ -145,6 +170,7 @@ impl Real {
                     Taken::StaleId => Err(Refusal::StaleId),
                     Taken::Fenced(_) => Err(Refusal::Fenced),
                     Taken::Short(_) => Err(Refusal::Short),
+                    Taken::Paused => Err(Refusal::Paused),
                     other => return unexpected(format!("{other:?}")),
                 })
             }
@@ -160,7 +186,7 @@ impl Real {
                     self.side(to),
                     real_id(id),
                     u64::from(units),
-                    u64::from(epoch),
+                    real_epoch(epoch),
                     &[],
                 )
                 .await
@@ -170,6 +196,7 @@ impl Real {
                 Answer::Landed(match given.landing() {
                     Some(landing) => Ok(model_landing(landing)),
                     None if matches!(given, Given::Fenced(_)) => Err(Refusal::Fenced),
+                    None if given == Given::Paused => Err(Refusal::Paused),
                     None => return unexpected(format!("{given:?}")),
                 })
             }
@@ -180,10 +207,10 @@ impl Real {
                         .map_err(|e| e.to_string())?;
                 Answer::Settled(match settled {
                     Settled::Done { units_back } => {
-                        Some(u8::try_from(units_back).map_err(|e| e.to_string())?)
+                        Settlement::Back(u8::try_from(units_back).map_err(|e| e.to_string())?)
                     }
-                    Settled::NoRecord => None,
-                    Settled::Paused => return unexpected("paused".into()),
+                    Settled::NoRecord => Settlement::NoRecord,
+                    Settled::Paused => Settlement::Paused,
                 })
             }
             Call::Void { to, id, .. } => Answer::Landed(Ok(model_landing(
@@ -277,7 +304,7 @@ impl Real {
                         .map_err(|e| e.to_string())?;
                 let expected = match after.movers[m as usize].epoch {
                     0 => None,
-                    e => Some(u64::from(e)),
+                    e => Some(real_epoch(e)),
                 };
                 if epoch != expected {
                     return Err(format!(
@@ -317,15 +344,163 @@ impl Real {
                     .await
                     .map_err(|e| e.to_string())?;
             }
+            Action::Pause(side) => {
+                let keys = &self.gates[side as usize - 1];
+                let conn = &mut self.redis.clone();
+                let paused = pause::pause(
+                    conn,
+                    keys,
+                    None,
+                    std::time::Duration::ZERO,
+                    PauseReason::RedisLostWrites,
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+                if paused != Paused::Now {
+                    return Err(format!("the pause answered {paused:?}"));
+                }
+            }
+            Action::Seize => {
+                let guard = owner(GUARD, before.guard.incarnation);
+                let conn = &mut self.redis.clone();
+                let epoch = mover_lease::hold_still(conn, &self.gates[0], &guard, LEASE)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let expected = match after.guard.step {
+                    Count::Seizing => None,
+                    _ => Some(real_epoch(after.epochs[0])),
+                };
+                if epoch != expected {
+                    return Err(format!(
+                        "the seize answered {epoch:?}; the model {expected:?}"
+                    ));
+                }
+            }
+            Action::Fence => {
+                let Count::Fencing { next, epoch } = before.guard.step else {
+                    return Err("a fence with no seize".into());
+                };
+                let guard = owner(GUARD, before.guard.incarnation);
+                let conn = &mut self.redis.clone();
+                let seen =
+                    mover_lease::fence(conn, &self.gates[next as usize], &guard, real_epoch(epoch))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                let expected = real_epoch(after.epochs[next as usize]);
+                if seen != expected {
+                    return Err(format!("the fence answered {seen}; the model {expected}"));
+                }
+            }
+            Action::Read => self.read(before).await?,
+            Action::Repair => {
+                let side = before.paused.ok_or("a repair with no bucket paused")?;
+                let keys = self.gates[side as usize - 1].clone();
+                let share = i64::from(after.sides[side as usize].units);
+                let _: () = self
+                    .redis
+                    .set(keys.stock(), share)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let conn = &mut self.redis.clone();
+                let reopened = pause::reopen(conn, &keys, 0, None)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if reopened != Reopened::Now {
+                    return Err(format!("the reopen answered {reopened:?}"));
+                }
+            }
+            Action::Unseize => {
+                let guard = owner(GUARD, before.guard.incarnation);
+                let conn = &mut self.redis.clone();
+                mover_lease::unseize(conn, &self.gates[0], &guard)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            Action::HoldLapse => {
+                // The hold's expiry, and its seize's lease if no mover took
+                // it since, moved to the past.
+                let (inc, _) = before.hold.ok_or("the model has no hold")?;
+                let guard = owner(GUARD, inc);
+                let _: () = self
+                    .redis
+                    .zadd(self.gates[0].mover_holds(), &guard, 1)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if before.holder == Some((GUARD, inc)) {
+                    let _: () = self
+                        .redis
+                        .hset(self.gates[0].meta(), "mover", format!("{guard} 1"))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
+            }
             // No script: the process's own memory, or a copy put on the
             // wire.
             Action::EndRound(_)
             | Action::Complete { .. }
             | Action::Crash(_)
+            | Action::GuardCrash
             | Action::Duplicate(_) => {}
             other => return Err(format!("{other:?} has no call in the model")),
         }
         Ok(())
+    }
+
+    /// The count's next read, taken as `read_bucket` takes it, held to the
+    /// model's.
+    async fn read(&mut self, before: &State) -> Result<(), String> {
+        let (Count::Reading { next, .. }, Some(side)) = (before.guard.step, before.paused) else {
+            return Err("a read with no count in hand".into());
+        };
+        let read = moving().reads(side)[next as usize];
+        let conn = &mut self.redis.clone();
+        let (got, modelled) = match read {
+            Read::TransitAndPool | Read::Again => {
+                let transit = transfer::in_transit(conn, &self.gates)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let pool = self.number(&self.gates[0].pool()).await?;
+                (
+                    (transit as i64, pool),
+                    (
+                        i64::from(before.in_transit()),
+                        i64::from(before.sides[0].units),
+                    ),
+                )
+            }
+            Read::Bucket(k) => (
+                (self.number(&self.gates[k as usize - 1].stock()).await?, 0),
+                (i64::from(before.sides[k as usize].units), 0),
+            ),
+            Read::Mysql => ((self.sold().await? as i64, 0), (i64::from(before.sold), 0)),
+            Read::Hold => {
+                let guard = owner(GUARD, before.guard.incarnation);
+                let live = mover_lease::holds(conn, &self.gates[0], &guard)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let modelled = before.hold == Some((before.guard.incarnation, true));
+                ((i64::from(live), 0), (i64::from(modelled), 0))
+            }
+        };
+        if got != modelled {
+            return Err(format!("{read:?} read {got:?}; the model {modelled:?}"));
+        }
+        Ok(())
+    }
+
+    /// Units sold: the buyers of every bucket (the walk's sales are
+    /// admissions).
+    async fn sold(&mut self) -> Result<u64, String> {
+        let mut sold = 0;
+        for keys in &self.gates {
+            let buyers: u64 = self
+                .redis
+                .scard(keys.buyers())
+                .await
+                .map_err(|e| e.to_string())?;
+            sold += buyers;
+        }
+        Ok(sold)
     }
 
     async fn number(&mut self, key: &str) -> Result<i64, String> {
@@ -405,30 +580,55 @@ impl Real {
                 ));
             }
         }
-        let mut sold = 0;
-        for (b, keys) in self.gates.iter().enumerate() {
+        for (b, keys) in self.gates.clone().iter().enumerate() {
             let epoch: Option<u64> = self
                 .redis
                 .hget(keys.meta(), "mover_epoch")
                 .await
                 .map_err(|e| e.to_string())?;
-            if epoch.unwrap_or(0) != u64::from(s.epochs[b]) {
+            if epoch.unwrap_or(0) != real_epoch(s.epochs[b]) {
                 return Err(format!(
                     "bucket {b}: mover_epoch {epoch:?}; the model {}",
-                    s.epochs[b]
+                    real_epoch(s.epochs[b])
                 ));
             }
-            let buyers: u64 = self
-                .redis
-                .scard(keys.buyers())
+            let conn = &mut self.redis.clone();
+            let paused = pause::is_paused(conn, keys)
                 .await
                 .map_err(|e| e.to_string())?;
-            sold += buyers;
+            if paused != (s.paused == Some(b as u8 + 1)) {
+                return Err(format!(
+                    "bucket {b}: paused {paused}; the model {:?}",
+                    s.paused
+                ));
+            }
         }
+        let sold = self.sold().await?;
         if sold != u64::from(s.sold) {
             return Err(format!("{sold} sold; the model {}", s.sold));
         }
-        self.compare_holder(s).await
+        self.compare_holder(s).await?;
+        self.compare_hold(s).await
+    }
+
+    /// The live holds on the mover against the model's.
+    async fn compare_hold(&mut self, s: &State) -> Result<(), String> {
+        let now = common::redis_now_ms(&mut self.redis)
+            .await
+            .map_err(|e| e.to_string())?;
+        let holds: Vec<String> = self
+            .redis
+            .zrangebyscore(self.gates[0].mover_holds(), now + 1, "+inf")
+            .await
+            .map_err(|e| e.to_string())?;
+        let modelled: Vec<String> = match s.hold {
+            Some((inc, true)) => vec![owner(GUARD, inc)],
+            _ => vec![],
+        };
+        if holds != modelled {
+            return Err(format!("live holds {holds:?}; the model {modelled:?}"));
+        }
+        Ok(())
     }
 
     async fn compare_holder(&mut self, s: &State) -> Result<(), String> {
@@ -477,9 +677,31 @@ async fn walk(env: &TestEnv, seed: u64, seen: &mut Seen) -> Result<(), String> {
     let mut taken = vec![];
     let result = async {
         real.compare(&state).await?;
-        for _ in 0..STEPS {
+        for step in 0..STEPS + DRAIN {
             let mut actions = vec![];
             model.actions(&state, &mut actions);
+            if step >= STEPS {
+                // Moves and rebuilds in hand finished, nothing new begun,
+                // so that the walk ends at rest.
+                if state.quiet() {
+                    break;
+                }
+                actions.retain(|a| {
+                    matches!(
+                        a,
+                        Action::Give(_)
+                            | Action::Settle(_)
+                            | Action::Void(_)
+                            | Action::Deliver
+                            | Action::Seize
+                            | Action::Fence
+                            | Action::Read
+                            | Action::Repair
+                            | Action::Unseize
+                            | Action::HoldLapse
+                    )
+                });
+            }
             // Nothing left but rounds that find nothing to do.
             if actions
                 .iter()
@@ -551,6 +773,12 @@ fn note(before: &State, action: Action, after: &State, seen: &mut Seen) {
             format!("{script} {:?}", before.clone().call(moving().fixes, call))
         }
         (Action::Lease(m), None) if after.movers[m as usize].epoch == 0 => "Lease refused".into(),
+        (Action::Seize, None) if after.guard.step == Count::Seizing => "Seize refused".into(),
+        (Action::Read, None) => match after.guard.step {
+            Count::Reading { next: 0, .. } => "Read moved: read again".into(),
+            Count::Unseizing => "Read hold lost".into(),
+            _ => return,
+        },
         _ => return,
     };
     *seen.answers.entry(answer).or_default() += 1;
@@ -589,6 +817,14 @@ async fn random_walks_of_the_mover_s_model_match_the_transfer_scripts() {
         "Duplicate",
         "Deliver",
         "Again",
+        "Pause",
+        "Seize",
+        "Fence",
+        "Read",
+        "Repair",
+        "Unseize",
+        "GuardCrash",
+        "HoldLapse",
     ] {
         assert!(
             seen.actions.get(name).copied().unwrap_or(0) > 0,
@@ -605,7 +841,13 @@ async fn random_walks_of_the_mover_s_model_match_the_transfer_scripts() {
         "Give Landed(Ok(Void))",
         "Void Landed(Ok(Void))",
         "Void Landed(Ok(Given))",
-        "Settle Settled(None)",
+        "Settle Settled(NoRecord)",
+        "Take Taken(Err(Paused))",
+        "Give Landed(Err(Paused))",
+        "Settle Settled(Paused)",
+        "Seize refused",
+        "Read moved: read again",
+        "Read hold lost",
         "Lease refused",
     ] {
         assert!(
