@@ -112,6 +112,10 @@ pub struct Moving {
     pub fixes: Fixes,
 }
 
+/// A mover epoch (a seize raises it by `SEIZE_RAISE` each time, and a
+/// count seizes again at each attempt).
+pub type Epoch = u16;
+
 /// A side of a transfer: 0 is the pool, 1 + b is bucket b.
 pub type Side = u8;
 pub const POOL: Side = 0;
@@ -152,14 +156,14 @@ pub enum Call {
         to: Side,
         id: u8,
         want: u8,
-        epoch: u8,
+        epoch: Epoch,
     },
     Give {
         from: Side,
         to: Side,
         id: u8,
         units: u8,
-        epoch: u8,
+        epoch: Epoch,
     },
     Settle {
         from: Side,
@@ -261,7 +265,7 @@ pub struct Mover {
     pub incarnation: u8,
     /// The epoch of the lease this round runs under; 0: no round (the
     /// next one takes or renews the lease first).
-    pub epoch: u8,
+    pub epoch: Epoch,
     pub step: Step,
     /// Its last script call, which the wire may deliver again.
     pub last_call: Option<Call>,
@@ -275,7 +279,7 @@ pub const GUARD: u8 = u8::MAX;
 
 /// How far a seize raises bucket 0's epoch (2^20 in lua/mover_lease.lua):
 /// above any a mover holds within the bounds.
-pub const SEIZE_RAISE: u8 = 16;
+pub const SEIZE_RAISE: Epoch = 16;
 
 /// A read of the guard's count of a paused bucket, in the order
 /// src/reconcile/buckets.rs `read_bucket` takes them.
@@ -312,7 +316,7 @@ pub enum Count {
     /// A bucket paused: the seize next.
     Seizing,
     /// Seized at `epoch`: bucket `next`'s fence next.
-    Fencing { next: u8, epoch: u8 },
+    Fencing { next: u8, epoch: Epoch },
     /// Read `next` of the count's reads next.
     Reading { next: u8, tally: Tally },
     /// Every read taken: the stock written and the gate reopened next.
@@ -333,7 +337,7 @@ pub struct State {
     /// The pool, then each bucket.
     pub sides: Vec<Holding>,
     /// Each bucket's meta `mover_epoch` (the pool's is bucket 0's).
-    pub epochs: Vec<u8>,
+    pub epochs: Vec<Epoch>,
     /// The lease's holder (bucket 0's meta `mover`): a mover and its
     /// incarnation; None before the first.
     pub holder: Option<(u8, u8)>,
@@ -454,16 +458,16 @@ impl State {
     }
 
     /// The epoch a side's meta has seen.
-    pub fn epoch_of(&self, side: Side) -> u8 {
+    pub fn epoch_of(&self, side: Side) -> Epoch {
         self.epochs[meta_of(side)]
     }
 
-    fn see_epoch(&mut self, side: Side, epoch: u8) {
+    fn see_epoch(&mut self, side: Side, epoch: Epoch) {
         let seen = &mut self.epochs[meta_of(side)];
         *seen = (*seen).max(epoch);
     }
 
-    fn fenced(&self, fixes: Fixes, side: Side, epoch: u8) -> bool {
+    fn fenced(&self, fixes: Fixes, side: Side, epoch: Epoch) -> bool {
         fixes.epoch_fence && epoch < self.epoch_of(side)
     }
 
@@ -497,7 +501,15 @@ impl State {
     }
 
     /// lua/transfer_take.lua.
-    fn take(&mut self, fixes: Fixes, from: Side, to: Side, id: u8, want: u8, epoch: u8) -> Answer {
+    fn take(
+        &mut self,
+        fixes: Fixes,
+        from: Side,
+        to: Side,
+        id: u8,
+        want: u8,
+        epoch: Epoch,
+    ) -> Answer {
         let giver = &self.sides[from as usize];
         if let Some(r) = giver.open_record(id) {
             return Answer::Taken(Ok(r.units));
@@ -525,7 +537,7 @@ impl State {
     }
 
     /// lua/transfer_give.lua.
-    fn give(&mut self, fixes: Fixes, to: Side, id: u8, units: u8, epoch: u8) -> Answer {
+    fn give(&mut self, fixes: Fixes, to: Side, id: u8, units: u8, epoch: Epoch) -> Answer {
         if let Some(prior) = self.sides[to as usize].landing(id) {
             return Answer::Landed(Ok(prior));
         }
@@ -704,16 +716,14 @@ impl Moving {
             Read::Mysql => tally.sold = s.sold,
             Read::Again => {
                 if (s.in_transit(), s.sides[POOL as usize].units) != (tally.transit, tally.pool) {
-                    s.guard.step = Count::Reading {
-                        next: 0,
-                        tally: Tally::default(),
-                    };
+                    // Moved: the next attempt seizes again (`Target::read`).
+                    s.guard.step = Count::Seizing;
                     return;
                 }
             }
             Read::Hold => {
                 if s.hold != Some((s.guard.incarnation, true)) {
-                    s.guard.step = Count::Unseizing;
+                    s.guard.step = Count::Seizing;
                     return;
                 }
             }
@@ -817,8 +827,13 @@ impl Moving {
                     .saturating_sub(tally.pool)
                     .saturating_sub(tally.others);
                 let stock = &mut s.sides[b as usize].units;
-                // Low: held back. High: units made (the property breaks).
-                s.held_back += stock.saturating_sub(share);
+                // Low: held back. High: what an earlier count held back
+                // comes back (a recount); beyond that, units made (the
+                // property breaks).
+                match share <= *stock {
+                    true => s.held_back += *stock - share,
+                    false => s.held_back -= (share - *stock).min(s.held_back),
+                }
                 *stock = share;
                 s.paused = None;
                 s.guard.step = Count::Unseizing;

@@ -106,6 +106,13 @@ fn sizes() {
             },
         ),
         (
+            "count, 2 rebuilds",
+            Moving {
+                rebuilds: 2,
+                ..ci_counting(code)
+            },
+        ),
+        (
             "count, a call delivered twice",
             Moving {
                 duplicates: 1,

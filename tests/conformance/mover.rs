@@ -35,8 +35,8 @@ use seckill::gate::transfer::{
 use seckill::store::keys::VoucherKeys;
 use seckill::store::redis_conn::Redis;
 use seckill_model::mover::{
-    Action, Answer, Call, Count, Fixes, Landing, Moving, Read, Refusal, Settlement, Side, State,
-    Step, GUARD, SEIZE_RAISE,
+    Action, Answer, Call, Count, Epoch, Fixes, Landing, Moving, Read, Refusal, Settlement, Side,
+    State, Step, GUARD, SEIZE_RAISE,
 };
 use seckill_model::Model;
 
@@ -120,7 +120,7 @@ fn owner(mover: u8, incarnation: u8) -> String {
 
 /// A model epoch as the scripts count it: a seize raises by 2^20
 /// (lua/mover_lease.lua), the model by `SEIZE_RAISE`.
-fn real_epoch(epoch: u8) -> u64 {
+fn real_epoch(epoch: Epoch) -> u64 {
     u64::from(epoch / SEIZE_RAISE) * (1 << 20) + u64::from(epoch % SEIZE_RAISE)
 }
 
@@ -774,9 +774,14 @@ fn note(before: &State, action: Action, after: &State, seen: &mut Seen) {
         }
         (Action::Lease(m), None) if after.movers[m as usize].epoch == 0 => "Lease refused".into(),
         (Action::Seize, None) if after.guard.step == Count::Seizing => "Seize refused".into(),
-        (Action::Read, None) => match after.guard.step {
-            Count::Reading { next: 0, .. } => "Read moved: read again".into(),
-            Count::Unseizing => "Read hold lost".into(),
+        // A count that starts again with a seize: what its read found.
+        (Action::Read, None) => match (before.guard.step, before.paused, after.guard.step) {
+            (Count::Reading { next, .. }, Some(side), Count::Seizing) => {
+                match moving().reads(side)[next as usize] {
+                    Read::Again => "Read moved: seized again".into(),
+                    _ => "Read hold lost: seized again".into(),
+                }
+            }
             _ => return,
         },
         _ => return,
@@ -846,8 +851,8 @@ async fn random_walks_of_the_mover_s_model_match_the_transfer_scripts() {
         "Give Landed(Err(Paused))",
         "Settle Settled(Paused)",
         "Seize refused",
-        "Read moved: read again",
-        "Read hold lost",
+        "Read moved: seized again",
+        "Read hold lost: seized again",
         "Lease refused",
     ] {
         assert!(
