@@ -1269,3 +1269,86 @@ async fn a_request_admitted_past_mysql_s_stock_keeps_the_gate_shut_until_it_sett
     assert_invariants(&env, 1).await;
     env.cleanup().await;
 }
+
+/// Found by the checked model (finding M2, docs/src/concepts/checked-model.md):
+/// Redis loses a batch's entries after the keep-alive's last tick and
+/// before the batch's commit (a restart in that window). The guard has
+/// paused the gate and read its view before the commit. The commit used
+/// to pause nothing, since no tick had seen the loss, so that view, once
+/// the grace ended, could reopen the gate without the committed orders'
+/// units. The commit now looks at the batch first and pauses the gate
+/// again, which makes every view read before it too old to reopen on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_redis_lost_after_its_last_tick_pauses_the_gate_again_at_its_commit() {
+    use seckill::gate::pause::{self, PauseReason};
+    use seckill::store::keys::VoucherKeys;
+    use seckill::worker::group;
+    use seckill::worker::keepalive::{self, Ticker};
+    use seckill::worker::lock::LockOwner;
+    use seckill::worker::WorkerStats;
+    use std::sync::Arc;
+
+    const V: u64 = 1;
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 10).await;
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.new_redis_connection().await;
+    group::ensure_group(&mut redis, &keys).await.unwrap();
+    env.admit_users(V, 1, 0).await;
+    let read = group::read_new(&mut redis, &[(V, keys.orders())], "w1", 10, None)
+        .await
+        .unwrap();
+    let batch: Vec<_> = read.into_iter().flat_map(|(_, d)| d).collect();
+    assert_eq!(batch.len(), 1);
+    let owner = LockOwner {
+        token: "w1".into(),
+        lease: Duration::from_secs(60),
+    };
+    let alive = keepalive::start(
+        Ticker {
+            cfg: Arc::new(env.cfg.clone()),
+            conn: redis.clone(),
+            keys: keys.clone(),
+            consumer: "w1".into(),
+            entry_ids: batch.iter().map(|d| d.raw.entry_id.clone()).collect(),
+            owner,
+            stats: Arc::new(WorkerStats::default()),
+        },
+        // It ticks when told, never by itself.
+        Duration::from_secs(86_400),
+    );
+    // The last tick before the loss finds the batch.
+    alive.confirm_within(Duration::ZERO).await;
+    // Redis comes back without the entry (its stream as it was before the
+    // admission), and the guard pauses the gate and reads its view.
+    let _: () = redis.del(keys.orders()).await.unwrap();
+    group::ensure_group(&mut redis, &keys).await.unwrap();
+    pause::pause(
+        &mut redis,
+        &keys,
+        None,
+        Duration::ZERO,
+        PauseReason::RedisLostWrites,
+    )
+    .await
+    .unwrap();
+    let token_of_view: Option<String> = redis.hget(keys.meta(), "pause_token").await.unwrap();
+    // The batch's order is committed in MySQL (its one order inserted).
+    alive.committed(1).await;
+    let token_now: Option<String> = redis.hget(keys.meta(), "pause_token").await.unwrap();
+    assert!(
+        pause::is_paused(&mut redis, &keys).await.unwrap(),
+        "the gate was reopened"
+    );
+    assert_ne!(
+        token_now, token_of_view,
+        "the commit did not pause the gate again: a view read before it may reopen it"
+    );
+    assert!(
+        pause::is_held(&mut redis, &keys).await.unwrap(),
+        "the batch holds the gate until it is finished"
+    );
+    alive.finish().await;
+    assert!(!pause::is_held(&mut redis, &keys).await.unwrap());
+    env.cleanup().await;
+}

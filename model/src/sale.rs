@@ -47,6 +47,13 @@ pub struct Fixes {
     /// not only when the gate counts fewer buyers than MySQL has orders
     /// (src/worker/guard.rs: E19).
     pub run_id_sign: bool,
+    /// The commit's keep-alive looks at the batch again before it counts
+    /// as committed (src/worker/keepalive.rs `committed`, the model's
+    /// finding M2): without it, Redis losing the batch after the last tick
+    /// goes unseen, the commit pauses nothing, and a guard's view read
+    /// before the commit reopens the gate once the grace ends, without the
+    /// committed orders' units.
+    pub commit_looks_again: bool,
 }
 
 impl Fixes {
@@ -59,6 +66,7 @@ impl Fixes {
         spoken_for: true,
         reopen_waits_while_owed: true,
         run_id_sign: true,
+        commit_looks_again: true,
     };
 }
 
@@ -231,6 +239,10 @@ pub struct State {
     /// the grace (a lease) is longer than a tick's period (a third of
     /// it), the one timing the model takes from the code.
     pub grace_waits_tick: bool,
+    /// A keep-alive tick found the batch in hand lost before its commit
+    /// (src/worker/keepalive.rs `Standing::lost`): only then does the
+    /// commit pause the gate.
+    pub lost_seen: bool,
     pub told: Vec<Told>,
     pub presses: Vec<u8>,
     /// Orders whose payment deadline passed.
@@ -427,6 +439,7 @@ impl Sale {
             guard: Guard::Idle,
             guard_run: 0,
             grace_waits_tick: false,
+            lost_seen: false,
             told: vec![Told::Nothing; self.users as usize],
             presses: vec![self.presses; self.users as usize],
             due: vec![],
@@ -494,12 +507,27 @@ impl Sale {
     /// hold the gate (paused, a hold).
     fn hold_if_lost(&self, s: &mut State) {
         s.grace_waits_tick = false;
+        // The tick's XCLAIM takes the batch's entries back from whoever
+        // they are pending with (after a rollback: an earlier
+        // incarnation).
+        let me = s.incarnation;
+        let batch: Vec<u8> = s.in_hand().iter().map(|(o, _)| *o).collect();
+        for e in s.redis.entries.iter_mut() {
+            if batch.contains(&e.order) && matches!(e.delivery, Delivery::Pending(_)) {
+                e.delivery = Delivery::Pending(me);
+            }
+        }
         if !self.fixes.hold_batch_in_hand {
             return;
         }
-        if s.batch_lost() {
+        // Seen lost only before the commit; once seen, held each tick.
+        let committed = matches!(s.batch, Batch::Committed { .. });
+        if s.batch_lost() && !committed {
+            s.lost_seen = true;
+        }
+        if s.lost_seen {
             add(&mut s.redis.holds, s.incarnation);
-            if !s.redis.paused {
+            if !s.redis.paused && !committed {
                 self.pause(s);
             }
         }
@@ -723,8 +751,12 @@ impl Model for Sale {
                     });
                 }
                 s.mysql.orders.sort();
-                // Still the batch in hand (InTx) until replaced below.
-                let lost = !inserted.is_empty() && s.batch_lost();
+                // KeepAlive::committed: a look first (a tick, the batch not
+                // yet committed), then lost as the ticks saw it.
+                if self.fixes.commit_looks_again && !inserted.is_empty() && !s.lost_seen {
+                    self.hold_if_lost(&mut s);
+                }
+                let lost = !inserted.is_empty() && s.lost_seen;
                 let deadlines = batch
                     .iter()
                     .map(|(o, _)| *o)
@@ -761,8 +793,11 @@ impl Model for Sale {
                     s.redis.timeouts.push((order, false));
                 }
                 s.redis.timeouts.sort();
+                // XACK takes an entry out of the pending list whoever it
+                // is pending with: after a rollback, the batch's entry may
+                // be pending again with the incarnation that read it first.
                 for e in s.redis.entries.iter_mut() {
-                    if e.delivery == Delivery::Pending(me)
+                    if matches!(e.delivery, Delivery::Pending(_))
                         && batch.iter().any(|(o, _)| *o == e.order)
                     {
                         e.delivery = Delivery::Acked;
@@ -771,6 +806,7 @@ impl Model for Sale {
                 remove(&mut s.redis.holds, me);
                 s.batch = Batch::Idle;
                 s.grace_waits_tick = false;
+                s.lost_seen = false;
             }
             Action::Crash => {
                 s.crashes -= 1;
@@ -780,6 +816,7 @@ impl Model for Sale {
                 s.guard = Guard::Idle;
                 s.guard_refused = None;
                 s.grace_waits_tick = false;
+                s.lost_seen = false;
                 s.incarnation += 1;
                 // A batch Redis lost, in a worker that dies before
                 // committing it: a named limit.

@@ -134,6 +134,17 @@ impl KeepAlive {
     pub async fn committed(&self, inserted: u64) {
         let mut shared = self.shared.lock().await;
         let Shared { standing, ticker } = &mut *shared;
+        // A look now, while the batch still counts as uncommitted: Redis
+        // may have lost its entries since the last tick (a restart between
+        // that tick and this commit), and the guard may hold a view read
+        // before the commit; only a loss seen here pauses the gate again,
+        // which makes that view too old to reopen on (found by the checked
+        // model, docs/src/concepts/checked-model.md). A look that fails
+        // says nothing: the run id still tells the guard of a restart.
+        if inserted > 0 && !standing.lost {
+            standing.transaction = None;
+            ticker.tick(standing).await;
+        }
         standing.committed = true;
         if !standing.lost || inserted == 0 {
             return;
