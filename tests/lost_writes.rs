@@ -1270,6 +1270,85 @@ async fn a_request_admitted_past_mysql_s_stock_keeps_the_gate_shut_until_it_sett
     env.cleanup().await;
 }
 
+/// A batch in hand, kept alive by the worker's own keep-alive (ticking
+/// only when told), whose last tick found it: one order of voucher `v`.
+async fn kept_batch(
+    env: &TestEnv,
+    v: u64,
+) -> (
+    seckill::store::keys::VoucherKeys,
+    seckill::store::redis_conn::Redis,
+    seckill::worker::keepalive::KeepAlive,
+) {
+    use seckill::store::keys::VoucherKeys;
+    use seckill::worker::group;
+    use seckill::worker::keepalive::{self, Ticker};
+    use seckill::worker::lock::LockOwner;
+    use seckill::worker::WorkerStats;
+    use std::sync::Arc;
+
+    env.live_voucher(v, 10).await;
+    let keys = VoucherKeys::new(&env.prefix, v).unwrap();
+    let mut redis = env.new_redis_connection().await;
+    group::ensure_group(&mut redis, &keys).await.unwrap();
+    env.admit_users(v, 1, 0).await;
+    let read = group::read_new(&mut redis, &[(v, keys.orders())], "w1", 10, None)
+        .await
+        .unwrap();
+    let batch: Vec<_> = read.into_iter().flat_map(|(_, d)| d).collect();
+    assert_eq!(batch.len(), 1);
+    let alive = keepalive::start(
+        Ticker {
+            cfg: Arc::new(env.cfg.clone()),
+            conn: redis.clone(),
+            keys: keys.clone(),
+            consumer: "w1".into(),
+            entry_ids: batch.iter().map(|d| d.raw.entry_id.clone()).collect(),
+            owner: LockOwner {
+                token: "w1".into(),
+                lease: Duration::from_secs(60),
+            },
+            stats: Arc::new(WorkerStats::default()),
+        },
+        // It ticks when told, never by itself.
+        Duration::from_secs(86_400),
+    );
+    alive.confirm_within(Duration::ZERO).await;
+    (keys, redis, alive)
+}
+
+/// The guard's pause after a restart, and the token its view is read
+/// with.
+async fn paused_by_the_guard(
+    redis: &mut seckill::store::redis_conn::Redis,
+    keys: &seckill::store::keys::VoucherKeys,
+) -> String {
+    use seckill::gate::pause::{self, PauseReason};
+    pause::pause(
+        redis,
+        keys,
+        None,
+        Duration::ZERO,
+        PauseReason::RedisLostWrites,
+    )
+    .await
+    .unwrap();
+    let token: Option<String> = redis.hget(keys.meta(), "pause_token").await.unwrap();
+    token.unwrap()
+}
+
+/// No reopen on a view read with `token`: the gate was paused since.
+async fn no_reopen_on(
+    redis: &mut seckill::store::redis_conn::Redis,
+    keys: &seckill::store::keys::VoucherKeys,
+    token: &str,
+    why: &str,
+) {
+    use seckill::gate::pause::{self, Reopened};
+    let reopened = pause::reopen(redis, keys, 0, Some(token)).await.unwrap();
+    assert_eq!(reopened, Reopened::PausedSince, "{why}");
+}
+
 /// Found by the checked model (finding M2, docs/src/concepts/checked-model.md):
 /// Redis loses a batch's entries after the keep-alive's last tick and
 /// before the batch's commit (a restart in that window). The guard has
@@ -1280,75 +1359,123 @@ async fn a_request_admitted_past_mysql_s_stock_keeps_the_gate_shut_until_it_sett
 /// again, which makes every view read before it too old to reopen on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_redis_lost_after_its_last_tick_pauses_the_gate_again_at_its_commit() {
-    use seckill::gate::pause::{self, PauseReason};
-    use seckill::store::keys::VoucherKeys;
+    use seckill::gate::pause;
     use seckill::worker::group;
-    use seckill::worker::keepalive::{self, Ticker};
-    use seckill::worker::lock::LockOwner;
-    use seckill::worker::WorkerStats;
-    use std::sync::Arc;
 
-    const V: u64 = 1;
     let env = TestEnv::new().await;
-    env.live_voucher(V, 10).await;
-    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
-    let mut redis = env.new_redis_connection().await;
-    group::ensure_group(&mut redis, &keys).await.unwrap();
-    env.admit_users(V, 1, 0).await;
-    let read = group::read_new(&mut redis, &[(V, keys.orders())], "w1", 10, None)
-        .await
-        .unwrap();
-    let batch: Vec<_> = read.into_iter().flat_map(|(_, d)| d).collect();
-    assert_eq!(batch.len(), 1);
-    let owner = LockOwner {
-        token: "w1".into(),
-        lease: Duration::from_secs(60),
-    };
-    let alive = keepalive::start(
-        Ticker {
-            cfg: Arc::new(env.cfg.clone()),
-            conn: redis.clone(),
-            keys: keys.clone(),
-            consumer: "w1".into(),
-            entry_ids: batch.iter().map(|d| d.raw.entry_id.clone()).collect(),
-            owner,
-            stats: Arc::new(WorkerStats::default()),
-        },
-        // It ticks when told, never by itself.
-        Duration::from_secs(86_400),
-    );
-    // The last tick before the loss finds the batch.
-    alive.confirm_within(Duration::ZERO).await;
+    let (keys, mut redis, alive) = kept_batch(&env, 1).await;
     // Redis comes back without the entry (its stream as it was before the
     // admission), and the guard pauses the gate and reads its view.
     let _: () = redis.del(keys.orders()).await.unwrap();
     group::ensure_group(&mut redis, &keys).await.unwrap();
-    pause::pause(
-        &mut redis,
-        &keys,
-        None,
-        Duration::ZERO,
-        PauseReason::RedisLostWrites,
-    )
-    .await
-    .unwrap();
-    let token_of_view: Option<String> = redis.hget(keys.meta(), "pause_token").await.unwrap();
+    let view = paused_by_the_guard(&mut redis, &keys).await;
     // The batch's order is committed in MySQL (its one order inserted).
     alive.committed(1).await;
-    let token_now: Option<String> = redis.hget(keys.meta(), "pause_token").await.unwrap();
-    assert!(
-        pause::is_paused(&mut redis, &keys).await.unwrap(),
-        "the gate was reopened"
-    );
-    assert_ne!(
-        token_now, token_of_view,
-        "the commit did not pause the gate again: a view read before it may reopen it"
-    );
+    assert!(pause::is_paused(&mut redis, &keys).await.unwrap());
     assert!(
         pause::is_held(&mut redis, &keys).await.unwrap(),
         "the batch holds the gate until it is finished"
     );
+    let why = "the commit did not pause the gate again: a view read before it reopens it";
+    no_reopen_on(&mut redis, &keys, &view, why).await;
     alive.finish().await;
     assert!(!pause::is_held(&mut redis, &keys).await.unwrap());
+    no_reopen_on(&mut redis, &keys, &view, why).await;
+    env.cleanup().await;
+}
+
+/// A review of M2's fix: the commit's look at its batch fails (here the
+/// stream is not a stream any more; a connection lost twice does the
+/// same). It says nothing of the batch, so it is taken for lost, as a
+/// failed look is elsewhere: the gate is paused again, and a view read
+/// before the commit cannot reopen it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_look_at_its_batch_fails_pauses_the_gate_again() {
+    use seckill::gate::pause;
+
+    let env = TestEnv::new().await;
+    let (keys, mut redis, alive) = kept_batch(&env, 1).await;
+    let view = paused_by_the_guard(&mut redis, &keys).await;
+    let _: () = redis.del(keys.orders()).await.unwrap();
+    let _: () = redis.set(keys.orders(), "not a stream").await.unwrap();
+    alive.committed(1).await;
+    assert!(pause::is_paused(&mut redis, &keys).await.unwrap());
+    no_reopen_on(
+        &mut redis,
+        &keys,
+        &view,
+        "a failed look at the commit paused nothing",
+    )
+    .await;
+    alive.finish().await;
+    env.cleanup().await;
+}
+
+/// A review of M2's fix, driven through the worker: a batch is held
+/// after its locks while Redis loses its entry (the stream comes back
+/// without it); its COMMIT lands and the step after it fails (as a
+/// COMMIT whose answer was lost fails), so the retry finds its order
+/// stored and inserts nothing. The retry used to count nothing as its
+/// own, so the commit's look was never made and the gate stayed open on
+/// a batch Redis lost; any failed attempt now counts the orders it finds
+/// stored, and the look pauses the gate. The keep-alive's own ticks come
+/// every 20 s here (a 60 s lease), long after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_commit_it_did_not_see_looks_at_its_batch_and_pauses_the_gate() {
+    use seckill::gate::pause;
+    use seckill::store::keys::VoucherKeys;
+    use seckill::worker::group;
+
+    const V: u64 = 1;
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 10).await;
+    env.admit_users(V, 1, 0).await;
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.new_redis_connection().await;
+    let faults = std::env::temp_dir().join(format!("seckill-faults-{}", env.prefix));
+    std::fs::create_dir_all(&faults).unwrap();
+    let dir = faults.display().to_string();
+    let mut worker = env.spawn_worker_with(
+        &[
+            "--claim-idle",
+            "60s",
+            "--lock-lease",
+            "60s",
+            "--mysql-timeout",
+            "40s",
+            "--block",
+            "200ms",
+        ],
+        &[
+            (
+                "SECKILL_TEST_FAULT",
+                "after_lock@1=hold,after_commit@1=error",
+            ),
+            ("SECKILL_TEST_FAULT_DIR", &dir),
+        ],
+    );
+    worker.expect_gate_pauses();
+    worker.wait_log("fault hold at after_lock", Duration::from_secs(30));
+    let _: () = redis.del(keys.orders()).await.unwrap();
+    group::ensure_group(&mut redis, &keys).await.unwrap();
+    std::fs::write(faults.join("release"), b"").unwrap();
+    worker.wait_log("fault error at after_commit", Duration::from_secs(30));
+    env.wait_orders(V, 1, Duration::from_secs(30)).await;
+    let started = Instant::now();
+    while !pause::is_paused(&mut redis, &keys).await.unwrap() {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the retry committed a batch Redis lost and the gate stayed open:\n{}",
+            worker.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    worker.wait_log(
+        "Redis no longer has every entry of the batch in hand",
+        Duration::from_secs(15),
+    );
+    worker.signal("TERM");
+    worker.expect_success(Duration::from_secs(30));
+    std::fs::remove_dir_all(&faults).ok();
     env.cleanup().await;
 }

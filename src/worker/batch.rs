@@ -74,9 +74,10 @@ impl Lane {
         let keys = keys.clone();
         let mut backoff = Backoff::default();
         let mut failures = 0u32;
-        // A transaction abandoned past its deadline may have committed all
-        // the same (a COMMIT whose answer was lost): a retry then finds its
-        // orders stored, and counts them as possibly its own.
+        // A failed attempt may have committed all the same (abandoned past
+        // its deadline, a COMMIT whose answer was lost, an error after the
+        // COMMIT): a retry then finds its orders stored, and counts them as
+        // possibly its own.
         let mut abandoned = false;
         loop {
             match self
@@ -127,7 +128,12 @@ impl Lane {
                         );
                         return Ok(());
                     }
-                    abandoned |= matches!(e, Error::TransactionPastDeadline(_));
+                    // Any failed attempt may have committed unseen (past
+                    // its deadline, or a COMMIT whose answer was lost, or
+                    // an error after it): the retry's orders found stored
+                    // are counted as possibly its own, so the commit's
+                    // look still pauses a gate that lost them.
+                    abandoned = true;
                     let delay = backoff.retry_after(format_args!(
                         "voucher {voucher}: batch of {} not persisted: {e}",
                         deliveries.len()
@@ -180,7 +186,7 @@ impl Lane {
         crate::support::fault::point("after_commit").await?;
         let (inserted, duplicates) = completion.counts;
         let units = completion.units;
-        // After an abandoned attempt, orders found stored may be that
+        // After a failed attempt, orders found stored may be that
         // attempt's, committed unseen while the gate was open.
         alive
             .committed(match after_abandoned {

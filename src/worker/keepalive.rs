@@ -139,11 +139,18 @@ impl KeepAlive {
         // that tick and this commit), and the guard may hold a view read
         // before the commit; only a loss seen here pauses the gate again,
         // which makes that view too old to reopen on (found by the checked
-        // model, docs/src/concepts/checked-model.md). A look that fails
-        // says nothing: the run id still tells the guard of a restart.
+        // model, docs/src/concepts/checked-model.md).
         if inserted > 0 && !standing.lost {
             standing.transaction = None;
+            let asked = Instant::now();
             ticker.tick(standing).await;
+            // A look that could not be made says nothing: taken for lost,
+            // as `lost_now` takes it. The guard's view may have been read
+            // after the very restart that hid the batch, so its run id
+            // tells nothing more; a needless pause costs a rebuild.
+            if standing.confirmed < asked {
+                standing.lost = true;
+            }
         }
         standing.committed = true;
         if !standing.lost || inserted == 0 {
