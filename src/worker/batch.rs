@@ -128,11 +128,7 @@ impl Lane {
                         );
                         return Ok(());
                     }
-                    // Any failed attempt may have committed unseen (past
-                    // its deadline, or a COMMIT whose answer was lost, or
-                    // an error after it): the retry's orders found stored
-                    // are counted as possibly its own, so the commit's
-                    // look still pauses a gate that lost them.
+                    // Not only past its deadline (see `abandoned`).
                     abandoned = true;
                     let delay = backoff.retry_after(format_args!(
                         "voucher {voucher}: batch of {} not persisted: {e}",

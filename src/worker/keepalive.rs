@@ -125,12 +125,13 @@ impl KeepAlive {
         standing.lost || standing.confirmed < asked
     }
 
-    /// The batch is committed, `inserted` orders of it new: from now on its
-    /// entries go away by our own acknowledgement. If Redis had lost some
-    /// and the gate is open, the gate was rebuilt (or never paused) on a
-    /// view without them and may sell their units again: it is paused, and
-    /// the gate guard rebuilds it with the orders now committed. Tried here
-    /// only (a retry of the batch finds its orders stored, none inserted).
+    /// The batch is committed, `inserted` orders of it new (after a failed
+    /// attempt, the orders found stored too: that attempt may have
+    /// committed them unseen): from now on its entries go away by our own
+    /// acknowledgement. If Redis had lost some, the gate may have been
+    /// rebuilt (or never paused) on a view without them and may sell their
+    /// units again: it is paused (again), and the gate guard rebuilds it
+    /// with the orders now committed.
     pub async fn committed(&self, inserted: u64) {
         let mut shared = self.shared.lock().await;
         let Shared { standing, ticker } = &mut *shared;
