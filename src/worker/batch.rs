@@ -182,6 +182,10 @@ impl Lane {
         crate::support::fault::point("after_commit").await?;
         let (inserted, duplicates) = completion.counts;
         let units = completion.units;
+        // Stop renewing before the finish script releases the locks, so a
+        // released lock is never taken for a lost one (and the commit's
+        // look below renews none: one round trip, not two).
+        alive.set_held(Vec::new()).await;
         // After a failed attempt, orders found stored may be that
         // attempt's, committed unseen while the gate was open.
         alive
@@ -190,9 +194,6 @@ impl Lane {
                 false => inserted,
             })
             .await;
-        // Stop renewing before the finish script releases the locks, so a
-        // released lock is never taken for a lost one.
-        alive.set_held(Vec::new()).await;
         let t_finish = Instant::now();
         let done = group::Completion {
             locks: &held,

@@ -470,6 +470,7 @@ impl<'a> Real<'a> {
                 let inserted = inserted.count() as u64;
                 self.persisted = Some((mine, p));
                 let alive = self.alive.as_ref().ok_or("no keep-alive")?;
+                alive.set_held(Vec::new()).await;
                 alive.committed(inserted).await;
             }
             Action::Finish => {
@@ -477,7 +478,6 @@ impl<'a> Real<'a> {
                 let planned = group::plan(&mine, p, vec![], vec![]);
                 let owner = self.owner();
                 let alive = self.alive.take().ok_or("no keep-alive")?;
-                alive.set_held(Vec::new()).await;
                 let done = group::Completion {
                     locks: &self.locked,
                     owner: &owner.token,
