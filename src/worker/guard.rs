@@ -69,7 +69,7 @@ use crate::support::backoff::Backoff;
 
 /// Cancellations and new orders younger than this are still a worker's
 /// business, not drift (reconcile's default).
-const SETTLE_MS: i64 = 60_000;
+pub const SETTLE: Duration = Duration::from_secs(60);
 /// How often a paused gate that needs an operator is checked again.
 const OPERATOR_RETRY: Duration = Duration::from_secs(30);
 /// How often a voucher in buckets has its orders counted per bucket even
@@ -84,12 +84,23 @@ pub struct GateGuard {
     pub(super) conn: Redis,
     pub(super) ids: Arc<OrderIds>,
     pub(super) stats: Arc<WorkerStats>,
-    pub(super) every: Duration,
-    /// No gate this guard pauses reopens sooner (the workers' lock lease).
-    pub(super) grace: Duration,
+    timing: GuardTiming,
     /// Its token as the holder of a mover lease it seizes (unique).
-    pub(super) owner: String,
-    pub(super) state: GuardState,
+    owner: String,
+    state: GuardState,
+}
+
+/// The guard's clocks.
+#[derive(Debug, Clone, Copy)]
+pub struct GuardTiming {
+    /// Between passes.
+    pub every: Duration,
+    /// No gate this guard pauses reopens sooner (the workers' lock lease).
+    pub grace: Duration,
+    /// Cancellations and orders younger than this are left to the workers
+    /// by its rebuilds ([`SETTLE`]; the conformance walks, whose every
+    /// order is young, take none).
+    pub settle: Duration,
 }
 
 /// What the guard remembers between passes.
@@ -187,6 +198,27 @@ enum Looked {
 }
 
 impl GateGuard {
+    pub fn new(
+        cfg: Arc<Config>,
+        db: Db,
+        conn: Redis,
+        ids: Arc<OrderIds>,
+        stats: Arc<WorkerStats>,
+        owner: String,
+        timing: GuardTiming,
+    ) -> GateGuard {
+        GateGuard {
+            cfg,
+            db,
+            conn,
+            ids,
+            stats,
+            timing,
+            owner,
+            state: GuardState::default(),
+        }
+    }
+
     pub async fn run(mut self, stop: CancellationToken) {
         let mut backoff = Backoff::default();
         loop {
@@ -195,7 +227,7 @@ impl GateGuard {
             let delay = match passed {
                 Ok(()) => {
                     backoff.reset();
-                    self.every
+                    self.timing.every
                 }
                 Err(e) => {
                     let delay = backoff.retry_after(format_args!("gate guard: {e}"));
@@ -449,7 +481,7 @@ impl GateGuard {
             .missing_since
             .entry(v)
             .or_insert_with(Instant::now);
-        if since.elapsed() < self.grace || pause::is_held(&mut self.conn, keys).await? {
+        if since.elapsed() < self.timing.grace || pause::is_held(&mut self.conn, keys).await? {
             return Ok(());
         }
         self.state.missing_since.remove(&v);
@@ -483,7 +515,7 @@ impl GateGuard {
                 &mut self.conn,
                 keys,
                 None,
-                self.grace,
+                self.timing.grace,
                 PauseReason::RedisLostWrites,
             )
             .await?;
@@ -521,7 +553,7 @@ impl GateGuard {
             }
         } else if look.buyers < orders && !look.paused {
             self.record_run_id(v, keys, look).await?;
-            match pause::pause(&mut self.conn, keys, Some(orders), self.grace, PauseReason::RedisLostWrites).await? {
+            match pause::pause(&mut self.conn, keys, Some(orders), self.timing.grace, PauseReason::RedisLostWrites).await? {
                 Paused::Now => Some(format!(
                     "the gate has {} buyer(s) but MySQL holds {orders} order(s) of its users: Redis lost writes",
                     look.buyers
@@ -682,7 +714,7 @@ impl GateGuard {
             dry_run: false,
             fix_mysql: false,
             attempts: 5,
-            settle_ms: SETTLE_MS,
+            settle_ms: self.timing.settle.as_millis() as i64,
             // It rebuilds from what it reads: every member, not digests.
             deep: true,
             drop_lost_commits: None,
@@ -902,7 +934,7 @@ impl GateGuard {
                 dry_run: false,
                 fix_mysql: false,
                 attempts: 2,
-                settle_ms: SETTLE_MS,
+                settle_ms: self.timing.settle.as_millis() as i64,
                 deep: true,
                 drop_lost_commits: None,
             };

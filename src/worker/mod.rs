@@ -37,7 +37,7 @@ use crate::store::db::Db;
 use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn;
 use canceller::Canceller;
-use guard::GateGuard;
+use guard::{GateGuard, GuardTiming};
 use lane::Lane;
 use lock::LockOwner;
 pub use options::{default_consumer, DeadlineOptions, WorkerOptions};
@@ -167,17 +167,19 @@ impl Parts {
 
     /// The gate guard, on the worker's first connection.
     fn gate_guard(&self, conn: redis_conn::Redis) -> GateGuard {
-        GateGuard {
-            cfg: self.cfg.clone(),
-            db: self.db.clone(),
+        GateGuard::new(
+            self.cfg.clone(),
+            self.db.clone(),
             conn,
-            ids: self.ids.clone(),
-            stats: self.stats.clone(),
-            every: self.opts.gate_check,
-            grace: self.opts.lock_lease,
-            owner: format!("{}:{}:guard", self.opts.consumer, self.run_id),
-            state: Default::default(),
-        }
+            self.ids.clone(),
+            self.stats.clone(),
+            format!("{}:{}:guard", self.opts.consumer, self.run_id),
+            GuardTiming {
+                every: self.opts.gate_check,
+                grace: self.opts.lock_lease,
+                settle: guard::SETTLE,
+            },
+        )
     }
 
     /// The mover of vouchers split in buckets.
