@@ -1107,8 +1107,11 @@ impl Sale {
                 s.redis.timeouts.sort();
             }
         }
-        if !withheld {
-            // release.lua under the repair's token: each once (released).
+        // release.lua under the repair's token: each once (released); at a
+        // paused gate a worker holds, deferred like the rest of what gives
+        // units back (the next pass after the hold ends gives them).
+        let deferred = s.redis.paused && s.hold_is_live();
+        if !withheld && !deferred {
             self.release(s, &unreleased, &[]);
         }
         s.guard = Guard::Repaired(view.token, owes);
