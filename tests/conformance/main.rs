@@ -23,16 +23,24 @@
 //! later every one of them deleted and the dump RESTOREd with its time to
 //! live (the lock hash `locks` stays: the model keeps no locks in Redis,
 //! and has one worker, whom a lost lock lets in again anyway). The
-//! server's run id does not change, so nothing but the guard (not driven)
-//! could tell.
+//! server's run id does not change: see the guard below.
 //!
 //! The batch's keep-alive is the worker's own (`worker::keepalive`),
 //! started at the read and ticking only when the model's `Lock` and
 //! `KeepAlive` say; the commit tells it what it inserted, the finish gives
 //! its hold back.
 //!
-//! Not driven yet (the walks leave them out): the gate guard's pause,
-//! repair and reopen, a pause's grace ending.
+//! The gate guard is the worker's own (`worker::guard::GateGuard`), a
+//! whole pass at a time: the model's check and, on a paused gate, its
+//! reads, repair and reopen taken one after the other with nothing
+//! between (the model's check interleaves them; a real pass cannot be
+//! stopped between its steps here). It takes no settle time, as
+//! `seckill reconcile --settle 0s` (every order of a walk is young). A
+//! Redis rollback is a restart to the guard: the gate's meta records
+//! another server's run id, as a guard that saw the old server would
+//! remember it. A pause's grace ends when the model says: its time moves
+//! to the past. A walk takes `STEPS` actions, then up to `DRAIN` that
+//! only finish what is in hand, so that it ends at rest.
 //!
 //! The mover's model (model/src/mover.rs) has walks of its own, against
 //! the transfer scripts (mover.rs).
@@ -51,6 +59,7 @@ use std::time::Duration;
 use common::TestEnv;
 use redis::AsyncCommands;
 use seckill::gate::admission::{self, Admission};
+use seckill::gate::pause;
 use seckill::orders::deadline::{self, Cancellation};
 use seckill::orders::payment::{self, PayOutcome};
 use seckill::store::keys::{VoucherKeys, WORKER_GROUP};
@@ -60,18 +69,22 @@ use seckill::stream::entry::{OrderMessage, RawEntry};
 use seckill::stream::id::StreamId;
 use seckill::worker::canceller::{Canceller, Fenced};
 use seckill::worker::group::{self, Delivery};
+use seckill::worker::guard::{GateGuard, GuardTiming};
 use seckill::worker::keepalive::{self, KeepAlive, Ticker};
 use seckill::worker::lock::LockOwner;
 use seckill::worker::persist::{persist, Fate, Persisted};
 use seckill::worker::{DeadlineOptions, WorkerStats};
 use seckill_model::sale::{
-    Action, Batch, Canceller as Cancelling, Delivery as Handed, Fixes, Sale, State, Status, Told,
+    Action, Batch, Canceller as Cancelling, Delivery as Handed, Fixes, Guard, Sale, State, Status,
+    Told,
 };
 use seckill_model::Model;
 
 /// The first walk's voucher; each walk has one of its own.
 const FIRST_VOUCHER: u64 = 39;
 const STEPS: usize = 80;
+/// Steps after those that only finish what is in hand.
+const DRAIN: usize = 60;
 /// Walks in every CI run, each from its own seed.
 const WALKS: u64 = 100;
 /// A claim's lease: far longer than a walk.
@@ -93,8 +106,8 @@ fn sale() -> Sale {
     }
 }
 
-/// The actions the walks take. The others (the guard's steps, a grace's
-/// end) are not driven yet.
+/// The actions the walks take. The guard's check stands for its whole
+/// pass ([`guard_pass`]); its other steps are not taken alone.
 fn driven(a: &Action) -> bool {
     matches!(
         a,
@@ -116,19 +129,69 @@ fn driven(a: &Action) -> bool {
             | Action::Rollback
             | Action::KeepAlive
             | Action::LapseHold
+            | Action::GraceEnds
+            | Action::GuardCheck
     )
+}
+
+/// How often an action is drawn in state `s`, against 1 for the others: a
+/// snapshot before the stream has entries, a rollback while a batch is in
+/// hand, the keep-alive's tick and the
+/// guard's pass more, so that a batch Redis lost holds the gate, and a
+/// repair meets the hold, in more walks.
+fn weight(s: &State, a: &Action) -> usize {
+    match a {
+        Action::Snapshot if s.redis.entries.is_empty() => 4,
+        Action::Rollback if s.batch != Batch::Idle => 8,
+        Action::KeepAlive => 4,
+        Action::GuardCheck => 3,
+        _ => 1,
+    }
+}
+
+/// The guard's pass in the model, each step after the other with nothing
+/// between: the check, and on a gate it may read, the reads, the repair
+/// and the reopen. None: the pass changes nothing.
+fn guard_pass(model: &Sale, s: &State) -> Result<Option<State>, String> {
+    let mut after = model
+        .next_state(s, Action::GuardCheck)
+        .unwrap_or_else(|| s.clone());
+    let mut offered = vec![];
+    model.actions(&after, &mut offered);
+    if offered.contains(&Action::GuardReadGate) {
+        for step in [
+            Action::GuardReadGate,
+            Action::GuardReadMysql,
+            Action::GuardRepair,
+        ] {
+            after = model
+                .next_state(&after, step.clone())
+                .ok_or(format!("the model refused {step:?}"))?;
+        }
+        // Nothing moved between the reads and the repair: it repaired.
+        if !matches!(after.guard, Guard::Repaired(..)) {
+            return Err(format!("the model's repair left {:?}", after.guard));
+        }
+        after = model
+            .next_state(&after, Action::GuardReopen)
+            .ok_or("the model refused the reopen")?;
+    }
+    Ok((after != *s).then_some(after))
 }
 
 /// The scripts that change state which some driven action runs.
 const SCRIPTS_DRIVEN: &[&str] = &[
-    "seckill.lua",      // Admit
-    "lock_acquire.lua", // Lock
-    "lock_renew.lua",   // Lock, KeepAlive (the keep-alive's tick)
-    "pause.lua",        // the keep-alive's hold and pause, the commit's pause
-    "finish.lua",       // Finish (the locks' release too)
-    "timeouts.lua",     // Forget; Cancel (a paid order's deadline)
-    "claim_due.lua",    // Claim
-    "release.lua",      // Release
+    "seckill.lua",       // Admit
+    "lock_acquire.lua",  // Lock
+    "lock_renew.lua",    // Lock, KeepAlive (the keep-alive's tick)
+    "pause.lua",         // the keep-alive's hold and pause, the commit's pause, the guard's
+    "reconcile.lua",     // GuardCheck (the guard's repair)
+    "run_id.lua",        // GuardCheck (the guard's run id)
+    "raise_commits.lua", // GuardCheck (the guard's witness)
+    "finish.lua",        // Finish (the locks' release too)
+    "timeouts.lua",      // Forget; Cancel (a paid order's deadline)
+    "claim_due.lua",     // Claim
+    "release.lua",       // Release
 ];
 
 /// xorshift64*: a seeded walk is the same walk on every machine.
@@ -144,6 +207,20 @@ impl Rng {
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n
+    }
+
+    /// An index into `items`, each drawn in proportion to its weight.
+    fn weighted<T>(&mut self, items: &[T], weight: impl Fn(&T) -> usize) -> usize {
+        let total: usize = items.iter().map(&weight).sum();
+        let mut at = self.below(total.max(1));
+        for (i, item) in items.iter().enumerate() {
+            let w = weight(item);
+            if at < w {
+                return i;
+            }
+            at -= w;
+        }
+        items.len() - 1
     }
 }
 
@@ -175,6 +252,8 @@ struct Real<'a> {
     /// the model's Lock and KeepAlive say (never by itself).
     alive: Option<KeepAlive>,
     stats: Arc<WorkerStats>,
+    /// The worker's gate guard (a new one with each incarnation).
+    guard: GateGuard,
 }
 
 /// The user whose order `order` is (MySQL's, in the model).
@@ -222,6 +301,7 @@ impl<'a> Real<'a> {
         )
         .await
         .unwrap();
+        let guard = Real::guard(env, &ids, &stats, 0).await;
         Real {
             env,
             voucher,
@@ -240,7 +320,31 @@ impl<'a> Real<'a> {
             created_ms: HashMap::new(),
             alive: None,
             stats,
+            guard,
         }
+    }
+
+    /// The gate guard of incarnation `incarnation`: its pauses' grace far
+    /// longer than a walk (it ends when the model says), no settle time.
+    async fn guard(
+        env: &TestEnv,
+        ids: &Arc<OrderIds>,
+        stats: &Arc<WorkerStats>,
+        incarnation: u8,
+    ) -> GateGuard {
+        GateGuard::new(
+            Arc::new(env.cfg.clone()),
+            env.db().await.clone(),
+            env.new_redis_connection().await,
+            ids.clone(),
+            stats.clone(),
+            format!("w{incarnation}:guard"),
+            GuardTiming {
+                every: Duration::from_secs(3600),
+                grace: Duration::from_secs(600),
+                settle: Duration::ZERO,
+            },
+        )
     }
 
     /// The keep-alive of the batch just read, as the worker starts it
@@ -512,6 +616,7 @@ impl<'a> Real<'a> {
                 // its lease runs out (LapseHold).
                 self.alive = None;
                 self.incarnation += 1;
+                self.guard = Real::guard(self.env, &self.ids, &self.stats, self.incarnation).await;
                 self.batch.clear();
                 self.locked.clear();
                 self.persisted = None;
@@ -535,8 +640,32 @@ impl<'a> Real<'a> {
                         .await
                         .map_err(|e| e.to_string())?;
                 }
+                // The model drops a lapsed hold (and renews the token) at
+                // once; the scripts at the next look at the holds, which
+                // this is. A view read in between is refused once more by
+                // the code (safer; one more pass): not walked.
+                pause::is_held(&mut self.redis, &self.keys)
+                    .await
+                    .map_err(|e| e.to_string())?;
             }
-            Action::Rollback => self.roll_back().await?,
+            Action::Rollback => {
+                self.roll_back().await?;
+                // Another server to the guard (a restart): see the module's
+                // comment.
+                let _: () = self
+                    .redis
+                    .hset(self.keys.meta(), "run_id", "a-server-before-the-rollback")
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            Action::GraceEnds => {
+                let _: () = self
+                    .redis
+                    .hset(self.keys.meta(), "reopen_after_ms", 1)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            Action::GuardCheck => self.guard.pass().await.map_err(|e| e.to_string())?,
             // The payment's two steps (orders::payment::pay_on), split at
             // its fault point `after_pay`.
             Action::Pay(o) => {
@@ -827,6 +956,15 @@ impl<'a> Real<'a> {
             (paused.as_deref() == Some("1")).to_string(),
             s.redis.paused.to_string(),
         );
+        let reopen_after: Option<i64> = r
+            .hget(k.meta(), "reopen_after_ms")
+            .await
+            .map_err(|e| e.to_string())?;
+        check(
+            "a pause's grace runs",
+            reopen_after.is_some_and(|t| t > now).to_string(),
+            s.redis.grace.to_string(),
+        );
         let holds: HashMap<String, i64> = r.hgetall(k.holds()).await.map_err(|e| e.to_string())?;
         let mut live_holds: Vec<String> = holds
             .into_iter()
@@ -948,46 +1086,135 @@ struct Walked {
     /// Steps in which a batch Redis lost held the gate (a keep-alive's
     /// tick, or the commit's look).
     held: usize,
+    /// The guard's passes that met a live hold.
+    guard_met_hold: usize,
 }
 
 /// One walk from `seed`: what it did, or the first difference with the
 /// walk that led to it.
 async fn walk(env: &TestEnv, seed: u64) -> Result<Walked, String> {
-    // Every other walk has Redis roll back once; only the others come to
-    // rest (after a rollback only the guard, not driven, ends the window
-    // of a possible loss) and have reconcile compared.
-    let model = Sale {
+    walk_with(
+        env,
+        FIRST_VOUCHER + seed,
+        walk_model(seed),
+        Picker::seeded(seed),
+    )
+    .await
+    .map_err(|e| format!("seed {seed}: {e}"))
+}
+
+/// The sale model of a walk: every other seed's Redis rolls back once.
+fn walk_model(seed: u64) -> Sale {
+    Sale {
         rollbacks: (seed % 2) as u8,
         ..sale()
-    };
-    let mut rng = Rng::new(seed);
-    let mut real = Real::new(env, FIRST_VOUCHER + seed).await;
+    }
+}
+
+/// How a walk picks its actions.
+enum Picker {
+    /// At random, from a seed.
+    Seeded { rng: Rng },
+    /// A scenario's actions in order, then the drain at random.
+    Scripted {
+        script: std::slice::Iter<'static, Action>,
+        rng: Rng,
+    },
+}
+
+impl Picker {
+    fn seeded(seed: u64) -> Picker {
+        Picker::Seeded {
+            rng: Rng::new(seed),
+        }
+    }
+
+    /// The walk's next step from `s`, the `step`th: its action and the
+    /// model's state after it (a Transact with its Commit, the guard's
+    /// check as its whole pass). None: nothing is left to take.
+    fn next(
+        &mut self,
+        model: &Sale,
+        s: &State,
+        step: usize,
+    ) -> Result<Option<(Action, State)>, String> {
+        let mut actions = vec![];
+        model.actions(s, &mut actions);
+        actions.retain(driven);
+        let (rng, draining) = match self {
+            Picker::Seeded { rng } => (rng, step >= STEPS),
+            Picker::Scripted { script, rng } => match script.next().cloned() {
+                Some(action) => {
+                    let after = actions
+                        .contains(&action)
+                        .then(|| take_in_model(model, s, &action))
+                        .transpose()?
+                        .flatten()
+                        .ok_or(format!("the scenario's {action:?} is not enabled"))?;
+                    return Ok(Some((action, after)));
+                }
+                None => (rng, true),
+            },
+        };
+        if draining {
+            // Nothing new begun, no fault: what is in hand finishes, so
+            // that the walk ends at rest.
+            if s.quiescent() {
+                return Ok(None);
+            }
+            actions.retain(|a| {
+                !matches!(
+                    a,
+                    Action::Admit(_) | Action::Crash | Action::Snapshot | Action::Rollback
+                )
+            });
+        }
+        while !actions.is_empty() {
+            let action = actions.swap_remove(rng.weighted(&actions, |a| weight(s, a)));
+            if let Some(after) = take_in_model(model, s, &action)? {
+                return Ok(Some((action, after)));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// The model's state after the walk's `action` from `s` (None: it
+/// changes nothing or is refused).
+fn take_in_model(model: &Sale, s: &State, action: &Action) -> Result<Option<State>, String> {
+    match action {
+        Action::GuardCheck => guard_pass(model, s),
+        Action::Transact => match model.next_state(s, Action::Transact) {
+            Some(after) => model
+                .next_state(&after, Action::Commit)
+                .ok_or("the model's commit refused".to_string())
+                .map(Some),
+            None => Ok(None),
+        },
+        other => Ok(model.next_state(s, other.clone())),
+    }
+}
+
+/// One walk on voucher `voucher`, as `picker` picks: what it did, or the
+/// first difference with the walk that led to it.
+async fn walk_with(
+    env: &TestEnv,
+    voucher: u64,
+    model: Sale,
+    mut picker: Picker,
+) -> Result<Walked, String> {
+    let mut real = Real::new(env, voucher).await;
     let mut map = OrderMap::default();
     let mut state = model.initial();
     let mut taken = vec![];
     let mut paid_taken_out = 0;
     let mut held = 0;
+    let mut guard_met_hold = 0;
     let result = async {
-        for _ in 0..STEPS {
-            let mut actions = vec![];
-            model.actions(&state, &mut actions);
-            actions.retain(driven);
-            let mut next = None;
-            while !actions.is_empty() {
-                let action = actions.swap_remove(rng.below(actions.len()));
-                if let Some(after) = model.next_state(&state, action.clone()) {
-                    next = Some((action, after));
-                    break;
-                }
-            }
-            let Some((action, mut after)) = next else {
+        for step in 0..STEPS + DRAIN {
+            let Some((action, after)) = picker.next(&model, &state, step)? else {
                 break;
             };
-            if action == Action::Transact {
-                after = model
-                    .next_state(&after, Action::Commit)
-                    .ok_or("the model's commit refused")?;
-            }
             if let (Action::Cancel, Cancelling::Claimed(claimed)) = (&action, &state.canceller) {
                 if claimed.iter().any(|o| state.redis.paid.contains(o)) {
                     paid_taken_out += 1;
@@ -995,6 +1222,9 @@ async fn walk(env: &TestEnv, seed: u64) -> Result<Walked, String> {
             }
             if after.redis.holds.len() > state.redis.holds.len() {
                 held += 1;
+            }
+            if action == Action::GuardCheck && !state.redis.holds.is_empty() {
+                guard_met_hold += 1;
             }
             taken.push(action.clone());
             real.take(&action, &state, &after, &mut map).await?;
@@ -1022,12 +1252,10 @@ async fn walk(env: &TestEnv, seed: u64) -> Result<Walked, String> {
                 rested,
                 paid_taken_out,
                 held,
+                guard_met_hold,
             })
         }
-        Err(e) => Err(format!(
-            "seed {seed}: {e}\n  after {} steps: {taken:?}",
-            taken.len()
-        )),
+        Err(e) => Err(format!("{e}\n  after {} steps: {taken:?}", taken.len())),
     }
 }
 
@@ -1102,6 +1330,7 @@ async fn random_walks_of_the_model_match_the_real_scripts_and_sql() {
     let env = TestEnv::new().await;
     let mut counts: HashMap<String, usize> = HashMap::new();
     let (mut rested, mut drifted, mut paid_taken_out, mut held) = (0, 0, 0, 0);
+    let mut guard_met_hold = 0;
     for seed in seeds(WALKS) {
         match walk(&env, seed).await {
             Ok(Walked {
@@ -1109,9 +1338,11 @@ async fn random_walks_of_the_model_match_the_real_scripts_and_sql() {
                 rested: at,
                 paid_taken_out: paid,
                 held: h,
+                guard_met_hold: g,
             }) => {
                 paid_taken_out += paid;
                 held += h;
+                guard_met_hold += g;
                 rested += usize::from(at.is_some());
                 drifted += usize::from(at == Some(true));
                 for a in taken {
@@ -1139,6 +1370,8 @@ async fn random_walks_of_the_model_match_the_real_scripts_and_sql() {
     );
     eprintln!("steps in which a batch Redis lost held the gate: {held}");
     assert!(held > 0, "no batch Redis lost held the gate");
+    eprintln!("guard passes that met a hold: {guard_met_hold}");
+    assert!(guard_met_hold > 0, "no guard's pass met a hold");
     // Every driven action came up: a walk that never cancels checks no
     // release.
     for name in [
@@ -1177,9 +1410,6 @@ fn every_state_changing_script_is_driven_or_named() {
     const THIS_PROTOCOL_NOT_DRIVEN: &[&str] = &[
         "fence.lua",           // the batch's and the cancellation's fence
         "lock_release.lua",    // a batch given up before its commit
-        "reconcile.lua",       // the guard's repair
-        "run_id.lua",          // the guard's run id
-        "raise_commits.lua",   // the guard's witness
         "forget_consumer.lua", // a dead worker's consumer name dropped
     ];
     // Other protocols (not modelled yet), or no sale state.
@@ -1222,4 +1452,130 @@ fn every_state_changing_script_is_driven_or_named() {
     {
         assert!(dir.join(name).exists(), "{name} is named but not in lua/");
     }
+}
+
+/// Walks that the random ones meet too rarely, each a scenario's actions
+/// in order (then a drain): found by [`find_repairs_a_hold_changes`].
+const SCENARIOS: &[(&str, &[Action])] = &[
+    (
+        "the repair's release waits for a batch in hand that Redis lost",
+        &[
+            Action::Snapshot,
+            Action::Admit(1),
+            Action::Admit(2),
+            Action::Admit(2),
+            Action::Read,
+            Action::Lock,
+            Action::Rollback,
+            Action::Transact,
+            Action::KeepAlive,
+            Action::Admit(1),
+            Action::GuardCheck,
+            Action::Due(1),
+            Action::Claim,
+            Action::KeepAlive,
+            Action::Admit(0),
+            Action::Due(2),
+            Action::Admit(0),
+            Action::Crash,
+            Action::GuardCheck,
+            Action::LapseClaims,
+            Action::Claim,
+            Action::Cancel,
+            Action::GraceEnds,
+            Action::GuardCheck,
+        ],
+    ),
+    (
+        "reconcile.lua gives no unit back while a batch Redis lost is in hand",
+        &[
+            Action::Snapshot,
+            Action::Admit(2),
+            Action::Read,
+            Action::Admit(1),
+            Action::Rollback,
+            Action::Admit(2),
+            Action::GuardCheck,
+            Action::Admit(0),
+            Action::KeepAlive,
+            Action::GuardCheck,
+            Action::Lock,
+            Action::Admit(1),
+            Action::Transact,
+            Action::Crash,
+            Action::GuardCheck,
+            Action::Read,
+            Action::Lock,
+            Action::Due(1),
+            Action::GraceEnds,
+            Action::Transact,
+            Action::Finish,
+            Action::GuardCheck,
+        ],
+    ),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenarios_the_random_walks_seldom_meet_match_the_code() {
+    let env = TestEnv::new().await;
+    for (i, (name, script)) in SCENARIOS.iter().enumerate() {
+        let picker = Picker::Scripted {
+            script: script.iter(),
+            rng: Rng::new(i as u64 + 1),
+        };
+        let model = Sale {
+            rollbacks: 1,
+            ..sale()
+        };
+        let walked = walk_with(&env, FIRST_VOUCHER + i as u64, model, picker)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            walked.guard_met_hold > 0 && walked.rested.is_some(),
+            "{name}: the guard met no hold, or the walk did not come to rest"
+        );
+    }
+    env.cleanup().await;
+}
+
+/// By hand, to find scenarios: walks of the model alone (no stores, a
+/// second for thousands) that look for a guard's pass whose repair a live
+/// hold changes, and print the first of each kind.
+#[test]
+#[ignore]
+fn find_repairs_a_hold_changes() {
+    let mut found = [false, false];
+    for seed in 1..1_000_000 {
+        let model = walk_model(seed);
+        let mut picker = Picker::seeded(seed);
+        let mut s = model.initial();
+        let mut taken = vec![];
+        for step in 0..STEPS + DRAIN {
+            let Some((action, after)) = picker.next(&model, &s, step).unwrap() else {
+                break;
+            };
+            taken.push(action.clone());
+            if action == Action::GuardCheck && !s.redis.holds.is_empty() {
+                let mut free = s.clone();
+                free.redis.holds.clear();
+                let unheld = guard_pass(&model, &free).unwrap().unwrap_or(free);
+                let kind = if unheld.redis.released != after.redis.released {
+                    Some((0, "the repair's release deferred"))
+                } else if unheld.redis.stock != after.redis.stock {
+                    Some((1, "reconcile.lua's units withheld"))
+                } else {
+                    None
+                };
+                if let Some((k, what)) = kind.filter(|(k, _)| !found[*k]) {
+                    found[k] = true;
+                    eprintln!("{what}: seed {seed}, {} steps: {taken:?}", taken.len());
+                }
+            }
+            s = after;
+        }
+        if found.iter().all(|f| *f) {
+            return;
+        }
+    }
+    panic!("not found: {found:?}");
 }
