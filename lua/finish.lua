@@ -23,13 +23,15 @@
 -- ARGV[3]  D, the number of deadlines, then D pairs: order id, deadline ms
 -- then     N, the number of dead letters, then N triples: entry id, reason, deliveries
 -- then     U, the number of locks to release, then U user ids
--- then     C, the number of entry ids that follow whose orders this batch
---          inserted into MySQL, then those C ids (the witness of MySQL's
---          commits: each adds one to meta's `committed` when its
---          XACK succeeds, so a replay adds nothing; the gate guard finds a
---          MySQL that lost commits by it having fewer orders than that)
--- then     the other entry ids to acknowledge (dead-lettered ones, and
---          orders MySQL had already)
+-- then     C, the number of entry ids that follow whose orders MySQL holds
+--          (this batch inserted them, or found them stored: inserted by a
+--          worker that died before acknowledging them), then those C ids
+--          (the witness of MySQL's commits: each adds one to meta's
+--          `committed` when its XACK succeeds, so an order is counted once
+--          and a replay adds nothing; the gate guard finds a MySQL that
+--          lost commits by it having fewer orders than that)
+-- then     the other entry ids to acknowledge (dead-lettered ones, and an
+--          order's entry repeated in the batch)
 --
 -- Returns the number of entries acknowledged.
 --

@@ -1061,6 +1061,59 @@ async fn a_raise_read_before_a_drop_does_not_put_the_gap_back() {
     stopped_and_checked(env, worker, V, &dir).await;
 }
 
+/// An order a retry finds stored counts into the witness (the checked
+/// model's finding M3, docs/src/concepts/checked-model.md): a worker
+/// commits user 1's order and is killed (kill -9) before acknowledging
+/// it; MySQL was dumped before that commit. Once the dead worker's lock
+/// lapsed, a second worker reclaims the entry, finds the order stored,
+/// and stands before its acknowledgement while MySQL goes back to the
+/// dump (the order lost with its entry in flight); then it acknowledges.
+/// Before, that acknowledgement counted nothing: the witness stayed at
+/// MySQL's 0 orders, no pass of the guard (nor its raise, which counts
+/// what MySQL holds) saw the loss, and the buyer's "success" had no
+/// order. Now it counts, and the guard pauses the gate and restores the
+/// order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_a_retry_found_stored_is_counted_so_its_loss_is_restored() {
+    const V: u64 = 90;
+    let env = TestEnv::new().await;
+    env.live_voucher_paying_within(V, 10, 600_000).await;
+    let dump = env.dump_mysql();
+    env.admit_users(V, 1, 0).await;
+    let (first, _, _) = worker_held_at(&env, "1h", "after_commit@1=hold");
+    first.wait_log("fault hold at after_commit", Duration::from_secs(30));
+    assert_eq!(env.order_count(V).await, 1, "the order is committed");
+    first.kill9();
+    // Its lock lapses first, so the next worker's first batch is the
+    // retry (not one that could lock nobody).
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    within(30, "the dead worker's lock lapsed", async || {
+        let mut redis = env.redis().await;
+        let now = common::redis_now_ms(&mut redis).await.unwrap();
+        let locks: std::collections::HashMap<String, String> =
+            redis.hgetall(keys.locks()).await.unwrap();
+        locks
+            .values()
+            .all(|v| common::lease_expiry(v).is_some_and(|t| t <= now))
+    })
+    .await;
+
+    let (mut worker, dir, _) = worker_held_at(&env, "200ms", "after_commit@1=hold");
+    worker.expect_gate_pauses();
+    worker.wait_log("fault hold at after_commit", Duration::from_secs(30));
+    env.restore_mysql(&dump);
+    assert_eq!(env.order_count(V).await, 0, "MySQL lost the order");
+    std::fs::write(dir.join("release"), b"").unwrap();
+    worker.wait_log("fault released at after_commit", Duration::from_secs(30));
+    worker.wait_count(LOST, 1, Duration::from_secs(30));
+    within(30, "the lost order restored", async || {
+        orders_held(&env, V).await.iter().any(|o| o.1 == 1)
+    })
+    .await;
+    worker.wait_count(REOPENED, 1, Duration::from_secs(30));
+    stopped_and_checked(env, worker, V, &dir).await;
+}
+
 /// A worker with its guard every `gate_check`, its passes counted on its
 /// metrics page (the port returned), held at `fault`
 /// (`SECKILL_TEST_FAULT`) until a file `release` appears in the folder

@@ -235,8 +235,11 @@ pub struct Completion<'a> {
     /// (order id, payment deadline ms) of the pending orders.
     pub deadlines: Vec<(u64, i64)>,
     pub dead: Vec<DeadLetter>,
-    /// Entry ids to acknowledge whose orders the batch inserted: counted
-    /// into the gate's witness of MySQL's commits (meta `committed`).
+    /// Entry ids to acknowledge whose orders MySQL holds (the batch
+    /// inserted them, or found them stored: inserted by a worker that
+    /// died before acknowledging them, so never counted): counted into
+    /// the gate's witness of MySQL's commits (meta `committed`) when
+    /// acknowledged now.
     pub inserted: Vec<String>,
     /// The other entry ids to acknowledge (dead-lettered ones included).
     pub acks: Vec<String>,
@@ -298,7 +301,15 @@ pub fn plan(
                         .deadlines
                         .push((m.order, m.created_ms + p.pay_timeout_ms));
                 }
+                // Counted when its XACK succeeds, as an insert's is: no
+                // acknowledgement counted it before (XACK of a pending
+                // entry succeeds once). Uncounted, MySQL losing it while
+                // it was in flight would go unseen (the checked model's
+                // finding M3).
+                plan.redis.inserted.push(m.entry_id.clone());
+                continue;
             }
+            Fate::Repeated => plan.counts.1 += 1,
             Fate::Dead(reason) => plan.redis.dead.push(DeadLetter {
                 entry_id: m.entry_id.clone(),
                 reason,

@@ -31,9 +31,13 @@ use crate::stream::pending::NO_STOCK;
 pub enum Fate {
     /// Inserted by this transaction.
     Inserted,
-    /// Already in MySQL under the same order id (a redelivery); whether it
-    /// still waits for payment (then its deadline is scheduled again).
+    /// Already in MySQL under the same order id (a redelivery: the worker
+    /// that inserted it died before acknowledging it); whether it still
+    /// waits for payment (then its deadline is scheduled again).
     AlreadyStored { pending: bool },
+    /// The same order as an earlier message of this batch (its entry
+    /// twice): the earlier one carries it.
+    Repeated,
     /// Refused for good; goes to the dead-letter stream with this reason.
     Dead(String),
 }
@@ -203,7 +207,7 @@ async fn persist_once(
         } else if let Some(user) = batch_orders.get(&m.order) {
             if *user == m.user {
                 // The same order twice in one batch: the first one carries it.
-                Some(Fate::AlreadyStored { pending: true })
+                Some(Fate::Repeated)
             } else {
                 Some(Fate::Dead(format!(
                     "order id {} collides with the order of user {user} for voucher {voucher}",
