@@ -54,6 +54,25 @@ pub struct Fixes {
     /// before the commit reopens the gate once the grace ends, without the
     /// committed orders' units.
     pub commit_looks_again: bool,
+    /// The guard pauses a gate whose witness counts more commits (or
+    /// released cancellations) than MySQL holds, and the rebuild restores
+    /// the lost orders from their acknowledged stream entries and cancels
+    /// again the orders whose units the gate gave back
+    /// (src/worker/guard.rs, src/orders/restore.rs: issue 27).
+    pub restore_lost_commits: bool,
+    /// finish.lua counts into the witness every order the batch's
+    /// transaction found in MySQL, inserted or stored already (a retry
+    /// after the worker that inserted it died): otherwise such an order,
+    /// lost by MySQL while its entry is in flight, is never counted, and
+    /// the guard never sees it lost (the model's finding M3).
+    pub count_stored_acks: bool,
+    /// A request MySQL has no unit for, while MySQL is behind the gate's
+    /// witness (it lost commits or cancellations the gate saw), is left
+    /// in the stream for a retry, not dead-lettered: the unit comes back
+    /// once the guard restores what MySQL lost (the model's finding M4).
+    /// Not in the code yet: such a request is dead-lettered, its buyer's
+    /// "success" a named limit (`seckill pending --requeue` re-drives it).
+    pub retry_no_stock_while_behind: bool,
 }
 
 impl Fixes {
@@ -67,6 +86,9 @@ impl Fixes {
         reopen_waits_while_owed: true,
         run_id_sign: true,
         commit_looks_again: true,
+        restore_lost_commits: true,
+        count_stored_acks: true,
+        retry_no_stock_while_behind: false,
     };
 }
 
@@ -80,6 +102,9 @@ pub struct Sale {
     pub presses: u8,
     pub crashes: u8,
     pub rollbacks: u8,
+    /// Times MySQL goes back to an earlier snapshot (a failover to an
+    /// asynchronous replica that lacked the last commits).
+    pub mysql_losses: u8,
     pub fixes: Fixes,
 }
 
@@ -123,6 +148,9 @@ pub struct Redis {
     /// one the guard recorded in meta.
     pub run: u8,
     pub recorded_run: u8,
+    /// The witness of MySQL's commits (meta `committed`): lua/finish.lua
+    /// adds one per order its batch inserted and acknowledged now.
+    pub committed: u8,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -137,6 +165,9 @@ pub struct Order {
     pub id: u8,
     pub user: u8,
     pub status: Status,
+    /// Restored pending with nothing known of its fate (paid, or
+    /// cancelled before MySQL's loss): no deadline, for the operator.
+    pub held: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -157,6 +188,9 @@ pub enum Batch {
     InTx {
         batch: Vec<(u8, u8)>,
         inserted: Vec<(u8, u8)>,
+        /// Refused for no stock while MySQL was behind the gate's
+        /// witness: left in the stream for a retry.
+        kept: Vec<u8>,
     },
     /// Committed: `after_commit`; finish.lua next, scheduling the
     /// deadlines of `deadlines`: the orders the transaction inserted or
@@ -166,6 +200,11 @@ pub enum Batch {
     Committed {
         batch: Vec<(u8, u8)>,
         deadlines: Vec<u8>,
+        /// The orders finish.lua counts into the witness: those the
+        /// transaction inserted, or found in MySQL (`count_stored_acks`).
+        counted: Vec<u8>,
+        /// Orders left in the stream for a retry (not acknowledged).
+        kept: Vec<u8>,
     },
 }
 
@@ -193,7 +232,10 @@ pub struct GateView {
     pub entries_len: u8,
     /// In flight: entries not acknowledged, (order, user).
     pub in_flight: Vec<(u8, u8)>,
+    /// Acknowledged entries, (order, user): what a restore has.
+    pub acked: Vec<(u8, u8)>,
     pub timeouts: Vec<u8>,
+    pub committed: u8,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -263,6 +305,13 @@ pub struct State {
     /// can never reopen is a state with nothing left to do, which the
     /// checker's `eventually` sees.
     pub guard_refused: Option<(u8, bool, Vec<u8>)>,
+    /// MySQL's state now is what a failover would come back to.
+    pub mysql_snapshot: Option<Mysql>,
+    pub mysql_losses: u8,
+    /// From MySQL's loss to a guard's pass that sees all of it (nothing
+    /// in flight then: commits acknowledged after the loss count into the
+    /// witness later).
+    pub mysql_loss_window: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -320,6 +369,10 @@ pub enum Action {
     /// Redis killed and started from the snapshot (a failover to a
     /// replica that lacked the last writes).
     Rollback,
+    /// MySQL's state now is what a failover would come back to.
+    MysqlSnapshot,
+    /// MySQL failed over to the snapshot (an asynchronous replica).
+    MysqlRollback,
 }
 
 fn has(v: &[u8], x: u8) -> bool {
@@ -358,6 +411,37 @@ impl State {
         !self.redis.holds.is_empty()
     }
 
+    /// MySQL holds fewer orders than the witness counts commits, or fewer
+    /// cancelled ones than the gate released (src/gate/witness.rs
+    /// `MysqlBehind`).
+    fn mysql_behind(&self) -> bool {
+        let cancelled = self
+            .mysql
+            .orders
+            .iter()
+            .filter(|o| o.status == Status::Cancelled)
+            .count();
+        usize::from(self.redis.committed) > self.mysql.orders.len()
+            || self.redis.released.len() > cancelled
+    }
+
+    /// lua/raise_commits.lua: the witness up to `held` (MySQL's orders, as
+    /// read) less every entry not acknowledged yet, never down.
+    fn raise_witness_to(&mut self, held: usize) {
+        let in_flight = self
+            .redis
+            .entries
+            .iter()
+            .filter(|e| e.delivery != Delivery::Acked)
+            .count();
+        let floor = held.saturating_sub(in_flight) as u8;
+        self.redis.committed = self.redis.committed.max(floor);
+    }
+
+    fn raise_witness(&mut self) {
+        self.raise_witness_to(self.mysql.orders.len());
+    }
+
     /// No process has work left, nothing waits in the stream, the gate is
     /// open: what the sale comes to once faults stop and processes run.
     pub fn quiescent(&self) -> bool {
@@ -370,6 +454,7 @@ impl State {
             // The guard's pass after a Redis restart is one of the
             // processes running.
             && !self.loss_window
+            && !self.mysql_loss_window
             && self
                 .redis
                 .entries
@@ -387,6 +472,17 @@ impl State {
 
     fn order_of(&self, user: u8) -> Option<&Order> {
         self.mysql.orders.iter().find(|o| o.user == user)
+    }
+
+    /// The success answers of `orders`, undone by a fault the docs name.
+    fn expose(&mut self, orders: &[u8]) {
+        for told in self.told.iter_mut() {
+            if let Told::Success { order, exposed } = told {
+                if orders.contains(order) {
+                    *exposed = true;
+                }
+            }
+        }
     }
 
     /// Success answers the stores no longer back after a fault the docs
@@ -427,6 +523,7 @@ impl Sale {
                 holds: vec![],
                 run: 0,
                 recorded_run: 0,
+                committed: 0,
             },
             snapshot: None,
             mysql: Mysql {
@@ -449,6 +546,9 @@ impl Sale {
             rollbacks: self.rollbacks,
             loss_window: false,
             guard_refused: None,
+            mysql_snapshot: None,
+            mysql_losses: self.mysql_losses,
+            mysql_loss_window: false,
         }
     }
 
@@ -691,6 +791,12 @@ impl Model for Sale {
                 Some(_) => actions.push(Action::Rollback),
             }
         }
+        if s.mysql_losses > 0 {
+            match &s.mysql_snapshot {
+                None => actions.push(Action::MysqlSnapshot),
+                Some(_) => actions.push(Action::MysqlRollback),
+            }
+        }
     }
 
     fn next_state(&self, last: &State, action: Action) -> Option<State> {
@@ -733,10 +839,42 @@ impl Model for Sale {
                 };
                 let batch = batch.clone();
                 let inserted = self.transact(&s, &batch);
-                s.batch = Batch::InTx { batch, inserted };
+                // No unit in MySQL for it: dead-lettered, or kept for a
+                // retry while MySQL is behind what the gate saw (the
+                // transaction's counts against the gate's witness).
+                let no_stock: Vec<u8> = batch
+                    .iter()
+                    .filter(|(o, u)| {
+                        !inserted.iter().any(|(i, _)| i == o)
+                            && !s.mysql.orders.iter().any(|x| x.id == *o || x.user == *u)
+                    })
+                    .map(|(o, _)| *o)
+                    .collect();
+                let behind = s.mysql_behind();
+                let kept = match self.fixes.retry_no_stock_while_behind && behind {
+                    true => no_stock,
+                    false => {
+                        if behind {
+                            // Dead-lettered for a unit MySQL lost the
+                            // record of: a named limit.
+                            s.expose(&no_stock);
+                        }
+                        vec![]
+                    }
+                };
+                s.batch = Batch::InTx {
+                    batch,
+                    inserted,
+                    kept,
+                };
             }
             Action::Commit => {
-                let Batch::InTx { batch, inserted } = s.batch.clone() else {
+                let Batch::InTx {
+                    batch,
+                    inserted,
+                    kept,
+                } = s.batch.clone()
+                else {
                     return None;
                 };
                 // Checked again at the commit: another commit may have
@@ -748,6 +886,7 @@ impl Model for Sale {
                         id,
                         user,
                         status: Status::Pending,
+                        held: false,
                     });
                 }
                 s.mysql.orders.sort();
@@ -767,7 +906,20 @@ impl Model for Sale {
                             .any(|x| x.id == *o && x.status == Status::Pending)
                     })
                     .collect();
-                s.batch = Batch::Committed { batch, deadlines };
+                let counted = batch
+                    .iter()
+                    .map(|(o, _)| *o)
+                    .filter(|o| match self.fixes.count_stored_acks {
+                        true => s.mysql.orders.iter().any(|x| x.id == *o),
+                        false => inserted.iter().any(|(i, _)| i == o),
+                    })
+                    .collect();
+                s.batch = Batch::Committed {
+                    batch,
+                    deadlines,
+                    counted,
+                    kept,
+                };
                 // Committed while lost: paused with a grace, so no view
                 // read before the commit reopens (KeepAlive::committed).
                 if lost && self.fixes.hold_batch_in_hand {
@@ -782,7 +934,13 @@ impl Model for Sale {
             }
             Action::GraceEnds => s.redis.grace = false,
             Action::Finish => {
-                let Batch::Committed { batch, deadlines } = s.batch.clone() else {
+                let Batch::Committed {
+                    batch,
+                    deadlines,
+                    counted,
+                    kept,
+                } = s.batch.clone()
+                else {
                     return None;
                 };
                 let me = s.incarnation;
@@ -799,8 +957,13 @@ impl Model for Sale {
                 for e in s.redis.entries.iter_mut() {
                     if matches!(e.delivery, Delivery::Pending(_))
                         && batch.iter().any(|(o, _)| *o == e.order)
+                        && !kept.contains(&e.order)
                     {
                         e.delivery = Delivery::Acked;
+                        // Counted when its XACK acknowledges it now.
+                        if counted.contains(&e.order) {
+                            s.redis.committed += 1;
+                        }
                     }
                 }
                 remove(&mut s.redis.holds, me);
@@ -898,17 +1061,48 @@ impl Model for Sale {
             Action::GuardCheck => {
                 let orders = s.mysql.orders.len();
                 let restarted = s.redis.run != s.guard_run || s.redis.run != s.redis.recorded_run;
+                let behind = s.mysql_behind();
                 // A restart pauses again a gate already paused (a fresh
-                // token: a view read before it is stale); the count's sign
-                // only an open gate.
-                let lost = (self.fixes.run_id_sign && restarted)
-                    || (!s.redis.paused && s.redis.buyers.len() < orders);
-                if lost {
+                // token: a view read before it is stale); MySQL behind and
+                // the count's sign only an open gate. MySQL's loss pauses
+                // with no grace: Redis lost nothing, so no worker holds a
+                // batch it lost.
+                if self.fixes.run_id_sign && restarted {
+                    self.pause(&mut s);
+                } else if behind && !s.redis.paused && self.fixes.restore_lost_commits {
+                    s.redis.paused = true;
+                    s.redis.token += 1;
+                } else if !s.redis.paused && s.redis.buyers.len() < orders {
                     self.pause(&mut s);
                 }
                 s.guard_run = s.redis.run;
                 s.redis.recorded_run = s.redis.run;
                 s.loss_window = false;
+                // Seen whole once nothing decided before the loss is
+                // still on its way to the witness: every entry counted,
+                // every cancellation released (one not released yet
+                // masks a lost one in the counts).
+                let released_all = s
+                    .mysql
+                    .orders
+                    .iter()
+                    .filter(|o| o.status == Status::Cancelled)
+                    .all(|o| has(&s.redis.released, o.id));
+                if s.batch == Batch::Idle
+                    && s.canceller == Canceller::Idle
+                    && s.redis
+                        .entries
+                        .iter()
+                        .all(|e| e.delivery == Delivery::Acked)
+                    && released_all
+                {
+                    s.mysql_loss_window = false;
+                }
+                // The pass ends with the witness raised to MySQL's count
+                // (lua/raise_commits.lua), unless MySQL is behind it.
+                if !behind {
+                    s.raise_witness();
+                }
                 if last == &s {
                     return None;
                 }
@@ -927,7 +1121,14 @@ impl Model for Sale {
                         .filter(|e| e.delivery != Delivery::Acked)
                         .map(|e| (e.order, e.user))
                         .collect(),
+                    acked: r
+                        .entries
+                        .iter()
+                        .filter(|e| e.delivery == Delivery::Acked)
+                        .map(|e| (e.order, e.user))
+                        .collect(),
                     timeouts: r.timeouts.iter().map(|(o, _)| *o).collect(),
+                    committed: r.committed,
                 };
                 s.guard = Guard::ReadGate(view);
             }
@@ -972,6 +1173,18 @@ impl Model for Sale {
                 }
             }
             Action::Snapshot => s.snapshot = Some(s.redis.clone()),
+            Action::MysqlSnapshot => s.mysql_snapshot = Some(s.mysql.clone()),
+            Action::MysqlRollback => {
+                s.mysql_losses -= 1;
+                s.mysql = s.mysql_snapshot.take()?;
+                s.mysql_loss_window = true;
+                // An open transaction dies with the old primary's
+                // connections: its COMMIT fails and the batch runs it
+                // again (src/worker/batch.rs).
+                if let Batch::InTx { batch, .. } = &s.batch {
+                    s.batch = Batch::Locked(batch.clone());
+                }
+            }
             Action::Rollback => {
                 s.rollbacks -= 1;
                 let mut back = s.snapshot.take()?;
@@ -1036,7 +1249,9 @@ impl Sale {
             released: r.redis.released.clone(),
             entries_len: r.redis.entries.len() as u8,
             in_flight: vec![],
+            acked: r.redis.entries.iter().map(|e| (e.order, e.user)).collect(),
             timeouts: r.redis.timeouts.iter().map(|(o, _)| *o).collect(),
+            committed: r.redis.committed,
         };
         let my = r.mysql.clone();
         self.repair(&mut r, &view, &my);
@@ -1046,6 +1261,11 @@ impl Sale {
     /// The rebuild (src/reconcile: reconcile.lua with the witness, then
     /// release.lua of the cancellations the gate has not released).
     fn repair(&self, s: &mut State, view: &GateView, my: &Mysql) {
+        if self.fixes.restore_lost_commits && !self.mend_mysql(s, view, my) {
+            // MySQL mended, or the witness moved: read again.
+            s.guard = Guard::Idle;
+            return;
+        }
         let r = &s.redis;
         let moved = r.stock != view.stock
             || r.buyers.len() != view.buyers.len()
@@ -1101,19 +1321,150 @@ impl Sale {
         for o in spoken {
             add(&mut s.redis.released, o);
         }
-        for o in my.orders.iter().filter(|o| o.status == Status::Pending) {
+        for o in my
+            .orders
+            .iter()
+            .filter(|o| o.status == Status::Pending && !o.held)
+        {
             if !view.timeouts.contains(&o.id) && !s.redis.timeouts.iter().any(|(t, _)| *t == o.id) {
                 s.redis.timeouts.push((o.id, false));
                 s.redis.timeouts.sort();
             }
         }
         // release.lua under the repair's token: each once (released); at a
-        // paused gate a worker holds, deferred like the rest of what gives
-        // units back (the next pass after the hold ends gives them).
-        let deferred = s.redis.paused && s.hold_is_live();
+        // paused gate a worker holds, or one paused again since the view,
+        // deferred (a later pass gives them).
+        let deferred = s.redis.paused && (s.hold_is_live() || s.redis.token != view.token);
         if !withheld && !deferred {
             self.release(s, &unreleased, &[]);
         }
         s.guard = Guard::Repaired(view.token, owes);
+    }
+
+    /// What MySQL lost, as reconcile reads and mends it before any repair
+    /// of the gate (src/reconcile/target.rs, snapshot.rs
+    /// `find_lost_commits`, src/orders/restore.rs): a gap in the witness
+    /// nothing kept names is taken off it; otherwise the witness is raised
+    /// to MySQL's count; lost orders are put back from their acknowledged
+    /// entries and lost cancellations made again, in one transaction.
+    /// True: nothing to mend, go on with this view's repair.
+    fn mend_mysql(&self, s: &mut State, view: &GateView, my: &Mysql) -> bool {
+        let lost = self.lost_commits(s, view, my);
+        let gap = usize::from(view.committed).saturating_sub(my.orders.len());
+        if gap > 0 && lost.is_empty() {
+            // lua/forget_commits.lua: only off the witness this view read.
+            if s.redis.committed != view.committed {
+                return false;
+            }
+            s.redis.committed -= gap as u8;
+        } else if gap == 0 {
+            s.raise_witness_to(my.orders.len());
+        }
+        let cancel: Vec<u8> = my
+            .orders
+            .iter()
+            .filter(|o| o.status == Status::Pending && has(&view.released, o.id))
+            .map(|o| o.id)
+            .collect();
+        if lost.is_empty() && cancel.is_empty() {
+            return true;
+        }
+        // restore.rs `restore`: all or nothing, on MySQL as it is now.
+        let mut m = s.mysql.clone();
+        for o in m.orders.iter_mut() {
+            if cancel.contains(&o.id) && o.status == Status::Pending {
+                o.status = Status::Cancelled;
+                m.stock += 1;
+            }
+        }
+        let fresh: Vec<Order> = lost
+            .into_iter()
+            .filter(|l| !m.orders.iter().any(|o| o.id == l.id || o.user == l.user))
+            .collect();
+        let units = fresh.iter().filter(|o| o.status == Status::Pending).count() as u8;
+        if units > m.stock {
+            // Sold again in MySQL since: nothing restored (an error; the
+            // gate stays paused for the operator).
+            return false;
+        }
+        m.stock -= units;
+        m.orders.extend(fresh);
+        m.orders.sort();
+        s.mysql = m;
+        false
+    }
+
+    /// The orders MySQL lost that the stream kept (snapshot.rs
+    /// `find_lost_commits`, stream/backlog.rs `acknowledged_orders`): the
+    /// newest acknowledged entry of each buyer without an order, then, if
+    /// the witness counts more, of users the gate does not know, each as
+    /// the gate knows it now (restore.rs `LostState`).
+    fn lost_commits(&self, s: &State, view: &GateView, my: &Mysql) -> Vec<Order> {
+        let in_mysql = |o: u8| my.orders.iter().any(|x| x.id == o);
+        let mut holders: Vec<u8> = my.orders.iter().map(|o| o.user).collect();
+        holders.extend(
+            view.in_flight
+                .iter()
+                .filter(|(o, _)| !in_mysql(*o))
+                .map(|(_, u)| *u),
+        );
+        let orphans: Vec<u8> = view
+            .buyers
+            .iter()
+            .copied()
+            .filter(|u| !holders.contains(u))
+            .collect();
+        let newest = |wanted: &dyn Fn(u8) -> bool, limit: usize| -> Vec<(u8, u8)> {
+            let mut decided = vec![];
+            let mut out = vec![];
+            for &(o, u) in view.acked.iter().rev() {
+                if out.len() == limit || decided.contains(&u) {
+                    continue;
+                }
+                decided.push(u);
+                if wanted(u) {
+                    out.push((o, u));
+                }
+            }
+            out
+        };
+        let mut found: Vec<(u8, u8)> = newest(&|u| orphans.contains(&u), usize::MAX)
+            .into_iter()
+            .filter(|(o, _)| !in_mysql(*o))
+            .collect();
+        let gap = usize::from(view.committed).saturating_sub(my.orders.len());
+        let unexplained = gap.saturating_sub(found.len());
+        if unexplained > 0 {
+            let mut known: Vec<u8> = my.orders.iter().map(|o| o.user).collect();
+            known.extend(&orphans);
+            known.extend(view.in_flight.iter().map(|(_, u)| *u));
+            found.extend(
+                newest(&|u| !known.contains(&u), unexplained)
+                    .into_iter()
+                    .filter(|(o, _)| !in_mysql(*o)),
+            );
+        }
+        found
+            .into_iter()
+            .map(|(id, user)| {
+                let (status, held) = if has(&view.released, id) {
+                    (Status::Cancelled, false)
+                } else if view.timeouts.contains(&id) && has(&s.due, id) {
+                    // Past its deadline: cancelled, its unit still taken
+                    // at the gate for the release to come.
+                    (Status::Cancelled, false)
+                } else if view.timeouts.contains(&id) {
+                    (Status::Pending, false)
+                } else {
+                    (Status::Pending, true)
+                };
+                Order {
+                    id,
+                    user,
+                    status,
+                    held,
+                }
+            })
+            .collect()
     }
 }

@@ -38,11 +38,11 @@ const POINTS: &[(&str, Result<&str, &str>)] = &[
     ),
     (
         "before_forget",
-        Err("MySQL's lost commits: not modelled yet"),
+        Ok("GuardRepair (MySQL's lost commits: a gap nothing kept names taken off the witness)"),
     ),
     (
         "before_raise",
-        Err("MySQL's lost commits: not modelled yet"),
+        Ok("GuardCheck (the pass's raise) and GuardRepair (the rebuild's)"),
     ),
     (
         "before_publish",
