@@ -151,6 +151,9 @@ pub struct Redis {
     /// The witness of MySQL's commits (meta `committed`): lua/finish.lua
     /// adds one per order its batch inserted and acknowledged now.
     pub committed: u8,
+    /// Users with a dead-lettered entry (the dead-letter stream): a
+    /// restore passes them over (stream/backlog.rs).
+    pub dead: Vec<u8>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -205,6 +208,8 @@ pub enum Batch {
         counted: Vec<u8>,
         /// Orders left in the stream for a retry (not acknowledged).
         kept: Vec<u8>,
+        /// Users whose entries are dead-lettered (refused for good).
+        dead: Vec<u8>,
     },
 }
 
@@ -236,6 +241,7 @@ pub struct GateView {
     pub acked: Vec<(u8, u8)>,
     pub timeouts: Vec<u8>,
     pub committed: u8,
+    pub dead: Vec<u8>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -415,14 +421,19 @@ impl State {
     /// cancelled ones than the gate released (src/gate/witness.rs
     /// `MysqlBehind`).
     fn mysql_behind(&self) -> bool {
+        usize::from(self.redis.committed) > self.mysql.orders.len()
+            || self.mysql_lacks_cancellations()
+    }
+
+    /// More units released at the gate than MySQL has cancellations.
+    fn mysql_lacks_cancellations(&self) -> bool {
         let cancelled = self
             .mysql
             .orders
             .iter()
             .filter(|o| o.status == Status::Cancelled)
             .count();
-        usize::from(self.redis.committed) > self.mysql.orders.len()
-            || self.redis.released.len() > cancelled
+        self.redis.released.len() > cancelled
     }
 
     /// lua/raise_commits.lua: the witness up to `held` (MySQL's orders, as
@@ -524,6 +535,7 @@ impl Sale {
                 run: 0,
                 recorded_run: 0,
                 committed: 0,
+                dead: vec![],
             },
             snapshot: None,
             mysql: Mysql {
@@ -850,7 +862,7 @@ impl Model for Sale {
                     })
                     .map(|(o, _)| *o)
                     .collect();
-                let behind = s.mysql_behind();
+                let behind = s.mysql_lacks_cancellations();
                 let kept = match self.fixes.retry_no_stock_while_behind && behind {
                     true => no_stock,
                     false => {
@@ -914,11 +926,19 @@ impl Model for Sale {
                         false => inserted.iter().any(|(i, _)| i == o),
                     })
                     .collect();
+                let dead = batch
+                    .iter()
+                    .filter(|(o, _)| {
+                        !kept.contains(o) && !s.mysql.orders.iter().any(|x| x.id == *o)
+                    })
+                    .map(|(_, u)| *u)
+                    .collect();
                 s.batch = Batch::Committed {
                     batch,
                     deadlines,
                     counted,
                     kept,
+                    dead,
                 };
                 // Committed while lost: paused with a grace, so no view
                 // read before the commit reopens (KeepAlive::committed).
@@ -939,6 +959,7 @@ impl Model for Sale {
                     deadlines,
                     counted,
                     kept,
+                    dead,
                 } = s.batch.clone()
                 else {
                     return None;
@@ -965,6 +986,9 @@ impl Model for Sale {
                             s.redis.committed += 1;
                         }
                     }
+                }
+                for u in dead {
+                    add(&mut s.redis.dead, u);
                 }
                 remove(&mut s.redis.holds, me);
                 s.batch = Batch::Idle;
@@ -1129,6 +1153,7 @@ impl Model for Sale {
                         .collect(),
                     timeouts: r.timeouts.iter().map(|(o, _)| *o).collect(),
                     committed: r.committed,
+                    dead: r.dead.clone(),
                 };
                 s.guard = Guard::ReadGate(view);
             }
@@ -1242,19 +1267,27 @@ impl Sale {
     /// repaired.
     pub fn reconciled(&self, s: &State) -> State {
         let mut r = s.clone();
-        let view = GateView {
-            token: r.redis.token,
-            stock: r.redis.stock,
-            buyers: r.redis.buyers.clone(),
-            released: r.redis.released.clone(),
-            entries_len: r.redis.entries.len() as u8,
-            in_flight: vec![],
-            acked: r.redis.entries.iter().map(|e| (e.order, e.user)).collect(),
-            timeouts: r.redis.timeouts.iter().map(|(o, _)| *o).collect(),
-            committed: r.redis.committed,
-        };
-        let my = r.mysql.clone();
-        self.repair(&mut r, &view, &my);
+        // Read again after MySQL was mended, as reconcile_gate does.
+        for _ in 0..5 {
+            let view = GateView {
+                token: r.redis.token,
+                stock: r.redis.stock,
+                buyers: r.redis.buyers.clone(),
+                released: r.redis.released.clone(),
+                entries_len: r.redis.entries.len() as u8,
+                in_flight: vec![],
+                acked: r.redis.entries.iter().map(|e| (e.order, e.user)).collect(),
+                timeouts: r.redis.timeouts.iter().map(|(o, _)| *o).collect(),
+                committed: r.redis.committed,
+                dead: r.redis.dead.clone(),
+            };
+            let my = r.mysql.clone();
+            r.guard = Guard::Idle;
+            self.repair(&mut r, &view, &my);
+            if r.guard != Guard::Idle {
+                break;
+            }
+        }
         r
     }
 
@@ -1415,7 +1448,7 @@ impl Sale {
             .filter(|u| !holders.contains(u))
             .collect();
         let newest = |wanted: &dyn Fn(u8) -> bool, limit: usize| -> Vec<(u8, u8)> {
-            let mut decided = vec![];
+            let mut decided = view.dead.clone();
             let mut out = vec![];
             for &(o, u) in view.acked.iter().rev() {
                 if out.len() == limit || decided.contains(&u) {

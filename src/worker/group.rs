@@ -420,3 +420,49 @@ pub async fn forget_silent_consumers(
     }
     Ok(removed)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stream::entry::Kind;
+
+    fn message(n: u64) -> (OrderMessage, u64) {
+        let m = OrderMessage {
+            entry_id: format!("{n}-0"),
+            user: n,
+            order: 100 + n,
+            voucher: 1,
+            kind: Kind::Admit,
+            quantity: 1,
+            created_ms: 1_000,
+            client_reference: None,
+        };
+        (m, 1)
+    }
+
+    /// The witness counts every order MySQL holds that the batch
+    /// acknowledges, inserted or found stored (finding M3), and an order's
+    /// entry repeated in the batch once.
+    #[test]
+    fn orders_inserted_or_found_stored_are_counted_and_a_repeat_is_not() {
+        let mine: Vec<(OrderMessage, u64)> = (1..=5).map(message).collect();
+        let fates = vec![
+            Fate::Inserted,
+            Fate::AlreadyStored { pending: true },
+            Fate::AlreadyStored { pending: false },
+            Fate::Repeated,
+            Fate::Dead("no stock in MySQL".into()),
+        ];
+        let p = Persisted {
+            fates,
+            pay_timeout_ms: 60_000,
+        };
+        let planned = plan(&mine, p, vec![], vec![]);
+        assert_eq!(planned.redis.inserted, ["1-0", "2-0", "3-0"]);
+        assert_eq!(planned.redis.acks, ["4-0", "5-0"]);
+        assert_eq!(planned.counts, (1, 3));
+        let deadlines: Vec<u64> = planned.redis.deadlines.iter().map(|d| d.0).collect();
+        assert_eq!(deadlines, [101, 102]);
+        assert_eq!(planned.redis.dead.len(), 1);
+    }
+}

@@ -630,10 +630,9 @@ impl GateGuard {
     /// Sets each gate's witness of commits back up to MySQL's count of its
     /// orders this pass (read after the witness), where it is short of
     /// it: Redis went back in time (a rebuild raises it too, but leaves
-    /// out the entries in flight then, and those Redis had delivered
-    /// before its loss come back to be acknowledged as found stored,
-    /// which counts nothing), or an order committed by a worker whose
-    /// batch another then acknowledged. A witness short by N hides N
+    /// out the entries in flight then, which count at their
+    /// acknowledgement, found stored or not), or restored orders. A
+    /// witness short by N hides N
     /// orders of MySQL's next loss. Never for a voucher whose MySQL lacks
     /// orders its gates saw committed (that gap is the loss's sign), nor
     /// over a gap taken off since this pass read the witness; a gate in

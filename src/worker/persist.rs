@@ -190,9 +190,14 @@ async fn persist_once(
     for (i, m) in msgs.iter().enumerate() {
         let fate = if let Some(s) = by_id.get(&m.order) {
             if s.user == m.user && s.voucher == voucher {
-                Some(Fate::AlreadyStored {
-                    pending: OrderStatus::from_code(s.status) == Some(OrderStatus::Pending),
-                })
+                // Stored, and repeated in this batch: the first carries it
+                // (and counts it into the witness, once).
+                match batch_orders.insert(m.order, m.user) {
+                    Some(_) => Some(Fate::Repeated),
+                    None => Some(Fate::AlreadyStored {
+                        pending: OrderStatus::from_code(s.status) == Some(OrderStatus::Pending),
+                    }),
+                }
             } else {
                 Some(Fate::Dead(format!(
                     "order id {} collides with the order of user {} for voucher {}",
