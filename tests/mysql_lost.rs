@@ -1006,7 +1006,8 @@ async fn a_batch_between_commit_and_ack_is_not_counted_twice() {
     let env = TestEnv::new().await;
     env.live_voucher_paying_within(V, 100, 600_000).await;
     env.admit_users(V, 10, 0).await;
-    let (worker, dir, port) = worker_held_at(&env, "100ms", "after_commit@1=hold");
+    let (worker, dir, port) =
+        worker_held_at(&env, &["--gate-check", "100ms"], "after_commit@1=hold");
     worker.wait_log("fault hold at after_commit", Duration::from_secs(30));
     assert_eq!(env.order_count(V).await, 10, "the batch is committed");
     three_guard_passes(port, "over the batch in hand").await;
@@ -1042,7 +1043,8 @@ async fn a_raise_read_before_a_drop_does_not_put_the_gap_back() {
     // Short, as a Redis rollback leaves it.
     let _: () = redis.hset(keys.meta(), "committed", 12).await.unwrap();
 
-    let (worker, dir, port) = worker_held_at(&env, "300ms", "before_raise@1=hold");
+    let (worker, dir, port) =
+        worker_held_at(&env, &["--gate-check", "300ms"], "before_raise@1=hold");
     worker.wait_log("fault hold at before_raise", Duration::from_secs(30));
     failover_past_keep(&env, &keys, &dump).await;
     let (code, report) = env.reconcile_json(&["--dry-run", "--voucher", "89"]);
@@ -1080,7 +1082,7 @@ async fn an_order_a_retry_found_stored_is_counted_so_its_loss_is_restored() {
     env.live_voucher_paying_within(V, 10, 600_000).await;
     let dump = env.dump_mysql();
     env.admit_users(V, 1, 0).await;
-    let (first, _, _) = worker_held_at(&env, "1h", "after_commit@1=hold");
+    let (first, _, _) = worker_held_at(&env, &["--gate-check", "1h"], "after_commit@1=hold");
     first.wait_log("fault hold at after_commit", Duration::from_secs(30));
     assert_eq!(env.order_count(V).await, 1, "the order is committed");
     first.kill9();
@@ -1098,7 +1100,8 @@ async fn an_order_a_retry_found_stored_is_counted_so_its_loss_is_restored() {
     })
     .await;
 
-    let (mut worker, dir, _) = worker_held_at(&env, "200ms", "after_commit@1=hold");
+    let (mut worker, dir, _) =
+        worker_held_at(&env, &["--gate-check", "200ms"], "after_commit@1=hold");
     worker.expect_gate_pauses();
     worker.wait_log("fault hold at after_commit", Duration::from_secs(30));
     env.restore_mysql(&dump);
@@ -1114,18 +1117,89 @@ async fn an_order_a_retry_found_stored_is_counted_so_its_loss_is_restored() {
     stopped_and_checked(env, worker, V, &dir).await;
 }
 
-/// A worker with its guard every `gate_check`, its passes counted on its
-/// metrics page (the port returned), held at `fault`
+/// The checked model's finding M4: MySQL lost the cancellation of user 1's
+/// order, whose unit the gate had given back; user 2 is admitted on that
+/// unit, told "success", and a worker persists the order before the gate
+/// guard has cancelled user 1's again, so MySQL has no unit for it. Before:
+/// dead-lettered (`no stock in MySQL`), a success with no order. Now: kept
+/// pending while MySQL has fewer cancellations than the gate released;
+/// once the guard has cancelled user 1's order again, a retry inserts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buyer_on_a_unit_whose_cancellation_mysql_lost_gets_the_order_once_it_is_cancelled_again()
+{
+    const V: u64 = 93;
+    let env = TestEnv::new().await;
+    env.live_voucher_paying_within(V, 1, 1_000).await;
+    // No guard: the cancellation's loss goes unmended until the next worker.
+    let first = env.spawn_worker(&fast_worker(&["--gate-check", "0s"]));
+    buy_users(&env, V, 1..=1);
+    env.wait_orders(V, 1, Duration::from_secs(30)).await;
+    let dump = env.dump_mysql();
+    within(30, "user 1's order cancelled, its unit back", async || {
+        let orders = orders_held(&env, V).await;
+        orders.iter().all(|o| o.2 == -1) && gate_stock(&env, V).await == 1
+    })
+    .await;
+    drop(first);
+    env.restore_mysql(&dump);
+    buy_users(&env, V, 2..=2);
+    // The guard stands at its pause, before it mends MySQL, while user 2's
+    // order is persisted.
+    let (mut worker, dir, _) = worker_held_at(
+        &env,
+        &["--gate-check", "200ms", "--max-deliveries", "1000"],
+        "gate_paused@1=hold",
+    );
+    worker.expect_gate_pauses();
+    worker.wait_log("fault hold at gate_paused", Duration::from_secs(30));
+    within(30, "user 2's entry persisted once", async || {
+        let log = worker.log_text();
+        log.contains("dead-lettered") || log.contains(KEPT)
+    })
+    .await;
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let dead: u64 = redis.xlen(keys.dead()).await.unwrap();
+    assert_eq!(
+        dead,
+        0,
+        "a buyer told success was dead-lettered:\n{}",
+        worker.log_text()
+    );
+    std::fs::write(dir.join("release"), b"").unwrap();
+    worker.wait_log("cancelled again 1 order(s)", Duration::from_secs(30));
+    within(60, "user 2's order in MySQL", async || {
+        orders_held(&env, V).await.iter().any(|o| o.1 == 2)
+    })
+    .await;
+    let orders = orders_held(&env, V).await;
+    assert_eq!(order_of(&orders, 1).2, -1, "{orders:?}");
+    assert_eq!(order_of(&orders, 2).2, 0, "{orders:?}");
+    let dead: u64 = redis.xlen(keys.dead()).await.unwrap();
+    assert_eq!(dead, 0, "{}", worker.log_text());
+    worker.wait_count(REOPENED, 1, Duration::from_secs(30));
+    env.wait_drained(V, Duration::from_secs(30)).await;
+    stopped_and_checked(env, worker, V, &dir).await;
+}
+
+/// What a worker logs of an order it keeps for a retry because MySQL lacks
+/// cancellations the gates released.
+const KEPT: &str = "kept pending for a retry";
+
+/// A worker with `args` (its guard every `--gate-check`), its passes
+/// counted on its metrics page (the port returned), held at `fault`
 /// (`SECKILL_TEST_FAULT`) until a file `release` appears in the folder
 /// returned.
-fn worker_held_at(env: &TestEnv, gate_check: &str, fault: &str) -> (WorkerProc, PathBuf, u16) {
+fn worker_held_at(env: &TestEnv, args: &[&str], fault: &str) -> (WorkerProc, PathBuf, u16) {
     let dir = std::env::temp_dir().join(format!("seckill-held-{}", env.prefix));
     std::fs::create_dir_all(&dir).unwrap();
     let dir_text = dir.to_string_lossy().to_string();
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
+    let mut args = args.to_vec();
+    args.extend(["--metrics-addr", &addr]);
     let worker = env.spawn_worker_with(
-        &fast_worker(&["--gate-check", gate_check, "--metrics-addr", &addr]),
+        &fast_worker(&args),
         &[
             ("SECKILL_TEST_FAULT", fault),
             ("SECKILL_TEST_FAULT_DIR", dir_text.as_str()),

@@ -66,12 +66,13 @@ pub struct Fixes {
     /// lost by MySQL while its entry is in flight, is never counted, and
     /// the guard never sees it lost (the model's finding M3).
     pub count_stored_acks: bool,
-    /// A request MySQL has no unit for, while MySQL is behind the gate's
-    /// witness (it lost commits or cancellations the gate saw), is left
-    /// in the stream for a retry, not dead-lettered: the unit comes back
-    /// once the guard restores what MySQL lost (the model's finding M4).
-    /// Not in the code yet: such a request is dead-lettered, its buyer's
-    /// "success" a named limit (`seckill pending --requeue` re-drives it).
+    /// A request MySQL has no unit for, while MySQL has fewer
+    /// cancellations than the gate released, is left in the stream for a
+    /// retry, not dead-lettered: the unit comes back once the guard
+    /// cancels again what MySQL lost (the model's finding M4;
+    /// src/worker/group.rs `keep_no_stock_while_mysql_lacks_cancellations`).
+    /// Without it, such a request is dead-lettered and its buyer's
+    /// "success" has no order.
     pub retry_no_stock_while_behind: bool,
 }
 
@@ -88,7 +89,7 @@ impl Fixes {
         commit_looks_again: true,
         restore_lost_commits: true,
         count_stored_acks: true,
-        retry_no_stock_while_behind: false,
+        retry_no_stock_while_behind: true,
     };
 }
 
@@ -485,17 +486,6 @@ impl State {
         self.mysql.orders.iter().find(|o| o.user == user)
     }
 
-    /// The success answers of `orders`, undone by a fault the docs name.
-    fn expose(&mut self, orders: &[u8]) {
-        for told in self.told.iter_mut() {
-            if let Told::Success { order, exposed } = told {
-                if orders.contains(order) {
-                    *exposed = true;
-                }
-            }
-        }
-    }
-
     /// Success answers the stores no longer back after a fault the docs
     /// name: marked so the property does not count them.
     fn expose_lost(&mut self) {
@@ -865,14 +855,7 @@ impl Model for Sale {
                 let behind = s.mysql_lacks_cancellations();
                 let kept = match self.fixes.retry_no_stock_while_behind && behind {
                     true => no_stock,
-                    false => {
-                        if behind {
-                            // Dead-lettered for a unit MySQL lost the
-                            // record of: a named limit.
-                            s.expose(&no_stock);
-                        }
-                        vec![]
-                    }
+                    false => vec![],
                 };
                 s.batch = Batch::InTx {
                     batch,

@@ -10,9 +10,11 @@ use super::group::{self, DeadLetter, Delivery};
 use super::keepalive;
 use super::lane::Lane;
 use super::lost_group;
-use super::persist::{self, persist, PersistError};
+use super::persist::{self, persist, Fate, PersistError};
 use crate::error::{mysql_code, mysql_codes, Error, Result, StoreFault};
+use crate::gate::witness;
 use crate::store::keys::VoucherKeys;
+use crate::store::layout::Layout;
 use crate::stream::entry::OrderMessage;
 use crate::support::backoff::Backoff;
 
@@ -165,7 +167,11 @@ impl Lane {
         let persisted = self.persist_fenced(keys, &msgs, alive).await;
         let sql_ms = t_sql.elapsed().as_secs_f64() * 1e3;
         let completion = match persisted {
-            Ok(p) => group::plan(&mine, p, dead, acks),
+            Ok(mut p) => {
+                self.keep_while_mysql_lacks_cancellations(keys, &mine, &mut p)
+                    .await?;
+                group::plan(&mine, p, dead, acks)
+            }
             Err(PersistError::UnknownVoucher(v)) => {
                 self.refuse_unknown_voucher(v, &mine, dead, acks)
             }
@@ -273,6 +279,51 @@ impl Lane {
             }
         }
         Ok((mine, held))
+    }
+
+    /// The orders MySQL had no unit for, kept pending for a retry while it
+    /// has fewer cancellations than the voucher's gates released
+    /// ([`group::keep_no_stock_while_mysql_lacks_cancellations`]). The
+    /// released sets are read after the transaction that counted MySQL's
+    /// cancellations: a cancellation commits in MySQL before its unit is
+    /// released, so one between the two reads errs towards a retry, which
+    /// then finds its unit.
+    async fn keep_while_mysql_lacks_cancellations(
+        &mut self,
+        keys: &VoucherKeys,
+        mine: &[(OrderMessage, u64)],
+        p: &mut persist::Persisted,
+    ) -> Result<()> {
+        if !p.fates.contains(&Fate::NoStock) {
+            return Ok(());
+        }
+        let voucher = keys.voucher();
+        let layout = Layout::read(&mut self.conn, keys.prefix(), voucher).await?;
+        let released: u64 = witness::read_many(&mut self.conn, &layout.all_keys()?)
+            .await?
+            .iter()
+            .map(|w| w.released)
+            .sum();
+        let kept = group::keep_no_stock_while_mysql_lacks_cancellations(
+            &mut p.fates,
+            mine.iter().map(|(_, n)| *n),
+            released,
+            p.cancelled,
+            self.opts.max_deliveries,
+        );
+        for ((m, _), fate) in mine.iter().zip(&p.fates) {
+            if let Fate::Kept(reason) = fate {
+                self.last_error.insert(m.entry_id.clone(), reason.clone());
+            }
+        }
+        if kept > 0 {
+            tracing::warn!(
+                "voucher {voucher}: {kept} order(s) found no stock in MySQL, which has {} cancelled order(s) where its gates released {released}: \
+                 kept pending for a retry, which finds the unit once the gate guard has cancelled the lost ones again",
+                p.cancelled
+            );
+        }
+        Ok(())
     }
 
     /// After a failed transaction: the locks given back, or left to expire

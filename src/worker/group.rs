@@ -18,6 +18,7 @@ use crate::store::redis_conn::RedisConn;
 use crate::store::scripts::{FINISH, FORGET_CONSUMER};
 use crate::stream::entry::{OrderMessage, RawEntry};
 use crate::stream::id::StreamId;
+use crate::stream::pending::NO_STOCK;
 use crate::stream::read_reply;
 
 /// An entry handed to this consumer, with how often it has been delivered.
@@ -310,6 +311,13 @@ pub fn plan(
                 continue;
             }
             Fate::Repeated => plan.counts.1 += 1,
+            // Neither acknowledged nor dead-lettered: it comes back.
+            Fate::Kept(_) => continue,
+            Fate::NoStock => plan.redis.dead.push(DeadLetter {
+                entry_id: m.entry_id.clone(),
+                reason: NO_STOCK.to_string(),
+                deliveries: *n,
+            }),
             Fate::Dead(reason) => plan.redis.dead.push(DeadLetter {
                 entry_id: m.entry_id.clone(),
                 reason,
@@ -319,6 +327,34 @@ pub fn plan(
         plan.redis.acks.push(m.entry_id.clone());
     }
     plan
+}
+
+/// The orders a batch found no stock for in MySQL ([`Fate::NoStock`]),
+/// kept for a retry while MySQL has fewer cancellations (`cancelled`, read
+/// in the batch's transaction) than the voucher's gates released
+/// (`released`, read after it): MySQL lost commits, and the units it lost
+/// the cancellations of back requests the gates admitted, told "success";
+/// the gate guard cancels those orders again, and the retry finds the unit
+/// (the checked model's finding M4). Dead-lettered otherwise, and past
+/// `max_deliveries` in any case. How many were kept.
+pub fn keep_no_stock_while_mysql_lacks_cancellations(
+    fates: &mut [Fate],
+    deliveries: impl IntoIterator<Item = u64>,
+    released: u64,
+    cancelled: u64,
+    max_deliveries: u64,
+) -> usize {
+    let behind = released.saturating_sub(cancelled);
+    let mut kept = 0;
+    for (fate, n) in fates.iter_mut().zip(deliveries) {
+        if *fate == Fate::NoStock && behind > 0 && n <= max_deliveries {
+            *fate = Fate::Kept(format!(
+                "{NO_STOCK}, which has {behind} cancellation(s) fewer than the gates released (MySQL lost commits)"
+            ));
+            kept += 1;
+        }
+    }
+    kept
 }
 
 /// Deadlines, dead letters, XACK, then the locks' release — atomically
@@ -456,6 +492,7 @@ mod tests {
         let p = Persisted {
             fates,
             pay_timeout_ms: 60_000,
+            cancelled: 0,
         };
         let planned = plan(&mine, p, vec![], vec![]);
         assert_eq!(planned.redis.inserted, ["1-0", "2-0", "3-0"]);
@@ -464,5 +501,51 @@ mod tests {
         let deadlines: Vec<u64> = planned.redis.deadlines.iter().map(|d| d.0).collect();
         assert_eq!(deadlines, [101, 102]);
         assert_eq!(planned.redis.dead.len(), 1);
+    }
+
+    /// An order MySQL had no unit for is kept (neither acknowledged nor
+    /// dead-lettered) only while MySQL has fewer cancellations than the
+    /// gates released, and not past the last delivery (finding M4).
+    #[test]
+    fn no_stock_is_kept_while_mysql_lacks_cancellations_and_deliveries_are_left() {
+        let mine: Vec<(OrderMessage, u64)> = (1..=3).map(message).collect();
+        let deliveries = [1, 5, 6];
+        let no_stock = || vec![Fate::NoStock, Fate::NoStock, Fate::NoStock];
+
+        let mut fates = no_stock();
+        assert_eq!(
+            keep_no_stock_while_mysql_lacks_cancellations(&mut fates, deliveries, 4, 3, 5),
+            2
+        );
+        assert!(matches!(fates[0], Fate::Kept(_)) && matches!(fates[1], Fate::Kept(_)));
+        assert_eq!(fates[2], Fate::NoStock);
+        let p = Persisted {
+            fates,
+            pay_timeout_ms: 60_000,
+            cancelled: 3,
+        };
+        let planned = plan(&mine, p, vec![], vec![]);
+        assert!(planned.redis.inserted.is_empty());
+        assert_eq!(planned.redis.acks, ["3-0"]);
+        let dead: Vec<(&str, &str)> = planned
+            .redis
+            .dead
+            .iter()
+            .map(|d| (d.entry_id.as_str(), d.reason.as_str()))
+            .collect();
+        assert_eq!(dead, [("3-0", NO_STOCK)]);
+
+        // MySQL has every cancellation the gates released (or more: one
+        // not released yet): no unit is owed, refused for good.
+        for (released, cancelled) in [(3, 3), (2, 3), (0, 0)] {
+            let mut fates = no_stock();
+            assert_eq!(
+                keep_no_stock_while_mysql_lacks_cancellations(
+                    &mut fates, deliveries, released, cancelled, 5
+                ),
+                0
+            );
+            assert_eq!(fates, no_stock());
+        }
     }
 }

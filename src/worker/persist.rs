@@ -24,7 +24,6 @@ use crate::orders::order::OrderStatus;
 use crate::orders::voucher::{self, RowRead};
 use crate::store::db::join_ids;
 use crate::stream::entry::OrderMessage;
-use crate::stream::pending::NO_STOCK;
 
 /// What became of one message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +37,15 @@ pub enum Fate {
     /// The same order as an earlier message of this batch (its entry
     /// twice): the earlier one carries it.
     Repeated,
+    /// No unit left in MySQL for it ([`NO_STOCK`](crate::stream::pending::NO_STOCK)): dead-lettered, unless
+    /// MySQL lost cancellations whose units the gates gave back (then the
+    /// unit backing it comes back to MySQL once the gate guard cancels
+    /// them again, and it is kept for a retry: the checked model's finding
+    /// M4).
+    NoStock,
+    /// Left pending for a retry, with the reason (for its dead letter if
+    /// it is delivered too often).
+    Kept(String),
     /// Refused for good; goes to the dead-letter stream with this reason.
     Dead(String),
 }
@@ -47,6 +55,10 @@ pub struct Persisted {
     /// One fate per message, in order.
     pub fates: Vec<Fate>,
     pub pay_timeout_ms: i64,
+    /// MySQL's count of the voucher's cancelled orders, read under the
+    /// row's lock by a transaction that found no stock for an order
+    /// ([`Fate::NoStock`]); otherwise 0.
+    pub cancelled: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +86,7 @@ pub async fn persist(
         return Ok(Persisted {
             fates: Vec::new(),
             pay_timeout_ms: 0,
+            cancelled: 0,
         });
     }
     let conn = &mut *conn;
@@ -149,6 +162,7 @@ async fn persist_fresh(
     Ok(Some(Persisted {
         fates: vec![Fate::Inserted; msgs.len()],
         pay_timeout_ms,
+        cancelled: 0,
     }))
 }
 
@@ -236,8 +250,14 @@ async fn persist_once(
     let wanting: Vec<&OrderMessage> = fresh.iter().map(|&i| &msgs[i]).collect();
     let served = take_stock(&mut tx, voucher, &wanting).await?;
     let (taken, short): (Vec<_>, Vec<_>) = fresh.iter().zip(&served).partition(|(_, s)| **s);
+    // What the caller weighs against the gates' released units: read in
+    // this transaction, whose row lock keeps it what the stock was.
+    let cancelled = match short.is_empty() {
+        true => 0,
+        false => orders_cancelled(&mut tx, voucher).await?,
+    };
     for (&i, _) in short {
-        fates[i] = Some(Fate::Dead(NO_STOCK.to_string()));
+        fates[i] = Some(Fate::NoStock);
     }
     if !taken.is_empty() {
         insert_orders(&mut tx, voucher, taken.iter().map(|(&i, _)| &msgs[i])).await?;
@@ -253,7 +273,22 @@ async fn persist_once(
             .map(|f| f.unwrap_or(Fate::Dead("unclassified".into())))
             .collect(),
         pay_timeout_ms,
+        cancelled,
     })
+}
+
+/// The voucher row's count of cancelled orders.
+async fn orders_cancelled(
+    tx: &mut mysql_async::Transaction<'_>,
+    voucher: u64,
+) -> Result<u64, PersistError> {
+    let n: Option<u64> = tx
+        .exec_first(
+            "SELECT orders_cancelled FROM seckill_voucher WHERE voucher_id = ?",
+            (voucher,),
+        )
+        .await?;
+    n.ok_or(PersistError::UnknownVoucher(voucher))
 }
 
 type StoredMaps = (HashMap<u64, Stored>, HashMap<u64, u64>);
