@@ -14,7 +14,6 @@ use super::persist::{self, persist, Fate, PersistError};
 use crate::error::{mysql_code, mysql_codes, Error, Result, StoreFault};
 use crate::gate::witness;
 use crate::store::keys::VoucherKeys;
-use crate::store::layout::Layout;
 use crate::stream::entry::OrderMessage;
 use crate::support::backoff::Backoff;
 
@@ -169,7 +168,7 @@ impl Lane {
         let completion = match persisted {
             Ok(mut p) => {
                 self.keep_while_mysql_lacks_cancellations(keys, &mine, &mut p)
-                    .await?;
+                    .await;
                 group::plan(&mine, p, dead, acks)
             }
             Err(PersistError::UnknownVoucher(v)) => {
@@ -287,23 +286,34 @@ impl Lane {
     /// released sets are read after the transaction that counted MySQL's
     /// cancellations: a cancellation commits in MySQL before its unit is
     /// released, so one between the two reads errs towards a retry, which
-    /// then finds its unit.
+    /// then finds its unit. The gates are those this lane consumes (MySQL's
+    /// word on the voucher's split). Gates that cannot be read keep them
+    /// too: the batch is committed, and each delivery decides afresh.
     async fn keep_while_mysql_lacks_cancellations(
         &mut self,
         keys: &VoucherKeys,
         mine: &[(OrderMessage, u64)],
         p: &mut persist::Persisted,
-    ) -> Result<()> {
+    ) {
         if !p.fates.contains(&Fate::NoStock) {
-            return Ok(());
+            return;
         }
         let voucher = keys.voucher();
-        let layout = Layout::read(&mut self.conn, keys.prefix(), voucher).await?;
-        let released: u64 = witness::read_many(&mut self.conn, &layout.all_keys()?)
-            .await?
-            .iter()
-            .map(|w| w.released)
-            .sum();
+        let gates: Vec<VoucherKeys> = self
+            .streams
+            .range((voucher, 0)..=(voucher, u32::MAX))
+            .map(|(_, k)| k.clone())
+            .collect();
+        let released = match witness::read_many(&mut self.conn, &gates).await {
+            Ok(w) => w.iter().map(|w| w.released).sum(),
+            // Counted as behind: kept.
+            Err(e) => {
+                tracing::warn!(
+                    "voucher {voucher}: its gates' released units could not be read ({e}); orders MySQL had no unit for are kept pending for a retry"
+                );
+                u64::MAX
+            }
+        };
         let kept = group::keep_no_stock_while_mysql_lacks_cancellations(
             &mut p.fates,
             mine.iter().map(|(_, n)| *n),
@@ -311,19 +321,13 @@ impl Lane {
             p.cancelled,
             self.opts.max_deliveries,
         );
-        for ((m, _), fate) in mine.iter().zip(&p.fates) {
-            if let Fate::Kept(reason) = fate {
-                self.last_error.insert(m.entry_id.clone(), reason.clone());
-            }
-        }
-        if kept > 0 {
+        if kept > 0 && released != u64::MAX {
             tracing::warn!(
                 "voucher {voucher}: {kept} order(s) found no stock in MySQL, which has {} cancelled order(s) where its gates released {released}: \
                  kept pending for a retry, which finds the unit once the gate guard has cancelled the lost ones again",
                 p.cancelled
             );
         }
-        Ok(())
     }
 
     /// After a failed transaction: the locks given back, or left to expire

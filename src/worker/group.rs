@@ -312,7 +312,7 @@ pub fn plan(
             }
             Fate::Repeated => plan.counts.1 += 1,
             // Neither acknowledged nor dead-lettered: it comes back.
-            Fate::Kept(_) => continue,
+            Fate::Kept => continue,
             Fate::NoStock => plan.redis.dead.push(DeadLetter {
                 entry_id: m.entry_id.clone(),
                 reason: NO_STOCK.to_string(),
@@ -337,6 +337,13 @@ pub fn plan(
 /// the gate guard cancels those orders again, and the retry finds the unit
 /// (the checked model's finding M4). Dead-lettered otherwise, and past
 /// `max_deliveries` in any case. How many were kept.
+///
+/// Counts suffice where orders are single units: a cancellation MySQL has
+/// and the gate has not released yet (which hides a lost one in the
+/// counts) left its unit in MySQL's stock, so MySQL runs out for the
+/// gate's requests only when the gate released more orders than MySQL
+/// cancelled. A lost cancellation of an order of several units, hidden by
+/// a cancellation of fewer not yet released, is missed.
 pub fn keep_no_stock_while_mysql_lacks_cancellations(
     fates: &mut [Fate],
     deliveries: impl IntoIterator<Item = u64>,
@@ -348,9 +355,7 @@ pub fn keep_no_stock_while_mysql_lacks_cancellations(
     let mut kept = 0;
     for (fate, n) in fates.iter_mut().zip(deliveries) {
         if *fate == Fate::NoStock && behind > 0 && n <= max_deliveries {
-            *fate = Fate::Kept(format!(
-                "{NO_STOCK}, which has {behind} cancellation(s) fewer than the gates released (MySQL lost commits)"
-            ));
+            *fate = Fate::Kept;
             kept += 1;
         }
     }
@@ -517,7 +522,7 @@ mod tests {
             keep_no_stock_while_mysql_lacks_cancellations(&mut fates, deliveries, 4, 3, 5),
             2
         );
-        assert!(matches!(fates[0], Fate::Kept(_)) && matches!(fates[1], Fate::Kept(_)));
+        assert_eq!(fates[..2], [Fate::Kept, Fate::Kept]);
         assert_eq!(fates[2], Fate::NoStock);
         let p = Persisted {
             fates,

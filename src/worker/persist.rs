@@ -43,9 +43,8 @@ pub enum Fate {
     /// them again, and it is kept for a retry: the checked model's finding
     /// M4).
     NoStock,
-    /// Left pending for a retry, with the reason (for its dead letter if
-    /// it is delivered too often).
-    Kept(String),
+    /// Left pending for a retry: neither acknowledged nor dead-lettered.
+    Kept,
     /// Refused for good; goes to the dead-letter stream with this reason.
     Dead(String),
 }
