@@ -1172,13 +1172,95 @@ async fn a_buyer_on_a_unit_whose_cancellation_mysql_lost_gets_the_order_once_it_
         orders_held(&env, V).await.iter().any(|o| o.1 == 2)
     })
     .await;
+    // User 2's payment deadline (from its admission) may have passed by
+    // the retry: its order is then cancelled for want of payment.
     let orders = orders_held(&env, V).await;
     assert_eq!(order_of(&orders, 1).2, -1, "{orders:?}");
-    assert_eq!(order_of(&orders, 2).2, 0, "{orders:?}");
     let dead: u64 = redis.xlen(keys.dead()).await.unwrap();
     assert_eq!(dead, 0, "{}", worker.log_text());
     worker.wait_count(REOPENED, 1, Duration::from_secs(30));
     env.wait_drained(V, Duration::from_secs(30)).await;
+    stopped_and_checked(env, worker, V, &dir).await;
+}
+
+/// The checked model's finding M5: MySQL lost a payment while its payer
+/// stood between MySQL and the gate; the order, pending again, passes its
+/// deadline, and a worker cancels it in MySQL and dies before giving the
+/// unit back; the payer then records the payment at the gate, which drops
+/// the order's deadline (claimed by the dead worker). Before: nothing gave
+/// the unit back (MySQL's stock had it, the gate never again) until an
+/// operator ran `seckill reconcile`. Now the sweep sees MySQL with more
+/// cancellations than the gate released on two sweeps, schedules the
+/// unreleased one's deadline again, and the canceller gives its unit back
+/// (the gate saw it paid, but MySQL has it cancelled).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancellation_whose_deadline_a_lost_payment_dropped_still_gives_its_unit_back() {
+    const V: u64 = 94;
+    let env = TestEnv::new().await;
+    env.live_voucher_paying_within(V, 1, 2_000).await;
+    let mut first = env.spawn_worker_with(
+        &fast_worker(&["--gate-check", "0s"]),
+        &[("SECKILL_TEST_FAULT", "after_cancel@1=abort")],
+    );
+    buy_users(&env, V, 1..=1);
+    env.wait_orders(V, 1, Duration::from_secs(30)).await;
+    let dump = env.dump_mysql();
+    let order = order_of(&orders_held(&env, V).await, 1).0.to_string();
+    let dir = std::env::temp_dir().join(format!("seckill-payer-{}", env.prefix));
+    std::fs::create_dir_all(&dir).unwrap();
+    let payer_log = dir.join("payer.log");
+    let mut payer = std::process::Command::new(assert_cmd::cargo::cargo_bin("seckill"))
+        .args(["pay", "--order", &order])
+        .envs(env.store_env())
+        .env("SECKILL_TEST_FAULT", "after_pay@1=hold")
+        .env("SECKILL_TEST_FAULT_DIR", &dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&payer_log).unwrap())
+        .spawn()
+        .unwrap();
+    within(
+        30,
+        "the payment made in MySQL, not yet at the gate",
+        async || {
+            std::fs::read_to_string(&payer_log).is_ok_and(|l| l.contains("fault hold at after_pay"))
+        },
+    )
+    .await;
+    // MySQL loses the payment: the order is pending again, its deadline
+    // passes, the worker cancels it and dies before the release.
+    env.restore_mysql(&dump);
+    assert!(
+        first.wait_for(Duration::from_secs(30)).is_some(),
+        "the worker did not die after the cancellation:\n{}",
+        first.log_text()
+    );
+    assert!(first.log_text().contains("fault abort at after_cancel"));
+    std::fs::write(dir.join("release"), b"").unwrap();
+    assert!(
+        payer.wait().unwrap().success(),
+        "{:?}",
+        std::fs::read_to_string(&payer_log)
+    );
+    let orders = orders_held(&env, V).await;
+    assert_eq!(order_of(&orders, 1).2, -1, "{orders:?}");
+    assert_eq!(gate_stock(&env, V).await, 0);
+
+    let worker = env.spawn_worker(&fast_worker(&[
+        "--gate-check",
+        "1s",
+        "--sweep-every",
+        "200ms",
+        "--sweep-grace",
+        "0s",
+    ]));
+    within(
+        30,
+        "the cancelled order's unit back at the gate",
+        async || gate_stock(&env, V).await == 1,
+    )
+    .await;
+    env.wait_drained(V, Duration::from_secs(30)).await;
+    std::fs::remove_dir_all(&dir).ok();
     stopped_and_checked(env, worker, V, &dir).await;
 }
 

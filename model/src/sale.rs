@@ -74,6 +74,15 @@ pub struct Fixes {
     /// Without it, such a request is dead-lettered and its buyer's
     /// "success" has no order.
     pub retry_no_stock_while_behind: bool,
+    /// The canceller gives back the unit of an order the gate saw paid
+    /// that MySQL has cancelled (its payment lost, the order cancelled
+    /// before the gate recorded it), where it dropped its deadline (the
+    /// model's finding M5; src/worker/canceller.rs `take_out_paid`).
+    pub release_paid_cancelled: bool,
+    /// The canceller's sweep gives a deadline due now to a cancelled order
+    /// the gate has not released and no deadline names (finding M5:
+    /// src/worker/canceller.rs `reschedule_unreleased`).
+    pub sweep_unreleased: bool,
 }
 
 impl Fixes {
@@ -90,6 +99,8 @@ impl Fixes {
         restore_lost_commits: true,
         count_stored_acks: true,
         retry_no_stock_while_behind: true,
+        release_paid_cancelled: true,
+        sweep_unreleased: true,
     };
 }
 
@@ -300,6 +311,10 @@ pub struct State {
     /// record the payment at the gate (`after_pay`); a payer that dies
     /// there never does.
     pub forgetting: Vec<u8>,
+    /// Orders the sweep gave a deadline: once each, which bounds its loop
+    /// (stateright checks `eventually` on paths that end, and a sweep
+    /// whose deadline nothing settles would go round for ever).
+    pub swept: Vec<u8>,
     pub next_order: u8,
     pub crashes: u8,
     pub rollbacks: u8,
@@ -362,6 +377,12 @@ pub enum Action {
     Release,
     /// The canceller's claims lapse (it died, or its release was deferred).
     LapseClaims,
+    /// The canceller's sweep: a cancelled order in MySQL that the gate has
+    /// not released and no deadline names gets one, due now
+    /// (`deadline::schedule_unreleased`; the code's condition, the
+    /// released sets behind MySQL's cancellations across two sweeps, is
+    /// time and not modelled).
+    SweepUnreleased,
     /// The guard's pass: pause on a sign of lost writes (`gate_paused`).
     GuardCheck,
     GuardReadGate,
@@ -424,6 +445,22 @@ impl State {
     fn mysql_behind(&self) -> bool {
         usize::from(self.redis.committed) > self.mysql.orders.len()
             || self.mysql_lacks_cancellations()
+    }
+
+    /// Cancelled orders in MySQL the gate has not released and no
+    /// deadline names: nothing will give their units back but the sweep.
+    fn unreleased_without_deadline(&self) -> Vec<u8> {
+        self.mysql
+            .orders
+            .iter()
+            .filter(|o| {
+                o.status == Status::Cancelled
+                    && !has(&self.swept, o.id)
+                    && !has(&self.redis.released, o.id)
+                    && !self.redis.timeouts.iter().any(|(t, _)| *t == o.id)
+            })
+            .map(|o| o.id)
+            .collect()
     }
 
     /// More units released at the gate than MySQL has cancellations.
@@ -543,6 +580,7 @@ impl Sale {
             presses: vec![self.presses; self.users as usize],
             due: vec![],
             forgetting: vec![],
+            swept: vec![],
             next_order: 1,
             crashes: self.crashes,
             rollbacks: self.rollbacks,
@@ -774,6 +812,9 @@ impl Model for Sale {
                     actions.push(Action::Release);
                 }
             }
+        }
+        if self.fixes.sweep_unreleased && !s.unreleased_without_deadline().is_empty() {
+            actions.push(Action::SweepUnreleased);
         }
         match &s.guard {
             Guard::Idle => {
@@ -1032,6 +1073,19 @@ impl Model for Sale {
                     // The gate saw it paid: its deadline dropped at once,
                     // never cancelled (take_out_paid).
                     if has(&s.redis.paid, o) {
+                        // Paid again if MySQL has it pending (lost its
+                        // payment); its unit back if MySQL cancelled it.
+                        match s.mysql.orders.iter_mut().find(|x| x.id == o) {
+                            Some(x) if x.status == Status::Pending => x.status = Status::Paid,
+                            Some(x)
+                                if x.status == Status::Cancelled
+                                    && self.fixes.release_paid_cancelled =>
+                            {
+                                cancelled.push(o);
+                                continue;
+                            }
+                            _ => {}
+                        }
                         s.redis.timeouts.retain(|(t, _)| *t != o);
                         continue;
                     }
@@ -1064,6 +1118,14 @@ impl Model for Sale {
                 for (_, c) in s.redis.timeouts.iter_mut() {
                     *c = false;
                 }
+            }
+            Action::SweepUnreleased => {
+                for o in s.unreleased_without_deadline() {
+                    s.redis.timeouts.push((o, false));
+                    add(&mut s.due, o);
+                    add(&mut s.swept, o);
+                }
+                s.redis.timeouts.sort();
             }
             Action::GuardCheck => {
                 let orders = s.mysql.orders.len();

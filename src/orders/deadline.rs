@@ -15,6 +15,7 @@ use crate::orders::timeouts::Existing;
 use crate::orders::voucher::RowRead;
 use crate::store::db::{join_ids, Db};
 use crate::store::keys::VoucherKeys;
+use crate::store::layout::Layout;
 use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn::{value_text, RedisConn};
 use crate::store::scripts::{CLAIM_DUE, RELEASE};
@@ -265,6 +266,74 @@ pub async fn overdue_in_mysql(
             ),
         )
         .await?)
+}
+
+/// Which of `orders` MySQL has cancelled (of `voucher`).
+pub async fn cancelled_among(db: &Db, voucher: u64, orders: &[u64]) -> Result<Vec<u64>> {
+    if orders.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut conn = db.conn().await?;
+    Ok(conn
+        .query(format!(
+            "SELECT id FROM seckill_order WHERE voucher_id = {voucher} AND id IN ({}) AND status = {}",
+            join_ids(orders.iter().copied()),
+            OrderStatus::Cancelled.code()
+        ))
+        .await?)
+}
+
+/// Every cancelled order of `voucher` (id, user).
+async fn cancelled_in_mysql(db: &Db, voucher: u64) -> Result<Vec<(u64, u64)>> {
+    let mut conn = db.conn().await?;
+    Ok(conn
+        .exec(
+            "SELECT id, user_id FROM seckill_order WHERE voucher_id = ? AND status = ?",
+            (voucher, OrderStatus::Cancelled.code()),
+        )
+        .await?)
+}
+
+/// Which of `orders` the gate's released set lacks.
+async fn not_released(
+    conn: &mut impl RedisConn,
+    keys: &VoucherKeys,
+    orders: &[u64],
+) -> Result<Vec<u64>> {
+    let mut out = Vec::new();
+    for chunk in orders.chunks(1_000) {
+        let seen: Vec<bool> = redis::cmd("SMISMEMBER")
+            .arg(keys.released())
+            .arg(chunk)
+            .query_async(conn)
+            .await?;
+        out.extend(chunk.iter().zip(seen).filter(|(_, r)| !r).map(|(o, _)| *o));
+    }
+    Ok(out)
+}
+
+/// Gives each cancelled order of `voucher` that its gate (of `layout`) has
+/// not released and that has no deadline one due at `at_ms` (one there,
+/// claimed or not, stays): the claim path finds it cancelled and its
+/// release gives the unit back, once (lua/release.lua). For the units of
+/// cancellations whose release nothing else will make (the sweep calls it
+/// when the gates' released sets fall behind MySQL's cancellations: the
+/// checked model's finding M5). Reads every cancelled order of the
+/// voucher. Returns how many got a deadline.
+pub async fn schedule_unreleased(
+    conn: &mut impl RedisConn,
+    db: &Db,
+    layout: &Layout,
+    voucher: u64,
+    at_ms: i64,
+) -> Result<usize> {
+    let orders = cancelled_in_mysql(db, voucher).await?;
+    let mut scheduled = 0;
+    for (keys, mine) in layout.split_orders(&orders)? {
+        let unreleased = not_released(conn, &keys, &mine).await?;
+        scheduled += schedule_missing(conn, &keys, &unreleased, at_ms).await?;
+    }
+    Ok(scheduled)
 }
 
 /// Gives each of `orders` that has no deadline in Redis one due at `at_ms`

@@ -153,6 +153,17 @@ impl Layout {
     pub fn all_keys(&self) -> Result<Vec<VoucherKeys>> {
         (0..self.buckets()).map(|b| self.keys(b)).collect()
     }
+
+    /// Each bucket's keys with the ids of `orders` ((order, user) pairs)
+    /// whose users it holds, bucket 0's first.
+    pub fn split_orders(&self, orders: &[(u64, u64)]) -> Result<Vec<(VoucherKeys, Vec<u64>)>> {
+        let mut per: Vec<Vec<u64>> = vec![Vec::new(); self.buckets() as usize];
+        for &(order, user) in orders {
+            per[bucket_of(user, self.buckets()) as usize].push(order);
+        }
+        self.all_keys()
+            .map(|keys| keys.into_iter().zip(per).collect())
+    }
 }
 
 /// The layouts of `vouchers` as bucket 0's meta records them (one bucket

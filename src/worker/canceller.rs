@@ -12,10 +12,10 @@ use tokio_util::sync::CancellationToken;
 use super::options::DeadlineOptions;
 use super::WorkerStats;
 use crate::error::{Result, StoreFault};
-use crate::gate::buckets::{bucket_of, Layout, Layouts};
-use crate::gate::witness::META_COMMITTED;
+use crate::gate::buckets::{Layout, Layouts};
+use crate::gate::witness::{self, META_COMMITTED};
 use crate::orders::deadline::{self, Due};
-use crate::orders::{payment, timeouts};
+use crate::orders::{counters, payment, timeouts};
 use crate::store::config::Config;
 use crate::store::db::Db;
 use crate::store::keys::VoucherKeys;
@@ -58,6 +58,8 @@ pub struct Canceller {
     /// Cached per voucher for the sweep.
     pay_timeouts: HashMap<u64, i64>,
     last_sweep: Option<Instant>,
+    /// Per voucher, MySQL's count of cancelled orders at the last sweep.
+    cancelled_at_last_sweep: HashMap<u64, u64>,
     /// The vouchers' buckets: each has its own deadlines.
     layouts: Layouts,
     /// Its entry in a voucher's fence while it cancels, and that lease.
@@ -98,6 +100,7 @@ impl Canceller {
             stats,
             pay_timeouts: HashMap::new(),
             last_sweep: None,
+            cancelled_at_last_sweep: HashMap::new(),
             layouts: Default::default(),
             owner: fenced.owner,
             fence_lease: fenced.lease,
@@ -358,7 +361,11 @@ impl Canceller {
     /// Orders the gate saw paid (`seen`: in its paid set) are never
     /// cancelled: one pending in MySQL lost its payment with the last
     /// commits of a MySQL that went back in time, and is paid again; their
-    /// deadlines go. The others are returned.
+    /// deadlines go. One MySQL has cancelled all the same (the payment
+    /// lost, the order cancelled before the gate recorded the payment) is
+    /// returned with the others: its cancellation's release gives its
+    /// unit back, where dropping its deadline would leave the unit with
+    /// no one to give it back (the checked model's finding M5).
     async fn take_out_paid(
         &mut self,
         voucher: u64,
@@ -382,14 +389,22 @@ impl Canceller {
                 );
                 self.stats.add_payments_restored(again.len() as u64);
             }
-            timeouts::drop_paid(&mut self.conn, keys, &paid).await?;
+            let cancelled = deadline::cancelled_among(&self.db, voucher, &paid).await?;
+            if !cancelled.is_empty() {
+                tracing::warn!(
+                    "voucher {voucher}: MySQL has cancelled {} order(s) the gate saw paid (their payment lost with MySQL's last commits): their units are given back: {}",
+                    cancelled.len(),
+                    crate::store::db::join_ids(cancelled.iter().copied())
+                );
+            }
+            let done: Vec<u64> = paid
+                .into_iter()
+                .filter(|o| !cancelled.contains(o))
+                .collect();
+            timeouts::drop_paid(&mut self.conn, keys, &done).await?;
+            return Ok(orders.into_iter().filter(|o| !done.contains(o)).collect());
         }
-        Ok(orders
-            .into_iter()
-            .zip(seen)
-            .filter(|(_, paid)| !**paid)
-            .map(|(o, _)| o)
-            .collect())
+        Ok(orders)
     }
 
     /// The cancellation's transaction locks the voucher's row: fenced as
@@ -429,6 +444,7 @@ impl Canceller {
             .await?;
         let keys = layout.keys(0)?;
         let now = redis_time_ms(&mut self.conn, &keys).await?;
+        let unreleased = self.reschedule_unreleased(voucher, &layout, now).await?;
         let timeout = match self.pay_timeouts.get(&voucher) {
             Some(t) => *t,
             None => match deadline::pay_timeout_ms(&self.db, voucher).await {
@@ -437,7 +453,7 @@ impl Canceller {
                     t
                 }
                 // A voucher Redis knows and MySQL does not has no orders to sweep.
-                Err(crate::Error::VoucherNotFound(_)) => return Ok(false),
+                Err(crate::Error::VoucherNotFound(_)) => return Ok(unreleased > 0),
                 Err(e) => return Err(e),
             },
         };
@@ -445,17 +461,12 @@ impl Canceller {
         let overdue =
             deadline::overdue_in_mysql(&self.db, voucher, cutoff, self.opts.batch).await?;
         if overdue.is_empty() {
-            return Ok(false);
+            return Ok(unreleased > 0);
         }
         // Each order's deadline lives in its user's bucket.
         let mut missed = 0;
-        for (bucket, keys) in layout.all_keys()?.iter().enumerate() {
-            let mine: Vec<u64> = overdue
-                .iter()
-                .filter(|(_, user)| bucket_of(*user, layout.buckets()) == bucket as u32)
-                .map(|(order, _)| *order)
-                .collect();
-            missed += deadline::schedule_missing(&mut self.conn, keys, &mine, now).await?;
+        for (keys, mine) in layout.split_orders(&overdue)? {
+            missed += deadline::schedule_missing(&mut self.conn, &keys, &mine, now).await?;
         }
         if missed > 0 {
             tracing::warn!(
@@ -468,7 +479,50 @@ impl Canceller {
                 "voucher {voucher}: {delayed} pending order(s) are past their payment deadline + grace although Redis has their deadline (their cancellation was delayed, e.g. by a store outage)"
             );
         }
-        Ok(missed > 0)
+        Ok(missed > 0 || unreleased > 0)
+    }
+
+    /// The sweep's other backstop: cancelled orders whose unit no release
+    /// is on its way to give back (a canceller that died between its
+    /// cancellation and its release, after a payment MySQL lost had the
+    /// gate drop the order's deadline: the checked model's finding M5).
+    /// Seen by counts: the voucher's gates have released fewer orders now
+    /// than MySQL had cancelled at the last sweep, though every one of
+    /// those had a sweep's time for its release. Only then are MySQL's
+    /// cancelled orders read, and those the gates have not released get a
+    /// deadline due now (one there, claimed or not, stays): the claim path
+    /// finds them cancelled and gives their units back (release.lua gives
+    /// one back once). How many got one.
+    async fn reschedule_unreleased(
+        &mut self,
+        voucher: u64,
+        layout: &Layout,
+        now: i64,
+    ) -> Result<usize> {
+        let gates = layout.all_keys()?;
+        // The gates first: a cancellation commits in MySQL before its
+        // release, so one between the two reads only raises MySQL's count.
+        let released: u64 = witness::read_many(&mut self.conn, &gates)
+            .await?
+            .iter()
+            .map(|w| w.released)
+            .sum();
+        let cancelled = counters::totals_per_voucher(&self.db, &[voucher])
+            .await?
+            .get(&voucher)
+            .map_or(0, |(_, cancelled)| *cancelled);
+        let before = self.cancelled_at_last_sweep.insert(voucher, cancelled);
+        if before.is_none_or(|before| released >= before) {
+            return Ok(0);
+        }
+        let scheduled =
+            deadline::schedule_unreleased(&mut self.conn, &self.db, layout, voucher, now).await?;
+        if scheduled > 0 {
+            tracing::warn!(
+                "voucher {voucher}: {scheduled} cancelled order(s) never gave their unit back (MySQL has {cancelled} cancelled, the gates released {released}) and had no deadline left to release them: scheduled to be released now"
+            );
+        }
+        Ok(scheduled)
     }
 
     /// Time until the earliest deadline of any voucher (capped at a

@@ -66,6 +66,7 @@ use seckill::gate::pause;
 use seckill::orders::deadline::{self, Cancellation};
 use seckill::orders::payment::{self, PayOutcome};
 use seckill::store::keys::{VoucherKeys, WORKER_GROUP};
+use seckill::store::layout::Layout;
 use seckill::store::node_lease::OrderIds;
 use seckill::store::redis_conn::Redis;
 use seckill::stream::entry::{OrderMessage, RawEntry};
@@ -129,6 +130,7 @@ fn driven(a: &Action) -> bool {
             | Action::Cancel
             | Action::Release
             | Action::LapseClaims
+            | Action::SweepUnreleased
             | Action::Snapshot
             | Action::Rollback
             | Action::KeepAlive
@@ -805,6 +807,15 @@ impl<'a> Real<'a> {
                     }
                 }
             }
+            // The canceller's sweep, its condition (time) aside: due at 1,
+            // in the past as the walks' clock has a deadline due.
+            Action::SweepUnreleased => {
+                let layout = Layout::single(&self.env.prefix, self.voucher);
+                let db = self.env.db().await;
+                deadline::schedule_unreleased(&mut self.redis, db, &layout, self.voucher, 1)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
             Action::Release => {
                 if let Some(c) = self.cancellation.take() {
                     self.canceller
@@ -1175,6 +1186,8 @@ struct Walked {
     hold_changed_repair: usize,
     /// Gates the real guard reopened.
     reopens: u64,
+    /// Sweeps that gave an unreleased cancellation a deadline.
+    sweeps_scheduled: usize,
 }
 
 /// One walk from `seed`: what it did, or the first difference with the
@@ -1304,6 +1317,7 @@ async fn walk_with(
     let mut held = 0;
     let mut guard_met_hold = 0;
     let mut hold_changed_repair = 0;
+    let mut sweeps_scheduled = 0;
     let result = async {
         for step in 0..STEPS + DRAIN {
             let Some((action, after)) = picker.next(&model, &state, step)? else {
@@ -1320,6 +1334,9 @@ async fn walk_with(
             if action == Action::GuardCheck && !state.redis.holds.is_empty() {
                 guard_met_hold += 1;
                 hold_changed_repair += usize::from(hold_changed(&model, &state, &after)?.is_some());
+            }
+            if action == Action::SweepUnreleased && after.redis.timeouts != state.redis.timeouts {
+                sweeps_scheduled += 1;
             }
             taken.push(action.clone());
             real.take(&action, &state, &after, &mut map).await?;
@@ -1361,6 +1378,7 @@ async fn walk_with(
                 guard_met_hold,
                 hold_changed_repair,
                 reopens,
+                sweeps_scheduled,
             })
         }
         Err(e) => Err(format!("{e}\n  after {} steps: {taken:?}", taken.len())),
@@ -1583,7 +1601,15 @@ fn every_state_changing_script_is_driven_or_named() {
 
 /// Walks that the random ones meet too rarely, each a scenario's actions
 /// in order (then a drain): found by [`find_repairs_a_hold_changes`].
-const SCENARIOS: &[(&str, &[Action])] = &[
+/// What a scenario must show it met.
+enum Expect {
+    /// A guard's pass whose repair a live hold changed.
+    HoldChangedRepair,
+    /// A sweep that gave an unreleased cancellation a deadline.
+    SweepScheduled,
+}
+
+const SCENARIOS: &[(&str, &[Action], Expect)] = &[
     (
         "the repair's release waits for a batch in hand that Redis lost",
         &[
@@ -1612,6 +1638,7 @@ const SCENARIOS: &[(&str, &[Action])] = &[
             Action::GraceEnds,
             Action::GuardCheck,
         ],
+        Expect::HoldChangedRepair,
     ),
     (
         "reconcile.lua gives no unit back while a batch Redis lost is in hand",
@@ -1639,6 +1666,30 @@ const SCENARIOS: &[(&str, &[Action])] = &[
             Action::Finish,
             Action::GuardCheck,
         ],
+        Expect::HoldChangedRepair,
+    ),
+    (
+        "the sweep gives a cancellation whose deadline Redis lost its unit back",
+        &[
+            Action::Admit(0),
+            Action::Read,
+            Action::Lock,
+            Action::Transact,
+            Action::Snapshot,
+            Action::Finish,
+            Action::Admit(1),
+            Action::Read,
+            Action::Due(1),
+            Action::Claim,
+            Action::Cancel,
+            Action::Rollback,
+            Action::Crash,
+            Action::SweepUnreleased,
+            Action::Claim,
+            Action::Cancel,
+            Action::Release,
+        ],
+        Expect::SweepScheduled,
     ),
 ];
 
@@ -1646,7 +1697,7 @@ const SCENARIOS: &[(&str, &[Action])] = &[
 async fn scenarios_the_random_walks_seldom_meet_match_the_code() {
     capture_logs();
     let env = TestEnv::new().await;
-    for (i, (name, script)) in SCENARIOS.iter().enumerate() {
+    for (i, (name, script, expect)) in SCENARIOS.iter().enumerate() {
         let picker = Picker::Scripted {
             script: script.iter(),
             rng: Rng::new(i as u64 + 1),
@@ -1658,10 +1709,16 @@ async fn scenarios_the_random_walks_seldom_meet_match_the_code() {
         let walked = walk_with(&env, FIRST_VOUCHER + i as u64, model, picker)
             .await
             .unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert!(
-            walked.hold_changed_repair > 0,
-            "{name}: no guard's pass had its repair changed by a hold"
-        );
+        match expect {
+            Expect::HoldChangedRepair => assert!(
+                walked.hold_changed_repair > 0,
+                "{name}: no guard's pass had its repair changed by a hold"
+            ),
+            Expect::SweepScheduled => assert!(
+                walked.sweeps_scheduled > 0,
+                "{name}: no sweep gave a deadline"
+            ),
+        }
     }
     env.cleanup().await;
 }
