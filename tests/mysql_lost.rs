@@ -1197,7 +1197,8 @@ async fn a_buyer_on_a_unit_whose_cancellation_mysql_lost_gets_the_order_once_it_
 async fn a_cancellation_whose_deadline_a_lost_payment_dropped_still_gives_its_unit_back() {
     const V: u64 = 94;
     let env = TestEnv::new().await;
-    env.live_voucher_paying_within(V, 1, 2_000).await;
+    // Long enough for the dump and the payment to come before the deadline.
+    env.live_voucher_paying_within(V, 1, 10_000).await;
     let mut first = env.spawn_worker_with(
         &fast_worker(&["--gate-check", "0s"]),
         &[("SECKILL_TEST_FAULT", "after_cancel@1=abort")],
@@ -1244,6 +1245,14 @@ async fn a_cancellation_whose_deadline_a_lost_payment_dropped_still_gives_its_un
     let orders = orders_held(&env, V).await;
     assert_eq!(order_of(&orders, 1).2, -1, "{orders:?}");
     assert_eq!(gate_stock(&env, V).await, 0);
+    // The payer's step took the deadline (claimed by the dead worker) and
+    // recorded the payment: nothing names the order for a release.
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let deadline: Option<f64> = redis.zscore(keys.timeouts(), &order).await.unwrap();
+    let paid: bool = redis.sismember(keys.paid(), &order).await.unwrap();
+    let released: bool = redis.sismember(keys.released(), &order).await.unwrap();
+    assert_eq!((deadline, paid, released), (None, true, false));
 
     let worker = env.spawn_worker(&fast_worker(&[
         "--gate-check",

@@ -447,8 +447,10 @@ impl State {
             || self.mysql_lacks_cancellations()
     }
 
-    /// Cancelled orders in MySQL the gate has not released and no
-    /// deadline names: nothing will give their units back but the sweep.
+    /// Cancelled orders in MySQL the gate has not released, whose user is
+    /// a buyer there (a gate set back before the admission has the unit
+    /// free already), and no deadline names: nothing will give their units
+    /// back but the sweep.
     fn unreleased_without_deadline(&self) -> Vec<u8> {
         self.mysql
             .orders
@@ -457,6 +459,7 @@ impl State {
                 o.status == Status::Cancelled
                     && !has(&self.swept, o.id)
                     && !has(&self.redis.released, o.id)
+                    && has(&self.redis.buyers, o.user)
                     && !self.redis.timeouts.iter().any(|(t, _)| *t == o.id)
             })
             .map(|o| o.id)
@@ -1072,7 +1075,9 @@ impl Model for Sale {
                 for o in claimed {
                     // The gate saw it paid: its deadline dropped at once,
                     // never cancelled (take_out_paid).
-                    if has(&s.redis.paid, o) {
+                    // A released order gave its unit away: cancelled
+                    // whatever the paid set says.
+                    if has(&s.redis.paid, o) && !has(&s.redis.released, o) {
                         // Paid again if MySQL has it pending (lost its
                         // payment); its unit back if MySQL cancelled it.
                         match s.mysql.orders.iter_mut().find(|x| x.id == o) {

@@ -13,7 +13,7 @@ use stateright::{Checker, Model};
 /// The bounds CI checks: 1 unit, 2 buyers, one worker killed once, Redis
 /// back to an earlier snapshot once. Without the canceller's sweep of
 /// unreleased cancellations (M5's, checked with MySQL's loss): with it the
-/// check visits 9,750,085 states, not 3.6 million, and every property
+/// check visits 9,455,689 states, not 3.6 million, and every property
 /// holds (`redis_loss_with_the_sweep`, by hand).
 fn ci_sale(fixes: Fixes) -> Sale {
     Sale {
@@ -32,7 +32,7 @@ fn ci_sale(fixes: Fixes) -> Sale {
 
 /// CI's Redis-loss bounds with the sweep (`cargo test -p seckill-model
 /// --test check redis_loss_with_the_sweep -- --ignored --nocapture`:
-/// about 80 s).
+/// about 60 s).
 #[test]
 #[ignore]
 fn redis_loss_with_the_sweep() {

@@ -186,6 +186,18 @@ pub async fn totals_per_voucher(db: &Db, vouchers: &[u64]) -> Result<HashMap<u64
     Ok(rows.into_iter().map(|(v, n, c)| (v, (n, c))).collect())
 }
 
+/// The voucher row's count and digest of its cancelled orders (none: 0).
+pub async fn cancellations(db: &Db, voucher: u64) -> Result<(u64, SetDigest)> {
+    let mut conn = db.conn().await?;
+    let row: Option<(u64, u64)> = conn
+        .exec_first(
+            "SELECT orders_cancelled, cancelled_digest FROM seckill_voucher WHERE voucher_id = ?",
+            (voucher,),
+        )
+        .await?;
+    Ok(row.map_or((0, SetDigest::default()), |(n, d)| (n, SetDigest(d))))
+}
+
 /// A voucher in `buckets` buckets: its orders per bucket, each counted in
 /// the bucket of its user. MySQL computes the rule of store/layout.rs
 /// (the first 8 bytes of SHA-1 of the decimal user id, big-endian, mod N:

@@ -294,32 +294,46 @@ async fn cancelled_in_mysql(db: &Db, voucher: u64) -> Result<Vec<(u64, u64)>> {
         .await?)
 }
 
-/// Which of `orders` the gate's released set lacks.
-async fn not_released(
+/// The orders of `orders` ((order, user) pairs) whose units the gate owes
+/// back: not released, their user one of its buyers (a gate Redis set back
+/// to before the user's admission counts that unit free already).
+async fn owed_releases(
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,
-    orders: &[u64],
+    orders: &[(u64, u64)],
 ) -> Result<Vec<u64>> {
     let mut out = Vec::new();
     for chunk in orders.chunks(1_000) {
-        let seen: Vec<bool> = redis::cmd("SMISMEMBER")
+        let ids: Vec<u64> = chunk.iter().map(|(o, _)| *o).collect();
+        let users: Vec<u64> = chunk.iter().map(|(_, u)| *u).collect();
+        let (released, buyers): (Vec<bool>, Vec<bool>) = redis::pipe()
+            .cmd("SMISMEMBER")
             .arg(keys.released())
-            .arg(chunk)
+            .arg(&ids)
+            .cmd("SMISMEMBER")
+            .arg(keys.buyers())
+            .arg(&users)
             .query_async(conn)
             .await?;
-        out.extend(chunk.iter().zip(seen).filter(|(_, r)| !r).map(|(o, _)| *o));
+        out.extend(
+            ids.iter()
+                .zip(released.iter().zip(&buyers))
+                .filter(|(_, (released, buyer))| !**released && **buyer)
+                .map(|(o, _)| *o),
+        );
     }
     Ok(out)
 }
 
 /// Gives each cancelled order of `voucher` that its gate (of `layout`) has
-/// not released and that has no deadline one due at `at_ms` (one there,
+/// not released, whose user is one of the gate's buyers and that has no
+/// deadline one due at `at_ms` (one there,
 /// claimed or not, stays): the claim path finds it cancelled and its
 /// release gives the unit back, once (lua/release.lua). For the units of
 /// cancellations whose release nothing else will make (the sweep calls it
-/// when the gates' released sets fall behind MySQL's cancellations: the
-/// checked model's finding M5). Reads every cancelled order of the
-/// voucher. Returns how many got a deadline.
+/// when the gates' released sets disagree with MySQL's cancellations two
+/// sweeps running: the checked model's finding M5). Reads every cancelled
+/// order of the voucher. Returns how many got a deadline.
 pub async fn schedule_unreleased(
     conn: &mut impl RedisConn,
     db: &Db,
@@ -330,8 +344,8 @@ pub async fn schedule_unreleased(
     let orders = cancelled_in_mysql(db, voucher).await?;
     let mut scheduled = 0;
     for (keys, mine) in layout.split_orders(&orders)? {
-        let unreleased = not_released(conn, &keys, &mine).await?;
-        scheduled += schedule_missing(conn, &keys, &unreleased, at_ms).await?;
+        let owed = owed_releases(conn, &keys, &mine).await?;
+        scheduled += schedule_missing(conn, &keys, &owed, at_ms).await?;
     }
     Ok(scheduled)
 }

@@ -38,6 +38,9 @@ pub fn bucket_of(user: u64, buckets: u32) -> u32 {
     (u64::from_be_bytes(first) % u64::from(buckets)) as u32
 }
 
+/// One bucket's keys and (order, user) pairs of the users it holds.
+pub type BucketOrders = (VoucherKeys, Vec<(u64, u64)>);
+
 /// A voucher's buckets: each one's tag, bucket 0's (the voucher's own) first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
@@ -154,12 +157,12 @@ impl Layout {
         (0..self.buckets()).map(|b| self.keys(b)).collect()
     }
 
-    /// Each bucket's keys with the ids of `orders` ((order, user) pairs)
-    /// whose users it holds, bucket 0's first.
-    pub fn split_orders(&self, orders: &[(u64, u64)]) -> Result<Vec<(VoucherKeys, Vec<u64>)>> {
-        let mut per: Vec<Vec<u64>> = vec![Vec::new(); self.buckets() as usize];
+    /// Each bucket's keys with the `orders` ((order, user) pairs) whose
+    /// users it holds, bucket 0's first.
+    pub fn split_orders(&self, orders: &[(u64, u64)]) -> Result<Vec<BucketOrders>> {
+        let mut per: Vec<Vec<(u64, u64)>> = vec![Vec::new(); self.buckets() as usize];
         for &(order, user) in orders {
-            per[bucket_of(user, self.buckets()) as usize].push(order);
+            per[bucket_of(user, self.buckets()) as usize].push((order, user));
         }
         self.all_keys()
             .map(|keys| keys.into_iter().zip(per).collect())

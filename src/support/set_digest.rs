@@ -66,6 +66,11 @@ impl SetDigest {
         self.0 = (self.0 + MODULUS - hash(id)) % MODULUS;
     }
 
+    /// The union with `other`, a set with no member of this one.
+    pub fn plus(self, other: SetDigest) -> SetDigest {
+        SetDigest((self.0 + other.0) % MODULUS)
+    }
+
     /// What taking `other`'s members out of this set leaves (`other` a subset).
     pub fn less(self, other: SetDigest) -> SetDigest {
         SetDigest((self.0 + MODULUS - other.0) % MODULUS)

@@ -23,6 +23,7 @@ use crate::store::node_lease::OrderIds;
 use crate::store::redis_conn::{pipeline_per_item, Redis};
 use crate::store::registry;
 use crate::support::backoff::Backoff;
+use crate::support::set_digest::SetDigest;
 use crate::worker::fence;
 use redis::AsyncCommands;
 
@@ -58,8 +59,9 @@ pub struct Canceller {
     /// Cached per voucher for the sweep.
     pay_timeouts: HashMap<u64, i64>,
     last_sweep: Option<Instant>,
-    /// Per voucher, MySQL's count of cancelled orders at the last sweep.
-    cancelled_at_last_sweep: HashMap<u64, u64>,
+    /// Per voucher, the cancellations the last sweep read, and whether it
+    /// (or one before it, reading the same) looked at them in full.
+    cancellations_seen: HashMap<u64, (Cancellations, bool)>,
     /// The vouchers' buckets: each has its own deadlines.
     layouts: Layouts,
     /// Its entry in a voucher's fence while it cancels, and that lease.
@@ -67,6 +69,15 @@ pub struct Canceller {
     fence_lease: Duration,
     /// How long its transaction may take (`--mysql-timeout`).
     mysql_timeout: Duration,
+}
+
+/// A voucher's cancellations as a sweep reads them: the count and digest
+/// of its gates' released sets (no digest: one gate's is unreadable), and
+/// MySQL's count and digest of its cancelled orders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Cancellations {
+    released: (u64, Option<SetDigest>),
+    cancelled: (u64, SetDigest),
 }
 
 /// How a canceller enters a voucher's fence (worker/fence.rs) while it
@@ -100,7 +111,7 @@ impl Canceller {
             stats,
             pay_timeouts: HashMap::new(),
             last_sweep: None,
-            cancelled_at_last_sweep: HashMap::new(),
+            cancellations_seen: HashMap::new(),
             layouts: Default::default(),
             owner: fenced.owner,
             fence_lease: fenced.lease,
@@ -301,14 +312,20 @@ impl Canceller {
         }
         // One round trip, before MySQL: the gate's witness of commits (see
         // keep_lost; two reconcilers lowering it at once may take it below
-        // 0) and which of these orders the gate saw paid.
-        let (committed, seen): (Option<i64>, Vec<bool>) = redis::pipe()
+        // 0) and which of these orders the gate saw paid and which it
+        // released. A released one gave its unit away: never paid again,
+        // whatever the paid set says (a late payer's step records it there).
+        let (committed, paid, released): (Option<i64>, Vec<bool>, Vec<bool>) = redis::pipe()
             .hget(keys.meta(), META_COMMITTED)
             .cmd("SMISMEMBER")
             .arg(keys.paid())
             .arg(&orders)
+            .cmd("SMISMEMBER")
+            .arg(keys.released())
+            .arg(&orders)
             .query_async(&mut self.conn)
             .await?;
+        let seen: Vec<bool> = paid.iter().zip(&released).map(|(p, r)| *p && !r).collect();
         let orders = self.take_out_paid(voucher, keys, orders, &seen).await?;
         if orders.is_empty() {
             return Ok(None);
@@ -466,6 +483,7 @@ impl Canceller {
         // Each order's deadline lives in its user's bucket.
         let mut missed = 0;
         for (keys, mine) in layout.split_orders(&overdue)? {
+            let mine: Vec<u64> = mine.into_iter().map(|(order, _)| order).collect();
             missed += deadline::schedule_missing(&mut self.conn, &keys, &mine, now).await?;
         }
         if missed > 0 {
@@ -486,13 +504,14 @@ impl Canceller {
     /// is on its way to give back (a canceller that died between its
     /// cancellation and its release, after a payment MySQL lost had the
     /// gate drop the order's deadline: the checked model's finding M5).
-    /// Seen by counts: the voucher's gates have released fewer orders now
-    /// than MySQL had cancelled at the last sweep, though every one of
-    /// those had a sweep's time for its release. Only then are MySQL's
-    /// cancelled orders read, and those the gates have not released get a
-    /// deadline due now (one there, claimed or not, stays): the claim path
-    /// finds them cancelled and gives their units back (release.lua gives
-    /// one back once). How many got one.
+    /// Seen by the sets' counts and digests: the voucher's gates' released
+    /// sets disagree with MySQL's cancelled orders, and did the same way at
+    /// the sweep before (a cancellation on its way to its release changes
+    /// them between sweeps). Only then, once per such disagreement, are
+    /// MySQL's cancelled orders read, and those a gate holds the buyer of
+    /// and has not released get a deadline due now (one there, claimed or
+    /// not, stays): the claim path finds them cancelled and gives their
+    /// units back (release.lua gives one back once). How many got one.
     async fn reschedule_unreleased(
         &mut self,
         voucher: u64,
@@ -501,25 +520,40 @@ impl Canceller {
     ) -> Result<usize> {
         let gates = layout.all_keys()?;
         // The gates first: a cancellation commits in MySQL before its
-        // release, so one between the two reads only raises MySQL's count.
-        let released: u64 = witness::read_many(&mut self.conn, &gates)
-            .await?
-            .iter()
-            .map(|w| w.released)
-            .sum();
-        let cancelled = counters::totals_per_voucher(&self.db, &[voucher])
-            .await?
-            .get(&voucher)
-            .map_or(0, |(_, cancelled)| *cancelled);
-        let before = self.cancelled_at_last_sweep.insert(voucher, cancelled);
-        if before.is_none_or(|before| released >= before) {
+        // release, so one between the two reads shows as a disagreement,
+        // which the next sweep reads changed.
+        let mut released = (0, Some(SetDigest::default()));
+        for (w, d) in witness::read_many_with_digests(&mut self.conn, &gates).await? {
+            released.0 += w.released;
+            released.1 = released
+                .1
+                .zip(SetDigest::parse(d.released.as_deref()))
+                .map(|(a, b)| a.plus(b));
+        }
+        let cancelled = counters::cancellations(&self.db, voucher).await?;
+        let seen = Cancellations {
+            released,
+            cancelled,
+        };
+        let looked = match self.cancellations_seen.get(&voucher) {
+            Some((before, looked)) if *before == seen => *looked,
+            // New: looked at if the next sweep reads it the same.
+            _ => {
+                self.cancellations_seen.insert(voucher, (seen, false));
+                return Ok(0);
+            }
+        };
+        if looked || seen.released == (cancelled.0, Some(cancelled.1)) {
             return Ok(0);
         }
+        self.cancellations_seen.insert(voucher, (seen, true));
         let scheduled =
             deadline::schedule_unreleased(&mut self.conn, &self.db, layout, voucher, now).await?;
         if scheduled > 0 {
             tracing::warn!(
-                "voucher {voucher}: {scheduled} cancelled order(s) never gave their unit back (MySQL has {cancelled} cancelled, the gates released {released}) and had no deadline left to release them: scheduled to be released now"
+                "voucher {voucher}: {scheduled} cancelled order(s) never gave their unit back (MySQL has {} cancelled, the gates released {}) and had no deadline left to release them: scheduled to be released now",
+                cancelled.0,
+                released.0
             );
         }
         Ok(scheduled)
