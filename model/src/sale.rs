@@ -80,7 +80,8 @@ pub struct Fixes {
     /// model's finding M5; src/worker/canceller.rs `take_out_paid`).
     pub release_paid_cancelled: bool,
     /// The canceller's sweep gives a deadline due now to a cancelled order
-    /// the gate has not released and no deadline names (finding M5:
+    /// the gate has not released, whose user is a buyer there, and that no
+    /// deadline names (finding M5:
     /// src/worker/canceller.rs `reschedule_unreleased`).
     pub sweep_unreleased: bool,
 }
@@ -378,10 +379,11 @@ pub enum Action {
     /// The canceller's claims lapse (it died, or its release was deferred).
     LapseClaims,
     /// The canceller's sweep: a cancelled order in MySQL that the gate has
-    /// not released and no deadline names gets one, due now
-    /// (`deadline::schedule_unreleased`; the code's condition, the
-    /// released sets behind MySQL's cancellations across two sweeps, is
-    /// time and not modelled).
+    /// not released, whose user is a buyer there and that no deadline
+    /// names gets one, due now (`deadline::schedule_unreleased`; the
+    /// code's condition, the released sets disagreeing with MySQL's
+    /// cancelled orders the same way two sweeps running, is not
+    /// modelled: the model may sweep at any moment).
     SweepUnreleased,
     /// The guard's pass: pause on a sign of lost writes (`gate_paused`).
     GuardCheck,

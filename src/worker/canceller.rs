@@ -461,7 +461,14 @@ impl Canceller {
             .await?;
         let keys = layout.keys(0)?;
         let now = redis_time_ms(&mut self.conn, &keys).await?;
-        let unreleased = self.reschedule_unreleased(voucher, &layout, now).await?;
+        // Its failure leaves the older backstop below to run.
+        let unreleased = match self.reschedule_unreleased(voucher, &layout, now).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!("voucher {voucher}: unreleased cancellations not looked for: {e}");
+                0
+            }
+        };
         let timeout = match self.pay_timeouts.get(&voucher) {
             Some(t) => *t,
             None => match deadline::pay_timeout_ms(&self.db, voucher).await {

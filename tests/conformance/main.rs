@@ -807,8 +807,8 @@ impl<'a> Real<'a> {
                     }
                 }
             }
-            // The canceller's sweep, its condition (time) aside: due at 1,
-            // in the past as the walks' clock has a deadline due.
+            // The canceller's sweep, its condition aside: due at 1, in the
+            // past as the walks' clock has a deadline due.
             Action::SweepUnreleased => {
                 let layout = Layout::single(&self.env.prefix, self.voucher);
                 let db = self.env.db().await;
