@@ -205,14 +205,36 @@ async fn a_redelivered_or_repeated_order_is_stored_once() {
             let _: String = redis.xadd(keys.orders(), "*", &fields).await.unwrap();
         }
     }
-    // Two consumers race for the copies: both reclaim and read at once.
-    let a = env.spawn_worker(&args(&["--until-idle", "--batch", "16", "--consumer", "a"]));
-    let b = env.spawn_worker(&args(&["--until-idle", "--batch", "16", "--consumer", "b"]));
+    // Two consumers race for the copies. Neither takes the other's batch
+    // in hand over (a long --claim-idle): a copy found stored on its first
+    // delivery is acknowledged without counting into the gate's witness of
+    // commits, so no gate is paused for a loss of MySQL's; a copy
+    // redelivered would count again (its order's first insert may have
+    // been its own), a false pause docs/src/concepts/mysql-loss.md names.
+    let race = |consumer| {
+        env.spawn_worker(&[
+            "--claim-idle",
+            "60s",
+            "--block",
+            "200ms",
+            "--until-idle",
+            "--batch",
+            "16",
+            "--consumer",
+            consumer,
+        ])
+    };
+    let a = race("a");
+    let b = race("b");
     a.expect_success(Duration::from_secs(60));
     b.expect_success(Duration::from_secs(60));
     assert_eq!(env.order_count(V).await, 40);
     let dead: u64 = redis.xlen(keys.dead()).await.unwrap();
     assert_eq!(dead, 0, "a redelivery is not a dead letter");
+    // Counted once each, by their own entries (had a copy counted, a gate
+    // guard's pass would have paused the gate, or the witness says more).
+    let committed: u64 = redis.hget(keys.meta(), "committed").await.unwrap();
+    assert_eq!(committed, 40, "the gate's witness of MySQL's commits");
     // assert_invariants counts in-flight entries; the copies are all acked.
     let s = assert_invariants(&env, V).await;
     assert_eq!(s.mysql_stock, 10);
