@@ -24,11 +24,10 @@
 -- then     N, the number of dead letters, then N triples: entry id, reason, deliveries
 -- then     U, the number of locks to release, then U user ids
 -- then     C, the number of entry ids that follow whose orders MySQL holds
---          (this batch inserted them, or found them stored on a
---          redelivery or a retry: inserted by a delivery of the same entry
---          that died before acknowledging it; a copy of an entry that finds
---          its order stored on its first delivery goes with the others),
---          then those C ids
+--          (this batch inserted them, or found them stored as these very
+--          entries inserted them: by a delivery that died before
+--          acknowledging them; a copy of an entry that finds its order
+--          stored goes with the others), then those C ids
 --          (the witness of MySQL's commits: each adds one to meta's
 --          `committed` when its XACK succeeds, so an order is counted once
 --          and a replay adds nothing; the gate guard finds a MySQL that

@@ -61,12 +61,13 @@ pub struct Fixes {
     /// (src/worker/guard.rs, src/orders/restore.rs: issue 27).
     pub restore_lost_commits: bool,
     /// finish.lua counts into the witness every order the batch's
-    /// transaction found in MySQL, inserted, or stored already on a
-    /// redelivery (a retry after the worker that inserted it died; on an
-    /// entry's first delivery a stored order is another entry's copy,
-    /// counted by that one): otherwise such an order, lost by MySQL while
-    /// its entry is in flight, is never counted, and the guard never sees
-    /// it lost (the model's finding M3).
+    /// transaction found in MySQL, inserted or stored already (a retry
+    /// after the worker that inserted it died): otherwise such an order,
+    /// lost by MySQL while its entry is in flight, is never counted, and
+    /// the guard never sees it lost (the model's finding M3). The code
+    /// counts one found stored only if its entry inserted it (the order's
+    /// time is the entry's), not a copy's; the model has one entry per
+    /// order, so every order it finds stored is its entry's own.
     pub count_stored_acks: bool,
     /// A request MySQL has no unit for, while MySQL has fewer
     /// cancellations than the gate released, is left in the stream for a
@@ -306,11 +307,6 @@ pub struct State {
     /// (src/worker/keepalive.rs `Standing::lost`): only then does the
     /// commit pause the gate.
     pub lost_seen: bool,
-    /// The batch in hand counts an order it finds stored into the
-    /// witness: it was reclaimed (every entry of it delivered before), or
-    /// runs again after a failed attempt (src/worker/group.rs `plan`).
-    /// Read new, a stored order is another entry's, counted by that one.
-    pub counts_stored: bool,
     pub told: Vec<Told>,
     pub presses: Vec<u8>,
     /// Orders whose payment deadline passed.
@@ -536,15 +532,21 @@ impl State {
     }
 
     /// Success answers the stores no longer back after a fault the docs
-    /// name: marked so the property does not count them.
+    /// name: marked so the property does not count them. A batch in hand
+    /// backs its orders until its commit (a committed one's are MySQL's:
+    /// lost with it, its entries lost with Redis's, nothing has them).
     fn expose_lost(&mut self) {
+        let uncommitted = match &self.batch {
+            Batch::Committed { .. } => &[][..],
+            _ => self.in_hand(),
+        };
         let kept: Vec<u8> = self
             .redis
             .entries
             .iter()
             .map(|e| e.order)
             .chain(self.mysql.orders.iter().map(|o| o.id))
-            .chain(self.in_hand().iter().map(|(o, _)| *o))
+            .chain(uncommitted.iter().map(|(o, _)| *o))
             .collect();
         for told in self.told.iter_mut() {
             if let Told::Success { order, exposed } = told {
@@ -588,7 +590,6 @@ impl Sale {
             guard_run: 0,
             grace_waits_tick: false,
             lost_seen: false,
-            counts_stored: false,
             told: vec![Told::Nothing; self.users as usize],
             presses: vec![self.presses; self.users as usize],
             due: vec![],
@@ -869,7 +870,6 @@ impl Model for Sale {
                     }
                 }
                 s.batch = Batch::Read(batch);
-                s.counts_stored = false;
             }
             Action::Reclaim => {
                 let me = s.incarnation;
@@ -881,7 +881,6 @@ impl Model for Sale {
                     }
                 }
                 s.batch = Batch::Read(batch);
-                s.counts_stored = true;
             }
             Action::Lock => {
                 let Batch::Read(batch) = &s.batch else {
@@ -960,11 +959,9 @@ impl Model for Sale {
                 let counted = batch
                     .iter()
                     .map(|(o, _)| *o)
-                    .filter(|o| {
-                        inserted.iter().any(|(i, _)| i == o)
-                            || (self.fixes.count_stored_acks
-                                && s.counts_stored
-                                && s.mysql.orders.iter().any(|x| x.id == *o))
+                    .filter(|o| match self.fixes.count_stored_acks {
+                        true => s.mysql.orders.iter().any(|x| x.id == *o),
+                        false => inserted.iter().any(|(i, _)| i == o),
                     })
                     .collect();
                 let dead = batch
@@ -1035,7 +1032,6 @@ impl Model for Sale {
                 s.batch = Batch::Idle;
                 s.grace_waits_tick = false;
                 s.lost_seen = false;
-                s.counts_stored = false;
             }
             Action::Crash => {
                 s.crashes -= 1;
@@ -1046,7 +1042,6 @@ impl Model for Sale {
                 s.guard_refused = None;
                 s.grace_waits_tick = false;
                 s.lost_seen = false;
-                s.counts_stored = false;
                 s.incarnation += 1;
                 // A batch Redis lost, in a worker that dies before
                 // committing it: a named limit.
@@ -1274,8 +1269,10 @@ impl Model for Sale {
                 // again (src/worker/batch.rs).
                 if let Batch::InTx { batch, .. } = &s.batch {
                     s.batch = Batch::Locked(batch.clone());
-                    s.counts_stored = true;
                 }
+                // A commit MySQL lost whose entry Redis lost before: no
+                // store keeps it (mysql-loss.md's unrestorable commits).
+                s.expose_lost();
             }
             Action::Rollback => {
                 s.rollbacks -= 1;

@@ -469,10 +469,9 @@ pub async fn read_gates(
     // Buyers with no order in MySQL and none in flight: a lost admission,
     // or a commit MySQL lost. The kept acknowledged entries tell them apart
     // (read only when there are such buyers).
-    let now = crate::support::timespec::now_ms();
     for ((s, k), known) in snaps.iter_mut().zip(&keys).zip(&known) {
         if *known {
-            find_lost_commits(conn, k, s, now).await?;
+            find_lost_commits(conn, k, s).await?;
         }
     }
     // MySQL lost more than the kept entries show: whoever is left without
@@ -836,7 +835,6 @@ async fn find_lost_commits(
     conn: &mut impl RedisConn,
     k: &VoucherKeys,
     s: &mut Snapshot,
-    now: i64,
 ) -> Result<()> {
     let orphans: BTreeSet<u64> = s.buyers.difference(&s.holders()).copied().collect();
     if orphans.is_empty() && s.commits_lost() == 0 {
@@ -855,6 +853,12 @@ async fn find_lost_commits(
         let besides = Wanted::Besides(&known, unexplained as usize);
         found.extend(acknowledged_orders(conn, k, besides).await?);
     }
+    let scheduled: Vec<u64> = found
+        .iter()
+        .map(|m| m.order)
+        .filter(|o| s.deadlines.contains(o))
+        .collect();
+    let (now, scores) = deadlines_at_redis_time(conn, k, &scheduled).await?;
     for m in found {
         if s.order_ids.contains(&m.order) {
             continue;
@@ -863,7 +867,7 @@ async fn find_lost_commits(
         if quantity != 1 {
             s.quantities.insert(m.order, quantity);
         }
-        let state = lost_state(s, &m, now);
+        let state = lost_state(s, &m, now, scores.get(&m.order).copied());
         s.lost_commits.push(LostCommit {
             user: m.user,
             order: m.order,
@@ -876,11 +880,40 @@ async fn find_lost_commits(
     Ok(())
 }
 
-/// Where a commit MySQL lost stands at the gate.
-fn lost_state(s: &Snapshot, m: &OrderMessage, now: i64) -> LostState {
+/// Redis's clock, the one authority for deadlines (`lua/claim_due.lua`
+/// claims by it), and the scores of `orders`' deadlines, read together on
+/// the gate's node. (0, none) when there are none to read.
+async fn deadlines_at_redis_time(
+    conn: &mut impl RedisConn,
+    k: &VoucherKeys,
+    orders: &[u64],
+) -> Result<(i64, HashMap<u64, i64>)> {
+    if orders.is_empty() {
+        return Ok((0, HashMap::new()));
+    }
+    let ((secs, micros), scores): ((i64, i64), Vec<Option<f64>>) = redis::pipe()
+        .cmd("TIME")
+        .cmd("ZMSCORE")
+        .arg(k.timeouts())
+        .arg(orders)
+        .query_async(conn)
+        .await?;
+    let scores = orders
+        .iter()
+        .zip(scores)
+        .filter_map(|(o, score)| Some((*o, score? as i64)))
+        .collect();
+    Ok((secs * 1000 + micros / 1000, scores))
+}
+
+/// Where a commit MySQL lost stands at the gate, at Redis's time `now`: a
+/// deadline is past once its order's time is (the canceller's claim moves
+/// its score later) or its score is (a deadline made due: the sweep's).
+fn lost_state(s: &Snapshot, m: &OrderMessage, now: i64, score: Option<i64>) -> LostState {
+    let past = m.created_ms + s.pay_timeout_ms <= now || score.is_some_and(|t| t <= now);
     if s.released.contains(&m.order) {
         LostState::Released
-    } else if s.deadlines.contains(&m.order) && m.created_ms + s.pay_timeout_ms <= now {
+    } else if s.deadlines.contains(&m.order) && past {
         LostState::PastDeadline
     } else if s.deadlines.contains(&m.order) {
         LostState::AwaitingPayment

@@ -169,7 +169,7 @@ impl Lane {
             Ok(mut p) => {
                 self.keep_while_mysql_lacks_cancellations(keys, &mine, &mut p)
                     .await;
-                group::plan(&mine, p, dead, acks, after_abandoned)
+                group::plan(&mine, p, dead, acks)
             }
             Err(PersistError::UnknownVoucher(v)) => {
                 self.refuse_unknown_voucher(v, &mine, dead, acks)

@@ -237,10 +237,10 @@ pub struct Completion<'a> {
     pub deadlines: Vec<(u64, i64)>,
     pub dead: Vec<DeadLetter>,
     /// Entry ids to acknowledge whose orders MySQL holds (the batch
-    /// inserted them, or found them stored: inserted by a worker that
-    /// died before acknowledging them, so never counted): counted into
-    /// the gate's witness of MySQL's commits (meta `committed`) when
-    /// acknowledged now.
+    /// inserted them, or found them stored as these entries inserted them:
+    /// by a delivery that died before acknowledging them, so never
+    /// counted): counted into the gate's witness of MySQL's commits (meta
+    /// `committed`) when acknowledged now.
     pub inserted: Vec<String>,
     /// The other entry ids to acknowledge (dead-lettered ones included).
     pub acks: Vec<String>,
@@ -276,14 +276,12 @@ impl Planned {
 /// per order of `mine`, (order, deliveries)): the deadlines of its pending
 /// orders, the inserted ones counted into the gate's witness, dead letters
 /// for the refused, every entry acknowledged. `dead` and `acks`: the
-/// batch's malformed entries, dead-lettered already. `after_failed_attempt`:
-/// an earlier attempt at this batch, in this process, may have committed.
+/// batch's malformed entries, dead-lettered already.
 pub fn plan(
     mine: &[(OrderMessage, u64)],
     p: Persisted,
     dead: Vec<DeadLetter>,
     acks: Vec<String>,
-    after_failed_attempt: bool,
 ) -> Planned {
     let mut plan = Planned::new(dead, acks);
     for ((m, n), fate) in mine.iter().zip(p.fates) {
@@ -297,28 +295,24 @@ pub fn plan(
                 plan.redis.inserted.push(m.entry_id.clone());
                 continue;
             }
-            Fate::AlreadyStored { pending } => {
+            Fate::AlreadyStored { pending, own } => {
                 plan.counts.1 += 1;
                 if pending {
                     plan.redis
                         .deadlines
                         .push((m.order, m.created_ms + p.pay_timeout_ms));
                 }
-                // Found stored by a redelivery or a retry of this entry:
-                // an earlier delivery or attempt inserted it and died before
-                // the acknowledgement, which alone counts it (XACK of a
-                // pending entry succeeds once). Uncounted, MySQL losing it
-                // while it was in flight would go unseen (the checked
-                // model's finding M3). On an entry's first delivery it is
-                // another entry's order (a copy: a requeue racing the
-                // insert, a duplicate delivery), counted by that entry's
-                // acknowledgement: counting it again would raise the
-                // witness above MySQL, a loss that did not happen. (A
-                // Redis gone back to before this entry's delivery makes
-                // it look first while a worker inserted it: left out, the
-                // witness errs low until the gate guard's next raise,
-                // which counts what MySQL holds.)
-                if *n > 1 || after_failed_attempt {
+                // Inserted by this entry (an earlier delivery or attempt
+                // that died before the acknowledgement, or one Redis
+                // forgot): counted when its XACK succeeds, as an insert's
+                // is (XACK of a pending entry succeeds once). Uncounted,
+                // MySQL losing it while it was in flight would go unseen
+                // (the checked model's finding M3). Another entry's (a
+                // copy) is counted by that entry's acknowledgement:
+                // counting it here too would raise the witness above
+                // MySQL, and the gate guard would pause for a loss that
+                // did not happen.
+                if own {
                     plan.redis.inserted.push(m.entry_id.clone());
                     continue;
                 }
@@ -495,17 +489,21 @@ mod tests {
     }
 
     /// The witness counts every order MySQL holds that the batch
-    /// acknowledges, inserted, or found stored by a redelivery (finding
-    /// M3), and an order's entry repeated in the batch once.
+    /// acknowledges, inserted or found stored as this entry inserted it
+    /// (finding M3), and an order's entry repeated in the batch once.
     #[test]
-    fn orders_inserted_or_found_stored_on_a_redelivery_are_counted_and_a_repeat_is_not() {
-        let mut mine: Vec<(OrderMessage, u64)> = (1..=5).map(message).collect();
-        mine[1].1 = 2;
-        mine[2].1 = 3;
+    fn orders_inserted_or_found_stored_are_counted_and_a_repeat_is_not() {
+        let mine: Vec<(OrderMessage, u64)> = (1..=5).map(message).collect();
         let fates = vec![
             Fate::Inserted,
-            Fate::AlreadyStored { pending: true },
-            Fate::AlreadyStored { pending: false },
+            Fate::AlreadyStored {
+                pending: true,
+                own: true,
+            },
+            Fate::AlreadyStored {
+                pending: false,
+                own: true,
+            },
             Fate::Repeated,
             Fate::Dead("no stock in MySQL".into()),
         ];
@@ -514,7 +512,7 @@ mod tests {
             pay_timeout_ms: 60_000,
             cancelled: 0,
         };
-        let planned = plan(&mine, p, vec![], vec![], false);
+        let planned = plan(&mine, p, vec![], vec![]);
         assert_eq!(planned.redis.inserted, ["1-0", "2-0", "3-0"]);
         assert_eq!(planned.redis.acks, ["4-0", "5-0"]);
         assert_eq!(planned.counts, (1, 3));
@@ -523,32 +521,34 @@ mod tests {
         assert_eq!(planned.redis.dead.len(), 1);
     }
 
-    /// An order found stored on its entry's first delivery is another
-    /// entry's (a copy), counted by that one's acknowledgement: this one is
-    /// acknowledged uncounted, so duplicates never raise the witness above
-    /// MySQL. After a failed attempt in this process it may be that
-    /// attempt's insert, and counts.
+    /// An order found stored that another entry inserted (a copy of its
+    /// entry) is acknowledged uncounted, whatever its deliveries: that
+    /// entry's acknowledgement counts it, so copies never raise the
+    /// witness above MySQL. Its deadline is scheduled all the same.
     #[test]
-    fn an_order_found_stored_on_a_first_delivery_counts_only_after_a_failed_attempt() {
-        let mine: Vec<(OrderMessage, u64)> = (1..=2).map(message).collect();
-        let stored = || Persisted {
+    fn an_order_another_entry_inserted_is_not_counted_again() {
+        let mut mine: Vec<(OrderMessage, u64)> = (1..=2).map(message).collect();
+        mine[1].1 = 3;
+        let p = Persisted {
             fates: vec![
-                Fate::AlreadyStored { pending: true },
-                Fate::AlreadyStored { pending: false },
+                Fate::AlreadyStored {
+                    pending: true,
+                    own: false,
+                },
+                Fate::AlreadyStored {
+                    pending: false,
+                    own: false,
+                },
             ],
             pay_timeout_ms: 60_000,
             cancelled: 0,
         };
-        let first = plan(&mine, stored(), vec![], vec![], false);
-        assert!(first.redis.inserted.is_empty());
-        assert_eq!(first.redis.acks, ["1-0", "2-0"]);
-        assert_eq!(first.counts, (0, 2));
-        let deadlines: Vec<u64> = first.redis.deadlines.iter().map(|d| d.0).collect();
+        let planned = plan(&mine, p, vec![], vec![]);
+        assert!(planned.redis.inserted.is_empty());
+        assert_eq!(planned.redis.acks, ["1-0", "2-0"]);
+        assert_eq!(planned.counts, (0, 2));
+        let deadlines: Vec<u64> = planned.redis.deadlines.iter().map(|d| d.0).collect();
         assert_eq!(deadlines, [101]);
-
-        let retried = plan(&mine, stored(), vec![], vec![], true);
-        assert_eq!(retried.redis.inserted, ["1-0", "2-0"]);
-        assert!(retried.redis.acks.is_empty());
     }
 
     /// An order MySQL had no unit for is kept (neither acknowledged nor
@@ -572,7 +572,7 @@ mod tests {
             pay_timeout_ms: 60_000,
             cancelled: 3,
         };
-        let planned = plan(&mine, p, vec![], vec![], false);
+        let planned = plan(&mine, p, vec![], vec![]);
         assert!(planned.redis.inserted.is_empty());
         assert_eq!(planned.redis.acks, ["3-0"]);
         let dead: Vec<(&str, &str)> = planned

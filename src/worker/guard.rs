@@ -630,11 +630,11 @@ impl GateGuard {
     /// Sets each gate's witness of commits back up to MySQL's count of its
     /// orders this pass (read after the witness), where it is short of
     /// it: Redis went back in time (a rebuild raises it too, but leaves
-    /// out the entries in flight then, which may count at their
-    /// acknowledgement), or restored orders, or an entry that Redis forgot
-    /// delivering found its order stored on its next, first, delivery
-    /// (uncounted). A witness short by N hides N orders of MySQL's next
-    /// loss. Never for a voucher whose MySQL lacks
+    /// out the entries in flight then, which count at their
+    /// acknowledgement, inserted or found stored as they inserted it), or
+    /// restored orders. A
+    /// witness short by N hides N
+    /// orders of MySQL's next loss. Never for a voucher whose MySQL lacks
     /// orders its gates saw committed (that gap is the loss's sign), nor
     /// over a gap taken off since this pass read the witness; a gate in
     /// buckets only on a pass that counted its orders.

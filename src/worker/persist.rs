@@ -32,8 +32,12 @@ pub enum Fate {
     Inserted,
     /// Already in MySQL under the same order id (a redelivery: the worker
     /// that inserted it died before acknowledging it); whether it still
-    /// waits for payment (then its deadline is scheduled again).
-    AlreadyStored { pending: bool },
+    /// waits for payment (then its deadline is scheduled again), and
+    /// whether this very entry inserted it (`own`: the stored order's time
+    /// is the entry's, to the millisecond) rather than another entry of
+    /// the same order (a copy: a duplicate delivery, a requeue racing the
+    /// insert), whose acknowledgement counts it.
+    AlreadyStored { pending: bool, own: bool },
     /// The same order as an earlier message of this batch (its entry
     /// twice): the earlier one carries it.
     Repeated,
@@ -184,6 +188,8 @@ struct Stored {
     user: u64,
     voucher: u64,
     status: i8,
+    /// `create_time` in ms: the time of the stream entry that inserted it.
+    created_ms: i64,
 }
 
 async fn persist_once(
@@ -209,6 +215,7 @@ async fn persist_once(
                     Some(_) => Some(Fate::Repeated),
                     None => Some(Fate::AlreadyStored {
                         pending: OrderStatus::from_code(s.status) == Some(OrderStatus::Pending),
+                        own: s.created_ms == m.created_ms,
                     }),
                 }
             } else {
@@ -302,17 +309,20 @@ async fn stored_orders(
 ) -> Result<StoredMaps, mysql_async::Error> {
     let ids = join_ids(msgs.iter().map(|m| m.order));
     let users = join_ids(msgs.iter().map(|m| m.user));
-    let rows: Vec<(u64, u64, u64, i8)> = tx
+    // The time as the insert wrote it (`sql_time_ms`; sessions are UTC).
+    let columns = "id, user_id, voucher_id, status, \
+                   CAST(ROUND(UNIX_TIMESTAMP(create_time) * 1000) AS SIGNED)";
+    let rows: Vec<(u64, u64, u64, i8, i64)> = tx
         .query(format!(
-            "SELECT id, user_id, voucher_id, status FROM seckill_order WHERE id IN ({ids})
+            "SELECT {columns} FROM seckill_order WHERE id IN ({ids})
              UNION ALL
-             SELECT id, user_id, voucher_id, status FROM seckill_order
+             SELECT {columns} FROM seckill_order
               WHERE voucher_id = {voucher} AND user_id IN ({users})"
         ))
         .await?;
     let mut by_id = HashMap::new();
     let mut by_user = HashMap::new();
-    for (id, user, v, status) in rows {
+    for (id, user, v, status, created_ms) in rows {
         if v == voucher {
             by_user.insert(user, id);
         }
@@ -322,6 +332,7 @@ async fn stored_orders(
                 user,
                 voucher: v,
                 status,
+                created_ms,
             },
         );
     }

@@ -63,7 +63,7 @@ use common::TestEnv;
 use redis::AsyncCommands;
 use seckill::gate::admission::{self, Admission};
 use seckill::gate::pause;
-use seckill::gate::witness::META_COMMITTED;
+use seckill::gate::witness::{self, META_COMMITTED};
 use seckill::orders::deadline::{self, Cancellation};
 use seckill::orders::payment::{self, PayOutcome};
 use seckill::store::keys::{VoucherKeys, WORKER_GROUP};
@@ -134,6 +134,8 @@ fn driven(a: &Action) -> bool {
             | Action::SweepUnreleased
             | Action::Snapshot
             | Action::Rollback
+            | Action::MysqlSnapshot
+            | Action::MysqlRollback
             | Action::KeepAlive
             | Action::LapseHold
             | Action::GraceEnds
@@ -150,6 +152,16 @@ fn weight(s: &State, a: &Action) -> usize {
     match a {
         Action::Snapshot if s.redis.entries.is_empty() => 4,
         Action::Rollback if s.batch != Batch::Idle => 8,
+        // MySQL back to before commits the gate saw: lost ones to restore
+        // (a failover that loses nothing is not drawn).
+        Action::MysqlSnapshot if s.mysql.orders.is_empty() => 4,
+        Action::MysqlRollback if s.mysql_snapshot.as_ref() == Some(&s.mysql) => 0,
+        Action::MysqlRollback => 2,
+        // A deadline passes only once MySQL's failover is behind (and
+        // seen whole): a rebuild decides whether a lost order's deadline
+        // passed by its own time and Redis's clock, which the walks do
+        // not move (they move the deadline's score).
+        Action::Due(_) if s.mysql_losses > 0 || s.mysql_loss_window => 0,
         Action::KeepAlive => 4,
         Action::GuardCheck => 3,
         _ => 1,
@@ -168,22 +180,34 @@ fn guard_pass(model: &Sale, s: &State) -> Result<Option<State>, String> {
     // looks at changed (for its liveness check), but its steps are the
     // same.
     if after.redis.paused && after.guard == Guard::Idle {
-        for step in [
-            Action::GuardReadGate,
-            Action::GuardReadMysql,
-            Action::GuardRepair,
-        ] {
-            after = model
-                .next_state(&after, step.clone())
-                .ok_or(format!("the model refused {step:?}"))?;
+        // The rebuild reads again, in the same pass, after it mended MySQL
+        // (restored lost orders, or took a gap nothing kept names off the
+        // witness: reconcile's `MysqlFixed`); once at most per lost commit.
+        for _ in 0..=s.mysql_snapshot.iter().count() + 1 {
+            let read = after.clone();
+            for step in [
+                Action::GuardReadGate,
+                Action::GuardReadMysql,
+                Action::GuardRepair,
+            ] {
+                after = model
+                    .next_state(&after, step.clone())
+                    .ok_or(format!("the model refused {step:?}"))?;
+            }
+            let mended = after.mysql != read.mysql || after.redis.committed != read.redis.committed;
+            match after.guard {
+                Guard::Idle if mended => continue,
+                // Nothing moved between the reads and the repair: it
+                // repaired.
+                Guard::Repaired(..) => {
+                    after = model
+                        .next_state(&after, Action::GuardReopen)
+                        .ok_or("the model refused the reopen")?;
+                    break;
+                }
+                _ => return Err(format!("the model's repair left {:?}", after.guard)),
+            }
         }
-        // Nothing moved between the reads and the repair: it repaired.
-        if !matches!(after.guard, Guard::Repaired(..)) {
-            return Err(format!("the model's repair left {:?}", after.guard));
-        }
-        after = model
-            .next_state(&after, Action::GuardReopen)
-            .ok_or("the model refused the reopen")?;
     }
     Ok((after != *s).then_some(after))
 }
@@ -305,14 +329,21 @@ struct Real<'a> {
     guard: GateGuard,
 }
 
-/// The user whose order `order` is (MySQL's, in the model).
+/// The user whose order `order` is: MySQL's, in the model, or the buyer
+/// told it succeeded (MySQL may have lost it since: a payer's second step
+/// still names it).
 fn order_user(s: &State, order: u8) -> Result<u8, String> {
+    let told = |(user, t): (usize, &Told)| match t {
+        Told::Success { order: o, .. } if *o == order => u8::try_from(user).ok(),
+        _ => None,
+    };
     s.mysql
         .orders
         .iter()
         .find(|o| o.id == order)
         .map(|o| o.user)
-        .ok_or_else(|| format!("model order {order} is not in MySQL"))
+        .or_else(|| s.told.iter().enumerate().find_map(told))
+        .ok_or_else(|| format!("model order {order} is neither in MySQL nor told"))
 }
 
 /// A model user's id in the stores.
@@ -514,6 +545,61 @@ impl<'a> Real<'a> {
         }
     }
 
+    /// The tables where MySQL's rows of the voucher are kept aside, as an
+    /// asynchronous replica that stops applying here would hold them.
+    fn mysql_snapshot_tables(&self) -> [(&'static str, String); 2] {
+        let v = self.voucher;
+        [
+            ("seckill_voucher", format!("walk_snapshot_voucher_{v}")),
+            ("seckill_order", format!("walk_snapshot_order_{v}")),
+        ]
+    }
+
+    /// MySQL's rows of the voucher copied aside (every column: the row's
+    /// counters and digests, the orders' times).
+    async fn mysql_snapshot(&self) -> Result<(), String> {
+        use mysql_async::prelude::Queryable;
+        let mut conn = self.mysql().await?;
+        for (table, copy) in self.mysql_snapshot_tables() {
+            for statement in [
+                format!("DROP TABLE IF EXISTS {copy}"),
+                format!(
+                    "CREATE TABLE {copy} AS SELECT * FROM {table} WHERE voucher_id = {}",
+                    self.voucher
+                ),
+            ] {
+                conn.query_drop(statement)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// MySQL failed over to the replica: the voucher's rows back to the
+    /// copy, in one transaction (what came since is gone).
+    async fn mysql_roll_back(&self) -> Result<(), String> {
+        use mysql_async::prelude::Queryable;
+        let [(_, vouchers), (_, orders)] = self.mysql_snapshot_tables();
+        let v = self.voucher;
+        let mut conn = self.mysql().await?;
+        let mut tx = conn
+            .start_transaction(mysql_async::TxOpts::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        for statement in [
+            format!("DELETE FROM seckill_order WHERE voucher_id = {v}"),
+            format!("INSERT INTO seckill_order SELECT * FROM {orders}"),
+            format!("REPLACE INTO seckill_voucher SELECT * FROM {vouchers}"),
+        ] {
+            tx.query_drop(statement).await.map_err(|e| e.to_string())?;
+        }
+        tx.commit().await.map_err(|e| e.to_string())?;
+        conn.query_drop(format!("DROP TABLE {vouchers}, {orders}"))
+            .await
+            .map_err(|e| e.to_string())
+    }
+
     async fn mysql(&self) -> Result<mysql_async::Conn, String> {
         self.env.db().await.conn().await.map_err(|e| e.to_string())
     }
@@ -645,9 +731,25 @@ impl<'a> Real<'a> {
                 let mine = self.messages();
                 let msgs: Vec<OrderMessage> = mine.iter().map(|(m, _)| m.clone()).collect();
                 let mut conn = self.mysql().await?;
-                let p = persist(&mut conn, self.voucher, &msgs)
+                let mut p = persist(&mut conn, self.voucher, &msgs)
                     .await
                     .map_err(|e| e.to_string())?;
+                // As the batch's `keep_while_mysql_lacks_cancellations`
+                // (the model bounds no deliveries: difference 8 of
+                // the docs).
+                if p.fates.contains(&Fate::NoStock) {
+                    let released = witness::read(&mut self.redis, &self.keys)
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .released;
+                    group::keep_no_stock_while_mysql_lacks_cancellations(
+                        &mut p.fates,
+                        mine.iter().map(|(_, n)| *n),
+                        released,
+                        p.cancelled,
+                        u64::MAX,
+                    );
+                }
                 let inserted = p.fates.iter().filter(|f| matches!(f, Fate::Inserted));
                 let inserted = inserted.count() as u64;
                 self.persisted = Some((mine, p));
@@ -657,7 +759,7 @@ impl<'a> Real<'a> {
             }
             Action::Finish => {
                 let (mine, p) = self.persisted.take().ok_or("no batch persisted")?;
-                let planned = group::plan(&mine, p, vec![], vec![], false);
+                let planned = group::plan(&mine, p, vec![], vec![]);
                 let owner = self.owner();
                 let alive = self.alive.take().ok_or("no keep-alive")?;
                 let done = group::Completion {
@@ -703,6 +805,8 @@ impl<'a> Real<'a> {
             }
             Action::Due(_) | Action::LapseClaims => {} // the clock: see `set_clock`
             Action::Snapshot => self.snapshot = Some(self.dump().await?),
+            Action::MysqlSnapshot => self.mysql_snapshot().await?,
+            Action::MysqlRollback => self.mysql_roll_back().await?,
             Action::LapseHold => {
                 // Every dead incarnation's hold runs out.
                 let holds: HashMap<String, i64> = self
@@ -758,7 +862,12 @@ impl<'a> Real<'a> {
                 let paid = payment::pay(db, map.real(*o)?)
                     .await
                     .map_err(|e| e.to_string())?;
-                let model_paid = after.forgetting.contains(o) && !before.forgetting.contains(o);
+                // By the order's status: a payer of an earlier payment
+                // MySQL lost may still stand at `after_pay`.
+                let status =
+                    |s: &State| s.mysql.orders.iter().find(|x| x.id == *o).map(|x| x.status);
+                let model_paid =
+                    status(before) == Some(Status::Pending) && status(after) == Some(Status::Paid);
                 if matches!(paid, PayOutcome::Paid { .. }) != model_paid {
                     return Err(format!(
                         "the payment answered {paid:?}; the model paid: {model_paid}"
@@ -1200,9 +1309,14 @@ struct Walked {
     reopens: u64,
     /// Sweeps that gave an unreleased cancellation a deadline.
     sweeps_scheduled: usize,
+    /// MySQL's failover: the real guard's pauses for it and the orders it
+    /// restored; transactions that kept a request for a retry (M4);
+    /// cancels that released an order the gate saw paid and MySQL
+    /// cancelled (M5).
+    mysql_loss: MysqlLossMet,
     /// Transactions of a batch read new (not reclaimed) that found an
     /// order stored: a worker inserted it before Redis forgot delivering
-    /// its entry (finish.lua leaves it uncounted).
+    /// its entry (its own insert: finish.lua counts it).
     stored_on_first_delivery: usize,
 }
 
@@ -1219,10 +1333,15 @@ async fn walk(env: &TestEnv, seed: u64) -> Result<Walked, String> {
     .map_err(|e| format!("seed {seed}: {e}"))
 }
 
-/// The sale model of a walk: every other seed's Redis rolls back once.
+/// The sale model of a walk: every other seed's Redis rolls back once,
+/// and every fourth seed's MySQL fails over once (seeds 2, 6, 10, ...,
+/// whose Redis loses nothing: with both, a commit MySQL lost whose entry
+/// Redis lost leaves buyers the code keeps for the operator and the model
+/// forgets, difference 7 of docs/src/concepts/checked-model.md).
 fn walk_model(seed: u64) -> Sale {
     Sale {
         rollbacks: (seed % 2) as u8,
+        mysql_losses: u8::from(seed % 4 == 2),
         ..sale()
     }
 }
@@ -1280,7 +1399,12 @@ impl Picker {
             actions.retain(|a| {
                 !matches!(
                     a,
-                    Action::Admit(_) | Action::Crash | Action::Snapshot | Action::Rollback
+                    Action::Admit(_)
+                        | Action::Crash
+                        | Action::Snapshot
+                        | Action::Rollback
+                        | Action::MysqlSnapshot
+                        | Action::MysqlRollback
                 )
             });
         }
@@ -1296,6 +1420,24 @@ impl Picker {
             }
         }
         Ok(None)
+    }
+}
+
+/// What the walks met of MySQL's failover, summed.
+#[derive(Debug, Default, Clone, Copy)]
+struct MysqlLossMet {
+    pauses: u64,
+    restored: u64,
+    kept: usize,
+    paid_cancelled_released: usize,
+}
+
+impl std::ops::AddAssign for MysqlLossMet {
+    fn add_assign(&mut self, o: MysqlLossMet) {
+        self.pauses += o.pauses;
+        self.restored += o.restored;
+        self.kept += o.kept;
+        self.paid_cancelled_released += o.paid_cancelled_released;
     }
 }
 
@@ -1335,6 +1477,7 @@ async fn walk_with(
     let mut hold_changed_repair = 0;
     let mut sweeps_scheduled = 0;
     let mut stored_on_first_delivery = 0;
+    let mut mysql_loss = MysqlLossMet::default();
     let result = async {
         for step in 0..STEPS + DRAIN {
             let Some((action, after)) = picker.next(&model, &state, step)? else {
@@ -1344,6 +1487,21 @@ async fn walk_with(
                 if claimed.iter().any(|o| state.redis.paid.contains(o)) {
                     paid_taken_out += 1;
                 }
+                let cancelled = |o: &u8| {
+                    let mysql = &state.mysql.orders;
+                    mysql
+                        .iter()
+                        .any(|x| x.id == *o && x.status == Status::Cancelled)
+                };
+                if claimed
+                    .iter()
+                    .any(|o| state.redis.paid.contains(o) && cancelled(o))
+                {
+                    mysql_loss.paid_cancelled_released += 1;
+                }
+            }
+            if let (Action::Transact, Batch::Committed { kept, .. }) = (&action, &after.batch) {
+                mysql_loss.kept += usize::from(!kept.is_empty());
             }
             if after.redis.holds.len() > state.redis.holds.len() {
                 held += 1;
@@ -1357,7 +1515,12 @@ async fn walk_with(
             }
             if let (Action::Transact, Batch::Locked(batch)) = (&action, &state.batch) {
                 let stored = |o: &u8| state.mysql.orders.iter().any(|x| x.id == *o);
-                if !state.counts_stored && batch.iter().any(|(o, _)| stored(o)) {
+                let read_new = taken.iter().rev().find_map(|a| match a {
+                    Action::Read => Some(true),
+                    Action::Reclaim => Some(false),
+                    _ => None,
+                });
+                if read_new == Some(true) && batch.iter().any(|(o, _)| stored(o)) {
                     stored_on_first_delivery += 1;
                 }
             }
@@ -1388,11 +1551,15 @@ async fn walk_with(
         }
         other => other,
     };
-    let reopens = real.stats.snapshot().gate_reopens;
+    let stats = real.stats.snapshot();
+    let reopens = stats.gate_reopens;
+    mysql_loss.pauses = stats.mysql_loss_pauses;
+    mysql_loss.restored = stats.orders_restored;
     let removed = real_removed(real, &result).await;
     match result.and(removed) {
         Ok(()) => {
-            check_told(&state)?;
+            check_told(&state)
+                .map_err(|e| format!("{e}\n  after {} steps: {taken:?}", taken.len()))?;
             Ok(Walked {
                 taken,
                 rested,
@@ -1403,6 +1570,7 @@ async fn walk_with(
                 reopens,
                 sweeps_scheduled,
                 stored_on_first_delivery,
+                mysql_loss,
             })
         }
         Err(e) => Err(format!("{e}\n  after {} steps: {taken:?}", taken.len())),
@@ -1490,6 +1658,7 @@ async fn random_walks_of_the_model_match_the_real_scripts_and_sql() {
     let env = TestEnv::new().await;
     let mut counts: HashMap<String, usize> = HashMap::new();
     let (mut rested, mut drifted, mut paid_taken_out, mut held) = (0, 0, 0, 0);
+    let mut met = MysqlLossMet::default();
     let (mut guard_met_hold, mut reopens) = (0, 0);
     let seeds = seeds(WALKS);
     for &seed in &seeds {
@@ -1498,6 +1667,7 @@ async fn random_walks_of_the_model_match_the_real_scripts_and_sql() {
                 taken,
                 rested: at,
                 paid_taken_out: paid,
+                mysql_loss: m,
                 held: h,
                 guard_met_hold: g,
                 reopens: r,
@@ -1505,6 +1675,7 @@ async fn random_walks_of_the_model_match_the_real_scripts_and_sql() {
             }) => {
                 reopens += r;
                 paid_taken_out += paid;
+                met += m;
                 held += h;
                 guard_met_hold += g;
                 rested += usize::from(at.is_some());
@@ -1539,6 +1710,11 @@ async fn random_walks_of_the_model_match_the_real_scripts_and_sql() {
     assert!(held > 0, "no batch Redis lost held the gate");
     eprintln!("guard passes that met a hold: {guard_met_hold}");
     assert!(guard_met_hold > 0, "no guard's pass met a hold");
+    eprintln!("MySQL's failovers met: {met:?}");
+    assert!(
+        met.pauses > 0 && met.restored > 0,
+        "the real guard never paused for MySQL's loss and restored what it lost"
+    );
     // Every driven action came up: a walk that never cancels checks no
     // release.
     for name in [
@@ -1558,6 +1734,8 @@ async fn random_walks_of_the_model_match_the_real_scripts_and_sql() {
         "LapseClaims",
         "Snapshot",
         "Rollback",
+        "MysqlSnapshot",
+        "MysqlRollback",
         "KeepAlive",
         "LapseHold",
         "GraceEnds",
@@ -1633,6 +1811,8 @@ enum Expect {
     SweepScheduled,
     /// A batch read new that found an order stored.
     StoredOnFirstDelivery,
+    /// The real guard restored an order MySQL lost.
+    Restored,
 }
 
 const SCENARIOS: &[(&str, &[Action], Expect)] = &[
@@ -1718,7 +1898,7 @@ const SCENARIOS: &[(&str, &[Action], Expect)] = &[
         Expect::SweepScheduled,
     ),
     (
-        "an order found stored by its entry's first delivery is not counted again",
+        "an order its entry inserted before Redis forgot the delivery counts on the next, first, delivery",
         &[
             Action::Admit(0),
             Action::Snapshot,
@@ -1734,6 +1914,21 @@ const SCENARIOS: &[(&str, &[Action], Expect)] = &[
         ],
         Expect::StoredOnFirstDelivery,
     ),
+    (
+        "an order MySQL lost after its deadline passed is restored cancelled, its unit given back",
+        &[
+            Action::MysqlSnapshot,
+            Action::Admit(0),
+            Action::Read,
+            Action::Lock,
+            Action::Transact,
+            Action::Finish,
+            Action::Due(1),
+            Action::MysqlRollback,
+            Action::GuardCheck,
+        ],
+        Expect::Restored,
+    ),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1747,6 +1942,7 @@ async fn scenarios_the_random_walks_seldom_meet_match_the_code() {
         };
         let model = Sale {
             rollbacks: 1,
+            mysql_losses: 1,
             ..sale()
         };
         let walked = walk_with(&env, FIRST_VOUCHER + i as u64, model, picker)
@@ -1764,6 +1960,10 @@ async fn scenarios_the_random_walks_seldom_meet_match_the_code() {
             Expect::StoredOnFirstDelivery => assert!(
                 walked.stored_on_first_delivery > 0,
                 "{name}: no batch read new found its order stored"
+            ),
+            Expect::Restored => assert!(
+                walked.mysql_loss.restored > 0,
+                "{name}: the guard restored nothing"
             ),
         }
     }
