@@ -32,8 +32,9 @@
 --          `committed` when its XACK succeeds, so an order is counted once
 --          and a replay adds nothing; the gate guard finds a MySQL that
 --          lost commits by it having fewer orders than that)
--- then     the other entry ids to acknowledge (dead-lettered ones, and an
---          order's entry repeated in the batch)
+-- then     the other entry ids to acknowledge (dead-lettered ones, an
+--          order's entry repeated in the batch, and a copy of an entry
+--          whose order another entry inserted)
 --
 -- Returns the number of entries acknowledged.
 --

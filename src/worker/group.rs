@@ -295,13 +295,20 @@ pub fn plan(
                 plan.redis.inserted.push(m.entry_id.clone());
                 continue;
             }
-            Fate::AlreadyStored { pending, own } => {
+            Fate::AlreadyStored {
+                pending,
+                created_ms,
+            } => {
                 plan.counts.1 += 1;
+                // From the stored order's time: a copy's is later, and
+                // would move the deadline (a claim's included) past the
+                // one MySQL's payment keeps to.
                 if pending {
                     plan.redis
                         .deadlines
-                        .push((m.order, m.created_ms + p.pay_timeout_ms));
+                        .push((m.order, created_ms + p.pay_timeout_ms));
                 }
+                let own = created_ms == m.created_ms;
                 // Inserted by this entry (an earlier delivery or attempt
                 // that died before the acknowledgement, or one Redis
                 // forgot): counted when its XACK succeeds, as an insert's
@@ -498,11 +505,11 @@ mod tests {
             Fate::Inserted,
             Fate::AlreadyStored {
                 pending: true,
-                own: true,
+                created_ms: 1_000,
             },
             Fate::AlreadyStored {
                 pending: false,
-                own: true,
+                created_ms: 1_000,
             },
             Fate::Repeated,
             Fate::Dead("no stock in MySQL".into()),
@@ -522,9 +529,10 @@ mod tests {
     }
 
     /// An order found stored that another entry inserted (a copy of its
-    /// entry) is acknowledged uncounted, whatever its deliveries: that
-    /// entry's acknowledgement counts it, so copies never raise the
-    /// witness above MySQL. Its deadline is scheduled all the same.
+    /// entry, later) is acknowledged uncounted, whatever its deliveries:
+    /// that entry's acknowledgement counts it, so copies never raise the
+    /// witness above MySQL. Its deadline is scheduled all the same, from
+    /// the stored order's time.
     #[test]
     fn an_order_another_entry_inserted_is_not_counted_again() {
         let mut mine: Vec<(OrderMessage, u64)> = (1..=2).map(message).collect();
@@ -533,11 +541,11 @@ mod tests {
             fates: vec![
                 Fate::AlreadyStored {
                     pending: true,
-                    own: false,
+                    created_ms: 400,
                 },
                 Fate::AlreadyStored {
                     pending: false,
-                    own: false,
+                    created_ms: 400,
                 },
             ],
             pay_timeout_ms: 60_000,
@@ -547,8 +555,7 @@ mod tests {
         assert!(planned.redis.inserted.is_empty());
         assert_eq!(planned.redis.acks, ["1-0", "2-0"]);
         assert_eq!(planned.counts, (0, 2));
-        let deadlines: Vec<u64> = planned.redis.deadlines.iter().map(|d| d.0).collect();
-        assert_eq!(deadlines, [101]);
+        assert_eq!(planned.redis.deadlines, [(101, 60_400)]);
     }
 
     /// An order MySQL had no unit for is kept (neither acknowledged nor

@@ -32,12 +32,13 @@ pub enum Fate {
     Inserted,
     /// Already in MySQL under the same order id (a redelivery: the worker
     /// that inserted it died before acknowledging it); whether it still
-    /// waits for payment (then its deadline is scheduled again), and
-    /// whether this very entry inserted it (`own`: the stored order's time
-    /// is the entry's, to the millisecond) rather than another entry of
-    /// the same order (a copy: a duplicate delivery, a requeue racing the
-    /// insert), whose acknowledgement counts it.
-    AlreadyStored { pending: bool, own: bool },
+    /// waits for payment (then its deadline is scheduled again, from
+    /// this time), and the stored order's time (`create_time`, in ms): the
+    /// time of the entry that inserted it, so this very entry's (its
+    /// `created_ms`) unless another entry of the same order inserted it
+    /// (a copy: a duplicate delivery, a requeue racing the insert), whose
+    /// acknowledgement counts it.
+    AlreadyStored { pending: bool, created_ms: i64 },
     /// The same order as an earlier message of this batch (its entry
     /// twice): the earlier one carries it.
     Repeated,
@@ -215,7 +216,7 @@ async fn persist_once(
                     Some(_) => Some(Fate::Repeated),
                     None => Some(Fate::AlreadyStored {
                         pending: OrderStatus::from_code(s.status) == Some(OrderStatus::Pending),
-                        own: s.created_ms == m.created_ms,
+                        created_ms: s.created_ms,
                     }),
                 }
             } else {

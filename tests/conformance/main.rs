@@ -80,8 +80,8 @@ use seckill::worker::lock::LockOwner;
 use seckill::worker::persist::{persist, Fate, Persisted};
 use seckill::worker::{DeadlineOptions, WorkerStats};
 use seckill_model::sale::{
-    Action, Batch, Canceller as Cancelling, Delivery as Handed, Fixes, Guard, Sale, State, Status,
-    Told,
+    Action, Batch, Canceller as Cancelling, Delivery as Handed, Fixes, Guard, Mysql, Sale, State,
+    Status, Told,
 };
 use seckill_model::Model;
 
@@ -153,19 +153,34 @@ fn weight(s: &State, a: &Action) -> usize {
         Action::Snapshot if s.redis.entries.is_empty() => 4,
         Action::Rollback if s.batch != Batch::Idle => 8,
         // MySQL back to before commits the gate saw: lost ones to restore
-        // (a failover that loses nothing is not drawn).
-        Action::MysqlSnapshot if s.mysql.orders.is_empty() => 4,
-        Action::MysqlRollback if s.mysql_snapshot.as_ref() == Some(&s.mysql) => 0,
-        Action::MysqlRollback => 2,
-        // A deadline passes only once MySQL's failover is behind (and
-        // seen whole): a rebuild decides whether a lost order's deadline
-        // passed by its own time and Redis's clock, which the walks do
-        // not move (they move the deadline's score).
-        Action::Due(_) if s.mysql_losses > 0 || s.mysql_loss_window => 0,
+        // (a failover that loses nothing is not drawn). Nor one that
+        // loses an order whose deadline passed while Redis still holds
+        // it, and no deadline of an order MySQL lost passes before the
+        // rebuild put it back: the rebuild decides whether a lost order's
+        // deadline passed by the order's own time and Redis's clock, which
+        // the walks do not move (they move the deadline's score).
+        Action::MysqlSnapshot if s.mysql.orders.is_empty() => 2,
+        // Before a cancellation or a payment MySQL will lose.
+        Action::MysqlSnapshot => 3,
+        Action::MysqlRollback => match &s.mysql_snapshot {
+            Some(m) if *m == s.mysql || loses_a_past_deadline(s, m) => 0,
+            _ => 2,
+        },
+        Action::Due(o) if s.mysql_loss_window && !s.mysql.orders.iter().any(|x| x.id == *o) => 0,
         Action::KeepAlive => 4,
         Action::GuardCheck => 3,
         _ => 1,
     }
+}
+
+/// A failover back to `snapshot` would lose an order whose deadline
+/// passed and is still at the gate.
+fn loses_a_past_deadline(s: &State, snapshot: &Mysql) -> bool {
+    s.mysql.orders.iter().any(|o| {
+        !snapshot.orders.iter().any(|x| x.id == o.id)
+            && s.due.contains(&o.id)
+            && s.redis.timeouts.iter().any(|(t, _)| *t == o.id)
+    })
 }
 
 /// The guard's pass in the model, each step after the other with nothing
@@ -182,8 +197,14 @@ fn guard_pass(model: &Sale, s: &State) -> Result<Option<State>, String> {
     if after.redis.paused && after.guard == Guard::Idle {
         // The rebuild reads again, in the same pass, after it mended MySQL
         // (restored lost orders, or took a gap nothing kept names off the
-        // witness: reconcile's `MysqlFixed`); once at most per lost commit.
-        for _ in 0..=s.mysql_snapshot.iter().count() + 1 {
+        // witness: reconcile's `MysqlFixed`, which the code does not
+        // bound); a few times at most in these walks.
+        let mut reads = 0;
+        loop {
+            reads += 1;
+            if reads > 4 {
+                return Err("the model's rebuild mended MySQL 4 times in one pass".into());
+            }
             let read = after.clone();
             for step in [
                 Action::GuardReadGate,
@@ -1408,6 +1429,8 @@ impl Picker {
                 )
             });
         }
+        // Weight 0: not drawn at all.
+        actions.retain(|a| weight(s, a) > 0);
         while !actions.is_empty() {
             let action = actions.swap_remove(rng.weighted(&actions, |a| weight(s, a)));
             if let Some(after) = take_in_model(model, s, &action)? {
@@ -1813,6 +1836,11 @@ enum Expect {
     StoredOnFirstDelivery,
     /// The real guard restored an order MySQL lost.
     Restored,
+    /// A request MySQL had no unit for was kept for a retry (M4).
+    Kept,
+    /// A cancel released an order the gate saw paid that MySQL cancelled
+    /// (M5).
+    PaidCancelledReleased,
 }
 
 const SCENARIOS: &[(&str, &[Action], Expect)] = &[
@@ -1929,6 +1957,59 @@ const SCENARIOS: &[(&str, &[Action], Expect)] = &[
         ],
         Expect::Restored,
     ),
+    (
+        "a request on a unit whose cancellation MySQL lost is kept until the guard cancels again (M4)",
+        &[
+            Action::Admit(0),
+            Action::Admit(1),
+            Action::Read,
+            Action::Lock,
+            Action::Transact,
+            Action::Finish,
+            Action::MysqlSnapshot,
+            Action::Due(1),
+            Action::Claim,
+            Action::Cancel,
+            Action::Release,
+            Action::Admit(2),
+            Action::MysqlRollback,
+            Action::Read,
+            Action::Lock,
+            Action::Transact,
+            Action::Finish,
+            Action::GuardCheck,
+            Action::Reclaim,
+            Action::Lock,
+            Action::Transact,
+            Action::Finish,
+        ],
+        Expect::Kept,
+    ),
+    (
+        "a paid order MySQL lost the payment of and cancelled gives its unit back (M5)",
+        &[
+            Action::Admit(0),
+            Action::Read,
+            Action::Lock,
+            Action::Transact,
+            Action::Finish,
+            Action::MysqlSnapshot,
+            Action::Pay(1),
+            Action::MysqlRollback,
+            Action::Due(1),
+            Action::Claim,
+            Action::Cancel,
+            Action::Admit(1),
+            Action::Read,
+            Action::Crash,
+            Action::Forget(1),
+            Action::SweepUnreleased,
+            Action::Claim,
+            Action::Cancel,
+            Action::Release,
+        ],
+        Expect::PaidCancelledReleased,
+    ),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1964,6 +2045,11 @@ async fn scenarios_the_random_walks_seldom_meet_match_the_code() {
             Expect::Restored => assert!(
                 walked.mysql_loss.restored > 0,
                 "{name}: the guard restored nothing"
+            ),
+            Expect::Kept => assert!(walked.mysql_loss.kept > 0, "{name}: nothing kept"),
+            Expect::PaidCancelledReleased => assert!(
+                walked.mysql_loss.paid_cancelled_released > 0,
+                "{name}: no cancel released a paid order MySQL cancelled"
             ),
         }
     }
