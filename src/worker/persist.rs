@@ -313,7 +313,9 @@ async fn stored_orders(
     // The time as the insert wrote it (`sql_time_ms`; sessions are UTC).
     let columns = "id, user_id, voucher_id, status, \
                    CAST(ROUND(UNIX_TIMESTAMP(create_time) * 1000) AS SIGNED)";
-    let rows: Vec<(u64, u64, u64, i8, i64)> = tx
+    // NULL where MariaDB's UNIX_TIMESTAMP has no answer (before 1970-01-01
+    // 00:00:01): a time no entry has, so no order counts as its own.
+    let rows: Vec<(u64, u64, u64, i8, Option<i64>)> = tx
         .query(format!(
             "SELECT {columns} FROM seckill_order WHERE id IN ({ids})
              UNION ALL
@@ -333,7 +335,7 @@ async fn stored_orders(
                 user,
                 voucher: v,
                 status,
-                created_ms,
+                created_ms: created_ms.unwrap_or(i64::MIN),
             },
         );
     }
