@@ -224,6 +224,22 @@ async fn a_redelivered_or_repeated_order_is_stored_once() {
     // guard's pass would have paused the gate, or the witness says more).
     let committed: u64 = redis.hget(keys.meta(), "committed").await.unwrap();
     assert_eq!(committed, 40, "the gate's witness of MySQL's commits");
+    // Each deadline is its order's own (the first entry's time plus the
+    // payment time), not moved later by a copy's time.
+    let deadlines: Vec<(u64, i64)> = redis
+        .zrange_withscores(keys.timeouts(), 0, -1)
+        .await
+        .unwrap();
+    assert_eq!(deadlines.len(), 40);
+    for e in &all.ids {
+        let order: u64 = e.get::<String>("order").unwrap().parse().unwrap();
+        let created: i64 = e.id.split('-').next().unwrap().parse().unwrap();
+        let own = (
+            order,
+            created + seckill::orders::voucher::DEFAULT_PAY_TIMEOUT_MS,
+        );
+        assert!(deadlines.contains(&own), "{own:?} not in {deadlines:?}");
+    }
     // assert_invariants counts in-flight entries; the copies are all acked.
     let s = assert_invariants(&env, V).await;
     assert_eq!(s.mysql_stock, 10);

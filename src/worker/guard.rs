@@ -632,9 +632,8 @@ impl GateGuard {
     /// it: Redis went back in time (a rebuild raises it too, but leaves
     /// out the entries in flight then, which count at their
     /// acknowledgement, inserted or found stored as they inserted it), or
-    /// restored orders. A
-    /// witness short by N hides N
-    /// orders of MySQL's next loss. Never for a voucher whose MySQL lacks
+    /// restored orders. A witness short by N hides N orders of MySQL's
+    /// next loss. Never for a voucher whose MySQL lacks
     /// orders its gates saw committed (that gap is the loss's sign), nor
     /// over a gap taken off since this pass read the witness; a gate in
     /// buckets only on a pass that counted its orders.
