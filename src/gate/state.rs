@@ -275,7 +275,7 @@ pub async fn read_sale(conn: &mut impl RedisConn, keys: &VoucherKeys) -> Result<
         end_ms,
         paused: paused.as_deref() == Some("1"),
         stock,
-        now_ms: time.0 * 1000 + time.1 / 1000,
+        now_ms: crate::support::timespec::redis_time_ms(time),
         bucket_tags,
     }))
 }

@@ -247,7 +247,7 @@ async fn glance(state: &AppState, layout: &Layout, user: u64) -> Result<Option<P
             .cmd("TIME")
             .query_async(&mut conn)
             .await?;
-        let now_ms = time.0 * 1000 + time.1 / 1000;
+        let now_ms = crate::support::timespec::redis_time_ms(time);
         Ok(Some(if buyer {
             Place::Bought
         } else if let Some(end) = end_ms {

@@ -891,7 +891,7 @@ async fn deadlines_at_redis_time(
     if orders.is_empty() {
         return Ok((0, HashMap::new()));
     }
-    let ((secs, micros), scores): ((i64, i64), Vec<Option<f64>>) = redis::pipe()
+    let (time, scores): ((i64, i64), Vec<Option<f64>>) = redis::pipe()
         .cmd("TIME")
         .cmd("ZMSCORE")
         .arg(k.timeouts())
@@ -903,7 +903,7 @@ async fn deadlines_at_redis_time(
         .zip(scores)
         .filter_map(|(o, score)| Some((*o, score? as i64)))
         .collect();
-    Ok((secs * 1000 + micros / 1000, scores))
+    Ok((crate::support::timespec::redis_time_ms(time), scores))
 }
 
 /// Where a commit MySQL lost stands at the gate, at Redis's time `now`: a

@@ -12,6 +12,11 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// Redis's `TIME` reply (seconds, microseconds) as Unix milliseconds.
+pub fn redis_time_ms((secs, micros): (i64, i64)) -> i64 {
+    secs * 1000 + micros / 1000
+}
+
 /// A point in time, in Unix milliseconds, relative to `now_ms`.
 pub fn parse_time(text: &str, now_ms: i64) -> Result<i64> {
     let t = text.trim();

@@ -36,12 +36,7 @@ async fn redis_time_ms(conn: &mut Redis, keys: &VoucherKeys) -> Result<i64> {
         .exists(keys.timeouts())
         .query_async(conn)
         .await?;
-    Ok(time_ms(t))
-}
-
-/// TIME's (seconds, microseconds) as Unix ms.
-fn time_ms((secs, micros): (i64, i64)) -> i64 {
-    secs * 1000 + micros / 1000
+    Ok(crate::support::timespec::redis_time_ms(t))
 }
 
 /// Longest sleep between looks at the deadlines: deadlines scheduled by
@@ -587,7 +582,7 @@ impl Canceller {
             }
             let first = row.pop().unwrap_or(redis::Value::Nil);
             let time = row.pop().unwrap_or(redis::Value::Nil);
-            let now = time_ms(
+            let now = crate::support::timespec::redis_time_ms(
                 redis::FromRedisValue::from_redis_value(time)
                     .map_err(|e| crate::Error::redis(format!("TIME: {e}")))?,
             );
