@@ -58,7 +58,7 @@
 -- grace or hold ends a few ms later), reopen and unhold find nothing left
 -- to do.
 
--- `holds_now_ms` and `hold_is_live` come from lua/lib/holds.lua, which the
+-- `holds_now_ms`, `hold_is_live` and `grace_runs` come from lua/lib/holds.lua, which the
 -- binary prepends (to run this file by hand, prepend it too).
 local now_ms = holds_now_ms
 
@@ -145,7 +145,7 @@ elseif action == 'reopen' then
   local holding = held(KEYS[3])
   if ARGV[3] and ARGV[3] ~= (redis.call('HGET', KEYS[1], 'pause_token') or '') then return 4 end
   if redis.call('SCARD', KEYS[2]) < orders then return 0 end
-  if (tonumber(redis.call('HGET', KEYS[1], 'reopen_after_ms')) or 0) > now_ms() or holding then
+  if grace_runs(KEYS[1]) or holding then
     return 3
   end
   redis.call('HDEL', KEYS[1], 'paused', 'reopen_after_ms', 'pause_token', 'paused_reason')

@@ -20,8 +20,11 @@
 --
 -- While a worker holds the gate (KEYS[9], lua/lib/holds.lua, which the
 -- binary prepends) no unit is given back: the view this repair was computed
--- on misses that worker's batch. The rest is applied (stock lowered,
--- buyers, deadlines, spoken-for cancellations) and the reply is 2.
+-- on misses that worker's batch. Nor while a pause's grace runs (meta
+-- reopen_after_ms, with KEYS[9]): such a worker holds the gate at its next
+-- keep-alive tick, within the grace, and a unit given before then may be
+-- its batch's. The rest is applied (stock lowered, buyers, deadlines,
+-- spoken-for cancellations) and the reply is 2.
 --
 -- ARGV[1..4]  the gate's witness (the same four values lua/preload.lua
 --             checks, src/gate/witness.rs): last order-stream entry id ('' if
@@ -43,7 +46,8 @@
 --             record lost), so their units are spoken for already
 --
 -- Returns 1 when applied, 0 when the voucher moved (nothing written), 2 when
--- applied but for the units to give back (a worker holds the gate).
+-- applied but for the units to give back (a worker holds the gate, or a
+-- pause's grace runs).
 --
 -- Safe to run twice: a repair that moves the stock or a set's size changes
 -- the witness, so its replay writes nothing and returns 0 (reconcile reads
@@ -62,7 +66,7 @@ if last_id ~= ARGV[1]
 end
 
 local delta = tonumber(ARGV[5])
-local withheld = delta > 0 and hold_is_live(KEYS[9])
+local withheld = delta > 0 and (hold_is_live(KEYS[9]) or (KEYS[9] and grace_runs(KEYS[8])))
 if withheld then delta = 0 end
 local i = 6
 -- The digests (lua/lib/digest.lua) follow every member added or removed;

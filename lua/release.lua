@@ -28,7 +28,8 @@
 -- KEYS[3]  seckill:{V}:waitlist   KEYS[7]  seckill:{V}:released
 -- KEYS[4]  seckill:{V}:orders     KEYS[8]  seckill:{V}:meta
 --                                 KEYS[9]  seckill:{V}:holds  (optional: while a
---                                          worker holds the gate, a repair's
+--                                          worker holds the gate, or a
+--                                          pause's grace runs, a repair's
 --                                          release is deferred too)
 --                                 KEYS[10] seckill:{V}:waitlist_quantity (optional,
 --                                          with KEYS[9]): the units waiting
@@ -76,7 +77,7 @@
 --   waited_ms       how long the request waited, from its first queueing
 --                   (the waitlist's score, this master's clock)
 
--- `hold_is_live` comes from lua/lib/holds.lua, `serve_waitlist` from
+-- `hold_is_live` and `grace_runs` come from lua/lib/holds.lua, `serve_waitlist` from
 -- lua/lib/waitlist.lua; the binary prepends both.
 local voucher = ARGV[1]
 local n = tonumber(ARGV[3])
@@ -84,7 +85,8 @@ if not n then return redis.error_reply('ERR release.lua: ARGV[3] must be the cou
 local extra = tonumber(ARGV[4 + 3 * n])
 if not extra then return redis.error_reply('ERR release.lua: the count of extra fresh ids must follow the N triples') end
 local state = redis.call('HMGET', KEYS[8], 'paused', 'pause_token')
-if state[1] == '1' and (ARGV[2] == '' or ARGV[2] ~= (state[2] or '') or hold_is_live(KEYS[9])) then
+if state[1] == '1' and (ARGV[2] == '' or ARGV[2] ~= (state[2] or '')
+    or hold_is_live(KEYS[9]) or (KEYS[9] and grace_runs(KEYS[8]))) then
   return {0, 0, 1}
 end
 local t = redis.call('TIME')

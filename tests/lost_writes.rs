@@ -1479,3 +1479,160 @@ async fn a_retry_after_a_commit_it_did_not_see_looks_at_its_batch_and_pauses_the
     std::fs::remove_dir_all(&faults).ok();
     env.cleanup().await;
 }
+
+/// Worker arguments with the default lock lease (10 s: a pause's grace of
+/// 10 s, a keep-alive tick every 3.3 s), so that a worker stopped for a
+/// few seconds keeps its locks.
+fn worker_with_default_lease<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec![
+        "--claim-idle",
+        "500ms",
+        "--block",
+        "200ms",
+        "--deadline-lease",
+        "1s",
+    ];
+    a.extend_from_slice(extra);
+    a
+}
+
+/// Found by the checked model at 3 buyers (docs/src/concepts/checked-model.md,
+/// finding M6): user 1's cancelled order gave its unit to user 2, on the
+/// waitlist (a promotion), whose batch a worker holds in hand when Redis
+/// goes back to a snapshot from before the cancellation; user 3 waits at
+/// the rolled-back gate. The guard pauses the gate and rebuilds it at once:
+/// the gate has not released user 1's cancellation, so the rebuild did,
+/// and promoted user 3 with the unit user 2's batch then committed, before
+/// that batch's keep-alive ticked and held the gate. User 3's "success"
+/// ended as a dead letter, or user 2's did. Now no repair gives a unit
+/// back while the pause's grace runs (the keep-alive ticks within it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repair_gives_no_unit_back_while_the_pause_grace_runs() {
+    use mysql_async::prelude::Queryable;
+    let redis = OwnRedis::start();
+    let mut env = TestEnv::on_redis(&redis.url()).await;
+    env.live_voucher_paying_within(1, 1, 3_600_000).await;
+    let keys = seckill::store::keys::VoucherKeys::new(&env.prefix, 1).unwrap();
+    // A guard's pass records the server's run id at the gate.
+    env.spawn_worker(&fast_worker(&["--until-idle"]))
+        .expect_success(Duration::from_secs(60));
+    assert_eq!(env.buy_exit(1, "1"), Some(0));
+    env.spawn_worker(&fast_worker(&["--until-idle"]))
+        .expect_success(Duration::from_secs(60));
+    // The gate Redis comes back to: user 1 bought, nothing released,
+    // nobody waits.
+    redis.snapshot();
+    assert_eq!(env.buy_exit(1, "2"), Some(11), "user 2 waits");
+    // User 1's deadline passes, in MySQL and at the gate.
+    let db = env.db().await;
+    let mut conn = db.conn().await.unwrap();
+    conn.query_drop(
+        "UPDATE seckill_order SET create_time = create_time - INTERVAL 2 HOUR WHERE user_id = 1",
+    )
+    .await
+    .unwrap();
+    let order1 = env.orders(1).await[0].0;
+    let _: () = env
+        .redis()
+        .await
+        .zadd(keys.timeouts(), order1, 0)
+        .await
+        .unwrap();
+    let root = std::env::temp_dir().join(format!("seckill-faults-{}", env.prefix));
+    let dir_a = root.join("a");
+    std::fs::create_dir_all(&dir_a).unwrap();
+    let a_path = dir_a.display().to_string();
+    // Worker A, no guard of its own: cancels user 1's order, whose release
+    // promotes user 2, and holds user 2's batch after taking its locks.
+    let mut a = env.spawn_worker_with(
+        &worker_with_default_lease(&["--gate-check", "0s", "--lanes", "1"]),
+        &[
+            ("SECKILL_TEST_FAULT", "after_lock@1=hold"),
+            ("SECKILL_TEST_FAULT_DIR", &a_path),
+        ],
+    );
+    a.expect_gate_pauses();
+    a.wait_log("fault hold at after_lock", Duration::from_secs(30));
+    let promoted: bool = env.redis().await.sismember(keys.buyers(), 2).await.unwrap();
+    assert!(promoted, "user 2 was not promoted:\n{}", a.log_text());
+    // Older than a rebuild's settle window (which leaves young
+    // cancellations to the canceller): as when the promoted batch is in
+    // hand a minute after the cancellation, or the unit waited in the
+    // gate's stock for a later buyer.
+    conn.query_drop(
+        "UPDATE seckill_order SET cancel_time = NOW(3) - INTERVAL 2 MINUTE WHERE user_id = 1",
+    )
+    .await
+    .unwrap();
+    drop(conn);
+    // Its keep-alive ticks no more for now: the guard's rebuild below
+    // comes before the tick that would hold the gate.
+    a.signal("STOP");
+    redis.crash_and_restart();
+    env.forget_redis();
+    assert_eq!(env.buy_exit(1, "3"), Some(11), "user 3 waits");
+    // Worker B: its guard's first pass pauses the gate and rebuilds it.
+    let mut b = env.spawn_worker(&worker_with_default_lease(&[]));
+    b.expect_gate_pauses();
+    b.wait_count("gate_guard_passes", 1, Duration::from_secs(30));
+    assert!(b.log_text().contains(GATE_PAUSED), "{}", b.log_text());
+    let mut r = env.redis().await;
+    let user3_buys: bool = r.sismember(keys.buyers(), 3).await.unwrap();
+    let released: u64 = r.scard(keys.released()).await.unwrap();
+    assert!(
+        !user3_buys && released == 0,
+        "the rebuild gave user 1's unit back during the pause's grace (user 3 promoted: {user3_buys}, released: {released}):\n{}",
+        b.log_text()
+    );
+    // The unit was there to give: an operator's look finds user 1's
+    // cancellation not released (what the rebuild held back).
+    let (_, report) = env.reconcile_json(&["--dry-run", "--voucher", "1"]);
+    let drifts = report["vouchers"][0]["drifts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        drifts
+            .iter()
+            .any(|d| d["class"] == "cancelled_not_released"),
+        "{report:#}"
+    );
+    // A goes on: its keep-alive holds the gate, its batch commits user 2's
+    // order.
+    a.signal("CONT");
+    std::fs::write(dir_a.join("release"), b"").unwrap();
+    let started = Instant::now();
+    while !env.orders(1).await.iter().any(|o| o.1 == 2) {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "user 2's order was not committed:\n{}",
+            a.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    env.wait_drained(1, Duration::from_secs(60)).await;
+    let started = Instant::now();
+    loop {
+        let paused: Option<String> = r.hget(keys.meta(), "paused").await.unwrap();
+        if paused.is_none() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "the gate was never reopened:\n{}",
+            b.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // User 2, told "success" by its promotion, holds its order; user 3
+    // holds none and waits (MySQL has no unit left).
+    let orders = env.orders(1).await;
+    assert!(orders.iter().any(|o| o.1 == 2 && o.2 == 0), "{orders:?}");
+    assert!(!orders.iter().any(|o| o.1 == 3), "{orders:?}");
+    let user3_buys: bool = r.sismember(keys.buyers(), 3).await.unwrap();
+    assert!(!user3_buys, "user 3 told success with no unit in MySQL");
+    drop((a, b));
+    std::fs::remove_dir_all(&root).ok();
+    assert_invariants(&env, 1).await;
+    env.cleanup().await;
+}

@@ -1011,3 +1011,104 @@ async fn a_buyer_the_repair_brings_back_leaves_the_waitlist() {
     assert_eq!(code, 0, "{report:#}");
     env.cleanup().await;
 }
+
+/// The checked model's finding M6 (docs/src/concepts/checked-model.md):
+/// while a paused gate's grace runs, a worker whose batch Redis lost may
+/// yet hold it, so no repair gives a unit back, neither through
+/// release.lua (a cancellation whose release the gate lost) nor through
+/// reconcile.lua (stock below expected): the outcome is `held` (exit 3),
+/// the gate is not reopened, and once the grace is over the units go to
+/// the waitlist first.
+#[tokio::test]
+async fn a_paused_gate_whose_grace_runs_gets_no_unit_back_until_it_ends() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 5).await;
+    env.admit_users(V, 8, 0).await; // three wait
+    env.spawn_worker(&["--until-idle", "--block", "100ms"])
+        .expect_success(Duration::from_secs(60));
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    let waiting: Vec<u64> = redis.zrange(keys.waitlist(), 0, -1).await.unwrap();
+    assert_eq!(waiting.len(), 3);
+    let orders = env.orders(V).await;
+    let cancel_in_mysql = |order: u64| {
+        let env = &env;
+        async move {
+            let mut db = env.db().await.conn().await.unwrap();
+            db.exec_drop(
+                "UPDATE seckill_order SET status = -1, cancel_time = NOW(3) WHERE id = ?",
+                (order,),
+            )
+            .await
+            .unwrap();
+            db.exec_drop(
+                "UPDATE seckill_voucher SET stock = stock + 1 WHERE voucher_id = ?",
+                (V,),
+            )
+            .await
+            .unwrap();
+            env.keep_counters(V).await;
+        }
+    };
+    let pause = |redis: &mut seckill::store::redis_conn::Redis| {
+        let keys = keys.clone();
+        let mut redis = redis.clone();
+        async move {
+            seckill::gate::pause::pause(
+                &mut redis,
+                &keys,
+                None,
+                Duration::from_secs(60),
+                seckill::gate::pause::PauseReason::RedisLostWrites,
+            )
+            .await
+            .unwrap();
+        }
+    };
+    let held_then_given = |stage: &'static str, served: usize| {
+        let (env, keys, waiting) = (&env, &keys, &waiting);
+        async move {
+            let mut redis = env.redis().await;
+            let (code, report) = reconcile(env, &["--yes"]);
+            assert_eq!(
+                (code, report["vouchers"][0]["outcome"].as_str()),
+                (3, Some("held")),
+                "{stage}: {report:#}"
+            );
+            assert_eq!(report["vouchers"][0]["reopened"], false, "{report:#}");
+            let left: Vec<u64> = redis.zrange(keys.waitlist(), 0, -1).await.unwrap();
+            assert_eq!(
+                left,
+                waiting[served - 1..],
+                "{stage}: a unit given while the grace ran"
+            );
+            // The grace over: the unit to the oldest waiting, reopened.
+            let _: () = redis.hdel(keys.meta(), "reopen_after_ms").await.unwrap();
+            let (code, report) = reconcile(env, &["--yes"]);
+            assert_eq!(code, 4, "{stage}: {report:#}");
+            assert_eq!(report["vouchers"][0]["reopened"], true, "{report:#}");
+            let left: Vec<u64> = redis.zrange(keys.waitlist(), 0, -1).await.unwrap();
+            assert_eq!(left, waiting[served..], "{stage}: {report:#}");
+        }
+    };
+
+    // A cancellation whose deadline and release Redis lost: release.lua's
+    // path (the gate's stock as expected, the release deferred).
+    cancel_in_mysql(orders[0].0).await;
+    let _: () = redis.zrem(keys.timeouts(), orders[0].0).await.unwrap();
+    pause(&mut redis).await;
+    held_then_given("release.lua", 1).await;
+
+    // A unit stuck (released, no unit back: a lost INCR): reconcile.lua's
+    // path (stock below expected, the units withheld).
+    cancel_in_mysql(orders[1].0).await;
+    let _: () = redis.zrem(keys.timeouts(), orders[1].0).await.unwrap();
+    let _: () = redis.sadd(keys.released(), orders[1].0).await.unwrap();
+    pause(&mut redis).await;
+    held_then_given("reconcile.lua", 2).await;
+
+    env.spawn_worker(&["--until-idle", "--block", "100ms"])
+        .expect_success(Duration::from_secs(60));
+    assert_invariants(&env, V).await;
+    env.cleanup().await;
+}

@@ -7,6 +7,7 @@
 
 pub mod mover;
 pub mod sale;
+pub mod symmetry;
 
 /// The checker's trait, for callers that walk the model (the conformance
 /// test) without depending on stateright themselves.

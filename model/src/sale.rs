@@ -87,6 +87,14 @@ pub struct Fixes {
     /// deadline names (finding M5:
     /// src/worker/canceller.rs `reschedule_unreleased`).
     pub sweep_unreleased: bool,
+    /// A repair gives no unit back (neither its stock's rise nor the
+    /// release of cancellations, both of which serve the waitlist) while
+    /// the pause's grace runs, as while a hold lives: the grace is there
+    /// for the keep-alive of a batch in hand whose entries Redis lost to
+    /// tick and hold the gate, and a unit given before it ticks may be
+    /// the batch's (the model's finding M6; lua/reconcile.lua,
+    /// lua/release.lua, lua/lib/holds.lua `grace_runs`).
+    pub repair_gives_after_grace: bool,
 }
 
 impl Fixes {
@@ -105,6 +113,7 @@ impl Fixes {
         retry_no_stock_while_behind: true,
         release_paid_cancelled: true,
         sweep_unreleased: true,
+        repair_gives_after_grace: true,
     };
 }
 
@@ -141,7 +150,7 @@ pub enum Delivery {
 }
 
 /// What Redis holds of the gate (`seckill:{V}:*`).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Redis {
     pub stock: u8,
     pub buyers: Vec<u8>,
@@ -189,14 +198,14 @@ pub struct Order {
     pub held: bool,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Mysql {
     pub stock: u8,
     pub orders: Vec<Order>,
 }
 
 /// Where the worker's batch is.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Batch {
     Idle,
     /// Read (XREADGROUP / XAUTOCLAIM): (order, user) in hand.
@@ -229,7 +238,7 @@ pub enum Batch {
     },
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Canceller {
     Idle,
     /// Deadlines claimed (lua/claim_due.lua).
@@ -243,7 +252,7 @@ pub enum Canceller {
 }
 
 /// The guard's view of a paused gate, as read in two steps.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct GateView {
     pub token: u8,
     /// The gate's witness: what a repair checks has not moved.
@@ -260,7 +269,7 @@ pub struct GateView {
     pub dead: Vec<u8>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Guard {
     Idle,
     /// The gate read (`between_gate_and_mysql_reads` follows).
@@ -274,7 +283,7 @@ pub enum Guard {
 }
 
 /// What a buyer was told.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Told {
     Nothing,
     Waiting,
@@ -287,7 +296,7 @@ pub enum Told {
     },
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct State {
     pub redis: Redis,
     pub snapshot: Option<Redis>,
@@ -559,6 +568,21 @@ impl State {
 }
 
 impl Sale {
+    /// `units` units and `users` buyers who press once each, one worker
+    /// kill and one Redis rollback, no MySQL loss: the bounds most checks
+    /// start from.
+    pub fn redis_loss(units: u8, users: u8, fixes: Fixes) -> Sale {
+        Sale {
+            units,
+            users,
+            presses: 1,
+            crashes: 1,
+            rollbacks: 1,
+            mysql_losses: 0,
+            fixes,
+        }
+    }
+
     pub fn initial(&self) -> State {
         State {
             redis: Redis {
@@ -1400,7 +1424,10 @@ impl Sale {
         holders.extend(unpersisted.iter().map(|(_, u)| *u));
         holders.sort_unstable();
         holders.dedup();
-        let withheld = expected > view.stock && self.fixes.hold_batch_in_hand && s.hold_is_live();
+        // A live hold, or a pause's grace the keep-alive of a batch in
+        // hand may yet hold the gate in (M6): no unit given back.
+        let waits = s.hold_is_live() || (self.fixes.repair_gives_after_grace && s.redis.grace);
+        let withheld = expected > view.stock && self.fixes.hold_batch_in_hand && waits;
         s.redis.buyers = holders.clone();
         for u in &holders {
             remove(&mut s.redis.waitlist, *u);
@@ -1429,12 +1456,25 @@ impl Sale {
             }
         }
         // release.lua under the repair's token: each once (released); at a
-        // paused gate a worker holds, or one paused again since the view,
-        // deferred (a later pass gives them).
-        let deferred = s.redis.paused && (s.hold_is_live() || s.redis.token != view.token);
-        if !withheld && !deferred {
-            self.release(s, &unreleased, &[]);
+        // paused gate a worker holds or whose grace runs, or one paused
+        // again since the view, deferred (a later pass gives them).
+        // (Called only with cancellations to release: the code's repair
+        // runs release.lua only then, so only then can it defer.)
+        let deferred =
+            !unreleased.is_empty() && s.redis.paused && (waits || s.redis.token != view.token);
+        if withheld || deferred {
+            // The code's `Held` (reconcile.lua's reply 2, or release.lua
+            // deferred): no reopen, which would leave the units not given
+            // back if the grace ended in between; read again once the
+            // token, the grace or the holds changed (a view made stale by
+            // a pause is read again at once).
+            s.guard = Guard::Idle;
+            if s.redis.token == view.token {
+                s.guard_refused = Some((s.redis.token, s.redis.grace, s.redis.holds.clone()));
+            }
+            return;
         }
+        self.release(s, &unreleased, &[]);
         s.guard = Guard::Repaired(view.token, owes);
     }
 

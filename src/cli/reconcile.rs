@@ -208,7 +208,9 @@ fn outcome_text(o: Outcome) -> &'static str {
         Outcome::Repaired => "repaired",
         Outcome::Busy => "busy: kept moving, try again",
         Outcome::NotRepaired => "not repaired",
-        Outcome::Held => "held: a worker's batch Redis lost is not committed yet; try again",
+        Outcome::Held => {
+            "held: a worker's batch Redis lost is not committed yet, or the pause's grace runs; try again"
+        }
     }
 }
 

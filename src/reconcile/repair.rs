@@ -27,7 +27,11 @@ pub(super) enum RepairResult {
     MysqlFixed,
     Moved,
     /// Applied but for the units to give back: a worker holds the gate (a
-    /// batch in hand that Redis lost, missing from the view).
+    /// batch in hand that Redis lost, missing from the view), or a paused
+    /// gate's grace runs (within which such a worker may yet hold it), or
+    /// it was paused again since the view. No reopen on it: the grace may
+    /// end before the reopen, which would open the gate with cancellations
+    /// not released.
     Held,
 }
 
@@ -105,7 +109,11 @@ pub(super) async fn repair(
         let with_units: Vec<(u64, u64)> =
             fix.unreleased.iter().map(|o| (*o, s.units(*o))).collect();
         let limit = s.policy.per_user_limit;
-        deadline::release(conn, keys, voucher, &with_units, limit, &[], ids, under).await?;
+        let done =
+            deadline::release(conn, keys, voucher, &with_units, limit, &[], ids, under).await?;
+        if done.deferred {
+            return Ok(RepairResult::Held);
+        }
     }
     // Buyers whose orders MySQL may have lost with their entries are kept
     // (holders), and the gate's stock judged without giving units back:
@@ -259,7 +267,8 @@ impl GateFix {
 
 /// Runs `lua/reconcile.lua` for `fix`, conditional on the witness read;
 /// `fresh` are the ids of the orders promotions make. Returns the script's
-/// answer: 1 applied, 2 a worker holds the gate, else the gate moved.
+/// answer: 1 applied, 2 a worker holds the gate or a pause's grace runs
+/// (no unit given back), else the gate moved.
 async fn apply_gate_fix(
     conn: &mut impl RedisConn,
     keys: &VoucherKeys,

@@ -18,8 +18,9 @@ pub enum Outcome {
     /// Drift that is only reported (MySQL inconsistent without --fix-mysql).
     NotRepaired,
     /// Repaired but for the units to give back: a worker holds the gate (a
-    /// batch in hand whose entries Redis lost); they go back once it has
-    /// committed. Try again.
+    /// batch in hand whose entries Redis lost), or a paused gate's grace
+    /// runs; they go back once it has committed, or the grace has ended.
+    /// Try again.
     Held,
 }
 

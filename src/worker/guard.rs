@@ -795,7 +795,7 @@ impl GateGuard {
                 pause.warned = true;
                 let why = match report.outcome {
                     Outcome::Consistent | Outcome::Repaired | Outcome::Held => {
-                        "a worker holds it (a batch in hand whose entries Redis lost, not committed yet), or requests admitted past MySQL's stock are still in flight".to_string()
+                        "a worker holds it (a batch in hand whose entries Redis lost, not committed yet), its pause's grace runs (one lock lease), or requests admitted past MySQL's stock are still in flight".to_string()
                     }
                     other => format!("it could not be checked yet ({other:?})"),
                 };

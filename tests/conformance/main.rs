@@ -218,6 +218,9 @@ fn guard_pass(model: &Sale, s: &State) -> Result<Option<State>, String> {
             let mended = after.mysql != read.mysql || after.redis.committed != read.redis.committed;
             match after.guard {
                 Guard::Idle if mended => continue,
+                // Held (a hold, the grace, or a pause since the view): no
+                // reopen, the next pass reads again.
+                Guard::Idle => break,
                 // Nothing moved between the reads and the repair: it
                 // repaired.
                 Guard::Repaired(..) => {
@@ -373,8 +376,8 @@ fn user_id(user: u8) -> u64 {
 }
 
 impl<'a> Real<'a> {
-    async fn new(env: &'a TestEnv, voucher: u64) -> Real<'a> {
-        env.live_voucher(voucher, i64::from(sale().units)).await;
+    async fn new(env: &'a TestEnv, voucher: u64, units: u8) -> Real<'a> {
+        env.live_voucher(voucher, i64::from(units)).await;
         let keys = VoucherKeys::new(&env.prefix, voucher).unwrap();
         let mut redis = env.new_redis_connection().await;
         group::ensure_group(&mut redis, &keys).await.unwrap();
@@ -1326,6 +1329,8 @@ struct Walked {
     /// Of those, the passes whose repair the hold changed (what it gave
     /// back or released).
     hold_changed_repair: usize,
+    /// A guard's pass whose repair the pause's grace changed (M6).
+    grace_changed_repair: usize,
     /// Gates the real guard reopened.
     reopens: u64,
     /// Sweeps that gave an unreleased cancellation a deadline.
@@ -1490,7 +1495,7 @@ async fn walk_with(
     model: Sale,
     mut picker: Picker,
 ) -> Result<Walked, String> {
-    let mut real = Real::new(env, voucher).await;
+    let mut real = Real::new(env, voucher, model.units).await;
     let mut map = OrderMap::default();
     let mut state = model.initial();
     let mut taken = vec![];
@@ -1498,6 +1503,7 @@ async fn walk_with(
     let mut held = 0;
     let mut guard_met_hold = 0;
     let mut hold_changed_repair = 0;
+    let mut grace_changed_repair = 0;
     let mut sweeps_scheduled = 0;
     let mut stored_on_first_delivery = 0;
     let mut mysql_loss = MysqlLossMet::default();
@@ -1532,6 +1538,9 @@ async fn walk_with(
             if action == Action::GuardCheck && !state.redis.holds.is_empty() {
                 guard_met_hold += 1;
                 hold_changed_repair += usize::from(hold_changed(&model, &state, &after)?.is_some());
+            }
+            if action == Action::GuardCheck && after.redis.grace {
+                grace_changed_repair += usize::from(grace_changed(&model, &state, &after)?);
             }
             if action == Action::SweepUnreleased && after.redis.timeouts != state.redis.timeouts {
                 sweeps_scheduled += 1;
@@ -1590,6 +1599,7 @@ async fn walk_with(
                 held,
                 guard_met_hold,
                 hold_changed_repair,
+                grace_changed_repair,
                 reopens,
                 sweeps_scheduled,
                 stored_on_first_delivery,
@@ -1682,7 +1692,7 @@ async fn random_walks_of_the_model_match_the_real_scripts_and_sql() {
     let mut counts: HashMap<String, usize> = HashMap::new();
     let (mut rested, mut drifted, mut paid_taken_out, mut held) = (0, 0, 0, 0);
     let mut met = MysqlLossMet::default();
-    let (mut guard_met_hold, mut reopens) = (0, 0);
+    let (mut guard_met_hold, mut reopens, mut grace_changed) = (0, 0, 0);
     let seeds = seeds(WALKS);
     for &seed in &seeds {
         match walk(&env, seed).await {
@@ -1693,9 +1703,11 @@ async fn random_walks_of_the_model_match_the_real_scripts_and_sql() {
                 mysql_loss: m,
                 held: h,
                 guard_met_hold: g,
+                grace_changed_repair: gc,
                 reopens: r,
                 ..
             }) => {
+                grace_changed += gc;
                 reopens += r;
                 paid_taken_out += paid;
                 met += m;
@@ -1733,6 +1745,9 @@ async fn random_walks_of_the_model_match_the_real_scripts_and_sql() {
     assert!(held > 0, "no batch Redis lost held the gate");
     eprintln!("guard passes that met a hold: {guard_met_hold}");
     assert!(guard_met_hold > 0, "no guard's pass met a hold");
+    // Not asserted: M6's path needs a promotion Redis lost in hand and a
+    // buyer waiting at the rolled-back gate (a scenario drives it).
+    eprintln!("guard passes whose repair the pause's grace changed (M6): {grace_changed}");
     eprintln!("MySQL's failovers met: {met:?}");
     assert!(
         met.pauses > 0 && met.restored > 0,
@@ -1841,12 +1856,25 @@ enum Expect {
     /// A cancel released an order the gate saw paid that MySQL cancelled
     /// (M5).
     PaidCancelledReleased,
+    /// A guard's pass whose repair gave no unit back while the pause's
+    /// grace ran (M6).
+    GraceChangedRepair,
 }
 
-const SCENARIOS: &[(&str, &[Action], Expect)] = &[
-    (
-        "the repair's release waits for a batch in hand that Redis lost",
-        &[
+/// A scripted walk: its model's units, its actions in order (then a
+/// drain), and what it must show it met.
+struct Scenario {
+    name: &'static str,
+    units: u8,
+    actions: &'static [Action],
+    expect: Expect,
+}
+
+const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "the repair's release waits for a batch in hand that Redis lost",
+        units: 2,
+        actions: &[
             Action::Snapshot,
             Action::Admit(1),
             Action::Admit(2),
@@ -1872,11 +1900,12 @@ const SCENARIOS: &[(&str, &[Action], Expect)] = &[
             Action::GraceEnds,
             Action::GuardCheck,
         ],
-        Expect::HoldChangedRepair,
-    ),
-    (
-        "reconcile.lua gives no unit back while a batch Redis lost is in hand",
-        &[
+        expect: Expect::HoldChangedRepair,
+    },
+    Scenario {
+        name: "reconcile.lua gives no unit back while a batch Redis lost is in hand",
+        units: 2,
+        actions: &[
             Action::Snapshot,
             Action::Admit(2),
             Action::Read,
@@ -1900,11 +1929,12 @@ const SCENARIOS: &[(&str, &[Action], Expect)] = &[
             Action::Finish,
             Action::GuardCheck,
         ],
-        Expect::HoldChangedRepair,
-    ),
-    (
-        "the sweep gives a cancellation whose deadline Redis lost its unit back",
-        &[
+        expect: Expect::HoldChangedRepair,
+    },
+    Scenario {
+        name: "the sweep gives a cancellation whose deadline Redis lost its unit back",
+        units: 2,
+        actions: &[
             Action::Admit(0),
             Action::Read,
             Action::Lock,
@@ -1923,11 +1953,12 @@ const SCENARIOS: &[(&str, &[Action], Expect)] = &[
             Action::Cancel,
             Action::Release,
         ],
-        Expect::SweepScheduled,
-    ),
-    (
-        "an order its entry inserted before Redis forgot the delivery counts on the next, first, delivery",
-        &[
+        expect: Expect::SweepScheduled,
+    },
+    Scenario {
+        name: "an order its entry inserted before Redis forgot the delivery counts on the next, first, delivery",
+        units: 2,
+        actions: &[
             Action::Admit(0),
             Action::Snapshot,
             Action::Read,
@@ -1940,11 +1971,12 @@ const SCENARIOS: &[(&str, &[Action], Expect)] = &[
             Action::Transact,
             Action::Finish,
         ],
-        Expect::StoredOnFirstDelivery,
-    ),
-    (
-        "an order MySQL lost after its deadline passed is restored cancelled, its unit given back",
-        &[
+        expect: Expect::StoredOnFirstDelivery,
+    },
+    Scenario {
+        name: "an order MySQL lost after its deadline passed is restored cancelled, its unit given back",
+        units: 2,
+        actions: &[
             Action::MysqlSnapshot,
             Action::Admit(0),
             Action::Read,
@@ -1955,11 +1987,12 @@ const SCENARIOS: &[(&str, &[Action], Expect)] = &[
             Action::MysqlRollback,
             Action::GuardCheck,
         ],
-        Expect::Restored,
-    ),
-    (
-        "a request on a unit whose cancellation MySQL lost is kept until the guard cancels again (M4)",
-        &[
+        expect: Expect::Restored,
+    },
+    Scenario {
+        name: "a request on a unit whose cancellation MySQL lost is kept until the guard cancels again (M4)",
+        units: 2,
+        actions: &[
             Action::Admit(0),
             Action::Admit(1),
             Action::Read,
@@ -1983,11 +2016,12 @@ const SCENARIOS: &[(&str, &[Action], Expect)] = &[
             Action::Transact,
             Action::Finish,
         ],
-        Expect::Kept,
-    ),
-    (
-        "a paid order MySQL lost the payment of and cancelled gives its unit back (M5)",
-        &[
+        expect: Expect::Kept,
+    },
+    Scenario {
+        name: "a paid order MySQL lost the payment of and cancelled gives its unit back (M5)",
+        units: 2,
+        actions: &[
             Action::Admit(0),
             Action::Read,
             Action::Lock,
@@ -2008,20 +2042,55 @@ const SCENARIOS: &[(&str, &[Action], Expect)] = &[
             Action::Cancel,
             Action::Release,
         ],
-        Expect::PaidCancelledReleased,
-    ),
+        expect: Expect::PaidCancelledReleased,
+    },
+    Scenario {
+        name: "a repair gives no unit back while the pause's grace runs: a batch in hand Redis lost may hold the gate yet (M6)",
+        units: 1,
+        actions: &[
+            Action::Admit(0),
+            Action::Read,
+            Action::Snapshot,
+            Action::Lock,
+            Action::Transact,
+            Action::Finish,
+            Action::Admit(1),
+            Action::Due(1),
+            Action::Claim,
+            Action::Cancel,
+            Action::Release,
+            Action::Read,
+            Action::Rollback,
+            Action::Admit(2),
+            Action::GuardCheck,
+            Action::KeepAlive,
+            Action::Lock,
+            Action::Transact,
+            Action::Finish,
+            Action::GraceEnds,
+            Action::GuardCheck,
+        ],
+        expect: Expect::GraceChangedRepair,
+    },
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scenarios_the_random_walks_seldom_meet_match_the_code() {
     capture_logs();
     let env = TestEnv::new().await;
-    for (i, (name, script, expect)) in SCENARIOS.iter().enumerate() {
+    for (i, scenario) in SCENARIOS.iter().enumerate() {
+        let Scenario {
+            name,
+            units,
+            actions,
+            expect,
+        } = scenario;
         let picker = Picker::Scripted {
-            script: script.iter(),
+            script: actions.iter(),
             rng: Rng::new(i as u64 + 1),
         };
         let model = Sale {
+            units: *units,
             rollbacks: 1,
             mysql_losses: 1,
             ..sale()
@@ -2047,6 +2116,10 @@ async fn scenarios_the_random_walks_seldom_meet_match_the_code() {
                 "{name}: the guard restored nothing"
             ),
             Expect::Kept => assert!(walked.mysql_loss.kept > 0, "{name}: nothing kept"),
+            Expect::GraceChangedRepair => assert!(
+                walked.grace_changed_repair > 0,
+                "{name}: no guard's pass had its repair changed by the grace"
+            ),
             Expect::PaidCancelledReleased => assert!(
                 walked.mysql_loss.paid_cancelled_released > 0,
                 "{name}: no cancel released a paid order MySQL cancelled"
@@ -2069,6 +2142,21 @@ fn hold_changed(model: &Sale, s: &State, after: &State) -> Result<Option<&'stati
     } else {
         None
     })
+}
+
+/// Whether the pause's grace changed the guard's pass from `s` to
+/// `after`: the same pass by a model whose repair gives units back during
+/// the grace (M6's fix off) gives back or releases otherwise.
+fn grace_changed(model: &Sale, s: &State, after: &State) -> Result<bool, String> {
+    let unfixed = Sale {
+        fixes: Fixes {
+            repair_gives_after_grace: false,
+            ..model.fixes
+        },
+        ..model.clone()
+    };
+    let given = guard_pass(&unfixed, s)?.unwrap_or_else(|| s.clone());
+    Ok(given.redis.released != after.redis.released || given.redis.stock != after.redis.stock)
 }
 
 /// By hand, to find scenarios: walks of the model alone (no stores, a
