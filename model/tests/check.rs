@@ -89,11 +89,19 @@ fn the_sale_keeps_its_promises_when_mysql_loses_its_last_commits() {
     for (units, sale) in [
         (1, ci_mysql_loss(Fixes::CODE)),
         (2, ci_mysql_loss_two_units(Fixes::CODE)),
+        (
+            1,
+            Sale {
+                users: 3,
+                ..ci_mysql_loss(Fixes::CODE)
+            },
+        ),
     ] {
         let started = Instant::now();
+        let users = sale.users;
         let checker = sale.checker().threads(2).spawn_bfs().join();
         eprintln!(
-            "model with MySQL's loss, {units} unit(s): {} states ({} unique), {:.1} s",
+            "model with MySQL's loss, {units} unit(s), {users} buyers: {} states ({} unique), {:.1} s",
             checker.state_count(),
             checker.unique_state_count(),
             started.elapsed().as_secs_f64()

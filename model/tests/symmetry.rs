@@ -333,3 +333,27 @@ fn explain_three_buyers() {
         eprintln!("{s:#?}");
     }
 }
+
+/// MySQL's loss at 2 units and 3 buyers (a kill, MySQL back to an
+/// earlier snapshot once), with symmetry (`cargo test -p seckill-model
+/// --test symmetry mysql_loss_two_units_three_buyers -- --ignored
+/// --nocapture`).
+#[test]
+#[ignore]
+fn mysql_loss_two_units_three_buyers() {
+    let sale = Sale {
+        units: 2,
+        rollbacks: 0,
+        mysql_losses: 1,
+        ..Sale::redis_loss(1, 3, Fixes::CODE)
+    };
+    let started = Instant::now();
+    let checker = sale.checker().threads(2).symmetry().spawn_dfs().join();
+    let found = broken(&checker);
+    eprintln!(
+        "MySQL's loss, 2 units, 3 buyers with symmetry: {} unique states, {:.1} s, broken {found:?}",
+        checker.unique_state_count(),
+        started.elapsed().as_secs_f64(),
+    );
+    assert!(found.is_empty(), "{found:?}");
+}
