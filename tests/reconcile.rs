@@ -520,13 +520,32 @@ async fn reconcile_reopens_a_consistent_paused_gate_unless_it_is_held() {
     env.cleanup().await;
 }
 
-/// A gate published while a worker holds it (a batch in hand that Redis
-/// lost) comes up paused: the image from MySQL misses that batch.
-#[tokio::test]
-async fn a_gate_preloaded_while_a_worker_holds_it_comes_up_paused() {
-    let env = quiet_sale().await;
-    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
-    let mut redis = env.redis().await;
+/// Voucher V's order cancelled in MySQL only, its unit back in MySQL's
+/// stock (the gate knows nothing of it).
+async fn cancel_in_mysql_only(env: &TestEnv, order: u64) {
+    let mut db = env.db().await.conn().await.unwrap();
+    db.exec_drop(
+        "UPDATE seckill_order SET status = -1, cancel_time = NOW(3) WHERE id = ?",
+        (order,),
+    )
+    .await
+    .unwrap();
+    db.exec_drop(
+        "UPDATE seckill_voucher SET stock = stock + 1 WHERE voucher_id = ?",
+        (V,),
+    )
+    .await
+    .unwrap();
+    env.keep_counters(V).await;
+}
+
+/// Voucher V's gate lost whole and published again by `seckill preload`
+/// while a worker holds it (a batch in hand that Redis lost).
+async fn preload_under_a_hold(
+    env: &TestEnv,
+    redis: &mut seckill::store::redis_conn::Redis,
+    keys: &VoucherKeys,
+) {
     let _: () = redis
         .hset(
             keys.holds(),
@@ -546,6 +565,16 @@ async fn a_gate_preloaded_while_a_worker_holds_it_comes_up_paused() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A gate published while a worker holds it (a batch in hand that Redis
+/// lost) comes up paused: the image from MySQL misses that batch.
+#[tokio::test]
+async fn a_gate_preloaded_while_a_worker_holds_it_comes_up_paused() {
+    let env = quiet_sale().await;
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    preload_under_a_hold(&env, &mut redis, &keys).await;
     let buy = env
         .cmd()
         .args(["buy", "--voucher", "1", "--user", "100"])
@@ -644,21 +673,7 @@ async fn units_reconcile_gives_back_go_to_the_waitlist_first() {
     // One order cancelled and its release recorded, but its unit went
     // nowhere (a lost INCR): one unit stuck.
     let order1 = env.orders(V).await[0].0;
-    let mut db = env.db().await.conn().await.unwrap();
-    db.exec_drop(
-        "UPDATE seckill_order SET status = -1, cancel_time = NOW(3) WHERE id = ?",
-        (order1,),
-    )
-    .await
-    .unwrap();
-    db.exec_drop(
-        "UPDATE seckill_voucher SET stock = stock + 1 WHERE voucher_id = ?",
-        (V,),
-    )
-    .await
-    .unwrap();
-    env.keep_counters(V).await;
-    drop(db);
+    cancel_in_mysql_only(&env, order1).await;
     let _: () = redis.sadd(keys.released(), order1).await.unwrap();
     let _: () = redis.zrem(keys.timeouts(), order1).await.unwrap();
     // While a worker holds the gate (a batch Redis lost, not in this view),
@@ -1031,25 +1046,6 @@ async fn a_paused_gate_whose_grace_runs_gets_no_unit_back_until_it_ends() {
     let waiting: Vec<u64> = redis.zrange(keys.waitlist(), 0, -1).await.unwrap();
     assert_eq!(waiting.len(), 3);
     let orders = env.orders(V).await;
-    let cancel_in_mysql = |order: u64| {
-        let env = &env;
-        async move {
-            let mut db = env.db().await.conn().await.unwrap();
-            db.exec_drop(
-                "UPDATE seckill_order SET status = -1, cancel_time = NOW(3) WHERE id = ?",
-                (order,),
-            )
-            .await
-            .unwrap();
-            db.exec_drop(
-                "UPDATE seckill_voucher SET stock = stock + 1 WHERE voucher_id = ?",
-                (V,),
-            )
-            .await
-            .unwrap();
-            env.keep_counters(V).await;
-        }
-    };
     let pause = |redis: &mut seckill::store::redis_conn::Redis| {
         let keys = keys.clone();
         let mut redis = redis.clone();
@@ -1094,14 +1090,14 @@ async fn a_paused_gate_whose_grace_runs_gets_no_unit_back_until_it_ends() {
 
     // A cancellation whose deadline and release Redis lost: release.lua's
     // path (the gate's stock as expected, the release deferred).
-    cancel_in_mysql(orders[0].0).await;
+    cancel_in_mysql_only(&env, orders[0].0).await;
     let _: () = redis.zrem(keys.timeouts(), orders[0].0).await.unwrap();
     pause(&mut redis).await;
     held_then_given("release.lua", 1).await;
 
     // A unit stuck (released, no unit back: a lost INCR): reconcile.lua's
     // path (stock below expected, the units withheld).
-    cancel_in_mysql(orders[1].0).await;
+    cancel_in_mysql_only(&env, orders[1].0).await;
     let _: () = redis.zrem(keys.timeouts(), orders[1].0).await.unwrap();
     let _: () = redis.sadd(keys.released(), orders[1].0).await.unwrap();
     pause(&mut redis).await;
@@ -1109,6 +1105,52 @@ async fn a_paused_gate_whose_grace_runs_gets_no_unit_back_until_it_ends() {
 
     env.spawn_worker(&["--until-idle", "--block", "100ms"])
         .expect_success(Duration::from_secs(60));
+    assert_invariants(&env, V).await;
+    env.cleanup().await;
+}
+
+/// A review's finding on M6's fix: a gate published paused under a hold
+/// (preload.lua gives it no pause token) whose hold then lapsed, with a
+/// cancellation to release: release.lua defers every release on a view
+/// without a token, and a repair that stopped at the deferral (outcome
+/// `held`, no reopen) never ran the reopen that drops the lapsed hold and
+/// gives the gate a token. The gate stayed paused for good. Reconcile
+/// now goes on to its reopen there, and within a few runs the gate is
+/// open with the unit given back.
+#[tokio::test]
+async fn a_gate_paused_without_a_token_whose_hold_lapsed_is_reopened() {
+    let env = quiet_sale().await;
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let mut redis = env.redis().await;
+    preload_under_a_hold(&env, &mut redis, &keys).await;
+    let token: Option<String> = redis.hget(keys.meta(), "pause_token").await.unwrap();
+    assert_eq!(token, None, "preload paused the gate without a token");
+    // The holder died: its hold lapsed, not dropped yet.
+    let _: () = redis
+        .hset(
+            keys.holds(),
+            "some-worker",
+            seckill::support::timespec::now_ms() - 1,
+        )
+        .await
+        .unwrap();
+    // A cancellation the gate has not released.
+    let order1 = env.orders(V).await[0].0;
+    cancel_in_mysql_only(&env, order1).await;
+    let _: () = redis.zrem(keys.timeouts(), order1).await.unwrap();
+    let mut outcomes = vec![];
+    for _ in 0..3 {
+        let (code, report) = reconcile(&env, &["--yes"]);
+        outcomes.push((code, report["vouchers"][0]["outcome"].clone()));
+        let paused: Option<String> = redis.hget(keys.meta(), "paused").await.unwrap();
+        if paused.is_none() {
+            break;
+        }
+    }
+    let paused: Option<String> = redis.hget(keys.meta(), "paused").await.unwrap();
+    assert_eq!(paused, None, "still paused after {outcomes:?}");
+    let released: bool = redis.sismember(keys.released(), order1).await.unwrap();
+    assert!(released, "order 1 not released: {outcomes:?}");
     assert_invariants(&env, V).await;
     env.cleanup().await;
 }

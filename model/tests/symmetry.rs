@@ -357,3 +357,24 @@ fn mysql_loss_two_units_three_buyers() {
     );
     assert!(found.is_empty(), "{found:?}");
 }
+
+/// Redis's loss at 2 units and 3 buyers (a kill, a Redis rollback), with
+/// symmetry (`cargo test -p seckill-model --test symmetry
+/// redis_loss_two_units_three_buyers -- --ignored --nocapture`).
+#[test]
+#[ignore]
+fn redis_loss_two_units_three_buyers() {
+    let sale = Sale {
+        units: 2,
+        ..three_buyers(Fixes::CODE)
+    };
+    let started = Instant::now();
+    let checker = sale.checker().threads(2).symmetry().spawn_dfs().join();
+    let found = broken(&checker);
+    eprintln!(
+        "Redis's loss, 2 units, 3 buyers with symmetry: {} unique states, {:.1} s, broken {found:?}",
+        checker.unique_state_count(),
+        started.elapsed().as_secs_f64(),
+    );
+    assert!(found.is_empty(), "{found:?}");
+}

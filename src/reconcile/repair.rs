@@ -111,7 +111,12 @@ pub(super) async fn repair(
         let limit = s.policy.per_user_limit;
         let done =
             deadline::release(conn, keys, voucher, &with_units, limit, &[], ids, under).await?;
-        if done.deferred {
+        // A gate paused with no token (published paused by preload.lua
+        // under a hold) defers every repair's release: its reopen attempt,
+        // which drops a lapsed hold and gives it a token, is what lets
+        // the next read go on, so it goes on to it as before. pause.lua's
+        // pauses carry a token and, when they have one, the grace.
+        if done.deferred && !s.pause_token.is_empty() {
             return Ok(RepairResult::Held);
         }
     }
