@@ -360,7 +360,9 @@ fn mysql_loss_two_units_three_buyers() {
 
 /// Redis's loss at 2 units and 3 buyers (a kill, a Redis rollback), with
 /// symmetry (`cargo test -p seckill-model --test symmetry
-/// redis_loss_two_units_three_buyers -- --ignored --nocapture`).
+/// redis_loss_two_units_three_buyers -- --ignored --nocapture`): it did
+/// not finish within 20 minutes on the 2-core machine (2026-12-07); for a
+/// larger one.
 #[test]
 #[ignore]
 fn redis_loss_two_units_three_buyers() {
