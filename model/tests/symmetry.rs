@@ -226,6 +226,20 @@ fn a_representative_is_one_of_its_states_renamings() {
     }
 }
 
+/// Every state of `sale`, one per class of renamings (depth first), with
+/// its size and time printed under `label`: what it broke.
+fn checked_with_symmetry(label: &str, sale: Sale) -> Vec<(&'static str, usize)> {
+    let started = Instant::now();
+    let checker = sale.checker().threads(2).symmetry().spawn_dfs().join();
+    let found = broken(&checker);
+    eprintln!(
+        "{label} with symmetry: {} unique states, {:.1} s, broken {found:?}",
+        checker.unique_state_count(),
+        started.elapsed().as_secs_f64(),
+    );
+    found
+}
+
 /// CI's Redis-loss bounds (check.rs) with symmetry on the depth-first
 /// search: the same verdicts, fewer states.
 #[test]
@@ -239,15 +253,8 @@ fn ci_bounds_with_symmetry() {
             ..Fixes::CODE
         },
     );
-    let started = Instant::now();
-    let checker = sale.checker().threads(2).symmetry().spawn_dfs().join();
-    eprintln!(
-        "CI's bounds with symmetry: {} unique states, {:.1} s, broken {:?}",
-        checker.unique_state_count(),
-        started.elapsed().as_secs_f64(),
-        broken(&checker)
-    );
-    checker.assert_properties();
+    let found = checked_with_symmetry("CI's bounds", sale);
+    assert!(found.is_empty(), "{found:?}");
 }
 
 /// The buyers: 1 unit, 3 buyers, a kill and a Redis rollback
@@ -259,14 +266,7 @@ fn ci_bounds_with_symmetry() {
 fn three_buyers_with_symmetry() {
     let fixes = fixes_without(None);
     let sale = three_buyers(fixes);
-    let started = Instant::now();
-    let checker = sale.checker().threads(2).symmetry().spawn_dfs().join();
-    let found = broken(&checker);
-    eprintln!(
-        "1 unit, 3 buyers with symmetry: {} unique states, {:.1} s, broken {found:?}",
-        checker.unique_state_count(),
-        started.elapsed().as_secs_f64(),
-    );
+    let found = checked_with_symmetry("1 unit, 3 buyers", sale);
     // Every fix on: nothing broken; one off: that fix's hole found.
     assert_eq!(found.is_empty(), fixes == Fixes::CODE, "{found:?}");
 }
@@ -347,14 +347,7 @@ fn mysql_loss_two_units_three_buyers() {
         mysql_losses: 1,
         ..Sale::redis_loss(1, 3, Fixes::CODE)
     };
-    let started = Instant::now();
-    let checker = sale.checker().threads(2).symmetry().spawn_dfs().join();
-    let found = broken(&checker);
-    eprintln!(
-        "MySQL's loss, 2 units, 3 buyers with symmetry: {} unique states, {:.1} s, broken {found:?}",
-        checker.unique_state_count(),
-        started.elapsed().as_secs_f64(),
-    );
+    let found = checked_with_symmetry("MySQL's loss, 2 units, 3 buyers", sale);
     assert!(found.is_empty(), "{found:?}");
 }
 
@@ -370,13 +363,6 @@ fn redis_loss_two_units_three_buyers() {
         units: 2,
         ..three_buyers(Fixes::CODE)
     };
-    let started = Instant::now();
-    let checker = sale.checker().threads(2).symmetry().spawn_dfs().join();
-    let found = broken(&checker);
-    eprintln!(
-        "Redis's loss, 2 units, 3 buyers with symmetry: {} unique states, {:.1} s, broken {found:?}",
-        checker.unique_state_count(),
-        started.elapsed().as_secs_f64(),
-    );
+    let found = checked_with_symmetry("Redis's loss, 2 units, 3 buyers", sale);
     assert!(found.is_empty(), "{found:?}");
 }
