@@ -125,6 +125,9 @@ pub struct Sale {
     /// Times each user presses buy (a resend, or buying again after a
     /// loss).
     pub presses: u8,
+    /// Worker processes reading the stream (`seckill worker` on several
+    /// machines); the first runs the canceller and the gate guard too.
+    pub workers: u8,
     pub crashes: u8,
     pub rollbacks: u8,
     /// Times MySQL goes back to an earlier snapshot (a failover to an
@@ -179,6 +182,11 @@ pub struct Redis {
     /// Users with a dead-lettered entry (the dead-letter stream): a
     /// restore passes them over (stream/backlog.rs).
     pub dead: Vec<u8>,
+    /// The per-user lease locks (lua/lock_acquire.lua): (incarnation,
+    /// user), kept only with two workers or more (one worker is denied only
+    /// by a dead incarnation's lock, which lapses before its entries can
+    /// be reclaimed: `--claim-idle` outlasts `--lock-lease`).
+    pub locks: Vec<(u8, u8)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -282,6 +290,48 @@ pub enum Guard {
     Repaired(u8, bool),
 }
 
+/// One worker process: its batch, and what its keep-alive knows of it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Worker {
+    pub batch: Batch,
+    /// This process's incarnation: a crash starts a new one (never one
+    /// another worker had, so a hold or a pending entry names one process).
+    pub incarnation: u8,
+    /// A pause's grace waits for the batch in hand's next keep-alive tick:
+    /// the grace (a lease) is longer than a tick's period (a third of
+    /// it), the one timing the model takes from the code.
+    pub grace_waits_tick: bool,
+    /// A keep-alive tick found the batch in hand lost before its commit
+    /// (src/worker/keepalive.rs `Standing::lost`): only then does the
+    /// commit pause the gate.
+    pub lost_seen: bool,
+    /// Entries of the batch whose user's lock another process held: in
+    /// hand (the keep-alive claims them and looks for them) but not in the
+    /// transaction, never acknowledged by this batch (src/worker/batch.rs
+    /// `lock_users`).
+    pub denied: Vec<(u8, u8)>,
+}
+
+impl Worker {
+    fn new(incarnation: u8) -> Worker {
+        Worker {
+            batch: Batch::Idle,
+            incarnation,
+            grace_waits_tick: false,
+            lost_seen: false,
+            denied: vec![],
+        }
+    }
+
+    /// Every entry in hand: the batch's and those denied a lock.
+    pub fn claimed(&self) -> Vec<(u8, u8)> {
+        let mut all: Vec<(u8, u8)> = self.batch.in_hand().to_vec();
+        all.extend(&self.denied);
+        all.sort_unstable();
+        all
+    }
+}
+
 /// What a buyer was told.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Told {
@@ -301,21 +351,13 @@ pub struct State {
     pub redis: Redis,
     pub snapshot: Option<Redis>,
     pub mysql: Mysql,
-    pub batch: Batch,
-    /// The worker's incarnation: a crash starts a new one.
-    pub incarnation: u8,
+    /// The worker processes (the first also runs the canceller and the
+    /// gate guard).
+    pub workers: Vec<Worker>,
     pub canceller: Canceller,
     pub guard: Guard,
     /// The guard's last seen server run id.
     pub guard_run: u8,
-    /// A pause's grace waits for the batch in hand's next keep-alive tick:
-    /// the grace (a lease) is longer than a tick's period (a third of
-    /// it), the one timing the model takes from the code.
-    pub grace_waits_tick: bool,
-    /// A keep-alive tick found the batch in hand lost before its commit
-    /// (src/worker/keepalive.rs `Standing::lost`): only then does the
-    /// commit pause the gate.
-    pub lost_seen: bool,
     pub told: Vec<Told>,
     pub presses: Vec<u8>,
     /// Orders whose payment deadline passed.
@@ -353,24 +395,40 @@ pub struct State {
 pub enum Action {
     /// lua/seckill.lua for this user.
     Admit(u8),
-    /// XREADGROUP, or XAUTOCLAIM of a dead incarnation's entries.
-    Read,
-    Reclaim,
+    /// XREADGROUP by this worker, or its XAUTOCLAIM of entries pending
+    /// with another incarnation: a dead one's, or a live one's stopped
+    /// past `--claim-idle` (its keep-alive not ticking).
+    Read(u8),
+    Reclaim(u8),
     /// lua/lock_acquire.lua (`after_lock`).
-    Lock,
+    Lock(u8),
     /// The keep-alive's tick beside the batch: entries of it gone from
     /// the stream hold the gate (src/worker/keepalive.rs).
-    KeepAlive,
+    KeepAlive(u8),
     /// The batch's transaction up to its COMMIT (`before_commit`); the
     /// keep-alive's look at the batch just before it.
-    Transact,
-    Commit,
+    Transact(u8),
+    Commit(u8),
+    /// Worker `w` stopped inside its transaction is fenced by another's
+    /// lock wait (lua/fence.lua, src/worker/fence.rs): its session ended,
+    /// the transaction rolled back, its COMMIT fails and it runs the batch
+    /// again, its locks given back and taken afresh (the connection's
+    /// error came before its deadline, or Redis lost the batch).
+    Fence(u8),
+    /// Worker `w`'s transaction past its deadline (`--mysql-timeout`; a
+    /// fenced worker's is, once it resumes): rolled back, and the batch,
+    /// unless Redis lost it, let go of, its entries left pending
+    /// (src/worker/batch.rs `TransactionPastDeadline`). Two workers only.
+    LetGo(u8),
+    /// Worker `w` stopped past a lease: its per-user locks lapse.
+    LapseLocks(u8),
     /// lua/finish.lua: deadlines, XACK, locks released, hold given back
     /// (`after_ack`).
-    Finish,
+    Finish(u8),
     /// The worker killed (kill -9) wherever it is.
-    Crash,
-    /// A dead incarnation's hold lapses.
+    Crash(u8),
+    /// A dead incarnation's hold lapses, and its locks (one lease each;
+    /// a Redis rollback can bring back a lock its kill had let lapse).
     LapseHold,
     /// A pause's grace ends.
     GraceEnds,
@@ -432,21 +490,42 @@ fn remove(v: &mut Vec<u8>, x: u8) {
     v.retain(|y| *y != x);
 }
 
-impl State {
-    /// Orders the worker has in hand.
+impl Batch {
+    /// The orders in hand.
     fn in_hand(&self) -> &[(u8, u8)] {
-        match &self.batch {
+        match self {
             Batch::Idle => &[],
             Batch::Read(b) | Batch::Locked(b) => b,
             Batch::InTx { batch, .. } | Batch::Committed { batch, .. } => batch,
         }
     }
+}
 
-    /// An entry of the batch in hand is gone from the stream (Redis lost it).
-    fn batch_lost(&self) -> bool {
-        self.in_hand()
+impl State {
+    /// An entry of worker `w`'s batch is gone from the stream (Redis lost
+    /// it).
+    fn batch_lost(&self, w: usize) -> bool {
+        self.workers[w]
+            .claimed()
             .iter()
             .any(|(o, _)| !self.redis.entries.iter().any(|e| e.order == *o))
+    }
+
+    /// A batch's transaction is open: it holds the voucher row's lock.
+    fn in_tx(&self) -> bool {
+        self.workers
+            .iter()
+            .any(|w| matches!(w.batch, Batch::InTx { .. }))
+    }
+
+    /// No worker has a batch in hand.
+    pub fn workers_idle(&self) -> bool {
+        self.workers.iter().all(|w| w.batch == Batch::Idle)
+    }
+
+    /// A hold, or an entry pending, names a process that still runs.
+    fn alive(&self, incarnation: u8) -> bool {
+        self.workers.iter().any(|w| w.incarnation == incarnation)
     }
 
     fn hold_is_live(&self) -> bool {
@@ -511,7 +590,7 @@ impl State {
     /// No process has work left, nothing waits in the stream, the gate is
     /// open: what the sale comes to once faults stop and processes run.
     pub fn quiescent(&self) -> bool {
-        self.batch == Batch::Idle
+        self.workers_idle()
             && self.canceller == Canceller::Idle
             && self.guard == Guard::Idle
             && !self.redis.paused
@@ -545,17 +624,17 @@ impl State {
     /// backs its orders until its commit (a committed one's are MySQL's:
     /// lost with it, its entries lost with Redis's, nothing has them).
     fn expose_lost(&mut self) {
-        let uncommitted = match &self.batch {
+        let uncommitted = self.workers.iter().flat_map(|w| match &w.batch {
             Batch::Committed { .. } => &[][..],
-            _ => self.in_hand(),
-        };
+            b => b.in_hand(),
+        });
         let kept: Vec<u8> = self
             .redis
             .entries
             .iter()
             .map(|e| e.order)
             .chain(self.mysql.orders.iter().map(|o| o.id))
-            .chain(uncommitted.iter().map(|(o, _)| *o))
+            .chain(uncommitted.map(|(o, _)| *o))
             .collect();
         for told in self.told.iter_mut() {
             if let Told::Success { order, exposed } = told {
@@ -576,6 +655,7 @@ impl Sale {
             units,
             users,
             presses: 1,
+            workers: 1,
             crashes: 1,
             rollbacks: 1,
             mysql_losses: 0,
@@ -601,19 +681,17 @@ impl Sale {
                 recorded_run: 0,
                 committed: 0,
                 dead: vec![],
+                locks: vec![],
             },
             snapshot: None,
             mysql: Mysql {
                 stock: self.units,
                 orders: vec![],
             },
-            batch: Batch::Idle,
-            incarnation: 0,
+            workers: (0..self.workers).map(Worker::new).collect(),
             canceller: Canceller::Idle,
             guard: Guard::Idle,
             guard_run: 0,
-            grace_waits_tick: false,
-            lost_seen: false,
             told: vec![Told::Nothing; self.users as usize],
             presses: vec![self.presses; self.users as usize],
             due: vec![],
@@ -681,15 +759,15 @@ impl Sale {
         inserted
     }
 
-    /// The keep-alive's look: entries of the batch gone from the stream
-    /// hold the gate (paused, a hold).
-    fn hold_if_lost(&self, s: &mut State) {
-        s.grace_waits_tick = false;
+    /// Worker `w`'s keep-alive looks: entries of its batch gone from the
+    /// stream hold the gate (paused, a hold).
+    fn hold_if_lost(&self, s: &mut State, w: usize) {
+        s.workers[w].grace_waits_tick = false;
         // The tick's XCLAIM takes the batch's entries back from whoever
         // they are pending with (after a rollback: an earlier
-        // incarnation).
-        let me = s.incarnation;
-        let batch: Vec<u8> = s.in_hand().iter().map(|(o, _)| *o).collect();
+        // incarnation; or another worker that reclaimed them).
+        let me = s.workers[w].incarnation;
+        let batch: Vec<u8> = s.workers[w].claimed().iter().map(|(o, _)| *o).collect();
         for e in s.redis.entries.iter_mut() {
             if batch.contains(&e.order) && matches!(e.delivery, Delivery::Pending(_)) {
                 e.delivery = Delivery::Pending(me);
@@ -699,24 +777,43 @@ impl Sale {
             return;
         }
         // Seen lost only before the commit; once seen, held each tick.
-        let committed = matches!(s.batch, Batch::Committed { .. });
-        if s.batch_lost() && !committed {
-            s.lost_seen = true;
+        let committed = matches!(s.workers[w].batch, Batch::Committed { .. });
+        if s.batch_lost(w) && !committed {
+            s.workers[w].lost_seen = true;
         }
-        if s.lost_seen {
-            add(&mut s.redis.holds, s.incarnation);
+        if s.workers[w].lost_seen {
+            add(&mut s.redis.holds, me);
             if !s.redis.paused && !committed {
                 self.pause(s);
             }
         }
     }
 
-    /// lua/pause.lua pause: a fresh token and a grace of one lease.
+    /// Worker `w` gives back the locks of its batch's users (lua/finish.lua's
+    /// and `give_back_locks`' `lease_release`: those users only; another
+    /// lock of its, which a Redis rollback brought back, lapses).
+    fn give_back_locks(&self, s: &mut State, w: usize) {
+        let me = s.workers[w].incarnation;
+        let users: Vec<u8> = s.workers[w]
+            .batch
+            .in_hand()
+            .iter()
+            .map(|(_, u)| *u)
+            .collect();
+        s.redis
+            .locks
+            .retain(|(x, u)| *x != me || !users.contains(u));
+    }
+
+    /// lua/pause.lua pause: a fresh token and a grace of one lease, which
+    /// every batch in hand's keep-alive ticks within.
     fn pause(&self, s: &mut State) {
         s.redis.paused = true;
         s.redis.token += 1;
         s.redis.grace = true;
-        s.grace_waits_tick = s.batch != Batch::Idle;
+        for w in s.workers.iter_mut() {
+            w.grace_waits_tick = w.batch != Batch::Idle;
+        }
     }
 
     /// lua/release.lua: units of cancelled orders back, each once, the
@@ -780,36 +877,64 @@ impl Model for Sale {
                 actions.push(Action::Admit(user));
             }
         }
-        match &s.batch {
-            Batch::Idle => {
-                if s.redis.entries.iter().any(|e| e.delivery == Delivery::New) {
-                    actions.push(Action::Read);
+        for (w, worker) in s.workers.iter().enumerate() {
+            let w = w as u8;
+            match &worker.batch {
+                Batch::Idle => {
+                    if s.redis.entries.iter().any(|e| e.delivery == Delivery::New) {
+                        actions.push(Action::Read(w));
+                    }
+                    // Idle: every pending entry is another's, or this
+                    // one's that Redis gave back (XAUTOCLAIM takes either
+                    // once idle).
+                    if s.redis
+                        .entries
+                        .iter()
+                        .any(|e| matches!(e.delivery, Delivery::Pending(_)))
+                    {
+                        actions.push(Action::Reclaim(w));
+                    }
                 }
-                // Idle: every pending entry is another's, or this one's
-                // that Redis gave back (XAUTOCLAIM takes either once idle).
-                if s.redis
-                    .entries
-                    .iter()
-                    .any(|e| matches!(e.delivery, Delivery::Pending(_)))
-                {
-                    actions.push(Action::Reclaim);
+                Batch::Read(_) => actions.push(Action::Lock(w)),
+                // The voucher row's lock: one batch's transaction at a
+                // time (another waits at its conditional update).
+                Batch::Locked(_) if !s.in_tx() => actions.push(Action::Transact(w)),
+                Batch::Locked(_) => {}
+                Batch::InTx { .. } => {
+                    actions.push(Action::Commit(w));
+                    // Another batch waits for the row lock: its lock wait
+                    // ends this transaction once its fence lease ran out.
+                    if s.workers
+                        .iter()
+                        .any(|x| matches!(x.batch, Batch::Locked(_)))
+                    {
+                        actions.push(Action::Fence(w));
+                    }
+                    // Past its deadline (--mysql-timeout), a batch Redis
+                    // has not lost is let go of.
+                    if self.workers > 1 && !worker.lost_seen && !s.batch_lost(w as usize) {
+                        actions.push(Action::LetGo(w));
+                    }
                 }
+                Batch::Committed { .. } => actions.push(Action::Finish(w)),
             }
-            Batch::Read(_) => actions.push(Action::Lock),
-            Batch::Locked(_) => actions.push(Action::Transact),
-            Batch::InTx { .. } => actions.push(Action::Commit),
-            Batch::Committed { .. } => actions.push(Action::Finish),
+            if worker.batch != Batch::Idle {
+                actions.push(Action::KeepAlive(w));
+            }
+            if s.crashes > 0 && worker.batch != Batch::Idle {
+                actions.push(Action::Crash(w));
+            }
+            // Stopped past a lease: its locks lapse.
+            if s.redis.locks.iter().any(|(x, _)| *x == worker.incarnation) {
+                actions.push(Action::LapseLocks(w));
+            }
         }
-        if s.batch != Batch::Idle {
-            actions.push(Action::KeepAlive);
-        }
-        if s.redis.grace && !s.grace_waits_tick {
+        if s.redis.grace && !s.workers.iter().any(|w| w.grace_waits_tick) {
             actions.push(Action::GraceEnds);
         }
-        if s.crashes > 0 && s.batch != Batch::Idle {
-            actions.push(Action::Crash);
-        }
-        if s.redis.holds.iter().any(|h| *h != s.incarnation) {
+        if s.redis.holds.iter().any(|h| !s.alive(*h))
+            || s.redis.locks.iter().any(|(x, _)| !s.alive(*x))
+        {
             actions.push(Action::LapseHold);
         }
         for o in &s.mysql.orders {
@@ -884,38 +1009,49 @@ impl Model for Sale {
         let mut s = last.clone();
         match action {
             Action::Admit(user) => self.admit(&mut s, user),
-            Action::Read => {
-                let me = s.incarnation;
+            Action::Read(w) | Action::Reclaim(w) => {
+                let w = w as usize;
+                let me = s.workers[w].incarnation;
                 let mut batch = vec![];
                 for e in s.redis.entries.iter_mut() {
-                    if e.delivery == Delivery::New {
+                    let taken = match action {
+                        Action::Read(_) => e.delivery == Delivery::New,
+                        _ => matches!(e.delivery, Delivery::Pending(_)),
+                    };
+                    if taken {
                         e.delivery = Delivery::Pending(me);
                         batch.push((e.order, e.user));
                     }
                 }
-                s.batch = Batch::Read(batch);
+                s.workers[w].batch = Batch::Read(batch);
             }
-            Action::Reclaim => {
-                let me = s.incarnation;
-                let mut batch = vec![];
-                for e in s.redis.entries.iter_mut() {
-                    if matches!(e.delivery, Delivery::Pending(_)) {
-                        e.delivery = Delivery::Pending(me);
-                        batch.push((e.order, e.user));
-                    }
-                }
-                s.batch = Batch::Read(batch);
-            }
-            Action::Lock => {
-                let Batch::Read(batch) = &s.batch else {
+            Action::Lock(w) => {
+                let w = w as usize;
+                let Batch::Read(batch) = s.workers[w].batch.clone() else {
                     return None;
                 };
-                s.batch = Batch::Locked(batch.clone());
+                let me = s.workers[w].incarnation;
+                let (mut mine, mut denied) = (vec![], vec![]);
+                for (o, u) in batch {
+                    let taken = s.redis.locks.iter().any(|&(x, v)| v == u && x != me);
+                    if self.workers > 1 && taken {
+                        denied.push((o, u));
+                        continue;
+                    }
+                    if self.workers > 1 && !s.redis.locks.contains(&(me, u)) {
+                        s.redis.locks.push((me, u));
+                        s.redis.locks.sort_unstable();
+                    }
+                    mine.push((o, u));
+                }
+                s.workers[w].batch = Batch::Locked(mine);
+                s.workers[w].denied = denied;
                 // The keep-alive confirms the batch before its commit.
-                self.hold_if_lost(&mut s);
+                self.hold_if_lost(&mut s, w);
             }
-            Action::Transact => {
-                let Batch::Locked(batch) = &s.batch else {
+            Action::Transact(w) => {
+                let w = w as usize;
+                let Batch::Locked(batch) = &s.workers[w].batch else {
                     return None;
                 };
                 let batch = batch.clone();
@@ -936,18 +1072,19 @@ impl Model for Sale {
                     true => no_stock,
                     false => vec![],
                 };
-                s.batch = Batch::InTx {
+                s.workers[w].batch = Batch::InTx {
                     batch,
                     inserted,
                     kept,
                 };
             }
-            Action::Commit => {
+            Action::Commit(w) => {
+                let w = w as usize;
                 let Batch::InTx {
                     batch,
                     inserted,
                     kept,
-                } = s.batch.clone()
+                } = s.workers[w].batch.clone()
                 else {
                     return None;
                 };
@@ -966,10 +1103,11 @@ impl Model for Sale {
                 s.mysql.orders.sort();
                 // KeepAlive::committed: a look first (a tick, the batch not
                 // yet committed), then lost as the ticks saw it.
-                if self.fixes.commit_looks_again && !inserted.is_empty() && !s.lost_seen {
-                    self.hold_if_lost(&mut s);
+                if self.fixes.commit_looks_again && !inserted.is_empty() && !s.workers[w].lost_seen
+                {
+                    self.hold_if_lost(&mut s, w);
                 }
-                let lost = !inserted.is_empty() && s.lost_seen;
+                let lost = !inserted.is_empty() && s.workers[w].lost_seen;
                 let deadlines = batch
                     .iter()
                     .map(|(o, _)| *o)
@@ -995,7 +1133,7 @@ impl Model for Sale {
                     })
                     .map(|(_, u)| *u)
                     .collect();
-                s.batch = Batch::Committed {
+                s.workers[w].batch = Batch::Committed {
                     batch,
                     deadlines,
                     counted,
@@ -1008,25 +1146,62 @@ impl Model for Sale {
                     self.pause(&mut s);
                 }
             }
-            Action::KeepAlive => {
-                self.hold_if_lost(&mut s);
+            Action::Fence(w) | Action::LetGo(w) => {
+                let w = w as usize;
+                if !matches!(s.workers[w].batch, Batch::InTx { .. }) {
+                    return None;
+                }
+                // Rolled back: its locks given back (the failed attempt's
+                // `give_back_locks`), then its deliveries locked afresh, or
+                // let go of, pending, for whoever reclaims them.
+                let claimed = s.workers[w].claimed();
+                self.give_back_locks(&mut s, w);
+                s.workers[w].denied.clear();
+                s.workers[w].batch = match action {
+                    Action::Fence(_) => Batch::Read(claimed),
+                    _ => Batch::Idle,
+                };
+                // No batch in hand: no tick for a pause's grace to wait for.
+                if s.workers[w].batch == Batch::Idle {
+                    s.workers[w].grace_waits_tick = false;
+                }
+            }
+            Action::LapseLocks(w) => {
+                let me = s.workers[w as usize].incarnation;
+                s.redis.locks.retain(|(x, _)| *x != me);
+            }
+            Action::KeepAlive(w) => {
+                self.hold_if_lost(&mut s, w as usize);
                 if &s == last {
                     return None;
                 }
             }
             Action::GraceEnds => s.redis.grace = false,
-            Action::Finish => {
+            Action::Finish(w) => {
+                let w = w as usize;
                 let Batch::Committed {
                     batch,
                     deadlines,
                     counted,
                     kept,
                     dead,
-                } = s.batch.clone()
+                } = s.workers[w].batch.clone()
                 else {
                     return None;
                 };
-                let me = s.incarnation;
+                let me = s.workers[w].incarnation;
+                // A dead letter only for an entry still pending (another
+                // worker's batch may have acknowledged it since).
+                for &(o, u) in &batch {
+                    let pending = s
+                        .redis
+                        .entries
+                        .iter()
+                        .any(|e| e.order == o && matches!(e.delivery, Delivery::Pending(_)));
+                    if pending && dead.contains(&u) {
+                        add(&mut s.redis.dead, u);
+                    }
+                }
                 for &order in &deadlines {
                     // finish.lua's ZADD moves a deadline there already to
                     // the order's own (a claim's lease ends with it).
@@ -1049,32 +1224,39 @@ impl Model for Sale {
                         }
                     }
                 }
-                for u in dead {
-                    add(&mut s.redis.dead, u);
-                }
+                self.give_back_locks(&mut s, w);
+                s.workers[w].denied.clear();
                 remove(&mut s.redis.holds, me);
-                s.batch = Batch::Idle;
-                s.grace_waits_tick = false;
-                s.lost_seen = false;
+                s.workers[w].batch = Batch::Idle;
+                s.workers[w].grace_waits_tick = false;
+                s.workers[w].lost_seen = false;
             }
-            Action::Crash => {
+            Action::Crash(w) => {
+                let w = w as usize;
                 s.crashes -= 1;
-                s.batch = Batch::Idle;
-                // The canceller and the guard run in the worker's process.
-                s.canceller = Canceller::Idle;
-                s.guard = Guard::Idle;
-                s.guard_refused = None;
-                s.grace_waits_tick = false;
-                s.lost_seen = false;
-                s.incarnation += 1;
+                let next = s.workers.iter().map(|x| x.incarnation).max().unwrap_or(0) + 1;
+                // Its locks lapse before its entries can be reclaimed
+                // (`--claim-idle` outlasts `--lock-lease`).
+                let dead = s.workers[w].incarnation;
+                s.redis.locks.retain(|(x, _)| *x != dead);
+                s.workers[w] = Worker::new(next);
+                // The canceller and the guard run in the first worker's
+                // process.
+                if w == 0 {
+                    s.canceller = Canceller::Idle;
+                    s.guard = Guard::Idle;
+                    s.guard_refused = None;
+                }
                 // A batch Redis lost, in a worker that dies before
                 // committing it: a named limit.
                 s.expose_lost();
             }
             Action::LapseHold => {
-                let me = s.incarnation;
-                s.redis.holds.retain(|h| *h == me);
-                if s.redis.paused {
+                let live: Vec<u8> = s.workers.iter().map(|w| w.incarnation).collect();
+                let holds = s.redis.holds.len();
+                s.redis.holds.retain(|h| live.contains(h));
+                s.redis.locks.retain(|(x, _)| live.contains(x));
+                if s.redis.paused && s.redis.holds.len() < holds {
                     // lua/pause.lua renews the token when a hold lapses.
                     s.redis.token += 1;
                 }
@@ -1197,7 +1379,7 @@ impl Model for Sale {
                     .iter()
                     .filter(|o| o.status == Status::Cancelled)
                     .all(|o| has(&s.redis.released, o.id));
-                if s.batch == Batch::Idle
+                if s.workers_idle()
                     && s.canceller == Canceller::Idle
                     && s.redis
                         .entries
@@ -1291,8 +1473,10 @@ impl Model for Sale {
                 // An open transaction dies with the old primary's
                 // connections: its COMMIT fails and the batch runs it
                 // again (src/worker/batch.rs).
-                if let Batch::InTx { batch, .. } = &s.batch {
-                    s.batch = Batch::Locked(batch.clone());
+                for w in s.workers.iter_mut() {
+                    if let Batch::InTx { batch, .. } = &w.batch {
+                        w.batch = Batch::Locked(batch.clone());
+                    }
                 }
                 // A commit MySQL lost whose entry Redis lost before: no
                 // store keeps it (mysql-loss.md's unrestorable commits).

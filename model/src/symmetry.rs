@@ -39,18 +39,21 @@ impl State {
         if let Some(m) = s.mysql_snapshot.as_mut() {
             rename_mysql(m, to);
         }
-        match &mut s.batch {
-            Batch::Idle => {}
-            Batch::Read(b) | Batch::Locked(b) => rename_pairs(b, to),
-            Batch::InTx {
-                batch, inserted, ..
-            } => {
-                rename_pairs(batch, to);
-                rename_pairs(inserted, to);
-            }
-            Batch::Committed { batch, dead, .. } => {
-                rename_pairs(batch, to);
-                rename_seq(dead, to);
+        for w in s.workers.iter_mut() {
+            rename_pairs(&mut w.denied, to);
+            match &mut w.batch {
+                Batch::Idle => {}
+                Batch::Read(b) | Batch::Locked(b) => rename_pairs(b, to),
+                Batch::InTx {
+                    batch, inserted, ..
+                } => {
+                    rename_pairs(batch, to);
+                    rename_pairs(inserted, to);
+                }
+                Batch::Committed { batch, dead, .. } => {
+                    rename_pairs(batch, to);
+                    rename_seq(dead, to);
+                }
             }
         }
         match &mut s.guard {
@@ -125,6 +128,8 @@ fn rename_redis(r: &mut Redis, to: &[u8]) {
         e.user = to[e.user as usize];
     }
     rename_set(&mut r.dead, to);
+    rename_pairs(&mut r.locks, to);
+    r.locks.sort_unstable();
 }
 
 fn rename_mysql(m: &mut Mysql, to: &[u8]) {

@@ -96,12 +96,20 @@ fn the_sale_keeps_its_promises_when_mysql_loses_its_last_commits() {
                 ..ci_mysql_loss(Fixes::CODE)
             },
         ),
+        // A second worker reading the stream (docs: two workers).
+        (
+            1,
+            Sale {
+                workers: 2,
+                ..ci_mysql_loss(Fixes::CODE)
+            },
+        ),
     ] {
         let started = Instant::now();
-        let users = sale.users;
+        let (users, workers) = (sale.users, sale.workers);
         let checker = sale.checker().threads(2).spawn_bfs().join();
         eprintln!(
-            "model with MySQL's loss, {units} unit(s), {users} buyers: {} states ({} unique), {:.1} s",
+            "model with MySQL's loss, {units} unit(s), {users} buyers, {workers} worker(s): {} states ({} unique), {:.1} s",
             checker.state_count(),
             checker.unique_state_count(),
             started.elapsed().as_secs_f64()
@@ -215,6 +223,7 @@ fn sizes() {
             rollbacks,
             mysql_losses: 0,
             fixes,
+            workers: 1,
         });
     }
 }
@@ -270,6 +279,7 @@ fn mysql_loss_sizes() {
             rollbacks: 0,
             mysql_losses: 1,
             fixes: Fixes::CODE,
+            workers: 1,
         });
     }
 }
@@ -299,18 +309,18 @@ const M6_TO_THE_REPAIR: [sale::Action; 19] = {
     use sale::Action::*;
     [
         Admit(0),
-        Read,
+        Read(0),
         Snapshot,
-        Lock,
-        Transact,
-        Commit,
-        Finish,
+        Lock(0),
+        Transact(0),
+        Commit(0),
+        Finish(0),
         Admit(1),
         Due(1),
         Claim,
         Cancel,
         Release,
-        Read,
+        Read(0),
         Rollback,
         Admit(2),
         GuardCheck,
