@@ -127,8 +127,9 @@ pub struct GuardState {
     /// left to restore (a released order it never had, whose entry is
     /// gone): not paused for again unless it grows.
     accepted: HashMap<u64, MysqlBehind>,
-    /// What MySQL lacked of a voucher whose gates a rebuild reopened: the
-    /// same again next pass means the rebuild could not close it.
+    /// What MySQL lacked of a voucher right after a rebuild reopened its
+    /// gates: the same again next pass means the rebuild could not close
+    /// it.
     reopened_with: HashMap<u64, MysqlBehind>,
     /// The last raise of a witness failed (said once until one succeeds).
     raise_failing: bool,
@@ -451,9 +452,37 @@ impl GateGuard {
         pause.tried = Some(Instant::now());
         self.rebuild(v, keys).await?;
         if !behind.is_none() && !self.state.paused.contains_key(&v) {
-            self.state.reopened_with.insert(v.voucher, behind);
+            // What the rebuild left, not what this pass saw: a gap it
+            // closed is no gap to accept, though one of the same size may
+            // open before the next pass (a batch in flight at the failover,
+            // whose commit MySQL lost, acknowledged since: M7). Never
+            // orders: a rebuild reopens only once it restored the lost
+            // orders kept entries name and took the rest off the witness,
+            // so orders lacking after it are such a batch's. Nor while
+            // another gate of the voucher is paused: its rebuild may
+            // restore yet.
+            let left = MysqlBehind {
+                orders: 0,
+                ..self.behind_now(v.voucher).await?
+            };
+            let all_open = !self.state.paused.keys().any(|g| g.voucher == v.voucher);
+            match left.is_none() || !all_open {
+                true => self.state.reopened_with.remove(&v.voucher),
+                false => self.state.reopened_with.insert(v.voucher, left),
+            };
         }
         Ok(())
+    }
+
+    /// What MySQL lacks of `voucher` now, read as a pass reads it: its
+    /// gates' witnesses first, then MySQL's counts.
+    async fn behind_now(&mut self, voucher: u64) -> Result<MysqlBehind> {
+        let (gates, keys) = self.gates_of(&[voucher]).await?;
+        let (seen, _) = self.commits_seen(&gates, &keys).await?;
+        let totals = counters::totals_per_voucher(&self.db, &[voucher]).await?;
+        let (committed, released) = seen.get(&voucher).copied().unwrap_or_default();
+        let (orders, cancelled) = totals.get(&voucher).copied().unwrap_or_default();
+        Ok(MysqlBehind::of(committed, released, orders, cancelled))
     }
 
     /// A gate lost whole admits nobody ("unknown voucher"): nothing to

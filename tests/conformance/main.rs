@@ -2016,6 +2016,8 @@ enum Expect {
     /// A guard's pass whose repair gave no unit back while the pause's
     /// grace ran (M6).
     GraceChangedRepair,
+    /// The real guard restored orders MySQL lost at two passes.
+    RestoredTwice,
 }
 
 /// A scripted walk: its model's units, its actions in order (then a
@@ -2229,6 +2231,27 @@ const SCENARIOS: &[Scenario] = &[
         ],
         expect: Expect::GraceChangedRepair,
     },
+    Scenario {
+        name: "a commit MySQL lost, acknowledged after the rebuild reopened the gate, is restored at the next pass (M7)",
+        units: 2,
+        actions: &[
+            Action::MysqlSnapshot,
+            Action::Admit(0),
+            Action::Read(0),
+            Action::Lock(0),
+            Action::Transact(0),
+            Action::Finish(0),
+            Action::Admit(1),
+            Action::Read(0),
+            Action::Lock(0),
+            Action::Transact(0),
+            Action::MysqlRollback,
+            Action::GuardCheck,
+            Action::Finish(0),
+            Action::GuardCheck,
+        ],
+        expect: Expect::RestoredTwice,
+    },
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2276,6 +2299,11 @@ async fn scenarios_the_random_walks_seldom_meet_match_the_code() {
             Expect::GraceChangedRepair => assert!(
                 walked.grace_changed_repair > 0,
                 "{name}: no guard's pass had its repair changed by the grace"
+            ),
+            Expect::RestoredTwice => assert!(
+                walked.mysql_loss.restored >= 2,
+                "{name}: the guard restored {} order(s), not one at each of two passes",
+                walked.mysql_loss.restored
             ),
             Expect::PaidCancelledReleased => assert!(
                 walked.mysql_loss.paid_cancelled_released > 0,
