@@ -466,10 +466,11 @@ impl GateGuard {
                 ..self.behind_now(v.voucher).await?
             };
             let all_open = !self.state.paused.keys().any(|g| g.voucher == v.voucher);
-            match left.is_none() || !all_open {
-                true => self.state.reopened_with.remove(&v.voucher),
-                false => self.state.reopened_with.insert(v.voucher, left),
-            };
+            if left.is_none() || !all_open {
+                self.state.reopened_with.remove(&v.voucher);
+            } else {
+                self.state.reopened_with.insert(v.voucher, left);
+            }
         }
         Ok(())
     }
