@@ -1,6 +1,6 @@
 //! Fault points for crash tests and the fault explorer (`tests/explore/`).
-//! Unset (always, in production) each point costs one lookup in an empty
-//! map.
+//! Unset (always, in production) each point costs a lookup in an empty
+//! map and one of a task-local value.
 //!
 //! `SECKILL_TEST_PAUSE=<point>=<duration>[*<n>][,...]` pauses at a point
 //! (only the first n times with `*n`) and says so on stderr, so a test can
@@ -47,16 +47,22 @@
 //! MySQL, the deadline not yet taken off the gate, the answer not yet
 //! given).
 //!
+//! A test in the same process can stand a task at each point it reaches
+//! and let it go when it chooses ([`stepping`]).
+//!
 //! `SECKILL_TEST_PANIC=<place>` panics at `startup` (before the command
 //! line is read) or in `command` (inside the command, on the runtime), so a
 //! test can see what an operator sees of a bug: one line, whatever
 //! RUST_BACKTRACE says.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::LazyLock;
 use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, Result};
 
@@ -160,8 +166,40 @@ fn parse_faults(spec: &str) -> HashMap<String, Point> {
     points
 }
 
+/// A point a test stands the code at: the point's name, and the sender
+/// that lets the code go on (dropped: it goes on too).
+pub struct Stop {
+    pub point: &'static str,
+    pub go: oneshot::Sender<()>,
+}
+
+tokio::task_local! {
+    /// Where the points this task reaches are sent ([`stepping`]).
+    static STEPPER: mpsc::UnboundedSender<Stop>;
+}
+
+/// Runs `work` with every point it reaches sent to `stops`, each waiting
+/// there until the test lets it go: how the conformance test takes the
+/// gate guard's pass one step at a time, with other steps between.
+pub async fn stepping<F: Future>(stops: mpsc::UnboundedSender<Stop>, work: F) -> F::Output {
+    STEPPER.scope(stops, work).await
+}
+
+/// Waits at `point` while a test running this task [`stepping`] holds it.
+async fn stand(point: &'static str) {
+    let Ok(stepper) = STEPPER.try_with(|s| s.clone()) else {
+        return;
+    };
+    let (go, wait) = oneshot::channel();
+    if stepper.send(Stop { point, go }).is_ok() {
+        // A dropped sender lets it go on as well.
+        let _ = wait.await;
+    }
+}
+
 /// A fault point whose step can fail: `error` makes it fail here.
-pub async fn point(step: &str) -> Result<()> {
+pub async fn point(step: &'static str) -> Result<()> {
+    stand(step).await;
     timed_pause(step).await;
     match reach(step).await {
         Some(Action::Error) => Err(Error::redis(format!(
@@ -172,7 +210,8 @@ pub async fn point(step: &str) -> Result<()> {
 }
 
 /// A fault point whose step cannot fail (an `error` there does nothing).
-pub async fn pause(step: &str) {
+pub async fn pause(step: &'static str) {
+    stand(step).await;
     timed_pause(step).await;
     if reach(step).await == Some(Action::Error) {
         eprintln!("fault error at {step} fails nothing: this step cannot fail");

@@ -276,6 +276,12 @@ impl GateGuard {
         }
         let looks = self.look_at(&keys).await?;
         let per_bucket = self.orders_per_bucket(&gates, &looks, &orders).await;
+        // Before the rebuilds, with the counts just read: a pass stopped
+        // between raises nothing on counts another step made old (the
+        // checked model's guard raises in its check).
+        let read = (&seen, forgotten.as_slice());
+        self.raise_witnesses(&gates, &keys, (&orders, &per_bucket), read, &lost_commits)
+            .await;
         let loaded_somewhere: BTreeSet<u64> = gates
             .iter()
             .zip(&looks)
@@ -315,9 +321,6 @@ impl GateGuard {
                 tracing::warn!("gate guard, {id}: {e}");
             }
         }
-        let read = (&seen, forgotten.as_slice());
-        self.raise_witnesses(&gates, &keys, (&orders, &per_bucket), read, &lost_commits)
-            .await;
         self.recount_owed().await;
         let working = self
             .state
