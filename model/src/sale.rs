@@ -277,6 +277,41 @@ pub struct GateView {
     pub dead: Vec<u8>,
 }
 
+impl GateView {
+    /// The gate as the rebuild reads it now.
+    fn of(r: &Redis) -> GateView {
+        let entries = |acked: bool| {
+            r.entries
+                .iter()
+                .filter(|e| (e.delivery == Delivery::Acked) == acked)
+                .map(|e| (e.order, e.user))
+                .collect()
+        };
+        GateView {
+            token: r.token,
+            stock: r.stock,
+            buyers: r.buyers.clone(),
+            released: r.released.clone(),
+            entries_len: r.entries.len() as u8,
+            in_flight: entries(false),
+            acked: entries(true),
+            timeouts: r.timeouts.iter().map(|(o, _)| *o).collect(),
+            committed: r.committed,
+            dead: r.dead.clone(),
+        }
+    }
+
+    /// The gate's witness moved since this view (src/gate/witness.rs: the
+    /// stream's last entry, the stock, the buyers' and the released
+    /// counts).
+    fn moved(&self, r: &Redis) -> bool {
+        r.stock != self.stock
+            || r.buyers.len() != self.buyers.len()
+            || r.released.len() != self.released.len()
+            || r.entries.len() != self.entries_len as usize
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Guard {
     Idle,
@@ -1226,7 +1261,14 @@ impl Model for Sale {
                 }
                 self.give_back_locks(&mut s, w);
                 s.workers[w].denied.clear();
-                remove(&mut s.redis.holds, me);
+                if has(&s.redis.holds, me) {
+                    remove(&mut s.redis.holds, me);
+                    // lua/pause.lua's unhold renews a paused gate's token:
+                    // a view read while the batch held it is too old.
+                    if s.redis.paused {
+                        s.redis.token += 1;
+                    }
+                }
                 s.workers[w].batch = Batch::Idle;
                 s.workers[w].grace_waits_tick = false;
                 s.workers[w].lost_seen = false;
@@ -1398,37 +1440,22 @@ impl Model for Sale {
                     return None;
                 }
             }
-            Action::GuardReadGate => {
-                let r = &s.redis;
-                let view = GateView {
-                    token: r.token,
-                    stock: r.stock,
-                    buyers: r.buyers.clone(),
-                    released: r.released.clone(),
-                    entries_len: r.entries.len() as u8,
-                    in_flight: r
-                        .entries
-                        .iter()
-                        .filter(|e| e.delivery != Delivery::Acked)
-                        .map(|e| (e.order, e.user))
-                        .collect(),
-                    acked: r
-                        .entries
-                        .iter()
-                        .filter(|e| e.delivery == Delivery::Acked)
-                        .map(|e| (e.order, e.user))
-                        .collect(),
-                    timeouts: r.timeouts.iter().map(|(o, _)| *o).collect(),
-                    committed: r.committed,
-                    dead: r.dead.clone(),
-                };
-                s.guard = Guard::ReadGate(view);
-            }
+            Action::GuardReadGate => s.guard = Guard::ReadGate(GateView::of(&s.redis)),
             Action::GuardReadMysql => {
                 let Guard::ReadGate(view) = s.guard.clone() else {
                     return None;
                 };
-                s.guard = Guard::Viewed(view, s.mysql.clone());
+                let my = s.mysql.clone();
+                // The gate's witness read again after MySQL's
+                // (snapshot.rs `read_gates`): moved, the gate read again
+                // at once, nothing mended on this view; as after a forget
+                // refused.
+                s.guard = match view.moved(&s.redis)
+                    || self.fixes.restore_lost_commits && !self.mend_witness(&mut s, &view, &my)
+                {
+                    true => Guard::ReadGate(GateView::of(&s.redis)),
+                    false => Guard::Viewed(view, my),
+                };
             }
             Action::GuardRepair => {
                 let Guard::Viewed(view, my) = s.guard.clone() else {
@@ -1555,30 +1582,29 @@ impl Sale {
             };
             let my = r.mysql.clone();
             r.guard = Guard::Idle;
+            if self.fixes.restore_lost_commits {
+                // Its view is of now: the witness cannot have moved.
+                self.mend_witness(&mut r, &view, &my);
+            }
             self.repair(&mut r, &view, &my);
-            if r.guard != Guard::Idle {
+            if matches!(r.guard, Guard::Repaired(..)) {
                 break;
             }
         }
+        r.guard = Guard::Idle;
         r
     }
 
     /// The rebuild (src/reconcile: reconcile.lua with the witness, then
     /// release.lua of the cancellations the gate has not released).
     fn repair(&self, s: &mut State, view: &GateView, my: &Mysql) {
-        if self.fixes.restore_lost_commits && !self.mend_mysql(s, view, my) {
-            // MySQL mended, or the witness moved: read again.
-            s.guard = Guard::Idle;
-            return;
-        }
-        let r = &s.redis;
-        let moved = r.stock != view.stock
-            || r.buyers.len() != view.buyers.len()
-            || r.released.len() != view.released.len()
-            || r.entries.len() != view.entries_len as usize;
-        if moved {
-            // reconcile.lua's witness: read again.
-            s.guard = Guard::Idle;
+        // MySQL mended (or sold again since: nothing restored), or the
+        // gate moved since the view (reconcile.lua's witness): the gate
+        // read again at once (target.rs `reconcile_gate`'s loop; the
+        // code gives up after 5 reads, the model does not).
+        if self.fixes.restore_lost_commits && !self.mend_mysql(s, view, my) || view.moved(&s.redis)
+        {
+            s.guard = Guard::ReadGate(GateView::of(&s.redis));
             return;
         }
         let unpersisted: Vec<(u8, u8)> = view
@@ -1634,7 +1660,10 @@ impl Sale {
             .iter()
             .filter(|o| o.status == Status::Pending && !o.held)
         {
-            if !view.timeouts.contains(&o.id) && !s.redis.timeouts.iter().any(|(t, _)| *t == o.id) {
+            if !view.timeouts.contains(&o.id) {
+                // reconcile.lua's ZADD: a deadline set since the view, a
+                // claim's included, goes back to the order's own.
+                s.redis.timeouts.retain(|(t, _)| *t != o.id);
                 s.redis.timeouts.push((o.id, false));
                 s.redis.timeouts.sort();
             }
@@ -1664,23 +1693,13 @@ impl Sale {
 
     /// What MySQL lost, as reconcile reads and mends it before any repair
     /// of the gate (src/reconcile/target.rs, snapshot.rs
-    /// `find_lost_commits`, src/orders/restore.rs): a gap in the witness
-    /// nothing kept names is taken off it; otherwise the witness is raised
-    /// to MySQL's count; lost orders are put back from their acknowledged
-    /// entries and lost cancellations made again, in one transaction.
+    /// `find_lost_commits`, src/orders/restore.rs; the witness was mended
+    /// at the read, [`Sale::mend_witness`]): lost orders are put back from
+    /// their acknowledged entries and lost cancellations made again, in
+    /// one transaction.
     /// True: nothing to mend, go on with this view's repair.
     fn mend_mysql(&self, s: &mut State, view: &GateView, my: &Mysql) -> bool {
         let lost = self.lost_commits(s, view, my);
-        let gap = usize::from(view.committed).saturating_sub(my.orders.len());
-        if gap > 0 && lost.is_empty() {
-            // lua/forget_commits.lua: only off the witness this view read.
-            if s.redis.committed != view.committed {
-                return false;
-            }
-            s.redis.committed -= gap as u8;
-        } else if gap == 0 {
-            s.raise_witness_to(my.orders.len());
-        }
         let cancel: Vec<u8> = my
             .orders
             .iter()
@@ -1713,6 +1732,25 @@ impl Sale {
         m.orders.sort();
         s.mysql = m;
         false
+    }
+
+    /// The rebuild's witness, right after its reads (target.rs
+    /// `forget_lost_commits`, `raise_lost_witness`, before the repair's
+    /// fault point): a gap nothing kept names taken off, or the witness
+    /// raised to MySQL's count. False: the witness moved since the view,
+    /// nothing taken off (read again).
+    fn mend_witness(&self, s: &mut State, view: &GateView, my: &Mysql) -> bool {
+        let gap = usize::from(view.committed).saturating_sub(my.orders.len());
+        if gap > 0 && self.lost_commits(s, view, my).is_empty() {
+            // lua/forget_commits.lua: only off the witness this view read.
+            if s.redis.committed != view.committed {
+                return false;
+            }
+            s.redis.committed -= gap as u8;
+        } else if gap == 0 {
+            s.raise_witness_to(my.orders.len());
+        }
+        true
     }
 
     /// The orders MySQL lost that the stream kept (snapshot.rs

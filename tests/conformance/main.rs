@@ -34,11 +34,14 @@
 //! `KeepAlive` say; the commit tells it what it inserted, the finish gives
 //! its hold back.
 //!
-//! The gate guard is the worker's own (`worker::guard::GateGuard`), a
-//! whole pass at a time: the model's check and, on a paused gate, its
-//! reads, repair and reopen taken one after the other with nothing
-//! between (the model's check interleaves them; a real pass cannot be
-//! stopped between its steps here). It takes no settle time, as
+//! The gate guard is the worker's own (`worker::guard::GateGuard`). In
+//! half the passes of the seeded walks its pass runs in a task that
+//! stands at each of [`GUARD_STOPS`] (`support::fault::stepping`) while
+//! the walk takes other actions, and the model's guard takes the steps
+//! that bring it where the code stands ([`guard_steps_to`]). The other
+//! passes, and the scenarios', are taken whole: the model's check and,
+//! on a paused gate, its reads, repair and reopen one after the other
+//! with nothing between. It takes no settle time, as
 //! `seckill reconcile --settle 0s` (every order of a walk is young). A
 //! Redis rollback is a restart to the guard: the gate's meta records
 //! another server's run id (as if preload, or a guard's pass, had
@@ -77,6 +80,7 @@ use seckill::store::node_lease::OrderIds;
 use seckill::store::redis_conn::Redis;
 use seckill::stream::entry::{OrderMessage, RawEntry};
 use seckill::stream::id::StreamId;
+use seckill::support::fault;
 use seckill::worker::canceller::{Canceller, Fenced};
 use seckill::worker::group::{self, Delivery};
 use seckill::worker::guard::{GateGuard, GuardTiming};
@@ -89,6 +93,7 @@ use seckill_model::sale::{
     Status, Told,
 };
 use seckill_model::Model;
+use tokio::sync::mpsc;
 
 /// The first walk's voucher; each walk has one of its own.
 const FIRST_VOUCHER: u64 = 39;
@@ -208,45 +213,99 @@ fn guard_pass(model: &Sale, s: &State) -> Result<Option<State>, String> {
     // looks at changed (for its liveness check), but its steps are the
     // same.
     if after.redis.paused && after.guard == Guard::Idle {
-        // The rebuild reads again, in the same pass, after it mended MySQL
-        // (restored lost orders, or took a gap nothing kept names off the
-        // witness: reconcile's `MysqlFixed`, which the code does not
-        // bound); a few times at most in these walks.
-        let mut reads = 0;
-        loop {
-            reads += 1;
-            if reads > 4 {
-                return Err("the model's rebuild mended MySQL 4 times in one pass".into());
+        // The rebuild: the gate's read, MySQL's, the repair and the
+        // reopen; read again at once where the gate moved or MySQL was
+        // mended (the code's loop, which these walks never take 5 times).
+        after = model
+            .next_state(&after, Action::GuardReadGate)
+            .ok_or("the model refused the gate's read")?;
+        let mut steps = 1;
+        while let Some(step) = rebuild_step(&after.guard) {
+            steps += 1;
+            if steps > 16 {
+                return Err(format!(
+                    "the model's rebuild took {steps} steps in one pass"
+                ));
             }
-            let read = after.clone();
-            for step in [
-                Action::GuardReadGate,
-                Action::GuardReadMysql,
-                Action::GuardRepair,
-            ] {
-                after = model
-                    .next_state(&after, step.clone())
-                    .ok_or(format!("the model refused {step:?}"))?;
-            }
-            let mended = after.mysql != read.mysql || after.redis.committed != read.redis.committed;
-            match after.guard {
-                Guard::Idle if mended => continue,
-                // Held (a hold, the grace, or a pause since the view): no
-                // reopen, the next pass reads again.
-                Guard::Idle => break,
-                // Nothing moved between the reads and the repair: it
-                // repaired.
-                Guard::Repaired(..) => {
-                    after = model
-                        .next_state(&after, Action::GuardReopen)
-                        .ok_or("the model refused the reopen")?;
-                    break;
-                }
-                _ => return Err(format!("the model's repair left {:?}", after.guard)),
-            }
+            after = model
+                .next_state(&after, step.clone())
+                .ok_or(format!("the model refused {step:?}"))?;
         }
     }
     Ok((after != *s).then_some(after))
+}
+
+/// The model's guard steps the real pass took to get `at`, taken from
+/// `s` (`start`: the pass began with them): where the code stands, the
+/// model's guard must stand too. The model's steps after each other:
+/// the check, and on a paused gate the gate's read, MySQL's, the repair
+/// (read again if it mended MySQL or the view moved) and the reopen.
+fn guard_steps_to(
+    model: &Sale,
+    s: &State,
+    start: bool,
+    at: GuardAt,
+) -> Result<(Vec<Action>, State), String> {
+    let mut now = s.clone();
+    let mut steps = vec![];
+    if start {
+        now = model
+            .next_state(&now, Action::GuardCheck)
+            .unwrap_or_else(|| now.clone());
+        steps.push(Action::GuardCheck);
+    }
+    loop {
+        // Every rebuild stands at the gate's read: a pass that stood
+        // nowhere rebuilt nothing.
+        let rebuilt_nothing = start && steps.len() == 1;
+        let there = match (&now.guard, at) {
+            (Guard::Idle, GuardAt::Stood("gate_paused")) => rebuilt_nothing && now.redis.paused,
+            (Guard::ReadGate(_), GuardAt::Stood("between_gate_and_mysql_reads")) => true,
+            (Guard::Viewed(..), GuardAt::Stood("before_repair")) => true,
+            (Guard::Idle, GuardAt::Ended) if rebuilt_nothing => !now.redis.paused,
+            // A rebuild ends at its repair (held) or its reopen.
+            (Guard::Idle, GuardAt::Ended) => matches!(
+                steps.last(),
+                Some(Action::GuardRepair | Action::GuardReopen)
+            ),
+            _ => false,
+        };
+        // Let go, the code took a step: so must the model (a read again
+        // stands where the last one stood).
+        if there && !steps.is_empty() {
+            return Ok((steps, now));
+        }
+        if at == GuardAt::Ended && rebuilt_nothing && now.redis.paused {
+            return Err(format!(
+                "the real guard's pass rebuilt nothing; the model's check left the gate paused ({:?})",
+                now.guard
+            ));
+        }
+        let next = match &now.guard {
+            Guard::Idle if now.redis.paused => Some(Action::GuardReadGate),
+            other => rebuild_step(other),
+        };
+        let Some(next) = next.filter(|_| steps.len() < 12) else {
+            return Err(format!(
+                "the real guard's pass got to {at:?}; the model's guard to {:?} after {steps:?}",
+                now.guard
+            ));
+        };
+        now = model
+            .next_state(&now, next.clone())
+            .ok_or(format!("the model refused {next:?}"))?;
+        steps.push(next);
+    }
+}
+
+/// The model's next step of a rebuild under way (None: none is).
+fn rebuild_step(guard: &Guard) -> Option<Action> {
+    match guard {
+        Guard::Idle => None,
+        Guard::ReadGate(_) => Some(Action::GuardReadMysql),
+        Guard::Viewed(..) => Some(Action::GuardRepair),
+        Guard::Repaired(..) => Some(Action::GuardReopen),
+    }
 }
 
 /// The scripts that change state which some driven action runs.
@@ -406,8 +465,64 @@ struct Real<'a> {
     /// rollback took the entry away (a deadline is scored from it).
     created_ms: HashMap<u64, i64>,
     stats: Arc<WorkerStats>,
-    /// The first worker's gate guard (a new one with each incarnation).
-    guard: GateGuard,
+    /// The first worker's gate guard (a new one with each incarnation);
+    /// None while its pass stands at a point (`pass`).
+    guard: Option<GateGuard>,
+    /// The guard's pass taken a step at a time, standing at a point.
+    pass: Option<Pass>,
+}
+
+/// The points a pass taken a step at a time stands at, each the model's
+/// guard between two of its steps: after the check paused the gate
+/// (`Idle`), after the gate's read (`ReadGate`), after MySQL's
+/// (`Viewed`). Its other points (`before_forget`, `before_raise`) it
+/// passes: the model takes what lies on either side as one step.
+const GUARD_STOPS: &[&str] = &[
+    "gate_paused",
+    "between_gate_and_mysql_reads",
+    "before_repair",
+];
+
+/// The gate guard's pass running in a task of its own, standing at a
+/// point until let go.
+struct Pass {
+    task: tokio::task::JoinHandle<(GateGuard, seckill::error::Result<()>)>,
+    stops: mpsc::UnboundedReceiver<fault::Stop>,
+    at: fault::Stop,
+}
+
+/// Where a pass taken a step at a time got to: a point, or its end.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum GuardAt {
+    Stood(&'static str),
+    Ended,
+}
+
+/// The next of [`GUARD_STOPS`] a pass stands at, the points before it let
+/// go; None: the pass ended.
+async fn next_guard_stop(
+    stops: &mut mpsc::UnboundedReceiver<fault::Stop>,
+) -> Result<Option<fault::Stop>, String> {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(60), stops.recv()).await {
+            Err(_) => return Err("the guard's pass reached no point in 60 s".into()),
+            Ok(Some(stop)) if GUARD_STOPS.contains(&stop.point) => return Ok(Some(stop)),
+            Ok(Some(stop)) => {
+                let _ = stop.go.send(());
+            }
+            Ok(None) => return Ok(None),
+        }
+    }
+}
+
+/// A voucher's failure is logged and the guard's pass goes on: none may
+/// have been.
+fn guard_failures_logged() -> Result<(), String> {
+    let failed = logged_guard_failures();
+    match failed.is_empty() {
+        true => Ok(()),
+        false => Err(format!("the guard's pass failed: {failed:?}")),
+    }
 }
 
 /// The user whose order `order` is: MySQL's, in the model, or the buyer
@@ -477,7 +592,8 @@ impl<'a> Real<'a> {
             snapshot: None,
             created_ms: HashMap::new(),
             stats,
-            guard,
+            guard: Some(guard),
+            pass: None,
         }
     }
 
@@ -502,6 +618,48 @@ impl<'a> Real<'a> {
                 settle: Duration::ZERO,
             },
         )
+    }
+
+    /// The guard's pass one step on, taken a step at a time: started if
+    /// none stands, or let go from where it stands; on to the next of
+    /// [`GUARD_STOPS`] or its end.
+    async fn guard_step(&mut self) -> Result<GuardAt, String> {
+        let (task, mut stops) = match self.pass.take() {
+            Some(Pass { task, stops, at }) => {
+                // Dropped, it would go on as well.
+                let _ = at.go.send(());
+                (task, stops)
+            }
+            None => {
+                let mut guard = self.guard.take().ok_or("no guard to pass")?;
+                let (tx, stops) = mpsc::unbounded_channel();
+                let task = tokio::spawn(async move {
+                    let passed = fault::stepping(tx, guard.pass()).await;
+                    (guard, passed)
+                });
+                (task, stops)
+            }
+        };
+        match next_guard_stop(&mut stops).await? {
+            Some(at) => {
+                let point = at.point;
+                self.pass = Some(Pass { task, stops, at });
+                Ok(GuardAt::Stood(point))
+            }
+            None => self.guard_ended(task).await,
+        }
+    }
+
+    /// The guard back from its pass's task, and what the pass logged.
+    async fn guard_ended(
+        &mut self,
+        task: tokio::task::JoinHandle<(GateGuard, seckill::error::Result<()>)>,
+    ) -> Result<GuardAt, String> {
+        let (guard, passed) = task.await.map_err(|e| format!("the guard's pass: {e}"))?;
+        self.guard = Some(guard);
+        passed.map_err(|e| e.to_string())?;
+        guard_failures_logged()?;
+        Ok(GuardAt::Ended)
     }
 
     /// The keep-alive of worker `w`'s batch just read, as the worker
@@ -919,7 +1077,12 @@ impl<'a> Real<'a> {
                 self.hands[w] = Hand::new(after.workers[w].incarnation);
                 if w == 0 {
                     let incarnation = self.hands[0].incarnation;
-                    self.guard = Real::guard(self.env, &self.ids, &self.stats, incarnation).await;
+                    // A pass standing at a point dies with its process.
+                    if let Some(pass) = self.pass.take() {
+                        pass.task.abort();
+                    }
+                    let guard = Real::guard(self.env, &self.ids, &self.stats, incarnation).await;
+                    self.guard = Some(guard);
                     self.claimed.clear();
                     self.cancellation = None;
                 }
@@ -970,12 +1133,9 @@ impl<'a> Real<'a> {
                     .map_err(|e| e.to_string())?;
             }
             Action::GuardCheck => {
-                self.guard.pass().await.map_err(|e| e.to_string())?;
-                // A voucher's failure is logged and the pass goes on.
-                let failed = logged_guard_failures();
-                if !failed.is_empty() {
-                    return Err(format!("the guard's pass failed: {failed:?}"));
-                }
+                let guard = self.guard.as_mut().ok_or("the guard's pass stands")?;
+                guard.pass().await.map_err(|e| e.to_string())?;
+                guard_failures_logged()?;
             }
             // The payment's two steps (orders::payment::pay_on), split at
             // its fault point `after_pay`.
@@ -1435,6 +1595,13 @@ struct Walked {
     held: usize,
     /// The guard's passes that met a live hold.
     guard_met_hold: usize,
+    /// Steps taken while the real guard's pass stood at a point.
+    interleaved: usize,
+    /// Times the real guard's pass stood at each of [`GUARD_STOPS`].
+    stood: [usize; GUARD_STOPS.len()],
+    /// Rebuilds that read the gate again in the same pass: it moved
+    /// between the gate's read and MySQL's.
+    read_again: usize,
     /// Locks a worker was denied (another worker held the user's), and
     /// steps after which two workers had the same entry in hand.
     denied: usize,
@@ -1444,6 +1611,9 @@ struct Walked {
     hold_changed_repair: usize,
     /// A guard's pass whose repair the pause's grace changed (M6).
     grace_changed_repair: usize,
+    /// A guard's pass that kept the gate paused while requests admitted
+    /// past MySQL's stock were in flight (M1).
+    owed_paused: usize,
     /// Gates the real guard reopened.
     reopens: u64,
     /// Sweeps that gave an unreleased cancellation a deadline.
@@ -1466,7 +1636,7 @@ async fn walk(env: &TestEnv, seed: u64) -> Result<Walked, String> {
         env,
         FIRST_VOUCHER + seed,
         walk_model(seed),
-        Picker::seeded(seed),
+        Picker::seeded(seed, true),
     )
     .await
     .map_err(|e| format!("seed {seed}: {e}"))
@@ -1490,8 +1660,9 @@ fn walk_model(seed: u64) -> Sale {
 
 /// How a walk picks its actions.
 enum Picker {
-    /// At random, from a seed.
-    Seeded { rng: Rng },
+    /// At random, from a seed; with `stepwise`, half the guard's passes
+    /// a step at a time ([`Pick::GuardStep`]).
+    Seeded { rng: Rng, stepwise: bool },
     /// A scenario's actions in order, then the drain at random.
     Scripted {
         script: std::slice::Iter<'static, Action>,
@@ -1500,42 +1671,50 @@ enum Picker {
 }
 
 impl Picker {
-    fn seeded(seed: u64) -> Picker {
+    fn seeded(seed: u64, stepwise: bool) -> Picker {
         Picker::Seeded {
             rng: Rng::new(seed),
+            stepwise,
         }
     }
 
-    /// The walk's next step from `s`, the `step`th: its action and the
-    /// model's state after it (a Transact with its Commit, the guard's
-    /// check as its whole pass). None: nothing is left to take.
+    /// The walk's next step from `s`, the `step`th (`standing`: the real
+    /// guard's pass stands at a point). None: nothing is left to take.
     fn next(
         &mut self,
         model: &Sale,
         s: &State,
         step: usize,
-    ) -> Result<Option<(Action, State)>, String> {
+        standing: bool,
+    ) -> Result<Option<Pick>, String> {
         let mut actions = vec![];
         model.actions(s, &mut actions);
         actions.retain(driven);
-        let (rng, draining) = match self {
-            Picker::Seeded { rng } => (rng, step >= STEPS),
+        if standing {
+            // The check stands for the pass's next step.
+            actions.retain(|a| *a != Action::GuardCheck);
+            actions.push(Action::GuardCheck);
+        }
+        let (rng, draining, stepwise) = match self {
+            Picker::Seeded { rng, stepwise } => (rng, step >= STEPS, *stepwise),
             Picker::Scripted { script, rng } => match script.next().cloned() {
+                // A script's mark for the real pass one step on.
+                Some(Action::GuardReadGate) => return Ok(Some(Pick::GuardStep)),
                 Some(action) => {
                     if !actions.contains(&action) {
                         return Err(format!("the scenario's {action:?} is not offered"));
                     }
                     let after = take_in_model(model, s, &action)?
                         .ok_or(format!("the scenario's {action:?} changes nothing"))?;
-                    return Ok(Some((action, after)));
+                    return Ok(Some(Pick::Take(action, Box::new(after))));
                 }
-                None => (rng, true),
+                None => (rng, true, false),
             },
         };
         if draining {
             // Nothing new begun, no fault: what is in hand finishes, so
             // that the walk ends at rest.
-            if s.quiescent() {
+            if s.quiescent() && !standing {
                 return Ok(None);
             }
             actions.retain(|a| {
@@ -1565,17 +1744,34 @@ impl Picker {
         actions.retain(|a| weight(s, a) > 0);
         while !actions.is_empty() {
             let action = actions.swap_remove(rng.weighted(&actions, |a| weight(s, a)));
+            if action == Action::GuardCheck && standing {
+                return Ok(Some(Pick::GuardStep));
+            }
             if let Some(after) = take_in_model(model, s, &action)? {
                 // A pass that changes nothing: now and then, and never as
                 // the last thing left to do (the walk ends then).
                 if after == *s && (actions.is_empty() || rng.below(4) != 0) {
                     continue;
                 }
-                return Ok(Some((action, after)));
+                if action == Action::GuardCheck && stepwise && rng.below(2) == 0 {
+                    return Ok(Some(Pick::GuardStep));
+                }
+                return Ok(Some(Pick::Take(action, Box::new(after))));
             }
         }
         Ok(None)
     }
+}
+
+/// A walk's next step.
+enum Pick {
+    /// An action and the model's state after it (a Transact with its
+    /// Commit, the guard's check as its whole pass).
+    Take(Action, Box<State>),
+    /// The real guard's pass one step on, taken a step at a time
+    /// (`Real::guard_step`); the model follows where it got to
+    /// ([`guard_steps_to`]).
+    GuardStep,
 }
 
 /// What the walks met of MySQL's failover, summed.
@@ -1630,16 +1826,43 @@ async fn walk_with(
     let mut held = 0;
     let mut guard_met_hold = 0;
     let (mut denied, mut shared) = (0, 0);
+    let mut interleaved = 0;
+    let mut stood = [0; GUARD_STOPS.len()];
+    let mut read_again = 0;
     let mut hold_changed_repair = 0;
     let mut grace_changed_repair = 0;
+    let mut owed_paused = 0;
     let mut sweeps_scheduled = 0;
     let mut stored_on_first_delivery = 0;
     let mut mysql_loss = MysqlLossMet::default();
     let result = async {
         for step in 0..STEPS + DRAIN {
-            let Some((action, after)) = picker.next(&model, &state, step)? else {
-                break;
+            let standing = real.pass.is_some();
+            let (action, after) = match picker.next(&model, &state, step, standing)? {
+                None => break,
+                Some(Pick::Take(action, after)) => (action, *after),
+                Some(Pick::GuardStep) => {
+                    let at = real.guard_step().await?;
+                    if let GuardAt::Stood(point) = at {
+                        if let Some(i) = GUARD_STOPS.iter().position(|p| *p == point) {
+                            stood[i] += 1;
+                        }
+                    }
+                    let (steps, after) = guard_steps_to(&model, &state, !standing, at)
+                        .map_err(|e| format!("{e}\n  after {} steps: {taken:?}", taken.len()))?;
+                    // Stood at the gate's read again right after MySQL's.
+                    read_again += usize::from(
+                        at == GuardAt::Stood("between_gate_and_mysql_reads")
+                            && steps.last() == Some(&Action::GuardReadMysql),
+                    );
+                    taken.extend(steps);
+                    real.set_clock(&Action::GuardCheck, &after, &map).await?;
+                    real.compare(&after, &mut map).await?;
+                    state = after;
+                    continue;
+                }
             };
+            interleaved += usize::from(standing);
             if let (Action::Cancel, Cancelling::Claimed(claimed)) = (&action, &state.canceller) {
                 if claimed.iter().any(|o| state.redis.paid.contains(o)) {
                     paid_taken_out += 1;
@@ -1678,6 +1901,9 @@ async fn walk_with(
             }
             if action == Action::GuardCheck && after.redis.grace {
                 grace_changed_repair += usize::from(grace_changed(&model, &state, &after)?);
+            }
+            if action == Action::GuardCheck && after.redis.paused {
+                owed_paused += usize::from(owed_kept_paused(&model, &state, &after)?);
             }
             if action == Action::SweepUnreleased && after.redis.timeouts != state.redis.timeouts {
                 sweeps_scheduled += 1;
@@ -1744,8 +1970,12 @@ async fn walk_with(
                 guard_met_hold,
                 denied,
                 shared,
+                interleaved,
+                stood,
+                read_again,
                 hold_changed_repair,
                 grace_changed_repair,
+                owed_paused,
                 reopens,
                 sweeps_scheduled,
                 stored_on_first_delivery,
@@ -1839,7 +2069,9 @@ async fn random_walks_of_the_model_match_the_real_scripts_and_sql() {
     let (mut rested, mut drifted, mut paid_taken_out, mut held) = (0, 0, 0, 0);
     let mut met = MysqlLossMet::default();
     let (mut guard_met_hold, mut reopens, mut grace_changed) = (0, 0, 0);
-    let (mut denied, mut shared) = (0, 0);
+    let (mut denied, mut shared, mut interleaved) = (0, 0, 0);
+    let mut stood = [0; GUARD_STOPS.len()];
+    let mut read_again = 0;
     let seeds = seeds(WALKS);
     for &seed in &seeds {
         match walk(&env, seed).await {
@@ -1854,10 +2086,18 @@ async fn random_walks_of_the_model_match_the_real_scripts_and_sql() {
                 reopens: r,
                 denied: d,
                 shared: sh,
+                interleaved: i,
+                stood: st,
+                read_again: ra,
                 ..
             }) => {
                 denied += d;
                 shared += sh;
+                interleaved += i;
+                read_again += ra;
+                for (all, one) in stood.iter_mut().zip(st) {
+                    *all += one;
+                }
                 grace_changed += gc;
                 reopens += r;
                 paid_taken_out += paid;
@@ -1900,6 +2140,14 @@ async fn random_walks_of_the_model_match_the_real_scripts_and_sql() {
     assert!(
         denied > 0 && shared > 0,
         "no walk had two workers hold one entry and one denied its lock"
+    );
+    eprintln!("steps taken while the real guard's pass stood at a point: {interleaved}");
+    eprintln!(
+        "the real guard's pass stood at {GUARD_STOPS:?}: {stood:?} times; read a moved gate again: {read_again}"
+    );
+    assert!(
+        interleaved > 0 && stood.iter().all(|n| *n > 0),
+        "no step was taken inside a guard's pass, or it never stood at one of its points"
     );
     // Not asserted: M6's path needs a promotion Redis lost in hand and a
     // buyer waiting at the rolled-back gate (a scenario drives it).
@@ -2018,10 +2266,18 @@ enum Expect {
     GraceChangedRepair,
     /// The real guard restored orders MySQL lost at two passes.
     RestoredTwice,
+    /// A guard's pass kept the gate paused while requests admitted past
+    /// MySQL's stock were in flight (M1).
+    OwedKeptPaused,
+    /// A rebuild read the gate again: it moved between the gate's read
+    /// and MySQL's.
+    ReadAgain,
 }
 
 /// A scripted walk: its model's units, its actions in order (then a
-/// drain), and what it must show it met.
+/// drain), and what it must show it met. `GuardCheck` in a script is a
+/// whole pass; `GuardReadGate` the pass one step on, taken a step at a
+/// time ([`Pick::GuardStep`]), whatever steps the model's guard takes.
 struct Scenario {
     name: &'static str,
     units: u8,
@@ -2252,6 +2508,46 @@ const SCENARIOS: &[Scenario] = &[
         ],
         expect: Expect::RestoredTwice,
     },
+    Scenario {
+        name: "a gate stays paused while a request admitted past MySQL's stock is in flight (M1)",
+        units: 1,
+        actions: &[
+            Action::Snapshot,
+            Action::Admit(0),
+            Action::Read(0),
+            Action::Lock(0),
+            Action::Transact(0),
+            Action::Finish(0),
+            Action::Rollback,
+            Action::Admit(1),
+            Action::GuardCheck,
+            Action::GraceEnds,
+            Action::GuardCheck,
+        ],
+        expect: Expect::OwedKeptPaused,
+    },
+    Scenario {
+        name: "a rebuild reads the gate again when Redis went back between its two reads",
+        units: 2,
+        actions: &[
+            Action::MysqlSnapshot,
+            Action::Admit(0),
+            Action::Read(0),
+            Action::Lock(0),
+            Action::Transact(0),
+            Action::Finish(0),
+            Action::Snapshot,
+            Action::Admit(1),
+            Action::MysqlRollback,
+            // The pass, a step at a time: paused for MySQL's loss, then
+            // the gate read; Redis goes back; MySQL read, the gate moved.
+            Action::GuardReadGate,
+            Action::GuardReadGate,
+            Action::Rollback,
+            Action::GuardReadGate,
+        ],
+        expect: Expect::ReadAgain,
+    },
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2305,6 +2601,14 @@ async fn scenarios_the_random_walks_seldom_meet_match_the_code() {
                 "{name}: the guard restored {} order(s), not one at each of two passes",
                 walked.mysql_loss.restored
             ),
+            Expect::ReadAgain => assert!(
+                walked.read_again > 0,
+                "{name}: no rebuild read a moved gate again"
+            ),
+            Expect::OwedKeptPaused => assert!(
+                walked.owed_paused > 0,
+                "{name}: no guard's pass kept the gate paused for requests in flight"
+            ),
             Expect::PaidCancelledReleased => assert!(
                 walked.mysql_loss.paid_cancelled_released > 0,
                 "{name}: no cancel released a paid order MySQL cancelled"
@@ -2333,15 +2637,27 @@ fn hold_changed(model: &Sale, s: &State, after: &State) -> Result<Option<&'stati
 /// `after`: the same pass by a model whose repair gives units back during
 /// the grace (M6's fix off) gives back or releases otherwise.
 fn grace_changed(model: &Sale, s: &State, after: &State) -> Result<bool, String> {
+    let given = pass_without(model, s, |f| f.repair_gives_after_grace = false)?;
+    Ok(given.redis.released != after.redis.released || given.redis.stock != after.redis.stock)
+}
+
+/// Whether M1's fix kept the gate paused in the guard's pass from `s` to
+/// `after`: the same pass by a model that reopens while requests
+/// admitted past MySQL's stock are in flight reopens it.
+fn owed_kept_paused(model: &Sale, s: &State, after: &State) -> Result<bool, String> {
+    let unfixed = pass_without(model, s, |f| f.reopen_waits_while_owed = false)?;
+    Ok(after.redis.paused && !unfixed.redis.paused)
+}
+
+/// The guard's pass from `s` by the model with a fix turned off.
+fn pass_without(model: &Sale, s: &State, off: fn(&mut Fixes)) -> Result<State, String> {
+    let mut fixes = model.fixes;
+    off(&mut fixes);
     let unfixed = Sale {
-        fixes: Fixes {
-            repair_gives_after_grace: false,
-            ..model.fixes
-        },
+        fixes,
         ..model.clone()
     };
-    let given = guard_pass(&unfixed, s)?.unwrap_or_else(|| s.clone());
-    Ok(given.redis.released != after.redis.released || given.redis.stock != after.redis.stock)
+    Ok(guard_pass(&unfixed, s)?.unwrap_or_else(|| s.clone()))
 }
 
 /// By hand, to find scenarios: walks of the model alone (no stores, a
@@ -2353,11 +2669,12 @@ fn find_repairs_a_hold_changes() {
     let mut found = [false, false];
     for seed in 1..1_000_000 {
         let model = walk_model(seed);
-        let mut picker = Picker::seeded(seed);
+        let mut picker = Picker::seeded(seed, false);
         let mut s = model.initial();
         let mut taken = vec![];
         for step in 0..STEPS + DRAIN {
-            let Some((action, after)) = picker.next(&model, &s, step).unwrap() else {
+            let Some(Pick::Take(action, after)) = picker.next(&model, &s, step, false).unwrap()
+            else {
                 break;
             };
             taken.push(action.clone());
@@ -2372,7 +2689,7 @@ fn find_repairs_a_hold_changes() {
                     eprintln!("{what}: seed {seed}, {} steps: {taken:?}", taken.len());
                 }
             }
-            s = after;
+            s = *after;
         }
         if found.iter().all(|f| *f) {
             return;
