@@ -601,6 +601,10 @@ async fn a_worker_recovers_when_redis_loses_the_stream_and_its_group() {
     let w = env.spawn_worker(&args(&[]));
     env.admit_users(V, 10, 0).await;
     env.wait_orders(V, 10, Duration::from_secs(30)).await;
+    // Acknowledged too: a batch in hand whose entries vanish holds the
+    // gate paused until the guard checks it, and refuses the admissions
+    // below (right, and not what this test is about).
+    env.wait_drained(V, Duration::from_secs(30)).await;
     // A restart without persistence takes the stream and its group away;
     // admissions go on and create the stream again, without a group.
     let keys = VoucherKeys::new(&env.prefix, V).unwrap();
@@ -622,6 +626,8 @@ async fn a_worker_whose_vouchers_vanish_from_the_registry_registers_them_again_a
     let w = env.spawn_worker(&args(&[]));
     env.admit_users(V, 10, 0).await;
     env.wait_orders(V, 10, Duration::from_secs(30)).await;
+    // Acknowledged too: see the test above.
+    env.wait_drained(V, Duration::from_secs(30)).await;
     // Redis comes back without its last writes: the registry and the
     // stream with its group are gone; admissions go on.
     let keys = VoucherKeys::new(&env.prefix, V).unwrap();
