@@ -146,6 +146,21 @@ fn each_mysql_loss_fix_turned_off_gives_a_counterexample() {
     assert!(missed.is_empty(), "no counterexample without {missed:?}");
 }
 
+/// MySQL's-loss bites with a second worker reading the stream (by hand:
+/// `cargo test -p seckill-model --test check
+/// mysql_loss_bites_with_two_workers -- --ignored --nocapture`): each
+/// fix off still gives a counterexample at CI's bounds.
+#[test]
+#[ignore]
+fn mysql_loss_bites_with_two_workers() {
+    let two_workers = |fixes| Sale {
+        workers: 2,
+        ..ci_mysql_loss(fixes)
+    };
+    let missed = unnoticed(Fixes::CODE, &BITE_AT_CI_MYSQL_LOSS, two_workers);
+    assert!(missed.is_empty(), "no counterexample without {missed:?}");
+}
+
 /// The fixes whose removal CI's bounds catch (docs/src/concepts/checked-model.md's table).
 const BITE_AT_CI_BOUNDS: [Off<Fixes>; 6] = [
     ("hold_batch_in_hand", |f| f.hold_batch_in_hand = false),
