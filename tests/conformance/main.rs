@@ -423,10 +423,20 @@ struct Hand {
 /// taken without it.
 struct OpenTx {
     mine: Vec<(OrderMessage, u64)>,
-    task: tokio::task::JoinHandle<Result<Persisted, String>>,
-    stops: mpsc::UnboundedReceiver<fault::Stop>,
-    /// None: it ended with nothing to commit (every entry denied a lock).
-    at: Option<fault::Stop>,
+    tx: TxAt,
+}
+
+/// Where a batch's transaction taken without its commit is.
+enum TxAt {
+    /// Standing at `before_commit`, the voucher's row locked.
+    Standing {
+        task: tokio::task::JoinHandle<Result<Persisted, String>>,
+        stops: mpsc::UnboundedReceiver<fault::Stop>,
+        at: fault::Stop,
+    },
+    /// Ended with nothing to commit: every entry of the batch was denied
+    /// its lock.
+    Empty(Persisted),
 }
 
 impl Hand {
@@ -1084,13 +1094,19 @@ impl<'a> Real<'a> {
                             .await
                             .map_err(|e| e.to_string())
                     });
-                    let at = next_stop(&mut stops, &["before_commit"]).await?;
-                    self.hands[w].open = Some(OpenTx {
-                        mine,
-                        task,
-                        stops,
-                        at,
-                    });
+                    let tx = match next_stop(&mut stops, &["before_commit"]).await? {
+                        Some(at) => TxAt::Standing { task, stops, at },
+                        None => {
+                            let p = task
+                                .await
+                                .map_err(|e| format!("the batch's transaction: {e}"))??;
+                            if !mine.is_empty() {
+                                return Err("a batch's transaction ended before its commit".into());
+                            }
+                            TxAt::Empty(p)
+                        }
+                    };
+                    self.hands[w].open = Some(OpenTx { mine, tx });
                 } else {
                     let p = persist(&mut conn, self.voucher, &msgs)
                         .await
@@ -1100,15 +1116,20 @@ impl<'a> Real<'a> {
             }
             Action::Commit(w) => {
                 let w = *w as usize;
-                let mut open = self.hands[w].open.take().ok_or("no transaction open")?;
-                if let Some(at) = open.at.take() {
-                    let _ = at.go.send(());
-                }
-                next_stop(&mut open.stops, &[]).await?;
-                let p = open
-                    .task
-                    .await
-                    .map_err(|e| format!("the batch's transaction: {e}"))??;
+                let open = self.hands[w].open.take().ok_or("no transaction open")?;
+                let p = match open.tx {
+                    TxAt::Standing {
+                        task,
+                        mut stops,
+                        at,
+                    } => {
+                        let _ = at.go.send(());
+                        next_stop(&mut stops, &[]).await?;
+                        task.await
+                            .map_err(|e| format!("the batch's transaction: {e}"))??
+                    }
+                    TxAt::Empty(p) => p,
+                };
                 self.persisted(w, open.mine, p).await?;
             }
             Action::Finish(w) => {
@@ -1135,10 +1156,18 @@ impl<'a> Real<'a> {
                 // The dead worker's locks lapse before its entries can be
                 // reclaimed (the claim's idle time is longer than a lease).
                 self.lapse_locks(w).await?;
-                // A transaction standing open dies with it (rolled back),
-                // never to commit.
-                if let Some(open) = self.hands[w].open.take() {
-                    open.task.abort();
+                // A transaction standing open dies with it, never to
+                // commit: aborted before its stop is dropped (which would
+                // let it go on), and gone before the walk goes on (its
+                // connection's rollback follows, by the pool).
+                if let Some(OpenTx {
+                    tx: TxAt::Standing { task, at, .. },
+                    ..
+                }) = self.hands[w].open.take()
+                {
+                    task.abort();
+                    drop(at);
+                    let _ = task.await;
                 }
                 // Its keep-alive stops with it; a hold it took stays until
                 // its lease runs out (LapseHold). Its next incarnation is
@@ -1841,7 +1870,7 @@ impl Picker {
             if action == Action::GuardCheck && standing {
                 return Ok(Some(Pick::GuardStep));
             }
-            if let (Action::Transact(_), true) = (&action, stepwise && rng.below(2) == 0) {
+            if matches!(action, Action::Transact(_)) && stepwise && rng.below(2) == 0 {
                 // Its commit a step of its own: the transaction stands
                 // open meanwhile.
                 if let Some(open) = model.next_state(s, action.clone()) {
@@ -1866,8 +1895,9 @@ impl Picker {
 
 /// A walk's next step.
 enum Pick {
-    /// An action and the model's state after it (a Transact with its
-    /// Commit, the guard's check as its whole pass).
+    /// An action and the model's state after it (in the scenarios and
+    /// half the seeded walks' batches a Transact with its Commit; the
+    /// guard's check as its whole pass).
     Take(Action, Box<State>),
     /// The real guard's pass one step on, taken a step at a time
     /// (`Real::guard_step`); the model follows where it got to
@@ -1965,10 +1995,15 @@ async fn walk_with(
                 }
             };
             interleaved += usize::from(standing);
-            let tx_open = state
-                .workers
-                .iter()
-                .any(|w| matches!(w.batch, Batch::InTx { .. }));
+            let tx_open = real.hands.iter().any(|h| {
+                matches!(
+                    h.open,
+                    Some(OpenTx {
+                        tx: TxAt::Standing { .. },
+                        ..
+                    })
+                )
+            });
             inside_tx += usize::from(tx_open && !matches!(action, Action::Commit(_)));
             if let (Action::Cancel, Cancelling::Claimed(claimed)) = (&action, &state.canceller) {
                 if claimed.iter().any(|o| state.redis.paid.contains(o)) {
