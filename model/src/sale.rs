@@ -312,6 +312,18 @@ impl GateView {
     }
 }
 
+impl Guard {
+    /// The next step of a rebuild under way (None: none is).
+    pub fn rebuild_step(&self) -> Option<Action> {
+        match self {
+            Guard::Idle => None,
+            Guard::ReadGate(_) => Some(Action::GuardReadMysql),
+            Guard::Viewed(..) => Some(Action::GuardRepair),
+            Guard::Repaired(..) => Some(Action::GuardReopen),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Guard {
     Idle,
@@ -1022,9 +1034,7 @@ impl Model for Sale {
                     actions.push(Action::GuardReadGate);
                 }
             }
-            Guard::ReadGate(_) => actions.push(Action::GuardReadMysql),
-            Guard::Viewed(..) => actions.push(Action::GuardRepair),
-            Guard::Repaired(..) => actions.push(Action::GuardReopen),
+            rebuilding => actions.extend(rebuilding.rebuild_step()),
         }
         if s.rollbacks > 0 {
             match &s.snapshot {
@@ -1568,18 +1578,8 @@ impl Sale {
         let mut r = s.clone();
         // Read again after MySQL was mended, as reconcile_gate does.
         for _ in 0..5 {
-            let view = GateView {
-                token: r.redis.token,
-                stock: r.redis.stock,
-                buyers: r.redis.buyers.clone(),
-                released: r.redis.released.clone(),
-                entries_len: r.redis.entries.len() as u8,
-                in_flight: vec![],
-                acked: r.redis.entries.iter().map(|e| (e.order, e.user)).collect(),
-                timeouts: r.redis.timeouts.iter().map(|(o, _)| *o).collect(),
-                committed: r.redis.committed,
-                dead: r.redis.dead.clone(),
-            };
+            // At rest every entry is acknowledged: none in flight.
+            let view = GateView::of(&r.redis);
             let my = r.mysql.clone();
             r.guard = Guard::Idle;
             if self.fixes.restore_lost_commits {

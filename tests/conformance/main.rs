@@ -224,7 +224,7 @@ fn guard_pass(model: &Sale, s: &State) -> Result<Option<State>, String> {
             .next_state(&after, Action::GuardReadGate)
             .ok_or("the model refused the gate's read")?;
         let mut steps = 1;
-        while let Some(step) = rebuild_step(&after.guard) {
+        while let Some(step) = after.guard.rebuild_step() {
             steps += 1;
             if steps > 16 {
                 return Err(format!(
@@ -287,7 +287,7 @@ fn guard_steps_to(
         }
         let next = match &now.guard {
             Guard::Idle if now.redis.paused => Some(Action::GuardReadGate),
-            other => rebuild_step(other),
+            other => other.rebuild_step(),
         };
         let Some(next) = next.filter(|_| steps.len() < 12) else {
             return Err(format!(
@@ -299,16 +299,6 @@ fn guard_steps_to(
             .next_state(&now, next.clone())
             .ok_or(format!("the model refused {next:?}"))?;
         steps.push(next);
-    }
-}
-
-/// The model's next step of a rebuild under way (None: none is).
-fn rebuild_step(guard: &Guard) -> Option<Action> {
-    match guard {
-        Guard::Idle => None,
-        Guard::ReadGate(_) => Some(Action::GuardReadMysql),
-        Guard::Viewed(..) => Some(Action::GuardRepair),
-        Guard::Repaired(..) => Some(Action::GuardReopen),
     }
 }
 
