@@ -357,6 +357,10 @@ pub struct Worker {
     /// transaction, never acknowledged by this batch (src/worker/batch.rs
     /// `lock_users`).
     pub denied: Vec<(u8, u8)>,
+    /// An attempt at the batch in hand failed (`Fence`): the retry's
+    /// commit tells the keep-alive of the orders it finds stored too, as
+    /// possibly the failed attempt's (src/worker/batch.rs `abandoned`).
+    pub abandoned: bool,
 }
 
 impl Worker {
@@ -367,6 +371,7 @@ impl Worker {
             grace_waits_tick: false,
             lost_seen: false,
             denied: vec![],
+            abandoned: false,
         }
     }
 
@@ -1146,13 +1151,20 @@ impl Model for Sale {
                     });
                 }
                 s.mysql.orders.sort();
+                // KeepAlive::committed hears of the orders inserted; after
+                // a failed attempt, of those found stored too.
+                let told_committed = match s.workers[w].abandoned {
+                    false => !inserted.is_empty(),
+                    true => batch
+                        .iter()
+                        .any(|(o, _)| s.mysql.orders.iter().any(|x| x.id == *o)),
+                };
                 // KeepAlive::committed: a look first (a tick, the batch not
                 // yet committed), then lost as the ticks saw it.
-                if self.fixes.commit_looks_again && !inserted.is_empty() && !s.workers[w].lost_seen
-                {
+                if self.fixes.commit_looks_again && told_committed && !s.workers[w].lost_seen {
                     self.hold_if_lost(&mut s, w);
                 }
-                let lost = !inserted.is_empty() && s.workers[w].lost_seen;
+                let lost = told_committed && s.workers[w].lost_seen;
                 let deadlines = batch
                     .iter()
                     .map(|(o, _)| *o)
@@ -1201,7 +1213,16 @@ impl Model for Sale {
                 // let go of, pending, for whoever reclaims them.
                 let claimed = s.workers[w].claimed();
                 self.give_back_locks(&mut s, w);
+                if matches!(action, Action::LetGo(_)) {
+                    // The look that lets it go (`KeepAlive::lost_now`) is
+                    // a tick: its XCLAIM takes the batch's entries back
+                    // from whoever reclaimed them meanwhile, so they stay
+                    // pending with this worker (found by the conformance
+                    // walks). Not lost, it holds nothing.
+                    self.hold_if_lost(&mut s, w);
+                }
                 s.workers[w].denied.clear();
+                s.workers[w].abandoned = matches!(action, Action::Fence(_));
                 s.workers[w].batch = match action {
                     Action::Fence(_) => Batch::Read(claimed),
                     _ => Batch::Idle,
@@ -1282,6 +1303,7 @@ impl Model for Sale {
                 s.workers[w].batch = Batch::Idle;
                 s.workers[w].grace_waits_tick = false;
                 s.workers[w].lost_seen = false;
+                s.workers[w].abandoned = false;
             }
             Action::Crash(w) => {
                 let w = w as usize;

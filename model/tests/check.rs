@@ -96,26 +96,35 @@ fn the_sale_keeps_its_promises_when_mysql_loses_its_last_commits() {
                 ..ci_mysql_loss(Fixes::CODE)
             },
         ),
-        // A second worker reading the stream (docs: two workers).
+        // A second worker reading the stream (docs: two workers), no
+        // kill: with one the check takes minutes
+        // (`mysql_loss_two_workers_with_a_kill`, by hand).
         (
             1,
             Sale {
                 workers: 2,
+                crashes: 0,
                 ..ci_mysql_loss(Fixes::CODE)
             },
         ),
     ] {
-        let started = Instant::now();
-        let (users, workers) = (sale.users, sale.workers);
-        let checker = sale.checker().threads(2).spawn_bfs().join();
-        eprintln!(
-            "model with MySQL's loss, {units} unit(s), {users} buyers, {workers} worker(s): {} states ({} unique), {:.1} s",
-            checker.state_count(),
-            checker.unique_state_count(),
-            started.elapsed().as_secs_f64()
-        );
-        checker.assert_properties();
+        check_mysql_loss(units, sale);
     }
+}
+
+/// Checks `sale` (MySQL's loss at `units` units), printing its size and
+/// time.
+fn check_mysql_loss(units: u8, sale: Sale) {
+    let started = Instant::now();
+    let (users, workers, kills) = (sale.users, sale.workers, sale.crashes);
+    let checker = sale.checker().threads(2).spawn_bfs().join();
+    eprintln!(
+        "model with MySQL's loss, {units} unit(s), {users} buyers, {workers} worker(s), {kills} kill(s): {} states ({} unique), {:.1} s",
+        checker.state_count(),
+        checker.unique_state_count(),
+        started.elapsed().as_secs_f64()
+    );
+    checker.assert_properties();
 }
 
 /// The fixes whose removal CI's MySQL loss catches.
@@ -144,6 +153,21 @@ fn each_mysql_loss_fix_turned_off_gives_a_counterexample() {
         ci_mysql_loss_two_units,
     ));
     assert!(missed.is_empty(), "no counterexample without {missed:?}");
+}
+
+/// MySQL's loss with a second worker and a kill: CI's MySQL bounds with
+/// two workers (`cargo test -p seckill-model --test check
+/// mysql_loss_two_workers_with_a_kill -- --ignored --nocapture`, about
+/// 4 minutes: a batch retried after a fence keeps that it was, which
+/// tripled this check).
+#[test]
+#[ignore]
+fn mysql_loss_two_workers_with_a_kill() {
+    let sale = Sale {
+        workers: 2,
+        ..ci_mysql_loss(Fixes::CODE)
+    };
+    check_mysql_loss(1, sale);
 }
 
 /// MySQL's-loss bites with a second worker reading the stream (by hand:
