@@ -564,7 +564,7 @@ impl State {
     }
 
     /// A batch's transaction is open: it holds the voucher row's lock.
-    fn in_tx(&self) -> bool {
+    pub fn in_tx(&self) -> bool {
         self.workers
             .iter()
             .any(|w| matches!(w.batch, Batch::InTx { .. }))
@@ -841,6 +841,34 @@ impl Sale {
         }
     }
 
+    /// Worker `w`'s transaction ended without its commit (fenced, past its
+    /// deadline, or its MySQL gone): rolled back, its locks given back
+    /// (`try_batch`'s `give_back_locks`). Past its deadline
+    /// (`past_deadline`) a look (`KeepAlive::lost_now`, a tick: its
+    /// XCLAIM takes the entries back from whoever reclaimed them, found by
+    /// the conformance walks) decides: not lost, the batch is let go of,
+    /// its entries pending with this worker (`process_kept`). Otherwise
+    /// it is locked and run again, and that commit tells the keep-alive
+    /// of the orders it finds stored too, as possibly the failed
+    /// attempt's (`process_kept`'s `abandoned`).
+    fn attempt_failed(&self, s: &mut State, w: usize, past_deadline: bool) {
+        let claimed = s.workers[w].claimed();
+        self.give_back_locks(s, w);
+        if past_deadline {
+            self.hold_if_lost(s, w);
+        }
+        s.workers[w].denied.clear();
+        if past_deadline && !s.workers[w].lost_seen {
+            s.workers[w].batch = Batch::Idle;
+            s.workers[w].abandoned = false;
+            // No batch in hand: no tick for a pause's grace to wait for.
+            s.workers[w].grace_waits_tick = false;
+            return;
+        }
+        s.workers[w].batch = Batch::Read(claimed);
+        s.workers[w].abandoned = true;
+    }
+
     /// Worker `w` gives back the locks of its batch's users (lua/finish.lua's
     /// and `give_back_locks`' `lease_release`: those users only; another
     /// lock of its, which a Redis rollback brought back, lapses).
@@ -962,9 +990,9 @@ impl Model for Sale {
                     {
                         actions.push(Action::Fence(w));
                     }
-                    // Past its deadline (--mysql-timeout), a batch Redis
-                    // has not lost is let go of.
-                    if self.workers > 1 && !worker.lost_seen && !s.batch_lost(w as usize) {
+                    // Past its deadline (--mysql-timeout): let go of, or
+                    // run again if Redis lost it.
+                    if self.workers > 1 {
                         actions.push(Action::LetGo(w));
                     }
                 }
@@ -1208,29 +1236,8 @@ impl Model for Sale {
                 if !matches!(s.workers[w].batch, Batch::InTx { .. }) {
                     return None;
                 }
-                // Rolled back: its locks given back (the failed attempt's
-                // `give_back_locks`), then its deliveries locked afresh, or
-                // let go of, pending, for whoever reclaims them.
-                let claimed = s.workers[w].claimed();
-                self.give_back_locks(&mut s, w);
-                if matches!(action, Action::LetGo(_)) {
-                    // The look that lets it go (`KeepAlive::lost_now`) is
-                    // a tick: its XCLAIM takes the batch's entries back
-                    // from whoever reclaimed them meanwhile, so they stay
-                    // pending with this worker (found by the conformance
-                    // walks). Not lost, it holds nothing.
-                    self.hold_if_lost(&mut s, w);
-                }
-                s.workers[w].denied.clear();
-                s.workers[w].abandoned = matches!(action, Action::Fence(_));
-                s.workers[w].batch = match action {
-                    Action::Fence(_) => Batch::Read(claimed),
-                    _ => Batch::Idle,
-                };
-                // No batch in hand: no tick for a pause's grace to wait for.
-                if s.workers[w].batch == Batch::Idle {
-                    s.workers[w].grace_waits_tick = false;
-                }
+                let past_deadline = matches!(action, Action::LetGo(_));
+                self.attempt_failed(&mut s, w, past_deadline);
             }
             Action::LapseLocks(w) => {
                 let me = s.workers[w as usize].incarnation;
@@ -1532,9 +1539,9 @@ impl Model for Sale {
                 // An open transaction dies with the old primary's
                 // connections: its COMMIT fails and the batch runs it
                 // again (src/worker/batch.rs).
-                for w in s.workers.iter_mut() {
-                    if let Batch::InTx { batch, .. } = &w.batch {
-                        w.batch = Batch::Locked(batch.clone());
+                for w in 0..s.workers.len() {
+                    if matches!(s.workers[w].batch, Batch::InTx { .. }) {
+                        self.attempt_failed(&mut s, w, false);
                     }
                 }
                 // A commit MySQL lost whose entry Redis lost before: no

@@ -188,6 +188,8 @@ fn weight(s: &State, a: &Action) -> usize {
         Action::MysqlSnapshot => 3,
         Action::MysqlRollback => match &s.mysql_snapshot {
             Some(m) if *m == s.mysql || loses_a_past_deadline(s, m) => 0,
+            // Ending a transaction that stands open.
+            _ if s.in_tx() => 6,
             _ => 2,
         },
         Action::Due(o) if s.mysql_loss_window && !s.mysql.orders.iter().any(|x| x.id == *o) => 0,
@@ -777,14 +779,25 @@ impl<'a> Real<'a> {
     }
 
     /// Worker `w`'s transaction standing open ends without its commit, as
-    /// the model's `Fence` or `LetGo` says: its session ended by a worker
-    /// whose lock wait timed out, once its fence lease ran out
-    /// ([`Real::fence_out`]), or past its deadline, as `fence::run`
-    /// abandons it (the session killed). Then as the worker after a
-    /// failed attempt (`Lane::try_batch`): its locks given back; fenced,
-    /// the batch locked and run again; let go of (`Lane::process_kept`),
-    /// unless a look finds Redis lost it.
-    async fn end_transaction(&mut self, w: usize, action: &Action) -> Result<(), String> {
+    /// the model's `Fence` or `LetGo` says, then the worker goes on from
+    /// its failed attempt ([`Real::attempt_failed`]).
+    async fn end_transaction(
+        &mut self,
+        w: usize,
+        action: &Action,
+        after: &State,
+    ) -> Result<(), String> {
+        self.end_session(w, action).await?;
+        self.attempt_failed(w, matches!(action, Action::LetGo(_)), after)
+            .await
+    }
+
+    /// The session of worker `w`'s transaction standing open is ended: by
+    /// a worker whose lock wait timed out, once its fence lease ran out
+    /// (`Fence`: [`Real::fence_out`]); past its deadline, as `fence::run`
+    /// abandons it (`LetGo`); with the old primary (`MysqlRollback`).
+    /// The transaction is let go and its `COMMIT` must fail.
+    async fn end_session(&mut self, w: usize, action: &Action) -> Result<(), String> {
         let open = self.hands[w].open.take().ok_or("no transaction open")?;
         let TxAt::Standing {
             task,
@@ -804,11 +817,27 @@ impl<'a> Real<'a> {
         let ended = task
             .await
             .map_err(|e| format!("the batch's transaction: {e}"))?;
-        if ended.is_ok() {
-            return Err(format!(
+        match ended {
+            Ok(_) => Err(format!(
                 "{action:?}: a transaction whose session was ended committed"
-            ));
+            )),
+            Err(_) => Ok(()),
         }
+    }
+
+    /// Worker `w` after a failed attempt at its batch, as
+    /// `Lane::try_batch` and `process_kept` go on: the keep-alive told of
+    /// no transaction and no locks, the locks given back; past its
+    /// deadline (`past_deadline`) a look (`KeepAlive::lost_now`) that must
+    /// find the batch lost where the model (`after`) runs it again, and
+    /// not where the model lets it go; run again, its next commit counts
+    /// the orders it finds stored (`abandoned`).
+    async fn attempt_failed(
+        &mut self,
+        w: usize,
+        past_deadline: bool,
+        after: &State,
+    ) -> Result<(), String> {
         let hand = &mut self.hands[w];
         let alive = hand.alive.as_ref().ok_or("no keep-alive")?;
         alive.set_transaction(None).await;
@@ -819,15 +848,21 @@ impl<'a> Real<'a> {
             .map_err(|e| e.to_string())?;
         hand.locked.clear();
         hand.denied.clear();
-        if matches!(action, Action::Fence(_)) {
-            hand.abandoned = true;
-            return Ok(());
+        if past_deadline {
+            let lost = alive.lost_now().await;
+            let let_go = after.workers[w].batch == Batch::Idle;
+            if lost == let_go {
+                return Err(format!(
+                    "LetGo: the code's look finds the batch lost: {lost}; the model lets it go: {let_go}"
+                ));
+            }
+            if let_go {
+                // Its keep-alive stops (dropped); its entries stay pending.
+                *hand = Hand::new(hand.incarnation);
+                return Ok(());
+            }
         }
-        if alive.lost_now().await {
-            return Err("LetGo: the code's look finds the batch lost, and retries it".into());
-        }
-        // Its keep-alive stops (dropped); its entries stay pending.
-        *hand = Hand::new(hand.incarnation);
+        hand.abandoned = true;
         Ok(())
     }
 
@@ -848,14 +883,23 @@ impl<'a> Real<'a> {
             .map_err(|e| e.to_string())?;
         let db = self.env.db().await.clone();
         let limit = Duration::from_secs(30);
+        // Until its entry is forgotten, the session ended (not another
+        // lapsed entry's).
         let ended = tokio::time::timeout(Duration::from_secs(60), async {
             loop {
-                match fence::end_lapsed_from(&mut self.redis, &db, &self.keys, limit).await {
-                    // Its lease has not run out yet by Redis's clock.
-                    Ok(0) => tokio::time::sleep(Duration::from_millis(1)).await,
-                    Ok(_) => return Ok(()),
-                    Err(e) => return Err(e.to_string()),
+                fence::end_lapsed_from(&mut self.redis, &db, &self.keys, limit)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let left: bool = self
+                    .redis
+                    .hexists(self.keys.fence(), &owner)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if !left {
+                    return Ok(());
                 }
+                // Its lease has not run out yet by Redis's clock.
+                tokio::time::sleep(Duration::from_millis(1)).await;
             }
         });
         ended
@@ -1309,8 +1353,7 @@ impl<'a> Real<'a> {
                 self.persisted(w, open.mine, p).await?;
             }
             Action::Fence(w) | Action::LetGo(w) => {
-                let w = *w as usize;
-                self.end_transaction(w, action).await?;
+                self.end_transaction(*w as usize, action, after).await?;
             }
             Action::Finish(w) => {
                 let hand = &mut self.hands[*w as usize];
@@ -1338,14 +1381,20 @@ impl<'a> Real<'a> {
                 // reclaimed (the claim's idle time is longer than a lease).
                 self.lapse_locks(w).await?;
                 // A transaction standing open dies with it, never to
-                // commit: aborted before its stop is dropped (which would
-                // let it go on), and gone before the walk goes on (its
-                // connection's rollback follows, by the pool).
+                // commit: its session ended, as a dead process's
+                // connection ends it (never back to the pool for another
+                // transaction to reuse its id, which its fence entry still
+                // names), and its task aborted before its stop is dropped
+                // (which would let it go on).
                 if let Some(OpenTx {
-                    tx: TxAt::Standing { task, at, .. },
+                    tx:
+                        TxAt::Standing {
+                            task, at, session, ..
+                        },
                     ..
                 }) = self.hands[w].open.take()
                 {
+                    self.kill_session(session).await?;
                     task.abort();
                     drop(at);
                     let _ = task.await;
@@ -1369,7 +1418,21 @@ impl<'a> Real<'a> {
             Action::Due(_) | Action::LapseClaims => {} // the clock: see `set_clock`
             Action::Snapshot => self.snapshot = Some(self.dump().await?),
             Action::MysqlSnapshot => self.mysql_snapshot().await?,
-            Action::MysqlRollback => self.mysql_roll_back().await?,
+            Action::MysqlRollback => {
+                // The old primary's sessions go with it: a transaction
+                // standing open there fails at its COMMIT, and its worker
+                // runs the batch again.
+                let standing: Vec<usize> = (0..self.hands.len())
+                    .filter(|w| self.hands[*w].open.is_some())
+                    .collect();
+                for &w in &standing {
+                    self.end_session(w, action).await?;
+                }
+                self.mysql_roll_back().await?;
+                for w in standing {
+                    self.attempt_failed(w, false, after).await?;
+                }
+            }
             Action::LapseHold => {
                 // Every dead incarnation's hold runs out.
                 let holds: HashMap<String, i64> = self
@@ -1911,6 +1974,10 @@ struct Walked {
     /// Transactions of a batch retried after it was fenced that found an
     /// order of it stored (the keep-alive then hears of it as committed).
     retried_found_stored: usize,
+    /// Transactions past their deadline run again (Redis lost the
+    /// batch), and standing open when MySQL failed over.
+    let_go_lost: usize,
+    failover_in_tx: usize,
 }
 
 /// One walk from `seed`: what it did, or the first difference with the
@@ -1996,19 +2063,24 @@ impl Picker {
                         | Action::Cancel
                         | Action::Release
                         | Action::MysqlSnapshot
-                        | Action::MysqlRollback
                         | Action::GuardCheck
                         | Action::Transact(_)
                 )
             });
             // An empty batch's transaction locks no row and takes no
-            // fence: no lock wait ends it, nor any deadline (the model
-            // lets it be fenced or let go of all the same).
-            actions.retain(|a| match a {
-                Action::Fence(w) | Action::LetGo(w) => matches!(
+            // fence: no lock wait ends it, nor any deadline, and the
+            // walks' has ended before MySQL's failover could end it (the
+            // model lets each end it all the same).
+            let empty_tx = |w: &u8| {
+                matches!(
                     &s.workers[*w as usize].batch,
-                    Batch::InTx { batch, .. } if !batch.is_empty()
-                ),
+                    Batch::InTx { batch, .. } if batch.is_empty()
+                )
+            };
+            let any_empty_tx = (0..model.workers).any(|w| empty_tx(&w));
+            actions.retain(|a| match a {
+                Action::Fence(w) | Action::LetGo(w) => !empty_tx(w),
+                Action::MysqlRollback => !any_empty_tx,
                 _ => true,
             });
         }
@@ -2020,6 +2092,15 @@ impl Picker {
                 Some(action) => {
                     if !actions.contains(&action) {
                         return Err(format!("the scenario's {action:?} is not offered"));
+                    }
+                    let committed_later = |w: u8| script.clone().any(|a| *a == Action::Commit(w));
+                    if let Action::Transact(w) = action {
+                        if committed_later(w) {
+                            let open = model
+                                .next_state(s, action.clone())
+                                .ok_or(format!("the scenario's {action:?} changes nothing"))?;
+                            return Ok(Some(Pick::Take(action, Box::new(open))));
+                        }
                     }
                     let after = take_in_model(model, s, &action)?
                         .ok_or(format!("the scenario's {action:?} changes nothing"))?;
@@ -2161,6 +2242,7 @@ async fn walk_with(
     let mut sweeps_scheduled = 0;
     let mut stored_on_first_delivery = 0;
     let mut retried_found_stored = 0;
+    let (mut let_go_lost, mut failover_in_tx) = (0, 0);
     let mut mysql_loss = MysqlLossMet::default();
     let result = async {
         for step in 0..STEPS + DRAIN {
@@ -2266,6 +2348,13 @@ async fn walk_with(
                     retried_found_stored += 1;
                 }
             }
+            match action {
+                Action::LetGo(w) if after.workers[w as usize].batch != Batch::Idle => {
+                    let_go_lost += 1
+                }
+                Action::MysqlRollback if state.in_tx() => failover_in_tx += 1,
+                _ => {}
+            }
             taken.push(action.clone());
             real.take(&action, &state, &after, &mut map).await?;
             real.set_clock(&action, &after, &map).await?;
@@ -2321,6 +2410,8 @@ async fn walk_with(
                 sweeps_scheduled,
                 stored_on_first_delivery,
                 retried_found_stored,
+                let_go_lost,
+                failover_in_tx,
                 mysql_loss,
             })
         }
@@ -2416,6 +2507,7 @@ async fn random_walks_of_the_model_match_the_real_scripts_and_sql() {
     let mut read_again = 0;
     let mut inside_tx = 0;
     let (mut fenced_stored, mut fences) = (0, 0);
+    let (mut let_go_lost, mut failover_in_tx) = (0, 0);
     let seeds = seeds(WALKS);
     for &seed in &seeds {
         match walk(&env, seed).await {
@@ -2435,8 +2527,12 @@ async fn random_walks_of_the_model_match_the_real_scripts_and_sql() {
                 read_again: ra,
                 inside_tx: it,
                 retried_found_stored: rf,
+                let_go_lost: lg,
+                failover_in_tx: ft,
                 ..
             }) => {
+                let_go_lost += lg;
+                failover_in_tx += ft;
                 fenced_stored += rf;
                 fences += taken
                     .iter()
@@ -2508,6 +2604,10 @@ async fn random_walks_of_the_model_match_the_real_scripts_and_sql() {
     assert!(
         fenced_stored > 0,
         "no batch retried after a fence found an order of it stored"
+    );
+    eprintln!(
+        "transactions past their deadline run again (Redis lost the batch): {let_go_lost}; \
+         standing open when MySQL failed over: {failover_in_tx}"
     );
     assert!(inside_tx > 0, "no step was taken inside a transaction");
     // Not asserted: M6's path needs a promotion Redis lost in hand and a
@@ -2634,12 +2734,17 @@ enum Expect {
     /// A rebuild read the gate again: it moved between the gate's read
     /// and MySQL's.
     ReadAgain,
+    /// MySQL failed over while a batch's transaction stood open.
+    FailoverInTx,
 }
 
 /// A scripted walk: its model's units, its actions in order (then a
 /// drain), and what it must show it met. `GuardCheck` in a script is a
 /// whole pass; `GuardReadGate` the pass one step on, taken a step at a
 /// time ([`Pick::GuardStep`]), whatever steps the model's guard takes.
+/// A `Transact(w)` is taken with its commit, unless the script has a
+/// `Commit(w)` later: then its transaction stands open until that, or
+/// until something ends it.
 struct Scenario {
     name: &'static str,
     units: u8,
@@ -2648,6 +2753,23 @@ struct Scenario {
 }
 
 const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "MySQL fails over while a batch's transaction stands open: the batch runs again",
+        units: 1,
+        actions: &[
+            Action::MysqlSnapshot,
+            Action::Admit(0),
+            Action::Read(0),
+            Action::Lock(0),
+            Action::Transact(0),
+            Action::MysqlRollback,
+            Action::Lock(0),
+            Action::Transact(0),
+            Action::Commit(0),
+            Action::Finish(0),
+        ],
+        expect: Expect::FailoverInTx,
+    },
     Scenario {
         name: "the repair's release waits for a batch in hand that Redis lost",
         units: 2,
@@ -2954,6 +3076,10 @@ async fn scenarios_the_random_walks_seldom_meet_match_the_code() {
                 "{name}: the guard restored nothing"
             ),
             Expect::Kept => assert!(walked.mysql_loss.kept > 0, "{name}: nothing kept"),
+            Expect::FailoverInTx => assert!(
+                walked.failover_in_tx > 0,
+                "{name}: MySQL never failed over inside a transaction"
+            ),
             Expect::GraceChangedRepair => assert!(
                 walked.grace_changed_repair > 0,
                 "{name}: no guard's pass had its repair changed by the grace"
