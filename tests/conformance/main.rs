@@ -2736,6 +2736,8 @@ enum Expect {
     ReadAgain,
     /// MySQL failed over while a batch's transaction stood open.
     FailoverInTx,
+    /// A transaction past its deadline whose batch Redis lost ran again.
+    LetGoLost,
 }
 
 /// A scripted walk: its model's units, its actions in order (then a
@@ -2748,6 +2750,7 @@ enum Expect {
 struct Scenario {
     name: &'static str,
     units: u8,
+    workers: u8,
     actions: &'static [Action],
     expect: Expect,
 }
@@ -2756,6 +2759,7 @@ const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "MySQL fails over while a batch's transaction stands open: the batch runs again",
         units: 1,
+        workers: 1,
         actions: &[
             Action::MysqlSnapshot,
             Action::Admit(0),
@@ -2771,8 +2775,28 @@ const SCENARIOS: &[Scenario] = &[
         expect: Expect::FailoverInTx,
     },
     Scenario {
+        name: "a transaction past its deadline whose batch Redis lost runs again, the gate held",
+        units: 1,
+        workers: 2,
+        actions: &[
+            Action::Snapshot,
+            Action::Admit(0),
+            Action::Read(0),
+            Action::Lock(0),
+            Action::Transact(0),
+            Action::Rollback,
+            Action::LetGo(0),
+            Action::Lock(0),
+            Action::Transact(0),
+            Action::Commit(0),
+            Action::Finish(0),
+        ],
+        expect: Expect::LetGoLost,
+    },
+    Scenario {
         name: "the repair's release waits for a batch in hand that Redis lost",
         units: 2,
+        workers: 1,
         actions: &[
             Action::Snapshot,
             Action::Admit(1),
@@ -2804,6 +2828,7 @@ const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "reconcile.lua gives no unit back while a batch Redis lost is in hand",
         units: 2,
+        workers: 1,
         actions: &[
             Action::Snapshot,
             Action::Admit(2),
@@ -2833,6 +2858,7 @@ const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "the sweep gives a cancellation whose deadline Redis lost its unit back",
         units: 2,
+        workers: 1,
         actions: &[
             Action::Admit(0),
             Action::Read(0),
@@ -2857,6 +2883,7 @@ const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "an order its entry inserted before Redis forgot the delivery counts on the next, first, delivery",
         units: 2,
+        workers: 1,
         actions: &[
             Action::Admit(0),
             Action::Snapshot,
@@ -2875,6 +2902,7 @@ const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "an order MySQL lost after its deadline passed is restored cancelled, its unit given back",
         units: 2,
+        workers: 1,
         actions: &[
             Action::MysqlSnapshot,
             Action::Admit(0),
@@ -2891,6 +2919,7 @@ const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "a request on a unit whose cancellation MySQL lost is kept until the guard cancels again (M4)",
         units: 2,
+        workers: 1,
         actions: &[
             Action::Admit(0),
             Action::Admit(1),
@@ -2920,6 +2949,7 @@ const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "a paid order MySQL lost the payment of and cancelled gives its unit back (M5)",
         units: 2,
+        workers: 1,
         actions: &[
             Action::Admit(0),
             Action::Read(0),
@@ -2946,6 +2976,7 @@ const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "a repair gives no unit back while the pause's grace runs: a batch in hand Redis lost may hold the gate yet (M6)",
         units: 1,
+        workers: 1,
         actions: &[
             Action::Admit(0),
             Action::Read(0),
@@ -2974,6 +3005,7 @@ const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "a commit MySQL lost, acknowledged after the rebuild reopened the gate, is restored at the next pass (M7)",
         units: 2,
+        workers: 1,
         actions: &[
             Action::MysqlSnapshot,
             Action::Admit(0),
@@ -2995,6 +3027,7 @@ const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "a gate stays paused while a request admitted past MySQL's stock is in flight (M1)",
         units: 1,
+        workers: 1,
         actions: &[
             Action::Snapshot,
             Action::Admit(0),
@@ -3013,6 +3046,7 @@ const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "a rebuild reads the gate again when Redis went back between its two reads",
         units: 2,
+        workers: 1,
         actions: &[
             Action::MysqlSnapshot,
             Action::Admit(0),
@@ -3042,6 +3076,7 @@ async fn scenarios_the_random_walks_seldom_meet_match_the_code() {
         let Scenario {
             name,
             units,
+            workers,
             actions,
             expect,
         } = scenario;
@@ -3051,6 +3086,7 @@ async fn scenarios_the_random_walks_seldom_meet_match_the_code() {
         };
         let model = Sale {
             units: *units,
+            workers: *workers,
             rollbacks: 1,
             mysql_losses: 1,
             ..sale()
@@ -3076,6 +3112,10 @@ async fn scenarios_the_random_walks_seldom_meet_match_the_code() {
                 "{name}: the guard restored nothing"
             ),
             Expect::Kept => assert!(walked.mysql_loss.kept > 0, "{name}: nothing kept"),
+            Expect::LetGoLost => assert!(
+                walked.let_go_lost > 0,
+                "{name}: no batch Redis lost ran again past its deadline"
+            ),
             Expect::FailoverInTx => assert!(
                 walked.failover_in_tx > 0,
                 "{name}: MySQL never failed over inside a transaction"
