@@ -357,9 +357,11 @@ pub struct Worker {
     /// transaction, never acknowledged by this batch (src/worker/batch.rs
     /// `lock_users`).
     pub denied: Vec<(u8, u8)>,
-    /// An attempt at the batch in hand failed (`Fence`): the retry's
-    /// commit tells the keep-alive of the orders it finds stored too, as
-    /// possibly the failed attempt's (src/worker/batch.rs `abandoned`).
+    /// An attempt at the batch in hand failed and it runs again
+    /// (`Sale::attempt_failed`: fenced, MySQL's failover, or past its
+    /// deadline and lost): the retry's commit tells the keep-alive of the
+    /// orders it finds stored too, as possibly the failed attempt's
+    /// (src/worker/batch.rs `abandoned`).
     pub abandoned: bool,
 }
 
@@ -1537,8 +1539,10 @@ impl Model for Sale {
                 s.mysql = s.mysql_snapshot.take()?;
                 s.mysql_loss_window = true;
                 // An open transaction dies with the old primary's
-                // connections: its COMMIT fails and the batch runs it
-                // again (src/worker/batch.rs).
+                // connections: its COMMIT fails, a failed attempt, and the
+                // batch runs again (src/worker/batch.rs; found by a review
+                // of the walks: it kept its locks here, without
+                // `abandoned`).
                 for w in 0..s.workers.len() {
                     if matches!(s.workers[w].batch, Batch::InTx { .. }) {
                         self.attempt_failed(&mut s, w, false);

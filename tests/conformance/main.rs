@@ -1971,8 +1971,9 @@ struct Walked {
     /// order stored: a worker inserted it before Redis forgot delivering
     /// its entry (its own insert: finish.lua counts it).
     stored_on_first_delivery: usize,
-    /// Transactions of a batch retried after it was fenced that found an
-    /// order of it stored (the keep-alive then hears of it as committed).
+    /// Transactions of a batch run again after a failed attempt that
+    /// found an order of it stored (the keep-alive then hears of it as
+    /// committed).
     retried_found_stored: usize,
     /// Transactions past their deadline run again (Redis lost the
     /// batch), and standing open when MySQL failed over.
