@@ -84,6 +84,14 @@ fn ci_mysql_loss_two_units(fixes: Fixes) -> Sale {
     }
 }
 
+/// The same with a second worker reading the stream (docs: two workers).
+fn ci_mysql_loss_two_workers(fixes: Fixes) -> Sale {
+    Sale {
+        workers: 2,
+        ..ci_mysql_loss(fixes)
+    }
+}
+
 #[test]
 fn the_sale_keeps_its_promises_when_mysql_loses_its_last_commits() {
     for (units, sale) in [
@@ -96,15 +104,13 @@ fn the_sale_keeps_its_promises_when_mysql_loses_its_last_commits() {
                 ..ci_mysql_loss(Fixes::CODE)
             },
         ),
-        // A second worker reading the stream (docs: two workers), no
-        // kill: with one the check takes minutes
+        // Two workers, no kill: with one the check takes minutes
         // (`mysql_loss_two_workers_with_a_kill`, by hand).
         (
             1,
             Sale {
-                workers: 2,
                 crashes: 0,
-                ..ci_mysql_loss(Fixes::CODE)
+                ..ci_mysql_loss_two_workers(Fixes::CODE)
             },
         ),
     ] {
@@ -158,16 +164,12 @@ fn each_mysql_loss_fix_turned_off_gives_a_counterexample() {
 /// MySQL's loss with a second worker and a kill: CI's MySQL bounds with
 /// two workers (`cargo test -p seckill-model --test check
 /// mysql_loss_two_workers_with_a_kill -- --ignored --nocapture`, about
-/// 4 minutes: a batch retried after a fence keeps that it was, which
-/// tripled this check).
+/// 4 minutes: a batch run again after a failed attempt keeps that it
+/// was, which tripled this check).
 #[test]
 #[ignore]
 fn mysql_loss_two_workers_with_a_kill() {
-    let sale = Sale {
-        workers: 2,
-        ..ci_mysql_loss(Fixes::CODE)
-    };
-    check_mysql_loss(1, sale);
+    check_mysql_loss(1, ci_mysql_loss_two_workers(Fixes::CODE));
 }
 
 /// MySQL's-loss bites with a second worker reading the stream (by hand:
@@ -177,11 +179,11 @@ fn mysql_loss_two_workers_with_a_kill() {
 #[test]
 #[ignore]
 fn mysql_loss_bites_with_two_workers() {
-    let two_workers = |fixes| Sale {
-        workers: 2,
-        ..ci_mysql_loss(fixes)
-    };
-    let missed = unnoticed(Fixes::CODE, &BITE_AT_CI_MYSQL_LOSS, two_workers);
+    let missed = unnoticed(
+        Fixes::CODE,
+        &BITE_AT_CI_MYSQL_LOSS,
+        ci_mysql_loss_two_workers,
+    );
     assert!(missed.is_empty(), "no counterexample without {missed:?}");
 }
 
