@@ -479,6 +479,44 @@ async fn a_batch_in_hand_that_redis_lost_holds_the_gate_until_it_is_committed() 
     env.cleanup().await;
 }
 
+/// Found by CI (the cluster's failover test, 2026-12-07): a batch in
+/// hand saw first that Redis had lost it, and its keep-alive paused the
+/// gate; the guard's next pass then met the new run id on a gate paused
+/// already and recorded it without a word. The operator's log never said
+/// the server had changed. The guard says so whoever paused first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_change_met_on_a_gate_paused_already_is_still_told() {
+    const V: u64 = 1;
+    let redis = OwnRedis::start();
+    let mut env = TestEnv::on_redis(&redis.url()).await;
+    env.live_voucher(V, 100).await;
+    redis.snapshot();
+    env.admit_users(V, 20, 0).await;
+    // The guard looks at start, then 10 s later: the batch's keep-alive
+    // (a tick every third of the 1 s lease) sees the loss well before.
+    let mut worker = env.spawn_worker_with(
+        &fast_worker(&["--batch", "1000", "--lanes", "1", "--gate-check", "10s"]),
+        &[("SECKILL_TEST_PAUSE", "after_lock=4s*1")],
+    );
+    worker.expect_gate_pauses();
+    worker.wait_log("test pause at after_lock", Duration::from_secs(30));
+    redis.crash_and_restart();
+    env.forget_redis();
+    worker.wait_log("Redis no longer has every entry", Duration::from_secs(10));
+    worker.wait_count("gate_reopens", 1, Duration::from_secs(60));
+    let log = worker.log_text();
+    assert!(
+        log.contains("changed (run id"),
+        "the guard met the restart and said nothing of it:\n{log}"
+    );
+    env.wait_orders(V, 20, Duration::from_secs(60)).await;
+    env.wait_drained(V, Duration::from_secs(60)).await;
+    worker.signal("TERM");
+    worker.expect_success(Duration::from_secs(30));
+    assert_invariants(&env, V).await;
+    env.cleanup().await;
+}
+
 /// Found by the fault explorer (seed 21, `lost_batch_in_hand`): one read
 /// serves every stream, and the worker persists each voucher's batch in
 /// turn. Voucher 2's batch, read with voucher 1's, waited in the worker's

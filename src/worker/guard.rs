@@ -554,13 +554,20 @@ impl GateGuard {
             .await?;
             // Only now: a pause that failed is tried again next pass.
             self.record_run_id(v, keys, look).await?;
+            let changed = format!(
+                "the Redis server holding it changed (run id {}.. -> {}..: a restart or a failover)",
+                &before[..8.min(before.len())],
+                &now[..8.min(now.len())]
+            );
             match paused {
-                Paused::Now => Some(format!(
-                    "the Redis server holding it changed (run id {}.. -> {}..: a restart or a failover), so writes may be lost",
-                    &before[..8.min(before.len())],
-                    &now[..8.min(now.len())]
-                )),
-                _ => None,
+                Paused::Now => Some(format!("{changed}, so writes may be lost")),
+                // A batch in hand that saw its loss first paused it: the
+                // operator still learns why the gate is checked.
+                Paused::Already => {
+                    tracing::warn!("{v}: {changed} while the gate was paused already; it reopens only once checked against MySQL");
+                    None
+                }
+                Paused::NotNeeded | Paused::NotLoaded => None,
             }
         } else if !behind.is_none() && !look.paused {
             self.record_run_id(v, keys, look).await?;
