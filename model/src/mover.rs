@@ -14,8 +14,8 @@
 //! draw on the stock as sales do here (one unit leaves a bucket's stock
 //! by one script) and give units back by the release the sale's model
 //! holds to the code; the mover's bound on serving lines
-//! (lua/serve_up_to.lua) orders who is served, not how many units exist,
-//! and is not modelled.
+//! (lua/serve_up_to.lua) orders who is served, not how many units exist:
+//! model/src/serving.rs models it.
 //!
 //! The gate guard's rebuild of a bucket that lost writes (src/worker/
 //! guard.rs `rebuild_bucket`, src/reconcile/buckets.rs `read_bucket`):
