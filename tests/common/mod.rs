@@ -406,6 +406,18 @@ impl TestEnv {
         stock: i64,
         buckets: u32,
     ) -> (seckill::gate::buckets::Layout, Redis) {
+        self.live_voucher_in_buckets_with(voucher, stock, buckets, &[])
+            .await
+    }
+
+    /// [`Self::live_voucher_in_buckets`] with more `voucher add` flags.
+    pub async fn live_voucher_in_buckets_with(
+        &self,
+        voucher: u64,
+        stock: i64,
+        buckets: u32,
+        extra: &[&str],
+    ) -> (seckill::gate::buckets::Layout, Redis) {
         let out = self
             .cmd()
             .args(["voucher", "add", "--id", &voucher.to_string()])
@@ -415,6 +427,7 @@ impl TestEnv {
                 "--buckets",
                 &buckets.to_string(),
             ])
+            .args(extra)
             .args(["--begin", "-1m", "--pay-timeout", "1h", "--format", "json"])
             .output()
             .expect("voucher add");

@@ -68,6 +68,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod mover;
+mod serving;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -2662,7 +2663,6 @@ fn every_state_changing_script_is_driven_or_named() {
         "pool_fold.lua",
         "preload.lua",
         "requeue.lua",
-        "serve_up_to.lua",
         "token.lua",
     ];
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("lua");
@@ -2672,6 +2672,7 @@ fn every_state_changing_script_is_driven_or_named() {
         if name.ends_with(".lua")
             && !SCRIPTS_DRIVEN.contains(&name.as_str())
             && !mover::SCRIPTS_DRIVEN.contains(&name.as_str())
+            && !serving::SCRIPTS_DRIVEN.contains(&name.as_str())
             && !THIS_PROTOCOL_NOT_DRIVEN.contains(&name.as_str())
             && !OTHERS.contains(&name.as_str())
         {
@@ -2685,6 +2686,7 @@ fn every_state_changing_script_is_driven_or_named() {
     for name in SCRIPTS_DRIVEN
         .iter()
         .chain(mover::SCRIPTS_DRIVEN)
+        .chain(serving::SCRIPTS_DRIVEN)
         .chain(THIS_PROTOCOL_NOT_DRIVEN)
         .chain(OTHERS)
     {
