@@ -787,6 +787,40 @@ async fn a_worker_stopped_inside_its_transaction_holds_the_voucher_up_only_brief
     env.cleanup().await;
 }
 
+/// Found by review (helper 36, 2026-12-07): the batch's keep-alive heard
+/// that the transaction was over only after the fence was left, and a
+/// tick in between renewed the entry, which enters a gone one again
+/// (lua/fence.lua). The entry then outlived its transaction: once it
+/// lapsed, a worker whose lock wait timed out would end that pooled
+/// session, idle or another batch's, for a holder that never stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_s_fence_entry_is_gone_once_its_transaction_is() {
+    let env = TestEnv::new().await;
+    env.live_voucher(V, 20).await;
+    env.admit_users(V, 20, 0).await;
+    // Ticks every third of the 1 s lease: six of them while it waits
+    // between the fence's leave and the rest of the batch.
+    let w = env.spawn_worker_with(
+        &common::fast_worker(&["--lanes", "1"]),
+        &[(seckill::support::fault::ENV, "after_fence_left=2s*1")],
+    );
+    wait_for_pause(&w, "after_fence_left").await;
+    env.wait_drained(V, Duration::from_secs(30)).await;
+    let mut redis = env.redis().await;
+    let keys = VoucherKeys::new(&env.prefix, V).unwrap();
+    let entries: std::collections::HashMap<String, String> =
+        redis.hgetall(keys.fence()).await.unwrap();
+    assert!(
+        entries.is_empty(),
+        "fence entries left after the batch: {entries:?}\n{}",
+        w.log_text()
+    );
+    w.signal("TERM");
+    w.expect_success(Duration::from_secs(30));
+    assert_invariants(&env, V).await;
+    env.cleanup().await;
+}
+
 /// A worker that takes the whole backlog in one batch on one lane, with a
 /// short lock lease and `mysql_timeout`, and a long --claim-idle (30 s): it
 /// must not take a batch it let go of back before the other worker does.

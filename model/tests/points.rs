@@ -16,6 +16,10 @@ const POINTS: &[(&str, Result<&str, &str>)] = &[
         Ok("Transact (a crash there: the transaction rolled back)"),
     ),
     ("after_commit", Ok("Commit")),
+    (
+        "after_fence_left",
+        Ok("Commit (the fence entry left, the keep-alive told first)"),
+    ),
     ("after_ack", Ok("Finish")),
     (
         "before_cancel_commit",

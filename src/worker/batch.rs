@@ -364,7 +364,14 @@ impl Lane {
             (keys, &self.owner.token, self.opts.lock_lease),
             self.opts.mysql_timeout,
             async |id, deadline| alive.set_transaction(Some((id, deadline))).await,
-            async |mysql: &mut mysql_async::Conn| persist(mysql, keys.voucher(), msgs).await,
+            async |mysql: &mut mysql_async::Conn| {
+                let persisted = persist(mysql, keys.voucher(), msgs).await;
+                // Before the fence is left: a renewal after it would enter
+                // the entry again, and a worker whose lock wait times out
+                // would later end this pooled session for a stopped holder.
+                alive.set_transaction(None).await;
+                persisted
+            },
             |e| match e {
                 PersistError::Mysql(e) => mysql_code(e) == Some(mysql_codes::LOCK_WAIT_TIMEOUT),
                 PersistError::Store(e) => e.store_fault() == Some(StoreFault::LockWaitTimeout),
@@ -372,6 +379,7 @@ impl Lane {
             },
         )
         .await;
+        // Also when `work` did not end (its deadline, or no session).
         alive.set_transaction(None).await;
         persisted
     }

@@ -58,7 +58,9 @@ const QUIT_WAIT: Duration = Duration::from_secs(1);
 /// within `limit`: past it the transaction is abandoned (see the module
 /// comment) and the answer is [`Error::TransactionPastDeadline`].
 /// `entered` hears the session's id and deadline before `work` starts: the
-/// batch's keep-alive renews the lease until then, never after. A lock wait
+/// batch's keep-alive renews the lease until then, never after; `work`
+/// tells it the transaction is over before it returns, since a renewal
+/// enters a gone entry again (lua/fence.lua). A lock wait
 /// that timed out (`waited_out`) ends the sessions of holders whose lease
 /// ran out, so the retry finds the row free of them.
 pub async fn run<T, E: From<Error>>(
@@ -86,6 +88,7 @@ pub async fn run<T, E: From<Error>>(
         return Err(Error::TransactionPastDeadline(limit).into());
     };
     fence.leave_quietly(redis).await;
+    crate::support::fault::pause("after_fence_left").await;
     if done.as_ref().is_err_and(&waited_out) {
         drop(mysql);
         end_lapsed_from(redis, db, keys, limit).await?;
