@@ -16,7 +16,8 @@
 //! Left to the mover's model (model/src/mover.rs): a move's three steps,
 //! its lease and epoch. A move here is one step, which a sale at the
 //! giver may have left short. Left out: `even_out` (it moves units to
-//! buckets nobody waits at), the published `units_free` (a request a
+//! buckets nobody waited at when read; after a fill that came up short
+//! those may be units the allotment counted), the published `units_free` (a request a
 //! bucket cannot fill waits here as when the count has lapsed), a
 //! paused bucket, the read's depth of 1,000 requests, clock skew between
 //! masters (queued times are one order here).
@@ -121,12 +122,13 @@ pub struct Plan {
 }
 
 impl Plan {
-    fn any(&self) -> bool {
-        self.requests.iter().any(|r| *r > 0)
+    /// Some bucket is bounded (`publish_bounds`' `any`).
+    fn bounds_any(&self, n: u8) -> bool {
+        (0..n as usize).any(|b| self.bound_of(b, false).is_some())
     }
 
     /// `Allotment::bound_of`.
-    fn bound_of(&self, b: usize, eaten: bool) -> Option<Bound> {
+    pub fn bound_of(&self, b: usize, eaten: bool) -> Option<Bound> {
         let bounded = self.ran_out || self.requests[b] > 0;
         // The first request no unit was left for is whom a unit freed
         // anywhere goes to: held for it as for those allotted.
@@ -285,6 +287,9 @@ pub struct State {
     /// Since the round's first read, units it may have counted went
     /// where no bound held them.
     pub round_eaten: bool,
+    /// The mover has published in this process (`Mover::published`,
+    /// taken as fresh: the model has no `units_free`): lost with it.
+    pub published: bool,
     /// The mover's memory that it left bounds (`Mover::bounded`): lost
     /// with its process.
     pub bounded: bool,
@@ -320,6 +325,18 @@ pub enum Action {
     Crash,
     /// Bucket `b`'s bound lapses.
     Lapse(u8),
+}
+
+/// How a give of units is held to the property.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Give {
+    /// Checked under the bucket's live bound (none: as `Unheld`).
+    Held,
+    /// A sale the design does not hold (a bucket nobody waits at): the
+    /// bounds of the rounds that counted its units promise nothing more.
+    Unheld,
+    /// Not checked: finding S1's serve, which the property pardons.
+    Pardoned,
 }
 
 /// Serves waiting requests of `line` from `pool` units in order, each
@@ -386,12 +403,15 @@ impl State {
     /// lapsed) may be units a round counted for its allotted requests:
     /// its moves then come up short, and the rule is not kept for it.
     ///
-    /// `checked` false: the give is not held to the rule (a sale no
-    /// bound holds, or a serve the property forgives), and the bounds of
-    /// the rounds that counted its units promise nothing more.
-    fn give(&mut self, b: usize, queued: u8, wants: u8, checked: bool) {
+    ///
+    /// A give the property pardons (`Give::Pardoned`, finding S1) is
+    /// not checked itself; what it leads to is.
+    fn give(&mut self, b: usize, queued: u8, wants: u8, kind: Give) {
+        if kind == Give::Pardoned {
+            return;
+        }
         let bound = match self.bounds[b] {
-            Some(bound) if checked => bound,
+            Some(bound) if kind == Give::Held => bound,
             _ => {
                 // A round counted these units if it read this bucket
                 // already.
@@ -447,7 +467,11 @@ impl State {
         let (_, served) = serve_line(&mut line, self.stock[b] - kept, most, up_to);
         for w in &served {
             let takes_lent = self.stock[b] - w.wants < lent;
-            self.give(b, w.queued, w.wants, !(forgive && takes_lent));
+            let kind = match forgive && takes_lent {
+                true => Give::Pardoned,
+                false => Give::Held,
+            };
+            self.give(b, w.queued, w.wants, kind);
             self.lines[b].retain(|x| x != w);
             self.stock[b] -= w.wants;
             self.sold[b] += w.wants;
@@ -488,6 +512,7 @@ impl Serving {
             clock: 0,
             round: Round::Idle,
             round_eaten: false,
+            published: false,
             bounded: false,
             deprived: None,
             releases: self.releases,
@@ -590,8 +615,9 @@ impl Serving {
                     return;
                 }
                 let mut plan = self.allot(&lines, &stock, pool);
-                if !plan.any() && !s.bounded {
-                    // Nothing to bound, nothing left bounded: no write.
+                if !plan.bounds_any(n) && !s.bounded && s.published {
+                    // No bound to set, none left, and its last word
+                    // fresh: no write (`publish_bounds`).
                     return;
                 }
                 let short = self.short(&plan, &lines, &stock);
@@ -629,6 +655,7 @@ impl Serving {
                     return;
                 }
                 s.bounded = plan.bounds_any(n);
+                s.published = true;
                 s.round = Round::Moving {
                     plan,
                     short,
@@ -697,7 +724,11 @@ impl Serving {
         // A bucket nobody waits at sells to newcomers until the next
         // round moves its units (design/buckets.md hole 4): only a sale
         // beside waiting requests is held to the rule.
-        s.give(b, queued, wants, !s.lines[b].is_empty());
+        let kind = match s.lines[b].is_empty() {
+            true => Give::Unheld,
+            false => Give::Held,
+        };
+        s.give(b, queued, wants, kind);
         s.stock[b] -= wants;
         s.sold[b] += wants;
     }
@@ -730,12 +761,6 @@ impl Serving {
             }
         }
         r
-    }
-}
-
-impl Plan {
-    fn bounds_any(&self, n: u8) -> bool {
-        (0..n as usize).any(|b| self.bound_of(b, false).is_some())
     }
 }
 
@@ -798,6 +823,7 @@ impl Model for Serving {
                 s.crashes -= 1;
                 s.round = Round::Idle;
                 s.bounded = false;
+                s.published = false;
             }
             Action::Lapse(b) => {
                 s.lapses -= 1;

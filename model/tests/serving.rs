@@ -75,7 +75,7 @@ fn explain() {
         (*name, ci_serving(fixes))
     });
     for (name, model) in offs.chain([("the lent units' pardon", unforgiven)]) {
-        // One thread: the shortest counterexample.
+        // One thread: the same counterexample each run.
         let checker = model.checker().threads(1).spawn_bfs().join();
         eprintln!("== without {name}: {:?}", broken(&checker));
         for (property, path) in checker.discoveries() {

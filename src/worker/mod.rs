@@ -8,7 +8,7 @@
 //! consumer-group commands, `lock` the L3 leases (renewed by `keepalive`),
 //! `persist` the L4 transaction, `canceller` layer 5.
 
-mod allotment;
+pub mod allotment;
 mod batch;
 mod bucket_look;
 pub mod canceller;

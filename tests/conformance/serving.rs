@@ -36,6 +36,7 @@ use seckill::orders::deadline::{self, WhilePaused};
 use seckill::store::keys::VoucherKeys;
 use seckill::store::node_lease::OrderIds;
 use seckill::store::redis_conn::Redis;
+use seckill::worker::allotment;
 use seckill_model::serving::{Action, Fixes, Round, Serving, State, Waiting};
 use seckill_model::Model;
 
@@ -342,9 +343,83 @@ impl Real {
                     .await
                     .map_err(|e| e.to_string())?;
             }
-            // No script: the mover's own memory, or a read the comparison
-            // makes.
-            Action::Start | Action::Read | Action::Crash => {}
+            Action::Read => self.allot_as_the_code(model, before, after)?,
+            // No script: the mover's own memory.
+            Action::Start | Action::Crash => {}
+        }
+        Ok(())
+    }
+
+    /// After a round's last read: the code's allotment
+    /// (`worker::allotment::allot`) of what the round read (each read
+    /// compared with the stores when it was taken), held to the model's
+    /// plan, and each bucket's bound to the model's.
+    fn allot_as_the_code(
+        &self,
+        model: &Serving,
+        before: &State,
+        after: &State,
+    ) -> Result<(), String> {
+        let Round::Reading {
+            next,
+            lines,
+            stock,
+            pool,
+        } = &before.round
+        else {
+            return Err("a read with no round reading".into());
+        };
+        let n = model.stock.len();
+        if *next as usize + 1 < n {
+            return Ok(());
+        }
+        let mut read_lines = lines.clone();
+        read_lines.push(before.lines[n - 1].clone());
+        let mut read_stock = stock.clone();
+        read_stock.push(before.stock[n - 1]);
+        let mut real_lines = vec![];
+        for (line, units) in read_lines.iter().zip(&read_stock) {
+            let mut waiting = vec![];
+            for w in line {
+                waiting.push((self.score_of(w.queued)? as f64, i64::from(w.wants)));
+            }
+            real_lines.push(allotment::Line {
+                stock: i64::from(*units),
+                paused: false,
+                waiting,
+                seen_all: true,
+            });
+        }
+        let real = allotment::allot(&real_lines, i64::from(*pool));
+        let real_bounds: Vec<Option<u64>> = (0..n)
+            .map(|b| real.bound_of(b).map(|t| t.max(1.0) as u64))
+            .collect();
+        let (need, requests, bounds) = match &after.round {
+            Round::Publishing { plan, .. } => {
+                let mut bounds = vec![];
+                for b in 0..n {
+                    bounds.push(match plan.bound_of(b, false) {
+                        Some(bound) => Some(self.score_of(bound.up_to)?),
+                        None => None,
+                    });
+                }
+                (
+                    plan.need.iter().map(|u| i64::from(*u)).collect::<Vec<_>>(),
+                    plan.requests
+                        .iter()
+                        .map(|r| *r as usize)
+                        .collect::<Vec<_>>(),
+                    bounds,
+                )
+            }
+            // No write: nothing the code bounds either.
+            _ => (real.need.clone(), real.requests.clone(), vec![None; n]),
+        };
+        if (&real.need, &real.requests, &real_bounds) != (&need, &requests, &bounds) {
+            return Err(format!(
+                "the code allots need {:?}, requests {:?}, bounds {real_bounds:?}; the model need {need:?}, requests {requests:?}, bounds {bounds:?}",
+                real.need, real.requests
+            ));
         }
         Ok(())
     }
