@@ -363,15 +363,14 @@ impl Lane {
             &self.db,
             (keys, &self.owner.token, self.opts.lock_lease),
             self.opts.mysql_timeout,
-            async |id, deadline| alive.set_transaction(Some((id, deadline))).await,
-            async |mysql: &mut mysql_async::Conn| {
-                let persisted = persist(mysql, keys.voucher(), msgs).await;
+            (
+                async |id, deadline| alive.set_transaction(Some((id, deadline))).await,
                 // Before the fence is left: a renewal after it would enter
                 // the entry again, and a worker whose lock wait times out
                 // would later end this pooled session for a stopped holder.
-                alive.set_transaction(None).await;
-                persisted
-            },
+                async || alive.set_transaction(None).await,
+            ),
+            async |mysql: &mut mysql_async::Conn| persist(mysql, keys.voucher(), msgs).await,
             |e| match e {
                 PersistError::Mysql(e) => mysql_code(e) == Some(mysql_codes::LOCK_WAIT_TIMEOUT),
                 PersistError::Store(e) => e.store_fault() == Some(StoreFault::LockWaitTimeout),

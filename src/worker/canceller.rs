@@ -435,7 +435,7 @@ impl Canceller {
             // Its lease is not renewed: past it the session may be ended
             // by another worker, so it gives up by then itself.
             self.mysql_timeout.min(self.fence_lease),
-            async |_, _| {},
+            (async |_, _| {}, async || {}),
             async |mysql: &mut mysql_async::Conn| {
                 deadline::cancel_unpaid(mysql, keys.voucher(), orders).await
             },

@@ -57,21 +57,27 @@ const QUIT_WAIT: Duration = Duration::from_secs(1);
 /// leaves the fence after. `work` (and the checkout before it) must end
 /// within `limit`: past it the transaction is abandoned (see the module
 /// comment) and the answer is [`Error::TransactionPastDeadline`].
-/// `entered` hears the session's id and deadline before `work` starts: the
-/// batch's keep-alive renews the lease until then, never after; `work`
-/// tells it the transaction is over before it returns, since a renewal
-/// enters a gone entry again (lua/fence.lua). A lock wait
+/// `told.0` hears the session's id and deadline before `work` starts: the
+/// batch's keep-alive renews the lease until then, never after; `told.1`
+/// hears that the transaction is over before the entry goes (outside the
+/// deadline: it may wait for a keep-alive tick), since a renewal enters a
+/// gone entry again (lua/fence.lua). A lock wait
 /// that timed out (`waited_out`) ends the sessions of holders whose lease
 /// ran out, so the retry finds the row free of them.
+///
+/// An entry that could not be entered or left may stay, naming the
+/// session: the session is then thrown away, not pooled, so that a worker
+/// ending it later ends no one's work.
 pub async fn run<T, E: From<Error>>(
     redis: &mut impl RedisConn,
     db: &Db,
     (keys, owner, lease): (&VoucherKeys, &str, Duration),
     limit: Duration,
-    entered: impl AsyncFnOnce(u32, Instant),
+    told: (impl AsyncFnOnce(u32, Instant), impl AsyncFnOnce()),
     work: impl AsyncFnOnce(&mut Conn) -> std::result::Result<T, E>,
     waited_out: impl Fn(&E) -> bool,
 ) -> std::result::Result<T, E> {
+    let (entered, ended) = told;
     let deadline = Instant::now() + limit;
     let mut mysql = checkout(db, limit).await?;
     let id = mysql.id();
@@ -81,16 +87,30 @@ pub async fn run<T, E: From<Error>>(
         owner: &name,
         lease,
     };
-    fence.enter(redis, id).await?;
+    if let Err(e) = fence.enter(redis, id).await {
+        // Redis may have written it before the error.
+        discard(mysql).await;
+        return Err(e.into());
+    }
     entered(id, deadline).await;
     let Ok(done) = tokio::time::timeout_at(deadline, work(&mut mysql)).await else {
         fence.abandon(redis, db, mysql, limit).await;
         return Err(Error::TransactionPastDeadline(limit).into());
     };
-    fence.leave_quietly(redis).await;
+    ended().await;
+    let left = fence.leave(redis).await;
     crate::support::fault::pause("after_fence_left").await;
+    match left {
+        Ok(()) => drop(mysql),
+        Err(e) => {
+            tracing::debug!(
+                "voucher {}: fence entry of session {id} left to expire, the session thrown away: {e}",
+                keys.voucher()
+            );
+            discard(mysql).await;
+        }
+    }
     if done.as_ref().is_err_and(&waited_out) {
-        drop(mysql);
         end_lapsed_from(redis, db, keys, limit).await?;
     }
     done

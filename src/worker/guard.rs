@@ -565,6 +565,8 @@ impl GateGuard {
                 // operator still learns why the gate is checked.
                 Paused::Already => {
                     tracing::warn!("{v}: {changed} while the gate was paused already; it reopens only once checked against MySQL");
+                    // As a pause made now: the rebuild's reads come next.
+                    crate::support::fault::point("gate_paused").await?;
                     None
                 }
                 Paused::NotNeeded | Paused::NotLoaded => None,

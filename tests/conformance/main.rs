@@ -484,9 +484,12 @@ impl Transaction {
             &self.db,
             (&self.keys, &self.owner.token, self.owner.lease),
             TRANSACTION_DEADLINE,
-            async move |id, deadline| {
-                let _ = entered.send((id, deadline));
-            },
+            (
+                async move |id, deadline| {
+                    let _ = entered.send((id, deadline));
+                },
+                async || {},
+            ),
             async |mysql: &mut mysql_async::Conn| persist(mysql, voucher, msgs).await,
             // No walk's transaction waits for the row: none begins while
             // another stands open.
