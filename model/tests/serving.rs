@@ -19,7 +19,7 @@ fn ci_serving(fixes: Fixes) -> Serving {
         pool: 1,
         arrivals: vec![(0, 1), (1, 2), (0, 2), (1, 1), (0, 1)],
         releases: 1,
-        rounds: 3,
+        rounds: 2,
         crashes: 1,
         lapses: 1,
         fixes,

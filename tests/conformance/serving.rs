@@ -424,6 +424,84 @@ impl Real {
         Ok(())
     }
 
+    /// Bucket `b`'s order stream: one entry per buyer, `promote` for a
+    /// request that waited and `admit` for one that bought at once, with
+    /// the units it wanted; and the wants kept for requests still
+    /// waiting (`waitlist_quantity`: those for more than one unit).
+    async fn compare_orders(&mut self, b: usize, keys: &VoucherKeys) -> Result<(), String> {
+        let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
+            .arg(keys.orders())
+            .arg("-")
+            .arg("+")
+            .query_async(&mut self.redis)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut got: Vec<(u64, String, u8)> = vec![];
+        for (_, fields) in entries {
+            let user: u64 = fields
+                .get("user")
+                .and_then(|u| u.parse().ok())
+                .ok_or("an order entry without its user")?;
+            let quantity: u8 = match fields.get("quantity") {
+                None => 1,
+                Some(q) => q
+                    .parse()
+                    .map_err(|e| format!("an order's quantity {q:?}: {e}"))?,
+            };
+            let kind = fields.get("kind").cloned().unwrap_or_default();
+            got.push((user, kind, quantity));
+        }
+        got.sort();
+        let buyers: Vec<u64> = self
+            .redis
+            .smembers(keys.buyers())
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut expected = vec![];
+        for user in buyers {
+            let (_, (_, wants, score)) = self
+                .requests
+                .iter()
+                .find(|(_, (u, _, _))| *u == user)
+                .ok_or(format!("bucket {b}: buyer {user} the walk never sent"))?;
+            let kind = match score {
+                Some(_) => "promote",
+                None => "admit",
+            };
+            expected.push((user, kind.to_string(), *wants));
+        }
+        expected.sort();
+        if got != expected {
+            return Err(format!(
+                "bucket {b}: order entries (user, kind, units) {got:?}; expected {expected:?}"
+            ));
+        }
+        let wants: HashMap<u64, u8> = self
+            .redis
+            .hgetall(keys.waitlist_quantity())
+            .await
+            .map_err(|e| e.to_string())?;
+        let waiting: Vec<u64> = self
+            .redis
+            .zrange(keys.waitlist(), 0, -1)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut modelled = HashMap::new();
+        for user in waiting {
+            if let Some((_, wanted)) = self.time_of(user) {
+                if wanted > 1 {
+                    modelled.insert(user, wanted);
+                }
+            }
+        }
+        if wants != modelled {
+            return Err(format!(
+                "bucket {b}: waitlist_quantity {wants:?}; the waiting requests want {modelled:?}"
+            ));
+        }
+        Ok(())
+    }
+
     /// The real queued time of the request the model queued at `t`.
     fn score_of(&self, t: u8) -> Result<u64, String> {
         match self.requests.get(&t) {
@@ -502,6 +580,7 @@ impl Real {
                     .ok_or(format!("bucket {b}: buyer {user} the walk never sent"))?;
                 units += u32::from(wants);
             }
+            self.compare_orders(b, keys).await?;
             let sold = units - u32::from(self.released[b]);
             if sold != u32::from(s.sold[b]) {
                 return Err(format!(
@@ -705,11 +784,17 @@ async fn random_walks_of_the_serving_model_match_the_scripts() {
     let env = TestEnv::new().await;
     let mut seen = Seen::default();
     let ids = OrderIds::lease(&env.cfg, None).await.unwrap();
+    // Renewed while the walks run: all of them outlive one lease.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let renewing = ids.keep_alive(stop.clone());
     for seed in seeds(WALKS) {
         if let Err(e) = walk(&env, &ids, seed, &mut seen).await {
             panic!("{e}");
         }
     }
+    stop.cancel();
+    let _ = renewing.await;
+    ids.release().await;
     env.cleanup().await;
     let mut table: Vec<_> = seen.actions.iter().collect();
     table.sort();
