@@ -157,13 +157,13 @@ pub enum Round {
         pool: u8,
     },
     /// Bucket `next`'s bound published next; `short` is
-    /// `fill_the_short`'s order, from the lines read.
+    /// `fill_the_short`'s order, from the lines read, and `fill` its start
+    /// on the holdings read.
     Publishing {
         next: u8,
         plan: Plan,
         short: Vec<u8>,
-        stock: Vec<u8>,
-        pool: u8,
+        fill: Fill,
     },
     /// `fill_the_short`: its next move.
     Moving {
@@ -341,13 +341,8 @@ enum Give {
 
 /// Serves waiting requests of `line` from `pool` units in order, each
 /// whole or passed over, up to `most` of them and not past `up_to`;
-/// returns the units left and who was served (lib/waitlist.lua).
-fn serve_line(
-    line: &mut Vec<Waiting>,
-    mut pool: u8,
-    most: u8,
-    up_to: Option<u8>,
-) -> (u8, Vec<Waiting>) {
+/// returns who was served (lib/waitlist.lua).
+fn serve_line(line: &mut Vec<Waiting>, mut pool: u8, most: u8, up_to: Option<u8>) -> Vec<Waiting> {
     let mut served = vec![];
     let mut at = 0;
     while pool > 0 && (served.len() as u8) < most && at < line.len() {
@@ -363,7 +358,7 @@ fn serve_line(
             at += 1;
         }
     }
-    (pool, served)
+    served
 }
 
 /// How many of `earlier` (in queued order) `free` units serve, each whole
@@ -464,7 +459,7 @@ impl State {
             false => 0,
         };
         let mut line = self.lines[b].clone();
-        let (_, served) = serve_line(&mut line, self.stock[b] - kept, most, up_to);
+        let served = serve_line(&mut line, self.stock[b] - kept, most, up_to);
         for w in &served {
             let takes_lent = self.stock[b] - w.wants < lent;
             let kind = match forgive && takes_lent {
@@ -624,24 +619,22 @@ impl Serving {
                 let fill = Fill {
                     at: 0,
                     pool_tried: false,
-                    stock: stock.clone(),
+                    stock,
                     pool,
                 };
-                plan.lends = fill.lends(&plan, &short);
+                plan.lends = fill.clone().lends(&plan, &short);
                 s.round = Round::Publishing {
                     next: 0,
                     plan,
                     short,
-                    stock,
-                    pool,
+                    fill,
                 };
             }
             Round::Publishing {
                 next,
                 plan,
                 short,
-                stock,
-                pool,
+                fill,
             } => {
                 s.bounds[next as usize] = plan.bound_of(next as usize, s.round_eaten);
                 if next + 1 < n {
@@ -649,23 +642,13 @@ impl Serving {
                         next: next + 1,
                         plan,
                         short,
-                        stock,
-                        pool,
+                        fill,
                     };
                     return;
                 }
                 s.bounded = plan.bounds_any(n);
                 s.published = true;
-                s.round = Round::Moving {
-                    plan,
-                    short,
-                    fill: Fill {
-                        at: 0,
-                        pool_tried: false,
-                        stock,
-                        pool,
-                    },
-                };
+                s.round = Round::Moving { plan, short, fill };
             }
             Round::Moving {
                 plan,

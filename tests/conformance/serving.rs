@@ -428,7 +428,14 @@ impl Real {
     /// request that waited and `admit` for one that bought at once, with
     /// the units it wanted; and the wants kept for requests still
     /// waiting (`waitlist_quantity`: those for more than one unit).
-    async fn compare_orders(&mut self, b: usize, keys: &VoucherKeys) -> Result<(), String> {
+    /// `buyers` and `waiting`: the bucket's, as the comparison read them.
+    async fn compare_orders(
+        &mut self,
+        b: usize,
+        keys: &VoucherKeys,
+        buyers: &[u64],
+        waiting: &[u64],
+    ) -> Result<(), String> {
         let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
             .arg(keys.orders())
             .arg("-")
@@ -452,23 +459,16 @@ impl Real {
             got.push((user, kind, quantity));
         }
         got.sort();
-        let buyers: Vec<u64> = self
-            .redis
-            .smembers(keys.buyers())
-            .await
-            .map_err(|e| e.to_string())?;
         let mut expected = vec![];
-        for user in buyers {
-            let (_, (_, wants, score)) = self
-                .requests
-                .iter()
-                .find(|(_, (u, _, _))| *u == user)
+        for &user in buyers {
+            let (_, wants, score) = self
+                .request_of(user)
                 .ok_or(format!("bucket {b}: buyer {user} the walk never sent"))?;
             let kind = match score {
                 Some(_) => "promote",
                 None => "admit",
             };
-            expected.push((user, kind.to_string(), *wants));
+            expected.push((user, kind.to_string(), wants));
         }
         expected.sort();
         if got != expected {
@@ -481,13 +481,8 @@ impl Real {
             .hgetall(keys.waitlist_quantity())
             .await
             .map_err(|e| e.to_string())?;
-        let waiting: Vec<u64> = self
-            .redis
-            .zrange(keys.waitlist(), 0, -1)
-            .await
-            .map_err(|e| e.to_string())?;
         let mut modelled = HashMap::new();
-        for user in waiting {
+        for &user in waiting {
             if let Some((_, wanted)) = self.time_of(user) {
                 if wanted > 1 {
                     modelled.insert(user, wanted);
@@ -512,10 +507,16 @@ impl Real {
 
     /// The model's time of a real waiting user.
     fn time_of(&self, user: u64) -> Option<(u8, u8)> {
+        self.request_of(user).map(|(t, wants, _)| (t, wants))
+    }
+
+    /// A real user's request: the model's time, the units it wants, its
+    /// score in the line if it waited.
+    fn request_of(&self, user: u64) -> Option<(u8, u8, Option<f64>)> {
         self.requests
             .iter()
             .find(|(_, (u, _, _))| *u == user)
-            .map(|(t, (_, wants, _))| (*t, *wants))
+            .map(|(t, (_, wants, score))| (*t, *wants, *score))
     }
 
     /// The stores against the model's state.
@@ -540,8 +541,9 @@ impl Real {
                 .zrange_withscores(keys.waitlist(), 0, -1)
                 .await
                 .map_err(|e| e.to_string())?;
+            let waiting: Vec<u64> = line.iter().map(|(user, _)| *user).collect();
             let line: Vec<Option<(u8, u8)>> =
-                line.iter().map(|(user, _)| self.time_of(*user)).collect();
+                waiting.iter().map(|user| self.time_of(*user)).collect();
             let modelled: Vec<Option<(u8, u8)>> = s.lines[b]
                 .iter()
                 .map(|w: &Waiting| Some((w.queued, w.wants)))
@@ -574,13 +576,13 @@ impl Real {
                 .await
                 .map_err(|e| e.to_string())?;
             let mut units = 0u32;
-            for user in buyers {
+            for &user in &buyers {
                 let (_, wants) = self
                     .time_of(user)
                     .ok_or(format!("bucket {b}: buyer {user} the walk never sent"))?;
                 units += u32::from(wants);
             }
-            self.compare_orders(b, keys).await?;
+            self.compare_orders(b, keys, &buyers, &waiting).await?;
             let sold = units - u32::from(self.released[b]);
             if sold != u32::from(s.sold[b]) {
                 return Err(format!(
