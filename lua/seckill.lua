@@ -236,7 +236,7 @@ end
 local function admit()
   local meta = redis.call('HMGET', KEYS[1], 'begin_ms', 'end_ms', 'paused', 'user_rate',
     'require_token', 'per_user_limit', 'waitlist_limit', 'bucket', 'buckets', 'serve_up_to_until',
-    'units_free', 'units_free_until')
+    'units_free', 'units_free_until', 'lent', 'lent_until')
   local stock = redis.call('GET', KEYS[2])
   if not meta[1] or not meta[2] or not stock then
     return {5, 'unknown voucher', 0}
@@ -337,6 +337,12 @@ local function admit()
   end
 
   local left = tonumber(stock)
+  -- A voucher in buckets: the units the mover's round takes from here to
+  -- earlier requests at other buckets (meta lent, live until lent_until,
+  -- lua/serve_up_to.lua) are not for sale here.
+  if meta[13] and (tonumber(meta[14] or '') or 0) > now_ms then
+    left = left - math.min(math.max(tonumber(meta[13]) or 0, 0), math.max(left, 0))
+  end
   -- A voucher in buckets: while the mover's bound is live (lua/serve_up_to.lua)
   -- and requests wait here, this bucket's units are kept for them and for an
   -- earlier request waiting at another bucket: a newcomer queues behind them.

@@ -19,7 +19,8 @@
 --
 -- KEYS[1]  a bucket's meta (seckill:{V.b.s}:meta): fields serve_up_to (a
 --          queued time, µs of Redis TIME) and serve_up_to_until (Unix ms);
---          mover_epoch as for a give; begin_ms (loaded)
+--          mover_epoch as for a give; begin_ms (loaded); lent and
+--          lent_until (ARGV[5])
 --
 -- ARGV[1]  the mover's epoch (lua/mover_lease.lua)
 -- ARGV[2]  the bound: a queued time in microseconds, or '' to lift it
@@ -30,6 +31,15 @@
 --          (units_free_until, Unix ms); lua/seckill.lua lets a request
 --          its bucket cannot fill wait for the mover while it is at least
 --          the quantity asked, or lapsed. Empty / absent: left as it is.
+-- ARGV[5]  optional: the units of this bucket's stock the mover's round
+--          takes to earlier requests waiting at other buckets: written to
+--          meta lent, live for ARGV[3] ms (lent_until, Unix ms). While
+--          live, this bucket serves its line (lua/lib/waitlist.lua) and
+--          sells to newcomers (lua/seckill.lua) from its stock less these
+--          units, whether or not a bound is set here, so they are still
+--          there when the move takes them; lua/transfer_take.lua counts
+--          them down as it takes them. '0' clears them; empty / absent:
+--          left as they are.
 --
 -- Returns {code, reason, value}:
 --   {0, "set", 0}             the bound is set (or lifted)
@@ -58,6 +68,11 @@ if free ~= nil and free ~= '' and not (string.match(free, '^[0-9]+$') and #free 
   return redis.error_reply('ERR serve_up_to: the free units must be a count, or empty')
 end
 
+local lent = ARGV[5]
+if lent ~= nil and lent ~= '' and not (string.match(lent, '^[0-9]+$') and #lent <= 16) then
+  return redis.error_reply('ERR serve_up_to: the lent units must be a count, or empty')
+end
+
 local meta = redis.call('HMGET', KEYS[1], 'mover_epoch', 'begin_ms')
 local seen = epoch_seen(meta[1])
 local refused = fenced(epoch, seen)
@@ -75,5 +90,12 @@ else
 end
 if free ~= nil and free ~= '' then
   redis.call('HSET', KEYS[1], 'units_free', free, 'units_free_until', until_ms)
+end
+if lent ~= nil and lent ~= '' then
+  if tonumber(lent) == 0 then
+    redis.call('HDEL', KEYS[1], 'lent', 'lent_until')
+  else
+    redis.call('HSET', KEYS[1], 'lent', lent, 'lent_until', until_ms)
+  end
 end
 return {0, 'set', 0}

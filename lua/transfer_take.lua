@@ -11,7 +11,9 @@
 -- and whoever completes it asks the receiver first (lua/transfer_void.lua).
 --
 -- KEYS[1]  the giver's meta: seckill:{V.b.s}:meta (the pool's: bucket 0's,
---          seckill:{V}:meta); fields read: paused, mover_epoch, begin_ms, run_id
+--          seckill:{V}:meta); fields read: paused, mover_epoch, begin_ms, run_id;
+--          a bucket's lent (lua/serve_up_to.lua) counted down by the units
+--          taken
 -- KEYS[2]  the giver's units: seckill:{V.b.s}:stock, or the pool
 --          seckill:{V}:pool
 -- KEYS[3]  the giver's open transfers: seckill:{V.b.s}:transfers, or
@@ -87,5 +89,18 @@ local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 redis.call('DECRBY', KEYS[2], units)
 redis.call('HSET', KEYS[3], t, to .. ' ' .. units .. ' ' .. now_ms, 'last', t)
+-- A bucket's units kept for the mover's moves (meta lent,
+-- lua/serve_up_to.lua) leave with them: what is left of them stays kept,
+-- no more than the stock left (a take short of what it wanted emptied it:
+-- units that come back later are not kept for a move already made).
+if string.sub(KEYS[2], -6) == ':stock' then
+  local lent = tonumber(redis.call('HGET', KEYS[1], 'lent') or '')
+  local kept = lent and math.min(lent - units, stock - units)
+  if kept and kept > 0 then
+    redis.call('HSET', KEYS[1], 'lent', string.format('%d', kept))
+  elseif lent then
+    redis.call('HDEL', KEYS[1], 'lent', 'lent_until')
+  end
+end
 see_epoch(KEYS[1], epoch, seen)
 return {0, 'taken', units}

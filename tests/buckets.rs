@@ -435,6 +435,35 @@ async fn voucher_with_quantities(
     (layout, redis)
 }
 
+/// A live voucher of 3 units in 3 buckets (one each, none in the pool),
+/// its orders due `pay_timeout` after they are made, preloaded; its
+/// layout and a connection.
+async fn one_unit_per_bucket(
+    env: &TestEnv,
+    pay_timeout: &str,
+) -> (Layout, seckill::store::redis_conn::Redis) {
+    let out = env
+        .cmd()
+        .args(["voucher", "add", "--id", &V.to_string(), "--stock", "3"])
+        .args([
+            "--buckets",
+            "3",
+            "--begin",
+            "-1m",
+            "--pay-timeout",
+            pay_timeout,
+        ])
+        .output()
+        .expect("voucher add");
+    assert!(out.status.success(), "{out:?}");
+    preload(env, V);
+    let mut redis = env.redis().await;
+    let layout = Layout::read(&mut redis, &env.prefix, V)
+        .await
+        .expect("layout");
+    (layout, redis)
+}
+
 /// The first `n` users of bucket `b` of 3.
 fn users_of(b: u32, n: usize) -> Vec<u64> {
     (1..).filter(|u| bucket_of(*u, 3) == b).take(n).collect()
@@ -807,18 +836,7 @@ async fn a_unit_released_at_one_bucket_goes_to_the_earliest_waiting_buyer_of_any
     use seckill::orders::payment::{self, PayOutcome};
 
     let env = TestEnv::on_cluster().await;
-    let out = env
-        .cmd()
-        .args(["voucher", "add", "--id", &V.to_string(), "--stock", "3"])
-        .args(["--buckets", "3", "--begin", "-1m", "--pay-timeout", "5s"])
-        .output()
-        .expect("voucher add");
-    assert!(out.status.success(), "{out:?}");
-    preload(&env, V);
-    let mut redis = env.redis().await;
-    let layout = Layout::read(&mut redis, &env.prefix, V)
-        .await
-        .expect("layout");
+    let (layout, mut redis) = one_unit_per_bucket(&env, "5s").await;
     let (zero, one, two) = (users_of(0, 2), users_of(1, 2), users_of(2, 2));
     // One unit per bucket, all sold; then bucket 1's buyer waits first
     // and bucket 0's second.
@@ -862,6 +880,67 @@ async fn a_unit_released_at_one_bucket_goes_to_the_earliest_waiting_buyer_of_any
     );
     assert!(!s.orders.contains_key(&zero[1]));
     assert_eq!(s.waitlist, vec![zero[1]], "the second waits");
+    env.cleanup().await;
+}
+
+/// Finding S1 (docs/src/concepts/checked-model.md), through a real
+/// worker: bucket 1 runs dry while a buyer waits there; the mover's round
+/// lends one of the other buckets' units to that buyer, and while it
+/// stands between publishing and moving, a newcomer at each of the other
+/// two buckets presses buy. The bucket that lends keeps its unit for the
+/// move (its newcomer waits, "sold out"); the other sells its own; the
+/// earlier buyer is served. Before the lent units were kept, both
+/// newcomers bought, the move came up short, and the earlier buyer waited
+/// with no unit left.
+#[tokio::test]
+async fn units_a_bucket_lends_to_an_earlier_buyer_are_not_sold_to_newcomers_meanwhile() {
+    let env = TestEnv::on_cluster().await;
+    let (layout, redis) = one_unit_per_bucket(&env, "1h").await;
+    let (zero, one, two) = (users_of(0, 1), users_of(1, 2), users_of(2, 1));
+    for (user, order, bought) in [(one[0], 61, true), (one[1], 62, false)] {
+        let came = buy_units(&redis, &layout, user, 1, order).await;
+        assert_eq!(
+            matches!(came, Admission::Admitted { .. }),
+            bought,
+            "{came:?}"
+        );
+    }
+    let faults = std::env::temp_dir().join(format!("seckill-faults-{}", env.prefix));
+    std::fs::create_dir_all(&faults).unwrap();
+    let dir = faults.display().to_string();
+    let worker = env.spawn_worker_with(
+        &common::fast_worker(&[]),
+        &[
+            ("SECKILL_TEST_FAULT", "after_bounds_published@1=hold"),
+            ("SECKILL_TEST_FAULT_DIR", &dir),
+        ],
+    );
+    worker.wait_log(
+        "fault hold at after_bounds_published",
+        Duration::from_secs(30),
+    );
+    let mut bought = vec![];
+    for (user, order) in [(zero[0], 63), (two[0], 64)] {
+        let came = buy_units(&redis, &layout, user, 1, order).await;
+        bought.push(matches!(came, Admission::Admitted { .. }));
+    }
+    std::fs::write(faults.join("release"), b"").unwrap();
+    assert_eq!(
+        bought.iter().filter(|b| **b).count(),
+        1,
+        "newcomers at buckets 0 and 2 bought {bought:?}: the unit lent to bucket 1's buyer was sold"
+    );
+    env.wait_orders(V, 3, Duration::from_secs(30)).await;
+    worker.signal("TERM");
+    worker.expect_success(Duration::from_secs(20));
+    let s = assert_invariants(&env, V).await;
+    assert!(
+        s.orders.contains_key(&one[1]),
+        "the earlier buyer is served: {:?}",
+        s.orders
+    );
+    assert_eq!(s.waitlist.len(), 1, "the lender's newcomer waits");
+    let _ = std::fs::remove_dir_all(&faults);
     env.cleanup().await;
 }
 

@@ -9,7 +9,7 @@ mod common;
 use common::TestEnv;
 use redis::AsyncCommands;
 use seckill::gate::buckets::choose_tags;
-use seckill::gate::transfer::{self, Given, Landing, Settled, Side, Taken};
+use seckill::gate::transfer::{self, BoundWord, Given, Landing, Settled, Side, Taken};
 use seckill::store::keys::VoucherKeys;
 use seckill::store::redis_conn::Redis;
 use seckill::store::scripts;
@@ -660,9 +660,9 @@ async fn a_bound_keeps_a_bucket_s_units_for_earlier_requests_and_lapses_by_itsel
     for (user, at) in [(line[0], 200u64), (line[1], 300)] {
         let _: () = redis.zadd(b1.waitlist(), user, at).await.expect("zadd");
     }
-    let set = transfer::set_bound(&mut redis, b1, 1, Some(100), 60_000, None).await;
+    let set = transfer::set_bound(&mut redis, b1, 1, &BoundWord::bound(Some(100), 60_000)).await;
     assert_eq!(set.expect("bound"), Bounded::Set);
-    let set = transfer::set_bound(&mut redis, b2, 1, Some(100), 60_000, None).await;
+    let set = transfer::set_bound(&mut redis, b2, 1, &BoundWord::bound(Some(100), 60_000)).await;
     assert_eq!(set.expect("bound"), Bounded::Set);
 
     // An earlier request waits elsewhere (at 100): nobody here is served.
@@ -685,7 +685,7 @@ async fn a_bound_keeps_a_bucket_s_units_for_earlier_requests_and_lapses_by_itsel
     assert_eq!(sold.expect("admit"), Admission::Admitted { order_id: 8002 });
 
     // The bound moves up to 200: the first request is served, once.
-    let set = transfer::set_bound(&mut redis, b1, 2, Some(200), 60_000, None).await;
+    let set = transfer::set_bound(&mut redis, b1, 2, &BoundWord::bound(Some(200), 60_000)).await;
     assert_eq!(set.expect("bound"), Bounded::Set);
     let served = transfer::promote_waiting(&mut redis, bucket1, 7001, 2, &[9003, 9004]).await;
     assert_eq!(served.expect("serve"), Given::Landed { promoted: 1 });
@@ -703,10 +703,10 @@ async fn a_bound_keeps_a_bucket_s_units_for_earlier_requests_and_lapses_by_itsel
     assert_eq!(number(&mut redis, &b1.stock()).await, 1);
 
     // The mover of epoch 1 lost its lease: its bound is refused.
-    let stale = transfer::set_bound(&mut redis, b1, 1, None, 60_000, None).await;
+    let stale = transfer::set_bound(&mut redis, b1, 1, &BoundWord::bound(None, 60_000)).await;
     assert_eq!(stale.expect("bound"), Bounded::Fenced(2));
     // Once the bound lapses, the bucket serves its own line again.
-    let set = transfer::set_bound(&mut redis, b1, 2, Some(200), 1, None).await;
+    let set = transfer::set_bound(&mut redis, b1, 2, &BoundWord::bound(Some(200), 1)).await;
     assert_eq!(set.expect("bound"), Bounded::Set);
     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     let served = transfer::promote_waiting(&mut redis, bucket1, 7002, 2, &[9005, 9006]).await;
@@ -720,7 +720,7 @@ async fn a_bound_keeps_a_bucket_s_units_for_earlier_requests_and_lapses_by_itsel
     let served: Option<String> = redis.hget(b1.meta(), "served_last").await.expect("hget");
     assert_eq!(served.as_deref(), Some("3 6000"));
     // Lifted: the fields are gone.
-    let lifted = transfer::set_bound(&mut redis, b1, 3, None, 60_000, None).await;
+    let lifted = transfer::set_bound(&mut redis, b1, 3, &BoundWord::bound(None, 60_000)).await;
     assert_eq!(lifted.expect("bound"), Bounded::Set);
     let fields: Vec<Option<String>> = redis
         .hmget(b1.meta(), &["serve_up_to", "serve_up_to_until"])
@@ -730,7 +730,7 @@ async fn a_bound_keeps_a_bucket_s_units_for_earlier_requests_and_lapses_by_itsel
 
     // A gate that is not loaded gets no bound (nor a meta made for it).
     let lost = VoucherKeys::new(&env.prefix, V + 1).expect("keys");
-    let set = transfer::set_bound(&mut redis, &lost, 3, Some(1), 60_000, None).await;
+    let set = transfer::set_bound(&mut redis, &lost, 3, &BoundWord::bound(Some(1), 60_000)).await;
     assert_eq!(set.expect("bound"), Bounded::NotLoaded);
     let made: bool = redis.exists(lost.meta()).await.expect("exists");
     assert!(!made);

@@ -33,14 +33,22 @@ end
 -- (lua/serve_up_to.lua), requests queued after it are not served here,
 -- since an earlier one waits at another bucket for these units (the mover
 -- moves them there), so units go first come, first served across buckets.
+-- While its lent units are live, the pool less them serves (they are the
+-- mover's, for earlier requests at other buckets); they stay in the units
+-- returned.
 local function serve_waitlist(k, voucher, pool, fresh, released_of, now_ms)
   local looked, used, at, promoted = 0, 0, 0, 0
   local admitted = {}
-  local bound = redis.call('HMGET', k.meta, 'serve_up_to', 'serve_up_to_until')
+  local bound = redis.call('HMGET', k.meta, 'serve_up_to', 'serve_up_to_until', 'lent', 'lent_until')
   local up_to = nil
   if bound[1] and (tonumber(bound[2] or '0') or 0) > tonumber(now_ms) then
     up_to = tonumber(bound[1])
   end
+  local kept = 0
+  if bound[3] and (tonumber(bound[4] or '0') or 0) > tonumber(now_ms) then
+    kept = math.min(math.max(tonumber(bound[3]) or 0, 0), math.max(pool, 0))
+  end
+  pool = pool - kept
   while pool > 0 and used < #fresh and looked < 1000 do
     local entry = redis.call('ZRANGE', k.waitlist, at, at, 'WITHSCORES')
     local head = entry[1]
@@ -77,5 +85,5 @@ local function serve_waitlist(k, voucher, pool, fresh, released_of, now_ms)
     end
   end
   digest_move(k.meta, 'buyers_digest', admitted, 1)
-  return pool, promoted
+  return pool + kept, promoted
 end

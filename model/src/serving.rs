@@ -3,15 +3,19 @@
 //! src/worker/mover.rs takes it (each bucket's line read, the free units
 //! allotted to the earliest requests of any bucket by src/worker/
 //! allotment.rs's rule, the bound published in each bucket with
-//! lua/serve_up_to.lua, the moves of `fill_the_short`, each bucket's
+//! lua/serve_up_to.lua with the units each bucket lends to the moves,
+//! the moves of `fill_the_short` (src/worker/allotment.rs `Filling`),
+//! each take counting its giver's lent units down, each bucket's
 //! allotted requests served with a give of no units), and what the
-//! buckets do meanwhile: newcomers admitted by lua/seckill.lua (bought,
-//! or queued when their bucket cannot fill them or a live bound keeps its
-//! units for the requests waiting there), and units
-//! that come back (a release, lua/release.lua) served to a bucket's own
-//! line by lua/lib/waitlist.lua, which stops at a live bound. The faults:
-//! the mover killed at any step of its round (its bounds stay until they
-//! lapse), a bound that lapses (the mover stopped, or stalled past it).
+//! buckets do meanwhile: newcomers admitted by lua/seckill.lua (bought
+//! from the stock less the lent units, or queued when that cannot fill
+//! them or a live bound keeps the units for the requests waiting there),
+//! and units that come back (a release, lua/release.lua) served to a
+//! bucket's own line by lua/lib/waitlist.lua from the stock less the lent
+//! units, stopping at a live bound. The faults: the mover killed at any
+//! step of its round (its bounds and lent units stay until they lapse), a
+//! bound and lent units that lapse (the mover stopped, or stalled past
+//! them).
 //!
 //! Left to the mover's model (model/src/mover.rs): a move's three steps,
 //! its lease and epoch. A move here is one step, which a sale at the
@@ -40,13 +44,17 @@ pub struct Fixes {
     /// A bucket's line is served once every move to it is done; off,
     /// after each move that landed units there.
     pub serve_after_moves: bool,
-    /// Not in the code, a proposal: a unit that comes back at a bucket
-    /// under a live bound is served from the bucket's stock less what
-    /// the round lends to requests elsewhere (`Bound::lends`), which the
-    /// moves' takes count down. Without it such a serve may take units
-    /// an earlier request at another bucket was allotted (the limit the
-    /// checker found, docs/src/concepts/checked-model.md).
+    /// The round publishes in each bucket the units its moves are to
+    /// take from there for requests elsewhere (meta `lent`), which the
+    /// takes count down and which lapses with the bound; serves and
+    /// newcomers there use the stock less those units. Off, a unit that
+    /// comes back at a lending bucket serves a later request there from
+    /// the lent units, and a newcomer at a lending bucket with no bound
+    /// buys them (finding S1, docs/src/concepts/checked-model.md).
     pub keep_lent: bool,
+    /// lua/seckill.lua sells a newcomer only the stock less the lent
+    /// units; off, from the whole stock (the rest of `keep_lent` on).
+    pub newcomers_leave_lent: bool,
 }
 
 impl Fixes {
@@ -55,7 +63,8 @@ impl Fixes {
         newcomers_held: true,
         whole_line_allotted: true,
         serve_after_moves: true,
-        keep_lent: false,
+        keep_lent: true,
+        newcomers_leave_lent: true,
     };
 }
 
@@ -78,10 +87,6 @@ pub struct Serving {
     /// Bounds that lapse (one bucket's at a time).
     pub lapses: u8,
     pub fixes: Fixes,
-    /// The property forgives a release's serve that takes units its
-    /// bucket lends to requests elsewhere (the documented limit); off,
-    /// the checker finds it.
-    pub forgive_lent: bool,
 }
 
 /// A waiting request: when it was queued (one clock for every bucket)
@@ -101,9 +106,8 @@ pub struct Bound {
     pub up_to: u8,
     pub allotted: u32,
     pub eaten: bool,
-    /// Units of this bucket's stock the round's moves are still to take
-    /// to requests elsewhere.
-    pub lends: u8,
+    /// The round that published it (its `rounds` left).
+    pub round: u8,
 }
 
 /// What a round decided from its reads (src/worker/allotment.rs).
@@ -124,11 +128,11 @@ pub struct Plan {
 impl Plan {
     /// Some bucket is bounded (`publish_bounds`' `any`).
     fn bounds_any(&self, n: u8) -> bool {
-        (0..n as usize).any(|b| self.bound_of(b, false).is_some())
+        (0..n as usize).any(|b| self.bound_of(b, false, 0).is_some())
     }
 
-    /// `Allotment::bound_of`.
-    pub fn bound_of(&self, b: usize, eaten: bool) -> Option<Bound> {
+    /// `Allotment::bound_of`, as published by `round`.
+    pub fn bound_of(&self, b: usize, eaten: bool, round: u8) -> Option<Bound> {
         let bounded = self.ran_out || self.requests[b] > 0;
         // The first request no unit was left for is whom a unit freed
         // anywhere goes to: held for it as for those allotted.
@@ -140,7 +144,7 @@ impl Plan {
             up_to,
             allotted: self.allotted | first_unserved,
             eaten,
-            lends: self.lends[b],
+            round,
         })
     }
 }
@@ -277,6 +281,14 @@ pub struct State {
     pub pool: u8,
     pub lines: Vec<Vec<Waiting>>,
     pub bounds: Vec<Option<Bound>>,
+    /// Per bucket, the live units kept for the round's moves (meta
+    /// `lent`): its takes count them down; they lapse with the bound.
+    pub lent: Vec<u8>,
+    /// Per bucket, the round (its `rounds` left) whose publish there
+    /// governs what the bucket serves and sells: the lent units it kept
+    /// and the bound it set or lifted. None: never published, or lapsed
+    /// since (its units are kept for nobody).
+    pub kept_by: Vec<Option<u8>>,
     /// Units sold at each bucket (newcomers and promotions).
     pub sold: Vec<u8>,
     /// The buyers come (a mask of `arrivals`' indexes).
@@ -332,11 +344,10 @@ pub enum Action {
 enum Give {
     /// Checked under the bucket's live bound (none: as `Unheld`).
     Held,
-    /// A sale the design does not hold (a bucket nobody waits at): the
-    /// bounds of the rounds that counted its units promise nothing more.
+    /// A sale at a bucket nobody waits at, which no bound holds: the
+    /// bounds of the rounds that counted its units promise nothing more,
+    /// unless the units lent from there are kept.
     Unheld,
-    /// Not checked: finding S1's serve, which the property pardons.
-    Pardoned,
 }
 
 /// Serves waiting requests of `line` from `pool` units in order, each
@@ -388,25 +399,48 @@ impl State {
             .flat_map(|(b, l)| l.iter().map(move |w| (b, *w)))
     }
 
+    /// The round in hand has read bucket `b`'s units and not yet
+    /// published there what it lends from them: a give there may take
+    /// units the round counts for a request elsewhere.
+    fn counted_unkept(&self, b: usize) -> bool {
+        match &self.round {
+            Round::Idle | Round::Moving { .. } | Round::Serving { .. } => false,
+            Round::Reading { next, .. } => (b as u8) < *next,
+            Round::Publishing { next, .. } => (b as u8) >= *next,
+        }
+    }
+
     /// Before `wants` free units go to a request queued at `queued` at
     /// bucket `b`: under a live bound there, no request its round
     /// allotted units to and still waiting, queued earlier, may be left
     /// unable to be served by what stays free.
     ///
-    /// Units given where no live bound holds them (a bucket nobody waits
-    /// at selling to a newcomer, design/buckets.md hole 4; a bound
-    /// lapsed) may be units a round counted for its allotted requests:
-    /// its moves then come up short, and the rule is not kept for it.
-    ///
-    ///
-    /// A give the property pardons (`Give::Pardoned`, finding S1) is
-    /// not checked itself; what it leads to is.
-    fn give(&mut self, b: usize, queued: u8, wants: u8, kind: Give) {
-        if kind == Give::Pardoned {
-            return;
-        }
-        let bound = match self.bounds[b] {
-            Some(bound) if kind == Give::Held => bound,
+    /// A sale at a bucket nobody waits at (design/buckets.md hole 4) is
+    /// not held: it may take a unit that came back, which a bound that
+    /// ran out promises to the first request no unit was left for.
+    /// Where requests wait but no live bound holds the give (a bucket
+    /// that only lends, or none of whose requests a round allotted):
+    /// with the lent units kept, it takes none the round that last
+    /// published there counted, so it is held to that round's live
+    /// bounds elsewhere (not to an earlier round's, still live where
+    /// this one has not published yet: this round re-planned). Without
+    /// them, in the window between the round's read of the bucket and
+    /// its publish there, or once the bucket's bound lapsed, it may take
+    /// units a round counted for its allotted requests. Then its moves
+    /// come up short, and the rule is not kept for them.
+    fn give(&mut self, fixes: Fixes, b: usize, queued: u8, wants: u8, kind: Give) {
+        let checked: Vec<Bound> = match (self.bounds[b], self.kept_by[b]) {
+            (Some(bound), _) if kind == Give::Held => vec![bound],
+            (None, Some(round))
+                if kind == Give::Held && fixes.keep_lent && !self.counted_unkept(b) =>
+            {
+                self.bounds
+                    .iter()
+                    .flatten()
+                    .filter(|x| x.round == round)
+                    .copied()
+                    .collect()
+            }
             _ => {
                 // A round counted these units if it read this bucket
                 // already.
@@ -415,58 +449,53 @@ impl State {
                     Round::Reading { next, .. } => (b as u8) < *next,
                     _ => true,
                 };
-                for other in self.bounds.iter_mut().flatten() {
-                    other.eaten = true;
-                }
+                self.eat_every_bound();
                 return;
             }
         };
-        if self.deprived.is_some() || bound.eaten {
+        if self.deprived.is_some() {
             return;
         }
-        let mut earlier: Vec<Waiting> = self
-            .waiting()
-            .map(|(_, w)| w)
-            .filter(|w| w.queued < queued && bound.allotted & (1 << w.queued) != 0)
-            .collect();
-        earlier.sort_unstable();
-        let free = self.free();
-        if fitted(&earlier, free) > fitted(&earlier, free.saturating_sub(wants)) {
-            let first = earlier
-                .iter()
-                .find(|w| w.wants <= free)
-                .map_or(0, |w| w.queued);
-            self.deprived = Some((queued, first));
+        for bound in checked.into_iter().filter(|x| !x.eaten) {
+            let mut earlier: Vec<Waiting> = self
+                .waiting()
+                .map(|(_, w)| w)
+                .filter(|w| w.queued < queued && bound.allotted & (1 << w.queued) != 0)
+                .collect();
+            earlier.sort_unstable();
+            let free = self.free();
+            if fitted(&earlier, free) > fitted(&earlier, free.saturating_sub(wants)) {
+                let first = earlier
+                    .iter()
+                    .find(|w| w.wants <= free)
+                    .map_or(0, |w| w.queued);
+                self.deprived = Some((queued, first));
+                return;
+            }
         }
     }
 
-    /// Bucket `b` serves its line from its stock (a release, or the
-    /// mover's serve), up to `most` requests, under its live bound.
-    /// `released`: a unit came back (lua/release.lua), which serves
-    /// whatever the round lends (unless `keep_lent`); `forgive` spares
-    /// such a serve the property.
-    fn serve(&mut self, fixes: Fixes, b: usize, most: u8, released: bool, forgive: bool) {
+    /// Units a round counted went where no bound holds them: the live
+    /// bounds promise nothing more.
+    fn eat_every_bound(&mut self) {
+        for other in self.bounds.iter_mut().flatten() {
+            other.eaten = true;
+        }
+    }
+
+    /// Bucket `b` serves its line from its stock less the units kept for
+    /// the round's moves (a release, or the mover's serve), up to `most`
+    /// requests, under its live bound.
+    fn serve(&mut self, fixes: Fixes, b: usize, most: u8) {
         let up_to = match fixes.serve_stops_at_bound {
             true => self.bounds[b].map(|x| x.up_to),
             false => None,
         };
-        let lent = match released {
-            true => self.bounds[b].map_or(0, |x| x.lends),
-            false => 0,
-        };
-        let kept = match fixes.keep_lent {
-            true => lent.min(self.stock[b]),
-            false => 0,
-        };
+        let kept = self.lent[b].min(self.stock[b]);
         let mut line = self.lines[b].clone();
         let served = serve_line(&mut line, self.stock[b] - kept, most, up_to);
         for w in &served {
-            let takes_lent = self.stock[b] - w.wants < lent;
-            let kind = match forgive && takes_lent {
-                true => Give::Pardoned,
-                false => Give::Held,
-            };
-            self.give(b, w.queued, w.wants, kind);
+            self.give(fixes, b, w.queued, w.wants, Give::Held);
             self.lines[b].retain(|x| x != w);
             self.stock[b] -= w.wants;
             self.sold[b] += w.wants;
@@ -483,8 +512,9 @@ impl State {
         let moved = units.min(*held);
         *held -= moved;
         self.stock[to] += moved;
-        if let Some(bound) = from.and_then(|d| self.bounds[d].as_mut()) {
-            bound.lends = bound.lends.saturating_sub(moved);
+        // lua/transfer_take.lua: what is left kept, within the stock left.
+        if let Some(d) = from.filter(|_| moved > 0) {
+            self.lent[d] = self.lent[d].saturating_sub(moved).min(self.stock[d]);
         }
         moved
     }
@@ -502,6 +532,8 @@ impl Serving {
             pool: self.pool,
             lines: vec![vec![]; n],
             bounds: vec![None; n],
+            lent: vec![0; n],
+            kept_by: vec![None; n],
             sold: vec![0; n],
             arrived: 0,
             clock: 0,
@@ -636,7 +668,11 @@ impl Serving {
                 short,
                 fill,
             } => {
-                s.bounds[next as usize] = plan.bound_of(next as usize, s.round_eaten);
+                s.bounds[next as usize] = plan.bound_of(next as usize, s.round_eaten, s.rounds);
+                if fixes.keep_lent {
+                    s.lent[next as usize] = plan.lends[next as usize];
+                }
+                s.kept_by[next as usize] = Some(s.rounds);
                 if next + 1 < n {
                     s.round = Round::Publishing {
                         next: next + 1,
@@ -665,7 +701,7 @@ impl Serving {
                         let moved = s.transfer(from, to, units);
                         fill.moved(from, to, moved);
                         if moved > 0 && !fixes.serve_after_moves {
-                            s.serve(fixes, to, plan.requests[to], false, false);
+                            s.serve(fixes, to, plan.requests[to]);
                         }
                     }
                 }
@@ -674,7 +710,7 @@ impl Serving {
             Round::Serving { next, plan } => {
                 let b = next as usize;
                 if plan.requests[b] > 0 {
-                    s.serve(fixes, b, plan.requests[b], false, false);
+                    s.serve(fixes, b, plan.requests[b]);
                 }
                 if next + 1 < n {
                     s.round = Round::Serving {
@@ -693,7 +729,11 @@ impl Serving {
         s.arrived |= 1 << i;
         let queued = s.clock;
         s.clock += 1;
-        let left = s.stock[b];
+        let kept = match self.fixes.newcomers_leave_lent {
+            true => s.lent[b].min(s.stock[b]),
+            false => 0,
+        };
+        let left = s.stock[b] - kept;
         let held = self.fixes.newcomers_held
             && left > 0
             && s.bounds[b].is_some()
@@ -711,7 +751,7 @@ impl Serving {
             true => Give::Unheld,
             false => Give::Held,
         };
-        s.give(b, queued, wants, kind);
+        s.give(self.fixes, b, queued, wants, kind);
         s.stock[b] -= wants;
         s.sold[b] += wants;
     }
@@ -781,7 +821,7 @@ impl Model for Serving {
         }
         if s.lapses > 0 {
             for b in 0..self.buckets() {
-                if s.bounds[b].is_some() {
+                if s.bounds[b].is_some() || s.lent[b] > 0 {
                     actions.push(Action::Lapse(b as u8));
                 }
             }
@@ -797,7 +837,7 @@ impl Model for Serving {
                 s.releases -= 1;
                 s.sold[b] -= 1;
                 s.stock[b] += 1;
-                s.serve(self.fixes, b, u8::MAX, true, self.forgive_lent);
+                s.serve(self.fixes, b, u8::MAX);
             }
             Action::Start | Action::Read | Action::Publish | Action::Move | Action::Serve => {
                 self.mover_step(&mut s)
@@ -811,6 +851,8 @@ impl Model for Serving {
             Action::Lapse(b) => {
                 s.lapses -= 1;
                 s.bounds[b as usize] = None;
+                s.lent[b as usize] = 0;
+                s.kept_by[b as usize] = None;
             }
         }
         Some(s)

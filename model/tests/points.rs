@@ -53,6 +53,10 @@ const POINTS: &[(&str, Result<&str, &str>)] = &[
         Err("voucher update's policy: not modelled yet"),
     ),
     (
+        "after_bounds_published",
+        Ok("Publish (then Move), the serving model (model/src/serving.rs)"),
+    ),
+    (
         "between_take_and_give",
         Ok("Move (then Give), the mover's model (model/src/mover.rs)"),
     ),

@@ -267,24 +267,50 @@ pub enum Bounded {
     NotLoaded,
 }
 
-/// Sets (or lifts, None) the queued time up to which `keys`' bucket serves
-/// its own waiting requests, for `ttl_ms` by its master's clock, and
-/// publishes there (Some) the voucher's units no waiting request is given,
-/// live as long (lua/serve_up_to.lua).
+/// What the mover publishes in a bucket (lua/serve_up_to.lua), for
+/// `ttl_ms` by its master's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BoundWord {
+    /// The queued time (µs) up to which the bucket serves its own waiting
+    /// requests; None lifts it.
+    pub up_to_us: Option<u64>,
+    pub ttl_ms: u64,
+    /// The voucher's units no waiting request is given (None: left as
+    /// they are).
+    pub free: Option<i64>,
+    /// The units of the bucket's stock the round's moves take to
+    /// requests at other buckets, neither served nor sold there until
+    /// taken (0 clears them; None: left as they are).
+    pub lent: Option<i64>,
+}
+
+impl BoundWord {
+    /// The bound alone, for `ttl_ms`.
+    pub fn bound(up_to_us: Option<u64>, ttl_ms: u64) -> BoundWord {
+        BoundWord {
+            up_to_us,
+            ttl_ms,
+            free: None,
+            lent: None,
+        }
+    }
+}
+
+/// Publishes `word` in `keys`' bucket (lua/serve_up_to.lua).
 pub async fn set_bound(
     conn: &mut impl ConnectionLike,
     keys: &VoucherKeys,
     epoch: u64,
-    up_to_us: Option<u64>,
-    ttl_ms: u64,
-    free: Option<i64>,
+    word: &BoundWord,
 ) -> Result<Bounded> {
+    let count = |n: Option<i64>| n.map_or(String::new(), |n| n.max(0).to_string());
     let (code, reason, value): (i64, String, u64) = SERVE_UP_TO
         .key(keys.meta())
         .arg(epoch)
-        .arg(up_to_us.map_or(String::new(), |t| t.to_string()))
-        .arg(ttl_ms)
-        .arg(free.map_or(String::new(), |f| f.max(0).to_string()))
+        .arg(word.up_to_us.map_or(String::new(), |t| t.to_string()))
+        .arg(word.ttl_ms)
+        .arg(count(word.free))
+        .arg(count(word.lent))
         .invoke_async(conn)
         .await?;
     Ok(match code {

@@ -39,7 +39,8 @@
 //! kept names read, not yet taken off the gate's witness) and `before_raise`
 //! (MySQL's count of orders read, the witness not yet set back up to it); `voucher update`'s `before_publish` (the policy changed
 //! in MySQL, not yet published at the gate); the gate guard's `gate_paused` (a gate paused, not yet
-//! rebuilt); the mover's `between_take_and_give` (units
+//! rebuilt); the mover's `after_bounds_published` (a round's bounds and
+//! lent units published, nothing moved yet) and `between_take_and_give` (units
 //! taken from one gate, in transit, not yet given to the other); `seckill
 //! serve`'s `serve_after_admit` (admitted at the gate, the answer not yet
 //! written) and its Redis connections' mender `mend_round` (before each

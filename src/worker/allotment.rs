@@ -107,6 +107,138 @@ pub fn allot<L: Borrow<Line>>(lines: &[L], pool: i64) -> Allotment {
     out
 }
 
+/// One move of a fill: `units` from bucket `from` (None: the pool) to
+/// bucket `to`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Move {
+    pub from: Option<usize>,
+    pub to: usize,
+    pub units: i64,
+}
+
+/// The course of the mover's `fill_the_short`: the buckets whose allotted
+/// requests lack units, the one whose line's first request came earliest
+/// first; for each, the pool gives first, then the open bucket with the
+/// most units beyond its own allotted requests, until it has them or
+/// nobody has units to spare. A move from a bucket that moves nothing
+/// ends the fill of its receiver (the next round moves what this one
+/// could not). Pure, so a round knows before it moves what each bucket
+/// lends (`lends`), and publishes it so those units stay for the moves.
+#[derive(Debug, Clone)]
+pub struct Filling {
+    short: Vec<usize>,
+    at: usize,
+    pool_tried: bool,
+}
+
+impl Filling {
+    pub fn new<L: Borrow<Line>>(lines: &[L], allotted: &Allotment) -> Filling {
+        let earliest = |b: usize| lines[b].borrow().waiting.first().map_or(f64::MAX, |w| w.0);
+        let mut short: Vec<usize> = (0..lines.len())
+            .filter(|b| allotted.need[*b] > lines[*b].borrow().stock)
+            .collect();
+        short.sort_by(|a, b| earliest(*a).total_cmp(&earliest(*b)));
+        Filling {
+            short,
+            at: 0,
+            pool_tried: false,
+        }
+    }
+
+    /// The next move, on the holdings as the moves so far left them
+    /// (`lines`' stock, the `pool`, which gives only when `pool_usable`);
+    /// None: the fill is done.
+    pub fn next<L: Borrow<Line>>(
+        &mut self,
+        lines: &[L],
+        pool: i64,
+        pool_usable: bool,
+        allotted: &Allotment,
+    ) -> Option<Move> {
+        loop {
+            let to = *self.short.get(self.at)?;
+            let lacks = allotted.need[to] - lines[to].borrow().stock;
+            if lacks <= 0 {
+                self.skip();
+                continue;
+            }
+            if !self.pool_tried {
+                self.pool_tried = true;
+                if pool_usable && pool > 0 {
+                    let units = lacks.min(pool);
+                    return Some(Move {
+                        from: None,
+                        to,
+                        units,
+                    });
+                }
+                continue;
+            }
+            let spare = |d: usize| lines[d].borrow().stock - allotted.need[d];
+            let from = (0..lines.len())
+                .filter(|d| *d != to && !lines[*d].borrow().paused && spare(*d) > 0)
+                .max_by_key(|d| spare(*d));
+            let Some(from) = from else {
+                self.skip();
+                continue;
+            };
+            let units = lacks.min(spare(from));
+            return Some(Move {
+                from: Some(from),
+                to,
+                units,
+            });
+        }
+    }
+
+    /// `step` moved `moved` units (the caller's holdings already show
+    /// them moved).
+    pub fn moved(&mut self, step: &Move, moved: i64) {
+        if step.from.is_some() && moved <= 0 {
+            self.skip();
+        }
+    }
+
+    fn skip(&mut self) {
+        self.at += 1;
+        self.pool_tried = false;
+    }
+
+    /// Per bucket, the units of its stock the fill takes to requests
+    /// elsewhere if every move takes what it asks.
+    pub fn lends<L: Borrow<Line>>(
+        &self,
+        lines: &[L],
+        mut pool: i64,
+        pool_usable: bool,
+        allotted: &Allotment,
+    ) -> Vec<i64> {
+        let mut dry = self.clone();
+        let mut stock: Vec<Line> = lines
+            .iter()
+            .map(|l| Line {
+                stock: l.borrow().stock,
+                paused: l.borrow().paused,
+                waiting: vec![],
+                seen_all: true,
+            })
+            .collect();
+        let mut lends = vec![0; lines.len()];
+        while let Some(step) = dry.next(&stock, pool, pool_usable, allotted) {
+            match step.from {
+                None => pool -= step.units,
+                Some(d) => {
+                    stock[d].stock -= step.units;
+                    lends[d] += step.units;
+                }
+            }
+            stock[step.to].stock += step.units;
+            dry.moved(&step, step.units);
+        }
+        lends
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,6 +330,58 @@ mod tests {
         let a = allot(&[paused, line(0, &[(2.0, 1)])], 0);
         assert_eq!(a.need, vec![0, 0]);
         assert_eq!(a.up_to, Some(2.0));
+    }
+
+    fn lends_of(lines: &[Line], pool: i64) -> Vec<i64> {
+        let allotted = allot(lines, pool);
+        Filling::new(lines, &allotted).lends(lines, pool, true, &allotted)
+    }
+
+    #[test]
+    fn the_pool_gives_first_then_the_bucket_with_the_most_to_spare() {
+        // Bucket 2's request for 3: the pool's one unit, then bucket 1
+        // (3 spare) before bucket 0 (1 spare beyond its own request).
+        let lines = [line(2, &[(20.0, 1)]), line(3, &[]), line(0, &[(10.0, 3)])];
+        assert_eq!(lends_of(&lines, 1), vec![0, 2, 0]);
+        // Without the pool, bucket 1's three.
+        assert_eq!(lends_of(&lines, 0), vec![0, 3, 0]);
+    }
+
+    #[test]
+    fn a_bucket_lends_only_beyond_its_own_allotted_requests() {
+        // Bucket 0 holds 2 and its own request takes 1: it lends 1, and
+        // bucket 1's second request (queued after bucket 0's) gets none.
+        let lines = [line(2, &[(20.0, 1)]), line(0, &[(10.0, 1), (30.0, 1)])];
+        let allotted = allot(&lines, 0);
+        assert_eq!(allotted.need, vec![1, 1]);
+        assert_eq!(lends_of(&lines, 0), vec![1, 0]);
+    }
+
+    #[test]
+    fn the_earliest_short_bucket_is_filled_first_and_nobody_lends_without_a_need() {
+        let lines = [line(1, &[]), line(0, &[(30.0, 1)]), line(0, &[(10.0, 1)])];
+        let allotted = allot(&lines, 0);
+        let mut filling = Filling::new(&lines, &allotted);
+        let first = filling.next(&lines, 0, true, &allotted);
+        assert_eq!(
+            first,
+            Some(Move {
+                from: Some(0),
+                to: 2,
+                units: 1
+            })
+        );
+        assert_eq!(lends_of(&[line(3, &[]), line(1, &[])], 5), vec![0, 0]);
+    }
+
+    #[test]
+    fn a_move_that_moved_nothing_ends_its_receiver_s_fill() {
+        let lines = [line(2, &[]), line(0, &[(10.0, 2)])];
+        let allotted = allot(&lines, 0);
+        let mut filling = Filling::new(&lines, &allotted);
+        let step = filling.next(&lines, 0, true, &allotted).expect("a move");
+        filling.moved(&step, 0);
+        assert_eq!(filling.next(&lines, 0, true, &allotted), None);
     }
 
     #[test]

@@ -28,11 +28,16 @@ pub(super) struct BucketView {
     pub(super) begin_ms: Option<i64>,
 }
 
+impl std::borrow::Borrow<Line> for BucketView {
+    fn borrow(&self) -> &Line {
+        &self.line
+    }
+}
+
 /// The allotment of a round's look: the pool counts while bucket 0, whose
 /// master holds it, is not paused.
 pub(super) fn allotment(looks: &[BucketView], pool: i64) -> Allotment {
-    let lines: Vec<&Line> = looks.iter().map(|l| &l.line).collect();
-    allot(&lines, if pool_usable(looks) { pool } else { 0 })
+    allot(looks, if pool_usable(looks) { pool } else { 0 })
 }
 
 /// Every bucket as it is now, and the pool's units: one pipeline per

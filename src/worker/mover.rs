@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::allotment::Allotment;
+use super::allotment::{Allotment, Filling};
 use super::bucket_look::{
     allotment, look_all, movable, pool_usable, unpromised, BucketView, LINE_DEPTH,
 };
@@ -230,11 +230,17 @@ impl Mover {
             self.moves_left = true;
         }
         let free = unpromised(&looks, pool, &allotted);
-        if !self.publish_bounds(&gates, epoch, &allotted, free).await? {
+        let filling = Filling::new(&looks, &allotted);
+        let lends = filling.lends(&looks, pool, pool_usable(&looks), &allotted);
+        if !self
+            .publish_bounds(&gates, epoch, &allotted, free, &lends)
+            .await?
+        {
             return Ok(left_open);
         }
+        crate::support::fault::point("after_bounds_published").await?;
         let mut free = Holdings { looks, pool };
-        self.fill_the_short(&gates, epoch, &mut free, &allotted)
+        self.fill_the_short(&gates, epoch, &mut free, &allotted, filling)
             .await?;
         for b in 0..free.looks.len() {
             if allotted.requests[b] > 0 {
@@ -264,45 +270,23 @@ impl Mover {
         Ok(usize::from(waiting || open))
     }
 
-    /// The buckets whose allotted requests lack units, the earliest
-    /// allotted request first; the pool gives first, then the buckets
-    /// holding more than their own allotted requests take.
+    /// The moves of `filling` (worker/allotment.rs), on the holdings as
+    /// each move left them.
     async fn fill_the_short(
         &mut self,
         gates: &[VoucherKeys],
         epoch: u64,
         free: &mut Holdings,
         allotted: &Allotment,
+        mut filling: Filling,
     ) -> Result<()> {
-        let earliest = |free: &Holdings, b: usize| {
-            free.looks[b].line.waiting.first().map_or(f64::MAX, |w| w.0)
-        };
-        let mut short: Vec<usize> = (0..free.looks.len())
-            .filter(|b| allotted.need[*b] > free.looks[*b].line.stock)
-            .collect();
-        short.sort_by(|a, b| earliest(free, *a).total_cmp(&earliest(free, *b)));
-        for to in short {
-            let mut lacks = allotted.need[to] - free.looks[to].line.stock;
-            if pool_usable(&free.looks) {
-                lacks -= self.move_units(gates, epoch, free, None, to, lacks).await?;
-            }
-            while lacks > 0 {
-                let spare = |free: &Holdings, d: usize| free.looks[d].line.stock - allotted.need[d];
-                let Some(from) = (0..free.looks.len())
-                    .filter(|d| *d != to && !free.looks[*d].line.paused && spare(free, *d) > 0)
-                    .max_by_key(|d| spare(free, *d))
-                else {
-                    break;
-                };
-                let units = lacks.min(spare(free, from));
-                let moved = self
-                    .move_units(gates, epoch, free, Some(from), to, units)
-                    .await?;
-                if moved == 0 {
-                    break;
-                }
-                lacks -= moved;
-            }
+        while let Some(step) =
+            filling.next(&free.looks, free.pool, pool_usable(&free.looks), allotted)
+        {
+            let moved = self
+                .move_units(gates, epoch, free, step.from, step.to, step.units)
+                .await?;
+            filling.moved(&step, moved);
         }
         Ok(())
     }
@@ -376,7 +360,9 @@ impl Mover {
 
     /// Publishes in each bucket the queued time up to which it serves its
     /// own line (None: lifts it; nothing is written while no bucket was or
-    /// is bounded), and the voucher's `free` units no waiting request is
+    /// is bounded) and the units of its stock the round's moves take to
+    /// requests elsewhere (`lends`: neither served nor sold there until
+    /// taken), and the voucher's `free` units no waiting request is
     /// given, when they changed or their last word is a third of its life
     /// old (lua/seckill.lua lets a request its bucket cannot fill wait for
     /// them). False: a gate has seen a later mover, and this one stops its
@@ -387,11 +373,13 @@ impl Mover {
         epoch: u64,
         allotted: &Allotment,
         free: i64,
+        lends: &[i64],
     ) -> Result<bool> {
         let voucher = gates[0].voucher();
         let bounds: Vec<Option<u64>> = (0..gates.len())
             .map(|b| allotted.bound_of(b).map(|t| t.max(1.0) as u64))
             .collect();
+        // A bucket lends only to an allotted request, which bounds its own.
         let any = bounds.iter().any(Option::is_some);
         // Three passes if a pass is slow, but never past the lease: a
         // worker that dies leaves no bound longer than its lease.
@@ -408,7 +396,7 @@ impl Mover {
         }
         let said = std::time::Instant::now();
         if let Some(seen) = self
-            .set_bounds(gates, epoch, &bounds, ttl, Some(free))
+            .set_bounds(gates, epoch, &bounds, lends, ttl, Some(free))
             .await?
         {
             self.seen_a_later_epoch(voucher, seen);
@@ -423,20 +411,31 @@ impl Mover {
         Ok(true)
     }
 
-    /// Sets each gate's bound (None: lifted) at once: the epoch of a later
-    /// mover if a gate has seen one.
+    /// Sets each gate's bound (None: lifted) and lent units at once: the
+    /// epoch of a later mover if a gate has seen one.
     async fn set_bounds(
         &mut self,
         gates: &[VoucherKeys],
         epoch: u64,
         bounds: &[Option<u64>],
+        lends: &[i64],
         ttl: u64,
         free: Option<i64>,
     ) -> Result<Option<u64>> {
-        let calls = gates.iter().zip(bounds).map(|(keys, up_to_us)| {
-            let mut conn = self.conn.clone();
-            async move { transfer::set_bound(&mut conn, keys, epoch, *up_to_us, ttl, free).await }
-        });
+        let calls = gates
+            .iter()
+            .zip(bounds)
+            .zip(lends)
+            .map(|((keys, up_to_us), lent)| {
+                let mut conn = self.conn.clone();
+                let word = transfer::BoundWord {
+                    up_to_us: *up_to_us,
+                    ttl_ms: ttl,
+                    free,
+                    lent: Some(*lent),
+                };
+                async move { transfer::set_bound(&mut conn, keys, epoch, &word).await }
+            });
         let mut fenced = None;
         for answer in futures_util::future::join_all(calls).await {
             match answer? {
@@ -481,8 +480,16 @@ impl Mover {
     /// requests wait next to stock serve its own line.
     async fn lift_bound(&mut self, gates: &[VoucherKeys], epoch: u64) -> Result<()> {
         let unbounded = vec![None; gates.len()];
+        let lends_nothing = vec![0; gates.len()];
         if self
-            .set_bounds(gates, epoch, &unbounded, BOUND_HOLDS_MS, None)
+            .set_bounds(
+                gates,
+                epoch,
+                &unbounded,
+                &lends_nothing,
+                BOUND_HOLDS_MS,
+                None,
+            )
             .await?
             .is_some()
         {

@@ -31,7 +31,7 @@ use redis::AsyncCommands;
 use seckill::gate::admission::{self, Admission, Attempt};
 use seckill::gate::buckets::{bucket_of, Layout};
 use seckill::gate::mover_lease;
-use seckill::gate::transfer::{self, Given, Landing, Settled, Side, Taken};
+use seckill::gate::transfer::{self, BoundWord, Given, Landing, Settled, Side, Taken};
 use seckill::orders::deadline::{self, WhilePaused};
 use seckill::store::keys::VoucherKeys;
 use seckill::store::node_lease::OrderIds;
@@ -84,7 +84,6 @@ fn serving() -> Serving {
         crashes: 2,
         lapses: 3,
         fixes: Fixes::CODE,
-        forgive_lent: true,
     }
 }
 
@@ -255,7 +254,11 @@ impl Real {
                 };
                 let keys = self.gates[b].clone();
                 let conn = &mut self.redis.clone();
-                let set = transfer::set_bound(conn, &keys, self.epoch, up_to, BOUND_MS, None)
+                let word = BoundWord {
+                    lent: Some(i64::from(after.lent[b])),
+                    ..BoundWord::bound(up_to, BOUND_MS)
+                };
+                let set = transfer::set_bound(conn, &keys, self.epoch, &word)
                     .await
                     .map_err(|e| e.to_string())?;
                 if set != transfer::Bounded::Set {
@@ -339,7 +342,10 @@ impl Real {
             Action::Lapse(b) => {
                 let _: () = self
                     .redis
-                    .hset(self.gates[b as usize].meta(), "serve_up_to_until", 1)
+                    .hset_multiple(
+                        self.gates[b as usize].meta(),
+                        &[("serve_up_to_until", 1), ("lent_until", 1)],
+                    )
                     .await
                     .map_err(|e| e.to_string())?;
             }
@@ -394,11 +400,17 @@ impl Real {
         let real_bounds: Vec<Option<u64>> = (0..n)
             .map(|b| real.bound_of(b).map(|t| t.max(1.0) as u64))
             .collect();
-        let (need, requests, bounds) = match &after.round {
+        let real_lends = allotment::Filling::new(&real_lines, &real).lends(
+            &real_lines,
+            i64::from(*pool),
+            true,
+            &real,
+        );
+        let (need, requests, bounds, lends) = match &after.round {
             Round::Publishing { plan, .. } => {
                 let mut bounds = vec![];
                 for b in 0..n {
-                    bounds.push(match plan.bound_of(b, false) {
+                    bounds.push(match plan.bound_of(b, false, 0) {
                         Some(bound) => Some(self.score_of(bound.up_to)?),
                         None => None,
                     });
@@ -410,14 +422,22 @@ impl Real {
                         .map(|r| *r as usize)
                         .collect::<Vec<_>>(),
                     bounds,
+                    plan.lends.iter().map(|u| i64::from(*u)).collect::<Vec<_>>(),
                 )
             }
-            // No write: nothing the code bounds either.
-            _ => (real.need.clone(), real.requests.clone(), vec![None; n]),
+            // No write: nothing the code bounds or lends either.
+            _ => (
+                real.need.clone(),
+                real.requests.clone(),
+                vec![None; n],
+                vec![0; n],
+            ),
         };
-        if (&real.need, &real.requests, &real_bounds) != (&need, &requests, &bounds) {
+        if (&real.need, &real.requests, &real_bounds, &real_lends)
+            != (&need, &requests, &bounds, &lends)
+        {
             return Err(format!(
-                "the code allots need {:?}, requests {:?}, bounds {real_bounds:?}; the model need {need:?}, requests {requests:?}, bounds {bounds:?}",
+                "the code allots need {:?}, requests {:?}, bounds {real_bounds:?}, lends {real_lends:?}; the model need {need:?}, requests {requests:?}, bounds {bounds:?}, lends {lends:?}",
                 real.need, real.requests
             ));
         }
@@ -553,13 +573,29 @@ impl Real {
                     "bucket {b}: waiting (time, wants) {line:?}; the model {modelled:?}"
                 ));
             }
-            let (up_to, until): (Option<u64>, Option<i64>) = redis::cmd("HMGET")
+            let (up_to, until, lent, lent_until): (
+                Option<u64>,
+                Option<i64>,
+                Option<i64>,
+                Option<i64>,
+            ) = redis::cmd("HMGET")
                 .arg(keys.meta())
                 .arg("serve_up_to")
                 .arg("serve_up_to_until")
+                .arg("lent")
+                .arg("lent_until")
                 .query_async(&mut self.redis)
                 .await
                 .map_err(|e| e.to_string())?;
+            let live_lent = lent
+                .filter(|_| lent_until.is_some_and(|u| u > now))
+                .unwrap_or(0);
+            if live_lent != i64::from(s.lent[b]) {
+                return Err(format!(
+                    "bucket {b}: {live_lent} unit(s) lent live; the model {}",
+                    s.lent[b]
+                ));
+            }
             let live = up_to.filter(|_| until.is_some_and(|u| u > now));
             let modelled = match s.bounds[b] {
                 None => None,
@@ -612,6 +648,8 @@ struct Seen {
     /// Serves (a release's or the mover's) a live bound stopped short of
     /// a request that fitted.
     stopped_at_bound: usize,
+    /// Arrivals and releases at a bucket with units lent live.
+    met_lent: usize,
 }
 
 async fn walk(
@@ -686,6 +724,14 @@ fn note(model: &Serving, before: &State, action: Action, after: &State, seen: &m
             seen.held += 1;
         }
     }
+    let at = match action {
+        Action::Arrive(i) => Some(model.arrivals[i as usize].0 as usize),
+        Action::Release(b) => Some(b as usize),
+        _ => None,
+    };
+    if at.is_some_and(|b| before.lent[b] > 0) {
+        seen.met_lent += 1;
+    }
     if matches!(action, Action::Release(_) | Action::Serve) {
         for (b, line) in after.lines.iter().enumerate() {
             let Some(bound) = after.bounds[b] else {
@@ -701,14 +747,16 @@ fn note(model: &Serving, before: &State, action: Action, after: &State, seen: &m
     }
 }
 
-/// The limit the checker found (docs/src/concepts/checked-model.md),
-/// against the real scripts: the round allots bucket 1's early request
-/// for 2 the pool's unit and one of bucket 0's; a unit comes back at
-/// bucket 0 before the move from it, and the release serves bucket 0's
-/// later request for 2 from that unit and the one lent. The move comes
-/// up short, the early request waits, and the later one holds the units.
+/// Finding S1 (docs/src/concepts/checked-model.md), against the real
+/// scripts: the round allots bucket 1's early request for 2 the pool's
+/// unit and one of bucket 0's; a unit comes back at bucket 0 before the
+/// move from it. Before the lent units were kept, the release served
+/// bucket 0's later request for 2 from that unit and the one lent, the
+/// move came up short, and the early request waited. Now the release
+/// serves from bucket 0's stock less the unit lent: the later request
+/// waits, the move takes the unit, and the early request is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_unit_that_comes_back_serves_the_units_its_bucket_lends_elsewhere() {
+async fn a_unit_that_comes_back_leaves_the_units_its_bucket_lends_elsewhere() {
     use Action::*;
     let env = TestEnv::new().await;
     let ids = OrderIds::lease(&env.cfg, None).await.unwrap();
@@ -721,7 +769,6 @@ async fn a_unit_that_comes_back_serves_the_units_its_bucket_lends_elsewhere() {
         crashes: 0,
         lapses: 0,
         fixes: Fixes::CODE,
-        forgive_lent: false,
     };
     let script = [
         Arrive(0), // bucket 0 sells a unit: one left there
@@ -729,21 +776,67 @@ async fn a_unit_that_comes_back_serves_the_units_its_bucket_lends_elsewhere() {
         Arrive(2), // bucket 0, for 2: waits (queued at 2)
         Start,
         Read,
-        Read, // 2 free: the request at 1 gets them, the one at 2 is next
-        Publish,
+        Read,    // 2 free: the request at 1 gets them, the one at 2 is next
+        Publish, // bucket 0 lends its unit
         Publish,
         Move,       // the pool's unit to bucket 1
-        Release(0), // bucket 0: 2 units, the request at 2 served
-        Move,       // bucket 0's lent unit: gone
+        Release(0), // bucket 0: 2 units, 1 lent: the request at 2 waits
+        Move,       // bucket 0's lent unit to bucket 1
+        Move,
         Move,
         Serve,
-        Serve,
+        Serve, // bucket 1's request at 1 served
     ];
     let end = run(&env, &ids, &model, FIRST_VOUCHER + 10_000, &script)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(end.deprived, Some((2, 1)), "{end:?}");
-    assert_eq!(end.lines[1].len(), 1, "{end:?}");
+    assert_eq!(end.deprived, None, "{end:?}");
+    assert!(end.lines[1].is_empty(), "{end:?}");
+    assert_eq!(end.sold[1], 2, "{end:?}");
+    assert_eq!(end.lines[0].len(), 1, "{end:?}");
+    env.cleanup().await;
+}
+
+/// The wider form of finding S1: a bucket that only lends (none of its
+/// requests allotted, so no bound there) sold its lent units to a
+/// newcomer, and the move came up short. Now the newcomer waits ("sold
+/// out": the units are an earlier request's), the move takes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_at_a_bucket_that_only_lends_does_not_buy_the_lent_units() {
+    use Action::*;
+    let env = TestEnv::new().await;
+    let ids = OrderIds::lease(&env.cfg, None).await.unwrap();
+    let model = Serving {
+        stock: vec![2, 0],
+        pool: 0,
+        arrivals: vec![(1, 2), (0, 2)],
+        releases: 0,
+        rounds: 1,
+        crashes: 0,
+        lapses: 0,
+        fixes: Fixes::CODE,
+    };
+    let script = [
+        Arrive(0), // bucket 1, for 2: waits (queued at 0)
+        Start,
+        Read,
+        Read,
+        Publish,   // bucket 0: no bound, its 2 units lent
+        Publish,   // bucket 1: bound at 0
+        Arrive(1), // bucket 0, for 2: waits
+        Move,      // the pool: none
+        Move,      // bucket 0's 2 units to bucket 1
+        Move,
+        Move,
+        Serve,
+        Serve, // bucket 1's request served
+    ];
+    let end = run(&env, &ids, &model, FIRST_VOUCHER + 10_001, &script)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(end.bounds[0], None, "{end:?}");
+    assert_eq!(end.sold, vec![0, 2], "{end:?}");
+    assert_eq!(end.lines[0].len(), 1, "{end:?}");
     env.cleanup().await;
 }
 
@@ -801,8 +894,8 @@ async fn random_walks_of_the_serving_model_match_the_scripts() {
     let mut table: Vec<_> = seen.actions.iter().collect();
     table.sort();
     eprintln!(
-        "serving actions taken over the walks: {table:?}; newcomers held behind a bound: {}; serves stopped at a bound: {}",
-        seen.held, seen.stopped_at_bound
+        "serving actions taken over the walks: {table:?}; newcomers held behind a bound: {}; serves stopped at a bound: {}; arrivals and releases where units were lent: {}",
+        seen.held, seen.stopped_at_bound, seen.met_lent
     );
     for name in [
         "Arrive", "Release", "Start", "Read", "Publish", "Move", "Serve", "Crash", "Lapse",
@@ -814,4 +907,5 @@ async fn random_walks_of_the_serving_model_match_the_scripts() {
     }
     assert!(seen.held > 0, "no newcomer was held behind a bound");
     assert!(seen.stopped_at_bound > 0, "no serve stopped at a bound");
+    assert!(seen.met_lent > 0, "no arrival or release met lent units");
 }
