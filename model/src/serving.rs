@@ -19,11 +19,12 @@
 //!
 //! Left to the mover's model (model/src/mover.rs): a move's three steps,
 //! its lease and epoch. A move here is one step, which a sale at the
-//! giver may have left short. Left out: `even_out` (it moves units to
-//! buckets nobody waited at when read; after a fill that came up short
-//! those may be units the allotment counted), the published `units_free` (a request a
-//! bucket cannot fill waits here as when the count has lapsed), a
-//! paused bucket, the read's depth of 1,000 requests, clock skew between
+//! giver may have left short. The published `units_free` (the free
+//! units no request read was allotted) refuses a request its bucket holds
+//! some but not enough units for while it is fewer than asked. Left out:
+//! `even_out` (it moves units to buckets nobody waited at when read;
+//! after a fill that came up short those may be units the allotment
+//! counted), a paused bucket, the read's depth of 1,000 requests, clock skew between
 //! masters (queued times are one order here).
 
 use stateright::{Model, Property};
@@ -123,6 +124,9 @@ pub struct Plan {
     pub allotted: u32,
     /// Per bucket, the units `fill_the_short` takes from it, as read.
     pub lends: Vec<u8>,
+    /// The free units no request read was allotted (`unpromised`),
+    /// published in every bucket as `units_free`.
+    pub unpromised: u8,
 }
 
 impl Plan {
@@ -242,12 +246,11 @@ impl Fill {
                 self.pool_tried = true;
                 self.pool -= moved;
             }
-            Some(d) => {
-                self.stock[d] -= moved;
-                if moved == 0 {
-                    self.skip();
-                }
-            }
+            // Nothing from a bucket: the take found it short (it sold
+            // meanwhile) and said what it holds, none; the next giver is
+            // asked (`Took::Short`).
+            Some(d) if moved == 0 => self.stock[d] = 0,
+            Some(d) => self.stock[d] -= moved,
         }
         self.stock[to] += moved;
     }
@@ -299,9 +302,12 @@ pub struct State {
     /// Since the round's first read, units it may have counted went
     /// where no bound held them.
     pub round_eaten: bool,
-    /// The mover has published in this process (`Mover::published`,
-    /// taken as fresh: the model has no `units_free`): lost with it.
-    pub published: bool,
+    /// The free units this process last published (`Mover::published`,
+    /// taken as fresh while they are the same): lost with it.
+    pub published: Option<u8>,
+    /// Per bucket, the live `units_free` published there: the voucher's
+    /// free units no waiting request was allotted.
+    pub units_free: Vec<Option<u8>>,
     /// The mover's memory that it left bounds (`Mover::bounded`): lost
     /// with its process.
     pub bounded: bool,
@@ -318,9 +324,9 @@ pub struct State {
 pub enum Action {
     /// Buyer `i` of `arrivals` presses buy (lua/seckill.lua).
     Arrive(u8),
-    /// A unit comes back at bucket `b` and its line is served
-    /// (lua/release.lua).
-    Release(u8),
+    /// `units` (1 or 2) come back at bucket `b`, an order of that many or
+    /// two of one in one call, and its line is served (lua/release.lua).
+    Release(u8, u8),
     /// The mover's round starts (the lease, and transfers left open
     /// completed: the mover's model).
     Start,
@@ -335,7 +341,8 @@ pub enum Action {
     Serve,
     /// The mover killed: its round ends where it is.
     Crash,
-    /// Bucket `b`'s bound lapses.
+    /// Bucket `b`'s bound, lent units and `units_free` lapse (one
+    /// `until` for the three).
     Lapse(u8),
 }
 
@@ -534,12 +541,13 @@ impl Serving {
             bounds: vec![None; n],
             lent: vec![0; n],
             kept_by: vec![None; n],
+            units_free: vec![None; n],
             sold: vec![0; n],
             arrived: 0,
             clock: 0,
             round: Round::Idle,
             round_eaten: false,
-            published: false,
+            published: None,
             bounded: false,
             deprived: None,
             releases: self.releases,
@@ -559,6 +567,7 @@ impl Serving {
             ran_out: false,
             allotted: 0,
             lends: vec![0; n],
+            unpromised: 0,
         };
         let mut entries: Vec<(u8, usize, u8)> = lines
             .iter()
@@ -571,16 +580,18 @@ impl Serving {
                 l.iter().take(first).map(move |w| (w.queued, b, w.wants))
             })
             .collect();
+        let mut free = pool + stock.iter().sum::<u8>();
+        plan.unpromised = free;
         if entries.is_empty() {
             return plan;
         }
         entries.sort_unstable();
-        let mut free = pool + stock.iter().sum::<u8>();
         let mut last = None;
         for (queued, b, wants) in entries {
             if free == 0 {
                 plan.up_to = Some(queued);
                 plan.ran_out = true;
+                plan.unpromised = 0;
                 return plan;
             }
             if wants <= free {
@@ -592,6 +603,7 @@ impl Serving {
             }
         }
         plan.up_to = last;
+        plan.unpromised = free;
         plan
     }
 
@@ -642,7 +654,7 @@ impl Serving {
                     return;
                 }
                 let mut plan = self.allot(&lines, &stock, pool);
-                if !plan.bounds_any(n) && !s.bounded && s.published {
+                if !plan.bounds_any(n) && !s.bounded && s.published == Some(plan.unpromised) {
                     // No bound to set, none left, and its last word
                     // fresh: no write (`publish_bounds`).
                     return;
@@ -672,6 +684,7 @@ impl Serving {
                 if fixes.keep_lent {
                     s.lent[next as usize] = plan.lends[next as usize];
                 }
+                s.units_free[next as usize] = Some(plan.unpromised);
                 s.kept_by[next as usize] = Some(s.rounds);
                 if next + 1 < n {
                     s.round = Round::Publishing {
@@ -683,7 +696,7 @@ impl Serving {
                     return;
                 }
                 s.bounded = plan.bounds_any(n);
-                s.published = true;
+                s.published = Some(plan.unpromised);
                 s.round = Round::Moving { plan, short, fill };
             }
             Round::Moving {
@@ -738,8 +751,14 @@ impl Serving {
             && left > 0
             && s.bounds[b].is_some()
             && !s.lines[b].is_empty();
-        // With more than one bucket a request the bucket cannot fill
-        // waits for the mover (units_free lapsed or enough).
+        // A request the bucket holds some units for but not enough is
+        // refused ("not enough stock", nothing written) while the mover's
+        // last word is that fewer units are free than it asks; lapsed or
+        // enough, it waits for the mover.
+        let elsewhere = s.units_free[b].is_none_or(|f| f >= wants);
+        if left > 0 && !held && left < wants && !elsewhere {
+            return;
+        }
         if left == 0 || held || left < wants {
             s.lines[b].push(Waiting { queued, wants });
             return;
@@ -803,8 +822,8 @@ impl Model for Serving {
         }
         if s.releases > 0 {
             for b in 0..self.buckets() {
-                if s.sold[b] > 0 {
-                    actions.push(Action::Release(b as u8));
+                for units in 1..=s.sold[b].min(2) {
+                    actions.push(Action::Release(b as u8, units));
                 }
             }
         }
@@ -821,7 +840,7 @@ impl Model for Serving {
         }
         if s.lapses > 0 {
             for b in 0..self.buckets() {
-                if s.bounds[b].is_some() || s.lent[b] > 0 {
+                if s.bounds[b].is_some() || s.lent[b] > 0 || s.units_free[b].is_some() {
                     actions.push(Action::Lapse(b as u8));
                 }
             }
@@ -832,11 +851,11 @@ impl Model for Serving {
         let mut s = last.clone();
         match action {
             Action::Arrive(i) => self.arrive(&mut s, i as usize),
-            Action::Release(b) => {
+            Action::Release(b, units) => {
                 let b = b as usize;
                 s.releases -= 1;
-                s.sold[b] -= 1;
-                s.stock[b] += 1;
+                s.sold[b] -= units;
+                s.stock[b] += units;
                 s.serve(self.fixes, b, u8::MAX);
             }
             Action::Start | Action::Read | Action::Publish | Action::Move | Action::Serve => {
@@ -846,12 +865,13 @@ impl Model for Serving {
                 s.crashes -= 1;
                 s.round = Round::Idle;
                 s.bounded = false;
-                s.published = false;
+                s.published = None;
             }
             Action::Lapse(b) => {
                 s.lapses -= 1;
                 s.bounds[b as usize] = None;
                 s.lent[b as usize] = 0;
+                s.units_free[b as usize] = None;
                 s.kept_by[b as usize] = None;
             }
         }

@@ -11,8 +11,8 @@ use stateright::{Checker, Model};
 
 /// CI's bounds: 2 buckets, two units in bucket 0 and one in the pool,
 /// five buyers (three at bucket 0, two at bucket 1, one of each for 2
-/// units), one unit that comes back, three rounds of the mover, one
-/// kill, one lapse.
+/// units), one release (of one unit or two), two rounds of the mover,
+/// one kill, one lapse.
 fn ci_serving(fixes: Fixes) -> Serving {
     Serving {
         stock: vec![2, 0],
@@ -86,7 +86,8 @@ fn explain() {
 }
 
 /// A larger bound, by hand: 3 buckets (one unit in each of two, one in
-/// the pool), five buyers, two units that come back, two lapses
+/// the pool), five buyers, two releases (of one unit or two each), two
+/// lapses
 /// (`cargo test -p seckill-model --test serving larger -- --ignored
 /// --nocapture`).
 #[test]

@@ -116,14 +116,37 @@ pub struct Move {
     pub units: i64,
 }
 
+/// What a move's take got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Took {
+    /// Units that arrived.
+    Units(i64),
+    /// The giver held fewer units than the least worth moving (it sold
+    /// them meanwhile); the holdings show what it said it holds.
+    Short,
+    /// Nothing moved for another cause (paused, fenced, left in transit,
+    /// called off).
+    Refused,
+}
+
+impl Took {
+    pub fn units(self) -> i64 {
+        match self {
+            Took::Units(k) => k,
+            Took::Short | Took::Refused => 0,
+        }
+    }
+}
+
 /// The course of the mover's `fill_the_short`: the buckets whose allotted
 /// requests lack units, the one whose line's first request came earliest
 /// first; for each, the pool gives first, then the open bucket with the
 /// most units beyond its own allotted requests, until it has them or
-/// nobody has units to spare. A move from a bucket that moves nothing
-/// ends the fill of its receiver (the next round moves what this one
-/// could not). Pure, so a round knows before it moves what each bucket
-/// lends (`lends`), and publishes it so those units stay for the moves.
+/// nobody has units to spare. A giver found short (it sold meanwhile)
+/// is passed for the next; a move refused for another cause ends the fill
+/// of its receiver (the next round moves what this one could not). Pure,
+/// so a round knows before it moves what each bucket lends (`lends`), and
+/// publishes it so those units stay for the moves.
 #[derive(Debug, Clone)]
 pub struct Filling {
     short: Vec<usize>,
@@ -191,10 +214,11 @@ impl Filling {
         }
     }
 
-    /// `step` moved `moved` units (the caller's holdings already show
-    /// them moved).
-    pub fn moved(&mut self, step: &Move, moved: i64) {
-        if step.from.is_some() && moved <= 0 {
+    /// `step` took `took` (the caller's holdings already show it: the
+    /// units moved, or what a short giver said it holds, which leaves it
+    /// no units to spare).
+    pub fn moved(&mut self, step: &Move, took: Took) {
+        if step.from.is_some() && (took == Took::Refused || took == Took::Units(0)) {
             self.skip();
         }
     }
@@ -233,7 +257,7 @@ impl Filling {
                 }
             }
             stock[step.to].stock += step.units;
-            dry.moved(&step, step.units);
+            dry.moved(&step, Took::Units(step.units));
         }
         lends
     }
@@ -375,13 +399,29 @@ mod tests {
     }
 
     #[test]
-    fn a_move_that_moved_nothing_ends_its_receiver_s_fill() {
-        let lines = [line(2, &[]), line(0, &[(10.0, 2)])];
+    fn a_move_refused_ends_its_receiver_s_fill_and_a_short_giver_is_passed() {
+        let lines = [line(2, &[]), line(1, &[]), line(0, &[(10.0, 2)])];
         let allotted = allot(&lines, 0);
         let mut filling = Filling::new(&lines, &allotted);
         let step = filling.next(&lines, 0, true, &allotted).expect("a move");
-        filling.moved(&step, 0);
+        assert_eq!(step.from, Some(0));
+        filling.moved(&step, Took::Refused);
         assert_eq!(filling.next(&lines, 0, true, &allotted), None);
+        // Short: bucket 0 sold its units meanwhile; bucket 1 gives.
+        let mut filling = Filling::new(&lines, &allotted);
+        let step = filling.next(&lines, 0, true, &allotted).expect("a move");
+        let mut held = lines.clone();
+        held[0].stock = 0;
+        filling.moved(&step, Took::Short);
+        let next = filling.next(&held, 0, true, &allotted);
+        assert_eq!(
+            next,
+            Some(Move {
+                from: Some(1),
+                to: 2,
+                units: 1
+            })
+        );
     }
 
     #[test]

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::allotment::{Allotment, Filling};
+use super::allotment::{Allotment, Filling, Took};
 use super::bucket_look::{
     allotment, look_all, movable, pool_usable, unpromised, BucketView, LINE_DEPTH,
 };
@@ -283,10 +283,10 @@ impl Mover {
         while let Some(step) =
             filling.next(&free.looks, free.pool, pool_usable(&free.looks), allotted)
         {
-            let moved = self
+            let took = self
                 .move_units(gates, epoch, free, step.from, step.to, step.units)
                 .await?;
-            filling.moved(&step, moved);
+            filling.moved(&step, took);
         }
         Ok(())
     }
@@ -311,7 +311,10 @@ impl Mover {
             }
             let mut wants = average - l.line.stock;
             if pool_usable(&free.looks) {
-                wants -= self.move_units(gates, epoch, free, None, to, wants).await?;
+                wants -= self
+                    .move_units(gates, epoch, free, None, to, wants)
+                    .await?
+                    .units();
             }
             let richest = (0..free.looks.len())
                 .filter(|d| {
@@ -333,7 +336,8 @@ impl Mover {
 
     /// Moves up to `units` from bucket `from` (None: the pool) to `to`, no
     /// more than the giver holds, and keeps `free` as the move left it:
-    /// the units that arrived.
+    /// the units that arrived, or, from a giver found short, what it said
+    /// it holds.
     async fn move_units(
         &mut self,
         gates: &[VoucherKeys],
@@ -342,20 +346,27 @@ impl Mover {
         from: Option<usize>,
         to: usize,
         units: i64,
-    ) -> Result<i64> {
+    ) -> Result<Took> {
         let held = match from {
             None => free.pool,
             Some(b) => free.looks[b].line.stock,
         };
-        let moved = self
+        let (took, left) = self
             .transfer(gates, from, to, units.min(held), epoch)
             .await?;
+        let left = match took {
+            Took::Units(k) => {
+                free.looks[to].line.stock += k;
+                held - k
+            }
+            Took::Short => left,
+            Took::Refused => held,
+        };
         match from {
-            None => free.pool -= moved,
-            Some(b) => free.looks[b].line.stock -= moved,
+            None => free.pool = left,
+            Some(b) => free.looks[b].line.stock = left,
         }
-        free.looks[to].line.stock += moved;
-        Ok(moved)
+        Ok(took)
     }
 
     /// Publishes in each bucket the queued time up to which it serves its
@@ -576,7 +587,7 @@ impl Mover {
     }
 
     /// Moves up to `units` from bucket `from` (None: the pool) to bucket
-    /// `to`: the units that arrived.
+    /// `to`: what it took, and, found short, the units the giver holds.
     async fn transfer(
         &mut self,
         gates: &[VoucherKeys],
@@ -584,9 +595,9 @@ impl Mover {
         to: usize,
         units: i64,
         epoch: u64,
-    ) -> Result<i64> {
+    ) -> Result<(Took, i64)> {
         if units <= 0 {
-            return Ok(0);
+            return Ok((Took::Units(0), 0));
         }
         let giver = match from {
             None => Side::Pool(&gates[0]),
@@ -604,15 +615,16 @@ impl Mover {
             Taken::Units(k) => k,
             Taken::Fenced(seen) => {
                 self.seen_a_later_epoch(voucher, seen);
-                return Ok(0);
+                return Ok((Took::Refused, 0));
             }
             Taken::StaleId => {
                 tracing::warn!(
                     "mover: voucher {voucher}: transfer id {id} is not above the last one taken (this host's clock is behind the last mover's?): nothing moved"
                 );
-                return Ok(0);
+                return Ok((Took::Refused, 0));
             }
-            Taken::Short(_) | Taken::Paused | Taken::NotLoaded => return Ok(0),
+            Taken::Short(held) => return Ok((Took::Short, held as i64)),
+            Taken::Paused | Taken::NotLoaded => return Ok((Took::Refused, 0)),
         };
         crate::support::fault::point("between_take_and_give").await?;
         // The units land in the stock: the round serves the receiver's
@@ -625,16 +637,16 @@ impl Mover {
             if let Given::Fenced(seen) = given {
                 self.seen_a_later_epoch(voucher, seen);
             }
-            return Ok(0);
+            return Ok((Took::Refused, 0));
         };
         transfer::settle(&mut self.conn, giver, id, landing).await?;
         if landing == Landing::Void {
-            return Ok(0);
+            return Ok((Took::Refused, 0));
         }
         self.stats.add_units_moved(k);
         // Moved in full: nothing of this move is left for the next pass.
         self.moves_left = left_before || k < units;
-        Ok(k as i64)
+        Ok((Took::Units(k as i64), 0))
     }
 
     /// Completes every transfer left open longer than a mover takes:

@@ -8,8 +8,8 @@
 //!
 //! The steps: an arrival is `gate::admission::admit_durably` of a new
 //! user of the bucket for 1 or 2 units (lua/seckill.lua); a unit that
-//! comes back is `orders::deadline::release` of an order of one unit
-//! (lua/release.lua); the mover's bound is `gate::transfer::set_bound`
+//! comes back is `orders::deadline::release` of an order of one or two
+//! units (lua/release.lua); the mover's bound is `gate::transfer::set_bound`
 //! (lua/serve_up_to.lua) at the queued time of the request the model's
 //! bound names, and lifted where the model lifts it; a move is
 //! `transfer::take`, `give` and `settle` in turn (the transfer scripts:
@@ -20,9 +20,10 @@
 //! what a read would.
 //!
 //! Not the mover's own code: the round's steps here are the model's,
-//! each run with the library's function the mover calls. The walks
-//! publish no `units_free` (the model leaves it out: a request its
-//! bucket cannot fill waits, as when the count has lapsed).
+//! each run with the library's function the mover calls. Each publish
+//! writes the model's `units_free` with the bound and the lent units, so
+//! a request its bucket holds some but not enough units for is refused
+//! ("not enough stock") while that count is live and below it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -196,8 +197,11 @@ impl Real {
                         .await
                         .map_err(|e| e.to_string())?;
                 let waits = after.lines[b as usize].len() > before.lines[b as usize].len();
+                let sells = after.sold[b as usize] > before.sold[b as usize];
                 let score = match (&reply.outcome, waits) {
-                    (Admission::Admitted { .. }, false) => None,
+                    (Admission::Admitted { .. }, false) if sells => None,
+                    // Refused: nothing written, the buyer gone.
+                    (Admission::NotEnoughStock { .. }, false) if !sells => None,
                     (
                         Admission::SoldOut { waitlist_position }
                         | Admission::WaitingForUnits { waitlist_position },
@@ -213,13 +217,17 @@ impl Real {
                     (outcome, _) => {
                         return Err(format!(
                             "arrival {i} at bucket {b} answered {outcome:?}; the model {}",
-                            if waits { "queues it" } else { "sells" }
+                            match (waits, sells) {
+                                (true, _) => "queues it",
+                                (_, true) => "sells",
+                                _ => "refuses it (not enough stock)",
+                            }
                         ))
                     }
                 };
                 self.requests.insert(before.clock, (user, wants, score));
             }
-            Action::Release(b) => {
+            Action::Release(b, units) => {
                 let keys = self.gates[b as usize].clone();
                 let order = self.id();
                 let conn = &mut self.redis.clone();
@@ -227,7 +235,7 @@ impl Real {
                     conn,
                     &keys,
                     self.voucher,
-                    &[(order, 1)],
+                    &[(order, u64::from(units))],
                     PER_USER_LIMIT,
                     &[],
                     &self.ids,
@@ -235,9 +243,9 @@ impl Real {
                 )
                 .await
                 .map_err(|e| e.to_string())?;
-                self.released[b as usize] += 1;
-                let promoted = u64::from(after.sold[b as usize] + 1 - before.sold[b as usize]);
-                if (released.released, released.promoted) != (1, promoted) {
+                self.released[b as usize] += units;
+                let promoted = u64::from(after.sold[b as usize] + units - before.sold[b as usize]);
+                if (released.released, released.promoted) != (u64::from(units), promoted) {
                     return Err(format!(
                         "the release answered {released:?}; the model promotes {promoted} unit(s)"
                     ));
@@ -256,6 +264,7 @@ impl Real {
                 let conn = &mut self.redis.clone();
                 let word = BoundWord {
                     lent: Some(i64::from(after.lent[b])),
+                    free: after.units_free[b].map(i64::from),
                     ..BoundWord::bound(up_to, BOUND_MS)
                 };
                 let set = transfer::set_bound(conn, &keys, self.epoch, &word)
@@ -344,7 +353,11 @@ impl Real {
                     .redis
                     .hset_multiple(
                         self.gates[b as usize].meta(),
-                        &[("serve_up_to_until", 1), ("lent_until", 1)],
+                        &[
+                            ("serve_up_to_until", 1),
+                            ("lent_until", 1),
+                            ("units_free_until", 1),
+                        ],
                     )
                     .await
                     .map_err(|e| e.to_string())?;
@@ -496,6 +509,49 @@ impl Real {
                 "bucket {b}: order entries (user, kind, units) {got:?}; expected {expected:?}"
             ));
         }
+        // Each promotion: a `promoted` event with its units, and one in
+        // meta's count.
+        let promoted: Vec<(u64, u8)> = expected
+            .iter()
+            .filter(|(_, kind, _)| kind == "promote")
+            .map(|(user, _, units)| (*user, *units))
+            .collect();
+        let events: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
+            .arg(keys.events())
+            .arg("-")
+            .arg("+")
+            .query_async(&mut self.redis)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut told: Vec<(u64, u8)> = vec![];
+        for (_, fields) in events {
+            if fields.get("type").map(String::as_str) != Some("promoted") {
+                continue;
+            }
+            let user = fields.get("user").and_then(|u| u.parse().ok());
+            let units = fields.get("quantity").and_then(|q| q.parse().ok());
+            let (Some(user), Some(units)) = (user, units) else {
+                return Err(format!("bucket {b}: a promoted event {fields:?}"));
+            };
+            told.push((user, units));
+        }
+        told.sort();
+        if told != promoted {
+            return Err(format!(
+                "bucket {b}: promoted events (user, units) {told:?}; the promotions {promoted:?}"
+            ));
+        }
+        let counted: Option<usize> = self
+            .redis
+            .hget(keys.meta(), "promotions")
+            .await
+            .map_err(|e| e.to_string())?;
+        if counted.unwrap_or(0) != promoted.len() {
+            return Err(format!(
+                "bucket {b}: meta promotions {counted:?}; {} promoted",
+                promoted.len()
+            ));
+        }
         let wants: HashMap<u64, u8> = self
             .redis
             .hgetall(keys.waitlist_quantity())
@@ -573,20 +629,32 @@ impl Real {
                     "bucket {b}: waiting (time, wants) {line:?}; the model {modelled:?}"
                 ));
             }
-            let (up_to, until, lent, lent_until): (
+            type Word = (
                 Option<u64>,
                 Option<i64>,
                 Option<i64>,
                 Option<i64>,
-            ) = redis::cmd("HMGET")
+                Option<u8>,
+                Option<i64>,
+            );
+            let (up_to, until, lent, lent_until, free, free_until): Word = redis::cmd("HMGET")
                 .arg(keys.meta())
                 .arg("serve_up_to")
                 .arg("serve_up_to_until")
                 .arg("lent")
                 .arg("lent_until")
+                .arg("units_free")
+                .arg("units_free_until")
                 .query_async(&mut self.redis)
                 .await
                 .map_err(|e| e.to_string())?;
+            let live_free = free.filter(|_| free_until.is_some_and(|u| u > now));
+            if live_free != s.units_free[b] {
+                return Err(format!(
+                    "bucket {b}: units_free live {live_free:?}; the model {:?}",
+                    s.units_free[b]
+                ));
+            }
             let live_lent = lent
                 .filter(|_| lent_until.is_some_and(|u| u > now))
                 .unwrap_or(0);
@@ -650,6 +718,11 @@ struct Seen {
     stopped_at_bound: usize,
     /// Arrivals and releases at a bucket with units lent live.
     met_lent: usize,
+    /// Releases of two units at once.
+    two_units_back: usize,
+    /// Arrivals refused for not enough stock (`units_free` live and
+    /// below the quantity).
+    refused: usize,
 }
 
 async fn walk(
@@ -676,7 +749,7 @@ async fn walk(
             // mover's first round.
             let kind = |a: &Action| match a {
                 Action::Arrive(_) => 0,
-                Action::Release(_) => 1,
+                Action::Release(..) => 1,
                 Action::Crash | Action::Lapse(_) => 2,
                 _ => 3,
             };
@@ -726,13 +799,22 @@ fn note(model: &Serving, before: &State, action: Action, after: &State, seen: &m
     }
     let at = match action {
         Action::Arrive(i) => Some(model.arrivals[i as usize].0 as usize),
-        Action::Release(b) => Some(b as usize),
+        Action::Release(b, _) => Some(b as usize),
         _ => None,
     };
     if at.is_some_and(|b| before.lent[b] > 0) {
         seen.met_lent += 1;
     }
-    if matches!(action, Action::Release(_) | Action::Serve) {
+    if let Action::Release(_, 2) = action {
+        seen.two_units_back += 1;
+    }
+    if let Action::Arrive(i) = action {
+        let b = model.arrivals[i as usize].0 as usize;
+        if after.lines[b] == before.lines[b] && after.sold[b] == before.sold[b] {
+            seen.refused += 1;
+        }
+    }
+    if matches!(action, Action::Release(..) | Action::Serve) {
         for (b, line) in after.lines.iter().enumerate() {
             let Some(bound) = after.bounds[b] else {
                 continue;
@@ -779,9 +861,9 @@ async fn a_unit_that_comes_back_leaves_the_units_its_bucket_lends_elsewhere() {
         Read,    // 2 free: the request at 1 gets them, the one at 2 is next
         Publish, // bucket 0 lends its unit
         Publish,
-        Move,       // the pool's unit to bucket 1
-        Release(0), // bucket 0: 2 units, 1 lent: the request at 2 waits
-        Move,       // bucket 0's lent unit to bucket 1
+        Move,          // the pool's unit to bucket 1
+        Release(0, 1), // bucket 0: 2 units, 1 lent: the request at 2 waits
+        Move,          // bucket 0's lent unit to bucket 1
         Move,
         Move,
         Serve,
@@ -894,8 +976,8 @@ async fn random_walks_of_the_serving_model_match_the_scripts() {
     let mut table: Vec<_> = seen.actions.iter().collect();
     table.sort();
     eprintln!(
-        "serving actions taken over the walks: {table:?}; newcomers held behind a bound: {}; serves stopped at a bound: {}; arrivals and releases where units were lent: {}",
-        seen.held, seen.stopped_at_bound, seen.met_lent
+        "serving actions taken over the walks: {table:?}; newcomers held behind a bound: {}; serves stopped at a bound: {}; arrivals and releases where units were lent: {}; releases of two units: {}; refused for not enough stock: {}",
+        seen.held, seen.stopped_at_bound, seen.met_lent, seen.two_units_back, seen.refused
     );
     for name in [
         "Arrive", "Release", "Start", "Read", "Publish", "Move", "Serve", "Crash", "Lapse",
@@ -908,4 +990,6 @@ async fn random_walks_of_the_serving_model_match_the_scripts() {
     assert!(seen.held > 0, "no newcomer was held behind a bound");
     assert!(seen.stopped_at_bound > 0, "no serve stopped at a bound");
     assert!(seen.met_lent > 0, "no arrival or release met lent units");
+    assert!(seen.two_units_back > 0, "no release of two units");
+    assert!(seen.refused > 0, "no arrival refused for not enough stock");
 }
