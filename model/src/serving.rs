@@ -23,8 +23,8 @@
 //! units no request read was allotted) refuses a request its bucket holds
 //! some but not enough units for while it is fewer than asked. Left out:
 //! `even_out` (it moves units to buckets nobody waited at when read;
-//! after a fill that came up short those may be units the allotment
-//! counted), a paused bucket, the read's depth of 1,000 requests, clock skew between
+//! after a fill a refused move cut short those may be units the
+//! allotment counted), a paused bucket, the read's depth of 1,000 requests, clock skew between
 //! masters (queued times are one order here).
 
 use stateright::{Model, Property};
@@ -872,6 +872,9 @@ impl Model for Serving {
                 s.bounds[b as usize] = None;
                 s.lent[b as usize] = 0;
                 s.units_free[b as usize] = None;
+                // Its word aged past the bound's life: the mover's next
+                // round finds it stale and publishes again.
+                s.published = None;
                 s.kept_by[b as usize] = None;
             }
         }

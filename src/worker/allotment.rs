@@ -121,11 +121,14 @@ pub struct Move {
 pub enum Took {
     /// Units that arrived.
     Units(i64),
-    /// The giver held fewer units than the least worth moving (it sold
-    /// them meanwhile); the holdings show what it said it holds.
+    /// The giver has nothing to give now: it held fewer units than the
+    /// least worth moving (it sold them meanwhile), or it was paused or
+    /// lost meanwhile; the holdings show it (what it said it holds, or it
+    /// paused).
     Short,
-    /// Nothing moved for another cause (paused, fenced, left in transit,
-    /// called off).
+    /// Nothing moved for a cause that is not the giver's (the receiver
+    /// not taking the units: left in transit, called off; the mover
+    /// fenced; a stale id).
     Refused,
 }
 
@@ -142,9 +145,10 @@ impl Took {
 /// requests lack units, the one whose line's first request came earliest
 /// first; for each, the pool gives first, then the open bucket with the
 /// most units beyond its own allotted requests, until it has them or
-/// nobody has units to spare. A giver found short (it sold meanwhile)
-/// is passed for the next; a move refused for another cause ends the fill
-/// of its receiver (the next round moves what this one could not). Pure,
+/// nobody has units to spare. A giver found short (it sold meanwhile, or
+/// was paused) is passed for the next; a move refused for another cause
+/// ends the fill of its receiver (the next round moves what this one
+/// could not). Pure,
 /// so a round knows before it moves what each bucket lends (`lends`), and
 /// publishes it so those units stay for the moves.
 #[derive(Debug, Clone)]
@@ -215,8 +219,8 @@ impl Filling {
     }
 
     /// `step` took `took` (the caller's holdings already show it: the
-    /// units moved, or what a short giver said it holds, which leaves it
-    /// no units to spare).
+    /// units moved, or a short giver with what it said it holds, or
+    /// paused: either leaves it no units to spare).
     pub fn moved(&mut self, step: &Move, took: Took) {
         if step.from.is_some() && (took == Took::Refused || took == Took::Units(0)) {
             self.skip();

@@ -354,13 +354,20 @@ impl Mover {
         let (took, left) = self
             .transfer(gates, from, to, units.min(held), epoch)
             .await?;
-        let left = match took {
-            Took::Units(k) => {
+        let left = match (took, left) {
+            (Took::Units(k), _) => {
                 free.looks[to].line.stock += k;
                 held - k
             }
-            Took::Short => left,
-            Took::Refused => held,
+            (Took::Short, Some(said)) => said,
+            // Paused or lost meanwhile: it gives nothing more this round.
+            (Took::Short, None) => {
+                if let Some(b) = from {
+                    free.looks[b].line.paused = true;
+                }
+                0
+            }
+            (Took::Refused, _) => held,
         };
         match from {
             None => free.pool = left,
@@ -587,7 +594,8 @@ impl Mover {
     }
 
     /// Moves up to `units` from bucket `from` (None: the pool) to bucket
-    /// `to`: what it took, and, found short, the units the giver holds.
+    /// `to`: what it took, and, found short, the units the giver holds
+    /// (None: it is paused or lost).
     async fn transfer(
         &mut self,
         gates: &[VoucherKeys],
@@ -595,9 +603,9 @@ impl Mover {
         to: usize,
         units: i64,
         epoch: u64,
-    ) -> Result<(Took, i64)> {
+    ) -> Result<(Took, Option<i64>)> {
         if units <= 0 {
-            return Ok((Took::Units(0), 0));
+            return Ok((Took::Units(0), None));
         }
         let giver = match from {
             None => Side::Pool(&gates[0]),
@@ -615,16 +623,16 @@ impl Mover {
             Taken::Units(k) => k,
             Taken::Fenced(seen) => {
                 self.seen_a_later_epoch(voucher, seen);
-                return Ok((Took::Refused, 0));
+                return Ok((Took::Refused, None));
             }
             Taken::StaleId => {
                 tracing::warn!(
                     "mover: voucher {voucher}: transfer id {id} is not above the last one taken (this host's clock is behind the last mover's?): nothing moved"
                 );
-                return Ok((Took::Refused, 0));
+                return Ok((Took::Refused, None));
             }
-            Taken::Short(held) => return Ok((Took::Short, held as i64)),
-            Taken::Paused | Taken::NotLoaded => return Ok((Took::Refused, 0)),
+            Taken::Short(held) => return Ok((Took::Short, Some(held as i64))),
+            Taken::Paused | Taken::NotLoaded => return Ok((Took::Short, None)),
         };
         crate::support::fault::point("between_take_and_give").await?;
         // The units land in the stock: the round serves the receiver's
@@ -637,16 +645,16 @@ impl Mover {
             if let Given::Fenced(seen) = given {
                 self.seen_a_later_epoch(voucher, seen);
             }
-            return Ok((Took::Refused, 0));
+            return Ok((Took::Refused, None));
         };
         transfer::settle(&mut self.conn, giver, id, landing).await?;
         if landing == Landing::Void {
-            return Ok((Took::Refused, 0));
+            return Ok((Took::Refused, None));
         }
         self.stats.add_units_moved(k);
         // Moved in full: nothing of this move is left for the next pass.
         self.moves_left = left_before || k < units;
-        Ok((Took::Units(k as i64), 0))
+        Ok((Took::Units(k as i64), None))
     }
 
     /// Completes every transfer left open longer than a mover takes:

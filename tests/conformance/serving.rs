@@ -198,15 +198,29 @@ impl Real {
                         .map_err(|e| e.to_string())?;
                 let waits = after.lines[b as usize].len() > before.lines[b as usize].len();
                 let sells = after.sold[b as usize] > before.sold[b as usize];
+                // lua/seckill.lua's reason: "waiting for units" while the
+                // bucket has units for sale (its stock less the lent ones)
+                // and no bound holds them; the units for sale in a code 9.
+                let stock = before.stock[b as usize];
+                let left = i64::from(stock - before.lent[b as usize].min(stock));
+                let held = left > 0
+                    && before.bounds[b as usize].is_some()
+                    && !before.lines[b as usize].is_empty();
+                let for_units = left > 0 && !held;
                 let score = match (&reply.outcome, waits) {
                     (Admission::Admitted { .. }, false) if sells => None,
                     // Refused: nothing written, the buyer gone.
-                    (Admission::NotEnoughStock { .. }, false) if !sells => None,
-                    (
-                        Admission::SoldOut { waitlist_position }
-                        | Admission::WaitingForUnits { waitlist_position },
-                        true,
-                    ) if *waitlist_position > 0 => {
+                    (Admission::NotEnoughStock { left: said }, false)
+                        if !sells && *said == left =>
+                    {
+                        None
+                    }
+                    (Admission::SoldOut { waitlist_position }, true)
+                    | (Admission::WaitingForUnits { waitlist_position }, true)
+                        if *waitlist_position > 0
+                            && matches!(reply.outcome, Admission::WaitingForUnits { .. })
+                                == for_units =>
+                    {
                         let score: Option<f64> = self
                             .redis
                             .zscore(keys.waitlist(), user)
@@ -298,7 +312,8 @@ impl Real {
                 .map_err(|e| e.to_string())?;
                 let k = match taken {
                     Taken::Units(k) => k,
-                    Taken::Short(_) => 0,
+                    // The model's giver holds none then.
+                    Taken::Short(0) => 0,
                     other => return Err(format!("the take answered {other:?}")),
                 };
                 if k != moved {
