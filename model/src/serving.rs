@@ -13,9 +13,9 @@
 //! and units that come back (a release, lua/release.lua) served to a
 //! bucket's own line by lua/lib/waitlist.lua from the stock less the lent
 //! units, stopping at a live bound. The faults: the mover killed at any
-//! step of its round (its bounds and lent units stay until they lapse), a
-//! bound and lent units that lapse (the mover stopped, or stalled past
-//! them).
+//! step of its round (its bounds and lent units stay until they lapse) or
+//! stopped between rounds (it lifts them and serves each line), a bound
+//! and lent units that lapse (the mover stalled past them).
 //!
 //! Left to the mover's model (model/src/mover.rs): a move's three steps,
 //! its lease and epoch. A move here is one step, which a sale at the
@@ -85,6 +85,8 @@ pub struct Serving {
     /// Rounds the mover runs.
     pub rounds: u8,
     pub crashes: u8,
+    /// Stops of the mover between rounds (where it left bounds).
+    pub stops: u8,
     /// Bounds that lapse (one bucket's at a time).
     pub lapses: u8,
     pub fixes: Fixes,
@@ -317,6 +319,7 @@ pub struct State {
     pub releases: u8,
     pub rounds: u8,
     pub crashes: u8,
+    pub stops: u8,
     pub lapses: u8,
 }
 
@@ -341,6 +344,11 @@ pub enum Action {
     Serve,
     /// The mover killed: its round ends where it is.
     Crash,
+    /// The mover stops between rounds (`Mover::run` told to stop): where
+    /// it left bounds it lifts them and the lent units
+    /// (`lift_every_bound`), and each bucket where requests wait next to
+    /// stock serves its own line, as many requests as it holds units.
+    Stop,
     /// Bucket `b`'s bound, lent units and `units_free` lapse (one
     /// `until` for the three).
     Lapse(u8),
@@ -553,6 +561,7 @@ impl Serving {
             releases: self.releases,
             rounds: self.rounds,
             crashes: self.crashes,
+            stops: self.stops,
             lapses: self.lapses,
         }
     }
@@ -838,6 +847,11 @@ impl Model for Serving {
         if s.crashes > 0 && s.round != Round::Idle {
             actions.push(Action::Crash);
         }
+        // With no bound left, a stop lifts and serves nothing (a restart
+        // between rounds, as a kill then).
+        if s.stops > 0 && s.round == Round::Idle && s.bounded {
+            actions.push(Action::Stop);
+        }
         if s.lapses > 0 {
             for b in 0..self.buckets() {
                 if s.bounds[b].is_some() || s.lent[b] > 0 || s.units_free[b].is_some() {
@@ -864,6 +878,24 @@ impl Model for Serving {
             Action::Crash => {
                 s.crashes -= 1;
                 s.round = Round::Idle;
+                s.bounded = false;
+                s.published = None;
+            }
+            Action::Stop => {
+                s.stops -= 1;
+                {
+                    for b in 0..self.buckets() {
+                        s.bounds[b] = None;
+                        s.lent[b] = 0;
+                        s.kept_by[b] = None;
+                    }
+                    for b in 0..self.buckets() {
+                        let most = (s.lines[b].len() as u8).min(s.stock[b]);
+                        if most > 0 {
+                            s.serve(self.fixes, b, most);
+                        }
+                    }
+                }
                 s.bounded = false;
                 s.published = None;
             }

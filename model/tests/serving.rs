@@ -12,7 +12,7 @@ use stateright::{Checker, Model};
 /// CI's bounds: 2 buckets, two units in bucket 0 and one in the pool,
 /// five buyers (three at bucket 0, two at bucket 1, one of each for 2
 /// units), one release (of one unit or two), two rounds of the mover,
-/// one kill, one lapse.
+/// one kill, one stop, one lapse.
 fn ci_serving(fixes: Fixes) -> Serving {
     Serving {
         stock: vec![2, 0],
@@ -21,6 +21,7 @@ fn ci_serving(fixes: Fixes) -> Serving {
         releases: 1,
         rounds: 2,
         crashes: 1,
+        stops: 1,
         lapses: 1,
         fixes,
     }
@@ -101,6 +102,7 @@ fn larger() {
         releases: 2,
         rounds: 3,
         crashes: 1,
+        stops: 0,
         lapses: 2,
         fixes: Fixes::CODE,
     };

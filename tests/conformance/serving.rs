@@ -83,6 +83,7 @@ fn serving() -> Serving {
         releases: 3,
         rounds: 6,
         crashes: 2,
+        stops: 2,
         lapses: 3,
         fixes: Fixes::CODE,
     }
@@ -344,24 +345,12 @@ impl Real {
                 if requests == 0 {
                     return Ok(());
                 }
-                let id = self.id();
-                let fresh: Vec<u64> = (0..requests).map(|_| self.id()).collect();
-                let side = Side::Bucket(b as u32, &self.gates[b]);
-                let given = transfer::promote_waiting(
-                    &mut self.redis.clone(),
-                    side,
-                    id,
-                    self.epoch,
-                    &fresh,
+                self.serve(
+                    b,
+                    usize::from(requests),
+                    u64::from(after.sold[b] - before.sold[b]),
                 )
-                .await
-                .map_err(|e| e.to_string())?;
-                let promoted = u64::from(after.sold[b] - before.sold[b]);
-                if given != (Given::Landed { promoted }) {
-                    return Err(format!(
-                        "the serve answered {given:?}; the model promotes {promoted}"
-                    ));
-                }
+                .await?;
             }
             Action::Lapse(b) => {
                 let _: () = self
@@ -378,8 +367,51 @@ impl Real {
                     .map_err(|e| e.to_string())?;
             }
             Action::Read => self.allot_as_the_code(model, before, after)?,
+            // `Mover::lift_bound`: every bound and lent unit lifted, then
+            // each line next to stock served.
+            Action::Stop if before.bounded => {
+                let word = BoundWord {
+                    lent: Some(0),
+                    ..BoundWord::bound(None, BOUND_MS)
+                };
+                for keys in self.gates.clone() {
+                    let set =
+                        transfer::set_bound(&mut self.redis.clone(), &keys, self.epoch, &word)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                    if set != transfer::Bounded::Set {
+                        return Err(format!("the lift answered {set:?}"));
+                    }
+                }
+                for b in 0..self.gates.len() {
+                    let requests = before.lines[b].len().min(usize::from(before.stock[b]));
+                    if requests == 0 {
+                        continue;
+                    }
+                    self.serve(b, requests, u64::from(after.sold[b] - before.sold[b]))
+                        .await?;
+                }
+            }
             // No script: the mover's own memory.
-            Action::Start | Action::Crash => {}
+            Action::Start | Action::Crash | Action::Stop => {}
+        }
+        Ok(())
+    }
+
+    /// `transfer::promote_waiting` of up to `requests` of bucket `b`'s
+    /// line, which the model says promotes `promoted` units.
+    async fn serve(&mut self, b: usize, requests: usize, promoted: u64) -> Result<(), String> {
+        let id = self.id();
+        let fresh: Vec<u64> = (0..requests).map(|_| self.id()).collect();
+        let side = Side::Bucket(b as u32, &self.gates[b]);
+        let given =
+            transfer::promote_waiting(&mut self.redis.clone(), side, id, self.epoch, &fresh)
+                .await
+                .map_err(|e| e.to_string())?;
+        if given != (Given::Landed { promoted }) {
+            return Err(format!(
+                "the serve answered {given:?}; the model promotes {promoted}"
+            ));
         }
         Ok(())
     }
@@ -765,7 +797,7 @@ async fn walk(
             let kind = |a: &Action| match a {
                 Action::Arrive(_) => 0,
                 Action::Release(..) => 1,
-                Action::Crash | Action::Lapse(_) => 2,
+                Action::Crash | Action::Stop | Action::Lapse(_) => 2,
                 _ => 3,
             };
             let mut kinds: Vec<u8> = actions.iter().map(kind).collect();
@@ -864,6 +896,7 @@ async fn a_unit_that_comes_back_leaves_the_units_its_bucket_lends_elsewhere() {
         releases: 1,
         rounds: 1,
         crashes: 0,
+        stops: 0,
         lapses: 0,
         fixes: Fixes::CODE,
     };
@@ -910,6 +943,7 @@ async fn a_newcomer_at_a_bucket_that_only_lends_does_not_buy_the_lent_units() {
         releases: 0,
         rounds: 1,
         crashes: 0,
+        stops: 0,
         lapses: 0,
         fixes: Fixes::CODE,
     };
@@ -995,7 +1029,7 @@ async fn random_walks_of_the_serving_model_match_the_scripts() {
         seen.held, seen.stopped_at_bound, seen.met_lent, seen.two_units_back, seen.refused
     );
     for name in [
-        "Arrive", "Release", "Start", "Read", "Publish", "Move", "Serve", "Crash", "Lapse",
+        "Arrive", "Release", "Start", "Read", "Publish", "Move", "Serve", "Crash", "Stop", "Lapse",
     ] {
         assert!(
             seen.actions.get(name).copied().unwrap_or(0) > 0,
