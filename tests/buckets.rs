@@ -412,27 +412,9 @@ async fn voucher_with_quantities(
     stock: u64,
     limit: u32,
 ) -> (Layout, seckill::store::redis_conn::Redis) {
-    let out = env
-        .cmd()
-        .args([
-            "voucher",
-            "add",
-            "--id",
-            &V.to_string(),
-            "--stock",
-            &stock.to_string(),
-        ])
-        .args(["--buckets", "3", "--per-user-limit", &limit.to_string()])
-        .args(["--begin", "-1m", "--pay-timeout", "1h"])
-        .output()
-        .expect("voucher add");
-    assert!(out.status.success(), "{out:?}");
-    preload(env, V);
-    let mut redis = env.redis().await;
-    let layout = Layout::read(&mut redis, &env.prefix, V)
-        .await
-        .expect("layout");
-    (layout, redis)
+    let limit = limit.to_string();
+    let policy = ["--per-user-limit", &limit, "--pay-timeout", "1h"];
+    voucher_in_three_buckets(env, stock, &policy).await
 }
 
 /// A live voucher of 3 units in 3 buckets (one each, none in the pool),
@@ -442,17 +424,28 @@ async fn one_unit_per_bucket(
     env: &TestEnv,
     pay_timeout: &str,
 ) -> (Layout, seckill::store::redis_conn::Redis) {
+    voucher_in_three_buckets(env, 3, &["--pay-timeout", pay_timeout]).await
+}
+
+/// `voucher add` of `stock` units in 3 buckets, opened a minute ago, with
+/// `policy` flags, then preloaded; its layout and a connection.
+async fn voucher_in_three_buckets(
+    env: &TestEnv,
+    stock: u64,
+    policy: &[&str],
+) -> (Layout, seckill::store::redis_conn::Redis) {
     let out = env
         .cmd()
-        .args(["voucher", "add", "--id", &V.to_string(), "--stock", "3"])
+        .args(["voucher", "add", "--id", &V.to_string()])
         .args([
+            "--stock",
+            &stock.to_string(),
             "--buckets",
             "3",
             "--begin",
             "-1m",
-            "--pay-timeout",
-            pay_timeout,
         ])
+        .args(policy)
         .output()
         .expect("voucher add");
     assert!(out.status.success(), "{out:?}");

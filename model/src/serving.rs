@@ -883,17 +883,15 @@ impl Model for Serving {
             }
             Action::Stop => {
                 s.stops -= 1;
-                {
-                    for b in 0..self.buckets() {
-                        s.bounds[b] = None;
-                        s.lent[b] = 0;
-                        s.kept_by[b] = None;
-                    }
-                    for b in 0..self.buckets() {
-                        let most = (s.lines[b].len() as u8).min(s.stock[b]);
-                        if most > 0 {
-                            s.serve(self.fixes, b, most);
-                        }
+                for b in 0..self.buckets() {
+                    s.bounds[b] = None;
+                    s.lent[b] = 0;
+                    s.kept_by[b] = None;
+                }
+                for b in 0..self.buckets() {
+                    let most = (s.lines[b].len() as u8).min(s.stock[b]);
+                    if most > 0 {
+                        s.serve(self.fixes, b, most);
                     }
                 }
                 s.bounded = false;

@@ -414,7 +414,7 @@ impl Mover {
         }
         let said = std::time::Instant::now();
         if let Some(seen) = self
-            .set_bounds(gates, epoch, &bounds, lends, ttl, Some(free))
+            .set_bounds(gates, epoch, &words(&bounds, lends, ttl, Some(free)))
             .await?
         {
             self.seen_a_later_epoch(voucher, seen);
@@ -429,31 +429,18 @@ impl Mover {
         Ok(true)
     }
 
-    /// Sets each gate's bound (None: lifted) and lent units at once: the
-    /// epoch of a later mover if a gate has seen one.
+    /// Publishes each gate's word (its bound, None: lifted, and lent
+    /// units) at once: the epoch of a later mover if a gate has seen one.
     async fn set_bounds(
         &mut self,
         gates: &[VoucherKeys],
         epoch: u64,
-        bounds: &[Option<u64>],
-        lends: &[i64],
-        ttl: u64,
-        free: Option<i64>,
+        words: &[transfer::BoundWord],
     ) -> Result<Option<u64>> {
-        let calls = gates
-            .iter()
-            .zip(bounds)
-            .zip(lends)
-            .map(|((keys, up_to_us), lent)| {
-                let mut conn = self.conn.clone();
-                let word = transfer::BoundWord {
-                    up_to_us: *up_to_us,
-                    ttl_ms: ttl,
-                    free,
-                    lent: Some(*lent),
-                };
-                async move { transfer::set_bound(&mut conn, keys, epoch, &word).await }
-            });
+        let calls = gates.iter().zip(words).map(|(keys, word)| {
+            let mut conn = self.conn.clone();
+            async move { transfer::set_bound(&mut conn, keys, epoch, word).await }
+        });
         let mut fenced = None;
         for answer in futures_util::future::join_all(calls).await {
             match answer? {
@@ -497,20 +484,9 @@ impl Mover {
     /// Lifts the bounds of a voucher's gates and has each bucket where
     /// requests wait next to stock serve its own line.
     async fn lift_bound(&mut self, gates: &[VoucherKeys], epoch: u64) -> Result<()> {
-        let unbounded = vec![None; gates.len()];
-        let lends_nothing = vec![0; gates.len()];
-        if self
-            .set_bounds(
-                gates,
-                epoch,
-                &unbounded,
-                &lends_nothing,
-                BOUND_HOLDS_MS,
-                None,
-            )
-            .await?
-            .is_some()
-        {
+        let n = gates.len();
+        let lifted = words(&vec![None; n], &vec![0; n], BOUND_HOLDS_MS, None);
+        if self.set_bounds(gates, epoch, &lifted).await?.is_some() {
             // Another mover has it: its rounds serve.
             return Ok(());
         }
@@ -701,4 +677,24 @@ impl Mover {
         }
         Ok(left_open)
     }
+}
+
+/// Each bucket's word of a round: its bound and lent units, the voucher's
+/// `free` units (None: left as they are), all for `ttl` ms.
+fn words(
+    bounds: &[Option<u64>],
+    lends: &[i64],
+    ttl: u64,
+    free: Option<i64>,
+) -> Vec<transfer::BoundWord> {
+    bounds
+        .iter()
+        .zip(lends)
+        .map(|(up_to_us, lent)| transfer::BoundWord {
+            up_to_us: *up_to_us,
+            ttl_ms: ttl,
+            free,
+            lent: Some(*lent),
+        })
+        .collect()
 }

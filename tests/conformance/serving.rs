@@ -508,13 +508,14 @@ impl Real {
     /// request that waited and `admit` for one that bought at once, with
     /// the units it wanted; and the wants kept for requests still
     /// waiting (`waitlist_quantity`: those for more than one unit).
-    /// `buyers` and `waiting`: the bucket's, as the comparison read them.
+    /// `buyers` and `waiting`: the bucket's, and `promotions`, meta's
+    /// count, as the comparison read them.
     async fn compare_orders(
         &mut self,
         b: usize,
         keys: &VoucherKeys,
-        buyers: &[u64],
-        waiting: &[u64],
+        (buyers, waiting): (&[u64], &[u64]),
+        promotions: usize,
     ) -> Result<(), String> {
         let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
             .arg(keys.orders())
@@ -588,14 +589,9 @@ impl Real {
                 "bucket {b}: promoted events (user, units) {told:?}; the promotions {promoted:?}"
             ));
         }
-        let counted: Option<usize> = self
-            .redis
-            .hget(keys.meta(), "promotions")
-            .await
-            .map_err(|e| e.to_string())?;
-        if counted.unwrap_or(0) != promoted.len() {
+        if promotions != promoted.len() {
             return Err(format!(
-                "bucket {b}: meta promotions {counted:?}; {} promoted",
+                "bucket {b}: meta promotions {promotions}; {} promoted",
                 promoted.len()
             ));
         }
@@ -676,51 +672,45 @@ impl Real {
                     "bucket {b}: waiting (time, wants) {line:?}; the model {modelled:?}"
                 ));
             }
-            type Word = (
-                Option<u64>,
-                Option<i64>,
-                Option<i64>,
-                Option<i64>,
-                Option<u8>,
-                Option<i64>,
-            );
-            let (up_to, until, lent, lent_until, free, free_until): Word = redis::cmd("HMGET")
-                .arg(keys.meta())
-                .arg("serve_up_to")
-                .arg("serve_up_to_until")
-                .arg("lent")
-                .arg("lent_until")
-                .arg("units_free")
-                .arg("units_free_until")
-                .query_async(&mut self.redis)
+            let meta: HashMap<String, String> = self
+                .redis
+                .hgetall(keys.meta())
                 .await
                 .map_err(|e| e.to_string())?;
-            let live_free = free.filter(|_| free_until.is_some_and(|u| u > now));
+            // A field the mover publishes, while its `until` is later
+            // than now.
+            let live = |field: &str, until: &str| -> Option<u64> {
+                let until: i64 = meta.get(until)?.parse().ok()?;
+                meta.get(field)?.parse().ok().filter(|_| until > now)
+            };
+            let live_free = live("units_free", "units_free_until").map(|f| f as u8);
             if live_free != s.units_free[b] {
                 return Err(format!(
                     "bucket {b}: units_free live {live_free:?}; the model {:?}",
                     s.units_free[b]
                 ));
             }
-            let live_lent = lent
-                .filter(|_| lent_until.is_some_and(|u| u > now))
-                .unwrap_or(0);
-            if live_lent != i64::from(s.lent[b]) {
+            let live_lent = live("lent", "lent_until").unwrap_or(0);
+            if live_lent != u64::from(s.lent[b]) {
                 return Err(format!(
                     "bucket {b}: {live_lent} unit(s) lent live; the model {}",
                     s.lent[b]
                 ));
             }
-            let live = up_to.filter(|_| until.is_some_and(|u| u > now));
+            let bound = live("serve_up_to", "serve_up_to_until");
             let modelled = match s.bounds[b] {
                 None => None,
                 Some(bound) => Some(self.score_of(bound.up_to)?),
             };
-            if live != modelled {
+            if bound != modelled {
                 return Err(format!(
-                    "bucket {b}: live bound {live:?}; the model {modelled:?}"
+                    "bucket {b}: live bound {bound:?}; the model {modelled:?}"
                 ));
             }
+            let promotions: usize = meta
+                .get("promotions")
+                .map_or(Ok(0), |n| n.parse())
+                .map_err(|e| format!("bucket {b}: meta promotions: {e}"))?;
             let buyers: Vec<u64> = self
                 .redis
                 .smembers(keys.buyers())
@@ -733,7 +723,8 @@ impl Real {
                     .ok_or(format!("bucket {b}: buyer {user} the walk never sent"))?;
                 units += u32::from(wants);
             }
-            self.compare_orders(b, keys, &buyers, &waiting).await?;
+            self.compare_orders(b, keys, (&buyers, &waiting), promotions)
+                .await?;
             let sold = units - u32::from(self.released[b]);
             if sold != u32::from(s.sold[b]) {
                 return Err(format!(
@@ -887,19 +878,7 @@ fn note(model: &Serving, before: &State, action: Action, after: &State, seen: &m
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_unit_that_comes_back_leaves_the_units_its_bucket_lends_elsewhere() {
     use Action::*;
-    let env = TestEnv::new().await;
-    let ids = OrderIds::lease(&env.cfg, None).await.unwrap();
-    let model = Serving {
-        stock: vec![2, 0],
-        pool: 1,
-        arrivals: vec![(0, 1), (1, 2), (0, 2)],
-        releases: 1,
-        rounds: 1,
-        crashes: 0,
-        stops: 0,
-        lapses: 0,
-        fixes: Fixes::CODE,
-    };
+    let model = one_round(1, vec![(0, 1), (1, 2), (0, 2)], 1);
     let script = [
         Arrive(0), // bucket 0 sells a unit: one left there
         Arrive(1), // bucket 1, for 2: waits (queued at 1)
@@ -917,14 +896,11 @@ async fn a_unit_that_comes_back_leaves_the_units_its_bucket_lends_elsewhere() {
         Serve,
         Serve, // bucket 1's request at 1 served
     ];
-    let end = run(&env, &ids, &model, FIRST_VOUCHER + 10_000, &script)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let end = scenario(&model, FIRST_VOUCHER + 10_000, &script).await;
     assert_eq!(end.deprived, None, "{end:?}");
     assert!(end.lines[1].is_empty(), "{end:?}");
     assert_eq!(end.sold[1], 2, "{end:?}");
     assert_eq!(end.lines[0].len(), 1, "{end:?}");
-    env.cleanup().await;
 }
 
 /// The wider form of finding S1: a bucket that only lends (none of its
@@ -934,19 +910,7 @@ async fn a_unit_that_comes_back_leaves_the_units_its_bucket_lends_elsewhere() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newcomer_at_a_bucket_that_only_lends_does_not_buy_the_lent_units() {
     use Action::*;
-    let env = TestEnv::new().await;
-    let ids = OrderIds::lease(&env.cfg, None).await.unwrap();
-    let model = Serving {
-        stock: vec![2, 0],
-        pool: 0,
-        arrivals: vec![(1, 2), (0, 2)],
-        releases: 0,
-        rounds: 1,
-        crashes: 0,
-        stops: 0,
-        lapses: 0,
-        fixes: Fixes::CODE,
-    };
+    let model = one_round(0, vec![(1, 2), (0, 2)], 0);
     let script = [
         Arrive(0), // bucket 1, for 2: waits (queued at 0)
         Start,
@@ -962,13 +926,37 @@ async fn a_newcomer_at_a_bucket_that_only_lends_does_not_buy_the_lent_units() {
         Serve,
         Serve, // bucket 1's request served
     ];
-    let end = run(&env, &ids, &model, FIRST_VOUCHER + 10_001, &script)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let end = scenario(&model, FIRST_VOUCHER + 10_001, &script).await;
     assert_eq!(end.bounds[0], None, "{end:?}");
     assert_eq!(end.sold, vec![0, 2], "{end:?}");
     assert_eq!(end.lines[0].len(), 1, "{end:?}");
+}
+
+/// A scenario's bounds: two units in bucket 0, none in bucket 1, `pool`
+/// in the pool, one round, no fault.
+fn one_round(pool: u8, arrivals: Vec<(u8, u8)>, releases: u8) -> Serving {
+    Serving {
+        stock: vec![2, 0],
+        pool,
+        arrivals,
+        releases,
+        rounds: 1,
+        crashes: 0,
+        stops: 0,
+        lapses: 0,
+        fixes: Fixes::CODE,
+    }
+}
+
+/// `run` on a test environment of its own; the model's state at the end.
+async fn scenario(model: &Serving, voucher: u64, script: &[Action]) -> State {
+    let env = TestEnv::new().await;
+    let ids = OrderIds::lease(&env.cfg, None).await.unwrap();
+    let end = run(&env, &ids, model, voucher, script)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     env.cleanup().await;
+    end
 }
 
 /// Takes `script`'s actions in the model and against the scripts,
