@@ -34,6 +34,36 @@ where
 /// A fix, by name, and how to turn it off.
 pub type Off<F> = (&'static str, fn(&mut F));
 
+/// "It bites", one test per fix: `bites!(module, Fixes, model; fix,
+/// ...)` defines in `module` a test per named fix (a `bool` of `Fixes`)
+/// that turns it off alone (from `Fixes::CODE`) and fails unless `model`
+/// then breaks; `bites!(module, LIST: Fixes, model; ...)` also defines
+/// `LIST`, the same fixes as [`Off`]s, for a test that explains them. One
+/// test each, not one loop: nextest runs them side by side instead of
+/// one long test at the end of CI's run, and a failure names its fix.
+#[macro_export]
+macro_rules! bites {
+    ($module:ident, $list:ident: $fixes:ty, $model:expr; $($fix:ident),+ $(,)?) => {
+        const $list: &[$crate::Off<$fixes>] =
+            &[$((stringify!($fix), |f: &mut $fixes| f.$fix = false)),+];
+        $crate::bites!($module, $fixes, $model; $($fix),+);
+    };
+    ($module:ident, $fixes:ty, $model:expr; $($fix:ident),+ $(,)?) => {
+        mod $module {
+            use super::*;
+            $(
+                #[test]
+                fn $fix() {
+                    let off: [$crate::Off<$fixes>; 1] =
+                        [(stringify!($fix), |f: &mut $fixes| f.$fix = false)];
+                    let missed = $crate::unnoticed(<$fixes>::CODE, &off, $model);
+                    assert!(missed.is_empty(), "no counterexample without {}", stringify!($fix));
+                }
+            )+
+        }
+    };
+}
+
 /// Each fix turned off alone (`offs`, from `all` on): the model of those
 /// fixes checked on both cores, what broke printed with its length and
 /// the check's size; returns the fixes whose removal broke nothing (their

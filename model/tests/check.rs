@@ -187,28 +187,21 @@ fn mysql_loss_bites_with_two_workers() {
     assert!(missed.is_empty(), "no counterexample without {missed:?}");
 }
 
-/// The fixes whose removal CI's bounds catch (docs/src/concepts/checked-model.md's table).
-const BITE_AT_CI_BOUNDS: [Off<Fixes>; 6] = [
-    ("hold_batch_in_hand", |f| f.hold_batch_in_hand = false),
-    ("commit_looks_again", |f| f.commit_looks_again = false),
-    ("rebuild_subtracts_unreleased", |f| {
-        f.rebuild_subtracts_unreleased = false
-    }),
-    ("reopen_checks_token", |f| f.reopen_checks_token = false),
-    ("reopen_waits_while_owed", |f| {
-        f.reopen_waits_while_owed = false
-    }),
-    ("run_id_sign", |f| f.run_id_sign = false),
-];
-
-/// Each fix off alone (whatever breaks, that fix's removal broke it): the
-/// checker must find a counterexample, or the fix's hole is not checked
-/// at all.
-#[test]
-fn each_fix_turned_off_gives_a_counterexample() {
-    let missed = unnoticed(Fixes::CODE, &BITE_AT_CI_BOUNDS, ci_sale);
-    assert!(missed.is_empty(), "no counterexample without {missed:?}");
-}
+// The fixes whose removal CI's bounds catch
+// (docs/src/concepts/checked-model.md's table), each off alone
+// (whatever breaks, that fix's removal broke it): the checker must find
+// a counterexample, or the fix's hole is not checked at all.
+seckill_model::bites!(
+    each_fix_turned_off_gives_a_counterexample,
+    Fixes,
+    ci_sale;
+    hold_batch_in_hand,
+    commit_looks_again,
+    rebuild_subtracts_unreleased,
+    reopen_checks_token,
+    reopen_waits_while_owed,
+    run_id_sign,
+);
 
 /// A fix CI's bounds do not reach, at the bounds that do, breadth first
 /// (many minutes; `cargo test -p seckill-model --test check

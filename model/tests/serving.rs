@@ -5,8 +5,8 @@
 
 use std::time::Instant;
 
+use seckill_model::broken;
 use seckill_model::serving::{Fixes, Serving};
-use seckill_model::{broken, unnoticed, Off};
 use stateright::{Checker, Model};
 
 /// CI's bounds: 2 buckets, two units in bucket 0 and one in the pool,
@@ -44,22 +44,19 @@ fn serving_keeps_its_promises_in_every_reachable_state() {
     checker.assert_properties();
 }
 
-/// The rules of design/buckets.md holes 4 and 5, the defect the
-/// allotment fixed, and finding S1's fix.
-const BITES: [Off<Fixes>; 6] = [
-    ("serve_stops_at_bound", |f| f.serve_stops_at_bound = false),
-    ("newcomers_held", |f| f.newcomers_held = false),
-    ("whole_line_allotted", |f| f.whole_line_allotted = false),
-    ("serve_after_moves", |f| f.serve_after_moves = false),
-    ("keep_lent", |f| f.keep_lent = false),
-    ("newcomers_leave_lent", |f| f.newcomers_leave_lent = false),
-];
-
-#[test]
-fn each_serving_rule_turned_off_gives_a_counterexample() {
-    let missed = unnoticed(Fixes::CODE, &BITES, ci_serving);
-    assert!(missed.is_empty(), "no counterexample without {missed:?}");
-}
+// The rules of design/buckets.md holes 4 and 5, the defect the
+// allotment fixed, and finding S1's fix.
+seckill_model::bites!(
+    each_serving_rule_turned_off_gives_a_counterexample,
+    BITES: Fixes,
+    ci_serving;
+    serve_stops_at_bound,
+    newcomers_held,
+    whole_line_allotted,
+    serve_after_moves,
+    keep_lent,
+    newcomers_leave_lent,
+);
 
 /// A counterexample of each rule turned off, step by step (the last the
 /// search met: not the shortest)
