@@ -102,6 +102,10 @@ struct Real {
     requests: HashMap<u8, (u64, u8, Option<f64>)>,
     /// Units given back at each bucket (a release leaves its buyer).
     released: Vec<u8>,
+    /// Releases of two units so far, and of them those taken as two
+    /// orders of one in one call (the canceller's batch): every other one.
+    two_units_back: usize,
+    two_orders_back: usize,
 }
 
 impl Real {
@@ -144,6 +148,8 @@ impl Real {
             next_user: 1,
             requests: HashMap::new(),
             released: vec![0; BUCKETS as usize],
+            two_units_back: 0,
+            two_orders_back: 0,
         })
     }
 
@@ -244,13 +250,25 @@ impl Real {
             }
             Action::Release(b, units) => {
                 let keys = self.gates[b as usize].clone();
-                let order = self.id();
+                // Two units come back as one order of two or, every
+                // other time (a walk's first by its voucher's parity), two
+                // orders of one in one call: the script serves the line
+                // from the units of both at once.
+                let mut orders = vec![(self.id(), u64::from(units))];
+                if units == 2 {
+                    self.two_units_back += 1;
+                    if (self.voucher + self.two_units_back as u64) % 2 == 1 {
+                        orders = vec![(orders[0].0, 1), (self.id(), 1)];
+                        self.two_orders_back += 1;
+                    }
+                }
                 let conn = &mut self.redis.clone();
+                let events_before = last_event(conn, &keys).await?;
                 let released = deadline::release(
                     conn,
                     &keys,
                     self.voucher,
-                    &[(order, u64::from(units))],
+                    &orders,
                     PER_USER_LIMIT,
                     &[],
                     &self.ids,
@@ -264,6 +282,25 @@ impl Real {
                     return Err(format!(
                         "the release answered {released:?}; the model promotes {promoted} unit(s)"
                     ));
+                }
+                // Each promotion names an order of this call as the one
+                // its units came back with.
+                let events: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
+                    .arg(keys.events())
+                    .arg(format!("({events_before}"))
+                    .arg("+")
+                    .query_async(conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                for (_, fields) in events {
+                    let named = fields.get("released_order").and_then(|o| o.parse().ok());
+                    if fields.get("type").map(String::as_str) == Some("promoted")
+                        && !named.is_some_and(|o: u64| orders.iter().any(|(id, _)| *id == o))
+                    {
+                        return Err(format!(
+                            "a promotion of the release of {orders:?} names {fields:?}"
+                        ));
+                    }
                 }
             }
             Action::Publish => {
@@ -758,6 +795,8 @@ struct Seen {
     met_lent: usize,
     /// Releases of two units at once.
     two_units_back: usize,
+    /// Of them, two orders of one in one call.
+    two_orders_back: usize,
     /// Arrivals refused for not enough stock (`units_free` live and
     /// below the quantity).
     refused: usize,
@@ -813,12 +852,27 @@ async fn walk(
         Ok::<_, String>(())
     }
     .await;
+    seen.two_orders_back += real.two_orders_back;
     result.map_err(|e| {
         format!(
             "serving, seed {seed}: {e}\n  after {} steps: {taken:?}",
             taken.len()
         )
     })
+}
+
+/// The id of bucket `keys`' newest event ("0" when none).
+async fn last_event(conn: &mut Redis, keys: &VoucherKeys) -> Result<String, String> {
+    let newest: Vec<(String, HashMap<String, String>)> = redis::cmd("XREVRANGE")
+        .arg(keys.events())
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(1)
+        .query_async(conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(newest.into_iter().next().map_or("0".into(), |(id, _)| id))
 }
 
 fn note(model: &Serving, before: &State, action: Action, after: &State, seen: &mut Seen) {
@@ -1013,8 +1067,8 @@ async fn random_walks_of_the_serving_model_match_the_scripts() {
     let mut table: Vec<_> = seen.actions.iter().collect();
     table.sort();
     eprintln!(
-        "serving actions taken over the walks: {table:?}; newcomers held behind a bound: {}; serves stopped at a bound: {}; arrivals and releases where units were lent: {}; releases of two units: {}; refused for not enough stock: {}",
-        seen.held, seen.stopped_at_bound, seen.met_lent, seen.two_units_back, seen.refused
+        "serving actions taken over the walks: {table:?}; newcomers held behind a bound: {}; serves stopped at a bound: {}; arrivals and releases where units were lent: {}; releases of two units: {} ({} as two orders of one); refused for not enough stock: {}",
+        seen.held, seen.stopped_at_bound, seen.met_lent, seen.two_units_back, seen.two_orders_back, seen.refused
     );
     for name in [
         "Arrive", "Release", "Start", "Read", "Publish", "Move", "Serve", "Crash", "Stop", "Lapse",
@@ -1028,5 +1082,6 @@ async fn random_walks_of_the_serving_model_match_the_scripts() {
     assert!(seen.stopped_at_bound > 0, "no serve stopped at a bound");
     assert!(seen.met_lent > 0, "no arrival or release met lent units");
     assert!(seen.two_units_back > 0, "no release of two units");
+    assert!(seen.two_orders_back > 0, "no release of two orders of one");
     assert!(seen.refused > 0, "no arrival refused for not enough stock");
 }
