@@ -462,6 +462,23 @@ fn users_of(b: u32, n: usize) -> Vec<u64> {
     (1..).filter(|u| bucket_of(*u, 3) == b).take(n).collect()
 }
 
+/// Bucket `b` as a restart of its master leaves it: meta names a server
+/// that is not this one, so nothing draws on it until a guard checks it.
+async fn as_after_a_restart(
+    redis: &mut seckill::store::redis_conn::Redis,
+    layout: &Layout,
+    b: u32,
+) {
+    let _: () = redis
+        .hset(
+            layout.keys(b).expect("keys").meta(),
+            "run_id",
+            "0123456789abcdef",
+        )
+        .await
+        .expect("hset");
+}
+
 /// One attempt for `quantity` units at the user's own bucket.
 async fn buy_units(
     redis: &seckill::store::redis_conn::Redis,
@@ -937,6 +954,85 @@ async fn units_a_bucket_lends_to_an_earlier_buyer_are_not_sold_to_newcomers_mean
     env.cleanup().await;
 }
 
+/// A move refused on the receiver's side leaves units the round counted
+/// for an earlier request where they were: the round moves nothing more.
+/// Bucket 1 is on a server nobody has checked (a restart, and no gate
+/// guard runs), so its give is refused while the mover, reading only
+/// `paused`, still allots its request for 3 units: bucket 3 lends 2 and
+/// bucket 2 lends 1. The take from bucket 3 lands in transit; before,
+/// `even_out` then went on with holdings that still showed bucket 3's
+/// units, found it empty, and moved bucket 2's lent unit to bucket 3,
+/// where nothing kept it from newcomers (review 42's scenario). Now the
+/// worker's second take is the next round's, for the same request, after
+/// the units in transit came back (5 s), and bucket 2 still holds both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_move_leaves_the_units_counted_for_a_request_where_they_are() {
+    let env = TestEnv::on_cluster().await;
+    let (layout, mut redis) = env
+        .live_voucher_in_buckets_with(V, 12, 4, &["--per-user-limit", "3"])
+        .await;
+    let of = |b: u32, n: usize| -> Vec<u64> {
+        (1..).filter(|u| bucket_of(*u, 4) == b).take(n).collect()
+    };
+    // Buckets 0 and 1 sell out, 2 and 3 keep 2 units each.
+    let (zero, one, two, three) = (of(0, 1), of(1, 2), of(2, 1), of(3, 1));
+    for (user, units, order) in [
+        (zero[0], 3, 71),
+        (one[0], 3, 72),
+        (two[0], 1, 73),
+        (three[0], 1, 74),
+    ] {
+        let came = buy_units(&redis, &layout, user, units, order).await;
+        assert!(matches!(came, Admission::Admitted { .. }), "{came:?}");
+    }
+    let came = buy_units(&redis, &layout, one[1], 3, 75).await;
+    assert!(!matches!(came, Admission::Admitted { .. }), "{came:?}");
+    let stock = |b: u32| layout.keys(b).expect("keys").stock();
+    as_after_a_restart(&mut redis, &layout, 1).await;
+    let faults = std::env::temp_dir().join(format!("seckill-faults-{}", env.prefix));
+    std::fs::create_dir_all(&faults).unwrap();
+    let dir = faults.display().to_string();
+    let worker = env.spawn_worker_with(
+        &common::fast_worker(&["--gate-check", "0s"]),
+        &[
+            ("SECKILL_TEST_FAULT", "between_take_and_give@2=hold"),
+            ("SECKILL_TEST_FAULT_DIR", &dir),
+        ],
+    );
+    worker.wait_log(
+        "fault hold at between_take_and_give",
+        Duration::from_secs(60),
+    );
+    // Two reads: the buckets are on different masters.
+    let at_two: i64 = redis.get(stock(2)).await.expect("stock");
+    let at_three: i64 = redis.get(stock(3)).await.expect("stock");
+    let held = (at_two, at_three);
+    std::fs::write(faults.join("release"), b"").unwrap();
+    assert_eq!(
+        held,
+        (2, 0),
+        "(bucket 2, bucket 3) at the worker's second take: a unit lent to bucket 1's request left bucket 2 for a bucket nobody waits at"
+    );
+    worker.signal("TERM");
+    worker.expect_success(Duration::from_secs(30));
+    // Once the bucket is checked (as a guard records it), a worker
+    // completes the units in transit and serves the request.
+    let _: () = redis
+        .hdel(layout.keys(1).expect("keys").meta(), "run_id")
+        .await
+        .expect("hdel");
+    let worker = env.spawn_worker(&common::fast_worker(&["--until-idle"]));
+    worker.expect_success(Duration::from_secs(60));
+    let s = assert_invariants(&env, V).await;
+    assert!(
+        s.orders.contains_key(&one[1]),
+        "the request is served: {:?}",
+        s.orders
+    );
+    let _ = std::fs::remove_dir_all(&faults);
+    env.cleanup().await;
+}
+
 /// A bucket that runs dry with many buyers waiting is served a whole line
 /// at a time, from the units the other buckets hold: not one request per
 /// mover round (which left 150 waiting buyers 15 s).
@@ -1313,15 +1409,7 @@ async fn a_split_that_gives_a_bucket_less_than_the_per_user_limit_is_refused() {
 async fn a_worker_without_a_guard_names_a_bucket_it_cannot_draw_on() {
     let env = TestEnv::on_cluster().await;
     let (layout, mut redis) = env.live_voucher_in_buckets(V, 30, 3).await;
-    // As a restart leaves it: meta names a server that is not this one.
-    let _: () = redis
-        .hset(
-            layout.keys(1).expect("keys").meta(),
-            "run_id",
-            "0123456789abcdef",
-        )
-        .await
-        .expect("hset");
+    as_after_a_restart(&mut redis, &layout, 1).await;
     let worker = env.spawn_worker(&common::fast_worker(&["--gate-check", "0s"]));
     let told = "nothing draws on it until a gate guard has checked it";
     worker.wait_log(told, Duration::from_secs(30));

@@ -22,9 +22,10 @@
 //! giver may have left short. The published `units_free` (the free
 //! units no request read was allotted) refuses a request its bucket holds
 //! some but not enough units for while it is fewer than asked. Left out:
-//! `even_out` (it moves units to buckets nobody waited at when read;
-//! after a fill a refused move cut short those may be units the
-//! allotment counted), a paused bucket, the read's depth of 1,000 requests, clock skew between
+//! `even_out` (it moves units to buckets nobody waited at when read,
+//! only after a fill no refused move cut short: then none the
+//! allotment counted; docs/src/concepts/checked-model.md), a paused
+//! bucket, the read's depth of 1,000 requests, clock skew between
 //! masters (queued times are one order here).
 
 use stateright::{Model, Property};

@@ -148,7 +148,7 @@ impl Took {
 /// nobody has units to spare. A giver found short (it sold meanwhile, or
 /// was paused) is passed for the next; a move refused for another cause
 /// ends the fill of its receiver (the next round moves what this one
-/// could not). Pure,
+/// could not), and the round then does not even out (`cut_short`). Pure,
 /// so a round knows before it moves what each bucket lends (`lends`), and
 /// publishes it so those units stay for the moves.
 #[derive(Debug, Clone)]
@@ -156,6 +156,7 @@ pub struct Filling {
     short: Vec<usize>,
     at: usize,
     pool_tried: bool,
+    refused: bool,
 }
 
 impl Filling {
@@ -169,6 +170,7 @@ impl Filling {
             short,
             at: 0,
             pool_tried: false,
+            refused: false,
         }
     }
 
@@ -222,9 +224,20 @@ impl Filling {
     /// units moved, or a short giver with what it said it holds, or
     /// paused: either leaves it no units to spare).
     pub fn moved(&mut self, step: &Move, took: Took) {
+        self.refused |= took == Took::Refused;
         if step.from.is_some() && (took == Took::Refused || took == Took::Units(0)) {
             self.skip();
         }
+    }
+
+    /// A move was refused for a cause not the giver's (`Took::Refused`):
+    /// units the round counted for a request may still be in the pool or
+    /// at a lender, where the holdings no longer say what is there (a
+    /// refused give leaves the units taken in transit). The round then
+    /// moves nothing more (`even_out`), or it could move them to a bucket
+    /// nobody waits at, where newcomers buy them.
+    pub fn cut_short(&self) -> bool {
+        self.refused
     }
 
     fn skip(&mut self) {
@@ -411,12 +424,17 @@ mod tests {
         assert_eq!(step.from, Some(0));
         filling.moved(&step, Took::Refused);
         assert_eq!(filling.next(&lines, 0, true, &allotted), None);
+        assert!(filling.cut_short());
         // Short: bucket 0 sold its units meanwhile; bucket 1 gives.
         let mut filling = Filling::new(&lines, &allotted);
         let step = filling.next(&lines, 0, true, &allotted).expect("a move");
         let mut held = lines.clone();
         held[0].stock = 0;
         filling.moved(&step, Took::Short);
+        assert!(
+            !filling.cut_short(),
+            "a short giver sold the units: none left"
+        );
         let next = filling.next(&held, 0, true, &allotted);
         assert_eq!(
             next,

@@ -240,7 +240,8 @@ impl Mover {
         }
         crate::support::fault::point("after_bounds_published").await?;
         let mut free = Holdings { looks, pool };
-        self.fill_the_short(&gates, epoch, &mut free, &allotted, filling)
+        let filled = self
+            .fill_the_short(&gates, epoch, &mut free, &allotted, filling)
             .await?;
         for b in 0..free.looks.len() {
             if allotted.requests[b] > 0 {
@@ -248,7 +249,9 @@ impl Mover {
                     .await?;
             }
         }
-        self.even_out(&gates, epoch, &mut free).await?;
+        if !filled.cut_short() {
+            self.even_out(&gates, epoch, &mut free).await?;
+        }
         Ok(left_open)
     }
 
@@ -271,7 +274,7 @@ impl Mover {
     }
 
     /// The moves of `filling` (worker/allotment.rs), on the holdings as
-    /// each move left them.
+    /// each move left them; returns it, done.
     async fn fill_the_short(
         &mut self,
         gates: &[VoucherKeys],
@@ -279,7 +282,7 @@ impl Mover {
         free: &mut Holdings,
         allotted: &Allotment,
         mut filling: Filling,
-    ) -> Result<()> {
+    ) -> Result<Filling> {
         while let Some(step) =
             filling.next(&free.looks, free.pool, pool_usable(&free.looks), allotted)
         {
@@ -288,11 +291,13 @@ impl Mover {
                 .await?;
             filling.moved(&step, took);
         }
-        Ok(())
+        Ok(filling)
     }
 
     /// Even out: a bucket far below the average gets units, from the pool
-    /// first, so it does not run dry while others hold plenty.
+    /// first, so it does not run dry while others hold plenty. Only after a
+    /// fill no refused move cut short: then what the pool and the buckets
+    /// nobody waits at hold is free units no request read was allotted.
     async fn even_out(
         &mut self,
         gates: &[VoucherKeys],
