@@ -27,7 +27,8 @@
 -- ARGV[3]  how long it holds, in ms (1 .. 60000)
 -- ARGV[4]  optional: the voucher's free units no waiting request is given
 --          (every open bucket's stock and the pool, less what the mover
---          allots): written to meta units_free, live for ARGV[3] ms
+--          allots; a bucket paused, or on a server not yet checked, is
+--          not open): written to meta units_free, live for ARGV[3] ms
 --          (units_free_until, Unix ms); lua/seckill.lua lets a request
 --          its bucket cannot fill wait for the mover while it is at least
 --          the quantity asked, or lapsed. Empty / absent: left as it is.

@@ -147,8 +147,9 @@ impl Took {
 /// most units beyond its own allotted requests, until it has them or
 /// nobody has units to spare. A giver found short (it sold meanwhile, or
 /// was paused) is passed for the next; a move refused for another cause
-/// ends the fill of its receiver (the next round moves what this one
-/// could not), and the round then does not even out (`cut_short`). Pure,
+/// (the pool's too) ends the fill of its receiver (the next round moves
+/// what this one could not), and the round then does not even out
+/// (`cut_short`). Pure,
 /// so a round knows before it moves what each bucket lends (`lends`), and
 /// publishes it so those units stay for the moves.
 #[derive(Debug, Clone)]
@@ -225,7 +226,8 @@ impl Filling {
     /// paused: either leaves it no units to spare).
     pub fn moved(&mut self, step: &Move, took: Took) {
         self.refused |= took == Took::Refused;
-        if step.from.is_some() && (took == Took::Refused || took == Took::Units(0)) {
+        // A refusal is the receiver's or the mover's, whoever gives.
+        if took == Took::Refused || (step.from.is_some() && took == Took::Units(0)) {
             self.skip();
         }
     }
@@ -234,8 +236,8 @@ impl Filling {
     /// units the round counted for a request may still be in the pool or
     /// at a lender, where the holdings no longer say what is there (a
     /// refused give leaves the units taken in transit). The round then
-    /// moves nothing more (`even_out`), or it could move them to a bucket
-    /// nobody waits at, where newcomers buy them.
+    /// does not even out, or it could move them to a bucket nobody waits
+    /// at, where newcomers buy them.
     pub fn cut_short(&self) -> bool {
         self.refused
     }
@@ -425,6 +427,12 @@ mod tests {
         filling.moved(&step, Took::Refused);
         assert_eq!(filling.next(&lines, 0, true, &allotted), None);
         assert!(filling.cut_short());
+        // Refused from the pool: no bucket is asked for the same receiver.
+        let mut filling = Filling::new(&lines, &allotted);
+        let step = filling.next(&lines, 1, true, &allotted).expect("a move");
+        assert_eq!(step.from, None);
+        filling.moved(&step, Took::Refused);
+        assert_eq!(filling.next(&lines, 1, true, &allotted), None);
         // Short: bucket 0 sold its units meanwhile; bucket 1 gives.
         let mut filling = Filling::new(&lines, &allotted);
         let step = filling.next(&lines, 0, true, &allotted).expect("a move");

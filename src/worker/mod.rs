@@ -200,6 +200,7 @@ impl Parts {
             published: Default::default(),
             guarded: !self.opts.gate_check.is_zero(),
             told_unchecked: Default::default(),
+            unchecked: Default::default(),
             moves_left: false,
             until_idle: self.opts.until_idle,
         })

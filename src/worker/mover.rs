@@ -16,7 +16,7 @@
 //! bucket is not loaded. Every move is take, give, settle
 //! (gate/transfer.rs).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -93,6 +93,11 @@ pub struct Mover {
     pub(super) guarded: bool,
     /// Vouchers whose unchecked bucket a guardless worker has told of.
     pub(super) told_unchecked: std::collections::HashSet<u64>,
+    /// Per voucher, the buckets whose last publish answered that their
+    /// server is not checked yet (lua/lib/server_checked.lua), or that
+    /// refused a give as paused since: planned as paused, since nothing
+    /// may draw on them, until a publish there is taken again.
+    pub(super) unchecked: HashMap<u64, BTreeSet<usize>>,
 }
 
 /// A voucher's free units as a round reads them and its moves change them.
@@ -212,7 +217,7 @@ impl Mover {
             return self.left_to_the_holder(layout, &gates).await;
         };
         let left_open = self.complete_stale(&gates).await?;
-        let (looks, pool) = look_all(&mut self.conn, &gates).await?;
+        let (mut looks, pool) = look_all(&mut self.conn, &gates).await?;
         if !movable(&looks) {
             // A bucket is not loaded (lost, being rebuilt): nothing moves,
             // so no bound may keep units for a move; the buckets serve
@@ -222,22 +227,45 @@ impl Mover {
             }
             return Ok(left_open);
         }
-        let allotted = allotment(&looks, pool);
-        if allotted.any() {
-            // Not settled while a request is allotted units: the serve may
-            // find a waiting user who bought meanwhile and promote nobody,
-            // and the next pass then sees who is next.
-            self.moves_left = true;
-        }
-        let free = unpromised(&looks, pool, &allotted);
-        let filling = Filling::new(&looks, &allotted);
-        let lends = filling.lends(&looks, pool, pool_usable(&looks), &allotted);
-        if !self
-            .publish_bounds(&gates, epoch, &allotted, free, &lends)
-            .await?
-        {
-            return Ok(left_open);
-        }
+        // A bucket on a server nobody has checked yet takes no move and
+        // gives none: planned as paused (its requests wait for its check,
+        // as a paused bucket's for its rebuild). One the publish finds so
+        // only now has the round planned again without it, so that no
+        // unit is counted, lent or taken for a request there.
+        let voucher = gates[0].voucher();
+        let mut replanned = false;
+        let (allotted, filling) = loop {
+            let unchecked = self.unchecked.get(&voucher).cloned().unwrap_or_default();
+            for b in &unchecked {
+                if let Some(look) = looks.get_mut(*b) {
+                    look.line.paused = true;
+                }
+            }
+            let allotted = allotment(&looks, pool);
+            if allotted.any() {
+                // Not settled while a request is allotted units: the serve
+                // may find a waiting user who bought meanwhile and promote
+                // nobody, and the next pass then sees who is next.
+                self.moves_left = true;
+            }
+            let free = unpromised(&looks, pool, &allotted);
+            let filling = Filling::new(&looks, &allotted);
+            let lends = filling.lends(&looks, pool, pool_usable(&looks), &allotted);
+            if !self
+                .publish_bounds(&gates, epoch, &allotted, free, &lends)
+                .await?
+            {
+                return Ok(left_open);
+            }
+            let found = self
+                .unchecked
+                .get(&voucher)
+                .is_some_and(|now| !now.is_subset(&unchecked));
+            if !found || replanned {
+                break (allotted, filling);
+            }
+            replanned = true;
+        };
         crate::support::fault::point("after_bounds_published").await?;
         let mut free = Holdings { looks, pool };
         let filled = self
@@ -410,10 +438,12 @@ impl Mover {
             BOUND_HOLDS_MS,
             BOUND_HOLDS_MS.max(self.lease.as_millis() as u64),
         );
-        let fresh = self
-            .published
-            .get(&voucher)
-            .is_some_and(|(said, at)| *said == free && (at.elapsed().as_millis() as u64) < ttl / 3);
+        // An unchecked bucket is asked at every round, to learn when it is
+        // checked.
+        let fresh =
+            self.published.get(&voucher).is_some_and(|(said, at)| {
+                *said == free && (at.elapsed().as_millis() as u64) < ttl / 3
+            }) && !self.unchecked.contains_key(&voucher);
         if !any && !self.bounded.contains_key(&voucher) && fresh {
             return Ok(true);
         }
@@ -446,20 +476,34 @@ impl Mover {
             let mut conn = self.conn.clone();
             async move { transfer::set_bound(&mut conn, keys, epoch, word).await }
         });
+        let voucher = gates[0].voucher();
         let mut fenced = None;
-        for answer in futures_util::future::join_all(calls).await {
+        let mut unchecked = BTreeSet::new();
+        for (b, answer) in futures_util::future::join_all(calls)
+            .await
+            .into_iter()
+            .enumerate()
+        {
             match answer? {
                 Bounded::Set => {}
                 Bounded::Fenced(seen) => fenced = Some(seen),
-                // Lost meanwhile, or on a server the guard has not checked
-                // yet: the guard rebuilds it; the next round publishes
-                // there again.
+                // Lost meanwhile: the guard rebuilds it; the next round
+                // finds it not loaded and moves nothing.
                 Bounded::NotLoaded => self.moves_left = true,
+                // Until a guard checks it. A worker that runs none waits
+                // for nothing that will come (it said so once): its
+                // --until-idle run may end.
                 Bounded::Unchecked => {
-                    self.moves_left = true;
-                    self.unchecked_unguarded(gates[0].voucher());
+                    self.moves_left |= self.guarded;
+                    unchecked.insert(b);
+                    self.unchecked_unguarded(voucher);
                 }
             }
+        }
+        if unchecked.is_empty() {
+            self.unchecked.remove(&voucher);
+        } else {
+            self.unchecked.insert(voucher, unchecked);
         }
         Ok(fenced)
     }
@@ -623,8 +667,15 @@ impl Mover {
         let given = transfer::give(&mut self.conn, receiver, id, k, epoch, &[]).await?;
         let Some(landing) = given.landing() else {
             // Left in transit: completed (given back) once it is stale.
-            if let Given::Fenced(seen) = given {
-                self.seen_a_later_epoch(voucher, seen);
+            match given {
+                Given::Fenced(seen) => self.seen_a_later_epoch(voucher, seen),
+                // Paused, or on a server nobody has checked: planned as
+                // paused until the next round's publish there says which
+                // (a paused gate takes a publish; the look sees it paused).
+                Given::Paused => {
+                    self.unchecked.entry(voucher).or_default().insert(to);
+                }
+                _ => {}
             }
             return Ok((Took::Refused, None));
         };
