@@ -126,17 +126,20 @@ pub enum Took {
     /// lost meanwhile; the holdings show it (what it said it holds, or it
     /// paused).
     Short,
-    /// Nothing moved for a cause that is not the giver's (the receiver
-    /// not taking the units: left in transit, called off; the mover
-    /// fenced; a stale id).
+    /// The take was refused for a cause that is not the giver's stock:
+    /// the mover fenced, or its transfer id stale at that giver.
     Refused,
+    /// Taken, but the receiver did not take the units: left in transit
+    /// (it is paused, not loaded, on a server nobody has checked, or saw
+    /// a later mover) or called off. No giver can fill it this round.
+    Undelivered,
 }
 
 impl Took {
     pub fn units(self) -> i64 {
         match self {
             Took::Units(k) => k,
-            Took::Short | Took::Refused => 0,
+            Took::Short | Took::Refused | Took::Undelivered => 0,
         }
     }
 }
@@ -146,10 +149,10 @@ impl Took {
 /// first; for each, the pool gives first, then the open bucket with the
 /// most units beyond its own allotted requests, until it has them or
 /// nobody has units to spare. A giver found short (it sold meanwhile, or
-/// was paused) is passed for the next; a move refused for another cause
-/// (the pool's too) ends the fill of its receiver (the next round moves
-/// what this one could not), and the round then does not even out
-/// (`cut_short`). Pure,
+/// was paused) is passed for the next; a move its receiver did not take
+/// (`Took::Undelivered`), or a bucket's take refused (`Took::Refused`),
+/// ends the fill of its receiver (the next round moves what this one
+/// could not), and the round then does not even out (`cut_short`). Pure,
 /// so a round knows before it moves what each bucket lends (`lends`), and
 /// publishes it so those units stay for the moves.
 #[derive(Debug, Clone)]
@@ -225,14 +228,22 @@ impl Filling {
     /// units moved, or a short giver with what it said it holds, or
     /// paused: either leaves it no units to spare).
     pub fn moved(&mut self, step: &Move, took: Took) {
-        self.refused |= took == Took::Refused;
-        // A refusal is the receiver's or the mover's, whoever gives.
-        if took == Took::Refused || (step.from.is_some() && took == Took::Units(0)) {
+        self.refused |= matches!(took, Took::Refused | Took::Undelivered);
+        // A receiver that would not take the units ends its fill whoever
+        // gave; a take the pool refused passes on to the buckets, which
+        // keep transfer ids of their own.
+        let ends = match took {
+            Took::Undelivered => true,
+            Took::Refused | Took::Units(0) => step.from.is_some(),
+            _ => false,
+        };
+        if ends {
             self.skip();
         }
     }
 
-    /// A move was refused for a cause not the giver's (`Took::Refused`):
+    /// A move was refused, or not delivered (`Took::Refused`,
+    /// `Took::Undelivered`):
     /// units the round counted for a request may still be in the pool or
     /// at a lender, where the holdings no longer say what is there (a
     /// refused give leaves the units taken in transit). The round then
@@ -427,12 +438,22 @@ mod tests {
         filling.moved(&step, Took::Refused);
         assert_eq!(filling.next(&lines, 0, true, &allotted), None);
         assert!(filling.cut_short());
-        // Refused from the pool: no bucket is asked for the same receiver.
+        // Not delivered from the pool: no bucket is asked for the same
+        // receiver; refused at the pool (its own ids): the buckets are.
         let mut filling = Filling::new(&lines, &allotted);
         let step = filling.next(&lines, 1, true, &allotted).expect("a move");
         assert_eq!(step.from, None);
-        filling.moved(&step, Took::Refused);
+        filling.moved(&step, Took::Undelivered);
         assert_eq!(filling.next(&lines, 1, true, &allotted), None);
+        assert!(filling.cut_short());
+        let mut filling = Filling::new(&lines, &allotted);
+        let step = filling.next(&lines, 1, true, &allotted).expect("a move");
+        filling.moved(&step, Took::Refused);
+        assert_eq!(
+            filling.next(&lines, 1, true, &allotted).map(|m| m.from),
+            Some(Some(0))
+        );
+        assert!(filling.cut_short());
         // Short: bucket 0 sold its units meanwhile; bucket 1 gives.
         let mut filling = Filling::new(&lines, &allotted);
         let step = filling.next(&lines, 0, true, &allotted).expect("a move");

@@ -231,15 +231,15 @@ impl Mover {
         // gives none: planned as paused (its requests wait for its check,
         // as a paused bucket's for its rebuild). One the publish finds so
         // only now has the round planned again without it, so that no
-        // unit is counted, lent or taken for a request there.
+        // unit is counted, lent or taken for a request there; one checked
+        // again, with it.
         let voucher = gates[0].voucher();
+        let read_paused: Vec<bool> = looks.iter().map(|l| l.line.paused).collect();
         let mut replanned = false;
         let (allotted, filling) = loop {
             let unchecked = self.unchecked.get(&voucher).cloned().unwrap_or_default();
-            for b in &unchecked {
-                if let Some(look) = looks.get_mut(*b) {
-                    look.line.paused = true;
-                }
+            for (b, look) in looks.iter_mut().enumerate() {
+                look.line.paused = read_paused[b] || unchecked.contains(&b);
             }
             let allotted = allotment(&looks, pool);
             if allotted.any() {
@@ -257,11 +257,11 @@ impl Mover {
             {
                 return Ok(left_open);
             }
-            let found = self
-                .unchecked
-                .get(&voucher)
-                .is_some_and(|now| !now.is_subset(&unchecked));
-            if !found || replanned {
+            // The publish says which buckets are unchecked now: planned
+            // again (once) if that is not what this plan took, found
+            // unchecked or checked again.
+            let now = self.unchecked.get(&voucher).cloned().unwrap_or_default();
+            if now == unchecked || replanned {
                 break (allotted, filling);
             }
             replanned = true;
@@ -348,6 +348,9 @@ impl Mover {
                     .move_units(gates, epoch, free, None, to, wants)
                     .await?
                     .units();
+                if free.looks[to].line.paused {
+                    continue;
+                }
             }
             let richest = (0..free.looks.len())
                 .filter(|d| {
@@ -401,6 +404,13 @@ impl Mover {
                 0
             }
             (Took::Refused, _) => held,
+            // Its holdings show the units taken still there (they come
+            // back once the transfer is completed); the receiver takes
+            // nothing more this round.
+            (Took::Undelivered, _) => {
+                free.looks[to].line.paused = true;
+                held
+            }
         };
         match from {
             None => free.pool = left,
@@ -677,11 +687,11 @@ impl Mover {
                 }
                 _ => {}
             }
-            return Ok((Took::Refused, None));
+            return Ok((Took::Undelivered, None));
         };
         transfer::settle(&mut self.conn, giver, id, landing).await?;
         if landing == Landing::Void {
-            return Ok((Took::Refused, None));
+            return Ok((Took::Undelivered, None));
         }
         self.stats.add_units_moved(k);
         // Moved in full: nothing of this move is left for the next pass.
