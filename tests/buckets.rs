@@ -459,7 +459,15 @@ async fn voucher_in_three_buckets(
 
 /// The first `n` users of bucket `b` of 3.
 fn users_of(b: u32, n: usize) -> Vec<u64> {
-    (1..).filter(|u| bucket_of(*u, 3) == b).take(n).collect()
+    users_in(3, b, n)
+}
+
+/// The first `n` users of bucket `b` of a voucher in `buckets` buckets.
+fn users_in(buckets: u32, b: u32, n: usize) -> Vec<u64> {
+    (1..)
+        .filter(|u| bucket_of(*u, buckets) == b)
+        .take(n)
+        .collect()
 }
 
 /// A live voucher of 4 × `limit` units in 4 buckets, `limit` per user:
@@ -479,9 +487,7 @@ async fn four_buckets_a_request_waiting_at_1(
             &["--per-user-limit", &limit.to_string()],
         )
         .await;
-    let of = |b: u32, n: usize| -> Vec<u64> {
-        (1..).filter(|u| bucket_of(*u, 4) == b).take(n).collect()
-    };
+    let of = |b: u32, n: usize| users_in(4, b, n);
     let (zero, one, two, three) = (of(0, 1), of(1, 2), of(2, 1), of(3, 1));
     for (user, units, order) in [
         (zero[0], limit, 71),
@@ -507,17 +513,18 @@ async fn four_buckets_a_request_waiting_at_1(
     (layout, redis, one[1])
 }
 
-/// A worker with no gate guard (so a bucket left unchecked stays so)
-/// under the test faults `spec`, and its faults' directory.
-fn guardless_worker_with_faults(
+/// A fast worker with `args` under the test faults `spec` (a hold waits
+/// for the file `release` in the faults' directory), and that directory.
+fn worker_with_faults(
     env: &TestEnv,
+    args: &[&str],
     spec: &str,
 ) -> (common::process::WorkerProc, std::path::PathBuf) {
     let faults = std::env::temp_dir().join(format!("seckill-faults-{}", env.prefix));
     std::fs::create_dir_all(&faults).unwrap();
     let dir = faults.display().to_string();
     let worker = env.spawn_worker_with(
-        &common::fast_worker(&["--gate-check", "0s"]),
+        &common::fast_worker(args),
         &[
             ("SECKILL_TEST_FAULT", spec),
             ("SECKILL_TEST_FAULT_DIR", &dir),
@@ -525,6 +532,9 @@ fn guardless_worker_with_faults(
     );
     (worker, faults)
 }
+
+/// No gate guard: a bucket left unchecked stays so.
+const GUARDLESS: [&str; 2] = ["--gate-check", "0s"];
 
 /// The waiting request is served (bucket 1 checked meanwhile): the four
 /// buyers' orders and its own; then the worker stops and the sale keeps
@@ -1011,16 +1021,7 @@ async fn units_a_bucket_lends_to_an_earlier_buyer_are_not_sold_to_newcomers_mean
             "{came:?}"
         );
     }
-    let faults = std::env::temp_dir().join(format!("seckill-faults-{}", env.prefix));
-    std::fs::create_dir_all(&faults).unwrap();
-    let dir = faults.display().to_string();
-    let worker = env.spawn_worker_with(
-        &common::fast_worker(&[]),
-        &[
-            ("SECKILL_TEST_FAULT", "after_bounds_published@1=hold"),
-            ("SECKILL_TEST_FAULT_DIR", &dir),
-        ],
-    );
+    let (worker, faults) = worker_with_faults(&env, &[], "after_bounds_published@1=hold");
     worker.wait_log(
         "fault hold at after_bounds_published",
         Duration::from_secs(30),
@@ -1067,8 +1068,9 @@ async fn a_move_refused_at_its_receiver_leaves_the_units_counted_for_a_request_w
     let env = TestEnv::on_cluster().await;
     // Buckets 0 and 1 sell out, 2 and 3 keep 2 units each.
     let (layout, mut redis, waiting) = four_buckets_a_request_waiting_at_1(&env, 3, 1).await;
-    let (worker, faults) = guardless_worker_with_faults(
+    let (worker, faults) = worker_with_faults(
         &env,
+        &GUARDLESS,
         "between_take_and_give@1=hold,between_take_and_give@2=hold",
     );
     worker.wait_log(
@@ -1120,7 +1122,7 @@ async fn a_bucket_on_an_unchecked_server_is_planned_as_paused_and_served_once_ch
     let env = TestEnv::on_cluster().await;
     let (layout, mut redis, waiting) = four_buckets_a_request_waiting_at_1(&env, 12, 2).await;
     as_after_a_restart(&mut redis, &layout, 1).await;
-    let (worker, faults) = guardless_worker_with_faults(&env, "after_bounds_published@2=hold");
+    let (worker, faults) = worker_with_faults(&env, &GUARDLESS, "after_bounds_published@2=hold");
     // The second round has published: the first one's moves are done.
     worker.wait_log(
         "fault hold at after_bounds_published",
@@ -1522,7 +1524,7 @@ async fn a_worker_without_a_guard_names_a_bucket_it_cannot_draw_on() {
     let env = TestEnv::on_cluster().await;
     let (layout, mut redis) = env.live_voucher_in_buckets(V, 30, 3).await;
     as_after_a_restart(&mut redis, &layout, 1).await;
-    let worker = env.spawn_worker(&common::fast_worker(&["--gate-check", "0s"]));
+    let worker = env.spawn_worker(&common::fast_worker(&GUARDLESS));
     let told = "nothing draws on it until a gate guard has checked it";
     worker.wait_log(told, Duration::from_secs(30));
     worker.signal("TERM");
@@ -1532,11 +1534,9 @@ async fn a_worker_without_a_guard_names_a_bucket_it_cannot_draw_on() {
     // A cron run of such a worker ends once its work is done: it does
     // not wait for a check nothing it runs will make (the mover asks the
     // bucket at every round, and each answer is "unchecked").
-    let cron = env.spawn_worker(&common::fast_worker(&[
-        "--gate-check",
-        "0s",
-        "--until-idle",
-    ]));
+    let cron = env.spawn_worker(&common::fast_worker(
+        &[&GUARDLESS[..], &["--until-idle"]].concat(),
+    ));
     cron.expect_success(Duration::from_secs(60));
     env.cleanup().await;
 }

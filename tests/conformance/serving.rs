@@ -285,14 +285,8 @@ impl Real {
                 }
                 // Each promotion names an order of this call as the one
                 // its units came back with.
-                let events: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
-                    .arg(keys.events())
-                    .arg(format!("({events_before}"))
-                    .arg("+")
-                    .query_async(conn)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                for (_, fields) in events {
+                let after_them = format!("({events_before}");
+                for (_, fields) in stream_from(conn, &keys.events(), &after_them).await? {
                     let named = fields.get("released_order").and_then(|o| o.parse().ok());
                     if fields.get("type").map(String::as_str) == Some("promoted")
                         && !named.is_some_and(|o: u64| orders.iter().any(|(id, _)| *id == o))
@@ -554,13 +548,7 @@ impl Real {
         (buyers, waiting): (&[u64], &[u64]),
         promotions: usize,
     ) -> Result<(), String> {
-        let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
-            .arg(keys.orders())
-            .arg("-")
-            .arg("+")
-            .query_async(&mut self.redis)
-            .await
-            .map_err(|e| e.to_string())?;
+        let entries = stream_from(&mut self.redis, &keys.orders(), "-").await?;
         let mut got: Vec<(u64, String, u8)> = vec![];
         for (_, fields) in entries {
             let user: u64 = fields
@@ -601,13 +589,7 @@ impl Real {
             .filter(|(_, kind, _)| kind == "promote")
             .map(|(user, _, units)| (*user, *units))
             .collect();
-        let events: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
-            .arg(keys.events())
-            .arg("-")
-            .arg("+")
-            .query_async(&mut self.redis)
-            .await
-            .map_err(|e| e.to_string())?;
+        let events = stream_from(&mut self.redis, &keys.events(), "-").await?;
         let mut told: Vec<(u64, u8)> = vec![];
         for (_, fields) in events {
             if fields.get("type").map(String::as_str) != Some("promoted") {
@@ -859,6 +841,22 @@ async fn walk(
             taken.len()
         )
     })
+}
+
+/// A stream's entries from `start` (an id, `(` an id for after it, or
+/// `-`) to its end.
+async fn stream_from(
+    conn: &mut Redis,
+    key: &str,
+    start: &str,
+) -> Result<Vec<(String, HashMap<String, String>)>, String> {
+    redis::cmd("XRANGE")
+        .arg(key)
+        .arg(start)
+        .arg("+")
+        .query_async(conn)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// The id of bucket `keys`' newest event ("0" when none).
