@@ -13,7 +13,9 @@
 //! of the sale without knowing how many batches came before it):
 //! `pause:<duration>`; `hold` (waits until the file `release` appears in
 //! `SECKILL_TEST_FAULT_DIR`, so a second fault can be made while this
-//! process stands there); `abort` (the process dies at once, as a kill -9
+//! process stands there, or the file `release-<point>-<k>`, which lets
+//! go of that hit alone: a test that holds two points in a row releases
+//! the first without the second passing through); `abort` (the process dies at once, as a kill -9
 //! there would have it); `error` (the step fails as a store error would
 //! make it; a point that cannot fail holds this action for nothing and
 //! says so); `resend`, at a script call's point only (below). Each action
@@ -40,7 +42,9 @@
 //! (MySQL's count of orders read, the witness not yet set back up to it); `voucher update`'s `before_publish` (the policy changed
 //! in MySQL, not yet published at the gate); the gate guard's `gate_paused` (a gate paused, not yet
 //! rebuilt); the mover's `after_bounds_published` (a round's bounds and
-//! lent units published, nothing moved yet) and `between_take_and_give` (units
+//! lent units published, nothing moved yet), `before_publishing_again` (a
+//! publish found a bucket unchecked, or checked again, and the round
+//! publishes a second plan) and `between_take_and_give` (units
 //! taken from one gate, in transit, not yet given to the other); `seckill
 //! serve`'s `serve_after_admit` (admitted at the gate, the answer not yet
 //! written) and its Redis connections' mender `mend_round` (before each
@@ -242,11 +246,12 @@ pub fn armed() -> bool {
 
 /// Counts a hit of a script call's point: whether to send this call twice.
 pub fn resend(step: &str) -> bool {
-    hit(step) == Some(Action::Resend)
+    hit(step).is_some_and(|(action, _)| action == Action::Resend)
 }
 
-/// Counts a hit of `step` and says the fault asked for this hit, if any.
-fn hit(step: &str) -> Option<Action> {
+/// Counts a hit of `step` and says the fault asked for this hit, if any,
+/// and which hit it is.
+fn hit(step: &str) -> Option<(Action, u64)> {
     let point = FAULTS.get(step)?;
     let hit = point.hits.fetch_add(1, Ordering::SeqCst) + 1;
     let action = match point.at.iter().find(|(k, _)| *k == hit) {
@@ -263,18 +268,20 @@ fn hit(step: &str) -> Option<Action> {
     // Straight to stderr: the explorer waits for this line, whatever the
     // log filter says.
     eprintln!("fault {name} at {step} (hit {hit})");
-    Some(action.clone())
+    Some((action.clone(), hit))
 }
 
 /// Counts a hit of `step` and acts out the fault asked for this hit (all
 /// but `error`, which is the caller's to return).
 async fn reach(step: &str) -> Option<Action> {
-    let action = hit(step)?;
+    let (action, hit) = hit(step)?;
     match &action {
         Action::Pause(d) => tokio::time::sleep(*d).await,
         Action::Hold => {
             let release = release_file();
-            while !release.as_ref().is_some_and(|f| f.exists()) {
+            let this_hit = fault_file(&format!("release-{step}-{hit}"));
+            let exists = |f: &Option<PathBuf>| f.as_ref().is_some_and(|f| f.exists());
+            while !exists(&release) && !exists(&this_hit) {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             eprintln!("fault released at {step}");
