@@ -57,6 +57,10 @@ const POINTS: &[(&str, Result<&str, &str>)] = &[
         Ok("Publish (then Move), the serving model (model/src/serving.rs)"),
     ),
     (
+        "before_publishing_again",
+        Ok("Publish (the last of a pass, then a second pass), the serving model"),
+    ),
+    (
         "between_take_and_give",
         Ok("Move (then Give), the mover's model (model/src/mover.rs)"),
     ),

@@ -195,6 +195,14 @@ impl Filling {
                 self.skip();
                 continue;
             }
+            // Paused since the plan (found unchecked by a later publish):
+            // its give would be refused, the units left in transit. What
+            // the round counted for it stays where it is: no even out.
+            if lines[to].borrow().paused {
+                self.refused = true;
+                self.skip();
+                continue;
+            }
             if !self.pool_tried {
                 self.pool_tried = true;
                 if pool_usable && pool > 0 {
@@ -472,6 +480,25 @@ mod tests {
                 to: 2,
                 units: 1
             })
+        );
+    }
+
+    #[test]
+    fn a_receiver_paused_since_the_plan_takes_no_move() {
+        let mut lines = [line(2, &[]), line(0, &[(10.0, 1)]), line(0, &[(11.0, 1)])];
+        let allotted = allot(&lines, 0);
+        let mut filling = Filling::new(&lines, &allotted);
+        // Bucket 1 found unchecked by the round's second publish.
+        lines[1].paused = true;
+        let step = filling.next(&lines, 0, true, &allotted).expect("a move");
+        assert_eq!(step.to, 2, "bucket 1 is passed");
+        filling.moved(&step, Took::Units(1));
+        lines[0].stock -= 1;
+        lines[2].stock += 1;
+        assert_eq!(filling.next(&lines, 0, true, &allotted), None);
+        assert!(
+            filling.cut_short(),
+            "the units counted for bucket 1 are not evened out"
         );
     }
 

@@ -262,9 +262,15 @@ impl Mover {
             // unchecked or checked again.
             let now = self.unchecked.get(&voucher).cloned().unwrap_or_default();
             if now == unchecked || replanned {
+                // One found unchecked by the second publish (it closed
+                // between the two): no move goes to or from it.
+                for b in now {
+                    looks[b].line.paused = true;
+                }
                 break (allotted, filling);
             }
             replanned = true;
+            crate::support::fault::point("before_publishing_again").await?;
         };
         crate::support::fault::point("after_bounds_published").await?;
         let mut free = Holdings { looks, pool };
@@ -272,7 +278,11 @@ impl Mover {
             .fill_the_short(&gates, epoch, &mut free, &allotted, filling)
             .await?;
         for b in 0..free.looks.len() {
-            if allotted.requests[b] > 0 {
+            // A bucket the fill left short (a giver found empty or
+            // closed) is not served this round: in line order, each whole
+            // or passed over, its units would go to a later, smaller
+            // request while an earlier one waits for the rest.
+            if allotted.requests[b] > 0 && free.looks[b].line.stock >= allotted.need[b] {
                 self.promote_waiting(&gates, b, epoch, allotted.requests[b])
                     .await?;
             }
