@@ -12,6 +12,7 @@ use redis::AsyncCommands;
 use seckill::error::Error;
 use seckill::gate::admission::{admit, admit_durably, Admission, Attempt};
 use seckill::gate::buckets::{bucket_of, Layout};
+use seckill::gate::pause;
 use seckill::gate::transfer;
 use seckill::store::keys::bucket_tag;
 use seckill::support::timespec::now_ms;
@@ -531,6 +532,21 @@ fn worker_with_faults(
         ],
     );
     (worker, faults)
+}
+
+/// Lets the worker held at the `hit`-th time it reached fault point
+/// `point` go on, and that hold alone.
+fn let_through(
+    worker: &common::process::WorkerProc,
+    faults: &std::path::Path,
+    point: &str,
+    hit: u32,
+) {
+    std::fs::write(faults.join(format!("release-{point}-{hit}")), b"").unwrap();
+    worker.wait_log(
+        &format!("fault released at {point}"),
+        Duration::from_secs(30),
+    );
 }
 
 /// No gate guard: a bucket left unchecked stays so.
@@ -1078,13 +1094,8 @@ async fn a_move_refused_at_its_receiver_leaves_the_units_counted_for_a_request_w
         Duration::from_secs(60),
     );
     as_after_a_restart(&mut redis, &layout, 1).await;
+    let_through(&worker, &faults, "between_take_and_give", 1);
     let release = faults.join("release");
-    std::fs::write(&release, b"").unwrap();
-    worker.wait_log(
-        "fault released at between_take_and_give",
-        Duration::from_secs(30),
-    );
-    std::fs::remove_file(&release).unwrap();
     // The next round's publish meets the unchecked bucket; checked again,
     // the request is allotted once the units in transit are back.
     worker.wait_log(
@@ -1144,6 +1155,152 @@ async fn a_bucket_on_an_unchecked_server_is_planned_as_paused_and_served_once_ch
         "units in the buckets' stock: the rest were taken into transit to the unchecked bucket"
     );
     served_at_last(env, worker, waiting, &faults).await;
+}
+
+/// A bucket found unchecked only by the round's second publish (its
+/// master restarted between the two) takes no move that round. Bucket 0
+/// is unchecked from the start, so the first round's publish finds it and
+/// the round publishes again; held there, bucket 1 (where the request for
+/// 3 waits, allotted 2 units of bucket 3 and 1 of bucket 2) becomes
+/// unchecked too. Before, the round's fill went on with bucket 1 as
+/// planned, and bucket 3's 2 units went into transit to a bucket that
+/// refused them (found by the serving model, model/tests/serving.rs
+/// `two_gates_closing`). Once both are checked, the request is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_found_unchecked_by_the_second_publish_takes_no_move() {
+    let env = TestEnv::on_cluster().await;
+    let (layout, mut redis, waiting) = four_buckets_a_request_waiting_at_1(&env, 3, 1).await;
+    as_after_a_restart(&mut redis, &layout, 0).await;
+    let (worker, faults) = worker_with_faults(
+        &env,
+        &GUARDLESS,
+        "before_publishing_again@1=hold,after_bounds_published@2=hold",
+    );
+    worker.wait_log(
+        "fault hold at before_publishing_again",
+        Duration::from_secs(60),
+    );
+    as_after_a_restart(&mut redis, &layout, 1).await;
+    let_through(&worker, &faults, "before_publishing_again", 1);
+    let release = faults.join("release");
+    // The next round has published: the first one's moves are done.
+    worker.wait_log(
+        "fault hold at after_bounds_published (hit 2)",
+        Duration::from_secs(60),
+    );
+    let mut held = vec![];
+    for b in 2..4 {
+        let units: i64 = redis
+            .get(layout.keys(b).expect("keys").stock())
+            .await
+            .expect("stock");
+        held.push(units);
+    }
+    as_checked(&mut redis, &layout, 0).await;
+    as_checked(&mut redis, &layout, 1).await;
+    std::fs::write(&release, b"").unwrap();
+    assert_eq!(
+        held,
+        [2, 2],
+        "buckets 2 and 3 after the first round: units went into transit to the bucket found unchecked"
+    );
+    served_at_last(env, worker, waiting, &faults).await;
+}
+
+/// A bucket the round's moves left short is not served that round: its
+/// units would go to a later, smaller request while an earlier one waits
+/// for the rest. Bucket 1's request for 2 is allotted the pool's unit and
+/// bucket 2's; a later request there for 1 is the first no unit is left
+/// for. Held after the publish, bucket 0 (the pool's gate) is paused, so
+/// the pool's unit cannot move and only bucket 2's arrives. Before, the
+/// round then served bucket 1's line in order, and its unit went to the
+/// later request (found by the serving model's walks, seed 18). Once
+/// bucket 0 reopens, the earlier request is served and the later waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_left_short_by_its_moves_does_not_serve_a_later_request() {
+    let env = TestEnv::on_cluster().await;
+    // 7 units: 2 in each bucket, 1 in the pool; buckets 0 and 1 sell
+    // out, bucket 2 keeps 1.
+    let (layout, redis) = env
+        .live_voucher_in_buckets_with(V, 7, 3, &["--per-user-limit", "2"])
+        .await;
+    let mut redis = redis;
+    let bucket0 = layout.keys(0).expect("keys");
+    let pool: i64 = redis.get(bucket0.pool()).await.expect("pool");
+    assert_eq!(pool, 1, "the split leaves 1 unit in the pool");
+    let buyer = |b: u32| users_in(3, b, 3)[2];
+    for (user, units, order) in [(buyer(0), 2, 71), (buyer(1), 2, 72), (buyer(2), 1, 73)] {
+        let came = buy_units(&redis, &layout, user, units, order).await;
+        assert!(matches!(came, Admission::Admitted { .. }), "{came:?}");
+    }
+    let waiting = users_in(3, 1, 2);
+    for (user, units, order) in [(waiting[0], 2, 81), (waiting[1], 1, 82)] {
+        let came = buy_units(&redis, &layout, user, units, order).await;
+        assert!(
+            matches!(
+                came,
+                Admission::SoldOut { .. } | Admission::WaitingForUnits { .. }
+            ),
+            "{came:?}"
+        );
+    }
+    let (worker, faults) = worker_with_faults(
+        &env,
+        &GUARDLESS,
+        "after_bounds_published@1=hold,between_take_and_give@1=hold,after_bounds_published@2=hold",
+    );
+    let release = faults.join("release");
+    worker.wait_log(
+        "fault hold at after_bounds_published (hit 1)",
+        Duration::from_secs(60),
+    );
+    let paused = pause::pause(
+        &mut redis,
+        &bucket0,
+        None,
+        Duration::ZERO,
+        pause::PauseReason::RedisLostWrites,
+    )
+    .await
+    .expect("pause");
+    assert_eq!(paused, pause::Paused::Now);
+    let_through(&worker, &faults, "after_bounds_published", 1);
+    // The pool's take was refused; bucket 2's unit is in transit. Bucket
+    // 0 reopens before the next round reads it.
+    worker.wait_log(
+        "fault hold at between_take_and_give (hit 1)",
+        Duration::from_secs(60),
+    );
+    let reopened = pause::reopen(&mut redis, &bucket0, 0, None)
+        .await
+        .expect("reopen");
+    assert_eq!(reopened, pause::Reopened::Now);
+    let_through(&worker, &faults, "between_take_and_give", 1);
+    worker.wait_log(
+        "fault hold at after_bounds_published (hit 2)",
+        Duration::from_secs(60),
+    );
+    let line: Vec<u64> = redis
+        .zrange(layout.keys(1).expect("keys").waitlist(), 0, -1)
+        .await
+        .expect("zrange");
+    std::fs::write(&release, b"").unwrap();
+    assert_eq!(
+        line, waiting,
+        "bucket 1's line after the first round: the unit moved for the earlier request went to the later one"
+    );
+    env.wait_orders(V, 4, Duration::from_secs(60)).await;
+    worker.signal("TERM");
+    worker.expect_success(Duration::from_secs(30));
+    let s = assert_invariants(&env, V).await;
+    assert!(
+        s.orders.contains_key(&waiting[0]),
+        "the earlier request is served: {:?}",
+        s.orders
+    );
+    assert_eq!(s.waitlist, [waiting[1]], "the later one waits");
+    let _ = std::fs::remove_dir_all(&faults);
+    env.cleanup().await;
 }
 
 /// A bucket that runs dry with many buyers waiting is served a whole line
