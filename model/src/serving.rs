@@ -15,20 +15,30 @@
 //! units, stopping at a live bound. The faults: the mover killed at any
 //! step of its round (its bounds and lent units stay until they lapse) or
 //! stopped between rounds (it lifts them and serves each line), a bound
-//! and lent units that lapse (the mover stalled past them).
+//! and lent units that lapse (the mover stalled past them), a gate that
+//! closes and reopens.
 //!
 //! Left to the mover's model (model/src/mover.rs): a move's three steps,
 //! its lease and epoch. A move here is one step, which a sale at the
-//! giver may have left short. The published `units_free` (the free
-//! units no request read was allotted) refuses a request its bucket holds
-//! some but not enough units for while it is fewer than asked. Left out:
-//! `even_out` (it moves units to buckets nobody waited at when read,
-//! only after a fill no refused move cut short: then none the
-//! allotment counted; docs/src/concepts/checked-model.md), a paused
-//! bucket, the read's depth of 1,000 requests, clock skew between
-//! masters (queued times are one order here).
+//! giver may have left short, or a closed gate refused: a gate paused
+//! (lua/pause.lua) or on a server nobody has checked
+//! (lua/lib/server_checked.lua) refuses takes and gives, and a give
+//! refused leaves the units in transit until a later round completes
+//! the transfer. The published `units_free` (the free units no request
+//! read was allotted) refuses a request its bucket holds some but not
+//! enough units for while it is fewer than asked. `even_out` runs after
+//! a round's serves, one move a step. Left out: the read's depth of
+//! 1,000 requests, clock skew between masters (queued times are one
+//! order here), a rebuild that changes a closed gate's state.
 
 use stateright::{Model, Property};
+
+/// src/worker/mover.rs: `even_out` gives to a bucket below the average
+/// over this.
+const LOW_WATER_DIVISOR: u8 = 2;
+
+/// Marks a round's second plan in `Bound::round` and `State::kept_by`.
+const SECOND_PLAN: u8 = 0x80;
 
 /// The rules whose removal the "it bites" test checks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -57,6 +67,26 @@ pub struct Fixes {
     /// lua/seckill.lua sells a newcomer only the stock less the lent
     /// units; off, from the whole stock (the rest of `keep_lent` on).
     pub newcomers_leave_lent: bool,
+    /// A round none of whose moves was refused or left undelivered evens
+    /// out (src/worker/allotment.rs `Filling::cut_short`); off, every
+    /// round does, and may move a lender's lent units on (review 42).
+    pub no_even_out_after_refusal: bool,
+    /// The mover remembers the buckets whose publish answered
+    /// "unchecked", or whose give was refused, and plans them as paused
+    /// (planning again once when the publish found otherwise), and never
+    /// skips a publish as fresh while it remembers one (review 43); off,
+    /// it plans on the paused flags it read.
+    pub unchecked_planned_paused: bool,
+    /// A bucket the round's second publish found unchecked (it closed
+    /// between the two) takes no move that round; off, its fill goes on
+    /// and the units are left in transit (found by this model).
+    pub late_unchecked_not_filled: bool,
+    /// The round serves a bucket only if its moves left it the units its
+    /// allotted requests take; off, a bucket the fill left short (the
+    /// pool's gate closed, a giver found empty) serves its line in order,
+    /// and a later request takes units moved for an earlier one (found by
+    /// the conformance walks, seed 18).
+    pub serve_only_filled: bool,
 }
 
 impl Fixes {
@@ -67,6 +97,10 @@ impl Fixes {
         serve_after_moves: true,
         keep_lent: true,
         newcomers_leave_lent: true,
+        no_even_out_after_refusal: true,
+        unchecked_planned_paused: true,
+        late_unchecked_not_filled: true,
+        serve_only_filled: true,
     };
 }
 
@@ -90,7 +124,38 @@ pub struct Serving {
     pub stops: u8,
     /// Bounds that lapse (one bucket's at a time).
     pub lapses: u8,
+    /// Gates that close (paused for a rebuild, or found on a server
+    /// nobody has checked), one at a time; each reopens (the guard).
+    pub closures: u8,
     pub fixes: Fixes,
+}
+
+/// A bucket's gate as the scripts see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Gate {
+    Open,
+    /// Paused (meta paused = 1, lua/pause.lua): admission answers
+    /// "paused", a release defers, takes and gives are refused, a
+    /// publish is set; the mover's read sees it.
+    Paused,
+    /// On a server other than the one its state was last checked on
+    /// (lua/lib/server_checked.lua): admission and releases go on, takes,
+    /// gives and publishes are refused; the mover's read does not see
+    /// it.
+    Unchecked,
+}
+
+/// Units taken for a move whose receiver did not take them: in transit
+/// until a later round completes the transfer (void at the receiver, then
+/// back to the giver's stock unless the giver is paused). `young`: left
+/// by the round in hand or the one before it (a stale transfer is one
+/// older than a round takes: src/worker/mover.rs `complete_stale`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Transit {
+    pub from: Option<u8>,
+    pub to: u8,
+    pub units: u8,
+    pub young: bool,
 }
 
 /// A waiting request: when it was queued (one clock for every bucket)
@@ -110,7 +175,8 @@ pub struct Bound {
     pub up_to: u8,
     pub allotted: u32,
     pub eaten: bool,
-    /// The round that published it (its `rounds` left).
+    /// The round that published it (its `rounds` left, with
+    /// `SECOND_PLAN` for the words of its second plan).
     pub round: u8,
 }
 
@@ -130,6 +196,14 @@ pub struct Plan {
     /// The free units no request read was allotted (`unpromised`),
     /// published in every bucket as `units_free`.
     pub unpromised: u8,
+    /// The buckets planned as paused (a mask): read paused, or
+    /// remembered unchecked; their lines and stock are not counted.
+    pub paused: u32,
+    /// The buckets whose line the read found requests in (a mask).
+    pub waited: u32,
+    /// The buckets the mover remembered unchecked when it planned (a
+    /// mask): its publish plans again when it finds them otherwise.
+    pub remembered: u32,
 }
 
 impl Plan {
@@ -156,6 +230,17 @@ impl Plan {
     }
 }
 
+/// What a round read: each bucket's line, stock and paused flag, and
+/// the pool.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Read {
+    pub lines: Vec<Vec<Waiting>>,
+    pub stock: Vec<u8>,
+    pub pool: u8,
+    /// Read paused (a mask).
+    pub paused: u32,
+}
+
 /// Where the mover's round is.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Round {
@@ -163,18 +248,19 @@ pub enum Round {
     /// Bucket `next`'s line and stock read next (the pool with bucket 0).
     Reading {
         next: u8,
-        lines: Vec<Vec<Waiting>>,
-        stock: Vec<u8>,
-        pool: u8,
+        read: Read,
     },
     /// Bucket `next`'s bound published next; `short` is
     /// `fill_the_short`'s order, from the lines read, and `fill` its start
-    /// on the holdings read.
+    /// on the holdings read. `replanned`: the round planned again after a
+    /// publish found its unchecked buckets otherwise (once a round).
     Publishing {
         next: u8,
         plan: Plan,
         short: Vec<u8>,
         fill: Fill,
+        read: Read,
+        replanned: bool,
     },
     /// `fill_the_short`: its next move.
     Moving {
@@ -186,18 +272,58 @@ pub enum Round {
     Serving {
         next: u8,
         plan: Plan,
+        fill: Fill,
+    },
+    /// `even_out`: bucket `to` is looked at next; `wants`, once the pool
+    /// was asked for it, what it still wants from a bucket.
+    Evening {
+        plan: Plan,
+        fill: Fill,
+        average: u8,
+        to: u8,
+        wants: Option<u8>,
     },
 }
 
 /// `fill_the_short`'s place: the short bucket it fills (an index of
 /// the order), whether the pool was asked for it, and the round's
-/// holdings as its moves left them.
+/// holdings as its moves left them (`paused`: a mask of the buckets
+/// planned as paused or found so by a move).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Fill {
     pub at: u8,
     pub pool_tried: bool,
     pub stock: Vec<u8>,
     pub pool: u8,
+    pub paused: u32,
+    /// A move was left undelivered (`Filling::cut_short`).
+    pub refused: bool,
+}
+
+/// What a move's take and give got (src/worker/allotment.rs `Took`; one
+/// mover here, so never fenced).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Took {
+    Units(u8),
+    /// The giver held none, or its gate is closed.
+    Short,
+    /// Taken, and the receiver's gate refused the give: in transit.
+    Undelivered,
+}
+
+/// `even_out`'s next move.
+enum Even {
+    Done,
+    /// From the pool, what `to` wants.
+    Pool {
+        to: usize,
+        wants: u8,
+    },
+    Bucket {
+        from: usize,
+        to: usize,
+        units: u8,
+    },
 }
 
 /// `fill_the_short`'s next step.
@@ -205,11 +331,24 @@ enum Next {
     Done,
     /// On to the next short bucket.
     Skip,
+    /// On to the next short bucket: this one was found closed since the
+    /// plan, and what the round counted for it stays where it is (no even
+    /// out).
+    Closed,
     Take {
         from: Option<usize>,
         to: usize,
         units: u8,
     },
+}
+
+impl Took {
+    fn units(self) -> u8 {
+        match self {
+            Took::Units(k) => k,
+            Took::Short | Took::Undelivered => 0,
+        }
+    }
 }
 
 impl Fill {
@@ -221,16 +360,22 @@ impl Fill {
         if lacks == 0 {
             return Next::Skip;
         }
+        if self.is_paused(to) {
+            return Next::Closed;
+        }
         if !self.pool_tried {
+            // A pool that is not usable (bucket 0 paused) is passed: a
+            // move of no units, which calls nothing.
+            let pool = if self.pool_usable() { self.pool } else { 0 };
             return Next::Take {
                 from: None,
                 to,
-                units: lacks.min(self.pool),
+                units: lacks.min(pool),
             };
         }
         let spare = |d: usize| self.stock[d].saturating_sub(plan.need[d]);
         let from = (0..self.stock.len())
-            .filter(|d| *d != to && spare(*d) > 0)
+            .filter(|d| *d != to && !self.is_paused(*d) && spare(*d) > 0)
             .max_by_key(|d| spare(*d));
         match from {
             None => Next::Skip,
@@ -242,25 +387,96 @@ impl Fill {
         }
     }
 
-    /// `moved` units went as `next` asked.
-    fn moved(&mut self, from: Option<usize>, to: usize, moved: u8) {
-        match from {
-            None => {
-                self.pool_tried = true;
-                self.pool -= moved;
+    fn is_paused(&self, b: usize) -> bool {
+        self.paused & (1 << b) != 0
+    }
+
+    /// `bucket_look::pool_usable`: bucket 0 is not paused.
+    fn pool_usable(&self) -> bool {
+        !self.is_paused(0)
+    }
+
+    /// A move of the round (the fill's or `even_out`'s) took `took`: the
+    /// holdings as `Mover::move_units` keeps them.
+    fn took(&mut self, from: Option<usize>, to: usize, took: Took, closed: bool) {
+        match (took, from) {
+            (Took::Units(k), None) => self.pool -= k,
+            (Took::Units(k), Some(d)) => self.stock[d] -= k,
+            (Took::Short, None) => self.pool = 0,
+            (Took::Short, Some(d)) if closed => {
+                self.paused |= 1 << d;
+                self.stock[d] = 0;
             }
-            // Nothing from a bucket: the take found it short (it sold
-            // meanwhile) and said what it holds, none; the next giver is
-            // asked (`Took::Short`).
-            Some(d) if moved == 0 => self.stock[d] = 0,
-            Some(d) => self.stock[d] -= moved,
+            // It sold meanwhile and said what it holds: none.
+            (Took::Short, Some(d)) => self.stock[d] = 0,
+            // The giver's units taken still show (they come back once the
+            // transfer is completed); the receiver takes no more.
+            (Took::Undelivered, _) => {
+                self.paused |= 1 << to;
+                self.refused = true;
+            }
         }
-        self.stock[to] += moved;
+        if let Took::Units(k) = took {
+            self.stock[to] += k;
+        }
+    }
+
+    /// The fill's move took `took`, the holdings already show it
+    /// (`Filling::moved`): a giver found short is passed for the next; a
+    /// receiver that did not take the units ends its fill.
+    fn moved(&mut self, from: Option<usize>, took: Took) {
+        if from.is_none() {
+            self.pool_tried = true;
+        }
+        if took == Took::Undelivered {
+            self.skip();
+        }
     }
 
     fn skip(&mut self) {
         self.at += 1;
         self.pool_tried = false;
+    }
+
+    /// `even_out`'s next move from bucket `to` on (`wants`: what `to`
+    /// still wants once the pool was asked): a bucket nobody waited at
+    /// that holds less than the average over `LOW_WATER_DIVISOR` gets
+    /// units up to the average, from the pool first (when usable), then
+    /// from the bucket nobody waited at that holds the most, of what it
+    /// holds above the average.
+    fn even_next(&self, plan: &Plan, average: u8, mut to: u8, mut wants: Option<u8>) -> Even {
+        let n = self.stock.len() as u8;
+        while to < n {
+            let b = to as usize;
+            let w = match wants {
+                Some(w) => w,
+                None => {
+                    let low = self.stock[b] * LOW_WATER_DIVISOR < average;
+                    if !low || self.is_paused(b) || plan.waited & (1 << b) != 0 {
+                        to += 1;
+                        continue;
+                    }
+                    let w = average - self.stock[b];
+                    if self.pool_usable() && self.pool.min(w) > 0 {
+                        return Even::Pool { to: b, wants: w };
+                    }
+                    w
+                }
+            };
+            let richest = (0..n as usize)
+                .filter(|d| *d != b && !self.is_paused(*d) && plan.waited & (1 << d) == 0)
+                .max_by_key(|d| self.stock[*d]);
+            let spare = richest.map_or(0, |d| self.stock[d].saturating_sub(average));
+            if let Some(from) = richest.filter(|_| w > 0 && spare > 0) {
+                return Even::Bucket {
+                    from,
+                    to: b,
+                    units: w.min(spare),
+                };
+            }
+            (to, wants) = (to + 1, None);
+        }
+        Even::Done
     }
 
     /// What each bucket gives if every move takes what it asks.
@@ -269,12 +485,13 @@ impl Fill {
         loop {
             match self.next(plan, short) {
                 Next::Done => return lends,
-                Next::Skip => self.skip(),
+                Next::Skip | Next::Closed => self.skip(),
                 Next::Take { from, to, units } => {
                     if let Some(d) = from {
                         lends[d] += units;
                     }
-                    self.moved(from, to, units);
+                    self.took(from, to, Took::Units(units), false);
+                    self.moved(from, Took::Units(units));
                 }
             }
         }
@@ -317,11 +534,27 @@ pub struct State {
     /// The first unit given to a request while an earlier one a live
     /// bound's round allotted needed it: (given to, deprived).
     pub deprived: Option<(u8, u8)>,
+    pub gates: Vec<Gate>,
+    /// Units taken for moves their receivers refused.
+    pub transit: Vec<Transit>,
+    /// The buckets the mover remembers unchecked or refusing (a mask,
+    /// `Mover::unchecked`): lost with its process.
+    pub unchecked: u32,
+    /// The first bucket whose lent units `even_out` took while a request
+    /// its round allotted them to still waited.
+    pub evened_lent: Option<u8>,
+    /// The buckets whose publish this round answered "unchecked" (a
+    /// mask).
+    pub told_unchecked: u32,
+    /// The first bucket a round sent units to, left in transit, after
+    /// its publish there answered "unchecked".
+    pub sent_unchecked: Option<u8>,
     pub releases: u8,
     pub rounds: u8,
     pub crashes: u8,
     pub stops: u8,
     pub lapses: u8,
+    pub closures: u8,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -353,6 +586,12 @@ pub enum Action {
     /// Bucket `b`'s bound, lent units and `units_free` lapse (one
     /// `until` for the three).
     Lapse(u8),
+    /// Bucket `b`'s gate closes: paused, or found on a server nobody has
+    /// checked.
+    Close(u8, Gate),
+    /// Bucket `b`'s gate reopens (the guard's rebuild or check; its state
+    /// as it was).
+    Reopen(u8),
 }
 
 /// How a give of units is held to the property.
@@ -407,6 +646,21 @@ impl State {
         self.stock.iter().sum::<u8>() + self.pool
     }
 
+    /// Units in transit.
+    pub fn in_transit(&self) -> u8 {
+        self.transit.iter().map(|t| t.units).sum()
+    }
+
+    fn open(&self, b: usize) -> bool {
+        self.gates[b] == Gate::Open
+    }
+
+    /// Some request `plan` allotted units to still waits.
+    fn allotted_waiting(&self, plan: &Plan) -> bool {
+        self.waiting()
+            .any(|(_, w)| plan.allotted & (1 << w.queued) != 0)
+    }
+
     /// Every request waiting, with its bucket.
     fn waiting(&self) -> impl Iterator<Item = (usize, Waiting)> + '_ {
         self.lines
@@ -420,7 +674,9 @@ impl State {
     /// units the round counts for a request elsewhere.
     fn counted_unkept(&self, b: usize) -> bool {
         match &self.round {
-            Round::Idle | Round::Moving { .. } | Round::Serving { .. } => false,
+            Round::Idle | Round::Moving { .. } | Round::Serving { .. } | Round::Evening { .. } => {
+                false
+            }
             Round::Reading { next, .. } => (b as u8) < *next,
             Round::Publishing { next, .. } => (b as u8) >= *next,
         }
@@ -479,7 +735,9 @@ impl State {
                 .filter(|w| w.queued < queued && bound.allotted & (1 << w.queued) != 0)
                 .collect();
             earlier.sort_unstable();
-            let free = self.free();
+            // Units in transit come back (to their giver) once the
+            // transfer is completed: nobody later takes them meanwhile.
+            let free = self.free() + self.in_transit();
             if fitted(&earlier, free) > fitted(&earlier, free.saturating_sub(wants)) {
                 let first = earlier
                     .iter()
@@ -518,21 +776,63 @@ impl State {
         }
     }
 
-    /// Moves up to `units` from bucket `from` (None: the pool) to `to` in
-    /// one step; what the giver still holds. Returns the units moved.
-    fn transfer(&mut self, from: Option<usize>, to: usize, units: u8) -> u8 {
+    /// Moves up to `units` from bucket `from` (None: the pool, whose
+    /// gate is bucket 0's) to `to` in one step: the take
+    /// (lua/transfer_take.lua), then the give (lua/transfer_give.lua) and
+    /// the settle, or, the receiver closed, the units left in transit.
+    /// Returns what it took, and whether a take found its giver closed.
+    fn transfer(&mut self, from: Option<usize>, to: usize, units: u8) -> (Took, bool) {
+        if units == 0 {
+            // The mover calls nothing for no units.
+            return (Took::Units(0), false);
+        }
+        if !self.open(from.unwrap_or(0)) {
+            return (Took::Short, true);
+        }
         let held = match from {
             None => &mut self.pool,
             Some(d) => &mut self.stock[d],
         };
         let moved = units.min(*held);
+        if moved == 0 {
+            return (Took::Short, false);
+        }
         *held -= moved;
-        self.stock[to] += moved;
-        // lua/transfer_take.lua: what is left kept, within the stock left.
-        if let Some(d) = from.filter(|_| moved > 0) {
+        // What is left kept, within the stock left.
+        if let Some(d) = from {
             self.lent[d] = self.lent[d].saturating_sub(moved).min(self.stock[d]);
         }
-        moved
+        if !self.open(to) {
+            self.transit.push(Transit {
+                from: from.map(|d| d as u8),
+                to: to as u8,
+                units: moved,
+                young: true,
+            });
+            return (Took::Undelivered, false);
+        }
+        self.stock[to] += moved;
+        (Took::Units(moved), false)
+    }
+
+    /// `Mover::complete_stale` at a round's start: each transfer left in
+    /// transit before the round before this one is called off at its
+    /// receiver and its units go back to the giver's stock, unless the
+    /// giver is paused (it stays in transit); younger ones wait.
+    fn complete_stale(&mut self) {
+        let mut left = vec![];
+        for t in std::mem::take(&mut self.transit) {
+            let giver = t.from.map_or(0, usize::from);
+            if t.young || self.gates[giver] == Gate::Paused {
+                left.push(Transit { young: false, ..t });
+                continue;
+            }
+            match t.from {
+                None => self.pool += t.units,
+                Some(d) => self.stock[d as usize] += t.units,
+            }
+        }
+        self.transit = left;
     }
 }
 
@@ -559,17 +859,30 @@ impl Serving {
             published: None,
             bounded: false,
             deprived: None,
+            gates: vec![Gate::Open; n],
+            transit: vec![],
+            unchecked: 0,
+            evened_lent: None,
+            told_unchecked: 0,
+            sent_unchecked: None,
             releases: self.releases,
             rounds: self.rounds,
             crashes: self.crashes,
             stops: self.stops,
             lapses: self.lapses,
+            closures: self.closures,
         }
     }
 
-    /// src/worker/allotment.rs `allot` on what the round read.
-    pub fn allot(&self, lines: &[Vec<Waiting>], stock: &[u8], pool: u8) -> Plan {
+    /// src/worker/allotment.rs `allot` on what the round read, the
+    /// buckets of `paused` (a mask) left out, and the pool with bucket 0
+    /// (`bucket_look::pool_usable`).
+    pub fn allot(&self, lines: &[Vec<Waiting>], stock: &[u8], pool: u8, paused: u32) -> Plan {
         let n = lines.len();
+        let open = |b: usize| paused & (1 << b) == 0;
+        let waited = (0..n)
+            .filter(|b| !lines[*b].is_empty())
+            .fold(0, |m, b| m | 1 << b);
         let mut plan = Plan {
             need: vec![0; n],
             requests: vec![0; n],
@@ -578,10 +891,14 @@ impl Serving {
             allotted: 0,
             lends: vec![0; n],
             unpromised: 0,
+            paused,
+            waited,
+            remembered: 0,
         };
         let mut entries: Vec<(u8, usize, u8)> = lines
             .iter()
             .enumerate()
+            .filter(|(b, _)| open(*b))
             .flat_map(|(b, l)| {
                 let first = match self.fixes.whole_line_allotted {
                     true => l.len(),
@@ -590,7 +907,8 @@ impl Serving {
                 l.iter().take(first).map(move |w| (w.queued, b, w.wants))
             })
             .collect();
-        let mut free = pool + stock.iter().sum::<u8>();
+        let pool = if open(0) { pool } else { 0 };
+        let mut free = pool + (0..n).filter(|b| open(*b)).map(|b| stock[b]).sum::<u8>();
         plan.unpromised = free;
         if entries.is_empty() {
             return plan;
@@ -628,6 +946,81 @@ impl Serving {
         short
     }
 
+    /// The round's plan from what it read, with the buckets the mover
+    /// remembers unchecked planned as paused; None: nothing to publish
+    /// (no bound to set, none left, and its last word fresh).
+    fn plan(&self, s: &State, read: &Read, replanned: bool) -> Round {
+        let n = self.buckets() as u8;
+        let paused = read.paused | s.unchecked;
+        let mut plan = self.allot(&read.lines, &read.stock, read.pool, paused);
+        plan.remembered = s.unchecked;
+        let fill = Fill {
+            at: 0,
+            pool_tried: false,
+            stock: read.stock.clone(),
+            pool: read.pool,
+            paused,
+            refused: false,
+        };
+        let fresh = s.published == Some(plan.unpromised) && s.unchecked == 0;
+        if !plan.bounds_any(n) && !s.bounded && fresh {
+            // No write (`publish_bounds`), no request to fill or serve:
+            // the round goes on to `even_out`.
+            return self.evening(plan, fill);
+        }
+        let short = self.short(&plan, &read.lines, &read.stock);
+        plan.lends = fill.clone().lends(&plan, &short);
+        Round::Publishing {
+            next: 0,
+            plan,
+            short,
+            fill,
+            read: read.clone(),
+            replanned,
+        }
+    }
+
+    /// `even_out`'s start, on the round's holdings.
+    fn evening(&self, plan: Plan, fill: Fill) -> Round {
+        let total = fill.stock.iter().sum::<u8>() + fill.pool;
+        Round::Evening {
+            plan,
+            fill,
+            average: total / self.buckets() as u8,
+            to: 0,
+            wants: None,
+        }
+    }
+
+    /// One move of the round, by the fill (`fill_the_short`) or by
+    /// `even_out`; the holdings in `fill` as it left them.
+    fn move_units(
+        &self,
+        s: &mut State,
+        fill: &mut Fill,
+        from: Option<usize>,
+        to: usize,
+        units: u8,
+    ) -> Took {
+        let held = match from {
+            None => fill.pool,
+            Some(d) => fill.stock[d],
+        };
+        let (took, closed) = s.transfer(from, to, units.min(held));
+        if took == Took::Undelivered {
+            if s.told_unchecked & (1 << to) != 0 {
+                s.sent_unchecked.get_or_insert(to as u8);
+            }
+            // A refused give: planned as paused until the next publish
+            // there says which.
+            if self.fixes.unchecked_planned_paused {
+                s.unchecked |= 1 << to;
+            }
+        }
+        fill.took(from, to, took, closed);
+        took
+    }
+
     /// One step of the mover's round.
     fn mover_step(&self, s: &mut State) {
         let fixes = self.fixes;
@@ -636,77 +1029,82 @@ impl Serving {
             Round::Idle => {
                 s.rounds -= 1;
                 s.round_eaten = false;
+                s.told_unchecked = 0;
+                s.complete_stale();
                 s.round = Round::Reading {
                     next: 0,
-                    lines: vec![],
-                    stock: vec![],
-                    pool: 0,
+                    read: Read::default(),
                 };
             }
-            Round::Reading {
-                next,
-                mut lines,
-                mut stock,
-                mut pool,
-            } => {
-                lines.push(s.lines[next as usize].clone());
-                stock.push(s.stock[next as usize]);
+            Round::Reading { next, mut read } => {
+                let b = next as usize;
+                read.lines.push(s.lines[b].clone());
+                read.stock.push(s.stock[b]);
+                if s.gates[b] == Gate::Paused {
+                    read.paused |= 1 << b;
+                }
                 if next == 0 {
-                    pool = s.pool;
+                    read.pool = s.pool;
                 }
                 if next + 1 < n {
                     s.round = Round::Reading {
                         next: next + 1,
-                        lines,
-                        stock,
-                        pool,
+                        read,
                     };
                     return;
                 }
-                let mut plan = self.allot(&lines, &stock, pool);
-                if !plan.bounds_any(n) && !s.bounded && s.published == Some(plan.unpromised) {
-                    // No bound to set, none left, and its last word
-                    // fresh: no write (`publish_bounds`).
-                    return;
-                }
-                let short = self.short(&plan, &lines, &stock);
-                let fill = Fill {
-                    at: 0,
-                    pool_tried: false,
-                    stock,
-                    pool,
-                };
-                plan.lends = fill.clone().lends(&plan, &short);
-                s.round = Round::Publishing {
-                    next: 0,
-                    plan,
-                    short,
-                    fill,
-                };
+                s.round = self.plan(s, &read, false);
             }
             Round::Publishing {
                 next,
                 plan,
                 short,
                 fill,
+                read,
+                replanned,
             } => {
-                s.bounds[next as usize] = plan.bound_of(next as usize, s.round_eaten, s.rounds);
-                if fixes.keep_lent {
-                    s.lent[next as usize] = plan.lends[next as usize];
+                let b = next as usize;
+                // A second plan's words are another round's: they
+                // supersede the first's where they are published.
+                let round = s.rounds | if replanned { SECOND_PLAN } else { 0 };
+                if s.gates[b] == Gate::Unchecked {
+                    // lua/serve_up_to.lua: nothing written.
+                    s.told_unchecked |= 1 << b;
+                    if fixes.unchecked_planned_paused {
+                        s.unchecked |= 1 << b;
+                    }
+                } else {
+                    s.unchecked &= !(1 << b);
+                    s.bounds[b] = plan.bound_of(b, s.round_eaten, round);
+                    if fixes.keep_lent {
+                        s.lent[b] = plan.lends[b];
+                    }
+                    s.units_free[b] = Some(plan.unpromised);
+                    s.kept_by[b] = Some(round);
                 }
-                s.units_free[next as usize] = Some(plan.unpromised);
-                s.kept_by[next as usize] = Some(s.rounds);
                 if next + 1 < n {
                     s.round = Round::Publishing {
                         next: next + 1,
                         plan,
                         short,
                         fill,
+                        read,
+                        replanned,
                     };
                     return;
                 }
                 s.bounded = plan.bounds_any(n);
                 s.published = Some(plan.unpromised);
+                // The publish found the unchecked buckets otherwise than
+                // the plan took them: planned again, once.
+                if fixes.unchecked_planned_paused && s.unchecked != plan.remembered && !replanned {
+                    s.round = self.plan(s, &read, true);
+                    return;
+                }
+                let mut fill = fill;
+                if fixes.late_unchecked_not_filled {
+                    fill.paused |= s.unchecked;
+                }
                 s.round = Round::Moving { plan, short, fill };
             }
             Round::Moving {
@@ -716,31 +1114,84 @@ impl Serving {
             } => {
                 match fill.next(&plan, &short) {
                     Next::Done => {
-                        s.round = Round::Serving { next: 0, plan };
+                        s.round = Round::Serving {
+                            next: 0,
+                            plan,
+                            fill,
+                        };
                         return;
                     }
                     Next::Skip => fill.skip(),
+                    Next::Closed => {
+                        fill.refused = true;
+                        fill.skip();
+                    }
                     Next::Take { from, to, units } => {
-                        let moved = s.transfer(from, to, units);
-                        fill.moved(from, to, moved);
-                        if moved > 0 && !fixes.serve_after_moves {
+                        let took = self.move_units(s, &mut fill, from, to, units);
+                        fill.moved(from, took);
+                        if matches!(took, Took::Units(k) if k > 0) && !fixes.serve_after_moves {
                             s.serve(fixes, to, plan.requests[to]);
                         }
                     }
                 }
                 s.round = Round::Moving { plan, short, fill };
             }
-            Round::Serving { next, plan } => {
+            Round::Serving { next, plan, fill } => {
                 let b = next as usize;
-                if plan.requests[b] > 0 {
+                // lua/transfer_give.lua of no units: refused at a closed
+                // gate.
+                let filled = !fixes.serve_only_filled || fill.stock[b] >= plan.need[b];
+                if plan.requests[b] > 0 && s.open(b) && filled {
                     s.serve(fixes, b, plan.requests[b]);
                 }
                 if next + 1 < n {
                     s.round = Round::Serving {
                         next: next + 1,
                         plan,
+                        fill,
                     };
+                    return;
                 }
+                if fixes.no_even_out_after_refusal && fill.refused {
+                    return;
+                }
+                s.round = self.evening(plan, fill);
+            }
+            Round::Evening {
+                plan,
+                mut fill,
+                average,
+                to,
+                wants,
+            } => {
+                let (to, wants) = match fill.even_next(&plan, average, to, wants) {
+                    Even::Done => return,
+                    Even::Pool { to, wants } => {
+                        let took = self.move_units(s, &mut fill, None, to, wants);
+                        match fill.is_paused(to) {
+                            true => (to + 1, None),
+                            false => (to, Some(wants - took.units())),
+                        }
+                    }
+                    Even::Bucket { from, to, units } => {
+                        if s.lent[from] > 0
+                            && s.stock[from] > 0
+                            && s.open(from)
+                            && s.allotted_waiting(&plan)
+                        {
+                            s.evened_lent.get_or_insert(from as u8);
+                        }
+                        self.move_units(s, &mut fill, Some(from), to, units);
+                        (to + 1, None)
+                    }
+                };
+                s.round = Round::Evening {
+                    plan,
+                    fill,
+                    average,
+                    to: to as u8,
+                    wants,
+                };
             }
         }
     }
@@ -789,20 +1240,39 @@ impl Serving {
     /// pool) to `to`. None: it moves nothing (on to the next bucket, or
     /// to the serves).
     pub fn move_of(&self, s: &State) -> Option<(Option<usize>, usize, u8)> {
-        let Round::Moving { plan, short, fill } = &s.round else {
-            return None;
+        let (from, to, units, fill) = match &s.round {
+            Round::Moving { plan, short, fill } => match fill.next(plan, short) {
+                Next::Take { from, to, units } => (from, to, units, fill),
+                Next::Done | Next::Skip | Next::Closed => return None,
+            },
+            Round::Evening {
+                plan,
+                fill,
+                average,
+                to,
+                wants,
+            } => match fill.even_next(plan, *average, *to, *wants) {
+                Even::Pool { to, wants } => (None, to, wants, fill),
+                Even::Bucket { from, to, units } => (Some(from), to, units, fill),
+                Even::Done => return None,
+            },
+            _ => return None,
         };
-        match fill.next(plan, short) {
-            Next::Take { from, to, units } => Some((from, to, units)),
-            Next::Done | Next::Skip => None,
-        }
+        // No more than the holdings show (`Mover::move_units`).
+        let held = match from {
+            None => fill.pool,
+            Some(d) => fill.stock[d],
+        };
+        Some((from, to, units.min(held)))
     }
 
-    /// The faults stop and the mover runs: its round to its end, then
-    /// `rounds` whole ones; nobody new comes, nothing comes back.
+    /// The faults stop and the mover runs: every gate reopens (the
+    /// guard), the mover's round goes to its end, then `rounds` whole
+    /// ones; nobody new comes, nothing comes back.
     pub fn settled(&self, s: &State, rounds: u8) -> State {
         let mut r = s.clone();
         r.rounds = u8::MAX;
+        r.gates.fill(Gate::Open);
         while r.round != Round::Idle {
             self.mover_step(&mut r);
         }
@@ -825,13 +1295,18 @@ impl Model for Serving {
     }
 
     fn actions(&self, s: &State, actions: &mut Vec<Action>) {
-        for i in 0..self.arrivals.len() {
-            if s.arrived & (1 << i) == 0 {
+        // A paused gate answers a buyer "paused" (it tries again once
+        // open) and defers a release.
+        for (i, (b, _)) in self.arrivals.iter().enumerate() {
+            if s.arrived & (1 << i) == 0 && s.gates[*b as usize] != Gate::Paused {
                 actions.push(Action::Arrive(i as u8));
             }
         }
         if s.releases > 0 {
             for b in 0..self.buckets() {
+                if s.gates[b] == Gate::Paused {
+                    continue;
+                }
                 for units in 1..=s.sold[b].min(2) {
                     actions.push(Action::Release(b as u8, units));
                 }
@@ -842,7 +1317,7 @@ impl Model for Serving {
             Round::Idle => {}
             Round::Reading { .. } => actions.push(Action::Read),
             Round::Publishing { .. } => actions.push(Action::Publish),
-            Round::Moving { .. } => actions.push(Action::Move),
+            Round::Moving { .. } | Round::Evening { .. } => actions.push(Action::Move),
             Round::Serving { .. } => actions.push(Action::Serve),
         }
         if s.crashes > 0 && s.round != Round::Idle {
@@ -858,6 +1333,16 @@ impl Model for Serving {
                 if s.bounds[b].is_some() || s.lent[b] > 0 || s.units_free[b].is_some() {
                     actions.push(Action::Lapse(b as u8));
                 }
+            }
+        }
+        for b in 0..self.buckets() {
+            match s.gates[b] {
+                Gate::Open if s.closures > 0 => {
+                    actions.push(Action::Close(b as u8, Gate::Paused));
+                    actions.push(Action::Close(b as u8, Gate::Unchecked));
+                }
+                Gate::Open => {}
+                Gate::Paused | Gate::Unchecked => actions.push(Action::Reopen(b as u8)),
             }
         }
     }
@@ -881,22 +1366,33 @@ impl Model for Serving {
                 s.round = Round::Idle;
                 s.bounded = false;
                 s.published = None;
+                s.unchecked = 0;
             }
+            Action::Close(b, gate) => {
+                s.closures -= 1;
+                s.gates[b as usize] = gate;
+            }
+            Action::Reopen(b) => s.gates[b as usize] = Gate::Open,
             Action::Stop => {
                 s.stops -= 1;
+                // An unchecked gate refuses the lift (its bound lapses),
+                // and a closed one the serve.
                 for b in 0..self.buckets() {
-                    s.bounds[b] = None;
-                    s.lent[b] = 0;
-                    s.kept_by[b] = None;
+                    if s.gates[b] != Gate::Unchecked {
+                        s.bounds[b] = None;
+                        s.lent[b] = 0;
+                        s.kept_by[b] = None;
+                    }
                 }
                 for b in 0..self.buckets() {
                     let most = (s.lines[b].len() as u8).min(s.stock[b]);
-                    if most > 0 {
+                    if most > 0 && s.open(b) {
                         s.serve(self.fixes, b, most);
                     }
                 }
                 s.bounded = false;
                 s.published = None;
+                s.unchecked = 0;
             }
             Action::Lapse(b) => {
                 s.lapses -= 1;
@@ -915,10 +1411,10 @@ impl Model for Serving {
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
             Property::<Self>::always(
-                "units conserved (free + sold = total)",
+                "units conserved (free + in transit + sold = total)",
                 |m, s| {
                     let total = m.stock.iter().sum::<u8>() + m.pool;
-                    s.free() + s.sold.iter().sum::<u8>() == total
+                    s.free() + s.in_transit() + s.sold.iter().sum::<u8>() == total
                 },
             ),
             Property::<Self>::always(
@@ -926,9 +1422,19 @@ impl Model for Serving {
                 |_, s| s.deprived.is_none(),
             ),
             Property::<Self>::always(
+                "even_out moves no unit lent to a request still waiting",
+                |_, s| s.evened_lent.is_none(),
+            ),
+            Property::<Self>::always(
+                "no unit is sent to a bucket the round's publish found unchecked",
+                |_, s| s.sent_unchecked.is_none(),
+            ),
+            Property::<Self>::always(
                 "once the faults stop, the mover's rounds leave no request waiting that the free units fit",
                 |m, s| {
-                    let r = m.settled(s, 2);
+                    // A transfer left in transit comes back at the
+                    // second round's start.
+                    let r = m.settled(s, 3);
                     let free = r.free();
                     let fits = r.waiting().any(|(_, w)| w.wants <= free);
                     !fits

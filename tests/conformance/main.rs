@@ -2472,6 +2472,24 @@ fn check_told(s: &State) -> Result<(), String> {
     Ok(())
 }
 
+/// Pauses the gate of `keys` as the guard does for a rebuild (no grace,
+/// no order count): it must answer that it paused it now.
+async fn pause_now(conn: &mut Redis, keys: &VoucherKeys) -> Result<(), String> {
+    let paused = pause::pause(
+        conn,
+        keys,
+        None,
+        Duration::ZERO,
+        pause::PauseReason::RedisLostWrites,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    if paused != pause::Paused::Now {
+        return Err(format!("the pause answered {paused:?}"));
+    }
+    Ok(())
+}
+
 /// The seeds to walk: `walks` of them, or as the environment says.
 fn seeds(walks: u64) -> Vec<u64> {
     if let Some(seed) = std::env::var("SECKILL_CONFORMANCE_SEED")

@@ -28,7 +28,7 @@ use redis::AsyncCommands;
 use seckill::gate::admission::{self, Admission};
 use seckill::gate::buckets::{bucket_of, Layout};
 use seckill::gate::mover_lease;
-use seckill::gate::pause::{self, PauseReason, Paused, Reopened};
+use seckill::gate::pause::{self, Reopened};
 use seckill::gate::transfer::{
     self, Given, Landing as RealLanding, Settled, Side as RealSide, Taken,
 };
@@ -346,19 +346,7 @@ impl Real {
             }
             Action::Pause(side) => {
                 let keys = &self.gates[side as usize - 1];
-                let conn = &mut self.redis.clone();
-                let paused = pause::pause(
-                    conn,
-                    keys,
-                    None,
-                    std::time::Duration::ZERO,
-                    PauseReason::RedisLostWrites,
-                )
-                .await
-                .map_err(|e| e.to_string())?;
-                if paused != Paused::Now {
-                    return Err(format!("the pause answered {paused:?}"));
-                }
+                super::pause_now(&mut self.redis.clone(), keys).await?;
             }
             Action::Seize => {
                 let guard = owner(GUARD, before.guard.incarnation);

@@ -1,10 +1,11 @@
 //! The serving model (model/src/serving.rs) held to the code: seeded
 //! random walks through its actions, each also taken against a real
-//! voucher in two buckets (`voucher add --buckets 2 --per-user-limit 2`,
-//! `preload`, then each bucket's stock and the pool set to the model's),
-//! and after every step each bucket's stock, waiting line (who, in which
-//! order, wanting how many), live bound and units sold, and the pool,
-//! compared with the model's state.
+//! voucher in three buckets (`voucher add --buckets 3 --per-user-limit
+//! 2`, `preload`, then each bucket's stock and the pool set to the
+//! model's), and after every step each bucket's stock, waiting line
+//! (who, in which order, wanting how many), live bound, units sold and
+//! gate, the pool, and each giver's open transfers compared with the
+//! model's state.
 //!
 //! The steps: an arrival is `gate::admission::admit_durably` of a new
 //! user of the bucket for 1 or 2 units (lua/seckill.lua); a unit that
@@ -14,7 +15,12 @@
 //! bound names, and lifted where the model lifts it; a move is
 //! `transfer::take`, `give` and `settle` in turn (the transfer scripts:
 //! the mover's model holds their steps apart); a serve is
-//! `transfer::promote_waiting` (lua/transfer_give.lua of no units). A
+//! `transfer::promote_waiting` (lua/transfer_give.lua of no units); a
+//! transfer the model completes at a round's start is
+//! `transfer::complete` (lua/transfer_void.lua, lua/transfer_settle.lua);
+//! a gate paused and reopened is `gate::pause::pause` and `reopen`
+//! (lua/pause.lua), one found on a server nobody has checked has meta's
+//! `run_id` set to another server's (dropped when checked). A
 //! bound that lapses has its `serve_up_to_until` moved to the past. The
 //! line's read takes no script: the comparison after each step reads
 //! what a read would.
@@ -32,13 +38,14 @@ use redis::AsyncCommands;
 use seckill::gate::admission::{self, Admission, Attempt};
 use seckill::gate::buckets::{bucket_of, Layout};
 use seckill::gate::mover_lease;
-use seckill::gate::transfer::{self, BoundWord, Given, Landing, Settled, Side, Taken};
+use seckill::gate::pause::{self, Reopened};
+use seckill::gate::transfer::{self, BoundWord, Bounded, Given, Landing, Settled, Side, Taken};
 use seckill::orders::deadline::{self, WhilePaused};
 use seckill::store::keys::VoucherKeys;
 use seckill::store::node_lease::OrderIds;
 use seckill::store::redis_conn::Redis;
 use seckill::worker::allotment;
-use seckill_model::serving::{Action, Fixes, Round, Serving, State, Waiting};
+use seckill_model::serving::{Action, Fixes, Gate, Read, Round, Serving, State, Waiting};
 use seckill_model::Model;
 
 use super::common::{self, TestEnv};
@@ -46,45 +53,52 @@ use super::{seeds, Rng};
 
 /// The scripts the serving walks run.
 pub const SCRIPTS_DRIVEN: &[&str] = &[
-    "serve_up_to.lua", // Publish
-    "release.lua",     // Release
-    "seckill.lua",     // Arrive
+    "serve_up_to.lua",     // Publish
+    "release.lua",         // Release
+    "seckill.lua",         // Arrive
+    "pause.lua",           // Close, Reopen
+    "transfer_void.lua",   // Start (a transfer left in transit)
+    "transfer_settle.lua", // Start, Move
 ];
 
 const FIRST_VOUCHER: u64 = 200_000;
 const STEPS: usize = 120;
 /// Walks in every CI run.
 const WALKS: u64 = 100;
-const BUCKETS: u32 = 2;
 const PER_USER_LIMIT: u32 = 2;
 /// Transfer and serve ids: rising, above any the scripts saw.
 const ID_BASE: u64 = 1_000_000;
 /// A bound holds this long (the most `serve_up_to.lua` takes): a walk
 /// ends well within it, so only `Lapse` ends one.
 const BOUND_MS: u64 = 60_000;
+/// The run id a closed gate's meta names: not this server's.
+const ANOTHER_SERVER: &str = "0123456789abcdef";
 const LEASE: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// The walks' bounds: more buyers, units back and rounds than the
 /// exhaustive check's, since a walk visits one path.
 fn serving() -> Serving {
     Serving {
-        stock: vec![2, 1],
+        stock: vec![3, 0, 2],
         pool: 1,
         arrivals: vec![
             (0, 1),
             (1, 2),
             (0, 2),
             (1, 1),
+            (2, 1),
             (0, 1),
             (1, 1),
             (1, 2),
+            (2, 2),
             (0, 1),
         ],
         releases: 3,
-        rounds: 6,
+        rounds: 8,
         crashes: 2,
         stops: 2,
         lapses: 3,
+        closures: 3,
         fixes: Fixes::CODE,
     }
 }
@@ -106,6 +120,8 @@ struct Real {
     /// orders of one in one call (the canceller's batch): every other one.
     two_units_back: usize,
     two_orders_back: usize,
+    /// The ids of the model's transfers in transit, in its order.
+    transit: Vec<u64>,
 }
 
 impl Real {
@@ -118,8 +134,10 @@ impl Real {
         let (layout, mut redis): (Layout, Redis) = env
             .live_voucher_in_buckets_with(
                 voucher,
-                4,
-                BUCKETS,
+                // Enough for each bucket to hold a buyer's limit; the
+                // stocks are set to the model's below.
+                i64::from(PER_USER_LIMIT) * model.stock.len() as i64,
+                model.stock.len() as u32,
                 &["--per-user-limit", &PER_USER_LIMIT.to_string()],
             )
             .await;
@@ -147,9 +165,10 @@ impl Real {
             next_id: ID_BASE,
             next_user: 1,
             requests: HashMap::new(),
-            released: vec![0; BUCKETS as usize],
+            released: vec![0; model.stock.len()],
             two_units_back: 0,
             two_orders_back: 0,
+            transit: vec![],
         })
     }
 
@@ -163,7 +182,7 @@ impl Real {
         loop {
             let user = self.next_user;
             self.next_user += 1;
-            if bucket_of(user, BUCKETS) == b {
+            if bucket_of(user, self.gates.len() as u32) == b {
                 return user;
             }
         }
@@ -316,8 +335,27 @@ impl Real {
                 let set = transfer::set_bound(conn, &keys, self.epoch, &word)
                     .await
                     .map_err(|e| e.to_string())?;
-                if set != transfer::Bounded::Set {
-                    return Err(format!("the bound answered {set:?}"));
+                if set != publish_answer(before.gates[b]) {
+                    return Err(format!(
+                        "the bound answered {set:?} at a {:?} gate",
+                        before.gates[b]
+                    ));
+                }
+                // The pass found the unchecked buckets otherwise than its
+                // plan took them: the round's second plan, as the code's.
+                let Round::Publishing {
+                    read, replanned, ..
+                } = &before.round
+                else {
+                    return Err("a publish with no round publishing".into());
+                };
+                let again = match &after.round {
+                    Round::Publishing { replanned, .. } => *replanned,
+                    Round::Evening { .. } => true,
+                    _ => false,
+                };
+                if b + 1 == self.gates.len() && !replanned && again {
+                    self.plan_as_the_code(read, after.unchecked, after)?;
                 }
             }
             Action::Move => {
@@ -328,7 +366,11 @@ impl Real {
                     // The mover calls nothing for no units.
                     return Ok(());
                 }
-                let moved = u64::from(after.stock[to] - before.stock[to]);
+                let giver_open = before.gates[from.unwrap_or(0)] == Gate::Open;
+                let held = match from {
+                    None => before.pool,
+                    Some(d) => before.stock[d],
+                };
                 let id = self.id();
                 let conn = &mut self.redis.clone();
                 let taken = transfer::take(
@@ -343,20 +385,31 @@ impl Real {
                 .await
                 .map_err(|e| e.to_string())?;
                 let k = match taken {
-                    Taken::Units(k) => k,
+                    Taken::Units(k) if giver_open && k == u64::from(units.min(held)) => k,
+                    Taken::Paused if !giver_open => return Ok(()),
                     // The model's giver holds none then.
-                    Taken::Short(0) => 0,
-                    other => return Err(format!("the take answered {other:?}")),
+                    Taken::Short(0) if giver_open && held == 0 => return Ok(()),
+                    other => {
+                        return Err(format!(
+                            "the take of {units} answered {other:?}; the model's giver holds {held}, its gate {:?}",
+                            before.gates[from.unwrap_or(0)]
+                        ))
+                    }
                 };
-                if k != moved {
-                    return Err(format!("the take moved {k}; the model {moved}"));
-                }
-                if k == 0 {
-                    return Ok(());
-                }
                 let given = transfer::give(conn, self.side(Some(to)), id, k, self.epoch, &[])
                     .await
                     .map_err(|e| e.to_string())?;
+                if before.gates[to] != Gate::Open {
+                    // Left in transit: a later round completes it.
+                    if given != Given::Paused {
+                        return Err(format!(
+                            "the give at a {:?} gate answered {given:?}",
+                            before.gates[to]
+                        ));
+                    }
+                    self.transit.push(id);
+                    return Ok(());
+                }
                 if given != (Given::Landed { promoted: 0 }) {
                     return Err(format!("the give answered {given:?}"));
                 }
@@ -368,20 +421,56 @@ impl Real {
                 }
             }
             Action::Serve => {
-                let Round::Serving { next, plan } = &before.round else {
+                let Round::Serving { next, plan, fill } = &before.round else {
                     return Err("a serve with no round serving".into());
                 };
                 let b = *next as usize;
                 let requests = plan.requests[b];
-                if requests == 0 {
+                if requests == 0 || fill.stock[b] < plan.need[b] {
                     return Ok(());
                 }
-                self.serve(
-                    b,
-                    usize::from(requests),
-                    u64::from(after.sold[b] - before.sold[b]),
-                )
-                .await?;
+                let promoted = match before.gates[b] {
+                    Gate::Open => Some(u64::from(after.sold[b] - before.sold[b])),
+                    Gate::Paused | Gate::Unchecked => None,
+                };
+                self.serve(b, usize::from(requests), promoted).await?;
+            }
+            Action::Start => self.complete_stale(before).await?,
+            Action::Close(b, gate) => {
+                let keys = self.gates[b as usize].clone();
+                let conn = &mut self.redis.clone();
+                match gate {
+                    Gate::Paused => super::pause_now(conn, &keys).await?,
+                    // As a restart of its master leaves it: meta names
+                    // another server (lua/lib/server_checked.lua).
+                    Gate::Unchecked | Gate::Open => {
+                        let _: () = conn
+                            .hset(keys.meta(), "run_id", ANOTHER_SERVER)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                    }
+                }
+            }
+            Action::Reopen(b) => {
+                let keys = self.gates[b as usize].clone();
+                let conn = &mut self.redis.clone();
+                match before.gates[b as usize] {
+                    Gate::Paused => {
+                        let reopened = pause::reopen(conn, &keys, 0, None)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        if reopened != Reopened::Now {
+                            return Err(format!("the reopen answered {reopened:?}"));
+                        }
+                    }
+                    // Checked (lua/run_id.lua would record this server).
+                    Gate::Unchecked | Gate::Open => {
+                        let _: () = conn
+                            .hdel(keys.meta(), "run_id")
+                            .await
+                            .map_err(|e| e.to_string())?;
+                    }
+                }
             }
             Action::Lapse(b) => {
                 let _: () = self
@@ -405,33 +494,41 @@ impl Real {
                     lent: Some(0),
                     ..BoundWord::bound(None, BOUND_MS)
                 };
-                for keys in self.gates.clone() {
-                    let set =
-                        transfer::set_bound(&mut self.redis.clone(), &keys, self.epoch, &word)
-                            .await
-                            .map_err(|e| e.to_string())?;
-                    if set != transfer::Bounded::Set {
-                        return Err(format!("the lift answered {set:?}"));
+                for (b, keys) in self.gates.clone().iter().enumerate() {
+                    let set = transfer::set_bound(&mut self.redis.clone(), keys, self.epoch, &word)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    if set != publish_answer(before.gates[b]) {
+                        return Err(format!(
+                            "the lift answered {set:?} at a {:?} gate",
+                            before.gates[b]
+                        ));
                     }
                 }
                 for b in 0..self.gates.len() {
                     let requests = before.lines[b].len().min(usize::from(before.stock[b]));
-                    if requests == 0 {
+                    if requests == 0 || before.gates[b] != Gate::Open {
                         continue;
                     }
-                    self.serve(b, requests, u64::from(after.sold[b] - before.sold[b]))
-                        .await?;
+                    let promoted = u64::from(after.sold[b] - before.sold[b]);
+                    self.serve(b, requests, Some(promoted)).await?;
                 }
             }
             // No script: the mover's own memory.
-            Action::Start | Action::Crash | Action::Stop => {}
+            Action::Crash | Action::Stop => {}
         }
         Ok(())
     }
 
     /// `transfer::promote_waiting` of up to `requests` of bucket `b`'s
-    /// line, which the model says promotes `promoted` units.
-    async fn serve(&mut self, b: usize, requests: usize, promoted: u64) -> Result<(), String> {
+    /// line, which the model says promotes `promoted` units (None: its
+    /// gate refuses).
+    async fn serve(
+        &mut self,
+        b: usize,
+        requests: usize,
+        promoted: Option<u64>,
+    ) -> Result<(), String> {
         let id = self.id();
         let fresh: Vec<u64> = (0..requests).map(|_| self.id()).collect();
         let side = Side::Bucket(b as u32, &self.gates[b]);
@@ -439,11 +536,54 @@ impl Real {
             transfer::promote_waiting(&mut self.redis.clone(), side, id, self.epoch, &fresh)
                 .await
                 .map_err(|e| e.to_string())?;
-        if given != (Given::Landed { promoted }) {
+        let expected = match promoted {
+            Some(promoted) => Given::Landed { promoted },
+            None => Given::Paused,
+        };
+        if given != expected {
             return Err(format!(
-                "the serve answered {given:?}; the model promotes {promoted}"
+                "the serve answered {given:?}; the model {expected:?}"
             ));
         }
+        Ok(())
+    }
+
+    /// `Mover::complete_stale` at a round's start, as the model takes it:
+    /// each transfer in transit since before the last round is called off
+    /// at its receiver (lua/transfer_void.lua) and its units go back to
+    /// the giver (lua/transfer_settle.lua), unless the giver is paused.
+    async fn complete_stale(&mut self, before: &State) -> Result<(), String> {
+        let mut left = vec![];
+        for (t, id) in before.transit.iter().zip(std::mem::take(&mut self.transit)) {
+            if t.young {
+                left.push(id);
+                continue;
+            }
+            let giver = t.from.map(usize::from);
+            let paused = before.gates[giver.unwrap_or(0)] == Gate::Paused;
+            let conn = &mut self.redis.clone();
+            let done = transfer::complete(conn, self.side(giver), self.side(Some(t.to.into())), id)
+                .await
+                .map_err(|e| e.to_string())?;
+            let expected = match paused {
+                true => (Landing::Void, Settled::Paused),
+                false => (
+                    Landing::Void,
+                    Settled::Done {
+                        units_back: u64::from(t.units),
+                    },
+                ),
+            };
+            if done != expected {
+                return Err(format!(
+                    "completing transfer {id} ({t:?}) answered {done:?}; the model {expected:?}"
+                ));
+            }
+            if paused {
+                left.push(id);
+            }
+        }
+        self.transit = left;
         Ok(())
     }
 
@@ -457,44 +597,51 @@ impl Real {
         before: &State,
         after: &State,
     ) -> Result<(), String> {
-        let Round::Reading {
-            next,
-            lines,
-            stock,
-            pool,
-        } = &before.round
-        else {
+        let Round::Reading { next, read } = &before.round else {
             return Err("a read with no round reading".into());
         };
         let n = model.stock.len();
         if *next as usize + 1 < n {
             return Ok(());
         }
-        let mut read_lines = lines.clone();
-        read_lines.push(before.lines[n - 1].clone());
-        let mut read_stock = stock.clone();
-        read_stock.push(before.stock[n - 1]);
+        let mut read = read.clone();
+        read.lines.push(before.lines[n - 1].clone());
+        read.stock.push(before.stock[n - 1]);
+        if before.gates[n - 1] == Gate::Paused {
+            read.paused |= 1 << (n - 1);
+        }
+        self.plan_as_the_code(&read, before.unchecked, after)
+    }
+
+    /// The code's allotment of what a round `read`, the buckets read
+    /// paused or `remembered` unchecked planned as paused, held to the
+    /// model's plan `after` it.
+    fn plan_as_the_code(&self, read: &Read, remembered: u32, after: &State) -> Result<(), String> {
+        let n = read.stock.len();
+        let paused = read.paused | remembered;
         let mut real_lines = vec![];
-        for (line, units) in read_lines.iter().zip(&read_stock) {
+        for (b, (line, units)) in read.lines.iter().zip(&read.stock).enumerate() {
             let mut waiting = vec![];
             for w in line {
                 waiting.push((self.score_of(w.queued)? as f64, i64::from(w.wants)));
             }
             real_lines.push(allotment::Line {
                 stock: i64::from(*units),
-                paused: false,
+                paused: paused & (1 << b) != 0,
                 waiting,
                 seen_all: true,
             });
         }
-        let real = allotment::allot(&real_lines, i64::from(*pool));
+        let usable = paused & 1 == 0;
+        let pool = if usable { i64::from(read.pool) } else { 0 };
+        let real = allotment::allot(&real_lines, pool);
         let real_bounds: Vec<Option<u64>> = (0..n)
             .map(|b| real.bound_of(b).map(|t| t.max(1.0) as u64))
             .collect();
         let real_lends = allotment::Filling::new(&real_lines, &real).lends(
             &real_lines,
-            i64::from(*pool),
-            true,
+            i64::from(read.pool),
+            usable,
             &real,
         );
         let (need, requests, bounds, lends) = match &after.round {
@@ -726,6 +873,20 @@ impl Real {
                     "bucket {b}: live bound {bound:?}; the model {modelled:?}"
                 ));
             }
+            let gate = match (
+                meta.get("paused").map(String::as_str),
+                meta.get("run_id").map(String::as_str),
+            ) {
+                (Some("1"), _) => Gate::Paused,
+                (_, Some(ANOTHER_SERVER)) => Gate::Unchecked,
+                _ => Gate::Open,
+            };
+            if gate != s.gates[b] {
+                return Err(format!(
+                    "bucket {b}: gate {gate:?}; the model {:?}",
+                    s.gates[b]
+                ));
+            }
             let promotions: usize = meta
                 .get("promotions")
                 .map_or(Ok(0), |n| n.parse())
@@ -760,7 +921,40 @@ impl Real {
         if pool.unwrap_or(0) != i64::from(s.pool) {
             return Err(format!("pool {pool:?}; the model {}", s.pool));
         }
+        // Each giver's open transfers: (receiver, units), in the order
+        // taken.
+        for giver in std::iter::once(None).chain((0..self.gates.len()).map(Some)) {
+            let mut open: Vec<(String, u64, u64)> =
+                transfer::open(&mut self.redis.clone(), self.side(giver))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .into_iter()
+                    .map(|t| (t.to, t.units, t.id))
+                    .collect();
+            open.sort_by_key(|t| t.2);
+            let open: Vec<(String, u64)> = open.into_iter().map(|t| (t.0, t.1)).collect();
+            let modelled: Vec<(String, u64)> = s
+                .transit
+                .iter()
+                .filter(|t| t.from.map(usize::from) == giver)
+                .map(|t| (t.to.to_string(), u64::from(t.units)))
+                .collect();
+            if open != modelled {
+                return Err(format!(
+                    "giver {giver:?}: open transfers {open:?}; the model {modelled:?}"
+                ));
+            }
+        }
         Ok(())
+    }
+}
+
+/// What `lua/serve_up_to.lua` answers at a gate: nothing written at one
+/// on a server nobody has checked; a paused one takes it.
+fn publish_answer(gate: Gate) -> Bounded {
+    match gate {
+        Gate::Unchecked => Bounded::Unchecked,
+        Gate::Open | Gate::Paused => Bounded::Set,
     }
 }
 
@@ -782,6 +976,15 @@ struct Seen {
     /// Arrivals refused for not enough stock (`units_free` live and
     /// below the quantity).
     refused: usize,
+    /// Moves left in transit (their receiver closed), and transfers a
+    /// round completed.
+    undelivered: usize,
+    completed: usize,
+    /// Moves of `even_out`.
+    evened: usize,
+    /// Rounds that planned again after a publish found their unchecked
+    /// buckets otherwise.
+    second_plans: usize,
 }
 
 async fn walk(
@@ -800,6 +1003,14 @@ async fn walk(
         for _ in 0..STEPS {
             let mut actions = vec![];
             model.actions(&state, &mut actions);
+            // A gate closes while a round has published and moves, where
+            // it refuses a move: drawn at any step, the walk's closures
+            // went before most rounds had anything to move.
+            let moving = matches!(
+                state.round,
+                Round::Publishing { .. } | Round::Moving { .. } | Round::Evening { .. }
+            );
+            actions.retain(|a| moving || !matches!(a, Action::Close(..)));
             if actions.is_empty() {
                 break;
             }
@@ -809,7 +1020,11 @@ async fn walk(
             let kind = |a: &Action| match a {
                 Action::Arrive(_) => 0,
                 Action::Release(..) => 1,
-                Action::Crash | Action::Stop | Action::Lapse(_) => 2,
+                Action::Crash
+                | Action::Stop
+                | Action::Lapse(_)
+                | Action::Close(..)
+                | Action::Reopen(_) => 2,
                 _ => 3,
             };
             let mut kinds: Vec<u8> = actions.iter().map(kind).collect();
@@ -828,8 +1043,12 @@ async fn walk(
             real.compare(&after).await?;
             state = after;
         }
-        if state.deprived.is_some() {
-            return Err(format!("the model's rule broke: {:?}", state.deprived));
+        if state.deprived.is_some() || state.evened_lent.is_some() || state.sent_unchecked.is_some()
+        {
+            return Err(format!(
+                "the model's rule broke: {:?} {:?} {:?}",
+                state.deprived, state.evened_lent, state.sent_unchecked
+            ));
         }
         Ok::<_, String>(())
     }
@@ -897,6 +1116,33 @@ fn note(model: &Serving, before: &State, action: Action, after: &State, seen: &m
     }
     if let Action::Release(_, 2) = action {
         seen.two_units_back += 1;
+    }
+    if after.transit.len() > before.transit.len() {
+        seen.undelivered += 1;
+    }
+    if action == Action::Start {
+        seen.completed += before.transit.len() - after.transit.len();
+    }
+    let first_pass = matches!(
+        before.round,
+        Round::Publishing {
+            replanned: false,
+            ..
+        }
+    );
+    let second = match &after.round {
+        Round::Publishing { replanned, .. } => *replanned,
+        Round::Evening { .. } => true,
+        _ => false,
+    };
+    if action == Action::Publish && first_pass && second {
+        seen.second_plans += 1;
+    }
+    if action == Action::Move
+        && matches!(before.round, Round::Evening { .. })
+        && model.move_of(before).is_some_and(|(_, _, units)| units > 0)
+    {
+        seen.evened += 1;
     }
     if let Action::Arrive(i) = action {
         let b = model.arrivals[i as usize].0 as usize;
@@ -996,6 +1242,7 @@ fn one_round(pool: u8, arrivals: Vec<(u8, u8)>, releases: u8) -> Serving {
         crashes: 0,
         stops: 0,
         lapses: 0,
+        closures: 0,
         fixes: Fixes::CODE,
     }
 }
@@ -1065,11 +1312,12 @@ async fn random_walks_of_the_serving_model_match_the_scripts() {
     let mut table: Vec<_> = seen.actions.iter().collect();
     table.sort();
     eprintln!(
-        "serving actions taken over the walks: {table:?}; newcomers held behind a bound: {}; serves stopped at a bound: {}; arrivals and releases where units were lent: {}; releases of two units: {} ({} as two orders of one); refused for not enough stock: {}",
-        seen.held, seen.stopped_at_bound, seen.met_lent, seen.two_units_back, seen.two_orders_back, seen.refused
+        "serving actions taken over the walks: {table:?}; newcomers held behind a bound: {}; serves stopped at a bound: {}; arrivals and releases where units were lent: {}; releases of two units: {} ({} as two orders of one); refused for not enough stock: {}; moves left in transit: {}; transfers completed: {}; moves evening out: {}; second plans: {}",
+        seen.held, seen.stopped_at_bound, seen.met_lent, seen.two_units_back, seen.two_orders_back, seen.refused, seen.undelivered, seen.completed, seen.evened, seen.second_plans
     );
     for name in [
         "Arrive", "Release", "Start", "Read", "Publish", "Move", "Serve", "Crash", "Stop", "Lapse",
+        "Close", "Reopen",
     ] {
         assert!(
             seen.actions.get(name).copied().unwrap_or(0) > 0,
@@ -1082,4 +1330,8 @@ async fn random_walks_of_the_serving_model_match_the_scripts() {
     assert!(seen.two_units_back > 0, "no release of two units");
     assert!(seen.two_orders_back > 0, "no release of two orders of one");
     assert!(seen.refused > 0, "no arrival refused for not enough stock");
+    assert!(seen.undelivered > 0, "no move left in transit");
+    assert!(seen.completed > 0, "no transfer completed");
+    assert!(seen.evened > 0, "no move evening out");
+    assert!(seen.second_plans > 0, "no round planned again");
 }
