@@ -544,7 +544,7 @@ fn let_through(
 ) {
     std::fs::write(faults.join(format!("release-{point}-{hit}")), b"").unwrap();
     worker.wait_log(
-        &format!("fault released at {point}"),
+        &format!("fault released at {point} (hit {hit})"),
         Duration::from_secs(30),
     );
 }

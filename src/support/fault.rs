@@ -20,7 +20,7 @@
 //! make it; a point that cannot fail holds this action for nothing and
 //! says so); `resend`, at a script call's point only (below). Each action
 //! says `fault <action> at <point> (hit <k>)` on stderr first, and a hold
-//! `fault released at <point>` when let go.
+//! `fault released at <point> (hit <k>)` when let go.
 //!
 //! Every script call (a lone EVALSHA) is a point too, `resend_<script>`
 //! (the file stem: `resend_preload`), where `resend` sends the call, drops
@@ -284,7 +284,7 @@ async fn reach(step: &str) -> Option<Action> {
             while !exists(&release) && !exists(&this_hit) {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            eprintln!("fault released at {step}");
+            eprintln!("fault released at {step} (hit {hit})");
         }
         Action::Abort => std::process::abort(),
         Action::Error => {}

@@ -644,33 +644,25 @@ impl Real {
             usable,
             &real,
         );
-        let (need, requests, bounds, lends) = match &after.round {
-            Round::Publishing { plan, .. } => {
-                let mut bounds = vec![];
-                for b in 0..n {
-                    bounds.push(match plan.bound_of(b, false, 0) {
-                        Some(bound) => Some(self.score_of(bound.up_to)?),
-                        None => None,
-                    });
-                }
-                (
-                    plan.need.iter().map(|u| i64::from(*u)).collect::<Vec<_>>(),
-                    plan.requests
-                        .iter()
-                        .map(|r| *r as usize)
-                        .collect::<Vec<_>>(),
-                    bounds,
-                    plan.lends.iter().map(|u| i64::from(*u)).collect::<Vec<_>>(),
-                )
-            }
-            // No write: nothing the code bounds or lends either.
-            _ => (
-                real.need.clone(),
-                real.requests.clone(),
-                vec![None; n],
-                vec![0; n],
-            ),
+        // A plan published, or none written (nothing bounded, nothing
+        // lent: the round goes on to `even_out`).
+        let (plan, written) = match &after.round {
+            Round::Publishing { plan, .. } => (plan, true),
+            Round::Evening { plan, .. } => (plan, false),
+            other => return Err(format!("a round planned, and then {other:?}")),
         };
+        let mut bounds = vec![None; n];
+        let mut lends = vec![0; n];
+        if written {
+            for b in 0..n {
+                if let Some(bound) = plan.bound_of(b, false, 0) {
+                    bounds[b] = Some(self.score_of(bound.up_to)?);
+                }
+                lends[b] = i64::from(plan.lends[b]);
+            }
+        }
+        let need: Vec<i64> = plan.need.iter().map(|u| i64::from(*u)).collect();
+        let requests: Vec<usize> = plan.requests.iter().map(|r| *r as usize).collect();
         if (&real.need, &real.requests, &real_bounds, &real_lends)
             != (&need, &requests, &bounds, &lends)
         {
