@@ -135,13 +135,13 @@ pub struct Serving {
 pub enum Gate {
     Open,
     /// Paused (meta paused = 1, lua/pause.lua): admission answers
-    /// "paused", a release defers, takes and gives are refused, a
-    /// publish is set; the mover's read sees it.
+    /// "paused", a release defers, takes, gives and serves are refused,
+    /// a publish is set; the mover's read sees it.
     Paused,
     /// On a server other than the one its state was last checked on
     /// (lua/lib/server_checked.lua): admission and releases go on, takes,
-    /// gives and publishes are refused; the mover's read does not see
-    /// it.
+    /// gives, serves and publishes are refused; the mover's read does not
+    /// see it.
     Unchecked,
 }
 
@@ -296,7 +296,8 @@ pub struct Fill {
     pub stock: Vec<u8>,
     pub pool: u8,
     pub paused: u32,
-    /// A move was left undelivered (`Filling::cut_short`).
+    /// A move was left undelivered, or a receiver found closed since the
+    /// plan was passed (`Filling::cut_short`): no even out.
     pub refused: bool,
 }
 
@@ -947,8 +948,9 @@ impl Serving {
     }
 
     /// The round's plan from what it read, with the buckets the mover
-    /// remembers unchecked planned as paused; None: nothing to publish
-    /// (no bound to set, none left, and its last word fresh).
+    /// remembers unchecked planned as paused, to publish; or, with no
+    /// bound to set, none left and its last word fresh, nothing written
+    /// and the round on to `even_out`.
     fn plan(&self, s: &State, read: &Read, replanned: bool) -> Round {
         let n = self.buckets() as u8;
         let paused = read.paused | s.unchecked;
