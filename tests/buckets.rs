@@ -549,6 +549,16 @@ fn let_through(
     );
 }
 
+/// Bucket `b`'s stock (one read each: the buckets are on different
+/// masters).
+async fn stock_at(redis: &seckill::store::redis_conn::Redis, layout: &Layout, b: u32) -> i64 {
+    redis
+        .clone()
+        .get(layout.keys(b).expect("keys").stock())
+        .await
+        .expect("stock")
+}
+
 /// No gate guard: a bucket left unchecked stays so.
 const GUARDLESS: [&str; 2] = ["--gate-check", "0s"];
 
@@ -1107,10 +1117,7 @@ async fn a_move_refused_at_its_receiver_leaves_the_units_counted_for_a_request_w
         "fault hold at between_take_and_give (hit 2)",
         Duration::from_secs(60),
     );
-    let at_two: i64 = redis
-        .get(layout.keys(2).expect("keys").stock())
-        .await
-        .expect("stock");
+    let at_two = stock_at(&redis, &layout, 2).await;
     std::fs::write(&release, b"").unwrap();
     assert_eq!(
         at_two, 2,
@@ -1141,12 +1148,7 @@ async fn a_bucket_on_an_unchecked_server_is_planned_as_paused_and_served_once_ch
     );
     let mut stock = 0;
     for b in 0..4 {
-        // One read each: the buckets are on different masters.
-        let units: i64 = redis
-            .get(layout.keys(b).expect("keys").stock())
-            .await
-            .expect("stock");
-        stock += units;
+        stock += stock_at(&redis, &layout, b).await;
     }
     as_checked(&mut redis, &layout, 1).await;
     std::fs::write(faults.join("release"), b"").unwrap();
@@ -1190,11 +1192,7 @@ async fn a_bucket_found_unchecked_by_the_second_publish_takes_no_move() {
     );
     let mut held = vec![];
     for b in 2..4 {
-        let units: i64 = redis
-            .get(layout.keys(b).expect("keys").stock())
-            .await
-            .expect("stock");
-        held.push(units);
+        held.push(stock_at(&redis, &layout, b).await);
     }
     as_checked(&mut redis, &layout, 0).await;
     as_checked(&mut redis, &layout, 1).await;
@@ -1516,11 +1514,7 @@ async fn a_request_its_bucket_cannot_fill_waits_for_units_the_voucher_holds_else
     let s = assert_invariants(&env, V).await;
     assert_eq!(s.orders.len(), 4, "every unit sold, 3 to an order");
     for b in 0..3 {
-        let left: i64 = redis
-            .clone()
-            .get(layout.keys(b).expect("keys").stock())
-            .await
-            .expect("stock");
+        let left = stock_at(&redis, &layout, b).await;
         assert_eq!(left, 0, "bucket {b} holds nothing");
     }
     env.cleanup().await;

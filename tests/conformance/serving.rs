@@ -343,18 +343,10 @@ impl Real {
                 }
                 // The pass found the unchecked buckets otherwise than its
                 // plan took them: the round's second plan, as the code's.
-                let Round::Publishing {
-                    read, replanned, ..
-                } = &before.round
-                else {
+                let Round::Publishing { read, .. } = &before.round else {
                     return Err("a publish with no round publishing".into());
                 };
-                let again = match &after.round {
-                    Round::Publishing { replanned, .. } => *replanned,
-                    Round::Evening { .. } => true,
-                    _ => false,
-                };
-                if b + 1 == self.gates.len() && !replanned && again {
+                if planned_again(before, after) {
                     self.plan_as_the_code(read, after.unchecked, after)?;
                 }
             }
@@ -941,6 +933,24 @@ impl Real {
     }
 }
 
+/// A step from a round's first publishing pass to its second plan (to
+/// publish, or none to write: on to `even_out`).
+fn planned_again(before: &State, after: &State) -> bool {
+    let first_pass = matches!(
+        before.round,
+        Round::Publishing {
+            replanned: false,
+            ..
+        }
+    );
+    let second = match &after.round {
+        Round::Publishing { replanned, .. } => *replanned,
+        Round::Evening { .. } => true,
+        _ => false,
+    };
+    first_pass && second
+}
+
 /// What `lua/serve_up_to.lua` answers at a gate: nothing written at one
 /// on a server nobody has checked; a paused one takes it.
 fn publish_answer(gate: Gate) -> Bounded {
@@ -1115,19 +1125,7 @@ fn note(model: &Serving, before: &State, action: Action, after: &State, seen: &m
     if action == Action::Start {
         seen.completed += before.transit.len() - after.transit.len();
     }
-    let first_pass = matches!(
-        before.round,
-        Round::Publishing {
-            replanned: false,
-            ..
-        }
-    );
-    let second = match &after.round {
-        Round::Publishing { replanned, .. } => *replanned,
-        Round::Evening { .. } => true,
-        _ => false,
-    };
-    if action == Action::Publish && first_pass && second {
+    if action == Action::Publish && planned_again(before, after) {
         seen.second_plans += 1;
     }
     if action == Action::Move
